@@ -1,0 +1,283 @@
+//! The health event model: NVSentinel's `HealthEvent` (`reference/platform-connector-contract.md`).
+//!
+//! Serialises to proto3 JSON form (camelCase field names, enums by name, timestamps as
+//! RFC 3339), which is what `nicmon check` prints and the JSON-lines sinks write. The gRPC
+//! dispatcher converts it to the prost message.
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+/// `agent` of every event nicmon sends: the existing NIC monitor's identity (drop-in).
+pub const AGENT: &str = "nic-health-monitor";
+/// `componentClass` of every event.
+pub const COMPONENT_CLASS: &str = "NIC";
+
+/// The check an event is filed under. The platform keeps one node condition per check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Check {
+    InfiniBandStateCheck,
+    EthernetStateCheck,
+    InfiniBandDegradationCheck,
+    EthernetDegradationCheck,
+    NICKernelLogCheck,
+}
+
+impl Check {
+    pub const ALL: [Check; 5] = [
+        Check::InfiniBandStateCheck,
+        Check::EthernetStateCheck,
+        Check::InfiniBandDegradationCheck,
+        Check::EthernetDegradationCheck,
+        Check::NICKernelLogCheck,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Check::InfiniBandStateCheck => "InfiniBandStateCheck",
+            Check::EthernetStateCheck => "EthernetStateCheck",
+            Check::InfiniBandDegradationCheck => "InfiniBandDegradationCheck",
+            Check::EthernetDegradationCheck => "EthernetDegradationCheck",
+            Check::NICKernelLogCheck => "NICKernelLogCheck",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Check> {
+        Check::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for Check {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `RecommendedAction` (enum numbers of the wire contract).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[allow(non_camel_case_types)]
+pub enum RecommendedAction {
+    NONE = 0,
+    COMPONENT_RESET = 2,
+    CONTACT_SUPPORT = 5,
+    RUN_FIELDDIAG = 6,
+    RESTART_VM = 15,
+    RESTART_BM = 24,
+    REPLACE_VM = 25,
+    RUN_DCGMEUD = 26,
+    CUSTOM = 27,
+    UNKNOWN = 99,
+}
+
+impl RecommendedAction {
+    pub fn parse(s: &str) -> Option<Self> {
+        use RecommendedAction::*;
+        Some(match s {
+            "NONE" => NONE,
+            "COMPONENT_RESET" => COMPONENT_RESET,
+            "CONTACT_SUPPORT" => CONTACT_SUPPORT,
+            "RUN_FIELDDIAG" => RUN_FIELDDIAG,
+            "RESTART_VM" => RESTART_VM,
+            "RESTART_BM" => RESTART_BM,
+            "REPLACE_VM" => REPLACE_VM,
+            "RUN_DCGMEUD" => RUN_DCGMEUD,
+            "CUSTOM" => CUSTOM,
+            "UNKNOWN" => UNKNOWN,
+            _ => return None,
+        })
+    }
+}
+
+/// `ProcessingStrategy` (enum numbers of the wire contract).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[allow(non_camel_case_types)]
+pub enum ProcessingStrategy {
+    UNSPECIFIED = 0,
+    #[default]
+    EXECUTE_REMEDIATION = 1,
+    STORE_ONLY = 2,
+    STORE_AND_ANALYSE = 3,
+}
+
+impl ProcessingStrategy {
+    pub fn parse(s: &str) -> Option<Self> {
+        use ProcessingStrategy::*;
+        Some(match s {
+            "UNSPECIFIED" => UNSPECIFIED,
+            "EXECUTE_REMEDIATION" => EXECUTE_REMEDIATION,
+            "STORE_ONLY" => STORE_ONLY,
+            "STORE_AND_ANALYSE" => STORE_AND_ANALYSE,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Entity {
+    pub entity_type: String,
+    pub entity_value: String,
+}
+
+impl Entity {
+    pub fn nic(value: impl Into<String>) -> Entity {
+        Entity {
+            entity_type: "NIC".into(),
+            entity_value: value.into(),
+        }
+    }
+    pub fn port(n: u32) -> Entity {
+        Entity {
+            entity_type: "NICPort".into(),
+            entity_value: n.to_string(),
+        }
+    }
+}
+
+/// One health event, in the shape of the wire contract's `HealthEvent`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthEvent {
+    pub version: u32,
+    pub agent: String,
+    pub component_class: String,
+    pub check_name: String,
+    pub is_fatal: bool,
+    pub is_healthy: bool,
+    pub message: String,
+    pub recommended_action: RecommendedAction,
+    pub error_code: Vec<String>,
+    pub entities_impacted: Vec<Entity>,
+    pub metadata: BTreeMap<String, String>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub generated_timestamp: OffsetDateTime,
+    pub node_name: String,
+    pub processing_strategy: ProcessingStrategy,
+}
+
+/// The node-level facts stamped on every event.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Stamp {
+    pub node_name: String,
+    pub processing_strategy: ProcessingStrategy,
+}
+
+impl HealthEvent {
+    /// A new event with the agent identity filled in. `message` is sanitised: the
+    /// connector builds `"... <message> Recommended Action=<A>;"`, so no `;` may appear.
+    pub fn new(check: Check, stamp: &Stamp, now: OffsetDateTime, message: &str) -> HealthEvent {
+        HealthEvent {
+            version: 1,
+            agent: AGENT.into(),
+            component_class: COMPONENT_CLASS.into(),
+            check_name: check.as_str().into(),
+            is_fatal: false,
+            is_healthy: true,
+            message: sanitize_message(message),
+            recommended_action: RecommendedAction::NONE,
+            error_code: Vec::new(),
+            entities_impacted: Vec::new(),
+            metadata: BTreeMap::new(),
+            generated_timestamp: now,
+            node_name: stamp.node_name.clone(),
+            processing_strategy: stamp.processing_strategy,
+        }
+    }
+
+    /// Unhealthy; fatal → `REPLACE_VM`, else `NONE`.
+    pub fn unhealthy(mut self, fatal: bool) -> HealthEvent {
+        self.is_healthy = false;
+        self.is_fatal = fatal;
+        self.recommended_action = if fatal {
+            RecommendedAction::REPLACE_VM
+        } else {
+            RecommendedAction::NONE
+        };
+        self
+    }
+
+    pub fn action(mut self, action: RecommendedAction) -> HealthEvent {
+        self.recommended_action = action;
+        self
+    }
+
+    pub fn entities(mut self, entities: Vec<Entity>) -> HealthEvent {
+        self.entities_impacted = entities;
+        self
+    }
+
+    pub fn error_code(mut self, code: impl Into<String>) -> HealthEvent {
+        self.error_code = vec![code.into()];
+        self
+    }
+
+    pub fn check(&self) -> Option<Check> {
+        Check::parse(&self.check_name)
+    }
+}
+
+/// Longest message nicmon sends (the node condition text is built from it).
+pub const MAX_MESSAGE_LEN: usize = 512;
+
+/// Make `s` safe for the connector's condition text: no `;`, no `Recommended Action=`,
+/// no control characters, at most [`MAX_MESSAGE_LEN`] bytes (cut on a char boundary).
+pub fn sanitize_message(s: &str) -> String {
+    let mut out: String = s
+        .chars()
+        .map(|c| match c {
+            ';' => ',',
+            c if c.is_control() => ' ',
+            c => c,
+        })
+        .collect();
+    while let Some(i) = out.find("Recommended Action=") {
+        out.replace_range(i..i + "Recommended Action=".len(), "recommended action: ");
+    }
+    if out.len() > MAX_MESSAGE_LEN {
+        let mut cut = MAX_MESSAGE_LEN - 3;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+        out.push_str("...");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sanitize_removes_separators_and_caps_length() {
+        assert_eq!(sanitize_message("a;b\nc"), "a,b c");
+        assert!(
+            !sanitize_message("x Recommended Action=REPLACE_VM").contains("Recommended Action=")
+        );
+        let long = "é".repeat(600);
+        let s = sanitize_message(&long);
+        assert!(s.len() <= MAX_MESSAGE_LEN && s.ends_with("..."));
+    }
+
+    #[test]
+    fn serialises_in_proto3_json_form() {
+        let stamp = Stamp {
+            node_name: "n1".into(),
+            processing_strategy: ProcessingStrategy::STORE_ONLY,
+        };
+        let ev = HealthEvent::new(
+            Check::InfiniBandStateCheck,
+            &stamp,
+            time::macros::datetime!(2026-01-02 03:04:05 UTC),
+            "Port mlx5_0 port 1: state DOWN",
+        )
+        .unhealthy(true)
+        .entities(vec![Entity::nic("mlx5_0"), Entity::port(1)]);
+        let v = serde_json::to_value(&ev).unwrap();
+        assert_eq!(v["checkName"], "InfiniBandStateCheck");
+        assert_eq!(v["recommendedAction"], "REPLACE_VM");
+        assert_eq!(v["processingStrategy"], "STORE_ONLY");
+        assert_eq!(v["generatedTimestamp"], "2026-01-02T03:04:05Z");
+        assert_eq!(v["entitiesImpacted"][1]["entityType"], "NICPort");
+    }
+}

@@ -1,0 +1,1 @@
+//! The platform connector wire contract (`datamodels.PlatformConnector`).

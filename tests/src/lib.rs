@@ -1,0 +1,1 @@
+//! Simulated-node testbed.

@@ -1,0 +1,21 @@
+//! `cargo xtask <task>`: project tasks that need more than cargo.
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "nicmon project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Build the eBPF kernel programs (provisions nightly rust-src and bpf-linker on first use).
+    BuildEbpf,
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().task {
+        Task::BuildEbpf => anyhow::bail!("build-ebpf: not yet implemented"),
+    }
+}
