@@ -5,5 +5,14 @@
 //!   turn the host into a [`model::Snapshot`];
 //! - **decide** — pure functions of (previous state, snapshot, config, now);
 //! - **act** — dispatch events, then persist state.
+pub mod check;
+pub mod config;
+pub mod discovery;
 pub mod event;
+pub mod host;
+pub mod logging;
 pub mod model;
+pub mod parse;
+pub mod report;
+pub mod roles;
+pub mod topology;

@@ -1,0 +1,186 @@
+//! `nicmon check` and `nicmon topology`: one poll, printed (SPEC §2).
+//!
+//! A driver of the same read → decide → act layers the daemon uses: with a state file,
+//! one invocation is exactly one daemon cycle.
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use crate::config::Config;
+use crate::discovery::{self, ReadPlan};
+use crate::host::Host;
+use crate::report::Report;
+use crate::roles;
+use crate::topology;
+
+/// Where NVSentinel's metadata collector writes the GPU metadata.
+pub const DEFAULT_METADATA_PATH: &str = "/var/lib/nvsentinel/gpu_metadata.json";
+
+/// Counter files read when no counter config says otherwise (until counters land).
+pub const DEFAULT_COUNTER_PATHS: &[&str] = &[
+    "counters/link_downed",
+    "counters/excessive_buffer_overrun_errors",
+    "counters/local_link_integrity_errors",
+    "hw_counters/rnr_nak_retry_err",
+    "counters/symbol_error",
+    "counters/link_error_recovery",
+    "counters/port_rcv_errors",
+    "hw_counters/out_of_sequence",
+    "hw_counters/local_ack_timeout_err",
+    "counters/port_xmit_discards",
+    "counters/port_xmit_wait",
+    "hw_counters/roce_slow_restart",
+    "/sys/class/net/{interface}/carrier_changes",
+];
+
+pub struct CheckArgs {
+    pub sysfs: PathBuf,
+    pub procfs: PathBuf,
+    pub metadata: Option<PathBuf>,
+    pub metadata_required: bool,
+    pub config: PathBuf,
+    pub state_file: Option<PathBuf>,
+    pub boot_id_path: Option<PathBuf>,
+    pub node_name: Option<String>,
+    pub now: Option<String>,
+    pub kmsg: Option<PathBuf>,
+    pub json: bool,
+}
+
+/// The node name: the flag, else `$NODE_NAME`, else the host name.
+pub fn node_name(flag: Option<&str>) -> String {
+    if let Some(n) = flag.filter(|n| !n.is_empty()) {
+        return n.to_string();
+    }
+    if let Ok(n) = std::env::var("NODE_NAME")
+        && !n.is_empty()
+    {
+        return n;
+    }
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc == 0 {
+        let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+        return String::from_utf8_lossy(&buf[..end]).into_owned();
+    }
+    "unknown".into()
+}
+
+fn no_devices_note(host: &Host) -> String {
+    format!(
+        "no RDMA devices found under {}",
+        host.sys("class/infiniband").display()
+    )
+}
+
+pub fn run_check(args: &CheckArgs) -> Result<String> {
+    let config = Config::load(&args.config)?;
+    for w in &config.warnings {
+        tracing::warn!("{w}");
+    }
+    let host = Host::new(&args.sysfs, &args.procfs).with_boot_id_path(args.boot_id_path.clone());
+    let plan = ReadPlan {
+        counter_paths: DEFAULT_COUNTER_PATHS
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        known: Vec::new(),
+    };
+    let snapshot = discovery::discover(&host, &plan);
+    let topo = topology::resolve(
+        &host,
+        &snapshot,
+        args.metadata.as_deref(),
+        args.metadata_required,
+    )?;
+    for n in &topo.notes {
+        tracing::warn!("{n}");
+    }
+    let roles = roles::classify(&snapshot, &topo, &config.filters);
+    let node = node_name(args.node_name.as_deref());
+    let report = Report::new(
+        &node,
+        host.boot_id().ok(),
+        &snapshot,
+        &topo,
+        &roles,
+        Vec::new(),
+    );
+    if snapshot.devices.is_empty() {
+        tracing::warn!("{}", no_devices_note(&host));
+    }
+    if args.json {
+        Ok(serde_json::to_string_pretty(&report).context("serialising the report")? + "\n")
+    } else if snapshot.devices.is_empty() {
+        Ok(format!("{}\n", no_devices_note(&host)))
+    } else {
+        Ok(report.table())
+    }
+}
+
+pub fn run_topology(
+    sysfs: &Path,
+    procfs: &Path,
+    metadata: &Path,
+    metadata_required: bool,
+    config: &Path,
+    json: bool,
+) -> Result<String> {
+    let config = Config::load(config)?;
+    let host = Host::new(sysfs, procfs);
+    let snapshot = discovery::discover(&host, &ReadPlan::default());
+    let topo = topology::resolve(&host, &snapshot, Some(metadata), metadata_required)?;
+    let roles = roles::classify(&snapshot, &topo, &config.filters);
+    if json {
+        let rows: Vec<serde_json::Value> = snapshot
+            .devices
+            .iter()
+            .map(|d| {
+                let c = &roles[&d.name];
+                serde_json::json!({
+                    "name": d.name, "card": d.card, "numa_node": d.numa_node,
+                    "link_layer": roles::device_link_layer(d).map(|l| l.name()),
+                    "monitored": c.monitored, "reason": c.reason, "role": c.role, "role_reason": c.role_reason,
+                    "levels": topo.levels.get(&d.name).map(|r| r.iter().map(|l| l.name()).collect::<Vec<_>>()),
+                })
+            })
+            .collect();
+        let v = serde_json::json!({"topology_source": topo.source.as_str(), "gpus": topo.gpus,
+            "notes": topo.notes, "devices": rows});
+        return Ok(serde_json::to_string_pretty(&v)? + "\n");
+    }
+    if snapshot.devices.is_empty() {
+        return Ok(format!("{}\n", no_devices_note(&host)));
+    }
+    let mut out = format!(
+        "topology source: {} ({} GPUs)\n",
+        topo.source.as_str(),
+        topo.gpus.len()
+    );
+    for n in &topo.notes {
+        out.push_str(&format!("note: {n}\n"));
+    }
+    for d in &snapshot.devices {
+        let c = &roles[&d.name];
+        let role = c.role.map(|r| r.as_str()).unwrap_or("-");
+        let why = c
+            .role_reason
+            .clone()
+            .or_else(|| c.reason.clone())
+            .unwrap_or_default();
+        let mon = if c.monitored {
+            "monitored"
+        } else {
+            "not monitored"
+        };
+        let link = roles::device_link_layer(d)
+            .map(|l| l.name().to_string())
+            .unwrap_or_else(|| "?".into());
+        out.push_str(&format!(
+            "{:<14} {:<11} {:<10} {:<14} {}\n",
+            d.name, role, link, mon, why
+        ));
+    }
+    Ok(out)
+}

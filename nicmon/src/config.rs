@@ -1,0 +1,191 @@
+//! The TOML configuration file (000 §12.1, SPEC §1.9): the NVSentinel ConfigMap's keys.
+//!
+//! A missing file means defaults. An invalid file stops startup with one line naming the
+//! file, the key and the value (lesson 2: never silently disable monitoring). Keys nicmon
+//! does not know are reported as warnings, so an NVSentinel ConfigMap works unchanged.
+use std::path::Path;
+
+use crate::roles::{self, NicFilters};
+
+/// Default location of the config file in the DaemonSet.
+pub const DEFAULT_PATH: &str = "/etc/nic-health-monitor/config.toml";
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub filters: NicFilters,
+    /// `sysClassInfinibandPath` / `sysClassNetPath`, when set (informational: nicmon reads
+    /// everything under one `--sysfs` root; a value pointing elsewhere is warned about).
+    pub sys_class_infiniband_path: Option<String>,
+    pub sys_class_net_path: Option<String>,
+    /// `[stateDetection] escalationGraceSeconds`: a port that was healthy and is still in a
+    /// training/INIT/ARMED state after this long escalates to fatal (SPEC §1.3).
+    pub escalation_grace_secs: u64,
+    /// `[stateDetection] speedDegradationFatal`: make `LinkSpeedDegraded` fatal.
+    pub speed_degradation_fatal: bool,
+    /// Keys present in the file that nicmon does not use.
+    pub warnings: Vec<String>,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            filters: NicFilters::default(),
+            sys_class_infiniband_path: None,
+            sys_class_net_path: None,
+            escalation_grace_secs: 30,
+            speed_degradation_fatal: false,
+            warnings: Vec::new(),
+        }
+    }
+}
+
+/// A config file that cannot be used. The message is the whole one-line error.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("config {path}: {message}")]
+pub struct ConfigError {
+    pub path: String,
+    pub message: String,
+}
+
+impl Config {
+    /// Load `path`; a missing file gives the defaults.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let shown = path.display().to_string();
+        match std::fs::read_to_string(path) {
+            Ok(text) => Config::parse(&shown, &text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
+            Err(e) => Err(ConfigError {
+                path: shown,
+                message: format!("cannot read: {e}"),
+            }),
+        }
+    }
+
+    /// Parse the file's text. Never panics.
+    pub fn parse(path: &str, text: &str) -> Result<Config, ConfigError> {
+        let err = |message: String| ConfigError {
+            path: path.to_string(),
+            message,
+        };
+        let table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| err(one_line(&e.to_string())))?;
+        let mut cfg = Config::default();
+        for (key, value) in &table {
+            match key.as_str() {
+                "nicExclusionRegex" => {
+                    let s = string(key, value).map_err(err)?;
+                    cfg.filters.exclude = roles::parse_regex_list(key, s).map_err(err)?;
+                }
+                "nicInclusionRegexOverride" => {
+                    let s = string(key, value).map_err(err)?;
+                    cfg.filters.include_override = roles::parse_regex_list(key, s).map_err(err)?;
+                }
+                "sysClassInfinibandPath" => {
+                    cfg.sys_class_infiniband_path = Some(string(key, value).map_err(err)?.into())
+                }
+                "sysClassNetPath" => {
+                    cfg.sys_class_net_path = Some(string(key, value).map_err(err)?.into())
+                }
+                "stateDetection" => {
+                    let t = value
+                        .as_table()
+                        .ok_or_else(|| err(format!("{key}: expected a table")))?;
+                    for (k, v) in t {
+                        let full = format!("stateDetection.{k}");
+                        match k.as_str() {
+                            "escalationGraceSeconds" => {
+                                cfg.escalation_grace_secs = v
+                                    .as_integer()
+                                    .and_then(|i| u64::try_from(i).ok())
+                                    .ok_or_else(|| {
+                                        err(format!(
+                                            "{full} = {v}: expected a whole number of seconds ≥ 0"
+                                        ))
+                                    })?
+                            }
+                            "speedDegradationFatal" => {
+                                cfg.speed_degradation_fatal = v.as_bool().ok_or_else(|| {
+                                    err(format!("{full} = {v}: expected true or false"))
+                                })?
+                            }
+                            _ => cfg
+                                .warnings
+                                .push(format!("config {path}: unknown key {full} ignored")),
+                        }
+                    }
+                }
+                // Owned by the counter and kernel-log modules when present.
+                "counterDetection" | "kernelLog" => {}
+                _ => cfg
+                    .warnings
+                    .push(format!("config {path}: unknown key {key} ignored")),
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+fn string<'a>(key: &str, v: &'a toml::Value) -> Result<&'a str, String> {
+    v.as_str()
+        .ok_or_else(|| format!("{key} = {v}: expected a string"))
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn nvsentinel_keys() {
+        let c = Config::parse(
+            "c.toml",
+            r#"
+nicExclusionRegex = "^veth.*,^docker.*,^br-.*,^lo$"
+nicInclusionRegexOverride = ""
+sysClassInfinibandPath = "/nvsentinel/sys/class/infiniband"
+sysClassNetPath = "/nvsentinel/sys/class/net"
+[counterDetection]
+enabled = true
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.filters.exclude.len(), 4);
+        assert!(c.filters.include_override.is_empty());
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    }
+
+    #[test]
+    fn errors_name_key_and_value() {
+        let e = Config::parse("/etc/x.toml", "nicExclusionRegex = \"(\"").unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("config /etc/x.toml: nicExclusionRegex"),
+            "{e}"
+        );
+        let e =
+            Config::parse("x.toml", "[stateDetection]\nescalationGraceSeconds = -3").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("stateDetection.escalationGraceSeconds = -3"),
+            "{e}"
+        );
+        let e = Config::parse("x.toml", "nicExclusionRegex = [").unwrap_err();
+        assert!(!e.to_string().contains('\n'));
+        assert_eq!(
+            Config::parse("x.toml", "foo = 1").unwrap().warnings.len(),
+            1
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics(s in "\\PC{0,200}") {
+            let _ = Config::parse("p", &s);
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! What `nicmon check` and `nicmon topology` print (SPEC §2): a stable JSON object for
+//! machines, a table for people.
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::event::HealthEvent;
+use crate::model::Snapshot;
+use crate::roles::{Classification, Role};
+use crate::topology::Topology;
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub node_name: String,
+    pub boot_id: Option<String>,
+    pub devices: Vec<DeviceReport>,
+    pub topology_source: &'static str,
+    pub topology_notes: Vec<String>,
+    pub events: Vec<HealthEvent>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeviceReport {
+    pub name: String,
+    pub monitored: bool,
+    pub reason: Option<String>,
+    pub pci_address: Option<String>,
+    pub card: Option<String>,
+    pub numa_node: Option<i32>,
+    pub hca_type: Option<String>,
+    pub fw_ver: Option<String>,
+    pub board_id: Option<String>,
+    pub is_vf: bool,
+    pub netdev: Option<String>,
+    pub role: Option<Role>,
+    pub role_reason: Option<String>,
+    pub ports: Vec<PortReport>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PortReport {
+    pub port: u32,
+    pub link_layer: Option<String>,
+    pub state: Option<String>,
+    pub phys_state: Option<String>,
+    pub rate_gbps: Option<f64>,
+    pub healthy: bool,
+    pub operstate: Option<String>,
+    pub lid: Option<u32>,
+    pub sm_lid: Option<u32>,
+    /// Counter file name → value; unreadable ones absent.
+    pub counters: BTreeMap<String, u64>,
+}
+
+/// The display name of a configured counter path: its file name.
+pub fn counter_display_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+impl Report {
+    pub fn new(
+        node_name: &str,
+        boot_id: Option<String>,
+        snapshot: &Snapshot,
+        topo: &Topology,
+        roles: &BTreeMap<String, Classification>,
+        events: Vec<HealthEvent>,
+    ) -> Report {
+        let devices = snapshot
+            .devices
+            .iter()
+            .map(|d| {
+                let c = roles.get(&d.name);
+                DeviceReport {
+                    name: d.name.clone(),
+                    monitored: c.map(|c| c.monitored).unwrap_or(false),
+                    reason: c.and_then(|c| c.reason.clone()),
+                    pci_address: d.pci_address.clone(),
+                    card: d.card.clone(),
+                    numa_node: d.numa_node,
+                    hca_type: d.hca_type.clone(),
+                    fw_ver: d.fw_ver.clone(),
+                    board_id: d.board_id.clone(),
+                    is_vf: d.is_vf(),
+                    netdev: d.netdev.clone(),
+                    role: c.and_then(|c| c.role),
+                    role_reason: c.and_then(|c| c.role_reason.clone()),
+                    ports: d
+                        .ports
+                        .iter()
+                        .map(|p| PortReport {
+                            port: p.number,
+                            link_layer: p.link_layer.as_ref().map(|l| l.name().to_string()),
+                            state: p.state.as_ref().map(|s| s.name().to_string()),
+                            phys_state: p.phys_state.as_ref().map(|s| s.name().to_string()),
+                            rate_gbps: p.rate.as_ref().map(|r| r.gbps),
+                            healthy: p.is_healthy(),
+                            operstate: p.operstate.as_ref().map(|o| o.name().to_string()),
+                            lid: p.lid,
+                            sm_lid: p.sm_lid,
+                            counters: p
+                                .counters
+                                .iter()
+                                .map(|(k, v)| (counter_display_name(k).to_string(), *v))
+                                .collect(),
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        Report {
+            node_name: node_name.to_string(),
+            boot_id,
+            devices,
+            topology_source: topo.source.as_str(),
+            topology_notes: topo.notes.clone(),
+            events,
+        }
+    }
+
+    /// One line per port: role, health, rate — then the events.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} {}",
+            "DEVICE", "PORT", "ROLE", "LINK", "STATE", "PHYS_STATE", "GB/S", "HEALTH", "NOTE"
+        );
+        for d in &self.devices {
+            let role = d.role.map(Role::as_str).unwrap_or("-");
+            let note = if d.monitored {
+                d.role_reason.clone().unwrap_or_default()
+            } else {
+                format!("not monitored: {}", d.reason.clone().unwrap_or_default())
+            };
+            if d.ports.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} {}",
+                    d.name, "-", role, "-", "-", "-", "-", "-", note
+                );
+            }
+            for p in &d.ports {
+                let health = if !d.monitored {
+                    "-"
+                } else if p.healthy {
+                    "healthy"
+                } else {
+                    "UNHEALTHY"
+                };
+                let rate = p
+                    .rate_gbps
+                    .map(|r| format!("{r}"))
+                    .unwrap_or_else(|| "?".into());
+                let _ = writeln!(
+                    out,
+                    "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} {}",
+                    d.name,
+                    p.port,
+                    role,
+                    p.link_layer.as_deref().unwrap_or("?"),
+                    p.state.as_deref().unwrap_or("?"),
+                    p.phys_state.as_deref().unwrap_or("?"),
+                    rate,
+                    health,
+                    note
+                );
+            }
+        }
+        let _ = writeln!(out, "topology source: {}", self.topology_source);
+        for n in &self.topology_notes {
+            let _ = writeln!(out, "note: {n}");
+        }
+        if self.events.is_empty() {
+            let _ = writeln!(out, "events: none");
+        } else {
+            let _ = writeln!(out, "events:");
+            for e in &self.events {
+                let what = if e.is_healthy {
+                    "healthy"
+                } else if e.is_fatal {
+                    "FATAL"
+                } else {
+                    "non-fatal"
+                };
+                let ents: Vec<String> = e
+                    .entities_impacted
+                    .iter()
+                    .map(|x| format!("{}={}", x.entity_type, x.entity_value))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "  {:<9} {:<27} [{}] {} ({:?})",
+                    what,
+                    e.check_name,
+                    ents.join(" "),
+                    e.message,
+                    e.recommended_action
+                );
+            }
+        }
+        out
+    }
+}
