@@ -1,1 +1,935 @@
-//! Simulated-node testbed.
+//! The simulated-node testbed: realistic host trees (sysfs, procfs, `gpu_metadata.json`)
+//! written from a short description, ready-made nodes for the six platforms of seed 000 §4,
+//! and mutation helpers to inject faults. `nicmon` reads these trees through the same code
+//! that reads `/sys` and `/proc`; only the roots differ.
+//!
+//! The PCI tree is real-looking: root complexes (`devices/pci0000:17`), root ports, PCIe
+//! switches (an upstream port with downstream ports), `bus/pci/devices/<bdf>` links,
+//! `class/infiniband/<dev>` and `class/net/<if>` links into the device directories.
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+pub mod platforms;
+
+/// Link layer of a NIC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    Ib,
+    Eth,
+}
+
+/// Where a PCI function hangs: a bridge directory in the tree.
+#[derive(Debug, Clone)]
+pub struct Slot {
+    /// Path below `sys/` of the bridge (or root complex) directory.
+    dir: String,
+    domain: u16,
+    bus: u8,
+    rc: usize,
+    numa: i32,
+    /// The switch whose downstream port this is, and the outermost switch above it.
+    switch: Option<usize>,
+    group: Option<usize>,
+}
+
+/// A GPU or NIC placed in the tree (for metadata levels).
+#[derive(Debug, Clone)]
+struct Placed {
+    bdf: String,
+    rc: usize,
+    numa: i32,
+    switch: Option<usize>,
+    group: Option<usize>,
+    c2c: bool,
+}
+
+/// What a NIC (one PCI physical function, one IB device) looks like.
+#[derive(Debug, Clone)]
+pub struct NicSpec {
+    pub name: String,
+    pub link: Link,
+    pub hca_type: String,
+    pub rate: String,
+    pub netdev: Option<String>,
+}
+
+impl NicSpec {
+    pub fn ib(name: &str) -> NicSpec {
+        NicSpec {
+            name: name.into(),
+            link: Link::Ib,
+            hca_type: "MT4129".into(),
+            rate: "400 Gb/sec (4X NDR)".into(),
+            netdev: None,
+        }
+    }
+    pub fn eth(name: &str, netdev: &str) -> NicSpec {
+        NicSpec {
+            name: name.into(),
+            link: Link::Eth,
+            hca_type: "MT4129".into(),
+            rate: "200 Gb/sec (4X HDR)".into(),
+            netdev: Some(netdev.into()),
+        }
+    }
+    pub fn hca(mut self, h: &str) -> NicSpec {
+        self.hca_type = h.into();
+        self
+    }
+    pub fn rate(mut self, r: &str) -> NicSpec {
+        self.rate = r.into();
+        self
+    }
+    pub fn netdev(mut self, n: &str) -> NicSpec {
+        self.netdev = Some(n.into());
+        self
+    }
+}
+
+/// Facts about a NIC the tests need to mutate it.
+#[derive(Debug, Clone)]
+pub struct NicInfo {
+    pub bdf: String,
+    /// Path below `sys/` of the IB device directory (inside the PCI device).
+    pub ib_dir: String,
+    pub pci_dir: String,
+    pub netdev: Option<String>,
+    pub is_vf: bool,
+}
+
+/// IB PMA counters (`counters/`) every port gets.
+pub const PORT_COUNTERS: &[&str] = &[
+    "symbol_error",
+    "link_error_recovery",
+    "link_downed",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors",
+    "port_xmit_discards",
+    "port_xmit_constraint_errors",
+    "port_rcv_constraint_errors",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "VL15_dropped",
+    "port_xmit_data",
+    "port_rcv_data",
+    "port_xmit_packets",
+    "port_rcv_packets",
+    "port_xmit_wait",
+    "unicast_xmit_packets",
+    "unicast_rcv_packets",
+    "multicast_xmit_packets",
+    "multicast_rcv_packets",
+];
+
+/// mlx5 `hw_counters/` every port gets (availability differs in the field; tests remove some).
+pub const HW_COUNTERS: &[&str] = &[
+    "out_of_buffer",
+    "out_of_sequence",
+    "duplicate_request",
+    "rnr_nak_retry_err",
+    "packet_seq_err",
+    "implied_nak_seq_err",
+    "local_ack_timeout_err",
+    "req_transport_retries_exceeded",
+    "roce_adp_retrans",
+    "roce_adp_retrans_to",
+    "roce_slow_restart",
+    "roce_slow_restart_cnps",
+    "roce_slow_restart_trans",
+    "rp_cnp_handled",
+    "rp_cnp_ignored",
+    "np_cnp_sent",
+    "np_ecn_marked_roce_packets",
+    "rx_icrc_encapsulated",
+    "rx_read_requests",
+    "rx_write_requests",
+    "rx_atomic_requests",
+    "req_cqe_error",
+    "req_cqe_flush_error",
+    "resp_cqe_error",
+    "resp_cqe_flush_error",
+    "resp_local_length_error",
+    "req_remote_access_errors",
+    "req_remote_invalid_request",
+    "resp_remote_access_errors",
+    "lifespan",
+];
+
+/// A node under construction and, once written, a host tree on disk.
+pub struct Node {
+    pub name: String,
+    root: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    next_bus: BTreeMap<u16, u8>,
+    rcs: Vec<(u16, i32)>,
+    switches: usize,
+    gpus: Vec<Placed>,
+    nics: BTreeMap<String, Placed>,
+    pub info: BTreeMap<String, NicInfo>,
+    slots: BTreeMap<String, (Slot, u8)>,
+    vf_count: BTreeMap<String, u32>,
+    default_routes: Vec<String>,
+    next_ifindex: u32,
+    boot_id: String,
+}
+
+fn write(path: &Path, content: impl AsRef<[u8]>) {
+    if let Some(p) = path.parent() {
+        fs::create_dir_all(p).unwrap_or_else(|e| panic!("mkdir {}: {e}", p.display()));
+    }
+    fs::write(path, content).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}
+
+fn link(target: &str, at: &Path) {
+    if let Some(p) = at.parent() {
+        fs::create_dir_all(p).unwrap();
+    }
+    let _ = fs::remove_file(at);
+    symlink(target, at).unwrap_or_else(|e| panic!("symlink {} -> {target}: {e}", at.display()));
+}
+
+/// `../` repeated for the depth of `from_dir` below `sys/`.
+fn up(from_dir: &str) -> String {
+    "../".repeat(from_dir.split('/').filter(|c| !c.is_empty()).count())
+}
+
+/// A PCI config space: vendor/device ids, then the rest of a 256-byte header.
+fn config_space(vendor: u16, device: u16) -> Vec<u8> {
+    let mut c = vec![0u8; 256];
+    c[0..2].copy_from_slice(&vendor.to_le_bytes());
+    c[2..4].copy_from_slice(&device.to_le_bytes());
+    c[4] = 0x06;
+    c[6] = 0x10;
+    c
+}
+
+impl Node {
+    /// A new, empty node in a temporary directory.
+    pub fn new(name: &str) -> Node {
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("nicmon-{name}-"))
+            .tempdir()
+            .expect("tempdir");
+        let mut n = Node::at(name, tmp.path());
+        n._tmp = Some(tmp);
+        n
+    }
+
+    /// A new, empty node written under `root` (kept after the process exits).
+    pub fn at(name: &str, root: &Path) -> Node {
+        let n = Node {
+            name: name.into(),
+            root: root.to_path_buf(),
+            _tmp: None,
+            next_bus: BTreeMap::new(),
+            rcs: Vec::new(),
+            switches: 0,
+            gpus: Vec::new(),
+            nics: BTreeMap::new(),
+            info: BTreeMap::new(),
+            slots: BTreeMap::new(),
+            vf_count: BTreeMap::new(),
+            default_routes: Vec::new(),
+            next_ifindex: 2,
+            boot_id: "00000000-0000-4000-8000-000000000001".into(),
+        };
+        for d in [
+            "class/infiniband",
+            "class/net",
+            "bus/pci/devices",
+            "bus/pci/drivers/mlx5_core",
+            "bus/pci/drivers/nvidia",
+            "bus/pci/drivers/pcieport",
+        ] {
+            fs::create_dir_all(n.sys().join(d)).unwrap();
+        }
+        write(
+            &n.proc().join("sys/kernel/random/boot_id"),
+            format!("{}\n", n.boot_id),
+        );
+        n.write_route();
+        n
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    pub fn sys(&self) -> PathBuf {
+        self.root.join("sys")
+    }
+    pub fn proc(&self) -> PathBuf {
+        self.root.join("proc")
+    }
+    pub fn metadata_path(&self) -> PathBuf {
+        self.root.join("gpu_metadata.json")
+    }
+
+    fn bus(&mut self, domain: u16) -> u8 {
+        let b = self.next_bus.entry(domain).or_insert(0);
+        *b += 1;
+        *b
+    }
+
+    /// A root complex (PCIe host bridge) on a NUMA node, in PCI domain `domain`.
+    pub fn root_complex(&mut self, domain: u16, numa: i32) -> Slot {
+        let bus = self.bus(domain);
+        let rc = self.rcs.len();
+        self.rcs.push((domain, numa));
+        let dir = format!("devices/pci{domain:04x}:{bus:02x}");
+        fs::create_dir_all(self.sys().join(&dir)).unwrap();
+        Slot {
+            dir,
+            domain,
+            bus,
+            rc,
+            numa,
+            switch: None,
+            group: None,
+        }
+    }
+
+    fn bridge(&mut self, parent: &Slot, dev: u8, vendor: u16) -> Slot {
+        let bdf = format!("{:04x}:{:02x}:{:02x}.0", parent.domain, parent.bus, dev);
+        let dir = format!("{}/{bdf}", parent.dir);
+        self.pci_function(
+            &dir,
+            &bdf,
+            vendor,
+            0x1234,
+            0x060400,
+            parent.numa,
+            Some("pcieport"),
+        );
+        let bus = self.bus(parent.domain);
+        Slot {
+            dir,
+            domain: parent.domain,
+            bus,
+            rc: parent.rc,
+            numa: parent.numa,
+            switch: parent.switch,
+            group: parent.group,
+        }
+    }
+
+    /// A root port of a root complex (device number `dev` on the root bus).
+    pub fn root_port(&mut self, rc: &Slot, dev: u8) -> Slot {
+        self.bridge(rc, dev, 0x8086)
+    }
+
+    /// A root port made by NVIDIA (Grace): GPUs behind it are NVLink-C2C attached.
+    pub fn nvidia_root_port(&mut self, rc: &Slot, dev: u8) -> Slot {
+        self.bridge(rc, dev, 0x10de)
+    }
+
+    /// A PCIe switch below `parent`: its upstream port. Add downstream ports with
+    /// [`Node::switch_port`].
+    pub fn switch(&mut self, parent: &Slot) -> Slot {
+        let mut up = self.bridge(parent, 0, 0x1000);
+        self.switches += 1;
+        up.switch = Some(self.switches);
+        up.group = parent.group.or(Some(self.switches));
+        up
+    }
+
+    /// Downstream port `dev` of a switch.
+    pub fn switch_port(&mut self, switch_up: &Slot, dev: u8) -> Slot {
+        self.bridge(switch_up, dev, 0x1000)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn pci_function(
+        &self,
+        dir: &str,
+        bdf: &str,
+        vendor: u16,
+        device: u16,
+        class: u32,
+        numa: i32,
+        driver: Option<&str>,
+    ) {
+        let d = self.sys().join(dir);
+        write(&d.join("vendor"), format!("{vendor:#06x}\n"));
+        write(&d.join("device"), format!("{device:#06x}\n"));
+        write(&d.join("class"), format!("{class:#08x}\n"));
+        write(&d.join("numa_node"), format!("{numa}\n"));
+        write(&d.join("config"), config_space(vendor, device));
+        let mut uevent =
+            format!("PCI_CLASS={class:X}\nPCI_ID={vendor:04X}:{device:04X}\nPCI_SLOT_NAME={bdf}\n");
+        if let Some(drv) = driver {
+            uevent = format!("DRIVER={drv}\n{uevent}");
+            link(
+                &format!("{}bus/pci/drivers/{drv}", up(dir)),
+                &d.join("driver"),
+            );
+        }
+        write(&d.join("uevent"), uevent);
+        link(
+            &format!("../../../{dir}"),
+            &self.sys().join(format!("bus/pci/devices/{bdf}")),
+        );
+    }
+
+    /// A GPU (NVIDIA 3D controller) at function 0 of `dev` on the slot's bus.
+    pub fn gpu(&mut self, slot: &Slot, dev: u8) -> String {
+        let bdf = format!("{:04x}:{:02x}:{:02x}.0", slot.domain, slot.bus, dev);
+        let dir = format!("{}/{bdf}", slot.dir);
+        self.pci_function(
+            &dir,
+            &bdf,
+            0x10de,
+            0x2330,
+            0x030200,
+            slot.numa,
+            Some("nvidia"),
+        );
+        let c2c = self.sys().join(&slot.dir).join("vendor").exists()
+            && fs::read_to_string(self.sys().join(&slot.dir).join("vendor"))
+                .unwrap_or_default()
+                .trim()
+                == "0x10de";
+        self.gpus.push(Placed {
+            bdf: bdf.clone(),
+            rc: slot.rc,
+            numa: slot.numa,
+            switch: slot.switch,
+            group: slot.group,
+            c2c,
+        });
+        bdf
+    }
+
+    /// An NVSwitch bridge function (class 0x0680): an NVIDIA device that is not a GPU.
+    pub fn nvswitch(&mut self, slot: &Slot, dev: u8) {
+        let bdf = format!("{:04x}:{:02x}:{:02x}.0", slot.domain, slot.bus, dev);
+        let dir = format!("{}/{bdf}", slot.dir);
+        self.pci_function(&dir, &bdf, 0x10de, 0x22a3, 0x068000, slot.numa, None);
+    }
+
+    /// A NIC card at `dev` on the slot's bus, one PF per spec (function 0, 1, ...).
+    pub fn card(&mut self, slot: &Slot, dev: u8, pfs: Vec<NicSpec>) -> Vec<String> {
+        let mut names = Vec::new();
+        for (f, spec) in pfs.into_iter().enumerate() {
+            let bdf = format!("{:04x}:{:02x}:{:02x}.{f}", slot.domain, slot.bus, dev);
+            names.push(spec.name.clone());
+            self.slots.insert(spec.name.clone(), (slot.clone(), dev));
+            self.function(slot, &bdf, spec, None);
+        }
+        names
+    }
+
+    /// `n` SR-IOV VFs of PF `pf`, named after the last device (`mlx5_N+1`, ...), DOWN as
+    /// unassigned VFs are. Call after all PFs exist so PF names stay in order.
+    pub fn vfs(&mut self, pf: &str, n: u32) -> Vec<String> {
+        let (slot, dev) = self.slots[pf].clone();
+        let pf_bdf = self.info[pf].bdf.clone();
+        let mut names = Vec::new();
+        for _ in 0..n {
+            let k = self.vf_count.entry(pf.to_string()).or_insert(0);
+            *k += 1;
+            let idx = *k;
+            // VFs live on the PF's bus after its functions (ARI: device numbers above the card's).
+            let (vdev, vfn) = (dev + 1 + (idx / 8) as u8, (idx % 8) as u8);
+            let vbdf = format!("{:04x}:{:02x}:{:02x}.{vfn}", slot.domain, slot.bus, vdev);
+            let vname = self.next_vf_name();
+            let vspec = NicSpec {
+                name: vname.clone(),
+                netdev: None,
+                ..self.spec_of(pf)
+            };
+            self.function(&slot, &vbdf, vspec, Some(&pf_bdf));
+            names.push(vname);
+        }
+        names
+    }
+
+    fn spec_of(&self, name: &str) -> NicSpec {
+        let info = &self.info[name];
+        let ll = fs::read_to_string(self.sys().join(&info.ib_dir).join("ports/1/link_layer"))
+            .unwrap_or_default();
+        let hca =
+            fs::read_to_string(self.sys().join(&info.ib_dir).join("hca_type")).unwrap_or_default();
+        NicSpec {
+            name: name.into(),
+            link: if ll.trim() == "InfiniBand" {
+                Link::Ib
+            } else {
+                Link::Eth
+            },
+            hca_type: hca.trim().into(),
+            rate: "400 Gb/sec (4X NDR)".into(),
+            netdev: None,
+        }
+    }
+
+    /// VFs are named after the PFs, continuing mlx5_N numbering.
+    fn next_vf_name(&self) -> String {
+        let mut n = self.info.len();
+        while self.info.contains_key(&format!("mlx5_{n}")) {
+            n += 1;
+        }
+        format!("mlx5_{n}")
+    }
+
+    fn function(&mut self, slot: &Slot, bdf: &str, spec: NicSpec, physfn: Option<&str>) {
+        let pci_dir = format!("{}/{bdf}", slot.dir);
+        let class = if spec.link == Link::Ib {
+            0x020700
+        } else {
+            0x020000
+        };
+        let device_id = if physfn.is_some() { 0x101e } else { 0x1021 };
+        self.pci_function(
+            &pci_dir,
+            bdf,
+            0x15b3,
+            device_id,
+            class,
+            slot.numa,
+            Some("mlx5_core"),
+        );
+        let pd = self.sys().join(&pci_dir);
+        match physfn {
+            Some(pf) => link(&format!("../{pf}"), &pd.join("physfn")),
+            None => write(&pd.join("sriov_totalvfs"), "16\n"),
+        }
+        let ib_dir = format!("{pci_dir}/infiniband/{}", spec.name);
+        let ib = self.sys().join(&ib_dir);
+        write(&ib.join("hca_type"), format!("{}\n", spec.hca_type));
+        write(&ib.join("fw_ver"), "28.39.1002\n");
+        write(&ib.join("board_id"), "MT_0000000838\n");
+        write(&ib.join("node_guid"), "b83f:d203:00c3:65c4\n");
+        // `device` names the PCI function: ib_dir is <pci_dir>/infiniband/<name>.
+        link(&format!("../../../{bdf}"), &ib.join("device"));
+        link(
+            &format!("{}{ib_dir}", up("class/infiniband")),
+            &self.sys().join(format!("class/infiniband/{}", spec.name)),
+        );
+        let vf = physfn.is_some();
+        let port = ib.join("ports/1");
+        let (state, phys) = if vf {
+            ("1: DOWN", "3: Disabled")
+        } else {
+            ("4: ACTIVE", "5: LinkUp")
+        };
+        write(&port.join("state"), format!("{state}\n"));
+        write(&port.join("phys_state"), format!("{phys}\n"));
+        write(&port.join("rate"), format!("{}\n", spec.rate));
+        write(
+            &port.join("link_layer"),
+            if spec.link == Link::Ib {
+                "InfiniBand\n"
+            } else {
+                "Ethernet\n"
+            },
+        );
+        let lid = if spec.link == Link::Ib {
+            0x10 + self.info.len() as u32
+        } else {
+            0
+        };
+        write(&port.join("lid"), format!("{lid:#x}\n"));
+        write(
+            &port.join("sm_lid"),
+            if spec.link == Link::Ib {
+                "0x1\n"
+            } else {
+                "0x0\n"
+            },
+        );
+        write(&port.join("sm_sl"), "0\n");
+        write(&port.join("lid_mask_count"), "0\n");
+        write(&port.join("cap_mask"), "0x2651e848\n");
+        for c in PORT_COUNTERS {
+            write(&port.join("counters").join(c), "0\n");
+        }
+        for c in HW_COUNTERS {
+            write(
+                &port.join("hw_counters").join(c),
+                if *c == "lifespan" { "12\n" } else { "0\n" },
+            );
+        }
+        if let Some(nd) = &spec.netdev {
+            let net_dir = format!("{pci_dir}/net/{nd}");
+            let nd_path = self.sys().join(&net_dir);
+            write(
+                &nd_path.join("operstate"),
+                if vf { "down\n" } else { "up\n" },
+            );
+            write(&nd_path.join("carrier"), if vf { "0\n" } else { "1\n" });
+            write(&nd_path.join("carrier_changes"), "2\n");
+            write(&nd_path.join("ifindex"), format!("{}\n", self.next_ifindex));
+            write(&nd_path.join("dev_port"), "0\n");
+            write(&nd_path.join("speed"), "200000\n");
+            write(&nd_path.join("address"), "b8:3f:d2:c3:65:c4\n");
+            link(&format!("../../../{bdf}"), &nd_path.join("device"));
+            link(
+                &format!("{}{net_dir}", up("class/net")),
+                &self.sys().join(format!("class/net/{nd}")),
+            );
+            // device/infiniband is reached through the netdev's device link.
+            self.next_ifindex += 1;
+        }
+        self.info.insert(
+            spec.name.clone(),
+            NicInfo {
+                bdf: bdf.into(),
+                ib_dir,
+                pci_dir,
+                netdev: spec.netdev.clone(),
+                is_vf: vf,
+            },
+        );
+        if !vf {
+            self.nics.insert(
+                spec.name,
+                Placed {
+                    bdf: bdf.into(),
+                    rc: slot.rc,
+                    numa: slot.numa,
+                    switch: slot.switch,
+                    group: slot.group,
+                    c2c: false,
+                },
+            );
+        }
+    }
+
+    /// A plain Ethernet interface (not RDMA) in `class/net`, e.g. the BMC-side `eth0`.
+    pub fn plain_netdev(&mut self, name: &str) {
+        let dir = format!("devices/virtual/net/{name}");
+        write(&self.sys().join(&dir).join("operstate"), "up\n");
+        link(
+            &format!("{}{dir}", up("class/net")),
+            &self.sys().join(format!("class/net/{name}")),
+        );
+    }
+
+    /// Make `iface` carry the default route (`/proc/net/route`).
+    pub fn default_route(&mut self, iface: &str) {
+        self.default_routes.push(iface.into());
+        self.write_route();
+    }
+
+    fn write_route(&self) {
+        let mut s = String::from(
+            "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n",
+        );
+        for r in &self.default_routes {
+            s.push_str(&format!(
+                "{r}\t00000000\t0100000A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"
+            ));
+            s.push_str(&format!(
+                "{r}\t0000000A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"
+            ));
+        }
+        write(&self.proc().join("net/route"), s);
+    }
+
+    /// The GPU↔NIC level as the metadata collector would publish it, from where the
+    /// testbed placed each device (not from the PCI paths nicmon reads).
+    fn level(nic: &Placed, gpu: &Placed) -> &'static str {
+        if gpu.c2c {
+            "SYS"
+        } else if nic.switch.is_some() && nic.switch == gpu.switch {
+            "PIX"
+        } else if nic.group.is_some() && nic.group == gpu.group {
+            "PXB"
+        } else if nic.rc == gpu.rc {
+            "PHB"
+        } else if nic.numa == gpu.numa {
+            "NODE"
+        } else {
+            "SYS"
+        }
+    }
+
+    /// Write `gpu_metadata.json` as NVSentinel's metadata collector does.
+    pub fn write_metadata(&self) {
+        let gpus: Vec<serde_json::Value> = self
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                serde_json::json!({
+                    "gpu_id": i, "uuid": format!("GPU-{i:08x}-0000-0000-0000-000000000000"),
+                    "pci_address": format!("0000{}", g.bdf.to_uppercase()), "serial_number": format!("16{i:011}"),
+                    "device_name": "NVIDIA H100 80GB HBM3", "nvlinks": [], "numa_node": g.numa,
+                })
+            })
+            .collect();
+        let topo: serde_json::Map<String, serde_json::Value> = self
+            .nics
+            .iter()
+            .map(|(name, nic)| {
+                (
+                    name.clone(),
+                    self.gpus
+                        .iter()
+                        .map(|g| Node::level(nic, g))
+                        .collect::<Vec<_>>()
+                        .into(),
+                )
+            })
+            .collect();
+        let meta = serde_json::json!({
+            "version": "1.0", "timestamp": "2026-11-01T00:00:00Z", "node_name": self.name,
+            "driver_version": "570.124.06", "chassis_serial": "1654321098765",
+            "gpus": gpus, "nvswitches": [], "nic_topology": topo,
+        });
+        write(
+            &self.metadata_path(),
+            serde_json::to_vec_pretty(&meta).unwrap(),
+        );
+    }
+
+    // ---- mutation helpers ----
+
+    fn port_file(&self, dev: &str, port: u32, file: &str) -> PathBuf {
+        let info = self
+            .info
+            .get(dev)
+            .unwrap_or_else(|| panic!("no device {dev} on node {}", self.name));
+        self.sys()
+            .join(&info.ib_dir)
+            .join(format!("ports/{port}/{file}"))
+    }
+
+    /// Set a port's logical and physical state: `set_port(dev, 1, "1: DOWN", "2: Polling")`.
+    pub fn set_port(&self, dev: &str, port: u32, state: &str, phys: &str) {
+        write(&self.port_file(dev, port, "state"), format!("{state}\n"));
+        write(
+            &self.port_file(dev, port, "phys_state"),
+            format!("{phys}\n"),
+        );
+    }
+
+    /// A cable pull: `1: DOWN` / `2: Polling`, and the netdev (if any) loses carrier.
+    pub fn pull_cable(&self, dev: &str, port: u32) {
+        self.set_port(dev, port, "1: DOWN", "2: Polling");
+        if let Some(nd) = self.info[dev].netdev.clone() {
+            self.set_operstate(&nd, "down");
+        }
+    }
+
+    /// Back to `4: ACTIVE` / `5: LinkUp`, netdev up.
+    pub fn repair(&self, dev: &str, port: u32) {
+        self.set_port(dev, port, "4: ACTIVE", "5: LinkUp");
+        if let Some(nd) = self.info[dev].netdev.clone() {
+            self.set_operstate(&nd, "up");
+        }
+    }
+
+    pub fn set_operstate(&self, netdev: &str, state: &str) {
+        write(
+            &self.sys().join(format!("class/net/{netdev}/operstate")),
+            format!("{state}\n"),
+        );
+    }
+
+    pub fn set_rate(&self, dev: &str, port: u32, rate: &str) {
+        write(&self.port_file(dev, port, "rate"), format!("{rate}\n"));
+    }
+
+    pub fn set_sm_lid(&self, dev: &str, port: u32, lid: u32) {
+        write(&self.port_file(dev, port, "sm_lid"), format!("{lid:#x}\n"));
+    }
+
+    /// Set a counter: `path` relative to the port (`counters/link_downed`), or
+    /// `carrier_changes` for the netdev's.
+    pub fn set_counter(&self, dev: &str, port: u32, path: &str, value: u64) {
+        if path == "carrier_changes" {
+            let nd = self.info[dev].netdev.clone().expect("device has no netdev");
+            write(
+                &self.sys().join(format!("class/net/{nd}/carrier_changes")),
+                format!("{value}\n"),
+            );
+        } else {
+            write(&self.port_file(dev, port, path), format!("{value}\n"));
+        }
+    }
+
+    /// Write raw text into a port file (for odd values: `N/A (no PMA)`, empty files, ...).
+    pub fn write_port_file(&self, dev: &str, port: u32, file: &str, text: &str) {
+        write(&self.port_file(dev, port, file), text);
+    }
+
+    /// Remove a port file (a counter this NIC generation lacks).
+    pub fn remove_port_file(&self, dev: &str, port: u32, file: &str) {
+        let _ = fs::remove_file(self.port_file(dev, port, file));
+    }
+
+    /// Make a port file fail its `read()` with `EINVAL`, as restricted counters do:
+    /// it becomes a link to a real kernel file that fails that way (`/sys/class/net/lo/speed`).
+    /// Returns false when this host has no such file.
+    pub fn make_einval(&self, dev: &str, port: u32, file: &str) -> bool {
+        let target = "/sys/class/net/lo/speed";
+        if fs::read(target).map_err(|e| e.raw_os_error()) != Err(Some(22)) {
+            return false;
+        }
+        let p = self.port_file(dev, port, file);
+        let _ = fs::remove_file(&p);
+        symlink(target, &p).is_ok()
+    }
+
+    fn stash(&self) -> PathBuf {
+        self.root.join("stash")
+    }
+
+    /// The device vanishes from `class/infiniband` and its PCI function from the bus
+    /// (clean removal / hot unplug).
+    pub fn remove_device(&self, dev: &str) {
+        let info = &self.info[dev];
+        fs::create_dir_all(self.stash()).unwrap();
+        let _ = fs::rename(
+            self.sys().join(format!("class/infiniband/{dev}")),
+            self.stash().join(format!("ib-{dev}")),
+        );
+        let _ = fs::rename(
+            self.sys().join(format!("bus/pci/devices/{}", info.bdf)),
+            self.stash().join(format!("pci-{dev}")),
+        );
+    }
+
+    /// The device falls off the bus: gone from `class/infiniband`, its config space reads `0xFF`.
+    pub fn fall_off_bus(&self, dev: &str) {
+        fs::create_dir_all(self.stash()).unwrap();
+        let _ = fs::rename(
+            self.sys().join(format!("class/infiniband/{dev}")),
+            self.stash().join(format!("ib-{dev}")),
+        );
+        self.set_config_space(dev, &[0xff; 256]);
+    }
+
+    /// Undo [`Node::remove_device`] / [`Node::fall_off_bus`].
+    pub fn restore_device(&self, dev: &str) {
+        let info = &self.info[dev];
+        let _ = fs::rename(
+            self.stash().join(format!("ib-{dev}")),
+            self.sys().join(format!("class/infiniband/{dev}")),
+        );
+        let _ = fs::rename(
+            self.stash().join(format!("pci-{dev}")),
+            self.sys().join(format!("bus/pci/devices/{}", info.bdf)),
+        );
+        self.set_config_space(dev, &config_space(0x15b3, 0x1021));
+    }
+
+    /// Overwrite a device's PCI config space bytes.
+    pub fn set_config_space(&self, dev: &str, bytes: &[u8]) {
+        write(
+            &self.sys().join(&self.info[dev].pci_dir).join("config"),
+            bytes,
+        );
+    }
+
+    /// A reboot as far as nicmon can tell: a new boot ID.
+    pub fn set_boot_id(&mut self, id: &str) {
+        self.boot_id = id.into();
+        write(
+            &self.proc().join("sys/kernel/random/boot_id"),
+            format!("{id}\n"),
+        );
+    }
+
+    /// Delete the metadata file (the sysfs fallback then applies).
+    pub fn remove_metadata(&self) {
+        let _ = fs::remove_file(self.metadata_path());
+    }
+
+    /// The names of the node's PFs (non-VF devices), sorted.
+    pub fn pfs(&self) -> Vec<String> {
+        self.info
+            .iter()
+            .filter(|(_, i)| !i.is_vf)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// Run `nicmon` with `--sysfs`/`--procfs` of this node plus `args`.
+    pub fn nicmon(&self, sub: &str, args: &[&str]) -> Output {
+        let mut cmd = Command::new(nicmon_bin());
+        cmd.arg(sub)
+            .arg("--sysfs")
+            .arg(self.sys())
+            .arg("--procfs")
+            .arg(self.proc())
+            .args(args)
+            .env_remove("NODE_NAME")
+            .env("RUST_LOG", "warn");
+        cmd.output().expect("running nicmon")
+    }
+
+    /// `nicmon check --format json` on this node, with the metadata file (if written) and
+    /// `extra` arguments; panics unless it exits 0. Returns the parsed JSON.
+    pub fn check_json(&self, extra: &[&str]) -> serde_json::Value {
+        let meta = self.metadata_path();
+        let meta = meta.to_str().unwrap();
+        let mut args = vec![
+            "--format",
+            "json",
+            "--metadata",
+            meta,
+            "--config",
+            "/nonexistent/nicmon.toml",
+        ];
+        args.extend_from_slice(extra);
+        let out = self.nicmon("check", &args);
+        assert!(
+            out.status.success(),
+            "nicmon check failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    }
+}
+
+/// Role counts of a `nicmon check` JSON report: (management, compute, storage).
+pub fn role_counts(report: &serde_json::Value) -> (usize, usize, usize) {
+    let devs = report["devices"].as_array().expect("devices");
+    let count = |r: &str| devs.iter().filter(|d| d["role"] == r).count();
+    (count("management"), count("compute"), count("storage"))
+}
+
+/// The `nicmon` binary of this workspace, built once per test process.
+pub fn nicmon_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(p) = std::env::var("NICMON_BIN") {
+            return PathBuf::from(p);
+        }
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = Command::new(cargo)
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "nicmon",
+                "--bin",
+                "nicmon",
+                "--message-format=json",
+            ])
+            .output()
+            .expect("cargo build -p nicmon");
+        assert!(
+            out.status.success(),
+            "building nicmon failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "nicmon")
+            .filter_map(|v| v["executable"].as_str().map(PathBuf::from))
+            .last()
+            .expect("cargo did not report the nicmon executable")
+    })
+    .clone()
+}

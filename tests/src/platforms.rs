@@ -1,0 +1,252 @@
+//! Ready-made nodes: the six platforms of seed 000 §4 (field-validated role results).
+//!
+//! Each builder places GPUs and NICs in a PCI tree shaped like the real machine, so that
+//! the metadata the collector would publish and the tree nicmon derives from sysfs give
+//! the same roles. The expected role counts are in [`Platform::expected_roles`].
+use crate::{Link, NicSpec, Node};
+
+/// The six platforms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Platform {
+    A100Oci,
+    H100Oci,
+    L40sOci,
+    OnPremL40s,
+    Gb200Nvl4,
+    DgxH100,
+}
+
+impl Platform {
+    pub const ALL: [Platform; 6] = [
+        Platform::A100Oci,
+        Platform::H100Oci,
+        Platform::L40sOci,
+        Platform::OnPremL40s,
+        Platform::Gb200Nvl4,
+        Platform::DgxH100,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Platform::A100Oci => "a100-oci",
+            Platform::H100Oci => "h100-oci",
+            Platform::L40sOci => "l40s-oci",
+            Platform::OnPremL40s => "onprem-l40s",
+            Platform::Gb200Nvl4 => "gb200-nvl4",
+            Platform::DgxH100 => "dgx-h100",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Platform> {
+        Platform::ALL.into_iter().find(|p| p.name() == s)
+    }
+
+    /// (management, compute, storage) — 000 §4.1.3 / §4.2.4; DGX-like: 8 IB compute +
+    /// 4 Ethernet storage, VFs have no role.
+    pub fn expected_roles(self) -> (usize, usize, usize) {
+        match self {
+            Platform::A100Oci => (2, 16, 0),
+            Platform::H100Oci => (0, 16, 2),
+            Platform::L40sOci => (0, 0, 6),
+            Platform::OnPremL40s => (1, 4, 0),
+            Platform::Gb200Nvl4 => (2, 4, 0),
+            Platform::DgxH100 => (0, 8, 4),
+        }
+    }
+
+    /// Build the node in a temporary directory, metadata file included.
+    pub fn build(self) -> Node {
+        let mut n = Node::new(self.name());
+        self.populate(&mut n);
+        n
+    }
+
+    /// Build the node under `root` (kept on disk).
+    pub fn build_at(self, root: &std::path::Path) -> Node {
+        let mut n = Node::at(self.name(), root);
+        self.populate(&mut n);
+        n
+    }
+
+    fn populate(self, n: &mut Node) {
+        match self {
+            Platform::A100Oci => a100_oci(n),
+            Platform::H100Oci => h100_oci(n),
+            Platform::L40sOci => l40s_oci(n),
+            Platform::OnPremL40s => onprem_l40s(n),
+            Platform::Gb200Nvl4 => gb200_nvl4(n),
+            Platform::DgxH100 => dgx_h100(n),
+        }
+        n.plain_netdev("lo");
+        n.write_metadata();
+    }
+}
+
+/// A GPU and a NIC card below one upper switch, each behind its own lower switch:
+/// `PXB` between them (the OCI shapes).
+fn pxb_pair(n: &mut Node, domain: u16, numa: i32, pfs: Vec<NicSpec>) {
+    let rc = n.root_complex(domain, numa);
+    let rp = n.root_port(&rc, 1);
+    let upper = n.switch(&rp);
+    let a = n.switch_port(&upper, 0);
+    let b = n.switch_port(&upper, 4);
+    let gpu_sw = n.switch(&a);
+    let gpu_port = n.switch_port(&gpu_sw, 0);
+    n.gpu(&gpu_port, 0);
+    let nic_sw = n.switch(&b);
+    let nic_port = n.switch_port(&nic_sw, 0);
+    n.card(&nic_port, 0, pfs);
+}
+
+/// A card on a root port of its own root complex.
+fn own_rc_card(n: &mut Node, domain: u16, numa: i32, pfs: Vec<NicSpec>) {
+    let rc = n.root_complex(domain, numa);
+    let rp = n.root_port(&rc, 1);
+    n.card(&rp, 0, pfs);
+}
+
+/// A GPU on a root port of its own root complex (PCIe cards: L40S).
+fn own_rc_gpu(n: &mut Node, domain: u16, numa: i32) {
+    let rc = n.root_complex(domain, numa);
+    let rp = n.root_port(&rc, 1);
+    n.gpu(&rp, 0);
+}
+
+fn roce(i: usize) -> NicSpec {
+    NicSpec::eth(&format!("mlx5_{i}"), &format!("rdma{i}"))
+        .rate("200 Gb/sec (4X HDR)")
+        .hca("MT4123")
+}
+
+/// A100 OCI RoCE: 4-socket AMD (8 NUMA nodes), 8 GPUs on NUMA 1/3/5/7, 16 RoCE compute
+/// NICs PXB to their paired GPU (8 dual-port cards), management NICs mlx5_0 (NUMA 0) and
+/// mlx5_13 (NUMA 6).
+fn a100_oci(n: &mut Node) {
+    own_rc_card(n, 0, 0, vec![roce(0).rate("100 Gb/sec (4X EDR)")]);
+    let mut next = 1;
+    for g in 0..8 {
+        if next == 13 {
+            own_rc_card(n, 0, 6, vec![roce(13).rate("100 Gb/sec (4X EDR)")]);
+            next = 14;
+        }
+        let numa = [1, 1, 3, 3, 5, 5, 7, 7][g];
+        pxb_pair(n, 0, numa, vec![roce(next), roce(next + 1)]);
+        next += 2;
+    }
+}
+
+/// H100 OCI: 2 sockets, 8 GPUs (4 per socket), 8 dual-port IB compute cards PXB to their
+/// GPU (16 PFs), storage NICs mlx5_2 and mlx5_11 (single-port Ethernet, own root complex).
+fn h100_oci(n: &mut Node) {
+    let mut next = 0;
+    for g in 0..8 {
+        let numa = if g < 4 { 0 } else { 1 };
+        if next == 2 || next == 11 {
+            own_rc_card(n, 0, numa, vec![roce(next).rate("100 Gb/sec (4X EDR)")]);
+            next += 1;
+        }
+        let ib = |i: usize| NicSpec::ib(&format!("mlx5_{i}"));
+        pxb_pair(n, 0, numa, vec![ib(next), ib(next + 1)]);
+        next += 2;
+    }
+}
+
+/// L40S OCI: 2 sockets, 4 PCIe GPUs, 3 dual-port RoCE cards (6 PFs) — NODE/SYS only.
+fn l40s_oci(n: &mut Node) {
+    own_rc_gpu(n, 0, 0);
+    own_rc_gpu(n, 0, 0);
+    own_rc_gpu(n, 0, 1);
+    own_rc_gpu(n, 0, 1);
+    own_rc_card(n, 0, 0, vec![roce(0), roce(1)]);
+    own_rc_card(n, 0, 0, vec![roce(2), roce(3)]);
+    own_rc_card(n, 0, 1, vec![roce(4), roce(5)]);
+}
+
+/// On-prem L40S: 2 sockets, 8 PCIe GPUs, mlx5_0 Ethernet carrying the default route,
+/// mlx5_1..4 single-port InfiniBand compute NICs.
+fn onprem_l40s(n: &mut Node) {
+    for g in 0..8 {
+        own_rc_gpu(n, 0, if g < 4 { 0 } else { 1 });
+    }
+    own_rc_card(
+        n,
+        0,
+        0,
+        vec![
+            NicSpec::eth("mlx5_0", "eno1np0")
+                .rate("25 Gb/sec (1X EDR)")
+                .hca("MT4119"),
+        ],
+    );
+    for i in 1..=4 {
+        own_rc_card(
+            n,
+            0,
+            if i <= 2 { 0 } else { 1 },
+            vec![
+                NicSpec::ib(&format!("mlx5_{i}"))
+                    .hca("MT4123")
+                    .rate("200 Gb/sec (4X HDR)"),
+            ],
+        );
+    }
+    n.default_route("eno1np0");
+}
+
+/// GB200 NVL4: 2 Grace sockets, 4 GPUs attached through NVLink-C2C (behind NVIDIA root
+/// ports), 4 ConnectX-7 IB NICs and 2 BlueField-3 DPUs, each on its own PCI domain.
+fn gb200_nvl4(n: &mut Node) {
+    for (domain, numa) in [(0x0008u16, 0), (0x0009, 0), (0x0018, 1), (0x0019, 1)] {
+        let rc = n.root_complex(domain, numa);
+        let rp = n.nvidia_root_port(&rc, 0);
+        n.gpu(&rp, 0);
+    }
+    let nics: [(u16, i32, &str, Link); 6] = [
+        (0x0000, 0, "ibp3s0", Link::Ib),
+        (0x0002, 0, "ibP2p3s0", Link::Ib),
+        (0x0006, 0, "roceP6p3s0", Link::Eth),
+        (0x0010, 1, "ibP16p3s0", Link::Ib),
+        (0x0012, 1, "ibP18p3s0", Link::Ib),
+        (0x0016, 1, "roceP22p3s0", Link::Eth),
+    ];
+    for (domain, numa, name, link) in nics {
+        let rc = n.root_complex(domain, numa);
+        let rp = n.nvidia_root_port(&rc, 0);
+        let spec = match link {
+            Link::Ib => NicSpec::ib(name),
+            Link::Eth => NicSpec::eth(name, &format!("{name}np0"))
+                .hca("MT41692")
+                .rate("200 Gb/sec (2X NDR)"),
+        };
+        n.card(&rp, 0, vec![spec]);
+    }
+}
+
+/// DGX-H100-like: 2 sockets, 8 GPUs each PIX to one single-port IB compute NIC (same
+/// PCIe switch), NVSwitch functions, 2 dual-port Ethernet storage cards on CPU root ports
+/// (4 PFs), and 2 SR-IOV VFs per compute PF (16 VFs, DOWN).
+fn dgx_h100(n: &mut Node) {
+    for g in 0..8 {
+        let numa = if g < 4 { 0 } else { 1 };
+        let rc = n.root_complex(0, numa);
+        let rp = n.root_port(&rc, 1);
+        let sw = n.switch(&rp);
+        let gp = n.switch_port(&sw, 0);
+        let np = n.switch_port(&sw, 1);
+        n.gpu(&gp, 0);
+        n.card(
+            &np,
+            0,
+            vec![NicSpec::ib(&format!("mlx5_{g}")).netdev(&format!("ibp{g}s0"))],
+        );
+        if g % 4 == 0 {
+            let nvp = n.switch_port(&sw, 2);
+            n.nvswitch(&nvp, 0);
+        }
+    }
+    own_rc_card(n, 0, 0, vec![roce(8), roce(9)]);
+    own_rc_card(n, 0, 1, vec![roce(10), roce(11)]);
+    for g in 0..8 {
+        n.vfs(&format!("mlx5_{g}"), 2);
+    }
+}
