@@ -6,11 +6,18 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
 use crate::config::Config;
+use crate::cycle::Monitor;
 use crate::discovery::{self, ReadPlan};
+use crate::event::Stamp;
 use crate::host::Host;
+use crate::linkstate::StateConfig;
 use crate::report::Report;
 use crate::roles;
+use crate::state::{self, Loaded, State};
 use crate::topology;
 
 /// Where NVSentinel's metadata collector writes the GPU metadata.
@@ -74,46 +81,90 @@ fn no_devices_note(host: &Host) -> String {
     )
 }
 
+/// Parse `--now` (RFC 3339), else the wall clock.
+pub fn parse_now(now: Option<&str>) -> Result<OffsetDateTime> {
+    match now {
+        None => Ok(OffsetDateTime::now_utc()),
+        Some(s) => OffsetDateTime::parse(s, &Rfc3339).with_context(|| {
+            format!("--now {s:?}: expected an RFC 3339 time such as 2026-01-01T00:00:00Z")
+        }),
+    }
+}
+
 pub fn run_check(args: &CheckArgs) -> Result<String> {
+    let now = parse_now(args.now.as_deref())?;
     let config = Config::load(&args.config)?;
     for w in &config.warnings {
         tracing::warn!("{w}");
     }
     let host = Host::new(&args.sysfs, &args.procfs).with_boot_id_path(args.boot_id_path.clone());
-    let plan = ReadPlan {
-        counter_paths: DEFAULT_COUNTER_PATHS
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-        known: Vec::new(),
+    let boot_id = host.boot_id().ok();
+    let (prev, loaded) = match &args.state_file {
+        Some(p) => state::load(p, boot_id.as_deref()),
+        None => (State::fresh(boot_id.clone()), Loaded::Missing),
     };
-    let snapshot = discovery::discover(&host, &plan);
+    match &loaded {
+        Loaded::Corrupt(why) => tracing::warn!("{why}: starting fresh"),
+        Loaded::Rebooted { previous } => {
+            tracing::info!(
+                previous = previous.as_deref().unwrap_or("none"),
+                "boot ID changed: state from the previous boot cleared"
+            )
+        }
+        _ => {}
+    }
+    // The topology is read once, like the daemon does at startup.
+    let snapshot0 = discovery::discover(&host, &ReadPlan::default());
     let topo = topology::resolve(
         &host,
-        &snapshot,
+        &snapshot0,
         args.metadata.as_deref(),
         args.metadata_required,
     )?;
     for n in &topo.notes {
         tracing::warn!("{n}");
     }
-    let roles = roles::classify(&snapshot, &topo, &config.filters);
-    let node = node_name(args.node_name.as_deref());
+    let monitor = Monitor {
+        host,
+        state_config: StateConfig {
+            escalation_grace: time::Duration::seconds(config.escalation_grace_secs as i64),
+            speed_degradation_fatal: config.speed_degradation_fatal,
+            ..StateConfig::default()
+        },
+        config,
+        topology: topo,
+        stamp: Stamp {
+            node_name: node_name(args.node_name.as_deref()),
+            processing_strategy: Default::default(),
+        },
+        counter_paths: DEFAULT_COUNTER_PATHS
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    };
+    let poll = monitor.poll(&prev, &loaded, now);
+    for n in &poll.notes {
+        tracing::info!("{n}");
+    }
+    if let Some(p) = &args.state_file {
+        state::save(p, &poll.next)
+            .with_context(|| format!("state file {}: cannot write", p.display()))?;
+    }
     let report = Report::new(
-        &node,
-        host.boot_id().ok(),
-        &snapshot,
-        &topo,
-        &roles,
-        Vec::new(),
+        &monitor.stamp.node_name,
+        boot_id,
+        &poll.snapshot,
+        &monitor.topology,
+        &poll.roles,
+        poll.events,
     );
-    if snapshot.devices.is_empty() {
-        tracing::warn!("{}", no_devices_note(&host));
+    if poll.snapshot.devices.is_empty() {
+        tracing::warn!("{}", no_devices_note(&monitor.host));
     }
     if args.json {
         Ok(serde_json::to_string_pretty(&report).context("serialising the report")? + "\n")
-    } else if snapshot.devices.is_empty() {
-        Ok(format!("{}\n", no_devices_note(&host)))
+    } else if poll.snapshot.devices.is_empty() {
+        Ok(format!("{}\n", no_devices_note(&monitor.host)))
     } else {
         Ok(report.table())
     }

@@ -7,12 +7,15 @@
 //! - **act** — dispatch events, then persist state.
 pub mod check;
 pub mod config;
+pub mod cycle;
 pub mod discovery;
 pub mod event;
 pub mod host;
+pub mod linkstate;
 pub mod logging;
 pub mod model;
 pub mod parse;
 pub mod report;
 pub mod roles;
+pub mod state;
 pub mod topology;

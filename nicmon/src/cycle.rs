@@ -1,0 +1,96 @@
+//! One poll cycle: read → decide. Shared by `nicmon check` and the daemon loop; acting on
+//! the result (dispatch, persistence) is the caller's.
+use std::collections::BTreeMap;
+
+use time::{Duration, OffsetDateTime};
+
+use crate::config::Config;
+use crate::discovery::{self, ReadPlan};
+use crate::event::{Check, HealthEvent, Stamp};
+use crate::host::Host;
+use crate::linkstate::{self, StateConfig};
+use crate::model::Snapshot;
+use crate::roles::{self, Classification};
+use crate::state::{Loaded, State};
+use crate::topology::Topology;
+
+/// What stays fixed between polls.
+pub struct Monitor {
+    pub host: Host,
+    pub config: Config,
+    pub topology: Topology,
+    pub stamp: Stamp,
+    pub state_config: StateConfig,
+    pub counter_paths: Vec<String>,
+}
+
+/// The result of one poll.
+pub struct Poll {
+    pub snapshot: Snapshot,
+    pub roles: BTreeMap<String, Classification>,
+    pub events: Vec<HealthEvent>,
+    pub next: State,
+    pub notes: Vec<String>,
+}
+
+impl Monitor {
+    /// Read the host and evaluate every check against `prev`. `loaded` says how `prev` was
+    /// found: after a reboot, each enabled check first gets one "clear everything" healthy
+    /// event with no entities, 1 s before the baselines (lesson 4).
+    pub fn poll(&self, prev: &State, loaded: &Loaded, now: OffsetDateTime) -> Poll {
+        self.host.remember_einval(prev.einval.iter().cloned());
+        let plan = ReadPlan {
+            counter_paths: self.counter_paths.clone(),
+            known: prev
+                .known_devices
+                .iter()
+                .filter_map(|(n, k)| k.pci_address.clone().map(|p| (n.clone(), p)))
+                .collect(),
+        };
+        let snapshot = discovery::discover(&self.host, &plan);
+        let roles = roles::classify(&snapshot, &self.topology, &self.config.filters);
+
+        let mut events = Vec::new();
+        if matches!(loaded, Loaded::Rebooted { .. }) && prev.polls == 0 {
+            events.extend(clear_all(
+                &self.state_config,
+                &self.stamp,
+                now - Duration::seconds(1),
+            ));
+        }
+        let out = linkstate::evaluate(
+            prev,
+            &snapshot,
+            &roles,
+            &self.state_config,
+            now,
+            &self.stamp,
+        );
+        events.extend(out.events);
+        let mut next = out.state;
+        next.einval = self.host.einval_paths();
+        Poll {
+            snapshot,
+            roles,
+            events,
+            next,
+            notes: out.notes,
+        }
+    }
+}
+
+/// One healthy event with an empty entity list per enabled check.
+pub fn clear_all(cfg: &StateConfig, stamp: &Stamp, at: OffsetDateTime) -> Vec<HealthEvent> {
+    Check::ALL
+        .into_iter()
+        .filter(|c| cfg.checks.contains(c))
+        .map(|c| {
+            HealthEvent::new(
+                c,
+                stamp,
+                at,
+                "Host rebooted: clearing all conditions from the previous boot",
+            )
+        })
+        .collect()
+}
