@@ -933,3 +933,82 @@ pub fn nicmon_bin() -> PathBuf {
     })
     .clone()
 }
+
+/// A replayed timeline: successive `nicmon check --state-file … --now …` invocations on a
+/// node, each exactly one daemon poll cycle.
+pub struct Timeline<'a> {
+    pub node: &'a Node,
+    pub state_file: PathBuf,
+    pub start: i64,
+    pub extra: Vec<String>,
+}
+
+impl<'a> Timeline<'a> {
+    pub fn new(node: &'a Node) -> Timeline<'a> {
+        Timeline {
+            node,
+            state_file: node.root().join("state.json"),
+            start: 1_790_000_000,
+            extra: Vec::new(),
+        }
+    }
+
+    /// RFC 3339 of `start + t` seconds.
+    pub fn at(&self, t: i64) -> String {
+        let ts = time::OffsetDateTime::from_unix_timestamp(self.start + t).unwrap();
+        ts.format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    }
+
+    /// Poll at `t` seconds; returns the events.
+    pub fn poll(&self, t: i64) -> Vec<serde_json::Value> {
+        self.report(t)["events"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Poll at `t` seconds; returns the whole report.
+    pub fn report(&self, t: i64) -> serde_json::Value {
+        let now = self.at(t);
+        let mut args = vec![
+            "--state-file",
+            self.state_file.to_str().unwrap(),
+            "--now",
+            &now,
+            "--node-name",
+            "node-a",
+        ];
+        args.extend(self.extra.iter().map(String::as_str));
+        self.node.check_json(&args)
+    }
+}
+
+/// A compact view of an event for assertions: (check, healthy, fatal, entities, errorCode).
+pub fn brief(e: &serde_json::Value) -> (String, bool, bool, String, String) {
+    let ents: Vec<String> = e["entitiesImpacted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            format!(
+                "{}={}",
+                x["entityType"].as_str().unwrap(),
+                x["entityValue"].as_str().unwrap()
+            )
+        })
+        .collect();
+    let codes: Vec<String> = e["errorCode"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_string())
+        .collect();
+    (
+        e["checkName"].as_str().unwrap().to_string(),
+        e["isHealthy"].as_bool().unwrap(),
+        e["isFatal"].as_bool().unwrap(),
+        ents.join(" "),
+        codes.join(","),
+    )
+}

@@ -1,0 +1,471 @@
+//! Link state scenarios (issue: state monitoring): each test drives a testbed node through
+//! successive `nicmon check --state-file … --now …` cycles and asserts the exact events.
+use nicmon_tests::platforms::Platform;
+use nicmon_tests::{NicSpec, Node, Timeline, brief};
+
+fn unhealthy(events: &[serde_json::Value]) -> Vec<(String, bool, bool, String, String)> {
+    events.iter().map(brief).filter(|b| !b.1).collect()
+}
+
+/// Fresh start: one healthy baseline per monitored PF port, nothing else.
+fn baseline(tl: &Timeline, expected_ports: usize) {
+    let ev = tl.poll(0);
+    assert_eq!(ev.len(), expected_ports, "{ev:#?}");
+    assert!(ev.iter().all(|e| e["isHealthy"] == true));
+}
+
+#[test]
+fn cable_pull_repair_and_transitions_on_h100() {
+    let node = Platform::H100Oci.build();
+    let tl = Timeline::new(&node);
+    baseline(&tl, 18);
+    assert!(tl.poll(1).is_empty());
+
+    // Cable pull on a compute port: DOWN/Polling, its card below its peers → one fatal.
+    node.pull_cable("mlx5_3", 1);
+    let ev = tl.poll(2);
+    assert_eq!(ev.len(), 1, "{ev:#?}");
+    let e = &ev[0];
+    assert_eq!(
+        brief(e),
+        (
+            "InfiniBandStateCheck".into(),
+            false,
+            true,
+            "NIC=mlx5_3 NICPort=1".into(),
+            String::new()
+        )
+    );
+    assert_eq!(e["recommendedAction"], "REPLACE_VM");
+    assert_eq!(e["agent"], "nic-health-monitor");
+    assert_eq!(e["componentClass"], "NIC");
+    assert_eq!(e["nodeName"], "node-a");
+    assert_eq!(e["processingStrategy"], "EXECUTE_REMEDIATION");
+    assert_eq!(e["version"], 1);
+    assert_eq!(e["generatedTimestamp"], tl.at(2));
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Port mlx5_3 port 1: state DOWN, phys_state Polling")
+    );
+    assert!(tl.poll(3).is_empty(), "still down: nothing");
+
+    // DOWN/Polling → DOWN/Disabled while already fatal: nothing.
+    node.set_port("mlx5_3", 1, "1: DOWN", "3: Disabled");
+    assert!(tl.poll(4).is_empty());
+    node.set_port("mlx5_3", 1, "1: DOWN", "2: Polling");
+    assert!(tl.poll(5).is_empty());
+
+    // Repair → one healthy event.
+    node.repair("mlx5_3", 1);
+    let ev = tl.poll(6);
+    assert_eq!(ev.len(), 1, "{ev:#?}");
+    assert_eq!(
+        brief(&ev[0]),
+        (
+            "InfiniBandStateCheck".into(),
+            true,
+            false,
+            "NIC=mlx5_3 NICPort=1".into(),
+            String::new()
+        )
+    );
+    assert_eq!(ev[0]["recommendedAction"], "NONE");
+    assert_eq!(
+        ev[0]["message"],
+        "Port mlx5_3 port 1: healthy (ACTIVE, LinkUp)"
+    );
+    assert!(tl.poll(7).is_empty());
+}
+
+/// A single dual-port IB card: no peers, so no card evidence — states are judged alone.
+fn lone_card() -> Node {
+    let mut n = Node::new("lone");
+    let rc = n.root_complex(0, 0);
+    let rp = n.root_port(&rc, 1);
+    let sw = n.switch(&rp);
+    let a = n.switch_port(&sw, 0);
+    let b = n.switch_port(&sw, 1);
+    n.gpu(&a, 0);
+    n.card(&b, 0, vec![NicSpec::ib("mlx5_0"), NicSpec::ib("mlx5_1")]);
+    n.write_metadata();
+    n
+}
+
+#[test]
+fn init_armed_polling_are_non_fatal_and_escalate_after_the_grace() {
+    for (state, phys) in [
+        ("2: INIT", "5: LinkUp"),
+        ("3: ARMED", "5: LinkUp"),
+        ("1: DOWN", "2: Polling"),
+    ] {
+        let node = lone_card();
+        let tl = Timeline::new(&node);
+        baseline(&tl, 2);
+        node.set_port("mlx5_0", 1, state, phys);
+        let ev = tl.poll(1);
+        assert_eq!(
+            unhealthy(&ev),
+            vec![(
+                "InfiniBandStateCheck".into(),
+                false,
+                false,
+                "NIC=mlx5_0 NICPort=1".into(),
+                String::new()
+            )],
+            "{state}/{phys}"
+        );
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0]["recommendedAction"], "NONE");
+        assert!(tl.poll(20).is_empty(), "{state}: within the 30 s grace");
+        // Non-fatal → fatal escalation: one more event.
+        let ev = tl.poll(31);
+        assert_eq!(
+            unhealthy(&ev),
+            vec![(
+                "InfiniBandStateCheck".into(),
+                false,
+                true,
+                "NIC=mlx5_0 NICPort=1".into(),
+                String::new()
+            )],
+            "{state}"
+        );
+        assert!(
+            ev[0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("still unhealthy after 30 s")
+        );
+        assert!(tl.poll(40).is_empty());
+    }
+}
+
+#[test]
+fn non_fatal_then_disabled_escalates_with_one_event() {
+    let node = lone_card();
+    let tl = Timeline::new(&node);
+    baseline(&tl, 2);
+    node.set_port("mlx5_1", 1, "2: INIT", "5: LinkUp");
+    assert_eq!(unhealthy(&tl.poll(1)).len(), 1);
+    node.set_port("mlx5_1", 1, "1: DOWN", "3: Disabled");
+    let ev = tl.poll(2);
+    assert_eq!(
+        unhealthy(&ev),
+        vec![(
+            "InfiniBandStateCheck".into(),
+            false,
+            true,
+            "NIC=mlx5_1 NICPort=1".into(),
+            String::new()
+        )]
+    );
+    assert_eq!(ev.len(), 1);
+}
+
+#[test]
+fn roce_port_down_is_fatal_with_operstate() {
+    let node = Platform::L40sOci.build();
+    let tl = Timeline::new(&node);
+    baseline(&tl, 6);
+    node.set_port("mlx5_2", 1, "1: DOWN", "3: Disabled");
+    node.set_operstate("rdma2", "down");
+    let ev = tl.poll(1);
+    assert_eq!(ev.len(), 1, "{ev:#?}");
+    assert_eq!(
+        brief(&ev[0]),
+        (
+            "EthernetStateCheck".into(),
+            false,
+            true,
+            "NIC=mlx5_2 NICPort=1".into(),
+            String::new()
+        )
+    );
+    assert_eq!(
+        ev[0]["message"],
+        "RoCE port mlx5_2 port 1: state DOWN, phys_state Disabled, operstate down"
+    );
+}
+
+#[test]
+fn vfs_and_management_nics_never_produce_events() {
+    let node = Platform::DgxH100.build();
+    let tl = Timeline::new(&node);
+    baseline(&tl, 12);
+    // The 16 VFs are already DOWN; flap them anyway.
+    for vf in (12..28).map(|i| format!("mlx5_{i}")) {
+        node.set_port(&vf, 1, "4: ACTIVE", "5: LinkUp");
+    }
+    assert!(tl.poll(1).is_empty());
+    for vf in (12..28).map(|i| format!("mlx5_{i}")) {
+        node.set_port(&vf, 1, "1: DOWN", "3: Disabled");
+    }
+    assert!(tl.poll(2).is_empty());
+
+    let node = Platform::A100Oci.build();
+    let tl = Timeline::new(&node);
+    baseline(&tl, 16);
+    node.set_port("mlx5_0", 1, "1: DOWN", "3: Disabled");
+    node.set_port("mlx5_13", 1, "1: DOWN", "3: Disabled");
+    assert!(tl.poll(1).is_empty(), "management NICs DOWN: nothing");
+}
+
+#[test]
+fn fresh_start_uncabled_second_ports_and_one_anomalous_card() {
+    let node = Platform::H100Oci.build();
+    // Every dual-port compute card has its second port uncabled.
+    let seconds = [
+        "mlx5_1", "mlx5_4", "mlx5_6", "mlx5_8", "mlx5_10", "mlx5_13", "mlx5_15", "mlx5_17",
+    ];
+    for d in seconds {
+        node.set_port(d, 1, "1: DOWN", "2: Polling");
+    }
+    let tl = Timeline::new(&node);
+    let ev = tl.poll(0);
+    assert!(unhealthy(&ev).is_empty(), "{ev:#?}");
+    assert_eq!(
+        ev.len(),
+        10,
+        "healthy baselines only for the 10 cabled ports"
+    );
+    for t in 1..=4 {
+        assert!(tl.poll(t).is_empty());
+    }
+
+    // Another fresh start where one card has fewer active ports than its peers.
+    let node = Platform::H100Oci.build();
+    for d in seconds {
+        node.set_port(d, 1, "1: DOWN", "2: Polling");
+    }
+    node.set_port("mlx5_7", 1, "1: DOWN", "2: Polling");
+    let tl = Timeline::new(&node);
+    let ev = tl.poll(0);
+    let card = node.info["mlx5_7"].bdf[..10].to_string();
+    assert_eq!(
+        unhealthy(&ev),
+        vec![(
+            "InfiniBandStateCheck".into(),
+            false,
+            true,
+            format!("NIC={card}"),
+            String::new()
+        )]
+    );
+    assert_eq!(ev.len(), 10, "9 baselines + 1 card-level fatal: {ev:#?}");
+    assert!(tl.poll(1).is_empty(), "reported once");
+
+    // A tie between modes decides nothing: 2 IB cards, one with 1 active port, one with 2.
+    let mut node = Node::new("tie");
+    let rc = node.root_complex(0, 0);
+    let rp = node.root_port(&rc, 1);
+    node.card(&rp, 0, vec![NicSpec::ib("mlx5_0"), NicSpec::ib("mlx5_1")]);
+    let rp2 = node.root_port(&rc, 2);
+    node.card(&rp2, 0, vec![NicSpec::ib("mlx5_2"), NicSpec::ib("mlx5_3")]);
+    node.set_port("mlx5_3", 1, "1: DOWN", "3: Disabled");
+    let tl = Timeline::new(&node);
+    let ev = tl.poll(0);
+    assert!(unhealthy(&ev).is_empty(), "{ev:#?}");
+}
+
+#[test]
+fn device_removal_is_reported_on_the_third_miss_with_the_pci_verdict() {
+    for (how, want) in [("gone", "gone from the bus"), ("ff", "reads 0xFF")] {
+        let node = Platform::H100Oci.build();
+        let tl = Timeline::new(&node);
+        baseline(&tl, 18);
+        if how == "gone" {
+            node.remove_device("mlx5_5");
+        } else {
+            node.fall_off_bus("mlx5_5");
+        }
+        assert!(tl.poll(1).is_empty(), "miss 1");
+        assert!(tl.poll(2).is_empty(), "miss 2");
+        let ev = tl.poll(3);
+        assert_eq!(ev.len(), 1, "{ev:#?}");
+        assert_eq!(
+            brief(&ev[0]),
+            (
+                "InfiniBandStateCheck".into(),
+                false,
+                true,
+                "NIC=mlx5_5".into(),
+                String::new()
+            )
+        );
+        let msg = ev[0]["message"].as_str().unwrap();
+        assert!(msg.contains(want), "{how}: {msg}");
+        assert!(tl.poll(4).is_empty(), "reported once");
+        node.restore_device("mlx5_5");
+        let ev = tl.poll(5);
+        assert!(
+            !ev.is_empty() && ev.iter().all(|e| e["isHealthy"] == true),
+            "{ev:#?}"
+        );
+    }
+}
+
+#[test]
+fn restart_recovery_reboot_and_corrupt_state() {
+    let node = Platform::H100Oci.build();
+    let tl = Timeline::new(&node);
+    baseline(&tl, 18);
+    node.set_port("mlx5_9", 1, "1: DOWN", "3: Disabled");
+    assert_eq!(unhealthy(&tl.poll(1)).len(), 1);
+    // nicmon stops; the port is repaired meanwhile; nicmon restarts (same boot, state file).
+    node.repair("mlx5_9", 1);
+    let ev = tl.poll(30);
+    assert_eq!(ev.len(), 1);
+    assert_eq!(
+        brief(&ev[0]),
+        (
+            "InfiniBandStateCheck".into(),
+            true,
+            false,
+            "NIC=mlx5_9 NICPort=1".into(),
+            String::new()
+        )
+    );
+
+    // Reboot: clear-all per check (no entities, 1 s earlier), then the baselines.
+    let mut node = node;
+    node.set_boot_id("11111111-2222-4333-8444-555555555555");
+    let tl = Timeline::new(&node);
+    let ev = tl.poll(100);
+    let clears: Vec<_> = ev
+        .iter()
+        .filter(|e| e["entitiesImpacted"].as_array().unwrap().is_empty())
+        .collect();
+    let checks: Vec<&str> = clears
+        .iter()
+        .map(|e| e["checkName"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        checks,
+        [
+            "InfiniBandStateCheck",
+            "EthernetStateCheck",
+            "InfiniBandDegradationCheck",
+            "EthernetDegradationCheck",
+            "NICKernelLogCheck"
+        ]
+    );
+    assert!(
+        clears
+            .iter()
+            .all(|e| e["isHealthy"] == true && e["generatedTimestamp"] == tl.at(99))
+    );
+    assert_eq!(ev.len(), 5 + 18);
+    assert!(
+        ev[..5]
+            .iter()
+            .all(|e| e["entitiesImpacted"].as_array().unwrap().is_empty()),
+        "clear-all first"
+    );
+
+    // Corrupt state file: fresh start with a warning, no crash.
+    std::fs::write(&tl.state_file, "{\"version\": 1, \"port_states\": [tru").unwrap();
+    let out = node.nicmon(
+        "check",
+        &[
+            "--format",
+            "json",
+            "--config",
+            "/nonexistent.toml",
+            "--state-file",
+            tl.state_file.to_str().unwrap(),
+            "--metadata",
+            node.metadata_path().to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("starting fresh"));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["events"].as_array().unwrap().len(), 18);
+}
+
+#[test]
+fn speed_degradation_and_subnet_manager_change() {
+    let node = Platform::H100Oci.build();
+    let tl = Timeline::new(&node);
+    baseline(&tl, 18);
+    node.set_rate("mlx5_12", 1, "200 Gb/sec (2X NDR)");
+    let ev = tl.poll(1);
+    assert_eq!(ev.len(), 1, "{ev:#?}");
+    assert_eq!(
+        brief(&ev[0]),
+        (
+            "InfiniBandStateCheck".into(),
+            false,
+            false,
+            "NIC=mlx5_12 NICPort=1".into(),
+            "LinkSpeedDegraded".into()
+        )
+    );
+    assert!(tl.poll(2).is_empty());
+    node.set_rate("mlx5_12", 1, "400 Gb/sec (4X NDR)");
+    let ev = tl.poll(3);
+    assert_eq!(brief(&ev[0]).1, true);
+
+    node.set_sm_lid("mlx5_0", 1, 0x2);
+    let ev = tl.poll(4);
+    assert_eq!(ev.len(), 1, "{ev:#?}");
+    assert_eq!(
+        brief(&ev[0]),
+        (
+            "InfiniBandStateCheck".into(),
+            false,
+            false,
+            "NIC=mlx5_0 NICPort=1".into(),
+            "SubnetManagerChanged".into()
+        )
+    );
+    assert!(tl.poll(5).is_empty());
+}
+
+#[test]
+fn a_kill_during_the_state_write_never_leaves_a_half_written_file() {
+    let node = Platform::DgxH100.build();
+    let state = node.root().join("state.json");
+    let meta = node.metadata_path();
+    for i in 0..40u64 {
+        // Alternate the port so every cycle has a state change to write.
+        if i % 2 == 0 {
+            node.set_port("mlx5_1", 1, "1: DOWN", "3: Disabled");
+        } else {
+            node.repair("mlx5_1", 1);
+        }
+        let mut child = std::process::Command::new(nicmon_tests::nicmon_bin())
+            .args(["check", "--format", "json", "--config", "/nonexistent.toml"])
+            .arg("--sysfs")
+            .arg(node.sys())
+            .arg("--procfs")
+            .arg(node.proc())
+            .arg("--metadata")
+            .arg(&meta)
+            .arg("--state-file")
+            .arg(&state)
+            .env("RUST_LOG", "error")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Kill at a spread of points in the cycle (the poll takes a few ms).
+        std::thread::sleep(std::time::Duration::from_micros(500 * (i % 20)));
+        let _ = child.kill();
+        let _ = child.wait();
+        if let Ok(bytes) = std::fs::read(&state) {
+            let v: serde_json::Value = serde_json::from_slice(&bytes)
+                .unwrap_or_else(|e| panic!("iteration {i}: half-written state file: {e}"));
+            assert_eq!(v["version"], 1);
+        }
+        let leftovers: Vec<_> = std::fs::read_dir(node.root())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp"))
+            .collect();
+        // A temp file may remain after a kill; it is never the state file itself.
+        assert!(leftovers.iter().all(|e| e.path() != state));
+    }
+}
