@@ -5,5 +5,6 @@
 //!   turn the host into a [`model::Snapshot`];
 //! - **decide** — pure functions of (previous state, snapshot, config, now);
 //! - **act** — dispatch events, then persist state.
+pub mod counters;
 pub mod event;
 pub mod model;
