@@ -244,10 +244,13 @@ impl TryFrom<RawSection> for CounterDetection {
             .enumerate()
             .map(|(i, t)| CounterEntry::from_table(i, t))
             .collect::<Result<_, _>>()?;
-        Ok(CounterDetection {
+        let section = CounterDetection {
             enabled: raw.enabled,
             counters,
-        })
+        };
+        // A section that parses is a valid one: the loader fails at load time, not later.
+        section.rules()?;
+        Ok(section)
     }
 }
 
@@ -655,7 +658,7 @@ pub fn default_rules() -> Vec<CounterRule> {
 mod tests {
     use super::*;
 
-    #[derive(Deserialize)]
+    #[derive(Debug, Deserialize)]
     struct Top {
         #[serde(rename = "counterDetection", default)]
         counter_detection: CounterDetection,
@@ -664,7 +667,7 @@ mod tests {
     fn parse(s: &str) -> Result<CounterDetection, String> {
         toml::from_str::<Top>(s)
             .map(|t| t.counter_detection)
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.message().to_string())
     }
 
     fn rules(s: &str) -> Result<Vec<CounterRule>, String> {
@@ -984,6 +987,17 @@ mod tests {
                 r#"counterDetection.counters[1] (name "link_downed"): name = "link_downed": duplicate of counterDetection.counters[0]"#
             ),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn parse_errors_have_a_one_line_message() {
+        let doc = "[[counterDetection.counters]]\nname = \"symbol_error\"\nvelocityUnit = \"fortnight\"\n";
+        let e = toml::from_str::<Top>(doc).unwrap_err();
+        assert_eq!(
+            e.message(),
+            "counterDetection.counters[0] (name \"symbol_error\"): velocityUnit = \"fortnight\": \
+             expected one of second, minute, hour"
         );
     }
 

@@ -359,7 +359,7 @@ fn saturation(
                 check,
                 &format!(
                     "Port {} port {}: {} counter saturated (CounterSaturated): value {} is the \
-                     maximum of this {bits}-bit counter, further errors are not counted - \
+                     maximum of this {bits}-bit counter, further increments are not counted - \
                      a counter reset is needed",
                     at.port.device, at.port.port, at.rule.name, at.value
                 ),
