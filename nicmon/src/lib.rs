@@ -9,6 +9,7 @@ pub mod check;
 pub mod config;
 pub mod cycle;
 pub mod discovery;
+pub mod counters;
 pub mod event;
 pub mod host;
 pub mod linkstate;

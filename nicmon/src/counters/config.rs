@@ -1,0 +1,1027 @@
+//! Counter rules: the `[counterDetection]` section of the config file (001 §10).
+//!
+//! The operator's `[[counterDetection.counters]]` entries are merged by `name` with the
+//! defaults of 001 §10.2: a known name overrides only the keys it gives (so
+//! `{ name = "port_xmit_wait", enabled = false }` only disables), an unknown name adds a
+//! counter and must then give `path`, `thresholdType` and `threshold`. Any invalid value
+//! stops startup with an error that names the entry, the key and the value (lesson 2: an
+//! invalid config must never silently disable monitoring).
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// How a rule's threshold is compared (001 §10.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ThresholdType {
+    /// Increase since the previous poll, compared with `threshold`.
+    Delta,
+    /// Increase per `velocityUnit`, measured over at least one whole unit of real time.
+    Velocity,
+}
+
+impl ThresholdType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ThresholdType::Delta => "delta",
+            ThresholdType::Velocity => "velocity",
+        }
+    }
+
+    fn parse(s: &str) -> Option<ThresholdType> {
+        match s {
+            "delta" => Some(ThresholdType::Delta),
+            "velocity" => Some(ThresholdType::Velocity),
+            _ => None,
+        }
+    }
+}
+
+/// The unit of a velocity threshold, which is also its evaluation window (001 §10.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VelocityUnit {
+    Second,
+    Minute,
+    Hour,
+}
+
+impl VelocityUnit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VelocityUnit::Second => "second",
+            VelocityUnit::Minute => "minute",
+            VelocityUnit::Hour => "hour",
+        }
+    }
+
+    /// Length of the unit (and of the evaluation window) in seconds.
+    pub fn seconds(self) -> u32 {
+        match self {
+            VelocityUnit::Second => 1,
+            VelocityUnit::Minute => 60,
+            VelocityUnit::Hour => 3600,
+        }
+    }
+
+    /// Suffix used in event messages: `rate=20.00/sec` (001 §11).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            VelocityUnit::Second => "sec",
+            VelocityUnit::Minute => "min",
+            VelocityUnit::Hour => "hour",
+        }
+    }
+
+    fn parse(s: &str) -> Option<VelocityUnit> {
+        match s {
+            "second" => Some(VelocityUnit::Second),
+            "minute" => Some(VelocityUnit::Minute),
+            "hour" => Some(VelocityUnit::Hour),
+            _ => None,
+        }
+    }
+}
+
+/// One counter to watch, after merging the operator's entries with the defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CounterRule {
+    /// Identity of the rule: used in events (`errorCode`) and state keys. Unique.
+    pub name: String,
+    /// Relative to the port directory (`counters/link_downed`), or a
+    /// `/sys/class/net/{interface}/...` template. Two rules may share a path
+    /// (`symbol_error` and `symbol_error_fatal`).
+    pub path: String,
+    pub enabled: bool,
+    pub is_fatal: bool,
+    pub threshold_type: ThresholdType,
+    /// A breach is strictly greater than this.
+    pub threshold: f64,
+    /// `Some` exactly when `threshold_type` is `Velocity`.
+    pub velocity_unit: Option<VelocityUnit>,
+    pub description: String,
+}
+
+/// Prefix of the only absolute paths a rule may have; `{interface}` is the port's netdev.
+pub const NET_TEMPLATE_PREFIX: &str = "/sys/class/net/{interface}/";
+
+/// The `[counterDetection]` section as the operator wrote it.
+///
+/// Deserialises from the NVSentinel-compatible keys:
+/// ```toml
+/// [counterDetection]
+/// enabled = true
+/// [[counterDetection.counters]]
+/// name = "port_xmit_wait"
+/// enabled = false
+/// ```
+/// Use [`CounterDetection::rules`] to get the merged, validated rules.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "RawSection")]
+pub struct CounterDetection {
+    pub enabled: bool,
+    /// The operator's entries, in file order (index = position in the file).
+    pub counters: Vec<CounterEntry>,
+}
+
+impl Default for CounterDetection {
+    fn default() -> Self {
+        CounterDetection {
+            enabled: true,
+            counters: Vec::new(),
+        }
+    }
+}
+
+/// One `[[counterDetection.counters]]` entry: every key optional, values kept as written
+/// so that [`CounterDetection::rules`] can report a bad one verbatim.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CounterEntry {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub is_fatal: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threshold_type: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threshold: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub velocity_unit: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+const ENTRY_KEYS: [&str; 8] = [
+    "name",
+    "path",
+    "enabled",
+    "isFatal",
+    "thresholdType",
+    "threshold",
+    "velocityUnit",
+    "description",
+];
+
+/// A config error in `[counterDetection]`. The message names the entry (its index in
+/// `counterDetection.counters` and its name), the key and the offending value.
+#[derive(Debug, Clone, PartialEq, Error)]
+#[error("{entry}: {problem}")]
+pub struct CounterConfigError {
+    /// `counterDetection.counters[3] (name "symbol_error")`, or `counterDetection` for the
+    /// section itself.
+    pub entry: String,
+    /// `velocityUnit = "fortnight": expected one of second, minute, hour`.
+    pub problem: String,
+}
+
+fn entry_label(index: usize, name: Option<&str>) -> String {
+    match name {
+        Some(n) => format!("counterDetection.counters[{index}] (name {n:?})"),
+        None => format!("counterDetection.counters[{index}]"),
+    }
+}
+
+fn err(index: usize, name: Option<&str>, problem: impl Into<String>) -> CounterConfigError {
+    CounterConfigError {
+        entry: entry_label(index, name),
+        problem: problem.into(),
+    }
+}
+
+/// Shows a TOML value the way the operator wrote it (strings quoted).
+struct Shown<'a>(&'a toml::Value);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            toml::Value::String(s) => write!(f, "{s:?}"),
+            other => {
+                let s = other.to_string();
+                // Inline tables/arrays can be long; the first line is enough to find it.
+                let s = s.lines().next().unwrap_or_default();
+                if s.len() > 60 {
+                    let mut cut = 57;
+                    while !s.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    write!(f, "{}...", &s[..cut])
+                } else {
+                    f.write_str(s)
+                }
+            }
+        }
+    }
+}
+
+/// The section as parsed, before the per-entry checks that need the entry's index.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSection {
+    #[serde(default = "default_true")]
+    enabled: bool,
+    #[serde(default)]
+    counters: Vec<toml::Table>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl TryFrom<RawSection> for CounterDetection {
+    type Error = CounterConfigError;
+
+    fn try_from(raw: RawSection) -> Result<Self, CounterConfigError> {
+        let counters = raw
+            .counters
+            .iter()
+            .enumerate()
+            .map(|(i, t)| CounterEntry::from_table(i, t))
+            .collect::<Result<_, _>>()?;
+        let section = CounterDetection {
+            enabled: raw.enabled,
+            counters,
+        };
+        // A section that parses is a valid one: the loader fails at load time, not later.
+        section.rules()?;
+        Ok(section)
+    }
+}
+
+impl CounterEntry {
+    fn from_table(index: usize, table: &toml::Table) -> Result<CounterEntry, CounterConfigError> {
+        let name = table.get("name").and_then(|v| v.as_str());
+        let bad = |key: &str, v: &toml::Value, expected: &str| {
+            err(
+                index,
+                name,
+                format!("{key} = {}: expected {expected}", Shown(v)),
+            )
+        };
+        let mut entry = CounterEntry::default();
+        for (key, value) in table {
+            match key.as_str() {
+                "name" | "path" | "thresholdType" | "velocityUnit" | "description" => {
+                    let s = value
+                        .as_str()
+                        .ok_or_else(|| bad(key, value, "a string"))?
+                        .to_owned();
+                    let slot = match key.as_str() {
+                        "name" => &mut entry.name,
+                        "path" => &mut entry.path,
+                        "thresholdType" => &mut entry.threshold_type,
+                        "velocityUnit" => &mut entry.velocity_unit,
+                        _ => &mut entry.description,
+                    };
+                    *slot = Some(s);
+                }
+                "enabled" | "isFatal" => {
+                    let b = value
+                        .as_bool()
+                        .ok_or_else(|| bad(key, value, "true or false"))?;
+                    if key == "enabled" {
+                        entry.enabled = Some(b);
+                    } else {
+                        entry.is_fatal = Some(b);
+                    }
+                }
+                "threshold" => {
+                    let n = match value {
+                        toml::Value::Integer(i) => *i as f64,
+                        toml::Value::Float(f) => *f,
+                        _ => return Err(bad(key, value, "a number")),
+                    };
+                    entry.threshold = Some(n);
+                }
+                _ => {
+                    return Err(err(
+                        index,
+                        name,
+                        format!(
+                            "unknown key {key:?}: expected one of {}",
+                            ENTRY_KEYS.join(", ")
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(entry)
+    }
+}
+
+impl CounterDetection {
+    /// The rules to evaluate: the defaults merged with the operator's entries, validated.
+    ///
+    /// Disabled rules are left out, and everything is left out when the section is
+    /// disabled; the entries are validated in either case.
+    pub fn rules(&self) -> Result<Vec<CounterRule>, CounterConfigError> {
+        let rules = merge(&default_rules(), &self.counters)?;
+        if !self.enabled {
+            return Ok(Vec::new());
+        }
+        Ok(rules.into_iter().filter(|r| r.enabled).collect())
+    }
+}
+
+/// The distinct paths the read layer must read for `rules`, in rule order.
+pub fn read_paths(rules: &[CounterRule]) -> Vec<String> {
+    let mut paths: Vec<String> = Vec::new();
+    for r in rules.iter().filter(|r| r.enabled) {
+        if !paths.contains(&r.path) {
+            paths.push(r.path.clone());
+        }
+    }
+    paths
+}
+
+/// Merge `entries` into `defaults` by name (001 §10.3) and validate the result (001 §10.5).
+/// Returns every rule, disabled ones included, defaults first, then additions in file order.
+pub fn merge(
+    defaults: &[CounterRule],
+    entries: &[CounterEntry],
+) -> Result<Vec<CounterRule>, CounterConfigError> {
+    let mut rules: Vec<CounterRule> = defaults.to_vec();
+    let mut seen: Vec<&str> = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        let name = e.name.as_deref();
+        let Some(n) = name else {
+            return Err(err(i, None, "name: missing (every entry needs a name)"));
+        };
+        if n.trim().is_empty() {
+            return Err(err(i, name, "name = \"\": expected a non-empty name"));
+        }
+        if let Some(j) = seen.iter().position(|s| *s == n) {
+            return Err(err(
+                i,
+                name,
+                format!("name = {n:?}: duplicate of counterDetection.counters[{j}]"),
+            ));
+        }
+        seen.push(n);
+
+        let threshold_type = match &e.threshold_type {
+            Some(s) => Some(ThresholdType::parse(s).ok_or_else(|| {
+                err(
+                    i,
+                    name,
+                    format!("thresholdType = {s:?}: expected one of delta, velocity"),
+                )
+            })?),
+            None => None,
+        };
+        let velocity_unit = match &e.velocity_unit {
+            Some(s) => Some(VelocityUnit::parse(s).ok_or_else(|| {
+                err(
+                    i,
+                    name,
+                    format!("velocityUnit = {s:?}: expected one of second, minute, hour"),
+                )
+            })?),
+            None => None,
+        };
+        if let Some(t) = e.threshold
+            && !(t.is_finite() && t >= 0.0)
+        {
+            return Err(err(
+                i,
+                name,
+                format!("threshold = {t}: expected a finite number >= 0"),
+            ));
+        }
+        if let Some(p) = &e.path {
+            check_path(p).map_err(|why| err(i, name, format!("path = {p:?}: {why}")))?;
+        }
+
+        let rule = match rules.iter().position(|r| r.name == n) {
+            Some(k) => &mut rules[k],
+            None => {
+                let missing: Vec<&str> = [
+                    ("path", e.path.is_none()),
+                    ("thresholdType", e.threshold_type.is_none()),
+                    ("threshold", e.threshold.is_none()),
+                ]
+                .into_iter()
+                .filter_map(|(k, m)| m.then_some(k))
+                .collect();
+                if !missing.is_empty() {
+                    return Err(err(
+                        i,
+                        name,
+                        format!(
+                            "{}: missing (required for a counter that is not a default one)",
+                            missing.join(", ")
+                        ),
+                    ));
+                }
+                rules.push(CounterRule {
+                    name: n.to_owned(),
+                    path: String::new(),
+                    enabled: true,
+                    is_fatal: false,
+                    threshold_type: ThresholdType::Delta,
+                    threshold: 0.0,
+                    velocity_unit: None,
+                    description: String::new(),
+                });
+                rules.last_mut().expect("just pushed")
+            }
+        };
+        if let Some(p) = &e.path {
+            rule.path = p.clone();
+        }
+        if let Some(b) = e.enabled {
+            rule.enabled = b;
+        }
+        if let Some(b) = e.is_fatal {
+            rule.is_fatal = b;
+        }
+        if let Some(t) = threshold_type {
+            rule.threshold_type = t;
+        }
+        if let Some(t) = e.threshold {
+            rule.threshold = t;
+        }
+        if let Some(d) = &e.description {
+            rule.description = d.clone();
+        }
+        match rule.threshold_type {
+            // A velocityUnit on a delta rule is accepted (NVSentinel configs may carry one)
+            // and ignored; an inherited one is dropped when an override switches to delta.
+            ThresholdType::Delta => rule.velocity_unit = None,
+            ThresholdType::Velocity => {
+                if let Some(u) = velocity_unit {
+                    rule.velocity_unit = Some(u);
+                }
+                if rule.velocity_unit.is_none() {
+                    return Err(err(
+                        i,
+                        name,
+                        "velocityUnit: missing (required when thresholdType = \"velocity\"): \
+                         expected one of second, minute, hour",
+                    ));
+                }
+            }
+        }
+    }
+    Ok(rules)
+}
+
+/// A rule path is relative to the port directory, or a `/sys/class/net/{interface}/`
+/// template; `{interface}` means nothing anywhere else.
+fn check_path(p: &str) -> Result<(), &'static str> {
+    if p.trim().is_empty() {
+        return Err("expected a non-empty path");
+    }
+    let rel = if let Some(rest) = p.strip_prefix(NET_TEMPLATE_PREFIX) {
+        rest
+    } else if p.starts_with('/') {
+        return Err(
+            "expected a path relative to the port directory (counters/..., hw_counters/...) \
+             or a /sys/class/net/{interface}/... template",
+        );
+    } else {
+        p
+    };
+    if rel.is_empty() || rel.ends_with('/') {
+        return Err("expected a path that names a file");
+    }
+    if rel.contains('{') || rel.contains('}') {
+        return Err("{interface} is only allowed as /sys/class/net/{interface}/...");
+    }
+    if rel
+        .split('/')
+        .any(|c| c.is_empty() || c == "." || c == "..")
+    {
+        return Err("expected no empty, '.' or '..' path components");
+    }
+    Ok(())
+}
+
+/// The default rules of 001 §10.2 (carrier_changes at `class/net/<if>/carrier_changes`,
+/// SPEC §1.4).
+pub fn default_rules() -> Vec<CounterRule> {
+    use ThresholdType::{Delta, Velocity};
+    use VelocityUnit::{Hour, Minute, Second};
+    let rule = |name: &str,
+                path: &str,
+                is_fatal: bool,
+                threshold_type: ThresholdType,
+                threshold: f64,
+                velocity_unit: Option<VelocityUnit>,
+                description: &str| CounterRule {
+        name: name.into(),
+        path: path.into(),
+        enabled: true,
+        is_fatal,
+        threshold_type,
+        threshold,
+        velocity_unit,
+        description: description.into(),
+    };
+    vec![
+        rule(
+            "link_downed",
+            "counters/link_downed",
+            true,
+            Delta,
+            0.0,
+            None,
+            "Port Training State Machine failed - QP disconnect",
+        ),
+        rule(
+            "excessive_buffer_overrun_errors",
+            "counters/excessive_buffer_overrun_errors",
+            true,
+            Delta,
+            0.0,
+            None,
+            "HCA internal buffer overflow - lossless contract violated",
+        ),
+        rule(
+            "local_link_integrity_errors",
+            "counters/local_link_integrity_errors",
+            true,
+            Delta,
+            0.0,
+            None,
+            "Physical errors exceed LocalPhyErrors hardware cap",
+        ),
+        rule(
+            "rnr_nak_retry_err",
+            "hw_counters/rnr_nak_retry_err",
+            true,
+            Delta,
+            0.0,
+            None,
+            "Receiver Not Ready NAK retry exhausted - connection severed",
+        ),
+        rule(
+            "symbol_error",
+            "counters/symbol_error",
+            false,
+            Velocity,
+            10.0,
+            Some(Second),
+            "PHY bit errors before FEC - physical layer degradation",
+        ),
+        rule(
+            "symbol_error_fatal",
+            "counters/symbol_error",
+            true,
+            Velocity,
+            120.0,
+            Some(Hour),
+            "Symbol errors exceed IBTA BER threshold (10E-12) - link outside spec",
+        ),
+        rule(
+            "link_error_recovery",
+            "counters/link_error_recovery",
+            false,
+            Velocity,
+            5.0,
+            Some(Minute),
+            "Link retraining events - micro-flapping",
+        ),
+        rule(
+            "port_rcv_errors",
+            "counters/port_rcv_errors",
+            false,
+            Velocity,
+            10.0,
+            Some(Second),
+            "Malformed packets received",
+        ),
+        rule(
+            "out_of_sequence",
+            "hw_counters/out_of_sequence",
+            false,
+            Velocity,
+            100.0,
+            Some(Second),
+            "Fabric routing issues - out of sequence packets",
+        ),
+        rule(
+            "local_ack_timeout_err",
+            "hw_counters/local_ack_timeout_err",
+            false,
+            Velocity,
+            1.0,
+            Some(Second),
+            "ACK timeout - potential fabric black hole",
+        ),
+        rule(
+            "port_xmit_discards",
+            "counters/port_xmit_discards",
+            false,
+            Velocity,
+            100.0,
+            Some(Second),
+            "TX discards due to congestion",
+        ),
+        rule(
+            "port_xmit_wait",
+            "counters/port_xmit_wait",
+            false,
+            Velocity,
+            10000.0,
+            Some(Second),
+            "TX wait ticks - congestion backpressure",
+        ),
+        rule(
+            "roce_slow_restart",
+            "hw_counters/roce_slow_restart",
+            false,
+            Velocity,
+            10.0,
+            Some(Second),
+            "Victim flow oscillation",
+        ),
+        rule(
+            "carrier_changes",
+            "/sys/class/net/{interface}/carrier_changes",
+            false,
+            Delta,
+            2.0,
+            None,
+            "Link instability - carrier state changes",
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    struct Top {
+        #[serde(rename = "counterDetection", default)]
+        counter_detection: CounterDetection,
+    }
+
+    fn parse(s: &str) -> Result<CounterDetection, String> {
+        toml::from_str::<Top>(s)
+            .map(|t| t.counter_detection)
+            .map_err(|e| e.message().to_string())
+    }
+
+    fn rules(s: &str) -> Result<Vec<CounterRule>, String> {
+        parse(s)?.rules().map_err(|e| e.to_string())
+    }
+
+    fn find<'a>(rules: &'a [CounterRule], name: &str) -> &'a CounterRule {
+        rules.iter().find(|r| r.name == name).unwrap()
+    }
+
+    #[test]
+    fn defaults_are_001_section_10_2() {
+        let r = rules("").unwrap();
+        assert_eq!(r.len(), 14);
+        assert_eq!(r, default_rules());
+        let fatal: Vec<&str> = r
+            .iter()
+            .filter(|r| r.is_fatal)
+            .map(|r| r.name.as_str())
+            .collect();
+        assert_eq!(
+            fatal,
+            [
+                "link_downed",
+                "excessive_buffer_overrun_errors",
+                "local_link_integrity_errors",
+                "rnr_nak_retry_err",
+                "symbol_error_fatal"
+            ]
+        );
+        let sef = find(&r, "symbol_error_fatal");
+        assert_eq!(sef.path, "counters/symbol_error");
+        assert_eq!(sef.threshold, 120.0);
+        assert_eq!(sef.velocity_unit, Some(VelocityUnit::Hour));
+        let cc = find(&r, "carrier_changes");
+        assert_eq!(cc.path, "/sys/class/net/{interface}/carrier_changes");
+        assert_eq!(
+            (cc.threshold_type, cc.threshold),
+            (ThresholdType::Delta, 2.0)
+        );
+        // Every default passes the validation applied to operator entries.
+        let entries: Vec<CounterEntry> = default_rules()
+            .iter()
+            .map(|r| CounterEntry {
+                name: Some(r.name.clone()),
+                path: Some(r.path.clone()),
+                enabled: Some(r.enabled),
+                is_fatal: Some(r.is_fatal),
+                threshold_type: Some(r.threshold_type.as_str().into()),
+                threshold: Some(r.threshold),
+                velocity_unit: r.velocity_unit.map(|u| u.as_str().into()),
+                description: Some(r.description.clone()),
+            })
+            .collect();
+        assert_eq!(merge(&[], &entries).unwrap(), default_rules());
+    }
+
+    #[test]
+    fn read_paths_are_distinct_and_skip_disabled() {
+        let r = rules(
+            r#"
+            [[counterDetection.counters]]
+            name = "port_xmit_wait"
+            enabled = false
+            "#,
+        )
+        .unwrap();
+        let p = read_paths(&r);
+        assert_eq!(p.len(), 12); // 13 enabled rules, symbol_error read once
+        assert_eq!(
+            p.iter().filter(|p| *p == "counters/symbol_error").count(),
+            1
+        );
+        assert!(!p.contains(&"counters/port_xmit_wait".to_string()));
+        assert!(p.contains(&"/sys/class/net/{interface}/carrier_changes".to_string()));
+    }
+
+    #[test]
+    fn section_10_3_example_merges() {
+        let r = rules(
+            r#"
+            [counterDetection]
+            enabled = true
+
+            [[counterDetection.counters]]
+            name = "symbol_error"
+            path = "counters/symbol_error"
+            enabled = true
+            isFatal = true
+            thresholdType = "velocity"
+            threshold = 120.0
+            velocityUnit = "hour"
+            description = "Symbol errors exceed IBTA BER threshold"
+
+            [[counterDetection.counters]]
+            name = "custom_vendor_error"
+            path = "hw_counters/vendor_specific_err"
+            enabled = true
+            isFatal = false
+            thresholdType = "delta"
+            threshold = 100
+            description = "Vendor-specific error counter"
+
+            [[counterDetection.counters]]
+            name = "port_xmit_wait"
+            enabled = false
+            "#,
+        )
+        .unwrap();
+        // 14 defaults - port_xmit_wait + custom_vendor_error
+        assert_eq!(r.len(), 14);
+        let se = find(&r, "symbol_error");
+        assert!(se.is_fatal);
+        assert_eq!(se.velocity_unit, Some(VelocityUnit::Hour));
+        assert_eq!(se.threshold, 120.0);
+        assert_eq!(se.description, "Symbol errors exceed IBTA BER threshold");
+        let c = r.last().unwrap();
+        assert_eq!(c.name, "custom_vendor_error");
+        assert_eq!(
+            (c.threshold_type, c.threshold),
+            (ThresholdType::Delta, 100.0)
+        );
+        assert!(r.iter().all(|r| r.name != "port_xmit_wait"));
+    }
+
+    #[test]
+    fn partial_override_keeps_other_keys() {
+        let r = rules(
+            r#"
+            [[counterDetection.counters]]
+            name = "link_error_recovery"
+            threshold = 20
+            "#,
+        )
+        .unwrap();
+        let d = default_rules();
+        let want = CounterRule {
+            threshold: 20.0,
+            ..find(&d, "link_error_recovery").clone()
+        };
+        assert_eq!(find(&r, "link_error_recovery"), &want);
+        // An override that switches to delta drops the inherited unit.
+        let r = rules(
+            r#"
+            [[counterDetection.counters]]
+            name = "symbol_error"
+            thresholdType = "delta"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(find(&r, "symbol_error").velocity_unit, None);
+    }
+
+    #[test]
+    fn section_disabled_means_no_rules_but_still_validated() {
+        assert!(
+            rules("[counterDetection]\nenabled = false\n")
+                .unwrap()
+                .is_empty()
+        );
+        assert!(
+            rules(
+                "[counterDetection]\nenabled = false\n[[counterDetection.counters]]\nname = \"x\"\n"
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn fortnight_names_the_entry_key_and_value() {
+        let e = rules(
+            r#"
+            [[counterDetection.counters]]
+            name = "a"
+            path = "counters/a"
+            thresholdType = "delta"
+            threshold = 1
+            [[counterDetection.counters]]
+            name = "b"
+            enabled = true
+            [[counterDetection.counters]]
+            name = "c"
+            path = "counters/c"
+            thresholdType = "delta"
+            threshold = 1
+            [[counterDetection.counters]]
+            name = "symbol_error"
+            velocityUnit = "fortnight"
+            "#,
+        )
+        .unwrap_err();
+        // "b" is a new counter without path: reported first.
+        assert!(
+            e.contains("counterDetection.counters[1] (name \"b\")"),
+            "{e}"
+        );
+        let e = rules(
+            r#"
+            [[counterDetection.counters]]
+            name = "symbol_error"
+            velocityUnit = "fortnight"
+            "#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "counterDetection.counters[0] (name \"symbol_error\"): velocityUnit = \"fortnight\": \
+             expected one of second, minute, hour"
+        );
+    }
+
+    #[test]
+    fn invalid_values_are_rejected_with_names() {
+        let cases = [
+            (
+                r#"name = "x"
+                   path = "counters/x"
+                   thresholdType = "rate"
+                   threshold = 1"#,
+                r#"counterDetection.counters[0] (name "x"): thresholdType = "rate": expected one of delta, velocity"#,
+            ),
+            (
+                r#"name = "link_downed"
+                   threshold = -1"#,
+                r#"counterDetection.counters[0] (name "link_downed"): threshold = -1: expected a finite number >= 0"#,
+            ),
+            (
+                r#"name = "link_downed"
+                   threshold = nan"#,
+                r#"counterDetection.counters[0] (name "link_downed"): threshold = NaN: expected a finite number >= 0"#,
+            ),
+            (
+                r#"name = "link_downed"
+                   threshold = inf"#,
+                r#"counterDetection.counters[0] (name "link_downed"): threshold = inf: expected a finite number >= 0"#,
+            ),
+            (
+                r#"name = "x"
+                   path = "counters/x"
+                   thresholdType = "velocity"
+                   threshold = 1"#,
+                r#"counterDetection.counters[0] (name "x"): velocityUnit: missing (required when thresholdType = "velocity"): expected one of second, minute, hour"#,
+            ),
+            (
+                r#"name = "carrier_changes"
+                   thresholdType = "velocity""#,
+                r#"counterDetection.counters[0] (name "carrier_changes"): velocityUnit: missing"#,
+            ),
+            (
+                r#"name = "x"
+                   thresholdType = "delta""#,
+                r#"counterDetection.counters[0] (name "x"): path, threshold: missing"#,
+            ),
+            (
+                r#"name = "link_downed"
+                   path = """#,
+                r#"counterDetection.counters[0] (name "link_downed"): path = "": expected a non-empty path"#,
+            ),
+            (
+                r#"name = "link_downed"
+                   path = "counters/{interface}/x""#,
+                r#"path = "counters/{interface}/x": {interface} is only allowed"#,
+            ),
+            (
+                r#"name = "link_downed"
+                   path = "/sys/class/infiniband/mlx5_0/ports/1/counters/link_downed""#,
+                "expected a path relative to the port directory",
+            ),
+            (
+                r#"name = "link_downed"
+                   path = "../../x""#,
+                "'..' path components",
+            ),
+            (
+                r#"threshold = 1"#,
+                "counterDetection.counters[0]: name: missing",
+            ),
+            (r#"name = """#, "expected a non-empty name"),
+            (
+                r#"name = "link_downed"
+                   isfatal = true"#,
+                r#"counterDetection.counters[0] (name "link_downed"): unknown key "isfatal": expected one of name, path, enabled, isFatal"#,
+            ),
+            (
+                r#"name = "link_downed"
+                   threshold = "ten""#,
+                r#"counterDetection.counters[0] (name "link_downed"): threshold = "ten": expected a number"#,
+            ),
+            (
+                r#"name = "link_downed"
+                   enabled = "no""#,
+                r#"enabled = "no": expected true or false"#,
+            ),
+        ];
+        for (entry, want) in cases {
+            let doc = format!("[[counterDetection.counters]]\n{entry}\n");
+            let e = rules(&doc).unwrap_err();
+            assert!(e.contains(want), "for {entry:?}\n got: {e}\nwant: {want}");
+        }
+    }
+
+    #[test]
+    fn duplicate_names_are_rejected() {
+        let e = rules(
+            r#"
+            [[counterDetection.counters]]
+            name = "link_downed"
+            enabled = false
+            [[counterDetection.counters]]
+            name = "link_downed"
+            enabled = true
+            "#,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains(
+                r#"counterDetection.counters[1] (name "link_downed"): name = "link_downed": duplicate of counterDetection.counters[0]"#
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn parse_errors_have_a_one_line_message() {
+        let doc = "[[counterDetection.counters]]\nname = \"symbol_error\"\nvelocityUnit = \"fortnight\"\n";
+        let e = toml::from_str::<Top>(doc).unwrap_err();
+        assert_eq!(
+            e.message(),
+            "counterDetection.counters[0] (name \"symbol_error\"): velocityUnit = \"fortnight\": \
+             expected one of second, minute, hour"
+        );
+    }
+
+    #[test]
+    fn unknown_section_key_is_rejected() {
+        let e = parse("[counterDetection]\nenabeld = false\n").unwrap_err();
+        assert!(e.contains("enabeld"), "{e}");
+    }
+
+    #[test]
+    fn velocity_unit_on_delta_is_ignored_and_net_templates_accepted() {
+        let r = rules(
+            r#"
+            [[counterDetection.counters]]
+            name = "rx_crc"
+            path = "/sys/class/net/{interface}/statistics/rx_crc_errors"
+            thresholdType = "delta"
+            threshold = 0
+            velocityUnit = "second"
+            "#,
+        )
+        .unwrap();
+        let c = find(&r, "rx_crc");
+        assert_eq!(c.velocity_unit, None);
+        assert!(c.enabled && !c.is_fatal && c.description.is_empty());
+    }
+}

@@ -1,0 +1,393 @@
+//! The counter evaluator: pure `(previous state, counter readings, rules, now) -> (events,
+//! next state)` (001 §6.3, §10.4).
+//!
+//! Per (port, rule) — state key `<device>:<port>:<rule name>`:
+//! 1. first sight: with `reboot`, a healthy baseline event; the snapshot starts here;
+//! 2. a value below the last one (or, without a last value, below the snapshot) is a
+//!    reset: a breached or saturated counter recovers (one healthy event), the snapshot
+//!    restarts from the new value;
+//! 3. a value at the maximum of a saturating counter: one non-fatal saturation event per
+//!    episode, no threshold evaluation (SPEC §1.4);
+//! 4. a breached counter stays latched: nothing is evaluated, nothing is sent;
+//! 5. delta: `value - snapshot > threshold`, snapshot advanced every poll; velocity: once
+//!    at least one `velocityUnit` of real time has passed since the snapshot,
+//!    `(value - snapshot) / elapsed` in that unit `> threshold`, then the snapshot advances
+//!    (never extrapolated from a shorter sample);
+//! 6. a breach emits one unhealthy event and latches.
+//!
+//! Every event is filed under the port's degradation check (`InfiniBandDegradationCheck` /
+//! `EthernetDegradationCheck`) with `errorCode = [<rule name>]`, so a counter's recovery
+//! clears only that counter's condition (lessons 5, 12).
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use time::{Duration, OffsetDateTime};
+
+use super::config::{CounterRule, ThresholdType, VelocityUnit};
+use super::width;
+use crate::event::{Check, Entity, HealthEvent, Stamp};
+use crate::model::{LinkLayer, Port};
+
+/// The counter readings of one monitored PF port (the caller leaves out management NICs,
+/// VFs and unmonitored devices).
+#[derive(Debug, Clone, Copy)]
+pub struct CounterPort<'a> {
+    pub device: &'a str,
+    pub port: u32,
+    pub link_layer: Option<&'a LinkLayer>,
+    /// Values keyed by rule path (`counters/link_downed`); unreadable ones absent.
+    pub counters: &'a BTreeMap<String, u64>,
+}
+
+impl<'a> CounterPort<'a> {
+    pub fn new(device: &'a str, port: &'a Port) -> CounterPort<'a> {
+        CounterPort {
+            device,
+            port: port.number,
+            link_layer: port.link_layer.as_ref(),
+            counters: &port.counters,
+        }
+    }
+
+    /// The check this port's counter events are filed under. Anything not Ethernet
+    /// (InfiniBand, an unknown or unreadable link layer) goes to the InfiniBand check.
+    pub fn check(&self) -> Check {
+        match self.link_layer {
+            Some(LinkLayer::Ethernet) => Check::EthernetDegradationCheck,
+            _ => Check::InfiniBandDegradationCheck,
+        }
+    }
+
+    fn key_prefix(&self) -> String {
+        format!("{}:{}:", self.device, self.port)
+    }
+}
+
+/// State key of a (port, rule): `mlx5_0:1:link_downed` (001 §6.6).
+pub fn counter_key(device: &str, port: u32, rule_name: &str) -> String {
+    format!("{device}:{port}:{rule_name}")
+}
+
+/// A counter reading kept as the base of the next delta or velocity window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CounterSnapshot {
+    pub value: u64,
+    #[serde(with = "time::serde::rfc3339")]
+    pub timestamp: OffsetDateTime,
+}
+
+/// A latched threshold breach (001 §6.6 `CounterBreachFlag`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Breach {
+    pub breached: bool,
+    /// The check the breach event was filed under; its recovery uses the same one.
+    pub check_name: String,
+    pub is_fatal: bool,
+    #[serde(with = "time::serde::rfc3339")]
+    pub since: OffsetDateTime,
+}
+
+/// A reported saturation episode: the counter sits at the maximum of its width.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Saturation {
+    pub check_name: String,
+    pub value: u64,
+    #[serde(with = "time::serde::rfc3339")]
+    pub since: OffsetDateTime,
+}
+
+/// What the counter checks carry from one poll to the next; persisted in the state file.
+/// All maps are keyed by [`counter_key`].
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct CounterState {
+    #[serde(default)]
+    pub counter_snapshots: BTreeMap<String, CounterSnapshot>,
+    /// The value read at the previous poll (reset detection, 001 §6.3).
+    #[serde(default)]
+    pub last_values: BTreeMap<String, u64>,
+    /// Only latched breaches are kept; a recovered counter's entry is removed.
+    #[serde(default)]
+    pub breach_flags: BTreeMap<String, Breach>,
+    #[serde(default)]
+    pub saturation_flags: BTreeMap<String, Saturation>,
+}
+
+impl CounterState {
+    pub fn is_breached(&self, key: &str) -> bool {
+        self.breach_flags.get(key).is_some_and(|b| b.breached)
+    }
+
+    /// Number of (port, rule) pairs currently saturated (the `counters saturated` metric).
+    pub fn saturated_count(&self) -> usize {
+        self.saturation_flags.len()
+    }
+
+    /// Take over from `next` everything about `ports`, keep the rest as it is. For the
+    /// transactional commit per check: after the batch of one check was accepted, advance
+    /// only the ports of that check.
+    pub fn adopt_ports(&mut self, next: &CounterState, ports: &[CounterPort<'_>]) {
+        for p in ports {
+            let prefix = p.key_prefix();
+            adopt(
+                &mut self.counter_snapshots,
+                &next.counter_snapshots,
+                &prefix,
+            );
+            adopt(&mut self.last_values, &next.last_values, &prefix);
+            adopt(&mut self.breach_flags, &next.breach_flags, &prefix);
+            adopt(&mut self.saturation_flags, &next.saturation_flags, &prefix);
+        }
+    }
+}
+
+fn adopt<V: Clone>(mine: &mut BTreeMap<String, V>, theirs: &BTreeMap<String, V>, prefix: &str) {
+    mine.retain(|k, _| !k.starts_with(prefix));
+    for (k, v) in theirs.range(prefix.to_owned()..) {
+        if !k.starts_with(prefix) {
+            break;
+        }
+        mine.insert(k.clone(), v.clone());
+    }
+}
+
+/// Evaluate one poll's counter readings.
+///
+/// `reboot`: the boot ID changed at startup and the counter state was cleared (001 §6.5);
+/// every (port, rule) seen for the first time then gets a healthy baseline event.
+/// Disabled rules and counters absent from a port are skipped silently (fail open, 001 §7).
+pub fn evaluate(
+    prev: &CounterState,
+    ports: &[CounterPort<'_>],
+    rules: &[CounterRule],
+    now: OffsetDateTime,
+    reboot: bool,
+    stamp: &Stamp,
+) -> (Vec<HealthEvent>, CounterState) {
+    let mut next = prev.clone();
+    let mut events = Vec::new();
+    for p in ports {
+        for rule in rules.iter().filter(|r| r.enabled) {
+            let Some(&value) = p.counters.get(&rule.path) else {
+                continue;
+            };
+            let at = Reading {
+                port: p,
+                rule,
+                value,
+                now,
+                stamp,
+            };
+            let key = counter_key(p.device, p.port, &rule.name);
+            step(&mut next, &mut events, &key, &at, reboot);
+        }
+    }
+    (events, next)
+}
+
+struct Reading<'a> {
+    port: &'a CounterPort<'a>,
+    rule: &'a CounterRule,
+    value: u64,
+    now: OffsetDateTime,
+    stamp: &'a Stamp,
+}
+
+impl Reading<'_> {
+    fn event(&self, check: Check, message: &str) -> HealthEvent {
+        HealthEvent::new(check, self.stamp, self.now, message)
+            .entities(vec![
+                Entity::nic(self.port.device),
+                Entity::port(self.port.port),
+            ])
+            .error_code(self.rule.name.clone())
+    }
+
+    fn where_(&self) -> String {
+        format!("port {} port {}", self.port.device, self.port.port)
+    }
+}
+
+fn step(
+    st: &mut CounterState,
+    events: &mut Vec<HealthEvent>,
+    key: &str,
+    at: &Reading<'_>,
+    reboot: bool,
+) {
+    let value = at.value;
+    let snapshot = st.counter_snapshots.get(key).copied();
+    let last = st.last_values.insert(key.to_owned(), value);
+    let fresh = CounterSnapshot {
+        value,
+        timestamp: at.now,
+    };
+
+    let Some(snap) = snapshot else {
+        // First sight of this (port, rule).
+        if reboot {
+            events.push(at.event(
+                at.port.check(),
+                &format!(
+                    "Counter {} healthy after reboot on {}",
+                    at.rule.name,
+                    at.where_()
+                ),
+            ));
+        }
+        st.counter_snapshots.insert(key.to_owned(), fresh);
+        saturation(st, events, key, at);
+        return;
+    };
+
+    // 001 §6.3: the last poll's value first (a reset mid-window), the snapshot after a
+    // restart; a value below the snapshot is a reset in any case (monotonic in between).
+    if value < last.unwrap_or(snap.value) || value < snap.value {
+        let breach = st.breach_flags.remove(key).filter(|b| b.breached);
+        let saturated = st.saturation_flags.remove(key);
+        let check_name = breach
+            .map(|b| b.check_name)
+            .or(saturated.map(|s| s.check_name));
+        if let Some(name) = check_name {
+            let check = Check::parse(&name).unwrap_or_else(|| at.port.check());
+            events.push(at.event(
+                check,
+                &format!("Counter {} recovered on {}", at.rule.name, at.where_()),
+            ));
+        }
+        st.counter_snapshots.insert(key.to_owned(), fresh);
+        return;
+    }
+
+    if saturation(st, events, key, at) {
+        return;
+    }
+
+    if st.is_breached(key) {
+        return; // latched until a reset or a reboot (001 §6.3)
+    }
+
+    let delta = value - snap.value;
+    let elapsed = at.now - snap.timestamp;
+    let (breach, rate) = match at.rule.threshold_type {
+        ThresholdType::Delta => {
+            st.counter_snapshots.insert(key.to_owned(), fresh);
+            let rate = if elapsed.is_positive() {
+                format!("{:.2}/sec", delta as f64 / elapsed.as_seconds_f64())
+            } else {
+                "n/a".to_owned()
+            };
+            (delta as f64 > at.rule.threshold, rate)
+        }
+        ThresholdType::Velocity => {
+            let unit = at.rule.velocity_unit.unwrap_or(VelocityUnit::Second);
+            if elapsed.is_negative() {
+                // The wall clock stepped back: no window can be measured against the
+                // snapshot any more, start a new one.
+                st.counter_snapshots.insert(key.to_owned(), fresh);
+                return;
+            }
+            if elapsed < Duration::seconds(i64::from(unit.seconds())) {
+                return; // window not full yet: hold the snapshot
+            }
+            st.counter_snapshots.insert(key.to_owned(), fresh);
+            let rate = delta as f64 / elapsed.as_seconds_f64() * f64::from(unit.seconds());
+            (
+                rate > at.rule.threshold,
+                format!("{rate:.2}/{}", unit.suffix()),
+            )
+        }
+    };
+    if !breach {
+        return;
+    }
+    let check = at.port.check();
+    let what = if at.rule.description.is_empty() {
+        at.rule.name.clone()
+    } else {
+        format!("{} - {}", at.rule.name, at.rule.description)
+    };
+    events.push(
+        at.event(
+            check,
+            &format!(
+                "Port {} port {}: {what} (value={value}, delta={delta}, rate={rate})",
+                at.port.device, at.port.port
+            ),
+        )
+        .unhealthy(at.rule.is_fatal),
+    );
+    st.breach_flags.insert(
+        key.to_owned(),
+        Breach {
+            breached: true,
+            check_name: check.as_str().to_owned(),
+            is_fatal: at.rule.is_fatal,
+            since: at.now,
+        },
+    );
+}
+
+/// Saturation episodes (SPEC §1.4): report a counter at its maximum once. Returns whether
+/// the counter is saturated now (then its thresholds are not evaluated).
+fn saturation(
+    st: &mut CounterState,
+    events: &mut Vec<HealthEvent>,
+    key: &str,
+    at: &Reading<'_>,
+) -> bool {
+    let w = width::width(&at.rule.path);
+    let max = w.and_then(|w| w.saturation_value());
+    if max != Some(at.value) {
+        // Left the maximum upwards: it was a wider counter after all (width.rs), and the
+        // episode ends. (A value below the maximum is a reset, handled by the caller.)
+        if let Some(s) = st.saturation_flags.remove(key)
+            && !st.is_breached(key)
+        {
+            let check = Check::parse(&s.check_name).unwrap_or_else(|| at.port.check());
+            events.push(at.event(
+                check,
+                &format!("Counter {} recovered on {}", at.rule.name, at.where_()),
+            ));
+        }
+        return false;
+    }
+    if !st.saturation_flags.contains_key(key) {
+        let check = at.port.check();
+        let bits = w.map(|w| w.bits()).unwrap_or(64);
+        events.push(
+            at.event(
+                check,
+                &format!(
+                    "Port {} port {}: {} counter saturated (CounterSaturated): value {} is the \
+                     maximum of this {bits}-bit counter, further increments are not counted - \
+                     a counter reset is needed",
+                    at.port.device, at.port.port, at.rule.name, at.value
+                ),
+            )
+            .unhealthy(false),
+        );
+        st.saturation_flags.insert(
+            key.to_owned(),
+            Saturation {
+                check_name: check.as_str().to_owned(),
+                value: at.value,
+                since: at.now,
+            },
+        );
+    }
+    true
+}
+
+/// The (device, port, rule name) of every enabled rule whose counter a port does not have:
+/// for one startup log line each (001 §7.1), never an error or an event.
+pub fn missing(ports: &[CounterPort<'_>], rules: &[CounterRule]) -> Vec<(String, u32, String)> {
+    let mut out = Vec::new();
+    for p in ports {
+        for r in rules.iter().filter(|r| r.enabled) {
+            if !p.counters.contains_key(&r.path) {
+                out.push((p.device.to_owned(), p.port, r.name.clone()));
+            }
+        }
+    }
+    out
+}

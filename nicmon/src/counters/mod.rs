@@ -1,0 +1,17 @@
+//! Counter checks (001, SPEC §1.4): which counters to watch and how to judge them.
+//!
+//! - [`config`]: the `[counterDetection]` section, its defaults, merge and validation;
+//! - [`width`]: how far each counter can count (PMA counters saturate);
+//! - [`eval`]: the pure evaluator, `(state, readings, rules, now) -> (events, state)`.
+pub mod config;
+pub mod eval;
+pub mod width;
+
+#[cfg(test)]
+mod tests;
+
+pub use config::{
+    CounterConfigError, CounterDetection, CounterEntry, CounterRule, ThresholdType, VelocityUnit,
+    read_paths,
+};
+pub use eval::{CounterPort, CounterState, counter_key, evaluate, missing};
