@@ -6,4 +6,5 @@
 //! - **decide** — pure functions of (previous state, snapshot, config, now);
 //! - **act** — dispatch events, then persist state.
 pub mod event;
+pub mod kmsg;
 pub mod model;
