@@ -126,7 +126,9 @@ impl DeviceIndex {
         index
     }
 
-    /// Declare that PCI bridge `bridge` is above `card`.
+    /// Declare that PCI bridge `bridge` is above `card`. A bridge above several cards (a
+    /// root port above a PCIe switch) attributes its lines to each of them: a fatal
+    /// error on that link cuts them all off.
     pub fn with_bridge(mut self, bridge: &str, card: &str) -> DeviceIndex {
         self.bridges
             .entry(bridge.to_ascii_lowercase())
@@ -164,13 +166,15 @@ impl DeviceIndex {
         {
             return self.resolve_entry(e);
         }
-        if let Some(card) = card_of(&bdf)
-            && let Some(r) = self.resolve_card(card)
-        {
+        let card = card_of(&bdf);
+        if let Some(r) = card.and_then(|c| self.resolve_card(c, false)) {
             return r;
         }
         if let Some(cards) = self.bridges.get(&bdf) {
             return Resolution::Known(cards.iter().filter_map(|c| self.card_target(c)).collect());
+        }
+        if let Some(r) = card.and_then(|c| self.resolve_card(c, true)) {
+            return r;
         }
         Resolution::Unknown
     }
@@ -208,7 +212,9 @@ impl DeviceIndex {
         if e.is_vf {
             // A VF's BDF may sit on another device number of the PF's bus (3b:01.2).
             if let Some(card) = &e.card
-                && let Some(r) = self.resolve_card(card)
+                && let Some(r) = self
+                    .resolve_card(card, false)
+                    .or_else(|| self.resolve_card(card, true))
             {
                 return r;
             }
@@ -217,10 +223,12 @@ impl DeviceIndex {
         Resolution::Known(Vec::new())
     }
 
-    /// A card by `domain:bus:device`, or by `domain:bus` when exactly one card sits on
-    /// that bus (every PCIe endpoint has a bus of its own; VFs spill into device numbers
-    /// beyond the PF's).
-    fn resolve_card(&self, card: &str) -> Option<Resolution> {
+    /// A card by `domain:bus:device`, or with `by_bus` by `domain:bus` when exactly one
+    /// card sits on that bus at device 0: a PCIe endpoint behind a port is device 0 of a
+    /// bus of its own, and its VFs (ARI) spill into the device numbers beyond (3b:01.2).
+    /// A card at another device number (bus 0 of a VM: `0000:00:06`) shares its bus with
+    /// unrelated devices, so the bus says nothing.
+    fn resolve_card(&self, card: &str, by_bus: bool) -> Option<Resolution> {
         let pfs = |pred: &dyn Fn(&IndexEntry) -> bool| -> Vec<&IndexEntry> {
             self.entries
                 .iter()
@@ -228,13 +236,15 @@ impl DeviceIndex {
                 .collect()
         };
         let mut on_card = pfs(&|e| e.card.as_deref() == Some(card));
-        if on_card.is_empty() {
+        if by_bus {
             let bus = bus_of(card)?;
             on_card = pfs(&|e| e.card.as_deref().and_then(bus_of) == Some(bus));
             let cards: BTreeSet<&str> = on_card.iter().filter_map(|e| e.card.as_deref()).collect();
-            if cards.len() != 1 {
+            if cards.len() != 1 || !cards.iter().all(|c| c.ends_with(":00")) {
                 return None;
             }
+        } else if on_card.is_empty() {
+            return None;
         }
         let Some(first) = on_card.iter().find(|e| e.monitored) else {
             // A card of unmonitored NICs only (management): known, not ours.
@@ -327,6 +337,13 @@ mod tests {
         assert_eq!(i.resolve_bdf("0000:9a:00.4"), Resolution::Known(vec![]));
         assert_eq!(i.resolve_bdf("0000:c1:00.0"), Resolution::Unknown);
         assert_eq!(i.resolve_bdf("garbage"), Resolution::Unknown);
+        // Bus 0 of a VM: other functions on the bus are not the NIC's.
+        let vm = DeviceIndex::new(vec![entry("mlx5_0", "0000:00:06.0", true, false)]);
+        assert_eq!(vm.resolve_bdf("0000:00:03.0"), Resolution::Unknown);
+        assert_eq!(
+            vm.resolve_bdf("0000:00:06.1"),
+            known("mlx5_0", "0000:00:06")
+        );
         assert_eq!(i.monitored_cards().len(), 2);
     }
 }

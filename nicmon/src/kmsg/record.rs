@@ -198,10 +198,15 @@ fn strip_syslog_prefix(s: &str) -> &str {
     }
 }
 
-/// `[   12.345678] rest` → (12345678 µs, `rest`).
+/// `[   12.345678] rest` → (12345678 µs, `rest`); `dmesg -T`'s
+/// `[Thu Nov 19 19:26:01 2026] rest` → (unknown, `rest`).
 fn split_dmesg_timestamp(s: &str) -> Option<(Option<u64>, &str)> {
     let inner_end = s.strip_prefix('[')?.find(']')? + 1;
     let inner = s[1..inner_end].trim();
+    if is_human_date(inner) {
+        let rest = &s[inner_end + 1..];
+        return Some((None, rest.strip_prefix(' ').unwrap_or(rest)));
+    }
     let (secs, frac) = inner.split_once('.').unwrap_or((inner, ""));
     if secs.is_empty()
         || !secs.bytes().all(|b| b.is_ascii_digit())
@@ -218,6 +223,16 @@ fn split_dmesg_timestamp(s: &str) -> Option<(Option<u64>, &str)> {
         .and_then(|s| s.checked_add(micros[..6].parse::<u64>().ok()?));
     let rest = &s[inner_end + 1..];
     Some((ts, rest.strip_prefix(' ').unwrap_or(rest)))
+}
+
+/// `Thu Nov 19 19:26:01 2026`.
+fn is_human_date(s: &str) -> bool {
+    let w: Vec<&str> = s.split_whitespace().collect();
+    w.len() == 5
+        && w[3].len() == 8
+        && w[3].matches(':').count() == 2
+        && w[4].len() == 4
+        && w[4].bytes().all(|b| b.is_ascii_digit())
 }
 
 /// Decode the kernel's `\xNN` escapes into bytes, then read them as UTF-8 (lossily):
@@ -304,6 +319,8 @@ mod tests {
               [   12.500000] mlx5_core 0000:01:00.0: second\n \
               mlx5e_napi_poll+0x12b/0x5c0 [mlx5_core]\n\
               Nov 19 19:26:01 node7 kernel: third\n\
+              [Thu Nov 19 19:26:01 2026] dated\n\
+              [drm] not a timestamp\n\
               \n\
               6,2,200,-;fourth\r\n",
         );
@@ -315,6 +332,8 @@ mod tests {
                 "mlx5_core 0000:01:00.0: second",
                 " mlx5e_napi_poll+0x12b/0x5c0 [mlx5_core]",
                 "third",
+                "dated",
+                "[drm] not a timestamp",
                 "fourth"
             ]
         );
@@ -324,7 +343,7 @@ mod tests {
         );
         assert_eq!(recs[1].ts_usec, Some(12_500_000));
         assert_eq!(recs[1].seq, None);
-        assert_eq!(recs[4].seq, Some(2));
+        assert_eq!(recs[6].seq, Some(2));
     }
 
     #[test]
