@@ -1,8 +1,10 @@
 //! Reading the kernel log: a thread tailing `/dev/kmsg`, and files for `--kmsg FILE`.
 //!
 //! Where a fresh watcher starts: with a cursor (a `last_seq` from the state file, same
-//! boot) it starts at the oldest record (`SEEK_DATA`) and skips records at or before the
-//! cursor, so records written while nicmon was stopped are still reported. Without one
+//! boot) it starts at the oldest record in the ring (`SEEK_SET`) and skips records at or
+//! before the cursor, so records written while nicmon was stopped are still reported.
+//! (Not `SEEK_DATA`: the kernel's `devkmsg_llseek` takes that to the last `dmesg -C`
+//! clear point, which would silently skip records after an operator cleared the log.) Without one
 //! (first start in this boot, or the state was lost) it starts at `SEEK_END`: replaying
 //! the whole boot's ring on a long-running node would report failures that happened,
 //! and were handled, before nicmon was deployed.
@@ -34,7 +36,7 @@ const READ_BUF: usize = 16 * 1024;
 pub enum Start {
     /// Only records written from now on (`SEEK_END`).
     End,
-    /// The oldest record still in the ring (`SEEK_DATA`), skipping sequence numbers up to
+    /// The oldest record still in the ring (`SEEK_SET`), skipping sequence numbers up to
     /// and including the cursor.
     After(u64),
 }
@@ -78,7 +80,7 @@ impl KmsgTail {
             .open(&path)?;
         let whence = match start {
             Start::End => libc::SEEK_END,
-            Start::After(_) => libc::SEEK_DATA,
+            Start::After(_) => libc::SEEK_SET,
         };
         // SAFETY: lseek on a descriptor we own; no memory is passed.
         if unsafe { libc::lseek(file.as_raw_fd(), 0, whence) } < 0 {
