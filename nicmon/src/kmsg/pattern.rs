@@ -294,7 +294,30 @@ const SOFT_LOCKUP_HEADER: &str = r"BUG: soft lockup - CPU#\d+ stuck for \d+s!";
 const SOFT_LOCKUP_FRAME: &str =
     r"^\s*(?:RIP: [0-9a-fA-F]{4}:)?(?:mlx5e_napi_poll|mlx5e_poll_ico_cq)\+0x";
 
-/// `[kernelLog]` of the config file.
+/// `[kernelLog]` of the config file (embed as `#[serde(rename = "kernelLog", default)]`):
+///
+/// ```toml
+/// [kernelLog]
+/// enabled = true              # watch /dev/kmsg at all
+/// dedupWindowSeconds = 60     # per (pattern, card); access_reg_failed keeps 24 h
+///
+/// [[kernelLog.patterns]]      # override a built-in by name
+/// name = "netdev_watchdog"
+/// fatal = true                # action defaults to REPLACE_VM when fatal, else NONE
+///
+/// [[kernelLog.patterns]]      # disable a built-in
+/// name = "insufficient_power"
+/// enabled = false
+///
+/// [[kernelLog.patterns]]      # add one; (?P<bdf>..)/(?P<netdev>..) help attribution
+/// name = "my_fw_assert"
+/// regex = 'mlx5_core (?P<bdf>\S+): .*assert_var'
+/// fatal = true
+/// action = "RESTART_BM"
+/// scope = "card"              # or "device"
+/// dedupWindowSeconds = 300
+/// description = "firmware assert"
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct KmsgConfig {
@@ -631,6 +654,42 @@ mod tests {
             }
         );
         assert_eq!(p.line[0].dedup_window_seconds, 5);
+    }
+
+    #[test]
+    fn the_documented_toml_shape_parses() {
+        #[derive(Deserialize)]
+        struct Top {
+            #[serde(rename = "kernelLog", default)]
+            kernel_log: KmsgConfig,
+        }
+        let top: Top = toml::from_str(
+            r#"
+            [kernelLog]
+            enabled = true
+            dedupWindowSeconds = 60
+            [[kernelLog.patterns]]
+            name = "netdev_watchdog"
+            fatal = true
+            [[kernelLog.patterns]]
+            name = "insufficient_power"
+            enabled = false
+            [[kernelLog.patterns]]
+            name = "my_fw_assert"
+            regex = 'mlx5_core (?P<bdf>\S+): .*assert_var'
+            fatal = true
+            action = "RESTART_BM"
+            scope = "card"
+            dedupWindowSeconds = 300
+            description = "firmware assert"
+            "#,
+        )
+        .unwrap();
+        let p = top.kernel_log.compile().unwrap();
+        assert_eq!(p.line[0].id, "my_fw_assert");
+        assert_eq!(p.line[0].scope, Scope::Card);
+        let empty: Top = toml::from_str("").unwrap();
+        assert_eq!(empty.kernel_log, KmsgConfig::default());
     }
 
     #[test]
