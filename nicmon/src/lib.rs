@@ -14,6 +14,7 @@ pub mod event;
 pub mod host;
 pub mod linkstate;
 pub mod logging;
+pub mod kmsg;
 pub mod model;
 pub mod parse;
 pub mod report;

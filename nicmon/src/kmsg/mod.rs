@@ -1,0 +1,22 @@
+//! The kernel log watcher (SPEC §1.5; `reference/kernel-log-patterns.md`).
+//!
+//! - [`record`] — parse `/dev/kmsg` records and plain text lines (pure);
+//! - [`pattern`] — the built-in pattern table and its `[kernelLog]` configuration;
+//! - [`attribution`] — which monitored NIC (card) a line is about;
+//! - [`matcher`] — [`process`]: (state, records, index, patterns, now) → (events, next
+//!   state, wake hints), with the soft lockup rule, per-card dedup and the resume cursor;
+//! - [`reader`] — the thin imperative part: a `/dev/kmsg` tail thread and `--kmsg FILE`.
+pub mod attribution;
+pub mod matcher;
+pub mod pattern;
+pub mod reader;
+pub mod record;
+
+pub use attribution::{DeviceIndex, HostLinks, IndexEntry, Resolution, Target};
+pub use matcher::{DedupEntry, KmsgState, PendingLockup, Processed, WakeHint, process};
+pub use pattern::{ConfigError, KmsgConfig, Outcome, Pattern, PatternConfig, Patterns, Scope};
+pub use reader::{DEV_KMSG, Delivery, KmsgTail, Start, read_file};
+pub use record::{DeviceRef, Record, parse_record, parse_text};
+
+#[cfg(test)]
+mod tests;

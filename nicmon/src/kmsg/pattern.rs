@@ -1,0 +1,742 @@
+//! The kernel log pattern table (`reference/kernel-log-patterns.md`) and its operator
+//! configuration (`[kernelLog]`, `[[kernelLog.patterns]]`).
+//!
+//! Patterns match the kernel's own format strings, never the `func:line` part of mlx5
+//! messages (it changes with every build). A regex may name a capture group `bdf`,
+//! `netdev` or `ifindex`: attribution then tries that device first (the AER
+//! `... error message received from <BDF>` line is printed by the root port, about the NIC).
+use std::collections::BTreeSet;
+
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+use crate::event::RecommendedAction;
+
+/// Default dedup window per (pattern, card).
+pub const DEFAULT_DEDUP_WINDOW_SECONDS: u64 = 60;
+/// How many records after a soft lockup header a mlx5 frame may appear.
+pub const SOFT_LOCKUP_FRAME_WINDOW: u32 = 150;
+/// Id of the stateful soft lockup rule (header + mlx5 frame).
+pub const SOFT_LOCKUP_ID: &str = "soft_lockup_mlx5";
+/// Id of the `Link down` line: no event, a wake-up hint.
+pub const LINK_DOWN_ID: &str = "link_down_msg";
+
+/// What a matched line leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A health event with this severity.
+    Event {
+        fatal: bool,
+        action: RecommendedAction,
+    },
+    /// No event: ask for an immediate poll.
+    WakeHint,
+}
+
+/// What a pattern's failure belongs to: the dedup key and the `NIC=` entity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// The card (firmware, PCIe, power): every PF and VF prints it, one event per card,
+    /// entity = the card's first monitored PF.
+    Card,
+    /// One port/netdev (cable, module, TX queue): one event per device.
+    Device,
+}
+
+/// One compiled pattern.
+#[derive(Debug, Clone)]
+pub struct Pattern {
+    /// The id: `errorCode` of the events, the name operators override it by.
+    pub id: String,
+    pub regex: Regex,
+    pub outcome: Outcome,
+    pub scope: Scope,
+    /// Dedup window per (pattern, card or device), seconds; 0 = every match is an event.
+    pub dedup_window_seconds: u64,
+    /// First words of the event message.
+    pub description: String,
+}
+
+/// The stateful soft lockup rule: a header line, then within
+/// [`SOFT_LOCKUP_FRAME_WINDOW`] records a reliable mlx5 frame.
+#[derive(Debug, Clone)]
+pub struct SoftLockupRule {
+    pub header: Regex,
+    pub frame: Regex,
+    pub fatal: bool,
+    pub action: RecommendedAction,
+    pub dedup_window_seconds: u64,
+}
+
+/// The effective pattern set: built-ins with operator overrides applied, operator
+/// additions first (explicit wins), in table order otherwise. The first matching
+/// pattern decides for a line.
+#[derive(Debug, Clone)]
+pub struct Patterns {
+    pub line: Vec<Pattern>,
+    pub soft_lockup: Option<SoftLockupRule>,
+    /// Window for dedup entries of patterns no longer configured (state pruning).
+    pub default_window_seconds: u64,
+}
+
+impl Patterns {
+    /// The built-in table with default severities.
+    pub fn builtin() -> Patterns {
+        KmsgConfig::default()
+            .compile()
+            .expect("built-in kernel log patterns compile")
+    }
+
+    pub fn get(&self, id: &str) -> Option<&Pattern> {
+        self.line.iter().find(|p| p.id == id)
+    }
+
+    /// The first pattern matching `text`, with its captures.
+    pub fn find<'t>(&self, text: &'t str) -> Option<(&Pattern, regex::Captures<'t>)> {
+        self.line
+            .iter()
+            .find_map(|p| p.regex.captures(text).map(|c| (p, c)))
+    }
+
+    /// The dedup window of a pattern id (soft lockup included), if configured.
+    pub fn window_of(&self, id: &str) -> Option<u64> {
+        if id == SOFT_LOCKUP_ID {
+            return self.soft_lockup.as_ref().map(|s| s.dedup_window_seconds);
+        }
+        self.get(id).map(|p| p.dedup_window_seconds)
+    }
+}
+
+struct Builtin {
+    id: &'static str,
+    regex: &'static str,
+    /// `None`: wake hint, no event.
+    severity: Option<(bool, RecommendedAction)>,
+    scope: Scope,
+    window: u64,
+    description: &'static str,
+}
+
+const fn ev(
+    id: &'static str,
+    regex: &'static str,
+    fatal: bool,
+    action: RecommendedAction,
+    description: &'static str,
+) -> Builtin {
+    Builtin {
+        id,
+        regex,
+        severity: Some((fatal, action)),
+        scope: Card,
+        window: DEFAULT_DEDUP_WINDOW_SECONDS,
+        description,
+    }
+}
+
+/// A port-level failure.
+const fn per_device(b: Builtin) -> Builtin {
+    Builtin { scope: Device, ..b }
+}
+
+use RecommendedAction::{NONE, REPLACE_VM, RESTART_BM};
+use Scope::{Card, Device};
+
+/// `reference/kernel-log-patterns.md`, in precedence order (the more specific first).
+const BUILTINS: &[Builtin] = &[
+    ev(
+        "cmd_timeout",
+        r"\(0x[0-9a-fA-F]+\)(?: op_mod\(0x[0-9a-fA-F]+\))?(?: Async,)? timeout\. Will cause a leak of a command resource",
+        true,
+        RESTART_BM,
+        "mlx5 firmware command timed out",
+    ),
+    ev(
+        "health_compromised",
+        r"device's health compromised - reached miss count",
+        true,
+        REPLACE_VM,
+        "mlx5 health poll: device health compromised",
+    ),
+    ev(
+        "fw_fatal_error",
+        r"Fatal error \d+ detected",
+        true,
+        REPLACE_VM,
+        "mlx5 firmware fatal error",
+    ),
+    // Before fw_health_issue: `Health issue observed, unrecoverable hardware error, ...`.
+    ev(
+        "fw_unrecoverable",
+        r"unrecoverable hardware error",
+        true,
+        REPLACE_VM,
+        "mlx5 unrecoverable hardware error",
+    ),
+    ev(
+        "fw_health_issue",
+        r"Health issue observed, .*severity\(\d+\)",
+        false,
+        NONE,
+        "mlx5 firmware health issue",
+    ),
+    ev(
+        "health_recovery_failed",
+        r"health recovery failed|health recovery flow aborted, PCI reads still not working",
+        true,
+        REPLACE_VM,
+        "mlx5 health recovery failed",
+    ),
+    ev(
+        "pci_slot_unavailable",
+        r"PCI slot is unavailable",
+        true,
+        REPLACE_VM,
+        "mlx5 PCI slot unavailable",
+    ),
+    // `severity=` detail lines (wording changed in 6.8) and the root port's header line:
+    // `Uncorrected (Fatal) error received: <BDF>` (old), `Uncorrectable (Fatal) error
+    // message received from <BDF>` (6.8+).
+    ev(
+        "pcie_fatal",
+        r"severity=Uncorrect(?:ed|able) \(Fatal\)|Uncorrect(?:ed|able) \(Fatal\) error (?:message )?received(?:: | from )(?:id=\S+ )?(?P<bdf>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])?",
+        true,
+        REPLACE_VM,
+        "PCIe uncorrectable fatal error",
+    ),
+    ev(
+        "pcie_nonfatal",
+        r"severity=Uncorrect(?:ed|able) \(Non-Fatal\)|Uncorrect(?:ed|able) \(Non-Fatal\) error (?:message )?received(?:: | from )(?:id=\S+ )?(?P<bdf>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])?",
+        false,
+        NONE,
+        "PCIe uncorrectable non-fatal error",
+    ),
+    // Before 6.8 a WARN without device (`eth1 (mlx5_core)`), since 6.8 `netdev_crit`.
+    per_device(ev(
+        "netdev_watchdog",
+        r"NETDEV WATCHDOG: (?:(?P<netdev>\S+) \(mlx5_core\): transmit queue \d+ timed out|CPU: \d+: transmit queue \d+ timed out)",
+        false,
+        NONE,
+        "transmit queue timed out (NETDEV WATCHDOG)",
+    )),
+    per_device(ev(
+        "tx_timeout",
+        r"TX timeout detected|TX timeout on queue: \d+",
+        false,
+        NONE,
+        "mlx5 TX timeout",
+    )),
+    per_device(ev(
+        "rx_timeout",
+        r"RX timeout on channel",
+        false,
+        NONE,
+        "mlx5 RX timeout",
+    )),
+    ev(
+        "insufficient_power",
+        r"Detected insufficient power on the PCIe slot",
+        false,
+        NONE,
+        "insufficient power on the PCIe slot",
+    ),
+    ev(
+        "ports_powered_down",
+        r"One or more network ports have been powered down due to insufficient/unadvertised power on the PCIe slot",
+        true,
+        REPLACE_VM,
+        "network ports powered down (PCIe slot power)",
+    ),
+    // Before module_error: the same `Port module event[error]` prefix.
+    ev(
+        "module_high_temp",
+        r"Port module event\[error\]: module \d+, Cable error, High Temperature|High temperature on sensors",
+        false,
+        NONE,
+        "high temperature",
+    ),
+    per_device(ev(
+        "module_error",
+        r"Port module event\[error\]: module \d+, ",
+        false,
+        NONE,
+        "port module error",
+    )),
+    per_device(ev(
+        "module_unplugged",
+        r"Port module event: module \d+, Cable unplugged",
+        false,
+        NONE,
+        "cable unplugged",
+    )),
+    Builtin {
+        id: "access_reg_failed",
+        regex: r"ACCESS_REG\(0x805\)(?: op_mod\(0x[0-9a-fA-F]+\))? failed",
+        severity: Some((false, NONE)),
+        scope: Card,
+        // Reading restricted counters logs this on every read: once a day is plenty.
+        window: 24 * 3600,
+        description: "mlx5 ACCESS_REG command failed",
+    },
+    Builtin {
+        id: LINK_DOWN_ID,
+        regex: r"^mlx5_core (?P<bdf>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]) (?P<netdev>\S+): Link down\b",
+        severity: None,
+        scope: Device,
+        window: 0,
+        description: "link down",
+    },
+];
+
+const SOFT_LOCKUP_HEADER: &str = r"BUG: soft lockup - CPU#\d+ stuck for \d+s!";
+/// A reliable frame (no `? ` prefix), or the RIP the CPU is stuck at.
+const SOFT_LOCKUP_FRAME: &str =
+    r"^\s*(?:RIP: [0-9a-fA-F]{4}:)?(?:mlx5e_napi_poll|mlx5e_poll_ico_cq)\+0x";
+
+/// `[kernelLog]` of the config file (embed as `#[serde(rename = "kernelLog", default)]`):
+///
+/// ```toml
+/// [kernelLog]
+/// enabled = true              # watch /dev/kmsg at all
+/// dedupWindowSeconds = 60     # per (pattern, card); access_reg_failed keeps 24 h
+///
+/// [[kernelLog.patterns]]      # override a built-in by name
+/// name = "netdev_watchdog"
+/// fatal = true                # action defaults to REPLACE_VM when fatal, else NONE
+///
+/// [[kernelLog.patterns]]      # disable a built-in
+/// name = "insufficient_power"
+/// enabled = false
+///
+/// [[kernelLog.patterns]]      # add one; (?P<bdf>..)/(?P<netdev>..) help attribution
+/// name = "my_fw_assert"
+/// regex = 'mlx5_core (?P<bdf>\S+): .*assert_var'
+/// fatal = true
+/// action = "RESTART_BM"
+/// scope = "card"              # or "device"
+/// dedupWindowSeconds = 300
+/// description = "firmware assert"
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct KmsgConfig {
+    /// Watch the kernel log at all.
+    pub enabled: bool,
+    /// Dedup window per (pattern, card) for patterns that set none.
+    pub dedup_window_seconds: u64,
+    /// Additions and overrides of the built-in table, by `name`.
+    pub patterns: Vec<PatternConfig>,
+}
+
+impl Default for KmsgConfig {
+    fn default() -> Self {
+        KmsgConfig {
+            enabled: true,
+            dedup_window_seconds: DEFAULT_DEDUP_WINDOW_SECONDS,
+            patterns: Vec::new(),
+        }
+    }
+}
+
+/// One `[[kernelLog.patterns]]` entry. With the `name` of a built-in it overrides the
+/// fields it sets (`enabled = false` disables it); with a new name it adds a pattern
+/// (`regex` required).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PatternConfig {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
+    #[serde(default, alias = "isFatal", skip_serializing_if = "Option::is_none")]
+    pub fatal: Option<bool>,
+    /// A `RecommendedAction` name; default `REPLACE_VM` when fatal, else `NONE`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedup_window_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// `"card"` (default for new patterns) or `"device"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
+}
+
+/// An invalid `[kernelLog]` section; the message names the entry and the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("kernelLog.patterns[{index}] (name {name:?}): {key}: {problem}")]
+pub struct ConfigError {
+    pub index: usize,
+    pub name: String,
+    pub key: &'static str,
+    pub problem: String,
+}
+
+/// Longest accepted dedup window (a week): larger values are typos, not intent.
+const MAX_WINDOW_SECONDS: u64 = 7 * 24 * 3600;
+
+impl KmsgConfig {
+    /// Validate and build the effective pattern set.
+    pub fn compile(&self) -> Result<Patterns, ConfigError> {
+        let top_err = |key: &'static str, problem: String| ConfigError {
+            index: 0,
+            name: String::new(),
+            key,
+            problem,
+        };
+        if self.dedup_window_seconds > MAX_WINDOW_SECONDS {
+            return Err(top_err(
+                "dedupWindowSeconds",
+                format!(
+                    "{} is more than {MAX_WINDOW_SECONDS} (a week)",
+                    self.dedup_window_seconds
+                ),
+            ));
+        }
+        let mut line: Vec<Pattern> = BUILTINS
+            .iter()
+            .map(|b| Pattern {
+                id: b.id.to_string(),
+                regex: Regex::new(b.regex).expect("built-in regex"),
+                outcome: match b.severity {
+                    Some((fatal, action)) => Outcome::Event { fatal, action },
+                    None => Outcome::WakeHint,
+                },
+                scope: b.scope,
+                dedup_window_seconds: if b.window == DEFAULT_DEDUP_WINDOW_SECONDS {
+                    self.dedup_window_seconds
+                } else {
+                    b.window
+                },
+                description: b.description.to_string(),
+            })
+            .collect();
+        let mut soft_lockup = Some(SoftLockupRule {
+            header: Regex::new(SOFT_LOCKUP_HEADER).expect("built-in regex"),
+            frame: Regex::new(SOFT_LOCKUP_FRAME).expect("built-in regex"),
+            fatal: true,
+            action: REPLACE_VM,
+            dedup_window_seconds: self.dedup_window_seconds,
+        });
+        let mut added: Vec<Pattern> = Vec::new();
+        let mut disabled: BTreeSet<String> = BTreeSet::new();
+        let mut seen: BTreeSet<&str> = BTreeSet::new();
+
+        for (index, pc) in self.patterns.iter().enumerate() {
+            let err = |key: &'static str, problem: String| ConfigError {
+                index,
+                name: pc.name.clone(),
+                key,
+                problem,
+            };
+            if pc.name.is_empty()
+                || !pc
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+            {
+                return Err(err(
+                    "name",
+                    "must be non-empty and use only letters, digits, '_', '-', '.'".into(),
+                ));
+            }
+            if !seen.insert(&pc.name) {
+                return Err(err("name", "appears more than once".into()));
+            }
+            let regex = match &pc.regex {
+                Some(r) => Some(Regex::new(r).map_err(|e| {
+                    err("regex", e.to_string().lines().last().unwrap_or("").into())
+                })?),
+                None => None,
+            };
+            let action = match &pc.action {
+                Some(a) => Some(RecommendedAction::parse(a).ok_or_else(|| {
+                    err(
+                        "action",
+                        format!(
+                            "unknown action {a:?} (NONE, COMPONENT_RESET, CONTACT_SUPPORT, RUN_FIELDDIAG, RESTART_VM, RESTART_BM, REPLACE_VM, RUN_DCGMEUD, CUSTOM, UNKNOWN)"
+                        ),
+                    )
+                })?),
+                None => None,
+            };
+            if let Some(w) = pc.dedup_window_seconds
+                && w > MAX_WINDOW_SECONDS
+            {
+                return Err(err(
+                    "dedupWindowSeconds",
+                    format!("{w} is more than {MAX_WINDOW_SECONDS} (a week)"),
+                ));
+            }
+            let enabled = pc.enabled.unwrap_or(true);
+
+            if pc.name == SOFT_LOCKUP_ID {
+                if !enabled {
+                    soft_lockup = None;
+                } else if let Some(rule) = soft_lockup.as_mut() {
+                    // The header stays the kernel's; `regex` replaces the frame regex.
+                    if let Some(r) = regex {
+                        rule.frame = r;
+                    }
+                    if let Some(f) = pc.fatal {
+                        rule.fatal = f;
+                        if action.is_none() {
+                            rule.action = default_action(f);
+                        }
+                    }
+                    if let Some(a) = action {
+                        rule.action = a;
+                    }
+                    if let Some(w) = pc.dedup_window_seconds {
+                        rule.dedup_window_seconds = w;
+                    }
+                }
+                continue;
+            }
+
+            if let Some(p) = line.iter_mut().find(|p| p.id == pc.name) {
+                if !enabled {
+                    disabled.insert(pc.name.clone());
+                    continue;
+                }
+                if let Some(r) = regex {
+                    p.regex = r;
+                }
+                if let Some(w) = pc.dedup_window_seconds {
+                    p.dedup_window_seconds = w;
+                }
+                if let Some(d) = &pc.description {
+                    p.description = d.clone();
+                }
+                if let Some(sc) = pc.scope {
+                    p.scope = sc;
+                }
+                match p.outcome {
+                    Outcome::WakeHint => {
+                        if pc.fatal.is_some() || action.is_some() {
+                            return Err(err(
+                                "fatal",
+                                format!(
+                                    "{} is a wake-up hint, not an event: it takes no fatal or action",
+                                    pc.name
+                                ),
+                            ));
+                        }
+                    }
+                    Outcome::Event {
+                        fatal: old_fatal,
+                        action: old_action,
+                    } => {
+                        let fatal = pc.fatal.unwrap_or(old_fatal);
+                        let action = action.unwrap_or(if pc.fatal.is_some() {
+                            default_action(fatal)
+                        } else {
+                            old_action
+                        });
+                        p.outcome = Outcome::Event { fatal, action };
+                    }
+                }
+                continue;
+            }
+
+            // A new pattern.
+            let Some(regex) = regex else {
+                return Err(err(
+                    "regex",
+                    "required for a pattern that is not a built-in".into(),
+                ));
+            };
+            if !enabled {
+                continue;
+            }
+            let fatal = pc.fatal.unwrap_or(false);
+            added.push(Pattern {
+                id: pc.name.clone(),
+                regex,
+                outcome: Outcome::Event {
+                    fatal,
+                    action: action.unwrap_or(default_action(fatal)),
+                },
+                scope: pc.scope.unwrap_or(Card),
+                dedup_window_seconds: pc.dedup_window_seconds.unwrap_or(self.dedup_window_seconds),
+                description: pc
+                    .description
+                    .clone()
+                    .unwrap_or_else(|| format!("kernel log pattern {}", pc.name)),
+            });
+        }
+        line.retain(|p| !disabled.contains(&p.id));
+        added.extend(line);
+        Ok(Patterns {
+            line: added,
+            soft_lockup,
+            default_window_seconds: self.dedup_window_seconds,
+        })
+    }
+}
+
+fn default_action(fatal: bool) -> RecommendedAction {
+    if fatal { REPLACE_VM } else { NONE }
+}
+
+/// The ids of the built-in table (soft lockup included), in table order.
+pub fn builtin_ids() -> Vec<&'static str> {
+    let mut ids: Vec<&'static str> = BUILTINS.iter().map(|b| b.id).collect();
+    ids.insert(ids.len() - 1, SOFT_LOCKUP_ID);
+    ids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(toml_text: &str) -> KmsgConfig {
+        toml::from_str(toml_text).unwrap()
+    }
+
+    #[test]
+    fn builtins_compile_with_defaults() {
+        let p = Patterns::builtin();
+        assert_eq!(
+            p.get("access_reg_failed").unwrap().dedup_window_seconds,
+            86400
+        );
+        assert_eq!(p.get("cmd_timeout").unwrap().dedup_window_seconds, 60);
+        assert_eq!(
+            p.get("cmd_timeout").unwrap().outcome,
+            Outcome::Event {
+                fatal: true,
+                action: RESTART_BM
+            }
+        );
+        assert!(p.soft_lockup.is_some());
+        assert_eq!(builtin_ids().len(), BUILTINS.len() + 1);
+    }
+
+    #[test]
+    fn operator_overrides_disables_and_adds() {
+        let c = cfg(r#"
+            dedupWindowSeconds = 120
+            [[patterns]]
+            name = "netdev_watchdog"
+            fatal = true
+            [[patterns]]
+            name = "insufficient_power"
+            enabled = false
+            [[patterns]]
+            name = "soft_lockup_mlx5"
+            enabled = false
+            [[patterns]]
+            name = "my_pattern"
+            regex = "mlx5_core .*: something bad"
+            action = "CONTACT_SUPPORT"
+            dedupWindowSeconds = 5
+        "#);
+        let p = c.compile().unwrap();
+        assert_eq!(
+            p.get("netdev_watchdog").unwrap().outcome,
+            Outcome::Event {
+                fatal: true,
+                action: REPLACE_VM
+            }
+        );
+        assert_eq!(p.get("netdev_watchdog").unwrap().dedup_window_seconds, 120);
+        assert!(p.get("insufficient_power").is_none());
+        assert!(p.soft_lockup.is_none());
+        assert_eq!(p.line[0].id, "my_pattern");
+        assert_eq!(
+            p.line[0].outcome,
+            Outcome::Event {
+                fatal: false,
+                action: RecommendedAction::CONTACT_SUPPORT
+            }
+        );
+        assert_eq!(p.line[0].dedup_window_seconds, 5);
+    }
+
+    #[test]
+    fn the_documented_toml_shape_parses() {
+        #[derive(Deserialize)]
+        struct Top {
+            #[serde(rename = "kernelLog", default)]
+            kernel_log: KmsgConfig,
+        }
+        let top: Top = toml::from_str(
+            r#"
+            [kernelLog]
+            enabled = true
+            dedupWindowSeconds = 60
+            [[kernelLog.patterns]]
+            name = "netdev_watchdog"
+            fatal = true
+            [[kernelLog.patterns]]
+            name = "insufficient_power"
+            enabled = false
+            [[kernelLog.patterns]]
+            name = "my_fw_assert"
+            regex = 'mlx5_core (?P<bdf>\S+): .*assert_var'
+            fatal = true
+            action = "RESTART_BM"
+            scope = "card"
+            dedupWindowSeconds = 300
+            description = "firmware assert"
+            "#,
+        )
+        .unwrap();
+        let p = top.kernel_log.compile().unwrap();
+        assert_eq!(p.line[0].id, "my_fw_assert");
+        assert_eq!(p.line[0].scope, Scope::Card);
+        let empty: Top = toml::from_str("").unwrap();
+        assert_eq!(empty.kernel_log, KmsgConfig::default());
+    }
+
+    #[test]
+    fn validation_errors_name_the_entry_and_key() {
+        let e = cfg(r#"
+            [[patterns]]
+            name = "ok"
+            regex = "x"
+            [[patterns]]
+            name = "broken"
+            regex = "mlx5_core (unclosed"
+        "#)
+        .compile()
+        .unwrap_err();
+        assert_eq!((e.index, e.name.as_str(), e.key), (1, "broken", "regex"));
+        assert!(
+            e.to_string()
+                .starts_with("kernelLog.patterns[1] (name \"broken\"): regex: ")
+        );
+
+        let e = cfg(r#"
+            [[patterns]]
+            name = "cmd_timeout"
+            action = "REBOOT"
+        "#)
+        .compile()
+        .unwrap_err();
+        assert_eq!(e.key, "action");
+        assert!(e.to_string().contains("REBOOT"));
+
+        let e = cfg("[[patterns]]\nname = \"new_one\"\nfatal = true\n")
+            .compile()
+            .unwrap_err();
+        assert_eq!(e.key, "regex");
+
+        let e = cfg("[[patterns]]\nname = \"a b\"\nregex = \"x\"\n")
+            .compile()
+            .unwrap_err();
+        assert_eq!(e.key, "name");
+
+        let e = cfg("[[patterns]]\nname = \"link_down_msg\"\nfatal = true\n")
+            .compile()
+            .unwrap_err();
+        assert_eq!(e.key, "fatal");
+
+        assert!(
+            toml::from_str::<KmsgConfig>("[[patterns]]\nname = \"x\"\nregexp = \"y\"\n").is_err()
+        );
+    }
+}
