@@ -10,10 +10,12 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::config::Config;
+use crate::counters;
 use crate::cycle::Monitor;
 use crate::discovery::{self, ReadPlan};
 use crate::event::Stamp;
 use crate::host::Host;
+use crate::kmsg;
 use crate::linkstate::StateConfig;
 use crate::report::Report;
 use crate::roles;
@@ -22,23 +24,6 @@ use crate::topology;
 
 /// Where NVSentinel's metadata collector writes the GPU metadata.
 pub const DEFAULT_METADATA_PATH: &str = "/var/lib/nvsentinel/gpu_metadata.json";
-
-/// Counter files read when no counter config says otherwise (until counters land).
-pub const DEFAULT_COUNTER_PATHS: &[&str] = &[
-    "counters/link_downed",
-    "counters/excessive_buffer_overrun_errors",
-    "counters/local_link_integrity_errors",
-    "hw_counters/rnr_nak_retry_err",
-    "counters/symbol_error",
-    "counters/link_error_recovery",
-    "counters/port_rcv_errors",
-    "hw_counters/out_of_sequence",
-    "hw_counters/local_ack_timeout_err",
-    "counters/port_xmit_discards",
-    "counters/port_xmit_wait",
-    "hw_counters/roce_slow_restart",
-    "/sys/class/net/{interface}/carrier_changes",
-];
 
 pub struct CheckArgs {
     pub sysfs: PathBuf,
@@ -75,19 +60,15 @@ pub fn node_name(flag: Option<&str>) -> String {
 }
 
 fn no_devices_note(host: &Host) -> String {
-    format!(
-        "no RDMA devices found under {}",
-        host.sys("class/infiniband").display()
-    )
+    format!("no RDMA devices found under {}", host.sys("class/infiniband").display())
 }
 
 /// Parse `--now` (RFC 3339), else the wall clock.
 pub fn parse_now(now: Option<&str>) -> Result<OffsetDateTime> {
     match now {
         None => Ok(OffsetDateTime::now_utc()),
-        Some(s) => OffsetDateTime::parse(s, &Rfc3339).with_context(|| {
-            format!("--now {s:?}: expected an RFC 3339 time such as 2026-01-01T00:00:00Z")
-        }),
+        Some(s) => OffsetDateTime::parse(s, &Rfc3339)
+            .with_context(|| format!("--now {s:?}: expected an RFC 3339 time such as 2026-01-01T00:00:00Z")),
     }
 }
 
@@ -115,12 +96,7 @@ pub fn run_check(args: &CheckArgs) -> Result<String> {
     }
     // The topology is read once, like the daemon does at startup.
     let snapshot0 = discovery::discover(&host, &ReadPlan::default());
-    let topo = topology::resolve(
-        &host,
-        &snapshot0,
-        args.metadata.as_deref(),
-        args.metadata_required,
-    )?;
+    let topo = topology::resolve(&host, &snapshot0, args.metadata.as_deref(), args.metadata_required)?;
     for n in &topo.notes {
         tracing::warn!("{n}");
     }
@@ -133,31 +109,23 @@ pub fn run_check(args: &CheckArgs) -> Result<String> {
         },
         config,
         topology: topo,
-        stamp: Stamp {
-            node_name: node_name(args.node_name.as_deref()),
-            processing_strategy: Default::default(),
-        },
-        counter_paths: DEFAULT_COUNTER_PATHS
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
+        stamp: Stamp { node_name: node_name(args.node_name.as_deref()), processing_strategy: Default::default() },
+        counter_paths: Vec::new(),
     };
-    let poll = monitor.poll(&prev, &loaded, now);
+    let monitor = Monitor { counter_paths: counters::read_paths(&monitor.config.counter_rules), ..monitor };
+    let records = match &args.kmsg {
+        Some(p) => kmsg::read_file(p).with_context(|| format!("--kmsg {}", p.display()))?,
+        None => Vec::new(),
+    };
+    let poll = monitor.poll(&prev, &loaded, now, &records);
     for n in &poll.notes {
         tracing::info!("{n}");
     }
     if let Some(p) = &args.state_file {
-        state::save(p, &poll.next)
-            .with_context(|| format!("state file {}: cannot write", p.display()))?;
+        state::save(p, &poll.next).with_context(|| format!("state file {}: cannot write", p.display()))?;
     }
-    let report = Report::new(
-        &monitor.stamp.node_name,
-        boot_id,
-        &poll.snapshot,
-        &monitor.topology,
-        &poll.roles,
-        poll.events,
-    );
+    let report =
+        Report::new(&monitor.stamp.node_name, boot_id, &poll.snapshot, &monitor.topology, &poll.roles, poll.events);
     if poll.snapshot.devices.is_empty() {
         tracing::warn!("{}", no_devices_note(&monitor.host));
     }
@@ -204,34 +172,17 @@ pub fn run_topology(
     if snapshot.devices.is_empty() {
         return Ok(format!("{}\n", no_devices_note(&host)));
     }
-    let mut out = format!(
-        "topology source: {} ({} GPUs)\n",
-        topo.source.as_str(),
-        topo.gpus.len()
-    );
+    let mut out = format!("topology source: {} ({} GPUs)\n", topo.source.as_str(), topo.gpus.len());
     for n in &topo.notes {
         out.push_str(&format!("note: {n}\n"));
     }
     for d in &snapshot.devices {
         let c = &roles[&d.name];
         let role = c.role.map(|r| r.as_str()).unwrap_or("-");
-        let why = c
-            .role_reason
-            .clone()
-            .or_else(|| c.reason.clone())
-            .unwrap_or_default();
-        let mon = if c.monitored {
-            "monitored"
-        } else {
-            "not monitored"
-        };
-        let link = roles::device_link_layer(d)
-            .map(|l| l.name().to_string())
-            .unwrap_or_else(|| "?".into());
-        out.push_str(&format!(
-            "{:<14} {:<11} {:<10} {:<14} {}\n",
-            d.name, role, link, mon, why
-        ));
+        let why = c.role_reason.clone().or_else(|| c.reason.clone()).unwrap_or_default();
+        let mon = if c.monitored { "monitored" } else { "not monitored" };
+        let link = roles::device_link_layer(d).map(|l| l.name().to_string()).unwrap_or_else(|| "?".into());
+        out.push_str(&format!("{:<14} {:<11} {:<10} {:<14} {}\n", d.name, role, link, mon, why));
     }
     Ok(out)
 }

@@ -5,6 +5,8 @@
 //! does not know are reported as warnings, so an NVSentinel ConfigMap works unchanged.
 use std::path::Path;
 
+use crate::counters::{CounterDetection, CounterRule};
+use crate::kmsg::{KmsgConfig, Patterns};
 use crate::roles::{self, NicFilters};
 
 /// Default location of the config file in the DaemonSet.
@@ -22,6 +24,12 @@ pub struct Config {
     pub escalation_grace_secs: u64,
     /// `[stateDetection] speedDegradationFatal`: make `LinkSpeedDegraded` fatal.
     pub speed_degradation_fatal: bool,
+    /// `[counterDetection]`: the merged, validated counter rules (001 §10); empty when
+    /// `enabled = false`.
+    pub counter_rules: Vec<CounterRule>,
+    /// `[kernelLog]`: the watcher's settings and its compiled pattern table.
+    pub kernel_log: KmsgConfig,
+    pub patterns: Patterns,
     /// Keys present in the file that nicmon does not use.
     pub warnings: Vec<String>,
 }
@@ -34,6 +42,9 @@ impl Default for Config {
             sys_class_net_path: None,
             escalation_grace_secs: 30,
             speed_degradation_fatal: false,
+            counter_rules: CounterDetection::default().rules().unwrap_or_default(),
+            kernel_log: KmsgConfig::default(),
+            patterns: Patterns::builtin(),
             warnings: Vec::new(),
         }
     }
@@ -54,22 +65,14 @@ impl Config {
         match std::fs::read_to_string(path) {
             Ok(text) => Config::parse(&shown, &text),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
-            Err(e) => Err(ConfigError {
-                path: shown,
-                message: format!("cannot read: {e}"),
-            }),
+            Err(e) => Err(ConfigError { path: shown, message: format!("cannot read: {e}") }),
         }
     }
 
     /// Parse the file's text. Never panics.
     pub fn parse(path: &str, text: &str) -> Result<Config, ConfigError> {
-        let err = |message: String| ConfigError {
-            path: path.to_string(),
-            message,
-        };
-        let table: toml::Table = text
-            .parse()
-            .map_err(|e: toml::de::Error| err(one_line(&e.to_string())))?;
+        let err = |message: String| ConfigError { path: path.to_string(), message };
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| err(one_line(&e.to_string())))?;
         let mut cfg = Config::default();
         for (key, value) in &table {
             match key.as_str() {
@@ -84,42 +87,40 @@ impl Config {
                 "sysClassInfinibandPath" => {
                     cfg.sys_class_infiniband_path = Some(string(key, value).map_err(err)?.into())
                 }
-                "sysClassNetPath" => {
-                    cfg.sys_class_net_path = Some(string(key, value).map_err(err)?.into())
-                }
+                "sysClassNetPath" => cfg.sys_class_net_path = Some(string(key, value).map_err(err)?.into()),
                 "stateDetection" => {
-                    let t = value
-                        .as_table()
-                        .ok_or_else(|| err(format!("{key}: expected a table")))?;
+                    let t = value.as_table().ok_or_else(|| err(format!("{key}: expected a table")))?;
                     for (k, v) in t {
                         let full = format!("stateDetection.{k}");
                         match k.as_str() {
                             "escalationGraceSeconds" => {
-                                cfg.escalation_grace_secs = v
-                                    .as_integer()
-                                    .and_then(|i| u64::try_from(i).ok())
-                                    .ok_or_else(|| {
-                                        err(format!(
-                                            "{full} = {v}: expected a whole number of seconds ≥ 0"
-                                        ))
+                                cfg.escalation_grace_secs =
+                                    v.as_integer().and_then(|i| u64::try_from(i).ok()).ok_or_else(|| {
+                                        err(format!("{full} = {v}: expected a whole number of seconds ≥ 0"))
                                     })?
                             }
                             "speedDegradationFatal" => {
-                                cfg.speed_degradation_fatal = v.as_bool().ok_or_else(|| {
-                                    err(format!("{full} = {v}: expected true or false"))
-                                })?
+                                cfg.speed_degradation_fatal =
+                                    v.as_bool().ok_or_else(|| err(format!("{full} = {v}: expected true or false")))?
                             }
-                            _ => cfg
-                                .warnings
-                                .push(format!("config {path}: unknown key {full} ignored")),
+                            _ => cfg.warnings.push(format!("config {path}: unknown key {full} ignored")),
                         }
                     }
                 }
-                // Owned by the counter and kernel-log modules when present.
-                "counterDetection" | "kernelLog" => {}
-                _ => cfg
-                    .warnings
-                    .push(format!("config {path}: unknown key {key} ignored")),
+                "counterDetection" => {
+                    let cd: CounterDetection =
+                        value.clone().try_into().map_err(|e: toml::de::Error| err(one_line(e.message())))?;
+                    cfg.counter_rules = cd.rules().map_err(|e| err(one_line(&e.to_string())))?;
+                }
+                "kernelLog" => {
+                    let k: KmsgConfig = value
+                        .clone()
+                        .try_into()
+                        .map_err(|e: toml::de::Error| err(format!("kernelLog: {}", one_line(e.message()))))?;
+                    cfg.patterns = k.compile().map_err(|e| err(one_line(&e.to_string())))?;
+                    cfg.kernel_log = k;
+                }
+                _ => cfg.warnings.push(format!("config {path}: unknown key {key} ignored")),
             }
         }
         Ok(cfg)
@@ -127,8 +128,7 @@ impl Config {
 }
 
 fn string<'a>(key: &str, v: &'a toml::Value) -> Result<&'a str, String> {
-    v.as_str()
-        .ok_or_else(|| format!("{key} = {v}: expected a string"))
+    v.as_str().ok_or_else(|| format!("{key} = {v}: expected a string"))
 }
 
 fn one_line(s: &str) -> String {
@@ -160,26 +160,35 @@ enabled = true
     }
 
     #[test]
+    fn counter_and_kernel_log_sections() {
+        let e = Config::parse(
+            "c.toml",
+            "[counterDetection]\n[[counterDetection.counters]]\nname = \"symbol_error\"\nvelocityUnit = \"fortnight\"\n",
+        )
+        .unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("symbol_error") && msg.contains("velocityUnit") && msg.contains("fortnight"), "{msg}");
+        assert!(!msg.contains('\n'));
+        let c = Config::parse(
+            "c.toml",
+            "[counterDetection]\n[[counterDetection.counters]]\nname = \"port_xmit_wait\"\nenabled = false\n",
+        )
+        .unwrap();
+        assert!(!c.counter_rules.iter().any(|r| r.name == "port_xmit_wait"));
+        assert!(c.counter_rules.iter().any(|r| r.name == "link_downed"));
+        let e = Config::parse("c.toml", "[[kernelLog.patterns]]\nname = \"x\"\nregex = \"(\"\n").unwrap_err();
+        assert!(e.to_string().contains("regex"), "{e}");
+    }
+
+    #[test]
     fn errors_name_key_and_value() {
         let e = Config::parse("/etc/x.toml", "nicExclusionRegex = \"(\"").unwrap_err();
-        assert!(
-            e.to_string()
-                .starts_with("config /etc/x.toml: nicExclusionRegex"),
-            "{e}"
-        );
-        let e =
-            Config::parse("x.toml", "[stateDetection]\nescalationGraceSeconds = -3").unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("stateDetection.escalationGraceSeconds = -3"),
-            "{e}"
-        );
+        assert!(e.to_string().starts_with("config /etc/x.toml: nicExclusionRegex"), "{e}");
+        let e = Config::parse("x.toml", "[stateDetection]\nescalationGraceSeconds = -3").unwrap_err();
+        assert!(e.to_string().contains("stateDetection.escalationGraceSeconds = -3"), "{e}");
         let e = Config::parse("x.toml", "nicExclusionRegex = [").unwrap_err();
         assert!(!e.to_string().contains('\n'));
-        assert_eq!(
-            Config::parse("x.toml", "foo = 1").unwrap().warnings.len(),
-            1
-        );
+        assert_eq!(Config::parse("x.toml", "foo = 1").unwrap().warnings.len(), 1);
     }
 
     proptest! {

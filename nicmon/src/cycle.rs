@@ -5,9 +5,11 @@ use std::collections::BTreeMap;
 use time::{Duration, OffsetDateTime};
 
 use crate::config::Config;
+use crate::counters::{self, CounterPort};
 use crate::discovery::{self, ReadPlan};
 use crate::event::{Check, HealthEvent, Stamp};
 use crate::host::Host;
+use crate::kmsg::{self, DeviceIndex, HostLinks, Record, WakeHint};
 use crate::linkstate::{self, StateConfig};
 use crate::model::Snapshot;
 use crate::roles::{self, Classification};
@@ -31,13 +33,15 @@ pub struct Poll {
     pub events: Vec<HealthEvent>,
     pub next: State,
     pub notes: Vec<String>,
+    /// Kernel log lines that ask for an immediate poll (`Link down`).
+    pub wake_hints: Vec<WakeHint>,
 }
 
 impl Monitor {
     /// Read the host and evaluate every check against `prev`. `loaded` says how `prev` was
     /// found: after a reboot, each enabled check first gets one "clear everything" healthy
     /// event with no entities, 1 s before the baselines (lesson 4).
-    pub fn poll(&self, prev: &State, loaded: &Loaded, now: OffsetDateTime) -> Poll {
+    pub fn poll(&self, prev: &State, loaded: &Loaded, now: OffsetDateTime, kmsg_records: &[Record]) -> Poll {
         self.host.remember_einval(prev.einval.iter().cloned());
         let plan = ReadPlan {
             counter_paths: self.counter_paths.clone(),
@@ -52,30 +56,40 @@ impl Monitor {
 
         let mut events = Vec::new();
         if matches!(loaded, Loaded::Rebooted { .. }) && prev.polls == 0 {
-            events.extend(clear_all(
-                &self.state_config,
-                &self.stamp,
-                now - Duration::seconds(1),
-            ));
+            events.extend(clear_all(&self.state_config, &self.stamp, now - Duration::seconds(1)));
         }
-        let out = linkstate::evaluate(
-            prev,
-            &snapshot,
-            &roles,
-            &self.state_config,
-            now,
-            &self.stamp,
-        );
+        let out = linkstate::evaluate(prev, &snapshot, &roles, &self.state_config, now, &self.stamp);
         events.extend(out.events);
         let mut next = out.state;
-        next.einval = self.host.einval_paths();
-        Poll {
-            snapshot,
-            roles,
-            events,
-            next,
-            notes: out.notes,
+
+        // Counters of monitored PF ports only: management NICs and VFs are never evaluated.
+        let monitored = |name: &str| roles.get(name).map(|c| c.monitored).unwrap_or(false);
+        let ports: Vec<CounterPort> = snapshot
+            .devices
+            .iter()
+            .filter(|d| monitored(&d.name) && !d.is_vf())
+            .flat_map(|d| d.ports.iter().map(move |p| CounterPort::new(&d.name, p)))
+            .collect();
+        let reboot = matches!(loaded, Loaded::Rebooted { .. }) && prev.polls == 0;
+        let (counter_events, counter_state) =
+            counters::evaluate(&prev.counters, &ports, &self.config.counter_rules, now, reboot, &self.stamp);
+        events.extend(counter_events);
+        next.counters = counter_state;
+
+        // The kernel log records that arrived since the previous poll.
+        let mut wake_hints = Vec::new();
+        if !kmsg_records.is_empty() {
+            let links = HostLinks::read(&self.host, &snapshot);
+            let index = DeviceIndex::from_snapshot(&snapshot, |d| monitored(&d.name), &links);
+            let processed = kmsg::process(&prev.kmsg, kmsg_records, &index, &self.config.patterns, now, &self.stamp);
+            events.extend(processed.events);
+            next.kmsg = processed.state;
+            wake_hints = processed.wake_hints;
         }
+
+        events.retain(|e| e.check().map(|c| self.state_config.checks.contains(&c)).unwrap_or(true));
+        next.einval = self.host.einval_paths();
+        Poll { snapshot, roles, events, next, notes: out.notes, wake_hints }
     }
 }
 
@@ -84,13 +98,6 @@ pub fn clear_all(cfg: &StateConfig, stamp: &Stamp, at: OffsetDateTime) -> Vec<He
     Check::ALL
         .into_iter()
         .filter(|c| cfg.checks.contains(c))
-        .map(|c| {
-            HealthEvent::new(
-                c,
-                stamp,
-                at,
-                "Host rebooted: clearing all conditions from the previous boot",
-            )
-        })
+        .map(|c| HealthEvent::new(c, stamp, at, "Host rebooted: clearing all conditions from the previous boot"))
         .collect()
 }

@@ -22,8 +22,7 @@ pub struct ReadPlan {
     pub known: Vec<(String, String)>,
 }
 
-static MLX5_NAME: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^mlx5_(bond_)?\d+$").expect("static regex"));
+static MLX5_NAME: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^mlx5_(bond_)?\d+$").expect("static regex"));
 
 const MELLANOX_VENDOR: u32 = 0x15b3;
 const NVIDIA_VENDOR: u32 = 0x10de;
@@ -33,10 +32,8 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
     let names = host.list_sys("class/infiniband");
     let devices: Vec<Device> = names.iter().map(|n| read_device(host, n, plan)).collect();
 
-    let default_route_ifaces = host
-        .read_proc("net/route")
-        .map(|raw| parse::default_route_ifaces(&raw))
-        .unwrap_or_default();
+    let default_route_ifaces =
+        host.read_proc("net/route").map(|raw| parse::default_route_ifaces(&raw)).unwrap_or_default();
     let mut default_route_devices = Vec::new();
     for iface in &default_route_ifaces {
         for dev in ib_devices_of_iface(host, iface) {
@@ -53,12 +50,7 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
         }
     }
 
-    Snapshot {
-        devices,
-        default_route_ifaces,
-        default_route_devices,
-        pci_probes,
-    }
+    Snapshot { devices, default_route_ifaces, default_route_devices, pci_probes }
 }
 
 fn opt(r: Result<String, ReadError>) -> Option<String> {
@@ -71,27 +63,18 @@ fn read_device(host: &Host, name: &str, plan: &ReadPlan) -> Device {
         .read_sys(&format!("{base}/device/uevent"))
         .ok()
         .and_then(|u| parse::uevent_pci_slot(&u))
-        .or_else(|| {
-            host.link_name_sys(&format!("{base}/device"))
-                .and_then(|n| parse::pci_address(&n))
-        });
+        .or_else(|| host.link_name_sys(&format!("{base}/device")).and_then(|n| parse::pci_address(&n)));
     let card = pci_address.as_deref().and_then(parse::card_of);
     let driver = host.link_name_sys(&format!("{base}/device/driver"));
-    let vendor = host
-        .read_sys(&format!("{base}/device/vendor"))
-        .ok()
-        .and_then(|v| parse::hex_u32_any(&v));
+    let vendor = host.read_sys(&format!("{base}/device/vendor")).ok().and_then(|v| parse::hex_u32_any(&v));
 
-    let supported = MLX5_NAME.is_match(name)
-        || driver.as_deref() == Some("mlx5_core")
-        || vendor == Some(MELLANOX_VENDOR);
+    let supported =
+        MLX5_NAME.is_match(name) || driver.as_deref() == Some("mlx5_core") || vendor == Some(MELLANOX_VENDOR);
     let unsupported = (!supported).then(|| {
         format!(
             "not an NVIDIA/Mellanox mlx5 device (driver {}, PCI vendor {})",
             driver.as_deref().unwrap_or("unknown"),
-            vendor
-                .map(|v| format!("{v:#06x}"))
-                .unwrap_or_else(|| "unknown".into())
+            vendor.map(|v| format!("{v:#06x}")).unwrap_or_else(|| "unknown".into())
         )
     });
 
@@ -115,13 +98,7 @@ fn read_device(host: &Host, name: &str, plan: &ReadPlan) -> Device {
         .filter_map(|p| p.parse::<u32>().ok())
         .map(|n| {
             let port_netdev = port_netdev(host, &base, &netdevs, n).or_else(|| netdev.clone());
-            read_port(
-                host,
-                &base,
-                n,
-                port_netdev.as_deref(),
-                read_counters.then_some(plan),
-            )
+            read_port(host, &base, n, port_netdev.as_deref(), read_counters.then_some(plan))
         })
         .collect();
 
@@ -130,10 +107,7 @@ fn read_device(host: &Host, name: &str, plan: &ReadPlan) -> Device {
         unsupported,
         pci_address,
         card,
-        numa_node: host
-            .read_sys(&format!("{base}/device/numa_node"))
-            .ok()
-            .and_then(|v| parse::numa_node(&v)),
+        numa_node: host.read_sys(&format!("{base}/device/numa_node")).ok().and_then(|v| parse::numa_node(&v)),
         hca_type: opt(host.read_sys(&format!("{base}/hca_type"))),
         fw_ver: opt(host.read_sys(&format!("{base}/fw_ver"))),
         board_id: opt(host.read_sys(&format!("{base}/board_id"))),
@@ -160,13 +134,7 @@ fn port_netdev(host: &Host, base: &str, netdevs: &[String], n: u32) -> Option<St
         .cloned()
 }
 
-fn read_port(
-    host: &Host,
-    base: &str,
-    n: u32,
-    netdev: Option<&str>,
-    plan: Option<&ReadPlan>,
-) -> Port {
+fn read_port(host: &Host, base: &str, n: u32, netdev: Option<&str>, plan: Option<&ReadPlan>) -> Port {
     let dir = format!("{base}/ports/{n}");
     let read = |f: &str| host.read_sys(&format!("{dir}/{f}")).ok();
     let mut counters = BTreeMap::new();
@@ -176,11 +144,7 @@ fn read_port(
                 Some(rel) => rel,
                 None => continue,
             };
-            if let Some(v) = host
-                .read_sys(&rel)
-                .ok()
-                .and_then(|raw| parse::counter(&raw))
-            {
+            if let Some(v) = host.read_sys(&rel).ok().and_then(|raw| parse::counter(&raw)) {
                 counters.insert(path.clone(), v);
             }
         }
@@ -235,9 +199,7 @@ pub fn probe_pci(host: &Host, pci: &str) -> PciPresence {
         return PciPresence::Gone;
     }
     match host.read_sys_bytes(&format!("{dir}/config"), 64) {
-        Ok(bytes) if bytes.is_empty() => {
-            PciPresence::ReadError("config space read returned no bytes".into())
-        }
+        Ok(bytes) if bytes.is_empty() => PciPresence::ReadError("config space read returned no bytes".into()),
         Ok(bytes) if bytes.iter().all(|b| *b == 0xff) => PciPresence::AllOnes,
         Ok(_) => PciPresence::Present,
         Err(ReadError::Missing) => PciPresence::Gone,
@@ -262,27 +224,15 @@ pub fn pci_gpus(host: &Host) -> Vec<PciGpu> {
         .into_iter()
         .filter(|bdf| {
             let dir = format!("bus/pci/devices/{bdf}");
-            let vendor = host
-                .read_sys(&format!("{dir}/vendor"))
-                .ok()
-                .and_then(|v| parse::hex_u32_any(&v));
-            let class = host
-                .read_sys(&format!("{dir}/class"))
-                .ok()
-                .and_then(|v| parse::hex_u32_any(&v));
-            vendor == Some(NVIDIA_VENDOR)
-                && matches!(class.map(|c| c >> 8), Some(0x0300) | Some(0x0302))
+            let vendor = host.read_sys(&format!("{dir}/vendor")).ok().and_then(|v| parse::hex_u32_any(&v));
+            let class = host.read_sys(&format!("{dir}/class")).ok().and_then(|v| parse::hex_u32_any(&v));
+            vendor == Some(NVIDIA_VENDOR) && matches!(class.map(|c| c >> 8), Some(0x0300) | Some(0x0302))
         })
         .filter_map(|bdf| {
             let pci_address = parse::pci_address(&bdf)?;
-            let numa_node = host
-                .read_sys(&format!("bus/pci/devices/{bdf}/numa_node"))
-                .ok()
-                .and_then(|v| parse::numa_node(&v));
-            Some(PciGpu {
-                pci_address,
-                numa_node,
-            })
+            let numa_node =
+                host.read_sys(&format!("bus/pci/devices/{bdf}/numa_node")).ok().and_then(|v| parse::numa_node(&v));
+            Some(PciGpu { pci_address, numa_node })
         })
         .collect()
 }
@@ -296,19 +246,11 @@ pub fn pci_node(host: &Host, address: &str) -> Option<PciNode> {
     if path.len() < 2 || path.last().map(String::as_str) != Some(address) {
         return None;
     }
-    let numa_node = host
-        .read_sys(&format!("{rel}/numa_node"))
-        .ok()
-        .and_then(|v| parse::numa_node(&v));
+    let numa_node = host.read_sys(&format!("{rel}/numa_node")).ok().and_then(|v| parse::numa_node(&v));
     let root_port_vendor = path
         .get(1)
         .filter(|rp| rp.as_str() != address)
         .and_then(|rp| host.read_sys(&format!("bus/pci/devices/{rp}/vendor")).ok())
         .and_then(|v| parse::hex_u32_any(&v));
-    Some(PciNode {
-        address: address.to_string(),
-        path,
-        numa_node,
-        root_port_vendor,
-    })
+    Some(PciNode { address: address.to_string(), path, numa_node, root_port_vendor })
 }

@@ -121,16 +121,10 @@ pub struct Entity {
 
 impl Entity {
     pub fn nic(value: impl Into<String>) -> Entity {
-        Entity {
-            entity_type: "NIC".into(),
-            entity_value: value.into(),
-        }
+        Entity { entity_type: "NIC".into(), entity_value: value.into() }
     }
     pub fn port(n: u32) -> Entity {
-        Entity {
-            entity_type: "NICPort".into(),
-            entity_value: n.to_string(),
-        }
+        Entity { entity_type: "NICPort".into(), entity_value: n.to_string() }
     }
 }
 
@@ -188,11 +182,7 @@ impl HealthEvent {
     pub fn unhealthy(mut self, fatal: bool) -> HealthEvent {
         self.is_healthy = false;
         self.is_fatal = fatal;
-        self.recommended_action = if fatal {
-            RecommendedAction::REPLACE_VM
-        } else {
-            RecommendedAction::NONE
-        };
+        self.recommended_action = if fatal { RecommendedAction::REPLACE_VM } else { RecommendedAction::NONE };
         self
     }
 
@@ -251,9 +241,7 @@ mod tests {
     #[test]
     fn sanitize_removes_separators_and_caps_length() {
         assert_eq!(sanitize_message("a;b\nc"), "a,b c");
-        assert!(
-            !sanitize_message("x Recommended Action=REPLACE_VM").contains("Recommended Action=")
-        );
+        assert!(!sanitize_message("x Recommended Action=REPLACE_VM").contains("Recommended Action="));
         let long = "é".repeat(600);
         let s = sanitize_message(&long);
         assert!(s.len() <= MAX_MESSAGE_LEN && s.ends_with("..."));
@@ -261,10 +249,7 @@ mod tests {
 
     #[test]
     fn serialises_in_proto3_json_form() {
-        let stamp = Stamp {
-            node_name: "n1".into(),
-            processing_strategy: ProcessingStrategy::STORE_ONLY,
-        };
+        let stamp = Stamp { node_name: "n1".into(), processing_strategy: ProcessingStrategy::STORE_ONLY };
         let ev = HealthEvent::new(
             Check::InfiniBandStateCheck,
             &stamp,

@@ -119,20 +119,13 @@ impl Host {
             None => self.read_proc("sys/kernel/random/boot_id")?,
         };
         let t = raw.trim();
-        if t.is_empty() {
-            Err(ReadError::Io("empty boot ID".into()))
-        } else {
-            Ok(t.to_string())
-        }
+        if t.is_empty() { Err(ReadError::Io("empty boot ID".into())) } else { Ok(t.to_string()) }
     }
 
     /// Names in a sysfs directory, sorted. A missing directory is an empty listing.
     pub fn list_sys(&self, rel: &str) -> Vec<String> {
         let mut names: Vec<String> = match std::fs::read_dir(self.sys(rel)) {
-            Ok(rd) => rd
-                .filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect(),
+            Ok(rd) => rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect(),
             Err(_) => Vec::new(),
         };
         names.sort();
@@ -161,10 +154,8 @@ impl Host {
     /// fixture tree resolves exactly like `/sys` does.
     pub fn link_target_sys(&self, rel: &str) -> Option<Vec<String>> {
         let target = std::fs::read_link(self.sys(rel)).ok()?;
-        let base: Vec<String> = Path::new(rel)
-            .parent()
-            .map(|p| p.components().filter_map(comp_name).collect())
-            .unwrap_or_default();
+        let base: Vec<String> =
+            Path::new(rel).parent().map(|p| p.components().filter_map(comp_name).collect()).unwrap_or_default();
         let mut parts = if target.is_absolute() {
             // An absolute target on the real host (`/sys/devices/...`).
             match target.strip_prefix(&self.sysfs) {
@@ -174,11 +165,7 @@ impl Host {
         } else {
             base
         };
-        let rest = if target.is_absolute() {
-            target.strip_prefix(&self.sysfs).ok()?.to_path_buf()
-        } else {
-            target
-        };
+        let rest = if target.is_absolute() { target.strip_prefix(&self.sysfs).ok()?.to_path_buf() } else { target };
         for c in rest.components() {
             match c {
                 Component::ParentDir => {
@@ -193,10 +180,7 @@ impl Host {
 
     /// Files that failed with `EINVAL` so far (sysfs-relative), for the state file.
     pub fn einval_paths(&self) -> Vec<String> {
-        self.einval
-            .lock()
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
+        self.einval.lock().map(|s| s.iter().cloned().collect()).unwrap_or_default()
     }
 
     /// Seed the `EINVAL` set (from the state file of the same boot).
@@ -251,9 +235,7 @@ mod tests {
     #[test]
     fn einval_file_is_opened_once() {
         // `/sys/class/net/lo/speed` fails with EINVAL on every Linux host: a real EINVAL.
-        if std::fs::read("/sys/class/net/lo/speed").map_err(|e| e.raw_os_error())
-            != Err(Some(libc::EINVAL))
-        {
+        if std::fs::read("/sys/class/net/lo/speed").map_err(|e| e.raw_os_error()) != Err(Some(libc::EINVAL)) {
             eprintln!("skipped: /sys/class/net/lo/speed does not fail with EINVAL on this host");
             return;
         }
@@ -266,11 +248,7 @@ mod tests {
         assert_eq!(host.read_sys("x/restricted"), Err(ReadError::Invalid));
         assert_eq!(host.stats.files_read.load(Ordering::Relaxed), 1);
         assert_eq!(host.read_sys("x/restricted"), Err(ReadError::Invalid));
-        assert_eq!(
-            host.stats.files_read.load(Ordering::Relaxed),
-            1,
-            "opened again"
-        );
+        assert_eq!(host.stats.files_read.load(Ordering::Relaxed), 1, "opened again");
         assert_eq!(host.stats.einval_skipped.load(Ordering::Relaxed), 1);
         assert_eq!(host.einval_paths(), vec!["x/restricted".to_string()]);
         assert_eq!(host.read_sys("x/fine").as_deref(), Ok("7\n"));
@@ -295,15 +273,10 @@ mod tests {
         .unwrap();
         let host = Host::new(sys, "/nonexistent");
         assert_eq!(
-            host.link_target_sys("bus/pci/devices/0000:18:00.0")
-                .unwrap(),
+            host.link_target_sys("bus/pci/devices/0000:18:00.0").unwrap(),
             vec!["devices", "pci0000:17", "0000:17:01.0", "0000:18:00.0"]
         );
-        assert_eq!(
-            host.link_name_sys("bus/pci/devices/0000:18:00.0")
-                .as_deref(),
-            Some("0000:18:00.0")
-        );
+        assert_eq!(host.link_name_sys("bus/pci/devices/0000:18:00.0").as_deref(), Some("0000:18:00.0"));
         assert!(host.link_target_sys("bus/pci/devices/nope").is_none());
     }
 }

@@ -7,14 +7,14 @@
 //! - **act** — dispatch events, then persist state.
 pub mod check;
 pub mod config;
+pub mod counters;
 pub mod cycle;
 pub mod discovery;
-pub mod counters;
 pub mod event;
 pub mod host;
+pub mod kmsg;
 pub mod linkstate;
 pub mod logging;
-pub mod kmsg;
 pub mod model;
 pub mod parse;
 pub mod report;

@@ -82,11 +82,7 @@ pub fn port_health(port: &Port, ll: &LinkLayer) -> PortHealth {
     }
     if *ll == LinkLayer::Ethernet {
         // RoCE: DOWN is fatal (with the operstate in the message); the rest is not reported.
-        return if *state == PortState::Down {
-            PortHealth::Fatal
-        } else {
-            PortHealth::Quiet
-        };
+        return if *state == PortState::Down { PortHealth::Fatal } else { PortHealth::Quiet };
     }
     match state {
         // A pulled cable and a brief retrain look alike for a moment: non-fatal, escalating.
@@ -115,10 +111,7 @@ fn state_text(dev: &str, port: &Port, ll: &LinkLayer) -> String {
             port.number,
             name_or_unknown(port.operstate.as_ref().map(|o| o.name()))
         ),
-        _ => format!(
-            "Port {dev} port {}: state {st}, phys_state {ph}",
-            port.number
-        ),
+        _ => format!("Port {dev} port {}: state {st}, phys_state {ph}", port.number),
     }
 }
 
@@ -205,10 +198,7 @@ pub fn evaluate(
         };
         if known.misses >= MISSES_BEFORE_REPORT && !known.reported_missing && enabled(check) {
             known.reported_missing = true;
-            let pci = known
-                .pci_address
-                .clone()
-                .unwrap_or_else(|| "unknown".into());
+            let pci = known.pci_address.clone().unwrap_or_else(|| "unknown".into());
             let why = match snap.pci_probes.get(name) {
                 Some(PciPresence::Gone) => {
                     format!("PCI function {pci} gone from the bus (clean removal or hot unplug)")
@@ -217,9 +207,7 @@ pub fn evaluate(
                     format!("PCI config space of {pci} reads 0xFF - the device fell off the bus")
                 }
                 Some(PciPresence::Present) => {
-                    format!(
-                        "PCI function {pci} still present - RDMA device gone (driver unbound or failed)"
-                    )
+                    format!("PCI function {pci} still present - RDMA device gone (driver unbound or failed)")
                 }
                 Some(PciPresence::ReadError(e)) => {
                     format!("PCI config space read of {pci} failed ({e}) - bus error")
@@ -239,25 +227,16 @@ pub fn evaluate(
         }
     }
     for d in &monitored {
-        let ll = device_link_layer(d)
-            .map(|l| l.name().to_string())
-            .unwrap_or_else(|| "Unknown".into());
-        let entry = next
-            .known_devices
-            .entry(d.name.clone())
-            .or_insert(KnownDevice {
-                pci_address: d.pci_address.clone(),
-                card: d.card.clone(),
-                link_layer: ll.clone(),
-                misses: 0,
-                reported_missing: false,
-            });
+        let ll = device_link_layer(d).map(|l| l.name().to_string()).unwrap_or_else(|| "Unknown".into());
+        let entry = next.known_devices.entry(d.name.clone()).or_insert(KnownDevice {
+            pci_address: d.pci_address.clone(),
+            card: d.card.clone(),
+            link_layer: ll.clone(),
+            misses: 0,
+            reported_missing: false,
+        });
         if entry.reported_missing {
-            let check = if ll == "Ethernet" {
-                Check::EthernetStateCheck
-            } else {
-                Check::InfiniBandStateCheck
-            };
+            let check = if ll == "Ethernet" { Check::EthernetStateCheck } else { Check::InfiniBandStateCheck };
             if enabled(check) {
                 events.push(
                     HealthEvent::new(
@@ -280,24 +259,16 @@ pub fn evaluate(
     // ---- Card homogeneity inputs (000 §4.3): active ports per card, mode per group. ----
     let mut cards: BTreeMap<String, CardView> = BTreeMap::new();
     for d in &monitored {
-        let (Some(role), Some(ll), Some(card)) =
-            (role_of(d), device_link_layer(d), d.card.as_ref())
-        else {
+        let (Some(role), Some(ll), Some(card)) = (role_of(d), device_link_layer(d), d.card.as_ref()) else {
             continue;
         };
-        let view = cards.entry(card.clone()).or_insert(CardView {
-            group: (role, ll.clone()),
-            active: 0,
-        });
+        let view = cards.entry(card.clone()).or_insert(CardView { group: (role, ll.clone()), active: 0 });
         view.active += d.ports.iter().filter(|p| p.is_healthy()).count();
     }
     let mut group_counts: BTreeMap<Group, Vec<usize>> = BTreeMap::new();
     for (card, v) in &cards {
         if !missing_cards.contains(card) {
-            group_counts
-                .entry(v.group.clone())
-                .or_default()
-                .push(v.active);
+            group_counts.entry(v.group.clone()).or_default().push(v.active);
         }
     }
     let group_mode: BTreeMap<Group, usize> = group_counts
@@ -307,12 +278,7 @@ pub fn evaluate(
     let below_mode: BTreeMap<&str, usize> = cards
         .iter()
         .filter(|(card, _)| !missing_cards.contains(*card))
-        .filter_map(|(card, v)| {
-            group_mode
-                .get(&v.group)
-                .filter(|m| v.active < **m)
-                .map(|m| (card.as_str(), *m))
-        })
+        .filter_map(|(card, v)| group_mode.get(&v.group).filter(|m| v.active < **m).map(|m| (card.as_str(), *m)))
         .collect();
 
     // ---- Port health boundary crossings (000 §3.4). ----
@@ -344,28 +310,21 @@ pub fn evaluate(
             });
             let emit = |ev: HealthEvent, events: &mut Vec<HealthEvent>| {
                 if enabled(check) {
-                    events.push(
-                        ev.entities(vec![Entity::nic(d.name.clone()), Entity::port(port.number)]),
-                    );
+                    events.push(ev.entities(vec![Entity::nic(d.name.clone()), Entity::port(port.number)]));
                 }
             };
             match health {
                 PortHealth::Unknown | PortHealth::Quiet => {}
                 PortHealth::Healthy => {
                     if r.reported != Reported::Healthy {
-                        emit(
-                            HealthEvent::new(check, stamp, now, &healthy_text(&d.name, port, ll)),
-                            &mut events,
-                        );
+                        emit(HealthEvent::new(check, stamp, now, &healthy_text(&d.name, port, ll)), &mut events);
                     }
                     r.reported = Reported::Healthy;
                     r.was_healthy = true;
                     r.unhealthy_since = None;
                     r.deferred_polls = 0;
                 }
-                PortHealth::Fatal | PortHealth::NonFatal { .. }
-                    if first_poll || rec.is_none() || !r.was_healthy =>
-                {
+                PortHealth::Fatal | PortHealth::NonFatal { .. } if first_poll || rec.is_none() || !r.was_healthy => {
                     // No usable previous state, or never healthy in this boot: an unhealthy
                     // port is reported only through its card (peer evidence, lesson 1);
                     // otherwise it is treated as uncabled (decided within 3 polls, lesson 11).
@@ -386,12 +345,7 @@ pub fn evaluate(
                         PortHealth::Fatal => (true, String::new()),
                         PortHealth::NonFatal { escalates } => {
                             if escalates && let Some(mode) = card_below {
-                                let active = d
-                                    .card
-                                    .as_ref()
-                                    .and_then(|c| cards.get(c))
-                                    .map(|v| v.active)
-                                    .unwrap_or(0);
+                                let active = d.card.as_ref().and_then(|c| cards.get(c)).map(|v| v.active).unwrap_or(0);
                                 (
                                     true,
                                     format!(
@@ -400,24 +354,14 @@ pub fn evaluate(
                                     ),
                                 )
                             } else if now - since >= cfg.escalation_grace {
-                                (
-                                    true,
-                                    format!(
-                                        " - still unhealthy after {} s",
-                                        (now - since).whole_seconds()
-                                    ),
-                                )
+                                (true, format!(" - still unhealthy after {} s", (now - since).whole_seconds()))
                             } else {
                                 (false, String::new())
                             }
                         }
                         _ => unreachable!("healthy and unknown handled above"),
                     };
-                    let now_reported = if fatal {
-                        Reported::Fatal
-                    } else {
-                        Reported::NonFatal
-                    };
+                    let now_reported = if fatal { Reported::Fatal } else { Reported::NonFatal };
                     let crosses = match r.reported {
                         Reported::Healthy | Reported::Nothing => true,
                         Reported::NonFatal => fatal,
@@ -425,10 +369,7 @@ pub fn evaluate(
                     };
                     if crosses {
                         let msg = format!("{}{why}", state_text(&d.name, port, ll));
-                        emit(
-                            HealthEvent::new(check, stamp, now, &msg).unhealthy(fatal),
-                            &mut events,
-                        );
+                        emit(HealthEvent::new(check, stamp, now, &msg).unhealthy(fatal), &mut events);
                         r.reported = now_reported;
                     }
                 }
@@ -438,27 +379,16 @@ pub fn evaluate(
             let active_now = port.state == Some(PortState::Active);
             let was_active = r.state.as_deref() == Some("ACTIVE");
             if active_now && was_active && *ll == LinkLayer::InfiniBand {
-                for (what, old, new) in
-                    [("sm_lid", r.sm_lid, port.sm_lid), ("lid", r.lid, port.lid)]
-                {
+                for (what, old, new) in [("sm_lid", r.sm_lid, port.sm_lid), ("lid", r.lid, port.lid)] {
                     if let (Some(o), Some(n)) = (old, new)
                         && o != n
                     {
-                        let code = if what == "sm_lid" {
-                            "SubnetManagerChanged"
-                        } else {
-                            "LidChanged"
-                        };
+                        let code = if what == "sm_lid" { "SubnetManagerChanged" } else { "LidChanged" };
                         let msg = format!(
                             "Port {} port {}: {what} changed from {o:#x} to {n:#x} while ACTIVE (Subnet Manager failover or heavy sweep)",
                             d.name, port.number
                         );
-                        emit(
-                            HealthEvent::new(check, stamp, now, &msg)
-                                .unhealthy(false)
-                                .error_code(code),
-                            &mut events,
-                        );
+                        emit(HealthEvent::new(check, stamp, now, &msg).unhealthy(false).error_code(code), &mut events);
                     }
                 }
             }
@@ -474,19 +404,16 @@ pub fn evaluate(
     let mut still_below = BTreeSet::new();
     for (card, mode) in &below_mode {
         let view = &cards[*card];
-        let unexplained = monitored
-            .iter()
-            .filter(|d| d.card.as_deref() == Some(*card))
-            .any(|d| {
-                d.ports.iter().any(|p| {
-                    !p.is_healthy()
-                        && next
-                            .port_states
-                            .get(&port_key(&d.name, p.number))
-                            .map(|r| !matches!(r.reported, Reported::NonFatal | Reported::Fatal))
-                            .unwrap_or(true)
-                })
-            });
+        let unexplained = monitored.iter().filter(|d| d.card.as_deref() == Some(*card)).any(|d| {
+            d.ports.iter().any(|p| {
+                !p.is_healthy()
+                    && next
+                        .port_states
+                        .get(&port_key(&d.name, p.number))
+                        .map(|r| !matches!(r.reported, Reported::NonFatal | Reported::Fatal))
+                        .unwrap_or(true)
+            })
+        });
         if !unexplained {
             continue;
         }
@@ -502,9 +429,7 @@ pub fn evaluate(
                 view.active
             );
             events.push(
-                HealthEvent::new(check, stamp, now, &msg)
-                    .unhealthy(true)
-                    .entities(vec![Entity::nic(card.to_string())]),
+                HealthEvent::new(check, stamp, now, &msg).unhealthy(true).entities(vec![Entity::nic(card.to_string())]),
             );
         }
     }
@@ -521,9 +446,7 @@ pub fn evaluate(
                 view.group.0.as_str(),
                 view.group.1.name()
             );
-            events.push(
-                HealthEvent::new(check, stamp, now, &msg).entities(vec![Entity::nic(card.clone())]),
-            );
+            events.push(HealthEvent::new(check, stamp, now, &msg).entities(vec![Entity::nic(card.clone())]));
         }
     }
     next.cards_below_mode = still_below;
@@ -537,10 +460,7 @@ pub fn evaluate(
         };
         for p in d.ports.iter().filter(|p| p.is_healthy()) {
             if let Some(r) = &p.rate {
-                rates
-                    .entry((role, ll.clone()))
-                    .or_default()
-                    .push(rate_key(r.gbps));
+                rates.entry((role, ll.clone())).or_default().push(rate_key(r.gbps));
             }
         }
     }
@@ -551,9 +471,7 @@ pub fn evaluate(
         let Some(check) = state_check(ll) else {
             continue;
         };
-        let mode = rates
-            .get(&(role, ll.clone()))
-            .and_then(|v| unique_mode(v.iter().copied()));
+        let mode = rates.get(&(role, ll.clone())).and_then(|v| unique_mode(v.iter().copied()));
         for p in d.ports.iter().filter(|p| p.is_healthy()) {
             let (Some(mode), Some(rate)) = (mode, &p.rate) else {
                 continue;
@@ -591,22 +509,15 @@ pub fn evaluate(
                         "Port {} port {}: link speed {} Gb/s is back at its group's rate",
                         d.name, p.number, rate.gbps
                     );
-                    events.push(
-                        HealthEvent::new(check, stamp, now, &msg)
-                            .error_code("LinkSpeedDegraded")
-                            .entities(ents),
-                    );
+                    events
+                        .push(HealthEvent::new(check, stamp, now, &msg).error_code("LinkSpeedDegraded").entities(ents));
                 }
             }
         }
     }
 
     next.polls = prev.polls.saturating_add(1);
-    Outcome {
-        events,
-        state: next,
-        notes,
-    }
+    Outcome { events, state: next, notes }
 }
 
 #[cfg(test)]
@@ -626,50 +537,23 @@ mod tests {
     fn port_health_table() {
         let ib = LinkLayer::InfiniBand;
         let eth = LinkLayer::Ethernet;
-        assert_eq!(
-            port_health(&port("4: ACTIVE", "5: LinkUp"), &ib),
-            PortHealth::Healthy
-        );
-        assert_eq!(
-            port_health(&port("1: DOWN", "3: Disabled"), &ib),
-            PortHealth::Fatal
-        );
-        assert_eq!(
-            port_health(&port("1: DOWN", "2: Polling"), &ib),
-            PortHealth::NonFatal { escalates: true }
-        );
+        assert_eq!(port_health(&port("4: ACTIVE", "5: LinkUp"), &ib), PortHealth::Healthy);
+        assert_eq!(port_health(&port("1: DOWN", "3: Disabled"), &ib), PortHealth::Fatal);
+        assert_eq!(port_health(&port("1: DOWN", "2: Polling"), &ib), PortHealth::NonFatal { escalates: true });
         assert_eq!(
             port_health(&port("1: DOWN", "6: LinkErrorRecovery"), &ib),
             PortHealth::NonFatal { escalates: true }
         );
-        assert_eq!(
-            port_health(&port("1: DOWN", "1: Sleep"), &ib),
-            PortHealth::Fatal
-        );
-        assert_eq!(
-            port_health(&port("2: INIT", "5: LinkUp"), &ib),
-            PortHealth::NonFatal { escalates: true }
-        );
-        assert_eq!(
-            port_health(&port("3: ARMED", "5: LinkUp"), &ib),
-            PortHealth::NonFatal { escalates: true }
-        );
+        assert_eq!(port_health(&port("1: DOWN", "1: Sleep"), &ib), PortHealth::Fatal);
+        assert_eq!(port_health(&port("2: INIT", "5: LinkUp"), &ib), PortHealth::NonFatal { escalates: true });
+        assert_eq!(port_health(&port("3: ARMED", "5: LinkUp"), &ib), PortHealth::NonFatal { escalates: true });
         assert_eq!(
             port_health(&port("4: ACTIVE", "6: LinkErrorRecovery"), &ib),
             PortHealth::NonFatal { escalates: false }
         );
-        assert_eq!(
-            port_health(&port("1: DOWN", "2: Polling"), &eth),
-            PortHealth::Fatal
-        );
-        assert_eq!(
-            port_health(&port("2: INIT", "5: LinkUp"), &eth),
-            PortHealth::Quiet
-        );
-        assert_eq!(
-            port_health(&port("", "5: LinkUp"), &ib),
-            PortHealth::Unknown
-        );
+        assert_eq!(port_health(&port("1: DOWN", "2: Polling"), &eth), PortHealth::Fatal);
+        assert_eq!(port_health(&port("2: INIT", "5: LinkUp"), &eth), PortHealth::Quiet);
+        assert_eq!(port_health(&port("", "5: LinkUp"), &ib), PortHealth::Unknown);
     }
 
     #[test]

@@ -30,12 +30,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Poll once, evaluate, print and exit (with --state-file: exactly one daemon cycle).
-    #[command(
-        long_about = "Poll the node once, classify every NIC, evaluate health and print the result.\n\n\
+    #[command(long_about = "Poll the node once, classify every NIC, evaluate health and print the result.\n\n\
 With --state-file, one invocation is exactly one poll cycle of the daemon: load state, poll, \
 evaluate, print, save — successive invocations replay a timeline (use --now to set the clock).\n\n\
-Examples:\n  nicmon check\n  nicmon check --format json\n  nicmon check --sysfs /tmp/node/sys --procfs /tmp/node/proc \\\n      --state-file /tmp/state.json --now 2026-01-01T00:00:10Z --format json"
-    )]
+Examples:\n  nicmon check\n  nicmon check --format json\n  nicmon check --sysfs /tmp/node/sys --procfs /tmp/node/proc \\\n      --state-file /tmp/state.json --now 2026-01-01T00:00:10Z --format json")]
     Check(CheckCli),
     /// Print each NIC's role (compute, storage, management) and why.
     Topology(TopologyCli),

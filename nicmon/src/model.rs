@@ -61,12 +61,7 @@ impl PhysState {
 
     /// The link is training: what a pulled cable and a brief retrain both look like.
     pub fn is_training(&self) -> bool {
-        matches!(
-            self,
-            PhysState::Polling
-                | PhysState::LinkErrorRecovery
-                | PhysState::PortConfigurationTraining
-        )
+        matches!(self, PhysState::Polling | PhysState::LinkErrorRecovery | PhysState::PortConfigurationTraining)
     }
 }
 

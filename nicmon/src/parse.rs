@@ -98,10 +98,7 @@ pub fn link_layer(raw: &str) -> Option<LinkLayer> {
 pub fn rate(raw: &str) -> Option<Rate> {
     let t = text(raw)?;
     let (num, rest) = t.split_once(' ')?;
-    let gbps: f64 = num
-        .parse()
-        .ok()
-        .filter(|v: &f64| v.is_finite() && *v >= 0.0)?;
+    let gbps: f64 = num.parse().ok().filter(|v: &f64| v.is_finite() && *v >= 0.0)?;
     let rest = rest.trim_start();
     if !rest.starts_with("Gb/sec") {
         return None;
@@ -158,9 +155,7 @@ pub fn operstate(raw: &str) -> Option<OperState> {
 
 /// `device/uevent`: the `PCI_SLOT_NAME=` line.
 pub fn uevent_pci_slot(raw: &str) -> Option<String> {
-    raw.lines()
-        .find_map(|l| l.trim().strip_prefix("PCI_SLOT_NAME="))
-        .and_then(|v| pci_address(v.trim()))
+    raw.lines().find_map(|l| l.trim().strip_prefix("PCI_SLOT_NAME=")).and_then(|v| pci_address(v.trim()))
 }
 
 /// Normalise a PCI address to `dddd:bb:dd.f` lowercase (NVML prints 8-digit domains:
@@ -174,18 +169,10 @@ pub fn pci_address(raw: &str) -> Option<String> {
         (Some(b), Some(v), None, None) => ("0", b, v),
         _ => return None,
     };
-    let dom = u32::from_str_radix(dom, 16)
-        .ok()
-        .filter(|_| dom.len() <= 8)?;
-    let bus = u8::from_str_radix(bus, 16)
-        .ok()
-        .filter(|_| bus.len() <= 2)?;
-    let dev = u8::from_str_radix(dev, 16)
-        .ok()
-        .filter(|d| *d < 32 && dev.len() <= 2)?;
-    let func = u8::from_str_radix(func, 16)
-        .ok()
-        .filter(|f| *f < 8 && func.len() == 1)?;
+    let dom = u32::from_str_radix(dom, 16).ok().filter(|_| dom.len() <= 8)?;
+    let bus = u8::from_str_radix(bus, 16).ok().filter(|_| bus.len() <= 2)?;
+    let dev = u8::from_str_radix(dev, 16).ok().filter(|d| *d < 32 && dev.len() <= 2)?;
+    let func = u8::from_str_radix(func, 16).ok().filter(|f| *f < 8 && func.len() == 1)?;
     if dom > 0xffff {
         return None;
     }
@@ -207,9 +194,7 @@ pub fn default_route_ifaces(raw: &str) -> Vec<String> {
             continue;
         }
         let (iface, dest, flags, mask) = (f[0], f[1], f[3], f[7]);
-        let up = u32::from_str_radix(flags, 16)
-            .map(|fl| fl & 0x1 != 0)
-            .unwrap_or(false);
+        let up = u32::from_str_radix(flags, 16).map(|fl| fl & 0x1 != 0).unwrap_or(false);
         if dest == "00000000" && mask == "00000000" && up && !out.iter().any(|o| o == iface) {
             out.push(iface.to_string());
         }
@@ -250,10 +235,7 @@ mod tests {
             ("1: Sleep\n", PhysState::Sleep),
             ("2: Polling\n", PhysState::Polling),
             ("3: Disabled\n", PhysState::Disabled),
-            (
-                "4: PortConfigurationTraining\n",
-                PhysState::PortConfigurationTraining,
-            ),
+            ("4: PortConfigurationTraining\n", PhysState::PortConfigurationTraining),
             ("5: LinkUp\n", PhysState::LinkUp),
             ("5: LinkUp", PhysState::LinkUp),
             ("6: LinkErrorRecovery\n", PhysState::LinkErrorRecovery),
@@ -303,25 +285,14 @@ mod tests {
         assert_eq!(counter("-1"), None);
         assert_eq!(link_layer("InfiniBand\n"), Some(LinkLayer::InfiniBand));
         assert_eq!(link_layer("Ethernet"), Some(LinkLayer::Ethernet));
-        assert_eq!(
-            link_layer("Unknown\n"),
-            Some(LinkLayer::Unknown("Unknown".into()))
-        );
+        assert_eq!(link_layer("Unknown\n"), Some(LinkLayer::Unknown("Unknown".into())));
         assert_eq!(hex_u32("0x1a\n"), Some(0x1a));
         assert_eq!(hex_u32("0x0"), Some(0));
         assert_eq!(hex_u32("12"), None);
         assert_eq!(hex_u32_any("0x15b3\n"), Some(0x15b3));
         assert_eq!(numa_node("1\n"), Some(1));
         assert_eq!(numa_node("-1\n"), None);
-        for s in [
-            "unknown",
-            "notpresent",
-            "down",
-            "lowerlayerdown",
-            "testing",
-            "dormant",
-            "up",
-        ] {
+        for s in ["unknown", "notpresent", "down", "lowerlayerdown", "testing", "dormant", "up"] {
             assert_eq!(operstate(&format!("{s}\n")).unwrap().name(), s);
         }
     }
@@ -329,18 +300,14 @@ mod tests {
     #[test]
     fn pci_addresses_and_cards() {
         assert_eq!(pci_address("0000:3b:00.0").as_deref(), Some("0000:3b:00.0"));
-        assert_eq!(
-            pci_address("00000000:0F:00.0").as_deref(),
-            Some("0000:0f:00.0")
-        );
+        assert_eq!(pci_address("00000000:0F:00.0").as_deref(), Some("0000:0f:00.0"));
         assert_eq!(pci_address("0f:00.1").as_deref(), Some("0000:0f:00.1"));
         assert_eq!(pci_address("0002:03:00.0").as_deref(), Some("0002:03:00.0"));
         assert_eq!(pci_address("pci0000:17"), None);
         assert_eq!(pci_address("0000:3b:00.8"), None);
         assert_eq!(card_of("0000:47:00.1").as_deref(), Some("0000:47:00"));
         assert_eq!(
-            uevent_pci_slot("DRIVER=mlx5_core\nPCI_CLASS=20700\nPCI_SLOT_NAME=0000:3b:00.0\n")
-                .as_deref(),
+            uevent_pci_slot("DRIVER=mlx5_core\nPCI_CLASS=20700\nPCI_SLOT_NAME=0000:3b:00.0\n").as_deref(),
             Some("0000:3b:00.0")
         );
     }

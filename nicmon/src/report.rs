@@ -149,10 +149,7 @@ impl Report {
                 } else {
                     "UNHEALTHY"
                 };
-                let rate = p
-                    .rate_gbps
-                    .map(|r| format!("{r}"))
-                    .unwrap_or_else(|| "?".into());
+                let rate = p.rate_gbps.map(|r| format!("{r}")).unwrap_or_else(|| "?".into());
                 let _ = writeln!(
                     out,
                     "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} {}",
@@ -184,11 +181,8 @@ impl Report {
                 } else {
                     "non-fatal"
                 };
-                let ents: Vec<String> = e
-                    .entities_impacted
-                    .iter()
-                    .map(|x| format!("{}={}", x.entity_type, x.entity_value))
-                    .collect();
+                let ents: Vec<String> =
+                    e.entities_impacted.iter().map(|x| format!("{}={}", x.entity_type, x.entity_value)).collect();
                 let _ = writeln!(
                     out,
                     "  {:<9} {:<27} [{}] {} ({:?})",

@@ -50,12 +50,7 @@ pub struct Classification {
 
 impl Classification {
     fn skip(reason: String) -> Classification {
-        Classification {
-            monitored: false,
-            reason: Some(reason),
-            role: None,
-            role_reason: None,
-        }
+        Classification { monitored: false, reason: Some(reason), role: None, role_reason: None }
     }
     fn role(role: Role, why: String) -> Classification {
         let monitored = role != Role::Management;
@@ -74,24 +69,11 @@ pub fn device_link_layer(dev: &Device) -> Option<&LinkLayer> {
 }
 
 /// Classify every device of the snapshot.
-pub fn classify(
-    snapshot: &Snapshot,
-    topo: &Topology,
-    filters: &NicFilters,
-) -> BTreeMap<String, Classification> {
-    snapshot
-        .devices
-        .iter()
-        .map(|d| (d.name.clone(), classify_one(d, snapshot, topo, filters)))
-        .collect()
+pub fn classify(snapshot: &Snapshot, topo: &Topology, filters: &NicFilters) -> BTreeMap<String, Classification> {
+    snapshot.devices.iter().map(|d| (d.name.clone(), classify_one(d, snapshot, topo, filters))).collect()
 }
 
-fn classify_one(
-    dev: &Device,
-    snapshot: &Snapshot,
-    topo: &Topology,
-    filters: &NicFilters,
-) -> Classification {
+fn classify_one(dev: &Device, snapshot: &Snapshot, topo: &Topology, filters: &NicFilters) -> Classification {
     if let Some(re) = filters.exclude.iter().find(|re| re.is_match(&dev.name)) {
         return Classification::skip(format!("excluded by nicExclusionRegex {:?}", re.as_str()));
     }
@@ -99,18 +81,12 @@ fn classify_one(
         return Classification::skip(why.clone());
     }
     if dev.is_vf() {
-        return Classification::skip(
-            "SR-IOV virtual function: DOWN until assigned, not monitored".into(),
-        );
+        return Classification::skip("SR-IOV virtual function: DOWN until assigned, not monitored".into());
     }
     let ll = device_link_layer(dev);
     let is_ib = ll == Some(&LinkLayer::InfiniBand);
     if !filters.include_override.is_empty() {
-        return match filters
-            .include_override
-            .iter()
-            .find(|re| re.is_match(&dev.name))
-        {
+        return match filters.include_override.iter().find(|re| re.is_match(&dev.name)) {
             Some(re) => Classification::role(
                 if is_ib { Role::Compute } else { Role::Storage },
                 format!("listed by nicInclusionRegexOverride {:?}", re.as_str()),
@@ -128,28 +104,17 @@ fn classify_one(
         match dev.numa_node {
             None => return Classification::role(Role::Management, "NUMA node unknown (-1)".into()),
             Some(n) if !topo.gpu_numa.contains(&n) => {
-                return Classification::role(
-                    Role::Management,
-                    format!("NUMA node {n} hosts no GPU"),
-                );
+                return Classification::role(Role::Management, format!("NUMA node {n} hosts no GPU"));
             }
             Some(_) => {}
         }
     }
     let row: &[Level] = topo.levels.get(&dev.name).map(Vec::as_slice).unwrap_or(&[]);
     let nearest = |want: &[Level]| {
-        row.iter()
-            .enumerate()
-            .find(|(_, l)| want.contains(l))
-            .map(|(i, l)| {
-                let gpu = topo
-                    .gpus
-                    .get(i)
-                    .map(String::as_str)
-                    .filter(|g| !g.is_empty())
-                    .unwrap_or("?");
-                format!("{} to GPU {i} ({gpu})", l.name())
-            })
+        row.iter().enumerate().find(|(_, l)| want.contains(l)).map(|(i, l)| {
+            let gpu = topo.gpus.get(i).map(String::as_str).filter(|g| !g.is_empty()).unwrap_or("?");
+            format!("{} to GPU {i} ({gpu})", l.name())
+        })
     };
     // 3. PCIe proximity to a GPU.
     if let Some(why) = nearest(&[Level::Pix, Level::Pxb]) {
@@ -157,21 +122,14 @@ fn classify_one(
     }
     // 4. InfiniBand is the compute fabric.
     if is_ib {
-        return Classification::role(
-            Role::Compute,
-            "InfiniBand link layer, no PIX/PXB to a GPU".into(),
-        );
+        return Classification::role(Role::Compute, "InfiniBand link layer, no PIX/PXB to a GPU".into());
     }
     // 5. Same socket or host bridge as a GPU.
     if let Some(why) = nearest(&[Level::Node, Level::Phb]) {
         return Classification::role(Role::Storage, format!("Ethernet, {why}"));
     }
     // 6. All SYS (Grace) or no GPU at all.
-    let context = if topo.gpus.is_empty() {
-        "no GPU on this node"
-    } else {
-        "all SYS to GPUs"
-    };
+    let context = if topo.gpus.is_empty() { "no GPU on this node" } else { "all SYS to GPUs" };
     match dev.hca_type.as_deref() {
         Some(h) if BLUEFIELD_HCA_TYPES.contains(&h) => {
             Classification::role(Role::Management, format!("BlueField DPU ({h}), {context}"))

@@ -11,7 +11,9 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
+use crate::counters::CounterState;
 use crate::event::{Check, HealthEvent};
+use crate::kmsg::KmsgState;
 
 /// Version of the file format.
 pub const VERSION: u32 = 1;
@@ -92,10 +94,10 @@ pub struct State {
     pub cards_below_mode: BTreeSet<String>,
     /// Counter snapshots, breach and saturation flags (the counter check's state).
     #[serde(default)]
-    pub counters: serde_json::Value,
+    pub counters: CounterState,
     /// Kernel log cursor and dedup memory.
     #[serde(default)]
-    pub kmsg: serde_json::Value,
+    pub kmsg: KmsgState,
     /// sysfs files whose read failed with EINVAL in this boot: never read again.
     #[serde(default)]
     pub einval: Vec<String>,
@@ -113,8 +115,8 @@ impl State {
             port_states: BTreeMap::new(),
             known_devices: BTreeMap::new(),
             cards_below_mode: BTreeSet::new(),
-            counters: serde_json::Value::Null,
-            kmsg: serde_json::Value::Null,
+            counters: CounterState::default(),
+            kmsg: KmsgState::default(),
             einval: Vec::new(),
             outbox: Vec::new(),
         }
@@ -151,26 +153,15 @@ pub fn load(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (fresh(), Loaded::Missing),
         Err(e) => {
-            return (
-                fresh(),
-                Loaded::Corrupt(format!("state file {}: cannot read: {e}", path.display())),
-            );
+            return (fresh(), Loaded::Corrupt(format!("state file {}: cannot read: {e}", path.display())));
         }
     };
     match parse(&bytes) {
-        Err(e) => (
-            fresh(),
-            Loaded::Corrupt(format!("state file {}: {e}", path.display())),
-        ),
+        Err(e) => (fresh(), Loaded::Corrupt(format!("state file {}: {e}", path.display()))),
         Ok(prev) if prev.boot_id.as_deref() != boot_id => {
             let mut s = fresh();
             s.outbox = prev.outbox;
-            (
-                s,
-                Loaded::Rebooted {
-                    previous: prev.boot_id,
-                },
-            )
+            (s, Loaded::Rebooted { previous: prev.boot_id })
         }
         Ok(prev) => (prev, Loaded::Resumed),
     }
@@ -191,10 +182,7 @@ pub fn save(path: &Path, state: &State) -> std::io::Result<bool> {
     if std::fs::read(path).map(|old| old == bytes).unwrap_or(false) {
         return Ok(false);
     }
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     tmp.write_all(&bytes)?;
@@ -217,20 +205,14 @@ mod tests {
         let p = dir.path().join("s/state.json");
         let mut s = State::fresh(Some("b1".into()));
         s.polls = 3;
-        s.einval
-            .push("class/infiniband/mlx5_0/ports/1/counters/x".into());
+        s.einval.push("class/infiniband/mlx5_0/ports/1/counters/x".into());
         assert!(save(&p, &s).unwrap());
         assert!(!save(&p, &s).unwrap(), "unchanged state is not rewritten");
         let (l, how) = load(&p, Some("b1"));
         assert_eq!(how, Loaded::Resumed);
         assert_eq!(l, s);
         let (l, how) = load(&p, Some("b2"));
-        assert_eq!(
-            how,
-            Loaded::Rebooted {
-                previous: Some("b1".into())
-            }
-        );
+        assert_eq!(how, Loaded::Rebooted { previous: Some("b1".into()) });
         assert_eq!(l.polls, 0);
         assert!(l.einval.is_empty());
         std::fs::write(&p, "{\"version\":1,").unwrap();

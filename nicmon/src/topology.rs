@@ -123,39 +123,24 @@ pub struct Metadata {
 
 /// Parse the metadata file's bytes. Never panics.
 pub fn parse_metadata(path: &str, bytes: &[u8]) -> Result<Metadata, MetadataError> {
-    let raw: RawMetadata = serde_json::from_slice(bytes).map_err(|e| MetadataError::Malformed {
-        path: path.to_string(),
-        reason: e.to_string(),
-    })?;
+    let raw: RawMetadata = serde_json::from_slice(bytes)
+        .map_err(|e| MetadataError::Malformed { path: path.to_string(), reason: e.to_string() })?;
     let gpus = raw
         .gpus
         .iter()
         .map(|g| {
             let pci = g.pci_address.as_deref().and_then(parse::pci_address);
-            let numa = g
-                .numa_node
-                .and_then(|n| i32::try_from(n).ok())
-                .filter(|n| *n >= 0);
+            let numa = g.numa_node.and_then(|n| i32::try_from(n).ok()).filter(|n| *n >= 0);
             (pci, numa)
         })
         .collect();
     let nic_topology: BTreeMap<String, Vec<Level>> = raw
         .nic_topology
         .into_iter()
-        .map(|(nic, levels)| {
-            (
-                nic,
-                levels
-                    .iter()
-                    .map(|l| Level::parse(l).unwrap_or(Level::Sys))
-                    .collect(),
-            )
-        })
+        .map(|(nic, levels)| (nic, levels.iter().map(|l| Level::parse(l).unwrap_or(Level::Sys)).collect()))
         .collect();
     if nic_topology.is_empty() {
-        return Err(MetadataError::EmptyTopology {
-            path: path.to_string(),
-        });
+        return Err(MetadataError::EmptyTopology { path: path.to_string() });
     }
     Ok(Metadata { gpus, nic_topology })
 }
@@ -163,10 +148,8 @@ pub fn parse_metadata(path: &str, bytes: &[u8]) -> Result<Metadata, MetadataErro
 /// Read the metadata file.
 pub fn load_metadata(path: &Path) -> Result<Metadata, MetadataError> {
     let shown = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| MetadataError::Unreadable {
-        path: shown.clone(),
-        reason: e.to_string(),
-    })?;
+    let bytes =
+        std::fs::read(path).map_err(|e| MetadataError::Unreadable { path: shown.clone(), reason: e.to_string() })?;
     parse_metadata(&shown, &bytes)
 }
 
@@ -180,29 +163,21 @@ pub fn resolve(
 ) -> Result<Topology, MetadataError> {
     let meta = match metadata_path {
         Some(p) => load_metadata(p),
-        None => Err(MetadataError::Unreadable {
-            path: "(none)".into(),
-            reason: "no metadata path given".into(),
-        }),
+        None => Err(MetadataError::Unreadable { path: "(none)".into(), reason: "no metadata path given".into() }),
     };
     match meta {
         Ok(m) => Ok(from_metadata(host, snapshot, m)),
         Err(e) if fail_fast => Err(e),
         Err(e) => {
             let mut t = from_sysfs(host, snapshot);
-            t.notes
-                .insert(0, format!("{e}: using the PCI topology from sysfs"));
+            t.notes.insert(0, format!("{e}: using the PCI topology from sysfs"));
             Ok(t)
         }
     }
 }
 
 fn from_metadata(host: &Host, snapshot: &Snapshot, m: Metadata) -> Topology {
-    let gpus: Vec<String> = m
-        .gpus
-        .iter()
-        .map(|(pci, _)| pci.clone().unwrap_or_default())
-        .collect();
+    let gpus: Vec<String> = m.gpus.iter().map(|(pci, _)| pci.clone().unwrap_or_default()).collect();
     let gpu_numa = m.gpus.iter().filter_map(|(_, n)| *n).collect();
     let mut levels = m.nic_topology;
     let mut notes = Vec::new();
@@ -214,43 +189,21 @@ fn from_metadata(host: &Host, snapshot: &Snapshot, m: Metadata) -> Topology {
         .map(|d| d.name.as_str())
         .collect();
     if !missing.is_empty() {
-        let gpu_nodes: Vec<Option<PciNode>> =
-            gpus.iter().map(|g| discovery::pci_node(host, g)).collect();
+        let gpu_nodes: Vec<Option<PciNode>> = gpus.iter().map(|g| discovery::pci_node(host, g)).collect();
         for name in missing {
             if let Some(row) = sysfs_row(host, snapshot, name, &gpu_nodes) {
-                notes.push(format!(
-                    "{name} is not in the metadata's nic_topology: its row was derived from sysfs"
-                ));
+                notes.push(format!("{name} is not in the metadata's nic_topology: its row was derived from sysfs"));
                 levels.insert(name.to_string(), row);
             }
         }
     }
-    Topology {
-        source: Source::Metadata,
-        gpus,
-        gpu_numa,
-        levels,
-        notes,
-    }
+    Topology { source: Source::Metadata, gpus, gpu_numa, levels, notes }
 }
 
-fn sysfs_row(
-    host: &Host,
-    snapshot: &Snapshot,
-    nic: &str,
-    gpus: &[Option<PciNode>],
-) -> Option<Vec<Level>> {
+fn sysfs_row(host: &Host, snapshot: &Snapshot, nic: &str, gpus: &[Option<PciNode>]) -> Option<Vec<Level>> {
     let dev = snapshot.device(nic)?;
     let node = discovery::pci_node(host, dev.pci_address.as_deref()?)?;
-    Some(
-        gpus.iter()
-            .map(|g| {
-                g.as_ref()
-                    .map(|g| level_between(&node, g))
-                    .unwrap_or(Level::Sys)
-            })
-            .collect(),
-    )
+    Some(gpus.iter().map(|g| g.as_ref().map(|g| level_between(&node, g)).unwrap_or(Level::Sys)).collect())
 }
 
 /// The topology derived from the PCI tree alone.
@@ -258,34 +211,19 @@ pub fn from_sysfs(host: &Host, snapshot: &Snapshot) -> Topology {
     let found = discovery::pci_gpus(host);
     let gpus: Vec<String> = found.iter().map(|g| g.pci_address.clone()).collect();
     let gpu_numa = found.iter().filter_map(|g| g.numa_node).collect();
-    let gpu_nodes: Vec<Option<PciNode>> =
-        gpus.iter().map(|g| discovery::pci_node(host, g)).collect();
+    let gpu_nodes: Vec<Option<PciNode>> = gpus.iter().map(|g| discovery::pci_node(host, g)).collect();
     let mut levels = BTreeMap::new();
-    for dev in snapshot
-        .devices
-        .iter()
-        .filter(|d| !d.is_vf() && d.unsupported.is_none())
-    {
+    for dev in snapshot.devices.iter().filter(|d| !d.is_vf() && d.unsupported.is_none()) {
         if let Some(row) = sysfs_row(host, snapshot, &dev.name, &gpu_nodes) {
             levels.insert(dev.name.clone(), row);
         }
     }
-    let source = if gpus.is_empty() {
-        Source::None
-    } else {
-        Source::Sysfs
-    };
+    let source = if gpus.is_empty() { Source::None } else { Source::Sysfs };
     let mut notes = Vec::new();
     if gpus.is_empty() {
         notes.push("no GPU found on the PCI bus: NICs are grouped by link layer".into());
     }
-    Topology {
-        source,
-        gpus,
-        gpu_numa,
-        levels,
-        notes,
-    }
+    Topology { source, gpus, gpu_numa, levels, notes }
 }
 
 /// The relationship between two PCI functions from their places in the PCI tree.
@@ -337,26 +275,8 @@ mod tests {
 
     #[test]
     fn levels_follow_the_pci_tree() {
-        let nic = node(
-            &[
-                "pci0000:17",
-                "0000:17:01.0",
-                "0000:18:00.0",
-                "0000:19:08.0",
-                "0000:1a:00.0",
-            ],
-            0,
-        );
-        let same_switch = node(
-            &[
-                "pci0000:17",
-                "0000:17:01.0",
-                "0000:18:00.0",
-                "0000:19:10.0",
-                "0000:1b:00.0",
-            ],
-            0,
-        );
+        let nic = node(&["pci0000:17", "0000:17:01.0", "0000:18:00.0", "0000:19:08.0", "0000:1a:00.0"], 0);
+        let same_switch = node(&["pci0000:17", "0000:17:01.0", "0000:18:00.0", "0000:19:10.0", "0000:1b:00.0"], 0);
         let nested = node(
             &[
                 "pci0000:17",
@@ -393,10 +313,7 @@ mod tests {
         assert_eq!(m.gpus[1].1, None);
         assert_eq!(m.nic_topology["mlx5_0"], vec![Level::Pix, Level::Sys]);
         assert_eq!(m.nic_topology["mlx5_1"], vec![Level::Node, Level::Nv(18)]);
-        assert!(matches!(
-            parse_metadata("m.json", b"{\"gpus\":[]}"),
-            Err(MetadataError::EmptyTopology { .. })
-        ));
+        assert!(matches!(parse_metadata("m.json", b"{\"gpus\":[]}"), Err(MetadataError::EmptyTopology { .. })));
         assert!(matches!(
             parse_metadata("m.json", b"{\"gpus\":[],\"nic_topology\":{}}"),
             Err(MetadataError::EmptyTopology { .. })

@@ -211,10 +211,7 @@ fn config_space(vendor: u16, device: u16) -> Vec<u8> {
 impl Node {
     /// A new, empty node in a temporary directory.
     pub fn new(name: &str) -> Node {
-        let tmp = tempfile::Builder::new()
-            .prefix(&format!("nicmon-{name}-"))
-            .tempdir()
-            .expect("tempdir");
+        let tmp = tempfile::Builder::new().prefix(&format!("nicmon-{name}-")).tempdir().expect("tempdir");
         let mut n = Node::at(name, tmp.path());
         n._tmp = Some(tmp);
         n
@@ -248,10 +245,7 @@ impl Node {
         ] {
             fs::create_dir_all(n.sys().join(d)).unwrap();
         }
-        write(
-            &n.proc().join("sys/kernel/random/boot_id"),
-            format!("{}\n", n.boot_id),
-        );
+        write(&n.proc().join("sys/kernel/random/boot_id"), format!("{}\n", n.boot_id));
         n.write_route();
         n
     }
@@ -282,29 +276,13 @@ impl Node {
         self.rcs.push((domain, numa));
         let dir = format!("devices/pci{domain:04x}:{bus:02x}");
         fs::create_dir_all(self.sys().join(&dir)).unwrap();
-        Slot {
-            dir,
-            domain,
-            bus,
-            rc,
-            numa,
-            switch: None,
-            group: None,
-        }
+        Slot { dir, domain, bus, rc, numa, switch: None, group: None }
     }
 
     fn bridge(&mut self, parent: &Slot, dev: u8, vendor: u16) -> Slot {
         let bdf = format!("{:04x}:{:02x}:{:02x}.0", parent.domain, parent.bus, dev);
         let dir = format!("{}/{bdf}", parent.dir);
-        self.pci_function(
-            &dir,
-            &bdf,
-            vendor,
-            0x1234,
-            0x060400,
-            parent.numa,
-            Some("pcieport"),
-        );
+        self.pci_function(&dir, &bdf, vendor, 0x1234, 0x060400, parent.numa, Some("pcieport"));
         let bus = self.bus(parent.domain);
         Slot {
             dir,
@@ -359,40 +337,22 @@ impl Node {
         write(&d.join("class"), format!("{class:#08x}\n"));
         write(&d.join("numa_node"), format!("{numa}\n"));
         write(&d.join("config"), config_space(vendor, device));
-        let mut uevent =
-            format!("PCI_CLASS={class:X}\nPCI_ID={vendor:04X}:{device:04X}\nPCI_SLOT_NAME={bdf}\n");
+        let mut uevent = format!("PCI_CLASS={class:X}\nPCI_ID={vendor:04X}:{device:04X}\nPCI_SLOT_NAME={bdf}\n");
         if let Some(drv) = driver {
             uevent = format!("DRIVER={drv}\n{uevent}");
-            link(
-                &format!("{}bus/pci/drivers/{drv}", up(dir)),
-                &d.join("driver"),
-            );
+            link(&format!("{}bus/pci/drivers/{drv}", up(dir)), &d.join("driver"));
         }
         write(&d.join("uevent"), uevent);
-        link(
-            &format!("../../../{dir}"),
-            &self.sys().join(format!("bus/pci/devices/{bdf}")),
-        );
+        link(&format!("../../../{dir}"), &self.sys().join(format!("bus/pci/devices/{bdf}")));
     }
 
     /// A GPU (NVIDIA 3D controller) at function 0 of `dev` on the slot's bus.
     pub fn gpu(&mut self, slot: &Slot, dev: u8) -> String {
         let bdf = format!("{:04x}:{:02x}:{:02x}.0", slot.domain, slot.bus, dev);
         let dir = format!("{}/{bdf}", slot.dir);
-        self.pci_function(
-            &dir,
-            &bdf,
-            0x10de,
-            0x2330,
-            0x030200,
-            slot.numa,
-            Some("nvidia"),
-        );
+        self.pci_function(&dir, &bdf, 0x10de, 0x2330, 0x030200, slot.numa, Some("nvidia"));
         let c2c = self.sys().join(&slot.dir).join("vendor").exists()
-            && fs::read_to_string(self.sys().join(&slot.dir).join("vendor"))
-                .unwrap_or_default()
-                .trim()
-                == "0x10de";
+            && fs::read_to_string(self.sys().join(&slot.dir).join("vendor")).unwrap_or_default().trim() == "0x10de";
         self.gpus.push(Placed {
             bdf: bdf.clone(),
             rc: slot.rc,
@@ -437,11 +397,7 @@ impl Node {
             let (vdev, vfn) = (dev + 1 + (idx / 8) as u8, (idx % 8) as u8);
             let vbdf = format!("{:04x}:{:02x}:{:02x}.{vfn}", slot.domain, slot.bus, vdev);
             let vname = self.next_vf_name();
-            let vspec = NicSpec {
-                name: vname.clone(),
-                netdev: None,
-                ..self.spec_of(pf)
-            };
+            let vspec = NicSpec { name: vname.clone(), netdev: None, ..self.spec_of(pf) };
             self.function(&slot, &vbdf, vspec, Some(&pf_bdf));
             names.push(vname);
         }
@@ -450,17 +406,11 @@ impl Node {
 
     fn spec_of(&self, name: &str) -> NicSpec {
         let info = &self.info[name];
-        let ll = fs::read_to_string(self.sys().join(&info.ib_dir).join("ports/1/link_layer"))
-            .unwrap_or_default();
-        let hca =
-            fs::read_to_string(self.sys().join(&info.ib_dir).join("hca_type")).unwrap_or_default();
+        let ll = fs::read_to_string(self.sys().join(&info.ib_dir).join("ports/1/link_layer")).unwrap_or_default();
+        let hca = fs::read_to_string(self.sys().join(&info.ib_dir).join("hca_type")).unwrap_or_default();
         NicSpec {
             name: name.into(),
-            link: if ll.trim() == "InfiniBand" {
-                Link::Ib
-            } else {
-                Link::Eth
-            },
+            link: if ll.trim() == "InfiniBand" { Link::Ib } else { Link::Eth },
             hca_type: hca.trim().into(),
             rate: "400 Gb/sec (4X NDR)".into(),
             netdev: None,
@@ -478,21 +428,9 @@ impl Node {
 
     fn function(&mut self, slot: &Slot, bdf: &str, spec: NicSpec, physfn: Option<&str>) {
         let pci_dir = format!("{}/{bdf}", slot.dir);
-        let class = if spec.link == Link::Ib {
-            0x020700
-        } else {
-            0x020000
-        };
+        let class = if spec.link == Link::Ib { 0x020700 } else { 0x020000 };
         let device_id = if physfn.is_some() { 0x101e } else { 0x1021 };
-        self.pci_function(
-            &pci_dir,
-            bdf,
-            0x15b3,
-            device_id,
-            class,
-            slot.numa,
-            Some("mlx5_core"),
-        );
+        self.pci_function(&pci_dir, bdf, 0x15b3, device_id, class, slot.numa, Some("mlx5_core"));
         let pd = self.sys().join(&pci_dir);
         match physfn {
             Some(pf) => link(&format!("../{pf}"), &pd.join("physfn")),
@@ -512,36 +450,14 @@ impl Node {
         );
         let vf = physfn.is_some();
         let port = ib.join("ports/1");
-        let (state, phys) = if vf {
-            ("1: DOWN", "3: Disabled")
-        } else {
-            ("4: ACTIVE", "5: LinkUp")
-        };
+        let (state, phys) = if vf { ("1: DOWN", "3: Disabled") } else { ("4: ACTIVE", "5: LinkUp") };
         write(&port.join("state"), format!("{state}\n"));
         write(&port.join("phys_state"), format!("{phys}\n"));
         write(&port.join("rate"), format!("{}\n", spec.rate));
-        write(
-            &port.join("link_layer"),
-            if spec.link == Link::Ib {
-                "InfiniBand\n"
-            } else {
-                "Ethernet\n"
-            },
-        );
-        let lid = if spec.link == Link::Ib {
-            0x10 + self.info.len() as u32
-        } else {
-            0
-        };
+        write(&port.join("link_layer"), if spec.link == Link::Ib { "InfiniBand\n" } else { "Ethernet\n" });
+        let lid = if spec.link == Link::Ib { 0x10 + self.info.len() as u32 } else { 0 };
         write(&port.join("lid"), format!("{lid:#x}\n"));
-        write(
-            &port.join("sm_lid"),
-            if spec.link == Link::Ib {
-                "0x1\n"
-            } else {
-                "0x0\n"
-            },
-        );
+        write(&port.join("sm_lid"), if spec.link == Link::Ib { "0x1\n" } else { "0x0\n" });
         write(&port.join("sm_sl"), "0\n");
         write(&port.join("lid_mask_count"), "0\n");
         write(&port.join("cap_mask"), "0x2651e848\n");
@@ -549,18 +465,12 @@ impl Node {
             write(&port.join("counters").join(c), "0\n");
         }
         for c in HW_COUNTERS {
-            write(
-                &port.join("hw_counters").join(c),
-                if *c == "lifespan" { "12\n" } else { "0\n" },
-            );
+            write(&port.join("hw_counters").join(c), if *c == "lifespan" { "12\n" } else { "0\n" });
         }
         if let Some(nd) = &spec.netdev {
             let net_dir = format!("{pci_dir}/net/{nd}");
             let nd_path = self.sys().join(&net_dir);
-            write(
-                &nd_path.join("operstate"),
-                if vf { "down\n" } else { "up\n" },
-            );
+            write(&nd_path.join("operstate"), if vf { "down\n" } else { "up\n" });
             write(&nd_path.join("carrier"), if vf { "0\n" } else { "1\n" });
             write(&nd_path.join("carrier_changes"), "2\n");
             write(&nd_path.join("ifindex"), format!("{}\n", self.next_ifindex));
@@ -568,22 +478,13 @@ impl Node {
             write(&nd_path.join("speed"), "200000\n");
             write(&nd_path.join("address"), "b8:3f:d2:c3:65:c4\n");
             link(&format!("../../../{bdf}"), &nd_path.join("device"));
-            link(
-                &format!("{}{net_dir}", up("class/net")),
-                &self.sys().join(format!("class/net/{nd}")),
-            );
+            link(&format!("{}{net_dir}", up("class/net")), &self.sys().join(format!("class/net/{nd}")));
             // device/infiniband is reached through the netdev's device link.
             self.next_ifindex += 1;
         }
         self.info.insert(
             spec.name.clone(),
-            NicInfo {
-                bdf: bdf.into(),
-                ib_dir,
-                pci_dir,
-                netdev: spec.netdev.clone(),
-                is_vf: vf,
-            },
+            NicInfo { bdf: bdf.into(), ib_dir, pci_dir, netdev: spec.netdev.clone(), is_vf: vf },
         );
         if !vf {
             self.nics.insert(
@@ -604,10 +505,7 @@ impl Node {
     pub fn plain_netdev(&mut self, name: &str) {
         let dir = format!("devices/virtual/net/{name}");
         write(&self.sys().join(&dir).join("operstate"), "up\n");
-        link(
-            &format!("{}{dir}", up("class/net")),
-            &self.sys().join(format!("class/net/{name}")),
-        );
+        link(&format!("{}{dir}", up("class/net")), &self.sys().join(format!("class/net/{name}")));
     }
 
     /// Make `iface` carry the default route (`/proc/net/route`).
@@ -617,16 +515,11 @@ impl Node {
     }
 
     fn write_route(&self) {
-        let mut s = String::from(
-            "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n",
-        );
+        let mut s =
+            String::from("Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n");
         for r in &self.default_routes {
-            s.push_str(&format!(
-                "{r}\t00000000\t0100000A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"
-            ));
-            s.push_str(&format!(
-                "{r}\t0000000A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"
-            ));
+            s.push_str(&format!("{r}\t00000000\t0100000A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"));
+            s.push_str(&format!("{r}\t0000000A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"));
         }
         write(&self.proc().join("net/route"), s);
     }
@@ -666,47 +559,27 @@ impl Node {
         let topo: serde_json::Map<String, serde_json::Value> = self
             .nics
             .iter()
-            .map(|(name, nic)| {
-                (
-                    name.clone(),
-                    self.gpus
-                        .iter()
-                        .map(|g| Node::level(nic, g))
-                        .collect::<Vec<_>>()
-                        .into(),
-                )
-            })
+            .map(|(name, nic)| (name.clone(), self.gpus.iter().map(|g| Node::level(nic, g)).collect::<Vec<_>>().into()))
             .collect();
         let meta = serde_json::json!({
             "version": "1.0", "timestamp": "2026-11-01T00:00:00Z", "node_name": self.name,
             "driver_version": "570.124.06", "chassis_serial": "1654321098765",
             "gpus": gpus, "nvswitches": [], "nic_topology": topo,
         });
-        write(
-            &self.metadata_path(),
-            serde_json::to_vec_pretty(&meta).unwrap(),
-        );
+        write(&self.metadata_path(), serde_json::to_vec_pretty(&meta).unwrap());
     }
 
     // ---- mutation helpers ----
 
     fn port_file(&self, dev: &str, port: u32, file: &str) -> PathBuf {
-        let info = self
-            .info
-            .get(dev)
-            .unwrap_or_else(|| panic!("no device {dev} on node {}", self.name));
-        self.sys()
-            .join(&info.ib_dir)
-            .join(format!("ports/{port}/{file}"))
+        let info = self.info.get(dev).unwrap_or_else(|| panic!("no device {dev} on node {}", self.name));
+        self.sys().join(&info.ib_dir).join(format!("ports/{port}/{file}"))
     }
 
     /// Set a port's logical and physical state: `set_port(dev, 1, "1: DOWN", "2: Polling")`.
     pub fn set_port(&self, dev: &str, port: u32, state: &str, phys: &str) {
         write(&self.port_file(dev, port, "state"), format!("{state}\n"));
-        write(
-            &self.port_file(dev, port, "phys_state"),
-            format!("{phys}\n"),
-        );
+        write(&self.port_file(dev, port, "phys_state"), format!("{phys}\n"));
     }
 
     /// A cable pull: `1: DOWN` / `2: Polling`, and the netdev (if any) loses carrier.
@@ -726,10 +599,7 @@ impl Node {
     }
 
     pub fn set_operstate(&self, netdev: &str, state: &str) {
-        write(
-            &self.sys().join(format!("class/net/{netdev}/operstate")),
-            format!("{state}\n"),
-        );
+        write(&self.sys().join(format!("class/net/{netdev}/operstate")), format!("{state}\n"));
     }
 
     pub fn set_rate(&self, dev: &str, port: u32, rate: &str) {
@@ -745,10 +615,7 @@ impl Node {
     pub fn set_counter(&self, dev: &str, port: u32, path: &str, value: u64) {
         if path == "carrier_changes" {
             let nd = self.info[dev].netdev.clone().expect("device has no netdev");
-            write(
-                &self.sys().join(format!("class/net/{nd}/carrier_changes")),
-                format!("{value}\n"),
-            );
+            write(&self.sys().join(format!("class/net/{nd}/carrier_changes")), format!("{value}\n"));
         } else {
             write(&self.port_file(dev, port, path), format!("{value}\n"));
         }
@@ -786,10 +653,7 @@ impl Node {
     pub fn remove_device(&self, dev: &str) {
         let info = &self.info[dev];
         fs::create_dir_all(self.stash()).unwrap();
-        let _ = fs::rename(
-            self.sys().join(format!("class/infiniband/{dev}")),
-            self.stash().join(format!("ib-{dev}")),
-        );
+        let _ = fs::rename(self.sys().join(format!("class/infiniband/{dev}")), self.stash().join(format!("ib-{dev}")));
         let _ = fs::rename(
             self.sys().join(format!("bus/pci/devices/{}", info.bdf)),
             self.stash().join(format!("pci-{dev}")),
@@ -799,20 +663,14 @@ impl Node {
     /// The device falls off the bus: gone from `class/infiniband`, its config space reads `0xFF`.
     pub fn fall_off_bus(&self, dev: &str) {
         fs::create_dir_all(self.stash()).unwrap();
-        let _ = fs::rename(
-            self.sys().join(format!("class/infiniband/{dev}")),
-            self.stash().join(format!("ib-{dev}")),
-        );
+        let _ = fs::rename(self.sys().join(format!("class/infiniband/{dev}")), self.stash().join(format!("ib-{dev}")));
         self.set_config_space(dev, &[0xff; 256]);
     }
 
     /// Undo [`Node::remove_device`] / [`Node::fall_off_bus`].
     pub fn restore_device(&self, dev: &str) {
         let info = &self.info[dev];
-        let _ = fs::rename(
-            self.stash().join(format!("ib-{dev}")),
-            self.sys().join(format!("class/infiniband/{dev}")),
-        );
+        let _ = fs::rename(self.stash().join(format!("ib-{dev}")), self.sys().join(format!("class/infiniband/{dev}")));
         let _ = fs::rename(
             self.stash().join(format!("pci-{dev}")),
             self.sys().join(format!("bus/pci/devices/{}", info.bdf)),
@@ -822,19 +680,13 @@ impl Node {
 
     /// Overwrite a device's PCI config space bytes.
     pub fn set_config_space(&self, dev: &str, bytes: &[u8]) {
-        write(
-            &self.sys().join(&self.info[dev].pci_dir).join("config"),
-            bytes,
-        );
+        write(&self.sys().join(&self.info[dev].pci_dir).join("config"), bytes);
     }
 
     /// A reboot as far as nicmon can tell: a new boot ID.
     pub fn set_boot_id(&mut self, id: &str) {
         self.boot_id = id.into();
-        write(
-            &self.proc().join("sys/kernel/random/boot_id"),
-            format!("{id}\n"),
-        );
+        write(&self.proc().join("sys/kernel/random/boot_id"), format!("{id}\n"));
     }
 
     /// Delete the metadata file (the sysfs fallback then applies).
@@ -844,11 +696,7 @@ impl Node {
 
     /// The names of the node's PFs (non-VF devices), sorted.
     pub fn pfs(&self) -> Vec<String> {
-        self.info
-            .iter()
-            .filter(|(_, i)| !i.is_vf)
-            .map(|(n, _)| n.clone())
-            .collect()
+        self.info.iter().filter(|(_, i)| !i.is_vf).map(|(n, _)| n.clone()).collect()
     }
 
     /// Run `nicmon` with `--sysfs`/`--procfs` of this node plus `args`.
@@ -870,22 +718,10 @@ impl Node {
     pub fn check_json(&self, extra: &[&str]) -> serde_json::Value {
         let meta = self.metadata_path();
         let meta = meta.to_str().unwrap();
-        let mut args = vec![
-            "--format",
-            "json",
-            "--metadata",
-            meta,
-            "--config",
-            "/nonexistent/nicmon.toml",
-        ];
+        let mut args = vec!["--format", "json", "--metadata", meta, "--config", "/nonexistent/nicmon.toml"];
         args.extend_from_slice(extra);
         let out = self.nicmon("check", &args);
-        assert!(
-            out.status.success(),
-            "nicmon check failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "nicmon check failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
         serde_json::from_slice(&out.stdout)
             .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
     }
@@ -907,22 +743,10 @@ pub fn nicmon_bin() -> PathBuf {
         }
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let out = Command::new(cargo)
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "nicmon",
-                "--bin",
-                "nicmon",
-                "--message-format=json",
-            ])
+            .args(["build", "--quiet", "-p", "nicmon", "--bin", "nicmon", "--message-format=json"])
             .output()
             .expect("cargo build -p nicmon");
-        assert!(
-            out.status.success(),
-            "building nicmon failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "building nicmon failed: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -945,40 +769,24 @@ pub struct Timeline<'a> {
 
 impl<'a> Timeline<'a> {
     pub fn new(node: &'a Node) -> Timeline<'a> {
-        Timeline {
-            node,
-            state_file: node.root().join("state.json"),
-            start: 1_790_000_000,
-            extra: Vec::new(),
-        }
+        Timeline { node, state_file: node.root().join("state.json"), start: 1_790_000_000, extra: Vec::new() }
     }
 
     /// RFC 3339 of `start + t` seconds.
     pub fn at(&self, t: i64) -> String {
         let ts = time::OffsetDateTime::from_unix_timestamp(self.start + t).unwrap();
-        ts.format(&time::format_description::well_known::Rfc3339)
-            .unwrap()
+        ts.format(&time::format_description::well_known::Rfc3339).unwrap()
     }
 
     /// Poll at `t` seconds; returns the events.
     pub fn poll(&self, t: i64) -> Vec<serde_json::Value> {
-        self.report(t)["events"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
+        self.report(t)["events"].as_array().cloned().unwrap_or_default()
     }
 
     /// Poll at `t` seconds; returns the whole report.
     pub fn report(&self, t: i64) -> serde_json::Value {
         let now = self.at(t);
-        let mut args = vec![
-            "--state-file",
-            self.state_file.to_str().unwrap(),
-            "--now",
-            &now,
-            "--node-name",
-            "node-a",
-        ];
+        let mut args = vec!["--state-file", self.state_file.to_str().unwrap(), "--now", &now, "--node-name", "node-a"];
         args.extend(self.extra.iter().map(String::as_str));
         self.node.check_json(&args)
     }
@@ -990,20 +798,10 @@ pub fn brief(e: &serde_json::Value) -> (String, bool, bool, String, String) {
         .as_array()
         .unwrap()
         .iter()
-        .map(|x| {
-            format!(
-                "{}={}",
-                x["entityType"].as_str().unwrap(),
-                x["entityValue"].as_str().unwrap()
-            )
-        })
+        .map(|x| format!("{}={}", x["entityType"].as_str().unwrap(), x["entityValue"].as_str().unwrap()))
         .collect();
-    let codes: Vec<String> = e["errorCode"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c.as_str().unwrap().to_string())
-        .collect();
+    let codes: Vec<String> =
+        e["errorCode"].as_array().unwrap().iter().map(|c| c.as_str().unwrap().to_string()).collect();
     (
         e["checkName"].as_str().unwrap().to_string(),
         e["isHealthy"].as_bool().unwrap(),

@@ -113,9 +113,7 @@ fn own_rc_gpu(n: &mut Node, domain: u16, numa: i32) {
 }
 
 fn roce(i: usize) -> NicSpec {
-    NicSpec::eth(&format!("mlx5_{i}"), &format!("rdma{i}"))
-        .rate("200 Gb/sec (4X HDR)")
-        .hca("MT4123")
+    NicSpec::eth(&format!("mlx5_{i}"), &format!("rdma{i}")).rate("200 Gb/sec (4X HDR)").hca("MT4123")
 }
 
 /// A100 OCI RoCE: 4-socket AMD (8 NUMA nodes), 8 GPUs on NUMA 1/3/5/7, 16 RoCE compute
@@ -168,26 +166,13 @@ fn onprem_l40s(n: &mut Node) {
     for g in 0..8 {
         own_rc_gpu(n, 0, if g < 4 { 0 } else { 1 });
     }
-    own_rc_card(
-        n,
-        0,
-        0,
-        vec![
-            NicSpec::eth("mlx5_0", "eno1np0")
-                .rate("25 Gb/sec (1X EDR)")
-                .hca("MT4119"),
-        ],
-    );
+    own_rc_card(n, 0, 0, vec![NicSpec::eth("mlx5_0", "eno1np0").rate("25 Gb/sec (1X EDR)").hca("MT4119")]);
     for i in 1..=4 {
         own_rc_card(
             n,
             0,
             if i <= 2 { 0 } else { 1 },
-            vec![
-                NicSpec::ib(&format!("mlx5_{i}"))
-                    .hca("MT4123")
-                    .rate("200 Gb/sec (4X HDR)"),
-            ],
+            vec![NicSpec::ib(&format!("mlx5_{i}")).hca("MT4123").rate("200 Gb/sec (4X HDR)")],
         );
     }
     n.default_route("eno1np0");
@@ -214,9 +199,7 @@ fn gb200_nvl4(n: &mut Node) {
         let rp = n.nvidia_root_port(&rc, 0);
         let spec = match link {
             Link::Ib => NicSpec::ib(name),
-            Link::Eth => NicSpec::eth(name, &format!("{name}np0"))
-                .hca("MT41692")
-                .rate("200 Gb/sec (2X NDR)"),
+            Link::Eth => NicSpec::eth(name, &format!("{name}np0")).hca("MT41692").rate("200 Gb/sec (2X NDR)"),
         };
         n.card(&rp, 0, vec![spec]);
     }
@@ -234,11 +217,7 @@ fn dgx_h100(n: &mut Node) {
         let gp = n.switch_port(&sw, 0);
         let np = n.switch_port(&sw, 1);
         n.gpu(&gp, 0);
-        n.card(
-            &np,
-            0,
-            vec![NicSpec::ib(&format!("mlx5_{g}")).netdev(&format!("ibp{g}s0"))],
-        );
+        n.card(&np, 0, vec![NicSpec::ib(&format!("mlx5_{g}")).netdev(&format!("ibp{g}s0"))]);
         if g % 4 == 0 {
             let nvp = n.switch_port(&sw, 2);
             n.nvswitch(&nvp, 0);

@@ -8,22 +8,12 @@ fn role_counts_match_the_field_validation_from_metadata_and_from_sysfs() {
         let node = p.build();
         let with_meta = node.check_json(&[]);
         assert_eq!(with_meta["topology_source"], "metadata", "{}", p.name());
-        assert_eq!(
-            role_counts(&with_meta),
-            p.expected_roles(),
-            "{} from metadata",
-            p.name()
-        );
+        assert_eq!(role_counts(&with_meta), p.expected_roles(), "{} from metadata", p.name());
 
         node.remove_metadata();
         let from_sysfs = node.check_json(&[]);
         assert_eq!(from_sysfs["topology_source"], "sysfs", "{}", p.name());
-        assert_eq!(
-            role_counts(&from_sysfs),
-            p.expected_roles(),
-            "{} from sysfs",
-            p.name()
-        );
+        assert_eq!(role_counts(&from_sysfs), p.expected_roles(), "{} from sysfs", p.name());
 
         // Same answer per device, not only in total.
         let roles = |r: &serde_json::Value| -> Vec<(String, serde_json::Value)> {
@@ -34,12 +24,7 @@ fn role_counts_match_the_field_validation_from_metadata_and_from_sysfs() {
                 .map(|d| (d["name"].as_str().unwrap().to_string(), d["role"].clone()))
                 .collect()
         };
-        assert_eq!(
-            roles(&with_meta),
-            roles(&from_sysfs),
-            "{}: per-device roles differ",
-            p.name()
-        );
+        assert_eq!(roles(&with_meta), roles(&from_sysfs), "{}: per-device roles differ", p.name());
     }
 }
 
@@ -59,14 +44,7 @@ fn dgx_node_lists_vfs_unmonitored_and_reads_ports() {
     let mlx0 = devs.iter().find(|d| d["name"] == "mlx5_0").unwrap();
     assert_eq!(mlx0["monitored"], true);
     assert_eq!(mlx0["role"], "compute");
-    assert!(
-        mlx0["role_reason"]
-            .as_str()
-            .unwrap()
-            .starts_with("PIX to GPU"),
-        "{}",
-        mlx0["role_reason"]
-    );
+    assert!(mlx0["role_reason"].as_str().unwrap().starts_with("PIX to GPU"), "{}", mlx0["role_reason"]);
     assert_eq!(mlx0["hca_type"], "MT4129");
     assert_eq!(mlx0["fw_ver"], "28.39.1002");
     assert_eq!(mlx0["netdev"], "ibp0s0");
@@ -94,30 +72,14 @@ fn odd_sysfs_values_make_single_values_unknown() {
     node.remove_port_file("mlx5_3", 1, "hw_counters/roce_slow_restart");
     node.remove_port_file("mlx5_3", 1, "state");
     // A port directory whose name is not a number is ignored.
-    std::fs::create_dir_all(
-        node.sys()
-            .join(&node.info["mlx5_4"].ib_dir)
-            .join("ports/lost+found"),
-    )
-    .unwrap();
+    std::fs::create_dir_all(node.sys().join(&node.info["mlx5_4"].ib_dir).join("ports/lost+found")).unwrap();
     // A dangling symlink where a counter should be.
-    let c = node
-        .sys()
-        .join(&node.info["mlx5_4"].ib_dir)
-        .join("ports/1/counters/port_rcv_errors");
+    let c = node.sys().join(&node.info["mlx5_4"].ib_dir).join("ports/1/counters/port_rcv_errors");
     std::fs::remove_file(&c).unwrap();
     std::os::unix::fs::symlink("/nonexistent/target", &c).unwrap();
 
     let r = node.check_json(&[]);
-    let dev = |n: &str| {
-        r["devices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|d| d["name"] == n)
-            .unwrap()
-            .clone()
-    };
+    let dev = |n: &str| r["devices"].as_array().unwrap().iter().find(|d| d["name"] == n).unwrap().clone();
     let p0 = &dev("mlx5_0")["ports"][0];
     assert!(p0["counters"].get("symbol_error").is_none());
     assert_eq!(p0["rate_gbps"], serde_json::Value::Null);
@@ -129,27 +91,17 @@ fn odd_sysfs_values_make_single_values_unknown() {
     assert_eq!(p3["state"], serde_json::Value::Null);
     assert!(p3["counters"].get("roce_slow_restart").is_none());
     assert_eq!(dev("mlx5_4")["ports"].as_array().unwrap().len(), 1);
-    assert!(
-        dev("mlx5_4")["ports"][0]["counters"]
-            .get("port_rcv_errors")
-            .is_none()
-    );
+    assert!(dev("mlx5_4")["ports"][0]["counters"].get("port_rcv_errors").is_none());
 }
 
 #[test]
 fn einval_counter_is_opened_once_and_not_on_the_next_poll() {
     let node = Platform::H100Oci.build();
     if !node.make_einval("mlx5_0", 1, "counters/port_xmit_wait") {
-        eprintln!(
-            "skipped: this host has no file that fails read() with EINVAL (/sys/class/net/lo/speed)"
-        );
+        eprintln!("skipped: this host has no file that fails read() with EINVAL (/sys/class/net/lo/speed)");
         return;
     }
-    if std::process::Command::new("strace")
-        .arg("-V")
-        .output()
-        .is_err()
-    {
+    if std::process::Command::new("strace").arg("-V").output().is_err() {
         eprintln!("skipped: strace is not installed");
         return;
     }
@@ -162,15 +114,7 @@ fn einval_counter_is_opened_once_and_not_on_the_next_poll() {
             .args(["-f", "-e", "trace=open,openat", "-o"])
             .arg(&log)
             .arg(nicmon_tests::nicmon_bin())
-            .args([
-                "check",
-                "--format",
-                "json",
-                "--config",
-                "/nonexistent.toml",
-                "--state-file",
-                state,
-            ])
+            .args(["check", "--format", "json", "--config", "/nonexistent.toml", "--state-file", state])
             .arg("--sysfs")
             .arg(node.sys())
             .arg("--procfs")
@@ -183,20 +127,10 @@ fn einval_counter_is_opened_once_and_not_on_the_next_poll() {
             .expect("strace");
         assert!(status.success());
         let text = std::fs::read_to_string(&log).unwrap();
-        text.lines()
-            .filter(|l| l.contains("mlx5_0/ports/1/counters/port_xmit_wait"))
-            .count()
+        text.lines().filter(|l| l.contains("mlx5_0/ports/1/counters/port_xmit_wait")).count()
     };
-    assert_eq!(
-        opens("first"),
-        1,
-        "the first poll opens the EINVAL counter once"
-    );
-    assert_eq!(
-        opens("second"),
-        0,
-        "the next poll (same boot) must not open it again"
-    );
+    assert_eq!(opens("first"), 1, "the first poll opens the EINVAL counter once");
+    assert_eq!(opens("second"), 0, "the next poll (same boot) must not open it again");
 }
 
 #[test]
@@ -205,10 +139,7 @@ fn development_machine_without_rdma_says_so_and_exits_0() {
     let out = node.nicmon("check", &["--config", "/nonexistent.toml"]);
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("no RDMA devices found"));
-    let out = node.nicmon(
-        "check",
-        &["--format", "json", "--config", "/nonexistent.toml"],
-    );
+    let out = node.nicmon("check", &["--format", "json", "--config", "/nonexistent.toml"]);
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["devices"], serde_json::json!([]));
@@ -222,14 +153,7 @@ fn bad_flags_and_fail_fast_metadata_exit_2_naming_the_file() {
     assert_eq!(out.status.code(), Some(2));
 
     let missing = node.root().join("missing.json");
-    let out = node.nicmon(
-        "check",
-        &[
-            "--metadata-required",
-            "--metadata",
-            missing.to_str().unwrap(),
-        ],
-    );
+    let out = node.nicmon("check", &["--metadata-required", "--metadata", missing.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
@@ -237,14 +161,7 @@ fn bad_flags_and_fail_fast_metadata_exit_2_naming_the_file() {
     assert!(lines[0].contains(missing.to_str().unwrap()), "{err}");
 
     std::fs::write(node.metadata_path(), "{garbage").unwrap();
-    let out = node.nicmon(
-        "check",
-        &[
-            "--metadata-required",
-            "--metadata",
-            node.metadata_path().to_str().unwrap(),
-        ],
-    );
+    let out = node.nicmon("check", &["--metadata-required", "--metadata", node.metadata_path().to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("malformed"));
     // Without the flag: the sysfs fallback, exit 0.
@@ -263,14 +180,7 @@ fn node_without_gpus_groups_by_link_layer() {
     let mut node = Node::new("no-gpu");
     let rc = node.root_complex(0, 0);
     let rp = node.root_port(&rc, 1);
-    node.card(
-        &rp,
-        0,
-        vec![
-            nicmon_tests::NicSpec::ib("mlx5_0"),
-            nicmon_tests::NicSpec::ib("mlx5_1"),
-        ],
-    );
+    node.card(&rp, 0, vec![nicmon_tests::NicSpec::ib("mlx5_0"), nicmon_tests::NicSpec::ib("mlx5_1")]);
     let rp2 = node.root_port(&rc, 2);
     node.card(&rp2, 0, vec![nicmon_tests::NicSpec::eth("mlx5_2", "ens2")]);
     let r = node.check_json(&[]);
@@ -285,43 +195,19 @@ fn exclusion_and_inclusion_override() {
     std::fs::write(&cfg, "nicExclusionRegex = \"^mlx5_1$,^mlx5_2$\"\n").unwrap();
     let out = node.nicmon(
         "check",
-        &[
-            "--format",
-            "json",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--metadata",
-            node.metadata_path().to_str().unwrap(),
-        ],
+        &["--format", "json", "--config", cfg.to_str().unwrap(), "--metadata", node.metadata_path().to_str().unwrap()],
     );
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(role_counts(&r), (0, 15, 1));
-    let d1 = r["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["name"] == "mlx5_1")
-        .unwrap();
+    let d1 = r["devices"].as_array().unwrap().iter().find(|d| d["name"] == "mlx5_1").unwrap();
     assert!(d1["reason"].as_str().unwrap().contains("nicExclusionRegex"));
 
     std::fs::write(&cfg, "nicInclusionRegexOverride = \"^mlx5_[0-3]$\"\n").unwrap();
     let out = node.nicmon(
         "check",
-        &[
-            "--format",
-            "json",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--metadata",
-            node.metadata_path().to_str().unwrap(),
-        ],
+        &["--format", "json", "--config", cfg.to_str().unwrap(), "--metadata", node.metadata_path().to_str().unwrap()],
     );
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let monitored = r["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|d| d["monitored"] == true)
-        .count();
+    let monitored = r["devices"].as_array().unwrap().iter().filter(|d| d["monitored"] == true).count();
     assert_eq!(monitored, 4);
 }

@@ -26,16 +26,7 @@ fn cable_pull_repair_and_transitions_on_h100() {
     let ev = tl.poll(2);
     assert_eq!(ev.len(), 1, "{ev:#?}");
     let e = &ev[0];
-    assert_eq!(
-        brief(e),
-        (
-            "InfiniBandStateCheck".into(),
-            false,
-            true,
-            "NIC=mlx5_3 NICPort=1".into(),
-            String::new()
-        )
-    );
+    assert_eq!(brief(e), ("InfiniBandStateCheck".into(), false, true, "NIC=mlx5_3 NICPort=1".into(), String::new()));
     assert_eq!(e["recommendedAction"], "REPLACE_VM");
     assert_eq!(e["agent"], "nic-health-monitor");
     assert_eq!(e["componentClass"], "NIC");
@@ -43,12 +34,7 @@ fn cable_pull_repair_and_transitions_on_h100() {
     assert_eq!(e["processingStrategy"], "EXECUTE_REMEDIATION");
     assert_eq!(e["version"], 1);
     assert_eq!(e["generatedTimestamp"], tl.at(2));
-    assert!(
-        e["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("Port mlx5_3 port 1: state DOWN, phys_state Polling")
-    );
+    assert!(e["message"].as_str().unwrap().starts_with("Port mlx5_3 port 1: state DOWN, phys_state Polling"));
     assert!(tl.poll(3).is_empty(), "still down: nothing");
 
     // DOWN/Polling → DOWN/Disabled while already fatal: nothing.
@@ -63,19 +49,10 @@ fn cable_pull_repair_and_transitions_on_h100() {
     assert_eq!(ev.len(), 1, "{ev:#?}");
     assert_eq!(
         brief(&ev[0]),
-        (
-            "InfiniBandStateCheck".into(),
-            true,
-            false,
-            "NIC=mlx5_3 NICPort=1".into(),
-            String::new()
-        )
+        ("InfiniBandStateCheck".into(), true, false, "NIC=mlx5_3 NICPort=1".into(), String::new())
     );
     assert_eq!(ev[0]["recommendedAction"], "NONE");
-    assert_eq!(
-        ev[0]["message"],
-        "Port mlx5_3 port 1: healthy (ACTIVE, LinkUp)"
-    );
+    assert_eq!(ev[0]["message"], "Port mlx5_3 port 1: healthy (ACTIVE, LinkUp)");
     assert!(tl.poll(7).is_empty());
 }
 
@@ -95,11 +72,7 @@ fn lone_card() -> Node {
 
 #[test]
 fn init_armed_polling_are_non_fatal_and_escalate_after_the_grace() {
-    for (state, phys) in [
-        ("2: INIT", "5: LinkUp"),
-        ("3: ARMED", "5: LinkUp"),
-        ("1: DOWN", "2: Polling"),
-    ] {
+    for (state, phys) in [("2: INIT", "5: LinkUp"), ("3: ARMED", "5: LinkUp"), ("1: DOWN", "2: Polling")] {
         let node = lone_card();
         let tl = Timeline::new(&node);
         baseline(&tl, 2);
@@ -107,13 +80,7 @@ fn init_armed_polling_are_non_fatal_and_escalate_after_the_grace() {
         let ev = tl.poll(1);
         assert_eq!(
             unhealthy(&ev),
-            vec![(
-                "InfiniBandStateCheck".into(),
-                false,
-                false,
-                "NIC=mlx5_0 NICPort=1".into(),
-                String::new()
-            )],
+            vec![("InfiniBandStateCheck".into(), false, false, "NIC=mlx5_0 NICPort=1".into(), String::new())],
             "{state}/{phys}"
         );
         assert_eq!(ev.len(), 1);
@@ -123,21 +90,10 @@ fn init_armed_polling_are_non_fatal_and_escalate_after_the_grace() {
         let ev = tl.poll(31);
         assert_eq!(
             unhealthy(&ev),
-            vec![(
-                "InfiniBandStateCheck".into(),
-                false,
-                true,
-                "NIC=mlx5_0 NICPort=1".into(),
-                String::new()
-            )],
+            vec![("InfiniBandStateCheck".into(), false, true, "NIC=mlx5_0 NICPort=1".into(), String::new())],
             "{state}"
         );
-        assert!(
-            ev[0]["message"]
-                .as_str()
-                .unwrap()
-                .contains("still unhealthy after 30 s")
-        );
+        assert!(ev[0]["message"].as_str().unwrap().contains("still unhealthy after 30 s"));
         assert!(tl.poll(40).is_empty());
     }
 }
@@ -153,13 +109,7 @@ fn non_fatal_then_disabled_escalates_with_one_event() {
     let ev = tl.poll(2);
     assert_eq!(
         unhealthy(&ev),
-        vec![(
-            "InfiniBandStateCheck".into(),
-            false,
-            true,
-            "NIC=mlx5_1 NICPort=1".into(),
-            String::new()
-        )]
+        vec![("InfiniBandStateCheck".into(), false, true, "NIC=mlx5_1 NICPort=1".into(), String::new())]
     );
     assert_eq!(ev.len(), 1);
 }
@@ -173,20 +123,8 @@ fn roce_port_down_is_fatal_with_operstate() {
     node.set_operstate("rdma2", "down");
     let ev = tl.poll(1);
     assert_eq!(ev.len(), 1, "{ev:#?}");
-    assert_eq!(
-        brief(&ev[0]),
-        (
-            "EthernetStateCheck".into(),
-            false,
-            true,
-            "NIC=mlx5_2 NICPort=1".into(),
-            String::new()
-        )
-    );
-    assert_eq!(
-        ev[0]["message"],
-        "RoCE port mlx5_2 port 1: state DOWN, phys_state Disabled, operstate down"
-    );
+    assert_eq!(brief(&ev[0]), ("EthernetStateCheck".into(), false, true, "NIC=mlx5_2 NICPort=1".into(), String::new()));
+    assert_eq!(ev[0]["message"], "RoCE port mlx5_2 port 1: state DOWN, phys_state Disabled, operstate down");
 }
 
 #[test]
@@ -216,20 +154,14 @@ fn vfs_and_management_nics_never_produce_events() {
 fn fresh_start_uncabled_second_ports_and_one_anomalous_card() {
     let node = Platform::H100Oci.build();
     // Every dual-port compute card has its second port uncabled.
-    let seconds = [
-        "mlx5_1", "mlx5_4", "mlx5_6", "mlx5_8", "mlx5_10", "mlx5_13", "mlx5_15", "mlx5_17",
-    ];
+    let seconds = ["mlx5_1", "mlx5_4", "mlx5_6", "mlx5_8", "mlx5_10", "mlx5_13", "mlx5_15", "mlx5_17"];
     for d in seconds {
         node.set_port(d, 1, "1: DOWN", "2: Polling");
     }
     let tl = Timeline::new(&node);
     let ev = tl.poll(0);
     assert!(unhealthy(&ev).is_empty(), "{ev:#?}");
-    assert_eq!(
-        ev.len(),
-        10,
-        "healthy baselines only for the 10 cabled ports"
-    );
+    assert_eq!(ev.len(), 10, "healthy baselines only for the 10 cabled ports");
     for t in 1..=4 {
         assert!(tl.poll(t).is_empty());
     }
@@ -245,13 +177,7 @@ fn fresh_start_uncabled_second_ports_and_one_anomalous_card() {
     let card = node.info["mlx5_7"].bdf[..10].to_string();
     assert_eq!(
         unhealthy(&ev),
-        vec![(
-            "InfiniBandStateCheck".into(),
-            false,
-            true,
-            format!("NIC={card}"),
-            String::new()
-        )]
+        vec![("InfiniBandStateCheck".into(), false, true, format!("NIC={card}"), String::new())]
     );
     assert_eq!(ev.len(), 10, "9 baselines + 1 card-level fatal: {ev:#?}");
     assert!(tl.poll(1).is_empty(), "reported once");
@@ -284,25 +210,13 @@ fn device_removal_is_reported_on_the_third_miss_with_the_pci_verdict() {
         assert!(tl.poll(2).is_empty(), "miss 2");
         let ev = tl.poll(3);
         assert_eq!(ev.len(), 1, "{ev:#?}");
-        assert_eq!(
-            brief(&ev[0]),
-            (
-                "InfiniBandStateCheck".into(),
-                false,
-                true,
-                "NIC=mlx5_5".into(),
-                String::new()
-            )
-        );
+        assert_eq!(brief(&ev[0]), ("InfiniBandStateCheck".into(), false, true, "NIC=mlx5_5".into(), String::new()));
         let msg = ev[0]["message"].as_str().unwrap();
         assert!(msg.contains(want), "{how}: {msg}");
         assert!(tl.poll(4).is_empty(), "reported once");
         node.restore_device("mlx5_5");
         let ev = tl.poll(5);
-        assert!(
-            !ev.is_empty() && ev.iter().all(|e| e["isHealthy"] == true),
-            "{ev:#?}"
-        );
+        assert!(!ev.is_empty() && ev.iter().all(|e| e["isHealthy"] == true), "{ev:#?}");
     }
 }
 
@@ -319,13 +233,7 @@ fn restart_recovery_reboot_and_corrupt_state() {
     assert_eq!(ev.len(), 1);
     assert_eq!(
         brief(&ev[0]),
-        (
-            "InfiniBandStateCheck".into(),
-            true,
-            false,
-            "NIC=mlx5_9 NICPort=1".into(),
-            String::new()
-        )
+        ("InfiniBandStateCheck".into(), true, false, "NIC=mlx5_9 NICPort=1".into(), String::new())
     );
 
     // Reboot: clear-all per check (no entities, 1 s earlier), then the baselines.
@@ -333,14 +241,8 @@ fn restart_recovery_reboot_and_corrupt_state() {
     node.set_boot_id("11111111-2222-4333-8444-555555555555");
     let tl = Timeline::new(&node);
     let ev = tl.poll(100);
-    let clears: Vec<_> = ev
-        .iter()
-        .filter(|e| e["entitiesImpacted"].as_array().unwrap().is_empty())
-        .collect();
-    let checks: Vec<&str> = clears
-        .iter()
-        .map(|e| e["checkName"].as_str().unwrap())
-        .collect();
+    let clears: Vec<_> = ev.iter().filter(|e| e["entitiesImpacted"].as_array().unwrap().is_empty()).collect();
+    let checks: Vec<&str> = clears.iter().map(|e| e["checkName"].as_str().unwrap()).collect();
     assert_eq!(
         checks,
         [
@@ -351,18 +253,17 @@ fn restart_recovery_reboot_and_corrupt_state() {
             "NICKernelLogCheck"
         ]
     );
-    assert!(
-        clears
-            .iter()
-            .all(|e| e["isHealthy"] == true && e["generatedTimestamp"] == tl.at(99))
-    );
-    assert_eq!(ev.len(), 5 + 18);
-    assert!(
-        ev[..5]
-            .iter()
-            .all(|e| e["entitiesImpacted"].as_array().unwrap().is_empty()),
-        "clear-all first"
-    );
+    assert!(clears.iter().all(|e| e["isHealthy"] == true && e["generatedTimestamp"] == tl.at(99)));
+    let port_baselines = ev
+        .iter()
+        .filter(|e| e["checkName"] == "InfiniBandStateCheck" || e["checkName"] == "EthernetStateCheck")
+        .filter(|e| !e["entitiesImpacted"].as_array().unwrap().is_empty())
+        .count();
+    assert_eq!(port_baselines, 18);
+    assert!(ev.iter().all(|e| e["isHealthy"] == true), "after a reboot onto healthy hardware: only healthy events");
+    let counter_baselines = ev.iter().filter(|e| e["checkName"] == "InfiniBandDegradationCheck").count();
+    assert!(counter_baselines > 0, "counter baselines after the reboot");
+    assert!(ev[..5].iter().all(|e| e["entitiesImpacted"].as_array().unwrap().is_empty()), "clear-all first");
 
     // Corrupt state file: fresh start with a warning, no crash.
     std::fs::write(&tl.state_file, "{\"version\": 1, \"port_states\": [tru").unwrap();
@@ -395,13 +296,7 @@ fn speed_degradation_and_subnet_manager_change() {
     assert_eq!(ev.len(), 1, "{ev:#?}");
     assert_eq!(
         brief(&ev[0]),
-        (
-            "InfiniBandStateCheck".into(),
-            false,
-            false,
-            "NIC=mlx5_12 NICPort=1".into(),
-            "LinkSpeedDegraded".into()
-        )
+        ("InfiniBandStateCheck".into(), false, false, "NIC=mlx5_12 NICPort=1".into(), "LinkSpeedDegraded".into())
     );
     assert!(tl.poll(2).is_empty());
     node.set_rate("mlx5_12", 1, "400 Gb/sec (4X NDR)");
@@ -413,13 +308,7 @@ fn speed_degradation_and_subnet_manager_change() {
     assert_eq!(ev.len(), 1, "{ev:#?}");
     assert_eq!(
         brief(&ev[0]),
-        (
-            "InfiniBandStateCheck".into(),
-            false,
-            false,
-            "NIC=mlx5_0 NICPort=1".into(),
-            "SubnetManagerChanged".into()
-        )
+        ("InfiniBandStateCheck".into(), false, false, "NIC=mlx5_0 NICPort=1".into(), "SubnetManagerChanged".into())
     );
     assert!(tl.poll(5).is_empty());
 }

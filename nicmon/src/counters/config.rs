@@ -128,10 +128,7 @@ pub struct CounterDetection {
 
 impl Default for CounterDetection {
     fn default() -> Self {
-        CounterDetection {
-            enabled: true,
-            counters: Vec::new(),
-        }
+        CounterDetection { enabled: true, counters: Vec::new() }
     }
 }
 
@@ -158,16 +155,8 @@ pub struct CounterEntry {
     pub description: Option<String>,
 }
 
-const ENTRY_KEYS: [&str; 8] = [
-    "name",
-    "path",
-    "enabled",
-    "isFatal",
-    "thresholdType",
-    "threshold",
-    "velocityUnit",
-    "description",
-];
+const ENTRY_KEYS: [&str; 8] =
+    ["name", "path", "enabled", "isFatal", "thresholdType", "threshold", "velocityUnit", "description"];
 
 /// A config error in `[counterDetection]`. The message names the entry (its index in
 /// `counterDetection.counters` and its name), the key and the offending value.
@@ -189,10 +178,7 @@ fn entry_label(index: usize, name: Option<&str>) -> String {
 }
 
 fn err(index: usize, name: Option<&str>, problem: impl Into<String>) -> CounterConfigError {
-    CounterConfigError {
-        entry: entry_label(index, name),
-        problem: problem.into(),
-    }
+    CounterConfigError { entry: entry_label(index, name), problem: problem.into() }
 }
 
 /// Shows a TOML value the way the operator wrote it (strings quoted).
@@ -238,16 +224,9 @@ impl TryFrom<RawSection> for CounterDetection {
     type Error = CounterConfigError;
 
     fn try_from(raw: RawSection) -> Result<Self, CounterConfigError> {
-        let counters = raw
-            .counters
-            .iter()
-            .enumerate()
-            .map(|(i, t)| CounterEntry::from_table(i, t))
-            .collect::<Result<_, _>>()?;
-        let section = CounterDetection {
-            enabled: raw.enabled,
-            counters,
-        };
+        let counters =
+            raw.counters.iter().enumerate().map(|(i, t)| CounterEntry::from_table(i, t)).collect::<Result<_, _>>()?;
+        let section = CounterDetection { enabled: raw.enabled, counters };
         // A section that parses is a valid one: the loader fails at load time, not later.
         section.rules()?;
         Ok(section)
@@ -258,20 +237,13 @@ impl CounterEntry {
     fn from_table(index: usize, table: &toml::Table) -> Result<CounterEntry, CounterConfigError> {
         let name = table.get("name").and_then(|v| v.as_str());
         let bad = |key: &str, v: &toml::Value, expected: &str| {
-            err(
-                index,
-                name,
-                format!("{key} = {}: expected {expected}", Shown(v)),
-            )
+            err(index, name, format!("{key} = {}: expected {expected}", Shown(v)))
         };
         let mut entry = CounterEntry::default();
         for (key, value) in table {
             match key.as_str() {
                 "name" | "path" | "thresholdType" | "velocityUnit" | "description" => {
-                    let s = value
-                        .as_str()
-                        .ok_or_else(|| bad(key, value, "a string"))?
-                        .to_owned();
+                    let s = value.as_str().ok_or_else(|| bad(key, value, "a string"))?.to_owned();
                     let slot = match key.as_str() {
                         "name" => &mut entry.name,
                         "path" => &mut entry.path,
@@ -282,9 +254,7 @@ impl CounterEntry {
                     *slot = Some(s);
                 }
                 "enabled" | "isFatal" => {
-                    let b = value
-                        .as_bool()
-                        .ok_or_else(|| bad(key, value, "true or false"))?;
+                    let b = value.as_bool().ok_or_else(|| bad(key, value, "true or false"))?;
                     if key == "enabled" {
                         entry.enabled = Some(b);
                     } else {
@@ -303,10 +273,7 @@ impl CounterEntry {
                     return Err(err(
                         index,
                         name,
-                        format!(
-                            "unknown key {key:?}: expected one of {}",
-                            ENTRY_KEYS.join(", ")
-                        ),
+                        format!("unknown key {key:?}: expected one of {}", ENTRY_KEYS.join(", ")),
                     ));
                 }
             }
@@ -342,10 +309,7 @@ pub fn read_paths(rules: &[CounterRule]) -> Vec<String> {
 
 /// Merge `entries` into `defaults` by name (001 §10.3) and validate the result (001 §10.5).
 /// Returns every rule, disabled ones included, defaults first, then additions in file order.
-pub fn merge(
-    defaults: &[CounterRule],
-    entries: &[CounterEntry],
-) -> Result<Vec<CounterRule>, CounterConfigError> {
+pub fn merge(defaults: &[CounterRule], entries: &[CounterEntry]) -> Result<Vec<CounterRule>, CounterConfigError> {
     let mut rules: Vec<CounterRule> = defaults.to_vec();
     let mut seen: Vec<&str> = Vec::new();
     for (i, e) in entries.iter().enumerate() {
@@ -357,42 +321,28 @@ pub fn merge(
             return Err(err(i, name, "name = \"\": expected a non-empty name"));
         }
         if let Some(j) = seen.iter().position(|s| *s == n) {
-            return Err(err(
-                i,
-                name,
-                format!("name = {n:?}: duplicate of counterDetection.counters[{j}]"),
-            ));
+            return Err(err(i, name, format!("name = {n:?}: duplicate of counterDetection.counters[{j}]")));
         }
         seen.push(n);
 
         let threshold_type = match &e.threshold_type {
-            Some(s) => Some(ThresholdType::parse(s).ok_or_else(|| {
-                err(
-                    i,
-                    name,
-                    format!("thresholdType = {s:?}: expected one of delta, velocity"),
-                )
-            })?),
+            Some(s) => Some(
+                ThresholdType::parse(s)
+                    .ok_or_else(|| err(i, name, format!("thresholdType = {s:?}: expected one of delta, velocity")))?,
+            ),
             None => None,
         };
-        let velocity_unit = match &e.velocity_unit {
-            Some(s) => Some(VelocityUnit::parse(s).ok_or_else(|| {
-                err(
-                    i,
-                    name,
-                    format!("velocityUnit = {s:?}: expected one of second, minute, hour"),
-                )
-            })?),
-            None => None,
-        };
+        let velocity_unit =
+            match &e.velocity_unit {
+                Some(s) => Some(VelocityUnit::parse(s).ok_or_else(|| {
+                    err(i, name, format!("velocityUnit = {s:?}: expected one of second, minute, hour"))
+                })?),
+                None => None,
+            };
         if let Some(t) = e.threshold
             && !(t.is_finite() && t >= 0.0)
         {
-            return Err(err(
-                i,
-                name,
-                format!("threshold = {t}: expected a finite number >= 0"),
-            ));
+            return Err(err(i, name, format!("threshold = {t}: expected a finite number >= 0")));
         }
         if let Some(p) = &e.path {
             check_path(p).map_err(|why| err(i, name, format!("path = {p:?}: {why}")))?;
@@ -413,10 +363,7 @@ pub fn merge(
                     return Err(err(
                         i,
                         name,
-                        format!(
-                            "{}: missing (required for a counter that is not a default one)",
-                            missing.join(", ")
-                        ),
+                        format!("{}: missing (required for a counter that is not a default one)", missing.join(", ")),
                     ));
                 }
                 rules.push(CounterRule {
@@ -481,10 +428,8 @@ fn check_path(p: &str) -> Result<(), &'static str> {
     let rel = if let Some(rest) = p.strip_prefix(NET_TEMPLATE_PREFIX) {
         rest
     } else if p.starts_with('/') {
-        return Err(
-            "expected a path relative to the port directory (counters/..., hw_counters/...) \
-             or a /sys/class/net/{interface}/... template",
-        );
+        return Err("expected a path relative to the port directory (counters/..., hw_counters/...) \
+             or a /sys/class/net/{interface}/... template");
     } else {
         p
     };
@@ -494,10 +439,7 @@ fn check_path(p: &str) -> Result<(), &'static str> {
     if rel.contains('{') || rel.contains('}') {
         return Err("{interface} is only allowed as /sys/class/net/{interface}/...");
     }
-    if rel
-        .split('/')
-        .any(|c| c.is_empty() || c == "." || c == "..")
-    {
+    if rel.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
         return Err("expected no empty, '.' or '..' path components");
     }
     Ok(())
@@ -665,9 +607,7 @@ mod tests {
     }
 
     fn parse(s: &str) -> Result<CounterDetection, String> {
-        toml::from_str::<Top>(s)
-            .map(|t| t.counter_detection)
-            .map_err(|e| e.message().to_string())
+        toml::from_str::<Top>(s).map(|t| t.counter_detection).map_err(|e| e.message().to_string())
     }
 
     fn rules(s: &str) -> Result<Vec<CounterRule>, String> {
@@ -683,11 +623,7 @@ mod tests {
         let r = rules("").unwrap();
         assert_eq!(r.len(), 14);
         assert_eq!(r, default_rules());
-        let fatal: Vec<&str> = r
-            .iter()
-            .filter(|r| r.is_fatal)
-            .map(|r| r.name.as_str())
-            .collect();
+        let fatal: Vec<&str> = r.iter().filter(|r| r.is_fatal).map(|r| r.name.as_str()).collect();
         assert_eq!(
             fatal,
             [
@@ -704,10 +640,7 @@ mod tests {
         assert_eq!(sef.velocity_unit, Some(VelocityUnit::Hour));
         let cc = find(&r, "carrier_changes");
         assert_eq!(cc.path, "/sys/class/net/{interface}/carrier_changes");
-        assert_eq!(
-            (cc.threshold_type, cc.threshold),
-            (ThresholdType::Delta, 2.0)
-        );
+        assert_eq!((cc.threshold_type, cc.threshold), (ThresholdType::Delta, 2.0));
         // Every default passes the validation applied to operator entries.
         let entries: Vec<CounterEntry> = default_rules()
             .iter()
@@ -737,10 +670,7 @@ mod tests {
         .unwrap();
         let p = read_paths(&r);
         assert_eq!(p.len(), 12); // 13 enabled rules, symbol_error read once
-        assert_eq!(
-            p.iter().filter(|p| *p == "counters/symbol_error").count(),
-            1
-        );
+        assert_eq!(p.iter().filter(|p| *p == "counters/symbol_error").count(), 1);
         assert!(!p.contains(&"counters/port_xmit_wait".to_string()));
         assert!(p.contains(&"/sys/class/net/{interface}/carrier_changes".to_string()));
     }
@@ -786,10 +716,7 @@ mod tests {
         assert_eq!(se.description, "Symbol errors exceed IBTA BER threshold");
         let c = r.last().unwrap();
         assert_eq!(c.name, "custom_vendor_error");
-        assert_eq!(
-            (c.threshold_type, c.threshold),
-            (ThresholdType::Delta, 100.0)
-        );
+        assert_eq!((c.threshold_type, c.threshold), (ThresholdType::Delta, 100.0));
         assert!(r.iter().all(|r| r.name != "port_xmit_wait"));
     }
 
@@ -804,10 +731,7 @@ mod tests {
         )
         .unwrap();
         let d = default_rules();
-        let want = CounterRule {
-            threshold: 20.0,
-            ..find(&d, "link_error_recovery").clone()
-        };
+        let want = CounterRule { threshold: 20.0, ..find(&d, "link_error_recovery").clone() };
         assert_eq!(find(&r, "link_error_recovery"), &want);
         // An override that switches to delta drops the inherited unit.
         let r = rules(
@@ -823,17 +747,8 @@ mod tests {
 
     #[test]
     fn section_disabled_means_no_rules_but_still_validated() {
-        assert!(
-            rules("[counterDetection]\nenabled = false\n")
-                .unwrap()
-                .is_empty()
-        );
-        assert!(
-            rules(
-                "[counterDetection]\nenabled = false\n[[counterDetection.counters]]\nname = \"x\"\n"
-            )
-            .is_err()
-        );
+        assert!(rules("[counterDetection]\nenabled = false\n").unwrap().is_empty());
+        assert!(rules("[counterDetection]\nenabled = false\n[[counterDetection.counters]]\nname = \"x\"\n").is_err());
     }
 
     #[test]
@@ -860,10 +775,7 @@ mod tests {
         )
         .unwrap_err();
         // "b" is a new counter without path: reported first.
-        assert!(
-            e.contains("counterDetection.counters[1] (name \"b\")"),
-            "{e}"
-        );
+        assert!(e.contains("counterDetection.counters[1] (name \"b\")"), "{e}");
         let e = rules(
             r#"
             [[counterDetection.counters]]
@@ -941,10 +853,7 @@ mod tests {
                    path = "../../x""#,
                 "'..' path components",
             ),
-            (
-                r#"threshold = 1"#,
-                "counterDetection.counters[0]: name: missing",
-            ),
+            (r#"threshold = 1"#, "counterDetection.counters[0]: name: missing"),
             (r#"name = """#, "expected a non-empty name"),
             (
                 r#"name = "link_downed"

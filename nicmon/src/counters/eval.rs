@@ -41,12 +41,7 @@ pub struct CounterPort<'a> {
 
 impl<'a> CounterPort<'a> {
     pub fn new(device: &'a str, port: &'a Port) -> CounterPort<'a> {
-        CounterPort {
-            device,
-            port: port.number,
-            link_layer: port.link_layer.as_ref(),
-            counters: &port.counters,
-        }
+        CounterPort { device, port: port.number, link_layer: port.link_layer.as_ref(), counters: &port.counters }
     }
 
     /// The check this port's counter events are filed under. Anything not Ethernet
@@ -128,11 +123,7 @@ impl CounterState {
     pub fn adopt_ports(&mut self, next: &CounterState, ports: &[CounterPort<'_>]) {
         for p in ports {
             let prefix = p.key_prefix();
-            adopt(
-                &mut self.counter_snapshots,
-                &next.counter_snapshots,
-                &prefix,
-            );
+            adopt(&mut self.counter_snapshots, &next.counter_snapshots, &prefix);
             adopt(&mut self.last_values, &next.last_values, &prefix);
             adopt(&mut self.breach_flags, &next.breach_flags, &prefix);
             adopt(&mut self.saturation_flags, &next.saturation_flags, &prefix);
@@ -170,13 +161,7 @@ pub fn evaluate(
             let Some(&value) = p.counters.get(&rule.path) else {
                 continue;
             };
-            let at = Reading {
-                port: p,
-                rule,
-                value,
-                now,
-                stamp,
-            };
+            let at = Reading { port: p, rule, value, now, stamp };
             let key = counter_key(p.device, p.port, &rule.name);
             step(&mut next, &mut events, &key, &at, reboot);
         }
@@ -195,10 +180,7 @@ struct Reading<'a> {
 impl Reading<'_> {
     fn event(&self, check: Check, message: &str) -> HealthEvent {
         HealthEvent::new(check, self.stamp, self.now, message)
-            .entities(vec![
-                Entity::nic(self.port.device),
-                Entity::port(self.port.port),
-            ])
+            .entities(vec![Entity::nic(self.port.device), Entity::port(self.port.port)])
             .error_code(self.rule.name.clone())
     }
 
@@ -207,32 +189,18 @@ impl Reading<'_> {
     }
 }
 
-fn step(
-    st: &mut CounterState,
-    events: &mut Vec<HealthEvent>,
-    key: &str,
-    at: &Reading<'_>,
-    reboot: bool,
-) {
+fn step(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &Reading<'_>, reboot: bool) {
     let value = at.value;
     let snapshot = st.counter_snapshots.get(key).copied();
     let last = st.last_values.insert(key.to_owned(), value);
-    let fresh = CounterSnapshot {
-        value,
-        timestamp: at.now,
-    };
+    let fresh = CounterSnapshot { value, timestamp: at.now };
 
     let Some(snap) = snapshot else {
         // First sight of this (port, rule).
         if reboot {
-            events.push(at.event(
-                at.port.check(),
-                &format!(
-                    "Counter {} healthy after reboot on {}",
-                    at.rule.name,
-                    at.where_()
-                ),
-            ));
+            events.push(
+                at.event(at.port.check(), &format!("Counter {} healthy after reboot on {}", at.rule.name, at.where_())),
+            );
         }
         st.counter_snapshots.insert(key.to_owned(), fresh);
         saturation(st, events, key, at);
@@ -244,15 +212,10 @@ fn step(
     if value < last.unwrap_or(snap.value) || value < snap.value {
         let breach = st.breach_flags.remove(key).filter(|b| b.breached);
         let saturated = st.saturation_flags.remove(key);
-        let check_name = breach
-            .map(|b| b.check_name)
-            .or(saturated.map(|s| s.check_name));
+        let check_name = breach.map(|b| b.check_name).or(saturated.map(|s| s.check_name));
         if let Some(name) = check_name {
             let check = Check::parse(&name).unwrap_or_else(|| at.port.check());
-            events.push(at.event(
-                check,
-                &format!("Counter {} recovered on {}", at.rule.name, at.where_()),
-            ));
+            events.push(at.event(check, &format!("Counter {} recovered on {}", at.rule.name, at.where_())));
         }
         st.counter_snapshots.insert(key.to_owned(), fresh);
         return;
@@ -291,10 +254,7 @@ fn step(
             }
             st.counter_snapshots.insert(key.to_owned(), fresh);
             let rate = delta as f64 / elapsed.as_seconds_f64() * f64::from(unit.seconds());
-            (
-                rate > at.rule.threshold,
-                format!("{rate:.2}/{}", unit.suffix()),
-            )
+            (rate > at.rule.threshold, format!("{rate:.2}/{}", unit.suffix()))
         }
     };
     if !breach {
@@ -318,23 +278,13 @@ fn step(
     );
     st.breach_flags.insert(
         key.to_owned(),
-        Breach {
-            breached: true,
-            check_name: check.as_str().to_owned(),
-            is_fatal: at.rule.is_fatal,
-            since: at.now,
-        },
+        Breach { breached: true, check_name: check.as_str().to_owned(), is_fatal: at.rule.is_fatal, since: at.now },
     );
 }
 
 /// Saturation episodes (SPEC §1.4): report a counter at its maximum once. Returns whether
 /// the counter is saturated now (then its thresholds are not evaluated).
-fn saturation(
-    st: &mut CounterState,
-    events: &mut Vec<HealthEvent>,
-    key: &str,
-    at: &Reading<'_>,
-) -> bool {
+fn saturation(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &Reading<'_>) -> bool {
     let w = width::width(&at.rule.path);
     let max = w.and_then(|w| w.saturation_value());
     if max != Some(at.value) {
@@ -344,10 +294,7 @@ fn saturation(
             && !st.is_breached(key)
         {
             let check = Check::parse(&s.check_name).unwrap_or_else(|| at.port.check());
-            events.push(at.event(
-                check,
-                &format!("Counter {} recovered on {}", at.rule.name, at.where_()),
-            ));
+            events.push(at.event(check, &format!("Counter {} recovered on {}", at.rule.name, at.where_())));
         }
         return false;
     }
@@ -368,11 +315,7 @@ fn saturation(
         );
         st.saturation_flags.insert(
             key.to_owned(),
-            Saturation {
-                check_name: check.as_str().to_owned(),
-                value: at.value,
-                since: at.now,
-            },
+            Saturation { check_name: check.as_str().to_owned(), value: at.value, since: at.now },
         );
     }
     true

@@ -30,10 +30,7 @@ impl Node {
             link_layer,
             rules: default_rules(),
             state: CounterState::default(),
-            stamp: Stamp {
-                node_name: "gpu-node-1".into(),
-                ..Stamp::default()
-            },
+            stamp: Stamp { node_name: "gpu-node-1".into(), ..Stamp::default() },
         }
     }
 
@@ -43,8 +40,7 @@ impl Node {
 
     /// Poll at `T0 + secs` with these counter values (by rule path).
     fn poll_ms(&mut self, ms: i64, counters: &[(&str, u64)], reboot: bool) -> Vec<HealthEvent> {
-        let counters: BTreeMap<String, u64> =
-            counters.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        let counters: BTreeMap<String, u64> = counters.iter().map(|(k, v)| (k.to_string(), *v)).collect();
         let ports = [CounterPort {
             device: self.device,
             port: self.port,
@@ -76,11 +72,7 @@ fn assert_unhealthy(ev: &HealthEvent, check: Check, code: &str, fatal: bool) {
     assert_eq!(ev.error_code, vec![code.to_string()]);
     assert!(!ev.is_healthy);
     assert_eq!(ev.is_fatal, fatal);
-    let action = if fatal {
-        RecommendedAction::REPLACE_VM
-    } else {
-        RecommendedAction::NONE
-    };
+    let action = if fatal { RecommendedAction::REPLACE_VM } else { RecommendedAction::NONE };
     assert_eq!(ev.recommended_action, action);
 }
 
@@ -99,12 +91,7 @@ fn link_downed_timeline(restart: impl Fn(&mut Node)) {
 
     let ev = n.poll(5, &[(LINK_DOWNED, 1)]);
     assert_eq!(ev.len(), 1, "{ev:#?}");
-    assert_unhealthy(
-        &ev[0],
-        Check::InfiniBandDegradationCheck,
-        "link_downed",
-        true,
-    );
+    assert_unhealthy(&ev[0], Check::InfiniBandDegradationCheck, "link_downed", true);
     assert_eq!(
         ev[0].message,
         "Port mlx5_0 port 1: link_downed - Port Training State Machine failed - QP disconnect \
@@ -135,12 +122,7 @@ fn link_downed_timeline(restart: impl Fn(&mut Node)) {
     // A new link down after the recovery is reported again.
     let ev = n.poll(30, &[(LINK_DOWNED, 1)]);
     assert_eq!(ev.len(), 1);
-    assert_unhealthy(
-        &ev[0],
-        Check::InfiniBandDegradationCheck,
-        "link_downed",
-        true,
-    );
+    assert_unhealthy(&ev[0], Check::InfiniBandDegradationCheck, "link_downed", true);
 }
 
 #[test]
@@ -183,12 +165,7 @@ fn ethernet_ports_use_the_ethernet_degradation_check() {
     assert!(n.poll(1, &[(cc, 12)]).is_empty(), "2 is not > 2");
     let ev = n.poll(2, &[(cc, 15)]);
     assert_eq!(ev.len(), 1);
-    assert_unhealthy(
-        &ev[0],
-        Check::EthernetDegradationCheck,
-        "carrier_changes",
-        false,
-    );
+    assert_unhealthy(&ev[0], Check::EthernetDegradationCheck, "carrier_changes", false);
     assert_eq!(
         ev[0].message,
         "Port mlx5_0 port 1: carrier_changes - Link instability - carrier state changes \
@@ -220,16 +197,9 @@ fn symbol_error_steady(poll_every: i64) {
     let (at, ev) = &fired[0];
     let first_poll_after_hour = (3600 + poll_every - 1) / poll_every * poll_every;
     assert_eq!(*at, first_poll_after_hour);
-    assert_unhealthy(
-        ev,
-        Check::InfiniBandDegradationCheck,
-        "symbol_error_fatal",
-        true,
-    );
+    assert_unhealthy(ev, Check::InfiniBandDegradationCheck, "symbol_error_fatal", true);
     assert!(
-        ev.message.starts_with(
-            "Port mlx5_0 port 1: symbol_error_fatal - Symbol errors exceed IBTA BER threshold"
-        ),
+        ev.message.starts_with("Port mlx5_0 port 1: symbol_error_fatal - Symbol errors exceed IBTA BER threshold"),
         "{}",
         ev.message
     );
@@ -258,13 +228,7 @@ fn symbol_error_fatal_message_shows_the_hourly_rate() {
     assert!(n.poll(3599, &[(SYMBOL_ERROR, 199)]).is_empty());
     let ev = n.poll(3600, &[(SYMBOL_ERROR, 200)]);
     assert_eq!(ev.len(), 1);
-    assert!(
-        ev[0]
-            .message
-            .ends_with("(value=200, delta=200, rate=200.00/hour)"),
-        "{}",
-        ev[0].message
-    );
+    assert!(ev[0].message.ends_with("(value=200, delta=200, rate=200.00/hour)"), "{}", ev[0].message);
 }
 
 #[test]
@@ -291,12 +255,7 @@ fn symbol_error_burst_fires_the_non_fatal_rule() {
         fired.extend(n.poll(t, &[(SYMBOL_ERROR, v)]));
     }
     assert_eq!(fired.len(), 1, "{fired:#?}");
-    assert_unhealthy(
-        &fired[0],
-        Check::InfiniBandDegradationCheck,
-        "symbol_error",
-        false,
-    );
+    assert_unhealthy(&fired[0], Check::InfiniBandDegradationCheck, "symbol_error", false);
     assert_eq!(
         fired[0].message,
         "Port mlx5_0 port 1: symbol_error - PHY bit errors before FEC - physical layer \
@@ -312,11 +271,7 @@ fn symbol_error_exactly_at_threshold_does_not_fire() {
     assert!(n.poll(10, &[(SYMBOL_ERROR, 100)]).is_empty());
     let ev = n.poll(20, &[(SYMBOL_ERROR, 201)]);
     assert_eq!(ev.len(), 1);
-    assert!(
-        ev[0].message.ends_with("rate=10.10/sec)"),
-        "{}",
-        ev[0].message
-    );
+    assert!(ev[0].message.ends_with("rate=10.10/sec)"), "{}", ev[0].message);
 }
 
 #[test]
@@ -332,22 +287,13 @@ fn velocity_does_not_extrapolate_short_samples() {
 fn missing_counters_fail_open() {
     let mut n = Node::new(LinkLayer::Ethernet);
     // A ConnectX-5: no hw_counters/roce_slow_restart.
-    let present = [
-        (LINK_DOWNED, 0),
-        (SYMBOL_ERROR, 0),
-        ("hw_counters/rnr_nak_retry_err", 0),
-    ];
+    let present = [(LINK_DOWNED, 0), (SYMBOL_ERROR, 0), ("hw_counters/rnr_nak_retry_err", 0)];
     assert!(n.poll(0, &present).is_empty());
     assert!(n.poll(1, &present).is_empty());
     assert!(n.poll(2, &[]).is_empty());
-    let counters: BTreeMap<String, u64> =
-        present.iter().map(|(k, v)| (k.to_string(), *v)).collect();
-    let ports = [CounterPort {
-        device: "mlx5_0",
-        port: 1,
-        link_layer: Some(&LinkLayer::Ethernet),
-        counters: &counters,
-    }];
+    let counters: BTreeMap<String, u64> = present.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let ports =
+        [CounterPort { device: "mlx5_0", port: 1, link_layer: Some(&LinkLayer::Ethernet), counters: &counters }];
     let gone = missing(&ports, &n.rules);
     assert!(gone.contains(&("mlx5_0".into(), 1, "roce_slow_restart".into())));
     assert!(!gone.iter().any(|(_, _, c)| c == "link_downed"));
@@ -359,17 +305,8 @@ fn saturated_link_downed_reports_once_and_needs_a_reset() {
     let mut n = Node::ib();
     let ev = n.poll(0, &[(LINK_DOWNED, 255)]);
     assert_eq!(ev.len(), 1, "{ev:#?}");
-    assert_unhealthy(
-        &ev[0],
-        Check::InfiniBandDegradationCheck,
-        "link_downed",
-        false,
-    );
-    assert!(
-        ev[0].message.contains("counter reset is needed"),
-        "{}",
-        ev[0].message
-    );
+    assert_unhealthy(&ev[0], Check::InfiniBandDegradationCheck, "link_downed", false);
+    assert!(ev[0].message.contains("counter reset is needed"), "{}", ev[0].message);
     assert!(ev[0].message.contains("8-bit"), "{}", ev[0].message);
     for t in 1..5 {
         assert!(n.poll(t, &[(LINK_DOWNED, 255)]).is_empty());
@@ -390,12 +327,7 @@ fn saturated_link_downed_reports_once_and_needs_a_reset() {
     assert_eq!(n.state.saturated_count(), 0);
     let ev = n.poll(7, &[(LINK_DOWNED, 1)]);
     assert_eq!(ev.len(), 1);
-    assert_unhealthy(
-        &ev[0],
-        Check::InfiniBandDegradationCheck,
-        "link_downed",
-        true,
-    );
+    assert_unhealthy(&ev[0], Check::InfiniBandDegradationCheck, "link_downed", true);
 }
 
 #[test]
@@ -448,23 +380,11 @@ fn a_wide_data_counter_passing_u32_max_ends_the_episode() {
 #[test]
 fn reboot_emits_one_healthy_baseline_per_port_and_counter() {
     let mut n = Node::ib();
-    let counters = [
-        (LINK_DOWNED, 0),
-        (SYMBOL_ERROR, 0),
-        ("hw_counters/rnr_nak_retry_err", 0),
-    ];
+    let counters = [(LINK_DOWNED, 0), (SYMBOL_ERROR, 0), ("hw_counters/rnr_nak_retry_err", 0)];
     let ev = n.poll_ms(0, &counters, true);
     // symbol_error and symbol_error_fatal both read counters/symbol_error.
     let codes: Vec<&str> = ev.iter().map(|e| e.error_code[0].as_str()).collect();
-    assert_eq!(
-        codes,
-        [
-            "link_downed",
-            "rnr_nak_retry_err",
-            "symbol_error",
-            "symbol_error_fatal"
-        ]
-    );
+    assert_eq!(codes, ["link_downed", "rnr_nak_retry_err", "symbol_error", "symbol_error_fatal"]);
     assert_healthy(
         &ev[0],
         Check::InfiniBandDegradationCheck,
@@ -505,10 +425,7 @@ fn clock_stepping_back_restarts_the_velocity_window() {
     let mut n = Node::ib();
     n.poll(100, &[(SYMBOL_ERROR, 0)]);
     assert!(n.poll(50, &[(SYMBOL_ERROR, 0)]).is_empty());
-    assert_eq!(
-        n.state.counter_snapshots["mlx5_0:1:symbol_error_fatal"].timestamp,
-        T0 + Duration::seconds(50)
-    );
+    assert_eq!(n.state.counter_snapshots["mlx5_0:1:symbol_error_fatal"].timestamp, T0 + Duration::seconds(50));
     // Delta rules with zero elapsed time still evaluate; the rate is unknown.
     n.poll(50, &[(LINK_DOWNED, 0)]);
     let ev = n.poll(50, &[(LINK_DOWNED, 1)]);
@@ -518,9 +435,7 @@ fn clock_stepping_back_restarts_the_velocity_window() {
 #[test]
 fn disabled_rules_are_not_evaluated() {
     let mut n = Node::ib();
-    n.rules
-        .iter_mut()
-        .for_each(|r| r.enabled = r.name != "link_downed");
+    n.rules.iter_mut().for_each(|r| r.enabled = r.name != "link_downed");
     n.poll(0, &[(LINK_DOWNED, 0)]);
     assert!(n.poll(1, &[(LINK_DOWNED, 9)]).is_empty());
     assert!(n.state.counter_snapshots.is_empty());
@@ -560,41 +475,14 @@ fn adopt_ports_advances_only_the_committed_ports() {
     let ib: BTreeMap<String, u64> = [(LINK_DOWNED.to_string(), 1)].into();
     let eth: BTreeMap<String, u64> = [(LINK_DOWNED.to_string(), 1)].into();
     let ports = [
-        CounterPort {
-            device: "mlx5_0",
-            port: 1,
-            link_layer: Some(&LinkLayer::InfiniBand),
-            counters: &ib,
-        },
-        CounterPort {
-            device: "mlx5_1",
-            port: 1,
-            link_layer: Some(&LinkLayer::Ethernet),
-            counters: &eth,
-        },
+        CounterPort { device: "mlx5_0", port: 1, link_layer: Some(&LinkLayer::InfiniBand), counters: &ib },
+        CounterPort { device: "mlx5_1", port: 1, link_layer: Some(&LinkLayer::Ethernet), counters: &eth },
     ];
     let mut prev = CounterState::default();
-    for p in [
-        "mlx5_0:1:link_downed",
-        "mlx5_1:1:link_downed",
-        "mlx5_10:1:link_downed",
-    ] {
-        prev.counter_snapshots.insert(
-            p.into(),
-            eval::CounterSnapshot {
-                value: 0,
-                timestamp: T0,
-            },
-        );
+    for p in ["mlx5_0:1:link_downed", "mlx5_1:1:link_downed", "mlx5_10:1:link_downed"] {
+        prev.counter_snapshots.insert(p.into(), eval::CounterSnapshot { value: 0, timestamp: T0 });
     }
-    let (events, next) = evaluate(
-        &prev,
-        &ports,
-        &default_rules(),
-        T0 + Duration::seconds(1),
-        false,
-        &Stamp::default(),
-    );
+    let (events, next) = evaluate(&prev, &ports, &default_rules(), T0 + Duration::seconds(1), false, &Stamp::default());
     assert_eq!(events.len(), 2);
     // Only the InfiniBand check's batch was accepted.
     let mut committed = prev.clone();
@@ -602,20 +490,10 @@ fn adopt_ports_advances_only_the_committed_ports() {
     assert!(committed.is_breached("mlx5_0:1:link_downed"));
     assert!(!committed.is_breached("mlx5_1:1:link_downed"));
     assert_eq!(committed.counter_snapshots["mlx5_1:1:link_downed"].value, 0);
-    assert!(
-        committed
-            .counter_snapshots
-            .contains_key("mlx5_10:1:link_downed")
-    );
+    assert!(committed.counter_snapshots.contains_key("mlx5_10:1:link_downed"));
     // Re-evaluating the Ethernet port from the committed state reproduces its event.
-    let (again, _) = evaluate(
-        &committed,
-        &ports[1..],
-        &default_rules(),
-        T0 + Duration::seconds(2),
-        false,
-        &Stamp::default(),
-    );
+    let (again, _) =
+        evaluate(&committed, &ports[1..], &default_rules(), T0 + Duration::seconds(2), false, &Stamp::default());
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].check(), Some(Check::EthernetDegradationCheck));
 }

@@ -51,24 +51,18 @@ impl Width {
 /// `/sys/class/net/{interface}/carrier_changes`), or `None` when not known.
 pub fn width(path: &str) -> Option<Width> {
     let file = path.rsplit('/').next().unwrap_or(path);
-    let in_pma = path
-        .strip_prefix("counters/")
-        .is_some_and(|rest| !rest.contains('/'));
+    let in_pma = path.strip_prefix("counters/").is_some_and(|rest| !rest.contains('/'));
     if in_pma {
         let bits = match file {
             "local_link_integrity_errors" | "excessive_buffer_overrun_errors" => 4,
-            "link_error_recovery"
-            | "link_downed"
-            | "port_xmit_constraint_errors"
-            | "port_rcv_constraint_errors" => 8,
+            "link_error_recovery" | "link_downed" | "port_xmit_constraint_errors" | "port_rcv_constraint_errors" => 8,
             "symbol_error"
             | "port_rcv_errors"
             | "port_rcv_remote_physical_errors"
             | "port_rcv_switch_relay_errors"
             | "port_xmit_discards"
             | "VL15_dropped" => 16,
-            "port_xmit_data" | "port_rcv_data" | "port_xmit_packets" | "port_rcv_packets"
-            | "port_xmit_wait" => 32,
+            "port_xmit_data" | "port_rcv_data" | "port_xmit_packets" | "port_rcv_packets" | "port_xmit_wait" => 32,
             "port_unicast_xmit_packets"
             | "port_unicast_rcv_packets"
             | "port_multicast_xmit_packets"
@@ -110,20 +104,14 @@ mod tests {
             ("hw_counters/rnr_nak_retry_err", None),
             ("hw_counters/link_downed", None),
             ("/sys/class/net/{interface}/carrier_changes", None),
-            (
-                "/sys/class/net/{interface}/statistics/carrier_changes",
-                None,
-            ),
+            ("/sys/class/net/{interface}/statistics/carrier_changes", None),
             ("counters/unknown_thing", None),
             ("counters/sub/link_downed", None),
         ];
         for (path, max) in cases {
             assert_eq!(saturation_value(path), max, "{path}");
         }
-        assert_eq!(
-            width("/sys/class/net/{interface}/carrier_changes"),
-            Some(Width::Wrapping(32))
-        );
+        assert_eq!(width("/sys/class/net/{interface}/carrier_changes"), Some(Width::Wrapping(32)));
         assert_eq!(width("counters/link_downed").map(Width::bits), Some(8));
     }
 }

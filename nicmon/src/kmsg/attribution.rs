@@ -81,19 +81,12 @@ impl DeviceIndex {
             .collect();
         // "First PF" of a card = lowest PCI address.
         entries.sort_by(|a, b| (&a.pci_address, &a.device).cmp(&(&b.pci_address, &b.device)));
-        DeviceIndex {
-            entries,
-            bridges: BTreeMap::new(),
-        }
+        DeviceIndex { entries, bridges: BTreeMap::new() }
     }
 
     /// Build from a snapshot. `monitored` is the caller's decision (role ≠ management,
     /// not excluded, Mellanox); VFs are never monitored themselves.
-    pub fn from_snapshot(
-        snapshot: &Snapshot,
-        monitored: impl Fn(&Device) -> bool,
-        links: &HostLinks,
-    ) -> DeviceIndex {
+    pub fn from_snapshot(snapshot: &Snapshot, monitored: impl Fn(&Device) -> bool, links: &HostLinks) -> DeviceIndex {
         let entries = snapshot
             .devices
             .iter()
@@ -102,21 +95,14 @@ impl DeviceIndex {
                 pci_address: d.pci_address.clone(),
                 card: d.card.clone(),
                 netdev: d.netdev.clone(),
-                ifindex: d
-                    .netdev
-                    .as_ref()
-                    .and_then(|n| links.ifindex.get(n).copied()),
+                ifindex: d.netdev.as_ref().and_then(|n| links.ifindex.get(n).copied()),
                 monitored: !d.is_vf() && monitored(d),
                 is_vf: d.is_vf(),
             })
             .collect();
         let mut index = DeviceIndex::new(entries);
         for (device, bridges) in &links.bridges {
-            let card = index
-                .entries
-                .iter()
-                .find(|e| &e.device == device)
-                .and_then(|e| e.card.clone());
+            let card = index.entries.iter().find(|e| &e.device == device).and_then(|e| e.card.clone());
             if let Some(card) = card {
                 for b in bridges {
                     index = index.with_bridge(b, &card);
@@ -130,10 +116,7 @@ impl DeviceIndex {
     /// root port above a PCIe switch) attributes its lines to each of them: a fatal
     /// error on that link cuts them all off.
     pub fn with_bridge(mut self, bridge: &str, card: &str) -> DeviceIndex {
-        self.bridges
-            .entry(bridge.to_ascii_lowercase())
-            .or_default()
-            .insert(card.to_ascii_lowercase());
+        self.bridges.entry(bridge.to_ascii_lowercase()).or_default().insert(card.to_ascii_lowercase());
         self
     }
 
@@ -149,21 +132,14 @@ impl DeviceIndex {
             .filter(|e| e.monitored)
             .map(|e| e.card.clone().unwrap_or_else(|| e.device.clone()))
             .collect();
-        cards
-            .into_iter()
-            .filter_map(|c| self.card_target(&c))
-            .collect()
+        cards.into_iter().filter_map(|c| self.card_target(&c)).collect()
     }
 
     /// A PCI address: the device itself, a function on a known card (VF, other PF),
     /// or a bridge above known cards.
     pub fn resolve_bdf(&self, bdf: &str) -> Resolution {
         let bdf = bdf.to_ascii_lowercase();
-        if let Some(e) = self
-            .entries
-            .iter()
-            .find(|e| e.pci_address.as_deref() == Some(bdf.as_str()))
-        {
+        if let Some(e) = self.entries.iter().find(|e| e.pci_address.as_deref() == Some(bdf.as_str())) {
             return self.resolve_entry(e);
         }
         let card = card_of(&bdf);
@@ -180,11 +156,7 @@ impl DeviceIndex {
     }
 
     pub fn resolve_netdev(&self, name: &str) -> Resolution {
-        match self
-            .entries
-            .iter()
-            .find(|e| e.netdev.as_deref() == Some(name))
-        {
+        match self.entries.iter().find(|e| e.netdev.as_deref() == Some(name)) {
             Some(e) => self.resolve_entry(e),
             None => Resolution::Unknown,
         }
@@ -200,21 +172,13 @@ impl DeviceIndex {
     fn resolve_entry(&self, e: &IndexEntry) -> Resolution {
         if e.monitored {
             let card = e.card.clone().unwrap_or_else(|| e.device.clone());
-            let card_device = self
-                .card_target(&card)
-                .map_or_else(|| e.device.clone(), |t| t.device);
-            return Resolution::Known(vec![Target {
-                card,
-                device: e.device.clone(),
-                card_device,
-            }]);
+            let card_device = self.card_target(&card).map_or_else(|| e.device.clone(), |t| t.device);
+            return Resolution::Known(vec![Target { card, device: e.device.clone(), card_device }]);
         }
         if e.is_vf {
             // A VF's BDF may sit on another device number of the PF's bus (3b:01.2).
             if let Some(card) = &e.card
-                && let Some(r) = self
-                    .resolve_card(card, false)
-                    .or_else(|| self.resolve_card(card, true))
+                && let Some(r) = self.resolve_card(card, false).or_else(|| self.resolve_card(card, true))
             {
                 return r;
             }
@@ -230,10 +194,7 @@ impl DeviceIndex {
     /// unrelated devices, so the bus says nothing.
     fn resolve_card(&self, card: &str, by_bus: bool) -> Option<Resolution> {
         let pfs = |pred: &dyn Fn(&IndexEntry) -> bool| -> Vec<&IndexEntry> {
-            self.entries
-                .iter()
-                .filter(|e| !e.is_vf && pred(e))
-                .collect()
+            self.entries.iter().filter(|e| !e.is_vf && pred(e)).collect()
         };
         let mut on_card = pfs(&|e| e.card.as_deref() == Some(card));
         if by_bus {
@@ -251,20 +212,15 @@ impl DeviceIndex {
             return Some(Resolution::Known(Vec::new()));
         };
         let card = first.card.clone().unwrap_or_else(|| first.device.clone());
-        Some(Resolution::Known(
-            self.card_target(&card).into_iter().collect(),
-        ))
+        Some(Resolution::Known(self.card_target(&card).into_iter().collect()))
     }
 
     fn card_target(&self, card: &str) -> Option<Target> {
-        self.entries
-            .iter()
-            .find(|e| e.monitored && e.card.as_deref().unwrap_or(&e.device) == card)
-            .map(|e| Target {
-                card: card.to_string(),
-                device: e.device.clone(),
-                card_device: e.device.clone(),
-            })
+        self.entries.iter().find(|e| e.monitored && e.card.as_deref().unwrap_or(&e.device) == card).map(|e| Target {
+            card: card.to_string(),
+            device: e.device.clone(),
+            card_device: e.device.clone(),
+        })
     }
 }
 
@@ -308,16 +264,8 @@ mod tests {
     }
 
     fn known(device: &str, card: &str) -> Resolution {
-        let first = if card == "0000:3b:00" {
-            "mlx5_0"
-        } else {
-            device
-        };
-        Resolution::Known(vec![Target {
-            device: device.into(),
-            card: card.into(),
-            card_device: first.into(),
-        }])
+        let first = if card == "0000:3b:00" { "mlx5_0" } else { device };
+        Resolution::Known(vec![Target { device: device.into(), card: card.into(), card_device: first.into() }])
     }
 
     #[test]
@@ -340,10 +288,7 @@ mod tests {
         // Bus 0 of a VM: other functions on the bus are not the NIC's.
         let vm = DeviceIndex::new(vec![entry("mlx5_0", "0000:00:06.0", true, false)]);
         assert_eq!(vm.resolve_bdf("0000:00:03.0"), Resolution::Unknown);
-        assert_eq!(
-            vm.resolve_bdf("0000:00:06.1"),
-            known("mlx5_0", "0000:00:06")
-        );
+        assert_eq!(vm.resolve_bdf("0000:00:06.1"), known("mlx5_0", "0000:00:06"));
         assert_eq!(i.monitored_cards().len(), 2);
     }
 }

@@ -129,32 +129,14 @@ pub fn process(
                     if !admit(&mut st, key, pattern.dedup_window_seconds, rec, now) {
                         continue;
                     }
-                    let msg = format!(
-                        "{} on {}: {}",
-                        pattern.description,
-                        device,
-                        quote(&rec.text)
-                    );
-                    events.push(event(
-                        &pattern.id,
-                        fatal,
-                        action,
-                        vec![Entity::nic(device)],
-                        &msg,
-                        now,
-                        stamp,
-                    ));
+                    let msg = format!("{} on {}: {}", pattern.description, device, quote(&rec.text));
+                    events.push(event(&pattern.id, fatal, action, vec![Entity::nic(device)], &msg, now, stamp));
                 }
             }
         }
     }
     prune(&mut st, patterns, now);
-    Processed {
-        events,
-        state: st,
-        wake_hints,
-        skipped,
-    }
+    Processed { events, state: st, wake_hints, skipped }
 }
 
 /// The stateful rule: a `BUG: soft lockup` header opens a window of
@@ -191,32 +173,16 @@ fn soft_lockup(
     if targets.is_empty() {
         return None;
     }
-    let header_rec = Record {
-        ts_usec: header.ts_usec,
-        ..Record::plain(header.line.clone())
-    };
-    if !admit(
-        st,
-        format!("{SOFT_LOCKUP_ID}@node"),
-        rule.dedup_window_seconds,
-        &header_rec,
-        now,
-    ) {
+    let header_rec = Record { ts_usec: header.ts_usec, ..Record::plain(header.line.clone()) };
+    if !admit(st, format!("{SOFT_LOCKUP_ID}@node"), rule.dedup_window_seconds, &header_rec, now) {
         return None;
     }
-    let msg = format!(
-        "CPU soft lockup in the mlx5 driver ({}): {}",
-        rec.text.trim(),
-        quote(&header.line)
-    );
+    let msg = format!("CPU soft lockup in the mlx5 driver ({}): {}", rec.text.trim(), quote(&header.line));
     Some(event(
         SOFT_LOCKUP_ID,
         rule.fatal,
         rule.action,
-        targets
-            .into_iter()
-            .map(|t| Entity::nic(t.card_device))
-            .collect(),
+        targets.into_iter().map(|t| Entity::nic(t.card_device)).collect(),
         &msg,
         now,
         stamp,
@@ -293,13 +259,7 @@ fn admit(st: &mut KmsgState, key: String, window: u64, rec: &Record, now: Offset
             return false;
         }
     }
-    st.dedup.insert(
-        key,
-        DedupEntry {
-            at: now,
-            ts_usec: rec.ts_usec,
-        },
-    );
+    st.dedup.insert(key, DedupEntry { at: now, ts_usec: rec.ts_usec });
     true
 }
 
@@ -307,9 +267,7 @@ fn admit(st: &mut KmsgState, key: String, window: u64, rec: &Record, now: Offset
 fn prune(st: &mut KmsgState, patterns: &Patterns, now: OffsetDateTime) {
     st.dedup.retain(|key, e| {
         let id = key.split_once('@').map_or(key.as_str(), |(id, _)| id);
-        let window = patterns
-            .window_of(id)
-            .unwrap_or(patterns.default_window_seconds);
+        let window = patterns.window_of(id).unwrap_or(patterns.default_window_seconds);
         (now - e.at).whole_seconds() < window as i64
     });
 }
@@ -350,20 +308,13 @@ mod tests {
 
     #[test]
     fn finds_pci_addresses_in_text() {
-        let v: Vec<&str> = bdfs_in(
-            "pcieport 0000:00:01.0: AER: Uncorrectable (Fatal) error message received from 0000:01:00.0",
-        )
-        .collect();
+        let v: Vec<&str> =
+            bdfs_in("pcieport 0000:00:01.0: AER: Uncorrectable (Fatal) error message received from 0000:01:00.0")
+                .collect();
         assert_eq!(v, ["0000:00:01.0", "0000:01:00.0"]);
-        assert_eq!(
-            bdfs_in("x10000:01:00.0 0000:01:00.8 0000:01:00.12").count(),
-            0
-        );
+        assert_eq!(bdfs_in("x10000:01:00.0 0000:01:00.8 0000:01:00.12").count(), 0);
         assert_eq!(bdfs_in("").count(), 0);
-        assert_eq!(
-            bdfs_in("é0000:af:00.2é").collect::<Vec<_>>(),
-            ["0000:af:00.2"]
-        );
+        assert_eq!(bdfs_in("é0000:af:00.2é").collect::<Vec<_>>(), ["0000:af:00.2"]);
     }
 
     #[test]

@@ -25,10 +25,7 @@ pub const LINK_DOWN_ID: &str = "link_down_msg";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// A health event with this severity.
-    Event {
-        fatal: bool,
-        action: RecommendedAction,
-    },
+    Event { fatal: bool, action: RecommendedAction },
     /// No event: ask for an immediate poll.
     WakeHint,
 }
@@ -83,9 +80,7 @@ pub struct Patterns {
 impl Patterns {
     /// The built-in table with default severities.
     pub fn builtin() -> Patterns {
-        KmsgConfig::default()
-            .compile()
-            .expect("built-in kernel log patterns compile")
+        KmsgConfig::default().compile().expect("built-in kernel log patterns compile")
     }
 
     pub fn get(&self, id: &str) -> Option<&Pattern> {
@@ -94,9 +89,7 @@ impl Patterns {
 
     /// The first pattern matching `text`, with its captures.
     pub fn find<'t>(&self, text: &'t str) -> Option<(&Pattern, regex::Captures<'t>)> {
-        self.line
-            .iter()
-            .find_map(|p| p.regex.captures(text).map(|c| (p, c)))
+        self.line.iter().find_map(|p| p.regex.captures(text).map(|c| (p, c)))
     }
 
     /// The dedup window of a pattern id (soft lockup included), if configured.
@@ -159,28 +152,10 @@ const BUILTINS: &[Builtin] = &[
         REPLACE_VM,
         "mlx5 health poll: device health compromised",
     ),
-    ev(
-        "fw_fatal_error",
-        r"Fatal error \d+ detected",
-        true,
-        REPLACE_VM,
-        "mlx5 firmware fatal error",
-    ),
+    ev("fw_fatal_error", r"Fatal error \d+ detected", true, REPLACE_VM, "mlx5 firmware fatal error"),
     // Before fw_health_issue: `Health issue observed, unrecoverable hardware error, ...`.
-    ev(
-        "fw_unrecoverable",
-        r"unrecoverable hardware error",
-        true,
-        REPLACE_VM,
-        "mlx5 unrecoverable hardware error",
-    ),
-    ev(
-        "fw_health_issue",
-        r"Health issue observed, .*severity\(\d+\)",
-        false,
-        NONE,
-        "mlx5 firmware health issue",
-    ),
+    ev("fw_unrecoverable", r"unrecoverable hardware error", true, REPLACE_VM, "mlx5 unrecoverable hardware error"),
+    ev("fw_health_issue", r"Health issue observed, .*severity\(\d+\)", false, NONE, "mlx5 firmware health issue"),
     ev(
         "health_recovery_failed",
         r"health recovery failed|health recovery flow aborted, PCI reads still not working",
@@ -188,13 +163,7 @@ const BUILTINS: &[Builtin] = &[
         REPLACE_VM,
         "mlx5 health recovery failed",
     ),
-    ev(
-        "pci_slot_unavailable",
-        r"PCI slot is unavailable",
-        true,
-        REPLACE_VM,
-        "mlx5 PCI slot unavailable",
-    ),
+    ev("pci_slot_unavailable", r"PCI slot is unavailable", true, REPLACE_VM, "mlx5 PCI slot unavailable"),
     // `severity=` detail lines (wording changed in 6.8) and the root port's header line:
     // `Uncorrected (Fatal) error received: <BDF>` (old), `Uncorrectable (Fatal) error
     // message received from <BDF>` (6.8+).
@@ -220,20 +189,8 @@ const BUILTINS: &[Builtin] = &[
         NONE,
         "transmit queue timed out (NETDEV WATCHDOG)",
     )),
-    per_device(ev(
-        "tx_timeout",
-        r"TX timeout detected|TX timeout on queue: \d+",
-        false,
-        NONE,
-        "mlx5 TX timeout",
-    )),
-    per_device(ev(
-        "rx_timeout",
-        r"RX timeout on channel",
-        false,
-        NONE,
-        "mlx5 RX timeout",
-    )),
+    per_device(ev("tx_timeout", r"TX timeout detected|TX timeout on queue: \d+", false, NONE, "mlx5 TX timeout")),
+    per_device(ev("rx_timeout", r"RX timeout on channel", false, NONE, "mlx5 RX timeout")),
     ev(
         "insufficient_power",
         r"Detected insufficient power on the PCIe slot",
@@ -256,13 +213,7 @@ const BUILTINS: &[Builtin] = &[
         NONE,
         "high temperature",
     ),
-    per_device(ev(
-        "module_error",
-        r"Port module event\[error\]: module \d+, ",
-        false,
-        NONE,
-        "port module error",
-    )),
+    per_device(ev("module_error", r"Port module event\[error\]: module \d+, ", false, NONE, "port module error")),
     per_device(ev(
         "module_unplugged",
         r"Port module event: module \d+, Cable unplugged",
@@ -291,8 +242,7 @@ const BUILTINS: &[Builtin] = &[
 
 const SOFT_LOCKUP_HEADER: &str = r"BUG: soft lockup - CPU#\d+ stuck for \d+s!";
 /// A reliable frame (no `? ` prefix), or the RIP the CPU is stuck at.
-const SOFT_LOCKUP_FRAME: &str =
-    r"^\s*(?:RIP: [0-9a-fA-F]{4}:)?(?:mlx5e_napi_poll|mlx5e_poll_ico_cq)\+0x";
+const SOFT_LOCKUP_FRAME: &str = r"^\s*(?:RIP: [0-9a-fA-F]{4}:)?(?:mlx5e_napi_poll|mlx5e_poll_ico_cq)\+0x";
 
 /// `[kernelLog]` of the config file (embed as `#[serde(rename = "kernelLog", default)]`):
 ///
@@ -331,11 +281,7 @@ pub struct KmsgConfig {
 
 impl Default for KmsgConfig {
     fn default() -> Self {
-        KmsgConfig {
-            enabled: true,
-            dedup_window_seconds: DEFAULT_DEDUP_WINDOW_SECONDS,
-            patterns: Vec::new(),
-        }
+        KmsgConfig { enabled: true, dedup_window_seconds: DEFAULT_DEDUP_WINDOW_SECONDS, patterns: Vec::new() }
     }
 }
 
@@ -380,19 +326,11 @@ const MAX_WINDOW_SECONDS: u64 = 7 * 24 * 3600;
 impl KmsgConfig {
     /// Validate and build the effective pattern set.
     pub fn compile(&self) -> Result<Patterns, ConfigError> {
-        let top_err = |key: &'static str, problem: String| ConfigError {
-            index: 0,
-            name: String::new(),
-            key,
-            problem,
-        };
+        let top_err = |key: &'static str, problem: String| ConfigError { index: 0, name: String::new(), key, problem };
         if self.dedup_window_seconds > MAX_WINDOW_SECONDS {
             return Err(top_err(
                 "dedupWindowSeconds",
-                format!(
-                    "{} is more than {MAX_WINDOW_SECONDS} (a week)",
-                    self.dedup_window_seconds
-                ),
+                format!("{} is more than {MAX_WINDOW_SECONDS} (a week)", self.dedup_window_seconds),
             ));
         }
         let mut line: Vec<Pattern> = BUILTINS
@@ -425,30 +363,17 @@ impl KmsgConfig {
         let mut seen: BTreeSet<&str> = BTreeSet::new();
 
         for (index, pc) in self.patterns.iter().enumerate() {
-            let err = |key: &'static str, problem: String| ConfigError {
-                index,
-                name: pc.name.clone(),
-                key,
-                problem,
-            };
-            if pc.name.is_empty()
-                || !pc
-                    .name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
-            {
-                return Err(err(
-                    "name",
-                    "must be non-empty and use only letters, digits, '_', '-', '.'".into(),
-                ));
+            let err = |key: &'static str, problem: String| ConfigError { index, name: pc.name.clone(), key, problem };
+            if pc.name.is_empty() || !pc.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
+                return Err(err("name", "must be non-empty and use only letters, digits, '_', '-', '.'".into()));
             }
             if !seen.insert(&pc.name) {
                 return Err(err("name", "appears more than once".into()));
             }
             let regex = match &pc.regex {
-                Some(r) => Some(Regex::new(r).map_err(|e| {
-                    err("regex", e.to_string().lines().last().unwrap_or("").into())
-                })?),
+                Some(r) => {
+                    Some(Regex::new(r).map_err(|e| err("regex", e.to_string().lines().last().unwrap_or("").into()))?)
+                }
                 None => None,
             };
             let action = match &pc.action {
@@ -465,10 +390,7 @@ impl KmsgConfig {
             if let Some(w) = pc.dedup_window_seconds
                 && w > MAX_WINDOW_SECONDS
             {
-                return Err(err(
-                    "dedupWindowSeconds",
-                    format!("{w} is more than {MAX_WINDOW_SECONDS} (a week)"),
-                ));
+                return Err(err("dedupWindowSeconds", format!("{w} is more than {MAX_WINDOW_SECONDS} (a week)")));
             }
             let enabled = pc.enabled.unwrap_or(true);
 
@@ -518,23 +440,14 @@ impl KmsgConfig {
                         if pc.fatal.is_some() || action.is_some() {
                             return Err(err(
                                 "fatal",
-                                format!(
-                                    "{} is a wake-up hint, not an event: it takes no fatal or action",
-                                    pc.name
-                                ),
+                                format!("{} is a wake-up hint, not an event: it takes no fatal or action", pc.name),
                             ));
                         }
                     }
-                    Outcome::Event {
-                        fatal: old_fatal,
-                        action: old_action,
-                    } => {
+                    Outcome::Event { fatal: old_fatal, action: old_action } => {
                         let fatal = pc.fatal.unwrap_or(old_fatal);
-                        let action = action.unwrap_or(if pc.fatal.is_some() {
-                            default_action(fatal)
-                        } else {
-                            old_action
-                        });
+                        let action =
+                            action.unwrap_or(if pc.fatal.is_some() { default_action(fatal) } else { old_action });
                         p.outcome = Outcome::Event { fatal, action };
                     }
                 }
@@ -543,10 +456,7 @@ impl KmsgConfig {
 
             // A new pattern.
             let Some(regex) = regex else {
-                return Err(err(
-                    "regex",
-                    "required for a pattern that is not a built-in".into(),
-                ));
+                return Err(err("regex", "required for a pattern that is not a built-in".into()));
             };
             if !enabled {
                 continue;
@@ -555,25 +465,15 @@ impl KmsgConfig {
             added.push(Pattern {
                 id: pc.name.clone(),
                 regex,
-                outcome: Outcome::Event {
-                    fatal,
-                    action: action.unwrap_or(default_action(fatal)),
-                },
+                outcome: Outcome::Event { fatal, action: action.unwrap_or(default_action(fatal)) },
                 scope: pc.scope.unwrap_or(Card),
                 dedup_window_seconds: pc.dedup_window_seconds.unwrap_or(self.dedup_window_seconds),
-                description: pc
-                    .description
-                    .clone()
-                    .unwrap_or_else(|| format!("kernel log pattern {}", pc.name)),
+                description: pc.description.clone().unwrap_or_else(|| format!("kernel log pattern {}", pc.name)),
             });
         }
         line.retain(|p| !disabled.contains(&p.id));
         added.extend(line);
-        Ok(Patterns {
-            line: added,
-            soft_lockup,
-            default_window_seconds: self.dedup_window_seconds,
-        })
+        Ok(Patterns { line: added, soft_lockup, default_window_seconds: self.dedup_window_seconds })
     }
 }
 
@@ -599,18 +499,9 @@ mod tests {
     #[test]
     fn builtins_compile_with_defaults() {
         let p = Patterns::builtin();
-        assert_eq!(
-            p.get("access_reg_failed").unwrap().dedup_window_seconds,
-            86400
-        );
+        assert_eq!(p.get("access_reg_failed").unwrap().dedup_window_seconds, 86400);
         assert_eq!(p.get("cmd_timeout").unwrap().dedup_window_seconds, 60);
-        assert_eq!(
-            p.get("cmd_timeout").unwrap().outcome,
-            Outcome::Event {
-                fatal: true,
-                action: RESTART_BM
-            }
-        );
+        assert_eq!(p.get("cmd_timeout").unwrap().outcome, Outcome::Event { fatal: true, action: RESTART_BM });
         assert!(p.soft_lockup.is_some());
         assert_eq!(builtin_ids().len(), BUILTINS.len() + 1);
     }
@@ -635,24 +526,12 @@ mod tests {
             dedupWindowSeconds = 5
         "#);
         let p = c.compile().unwrap();
-        assert_eq!(
-            p.get("netdev_watchdog").unwrap().outcome,
-            Outcome::Event {
-                fatal: true,
-                action: REPLACE_VM
-            }
-        );
+        assert_eq!(p.get("netdev_watchdog").unwrap().outcome, Outcome::Event { fatal: true, action: REPLACE_VM });
         assert_eq!(p.get("netdev_watchdog").unwrap().dedup_window_seconds, 120);
         assert!(p.get("insufficient_power").is_none());
         assert!(p.soft_lockup.is_none());
         assert_eq!(p.line[0].id, "my_pattern");
-        assert_eq!(
-            p.line[0].outcome,
-            Outcome::Event {
-                fatal: false,
-                action: RecommendedAction::CONTACT_SUPPORT
-            }
-        );
+        assert_eq!(p.line[0].outcome, Outcome::Event { fatal: false, action: RecommendedAction::CONTACT_SUPPORT });
         assert_eq!(p.line[0].dedup_window_seconds, 5);
     }
 
@@ -705,10 +584,7 @@ mod tests {
         .compile()
         .unwrap_err();
         assert_eq!((e.index, e.name.as_str(), e.key), (1, "broken", "regex"));
-        assert!(
-            e.to_string()
-                .starts_with("kernelLog.patterns[1] (name \"broken\"): regex: ")
-        );
+        assert!(e.to_string().starts_with("kernelLog.patterns[1] (name \"broken\"): regex: "));
 
         let e = cfg(r#"
             [[patterns]]
@@ -720,23 +596,15 @@ mod tests {
         assert_eq!(e.key, "action");
         assert!(e.to_string().contains("REBOOT"));
 
-        let e = cfg("[[patterns]]\nname = \"new_one\"\nfatal = true\n")
-            .compile()
-            .unwrap_err();
+        let e = cfg("[[patterns]]\nname = \"new_one\"\nfatal = true\n").compile().unwrap_err();
         assert_eq!(e.key, "regex");
 
-        let e = cfg("[[patterns]]\nname = \"a b\"\nregex = \"x\"\n")
-            .compile()
-            .unwrap_err();
+        let e = cfg("[[patterns]]\nname = \"a b\"\nregex = \"x\"\n").compile().unwrap_err();
         assert_eq!(e.key, "name");
 
-        let e = cfg("[[patterns]]\nname = \"link_down_msg\"\nfatal = true\n")
-            .compile()
-            .unwrap_err();
+        let e = cfg("[[patterns]]\nname = \"link_down_msg\"\nfatal = true\n").compile().unwrap_err();
         assert_eq!(e.key, "fatal");
 
-        assert!(
-            toml::from_str::<KmsgConfig>("[[patterns]]\nname = \"x\"\nregexp = \"y\"\n").is_err()
-        );
+        assert!(toml::from_str::<KmsgConfig>("[[patterns]]\nname = \"x\"\nregexp = \"y\"\n").is_err());
     }
 }

@@ -74,10 +74,8 @@ impl KmsgTail {
         mut sink: impl FnMut(Delivery) -> bool + Send + 'static,
     ) -> io::Result<KmsgTail> {
         let path: PathBuf = path.as_ref().to_path_buf();
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(&path)?;
+        let file =
+            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(&path)?;
         let whence = match start {
             Start::End => libc::SEEK_END,
             Start::After(_) => libc::SEEK_SET,
@@ -96,11 +94,7 @@ impl KmsgTail {
         let thread = std::thread::Builder::new()
             .name("kmsg-tail".into())
             .spawn(move || tail(file, cursor, &stop_t, &overruns_t, &mut sink))?;
-        Ok(KmsgTail {
-            stop,
-            thread: Some(thread),
-            overruns,
-        })
+        Ok(KmsgTail { stop, thread: Some(thread), overruns })
     }
 
     /// A tail that sends into a `std::sync::mpsc` channel.
@@ -128,11 +122,7 @@ impl KmsgTail {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live u64 to our eventfd.
         unsafe {
-            libc::write(
-                self.stop.as_raw_fd(),
-                (&one as *const u64).cast(),
-                std::mem::size_of::<u64>(),
-            );
+            libc::write(self.stop.as_raw_fd(), (&one as *const u64).cast(), std::mem::size_of::<u64>());
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -156,13 +146,7 @@ fn eventfd() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn tail(
-    file: File,
-    cursor: Option<u64>,
-    stop: &OwnedFd,
-    overruns: &AtomicU64,
-    sink: &mut dyn FnMut(Delivery) -> bool,
-) {
+fn tail(file: File, cursor: Option<u64>, stop: &OwnedFd, overruns: &AtomicU64, sink: &mut dyn FnMut(Delivery) -> bool) {
     let fd = file.as_raw_fd();
     let mut buf = vec![0u8; READ_BUF];
     loop {
@@ -226,16 +210,8 @@ fn read_one(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
 fn wait(fd: RawFd, stop: RawFd) -> io::Result<bool> {
     loop {
         let mut fds = [
-            libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stop,
-                events: libc::POLLIN,
-                revents: 0,
-            },
+            libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: stop, events: libc::POLLIN, revents: 0 },
         ];
         // SAFETY: fds is a live array of two pollfd.
         let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
@@ -263,35 +239,33 @@ fn wait(fd: RawFd, stop: RawFd) -> io::Result<bool> {
 /// [`parse_text`]).
 pub fn read_file(path: impl AsRef<Path>) -> io::Result<Vec<Record>> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    let bytes = std::fs::read(path).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     Ok(parse_text(&bytes))
 }
 
 impl HostLinks {
-    /// Read the facts the index needs beyond the snapshot: each netdev's `ifindex` and
-    /// the PCI bridges above each device (`<sysfs>/bus/pci/devices/<BDF>` resolves to
-    /// `.../pci0000:00/0000:00:01.0/0000:01:00.0`). Unreadable values are left out.
-    pub fn read(sysfs: impl AsRef<Path>, snapshot: &Snapshot) -> HostLinks {
-        let sysfs = sysfs.as_ref();
+    /// Read the facts the index needs beyond the snapshot, through the host reader: each
+    /// netdev's `ifindex` and the PCI bridges above each device (nearest first).
+    /// Unreadable values are left out.
+    pub fn read(host: &crate::host::Host, snapshot: &Snapshot) -> HostLinks {
         let mut links = HostLinks::default();
         for d in &snapshot.devices {
             if let Some(n) = &d.netdev
-                && let Ok(s) =
-                    std::fs::read_to_string(sysfs.join("class/net").join(n).join("ifindex"))
+                && let Ok(s) = host.read_sys(&format!("class/net/{n}/ifindex"))
                 && let Ok(i) = s.trim().parse()
             {
                 links.ifindex.insert(n.clone(), i);
             }
             if let Some(bdf) = &d.pci_address
-                && let Ok(real) = std::fs::canonicalize(sysfs.join("bus/pci/devices").join(bdf))
+                && let Some(node) = crate::discovery::pci_node(host, bdf)
             {
-                let bridges: Vec<String> = real
-                    .ancestors()
+                let bridges: Vec<String> = node
+                    .path
+                    .iter()
+                    .rev()
                     .skip(1)
-                    .filter_map(|p| p.file_name()?.to_str())
                     .filter(|n| super::attribution::card_of(n).is_some() && n.len() == 12)
-                    .map(String::from)
+                    .cloned()
                     .collect();
                 if !bridges.is_empty() {
                     links.bridges.insert(d.name.clone(), bridges);
@@ -310,8 +284,7 @@ mod tests {
     fn host_links_from_a_sysfs_tree() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        let dev =
-            root.join("devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:03:00.0");
+        let dev = root.join("devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:03:00.0");
         std::fs::create_dir_all(&dev).unwrap();
         std::fs::create_dir_all(root.join("bus/pci/devices")).unwrap();
         std::os::unix::fs::symlink(&dev, root.join("bus/pci/devices/0000:03:00.0")).unwrap();
@@ -334,12 +307,9 @@ mod tests {
             }],
             ..Default::default()
         };
-        let links = HostLinks::read(root, &snap);
+        let links = HostLinks::read(&crate::host::Host::new(root, "/nonexistent"), &snap);
         assert_eq!(links.ifindex.get("ib0"), Some(&7));
-        assert_eq!(
-            links.bridges.get("mlx5_0").unwrap(),
-            &["0000:02:00.0", "0000:01:00.0", "0000:00:01.0"]
-        );
+        assert_eq!(links.bridges.get("mlx5_0").unwrap(), &["0000:02:00.0", "0000:01:00.0", "0000:00:01.0"]);
     }
 
     #[test]

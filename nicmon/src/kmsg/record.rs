@@ -25,10 +25,7 @@ impl DeviceRef {
         if let Some(rest) = v.strip_prefix('+')
             && let Some((subsystem, name)) = rest.split_once(':')
         {
-            return DeviceRef::Named {
-                subsystem: subsystem.to_string(),
-                name: name.to_string(),
-            };
+            return DeviceRef::Named { subsystem: subsystem.to_string(), name: name.to_string() };
         }
         if let Some(n) = v.strip_prefix('n')
             && let Ok(ifindex) = n.parse()
@@ -67,14 +64,7 @@ pub struct Record {
 impl Record {
     /// A plain text message (no header, no continuation lines).
     pub fn plain(text: impl Into<String>) -> Record {
-        Record {
-            prio: None,
-            seq: None,
-            ts_usec: None,
-            text: text.into(),
-            subsystem: None,
-            device: None,
-        }
+        Record { prio: None, seq: None, ts_usec: None, text: text.into(), subsystem: None, device: None }
     }
 
     /// `prio & 7`: 0 emerg … 7 debug.
@@ -135,10 +125,7 @@ fn is_continuation(line: &[u8]) -> bool {
     let Some(rest) = line.strip_prefix(b" ") else {
         return false;
     };
-    let key_len = rest
-        .iter()
-        .take_while(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || **b == b'_')
-        .count();
+    let key_len = rest.iter().take_while(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || **b == b'_').count();
     key_len > 0 && rest.get(key_len) == Some(&b'=')
 }
 
@@ -244,10 +231,7 @@ pub fn decode_escapes(raw: &[u8]) -> String {
     while i < raw.len() {
         if raw[i] == b'\\'
             && raw.get(i + 1) == Some(&b'x')
-            && let (Some(h), Some(l)) = (
-                raw.get(i + 2).and_then(|b| hex(*b)),
-                raw.get(i + 3).and_then(|b| hex(*b)),
-            )
+            && let (Some(h), Some(l)) = (raw.get(i + 2).and_then(|b| hex(*b)), raw.get(i + 3).and_then(|b| hex(*b)))
         {
             bytes.push(h << 4 | l);
             i += 4;
@@ -279,10 +263,7 @@ mod tests {
         assert_eq!(r.ts_usec, Some(5678901));
         assert!(r.text.starts_with("mlx5_core 0000:3b:00.0: poll_health"));
         assert_eq!(r.subsystem.as_deref(), Some("pci"));
-        assert_eq!(
-            r.device.as_ref().and_then(|d| d.pci()),
-            Some("0000:3b:00.0")
-        );
+        assert_eq!(r.device.as_ref().and_then(|d| d.pci()), Some("0000:3b:00.0"));
     }
 
     #[test]
@@ -337,10 +318,7 @@ mod tests {
                 "fourth"
             ]
         );
-        assert_eq!(
-            recs[0].device.as_ref().and_then(|d| d.pci()),
-            Some("0000:01:00.0")
-        );
+        assert_eq!(recs[0].device.as_ref().and_then(|d| d.pci()), Some("0000:01:00.0"));
         assert_eq!(recs[1].ts_usec, Some(12_500_000));
         assert_eq!(recs[1].seq, None);
         assert_eq!(recs[6].seq, Some(2));

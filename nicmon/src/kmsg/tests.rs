@@ -54,23 +54,13 @@ fn node() -> DeviceIndex {
 }
 
 fn stamp() -> Stamp {
-    Stamp {
-        node_name: "gpu-node-7".into(),
-        ..Default::default()
-    }
+    Stamp { node_name: "gpu-node-7".into(), ..Default::default() }
 }
 
 static BUILTIN: std::sync::LazyLock<Patterns> = std::sync::LazyLock::new(Patterns::builtin);
 
 fn run(records: &[Record]) -> Processed {
-    process(
-        &KmsgState::default(),
-        records,
-        &node(),
-        &BUILTIN,
-        T0,
-        &stamp(),
-    )
+    process(&KmsgState::default(), records, &node(), &BUILTIN, T0, &stamp())
 }
 
 /// (pattern id, fatal, action, entity).
@@ -104,10 +94,7 @@ fn reference_lines() -> Vec<(&'static str, Option<Expected>)> {
             "mlx5_core 0000:0d:00.0: print_health_info:431:(pid 0): Health issue observed, firmware internal error, severity(3) ERROR:",
             Some(("fw_health_issue", false, NONE, "mlx5_3")),
         ),
-        (
-            "mlx5_core 0000:0d:00.0: print_health_info:447:(pid 0): synd 0x1: firmware internal error",
-            None,
-        ),
+        ("mlx5_core 0000:0d:00.0: print_health_info:447:(pid 0): synd 0x1: firmware internal error", None),
         // .2 has no IB device of its own: it speaks for its card.
         (
             "mlx5_core 0000:0d:00.2: poll_health:801:(pid 0): device's health compromised - reached miss count",
@@ -121,18 +108,12 @@ fn reference_lines() -> Vec<(&'static str, Option<Expected>)> {
             "mlx5_core 0000:01:00.0: poll_health:795:(pid 0): Fatal error 1 detected",
             Some(("fw_fatal_error", true, REPLACE_VM, "mlx5_8")),
         ),
-        (
-            "mlx5_core 0000:01:00.0: PCIe Bus Error: severity=Corrected, type=Transaction Layer, (Receiver ID)",
-            None,
-        ),
+        ("mlx5_core 0000:01:00.0: PCIe Bus Error: severity=Corrected, type=Transaction Layer, (Receiver ID)", None),
         (
             "pcieport 0000:89:02.0: AER: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)",
             Some(("pcie_fatal", true, REPLACE_VM, "mlx5_9")),
         ),
-        (
-            "mlx5_core 0000:0b:00.0: Port module event: module 0, Cable plugged",
-            None,
-        ),
+        ("mlx5_core 0000:0b:00.0: Port module event: module 0, Cable plugged", None),
         (
             "mlx5_core 0000:0b:00.1: Port module event: module 1, Cable unplugged",
             Some(("module_unplugged", false, NONE, "mlx5_11")),
@@ -153,10 +134,7 @@ fn reference_lines() -> Vec<(&'static str, Option<Expected>)> {
             "NETDEV WATCHDOG: eth1 (mlx5_core): transmit queue 19 timed out",
             Some(("netdev_watchdog", false, NONE, "mlx5_14")),
         ),
-        (
-            "mlx5_core 0000:af:00.2 ens4f2: TX timeout detected",
-            Some(("tx_timeout", false, NONE, "mlx5_15")),
-        ),
+        ("mlx5_core 0000:af:00.2 ens4f2: TX timeout detected", Some(("tx_timeout", false, NONE, "mlx5_15"))),
         (
             "mlx5_core 0000:af:00.2 ens4f2: TX timeout on queue: 0, SQ: 0xe31ee, CQ: 0x484, SQ Cons: 0x0 SQ Prod: 0x7, usecs since last trans: 18439000",
             Some(("tx_timeout", false, NONE, "mlx5_15")),
@@ -164,21 +142,14 @@ fn reference_lines() -> Vec<(&'static str, Option<Expected>)> {
         ("mlx5_core 0000:01:00.0 enp1s0f0np0: Link down", None),
         ("mlx5_core 0000:01:00.0 enp1s0f0np0: Link up", None),
         // A recovery, not a failure.
-        (
-            "mlx5_core 0000:02:00.0: mlx5_cmd_eq_recover:247:(pid 3122): Recovered 1 EQEs on cmd_eq",
-            None,
-        ),
+        ("mlx5_core 0000:02:00.0: mlx5_cmd_eq_recover:247:(pid 3122): Recovered 1 EQEs on cmd_eq", None),
     ]
 }
 
 /// The line as `/dev/kmsg` delivers it: header, text, ` DEVICE=` of the printing device.
 fn as_kmsg(seq: u64, line: &str) -> Record {
     let mut buf = format!("3,{seq},{},-,caller=C0;{line}\n", 1_000_000 + seq);
-    if let Some(bdf) = line
-        .split_whitespace()
-        .nth(1)
-        .filter(|w| w.len() >= 12 && w.as_bytes()[4] == b':')
-    {
+    if let Some(bdf) = line.split_whitespace().nth(1).filter(|w| w.len() >= 12 && w.as_bytes()[4] == b':') {
         let bdf = bdf.trim_end_matches(':');
         buf.push_str(&format!(" SUBSYSTEM=pci\n DEVICE=+pci:{bdf}\n"));
     }
@@ -187,12 +158,7 @@ fn as_kmsg(seq: u64, line: &str) -> Record {
 
 fn summary(e: &HealthEvent) -> (String, bool, RecommendedAction, String) {
     assert_eq!(e.entities_impacted.len(), 1, "{e:?}");
-    (
-        e.error_code[0].clone(),
-        e.is_fatal,
-        e.recommended_action,
-        e.entities_impacted[0].entity_value.clone(),
-    )
+    (e.error_code[0].clone(), e.is_fatal, e.recommended_action, e.entities_impacted[0].entity_value.clone())
 }
 
 #[test]
@@ -201,10 +167,7 @@ fn every_reference_line_yields_its_documented_event() {
         for rec in [Record::plain(line), as_kmsg(i as u64 + 1, line)] {
             let out = run(std::slice::from_ref(&rec));
             let got: Vec<_> = out.events.iter().map(summary).collect();
-            let want: Vec<_> = want
-                .iter()
-                .map(|(id, f, a, d)| (id.to_string(), *f, *a, d.to_string()))
-                .collect();
+            let want: Vec<_> = want.iter().map(|(id, f, a, d)| (id.to_string(), *f, *a, d.to_string())).collect();
             assert_eq!(got, want, "line: {line} (record {rec:?})");
             for e in &out.events {
                 assert_eq!(e.check_name, "NICKernelLogCheck");
@@ -252,11 +215,7 @@ fn new_kernel_wordings_and_clues() {
             "pcie_fatal",
             "mlx5_0",
         ),
-        (
-            "pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: 0000:61:00.0",
-            "pcie_fatal",
-            "mlx5_0",
-        ),
+        ("pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: 0000:61:00.0", "pcie_fatal", "mlx5_0"),
         (
             "mlx5_core 0000:56:00.0: AER: PCIe Bus Error: severity=Uncorrectable (Non-Fatal), type=Transaction Layer, (Requester ID)",
             "pcie_nonfatal",
@@ -312,19 +271,13 @@ fn new_kernel_wordings_and_clues() {
         let out = run(&parse_text(line.as_bytes()));
         let got: Vec<_> = out.events.iter().map(summary).collect();
         assert_eq!(got.len(), 1, "{line}: {got:?}");
-        assert_eq!(
-            (got[0].0.as_str(), got[0].3.as_str()),
-            (*id, *dev),
-            "{line}"
-        );
+        assert_eq!((got[0].0.as_str(), got[0].3.as_str()), (*id, *dev), "{line}");
     }
 }
 
 #[test]
 fn netdev_messages_attribute_by_ifindex() {
-    let rec = parse_record(
-        b"4,10,20,-;mlx5_core: some netdev text TX timeout detected\n SUBSYSTEM=net\n DEVICE=n9\n",
-    );
+    let rec = parse_record(b"4,10,20,-;mlx5_core: some netdev text TX timeout detected\n SUBSYSTEM=net\n DEVICE=n9\n");
     let got: Vec<_> = run(&[rec]).events.iter().map(summary).collect();
     assert_eq!(got[0].3, "mlx5_14");
 }
@@ -367,10 +320,7 @@ fn one_event_per_card_per_dedup_window() {
     // PF .0 and .1 of one card print the same failure: one event.
     let out = process(
         &KmsgState::default(),
-        &[
-            health_compromised(1, 100, "0000:0d:00.0"),
-            health_compromised(2, 100, "0000:0d:00.1"),
-        ],
+        &[health_compromised(1, 100, "0000:0d:00.0"), health_compromised(2, 100, "0000:0d:00.1")],
         &idx,
         &pats,
         T0,
@@ -420,12 +370,7 @@ fn port_failures_are_per_device_card_failures_per_card() {
           mlx5_core 0000:0b:00.1: poll_health:795:(pid 0): Fatal error 1 detected\n\
           mlx5_core 0000:0b:00.0: poll_health:795:(pid 0): Fatal error 1 detected\n",
     );
-    let got: Vec<_> = run(&recs)
-        .events
-        .iter()
-        .map(summary)
-        .map(|s| (s.0, s.3))
-        .collect();
+    let got: Vec<_> = run(&recs).events.iter().map(summary).map(|s| (s.0, s.3)).collect();
     assert_eq!(
         got,
         [
@@ -440,38 +385,14 @@ fn port_failures_are_per_device_card_failures_per_card() {
 #[test]
 fn dedup_in_one_batch_follows_the_kernel_clock_and_plain_text_the_wall_clock() {
     // A replayed file: the kernel timestamps are 61 s apart → two events.
-    let out = run(&[
-        health_compromised(1, 100, "0000:0d:00.0"),
-        health_compromised(2, 161, "0000:0d:00.1"),
-    ]);
+    let out = run(&[health_compromised(1, 100, "0000:0d:00.0"), health_compromised(2, 161, "0000:0d:00.1")]);
     assert_eq!(out.events.len(), 2);
     // Plain text lines without timestamps: the wall clock of each invocation.
     let line = "mlx5_core 0000:0d:00.1: poll_health:801:(pid 0): device's health compromised - reached miss count";
     let (idx, pats) = (node(), Patterns::builtin());
-    let a = process(
-        &KmsgState::default(),
-        &[Record::plain(line)],
-        &idx,
-        &pats,
-        T0,
-        &stamp(),
-    );
-    let b = process(
-        &a.state,
-        &[Record::plain(line)],
-        &idx,
-        &pats,
-        T0 + time::Duration::seconds(59),
-        &stamp(),
-    );
-    let c = process(
-        &b.state,
-        &[Record::plain(line)],
-        &idx,
-        &pats,
-        T0 + time::Duration::seconds(60),
-        &stamp(),
-    );
+    let a = process(&KmsgState::default(), &[Record::plain(line)], &idx, &pats, T0, &stamp());
+    let b = process(&a.state, &[Record::plain(line)], &idx, &pats, T0 + time::Duration::seconds(59), &stamp());
+    let c = process(&b.state, &[Record::plain(line)], &idx, &pats, T0 + time::Duration::seconds(60), &stamp());
     assert_eq!((a.events.len(), b.events.len(), c.events.len()), (1, 0, 1));
 }
 
@@ -482,14 +403,7 @@ fn access_reg_failures_are_reported_once_a_day() {
     let mut st = KmsgState::default();
     let mut sent = 0;
     for hour in 0..=24 {
-        let out = process(
-            &st,
-            &[Record::plain(line)],
-            &idx,
-            &pats,
-            T0 + time::Duration::hours(hour),
-            &stamp(),
-        );
+        let out = process(&st, &[Record::plain(line)], &idx, &pats, T0 + time::Duration::hours(hour), &stamp());
         sent += out.events.len();
         st = out.state;
     }
@@ -499,14 +413,8 @@ fn access_reg_failures_are_reported_once_a_day() {
 #[test]
 fn resume_after_restart_skips_what_was_processed_and_counts_gaps() {
     let (idx, pats) = (node(), Patterns::builtin());
-    let first = process(
-        &KmsgState::default(),
-        &[health_compromised(41, 10, "0000:0d:00.0")],
-        &idx,
-        &pats,
-        T0,
-        &stamp(),
-    );
+    let first =
+        process(&KmsgState::default(), &[health_compromised(41, 10, "0000:0d:00.0")], &idx, &pats, T0, &stamp());
     assert_eq!(first.state.last_seq, Some(41));
     // The state file round trip.
     let json = serde_json::to_string(&first.state).unwrap();
@@ -521,24 +429,10 @@ fn resume_after_restart_skips_what_was_processed_and_counts_gaps() {
             42,
             "mlx5_core 0000:00:06.0: wait_func:1151:(pid 1193): ENABLE_HCA(0x104) timeout. Will cause a leak of a command resource",
         ),
-        as_kmsg(
-            45,
-            "mlx5_core 0000:01:00.0: poll_health:795:(pid 0): Fatal error 1 detected",
-        ),
+        as_kmsg(45, "mlx5_core 0000:01:00.0: poll_health:795:(pid 0): Fatal error 1 detected"),
     ];
-    let out = process(
-        &restored,
-        &again,
-        &idx,
-        &pats,
-        T0 + time::Duration::minutes(5),
-        &stamp(),
-    );
-    let codes: Vec<&str> = out
-        .events
-        .iter()
-        .map(|e| e.error_code[0].as_str())
-        .collect();
+    let out = process(&restored, &again, &idx, &pats, T0 + time::Duration::minutes(5), &stamp());
+    let codes: Vec<&str> = out.events.iter().map(|e| e.error_code[0].as_str()).collect();
     assert_eq!(codes, ["cmd_timeout", "fw_fatal_error"]);
     assert_eq!(out.skipped, 2);
     assert_eq!(out.state.last_seq, Some(45));
@@ -559,12 +453,8 @@ fn resume_after_restart_skips_what_was_processed_and_counts_gaps() {
 }
 
 fn lockup_trace(frame_after: usize, frame: &str) -> Vec<Record> {
-    let mut v = vec![Record::plain(
-        "watchdog: BUG: soft lockup - CPU#17 stuck for 22s! [kworker/17:2:3301]",
-    )];
-    v.push(Record::plain(
-        "CPU: 17 PID: 3301 Comm: kworker/17:2 Tainted: G           OEL",
-    ));
+    let mut v = vec![Record::plain("watchdog: BUG: soft lockup - CPU#17 stuck for 22s! [kworker/17:2:3301]")];
+    v.push(Record::plain("CPU: 17 PID: 3301 Comm: kworker/17:2 Tainted: G           OEL"));
     v.push(Record::plain(" ? mlx5e_napi_poll+0x12b/0x5c0 [mlx5_core]"));
     for i in 0..frame_after.saturating_sub(3) {
         v.push(Record::plain(format!(" some_frame_{i}+0x10/0x20")));
@@ -575,10 +465,7 @@ fn lockup_trace(frame_after: usize, frame: &str) -> Vec<Record> {
 
 #[test]
 fn soft_lockup_needs_the_header_and_a_reliable_mlx5_frame() {
-    let out = run(&lockup_trace(
-        20,
-        " mlx5e_napi_poll+0x12b/0x5c0 [mlx5_core]",
-    ));
+    let out = run(&lockup_trace(20, " mlx5e_napi_poll+0x12b/0x5c0 [mlx5_core]"));
     assert_eq!(out.events.len(), 1);
     let e = &out.events[0];
     assert_eq!(e.error_code, ["soft_lockup_mlx5"]);
@@ -588,62 +475,23 @@ fn soft_lockup_needs_the_header_and_a_reliable_mlx5_frame() {
     assert_eq!(e.entities_impacted.len(), node().monitored_cards().len());
     assert!(e.message.contains("CPU#17"));
 
-    assert_eq!(
-        run(&lockup_trace(
-            5,
-            "RIP: 0010:mlx5e_poll_ico_cq+0x4b/0x2c0 [mlx5_core]"
-        ))
-        .events
-        .len(),
-        1
-    );
+    assert_eq!(run(&lockup_trace(5, "RIP: 0010:mlx5e_poll_ico_cq+0x4b/0x2c0 [mlx5_core]")).events.len(), 1);
     // Only unreliable frames.
-    assert!(
-        run(&lockup_trace(
-            20,
-            " ? mlx5e_poll_ico_cq+0x4b/0x2c0 [mlx5_core]"
-        ))
-        .events
-        .is_empty()
-    );
+    assert!(run(&lockup_trace(20, " ? mlx5e_poll_ico_cq+0x4b/0x2c0 [mlx5_core]")).events.is_empty());
     // A lockup elsewhere.
-    assert!(
-        run(&lockup_trace(20, " ixgbe_poll+0x4b/0x2c0 [ixgbe]"))
-            .events
-            .is_empty()
-    );
+    assert!(run(&lockup_trace(20, " ixgbe_poll+0x4b/0x2c0 [ixgbe]")).events.is_empty());
     // The frame within 150 records of the header, not after.
-    assert_eq!(
-        run(&lockup_trace(150, " mlx5e_napi_poll+0x1/0x2"))
-            .events
-            .len(),
-        1
-    );
-    assert!(
-        run(&lockup_trace(151, " mlx5e_napi_poll+0x1/0x2"))
-            .events
-            .is_empty()
-    );
+    assert_eq!(run(&lockup_trace(150, " mlx5e_napi_poll+0x1/0x2")).events.len(), 1);
+    assert!(run(&lockup_trace(151, " mlx5e_napi_poll+0x1/0x2")).events.is_empty());
     // A frame without a header.
-    assert!(
-        run(&[Record::plain(" mlx5e_napi_poll+0x12b/0x5c0 [mlx5_core]")])
-            .events
-            .is_empty()
-    );
+    assert!(run(&[Record::plain(" mlx5e_napi_poll+0x12b/0x5c0 [mlx5_core]")]).events.is_empty());
 }
 
 #[test]
 fn soft_lockup_spans_batches() {
     let trace = lockup_trace(10, " mlx5e_napi_poll+0x12b/0x5c0 [mlx5_core]");
     let (idx, pats) = (node(), Patterns::builtin());
-    let a = process(
-        &KmsgState::default(),
-        &trace[..4],
-        &idx,
-        &pats,
-        T0,
-        &stamp(),
-    );
+    let a = process(&KmsgState::default(), &trace[..4], &idx, &pats, T0, &stamp());
     assert!(a.events.is_empty());
     assert!(a.state.pending_lockup.is_some());
     let st: KmsgState = serde_json::from_str(&serde_json::to_string(&a.state).unwrap()).unwrap();
@@ -681,19 +529,9 @@ fn operator_patterns_are_applied() {
     assert_eq!(
         got,
         [
-            (
-                "netdev_watchdog".into(),
-                true,
-                RecommendedAction::REPLACE_VM,
-                "mlx5_14".into()
-            ),
+            ("netdev_watchdog".into(), true, RecommendedAction::REPLACE_VM, "mlx5_14".into()),
             // Card-scoped (the default for new patterns): the card's first PF.
-            (
-                "pddr_fault".into(),
-                true,
-                RecommendedAction::RESTART_BM,
-                "mlx5_10".into()
-            ),
+            ("pddr_fault".into(), true, RecommendedAction::RESTART_BM, "mlx5_10".into()),
         ]
     );
 }
@@ -783,28 +621,19 @@ fn the_tail_returns_a_record_written_to_dev_kmsg() {
     let (tail, rx) = match KmsgTail::spawn_channel(DEV_KMSG, Start::End) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!(
-                "SKIP the_tail_returns_a_record_written_to_dev_kmsg: cannot open {DEV_KMSG}: {e}"
-            );
+            eprintln!("SKIP the_tail_returns_a_record_written_to_dev_kmsg: cannot open {DEV_KMSG}: {e}");
             return;
         }
     };
-    let marker = format!(
-        "nicmon-kmsg-test-{}-{}",
-        std::process::id(),
-        OffsetDateTime::now_utc().unix_timestamp_nanos()
-    );
-    let line = format!(
-        "<3>mlx5_core 0000:fe:1f.7: {marker} device's health compromised - reached miss count\n"
-    );
+    let marker =
+        format!("nicmon-kmsg-test-{}-{}", std::process::id(), OffsetDateTime::now_utc().unix_timestamp_nanos());
+    let line = format!("<3>mlx5_core 0000:fe:1f.7: {marker} device's health compromised - reached miss count\n");
     if let Err(e) = std::fs::OpenOptions::new()
         .write(true)
         .open(DEV_KMSG)
         .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()))
     {
-        eprintln!(
-            "SKIP the_tail_returns_a_record_written_to_dev_kmsg: cannot write {DEV_KMSG}: {e}"
-        );
+        eprintln!("SKIP the_tail_returns_a_record_written_to_dev_kmsg: cannot write {DEV_KMSG}: {e}");
         return;
     }
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -824,14 +653,7 @@ fn the_tail_returns_a_record_written_to_dev_kmsg() {
     assert!(found.seq.is_some() && found.ts_usec.is_some());
     // And it matches like any kernel line once the card is known.
     let idx = DeviceIndex::new(vec![pf("mlx5_0", "0000:fe:1f.0", None, true)]);
-    let out = process(
-        &KmsgState::default(),
-        std::slice::from_ref(&found),
-        &idx,
-        &Patterns::builtin(),
-        T0,
-        &stamp(),
-    );
+    let out = process(&KmsgState::default(), std::slice::from_ref(&found), &idx, &Patterns::builtin(), T0, &stamp());
     assert_eq!(out.events.len(), 1);
     assert_eq!(out.events[0].error_code, ["health_compromised"]);
 
@@ -845,18 +667,12 @@ fn the_tail_returns_a_record_written_to_dev_kmsg() {
         match rx2.recv_timeout(left) {
             Ok(Delivery::Records(recs)) => {
                 assert!(recs.iter().all(|r| r.seq.is_none_or(|s| s >= seq)));
-                if recs
-                    .iter()
-                    .any(|r| r.seq == Some(seq) && r.text.contains(&marker))
-                {
+                if recs.iter().any(|r| r.seq == Some(seq) && r.text.contains(&marker)) {
                     break;
                 }
             }
             Ok(Delivery::Failed(e)) => panic!("tail failed: {e}"),
-            Err(_) => panic!(
-                "resuming after seq {} did not return seq {seq} within 10 s",
-                seq - 1
-            ),
+            Err(_) => panic!("resuming after seq {} did not return seq {seq} within 10 s", seq - 1),
         }
     }
     tail2.stop();
