@@ -5,5 +5,7 @@
 //!   turn the host into a [`model::Snapshot`];
 //! - **decide** — pure functions of (previous state, snapshot, config, now);
 //! - **act** — dispatch events, then persist state.
+pub mod dispatch;
 pub mod event;
+pub mod metrics;
 pub mod model;
