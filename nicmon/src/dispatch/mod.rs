@@ -102,7 +102,8 @@ impl std::fmt::Display for SinkSpec {
 
 /// An open sink.
 pub enum Sink {
-    Grpc(GrpcSink),
+    // Boxed: the gRPC sink carries its whole configuration.
+    Grpc(Box<GrpcSink>),
     Stdout(LineSink<std::io::Stdout>),
     File(FileSink),
 }
@@ -112,7 +113,7 @@ impl Sink {
     /// fails once it is exhausted; use [`Sink::lazy`] to connect on the first send instead.
     pub async fn open(spec: &SinkSpec, grpc: GrpcConfig) -> Result<Sink, SendError> {
         Ok(match spec {
-            SinkSpec::Grpc => Sink::Grpc(GrpcSink::connect(grpc).await?),
+            SinkSpec::Grpc => Sink::Grpc(Box::new(GrpcSink::connect(grpc).await?)),
             _ => Sink::lazy(spec, grpc),
         })
     }
@@ -120,7 +121,7 @@ impl Sink {
     /// The sink `spec` names, without connecting yet.
     pub fn lazy(spec: &SinkSpec, grpc: GrpcConfig) -> Sink {
         match spec {
-            SinkSpec::Grpc => Sink::Grpc(GrpcSink::new(grpc)),
+            SinkSpec::Grpc => Sink::Grpc(Box::new(GrpcSink::new(grpc))),
             SinkSpec::Stdout => Sink::Stdout(LineSink::stdout()),
             SinkSpec::File(path) => Sink::File(FileSink::new(path.clone())),
         }
@@ -157,6 +158,24 @@ mod tests {
         for s in ["grpc", "stdout", "file:/x"] {
             assert_eq!(s.parse::<SinkSpec>().unwrap().to_string(), s);
         }
+    }
+
+    #[tokio::test]
+    async fn a_file_spec_opens_an_appending_sink() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let spec: SinkSpec = format!("file:{}", path.display()).parse().unwrap();
+        let grpc = GrpcConfig::new(DEFAULT_SOCKET.parse().unwrap());
+        let mut sink = Sink::open(&spec, grpc).await.unwrap();
+        let ev = HealthEvent::new(
+            crate::event::Check::EthernetStateCheck,
+            &crate::event::Stamp::default(),
+            time::OffsetDateTime::UNIX_EPOCH,
+            "eth2 down",
+        );
+        sink.send(std::slice::from_ref(&ev)).await.unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text, format!("{}\n", serde_json::to_string(&ev).unwrap()));
     }
 
     #[test]

@@ -465,7 +465,11 @@ mod tests {
             "down",
         )
         .unhealthy(true);
-        m.record_dispatch(Check::InfiniBandStateCheck, &[ev.clone()], &Ok(()));
+        m.record_dispatch(
+            Check::InfiniBandStateCheck,
+            std::slice::from_ref(&ev),
+            &Ok(()),
+        );
         let down = Err(SendError::Unavailable {
             target: "unix:///x".into(),
             attempts: 5,
