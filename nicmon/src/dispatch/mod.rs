@@ -100,6 +100,32 @@ impl std::fmt::Display for SinkSpec {
     }
 }
 
+/// The dispatch flags of `nicmon run` (NVSentinel drop-in names), for
+/// `#[command(flatten)]`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DispatchArgs {
+    /// Where events go: grpc (the platform connector), stdout or file:PATH (JSON lines).
+    #[arg(long, default_value = "grpc", value_name = "grpc|stdout|file:PATH")]
+    pub sink: SinkSpec,
+    /// The platform connector's unix socket.
+    #[arg(long, default_value = DEFAULT_SOCKET, value_name = "unix:///PATH")]
+    pub platform_connector_socket: SocketTarget,
+    /// File holding a bearer token for the connector; re-read on every call.
+    #[arg(long, value_name = "FILE")]
+    pub platform_connector_token_path: Option<PathBuf>,
+}
+
+impl DispatchArgs {
+    /// The gRPC sink's configuration, with the contract's connect and retry timings.
+    pub fn grpc_config(&self) -> GrpcConfig {
+        let mut config = GrpcConfig::new(self.platform_connector_socket.clone());
+        if let Some(path) = &self.platform_connector_token_path {
+            config.token = TokenSource::file(path);
+        }
+        config
+    }
+}
+
 /// An open sink.
 pub enum Sink {
     // Boxed: the gRPC sink carries its whole configuration.
@@ -176,6 +202,44 @@ mod tests {
         sink.send(std::slice::from_ref(&ev)).await.unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text, format!("{}\n", serde_json::to_string(&ev).unwrap()));
+    }
+
+    #[test]
+    fn dispatch_flags() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            dispatch: DispatchArgs,
+        }
+        let d = Cli::try_parse_from(["nicmon"]).unwrap().dispatch;
+        assert_eq!(d.sink, SinkSpec::Grpc);
+        assert_eq!(d.platform_connector_socket.to_string(), DEFAULT_SOCKET);
+        assert_eq!(d.grpc_config().token, TokenSource::none());
+
+        let d = Cli::try_parse_from([
+            "nicmon",
+            "--sink",
+            "file:/tmp/ev.jsonl",
+            "--platform-connector-socket",
+            "unix:///run/pc.sock",
+            "--platform-connector-token-path",
+            "/var/run/secrets/token",
+        ])
+        .unwrap()
+        .dispatch;
+        assert_eq!(d.sink, SinkSpec::File("/tmp/ev.jsonl".into()));
+        let config = d.grpc_config();
+        assert_eq!(config.target.path(), std::path::Path::new("/run/pc.sock"));
+        assert_eq!(config.token, TokenSource::file("/var/run/secrets/token"));
+
+        let e = Cli::try_parse_from(["nicmon", "--sink", "kafka"])
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string().contains("expected grpc, stdout or file:PATH"),
+            "{e}"
+        );
     }
 
     #[test]

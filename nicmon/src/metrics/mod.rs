@@ -24,6 +24,14 @@ use crate::event::{Check, HealthEvent};
 /// Default of `--metrics-port`.
 pub const DEFAULT_PORT: u16 = 2112;
 
+/// `--metrics-port`, for `#[command(flatten)]`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MetricsArgs {
+    /// Port of the Prometheus `/metrics` and `/healthz` endpoint.
+    #[arg(long, default_value_t = DEFAULT_PORT, value_name = "PORT")]
+    pub metrics_port: u16,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RoleLabels {
     role: String,
