@@ -1,0 +1,259 @@
+//! Dispatch: delivering health events to where they are consumed.
+//!
+//! One [`Sink::send`] call delivers one batch (one check's events of one poll cycle) and
+//! says whether it was accepted. The caller advances the check's persisted state only on
+//! `Ok(())` (SPEC §1.7, transactional dispatch); on `Err` it keeps the state, so the same
+//! events are produced and sent again on a later cycle — nothing is lost while the
+//! connector is down.
+//!
+//! - [`grpc`]: the NVSentinel platform connector over its unix socket;
+//! - [`lines`]: JSON lines (proto3 JSON form) on stdout or appended to a file;
+//! - [`convert`]: the event model → the wire messages.
+pub mod convert;
+pub mod grpc;
+pub mod lines;
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+pub use grpc::{
+    ConnectPolicy, DEFAULT_SOCKET, GrpcConfig, GrpcSink, RetryPolicy, SocketTarget, TokenError,
+    TokenSource,
+};
+pub use lines::{FileSink, LineSink};
+
+use crate::event::HealthEvent;
+
+/// Why a batch was not delivered. [`SendError::is_retryable`] tells the two kinds apart:
+/// a retryable failure may succeed later with the same batch; a permanent one will not
+/// (the connector refused this batch).
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// The connector could not be reached or did not answer (socket missing, connection
+    /// refused/reset, `Unavailable`, `DeadlineExceeded`). Retryable.
+    #[error("platform connector at {target} unavailable after {attempts} attempt(s): {last}")]
+    Unavailable {
+        target: String,
+        attempts: u32,
+        last: String,
+    },
+    /// The bearer token could not be read. Retryable once the file is fixed.
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    /// The connector answered with a non-retryable status. Permanent.
+    #[error("platform connector rejected the batch: {code:?}: {message}")]
+    Rejected { code: tonic::Code, message: String },
+    /// Writing the JSON lines failed. Retryable (disk full, stdout closed, ...).
+    #[error("cannot write events to {target}: {source}")]
+    Write {
+        target: String,
+        source: std::io::Error,
+    },
+}
+
+impl SendError {
+    /// Whether the same batch may be accepted by a later send.
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, SendError::Rejected { .. })
+    }
+}
+
+/// Where events go: `--sink grpc|stdout|file:PATH`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SinkSpec {
+    Grpc,
+    Stdout,
+    File(PathBuf),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SinkSpecError {
+    #[error("unknown sink {0:?}: expected grpc, stdout or file:PATH")]
+    Unknown(String),
+    #[error("sink \"file:\" needs a path, as in file:/var/log/nicmon/events.jsonl")]
+    MissingPath,
+}
+
+impl FromStr for SinkSpec {
+    type Err = SinkSpecError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "grpc" => Ok(SinkSpec::Grpc),
+            "stdout" => Ok(SinkSpec::Stdout),
+            _ => match s.strip_prefix("file:") {
+                Some("") => Err(SinkSpecError::MissingPath),
+                Some(path) => Ok(SinkSpec::File(PathBuf::from(path))),
+                None => Err(SinkSpecError::Unknown(s.to_string())),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for SinkSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SinkSpec::Grpc => f.write_str("grpc"),
+            SinkSpec::Stdout => f.write_str("stdout"),
+            SinkSpec::File(p) => write!(f, "file:{}", p.display()),
+        }
+    }
+}
+
+/// The dispatch flags of `nicmon run` (NVSentinel drop-in names), for
+/// `#[command(flatten)]`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DispatchArgs {
+    /// Where events go: grpc (the platform connector), stdout or file:PATH (JSON lines).
+    #[arg(long, default_value = "grpc", value_name = "grpc|stdout|file:PATH")]
+    pub sink: SinkSpec,
+    /// The platform connector's unix socket.
+    #[arg(long, default_value = DEFAULT_SOCKET, value_name = "unix:///PATH")]
+    pub platform_connector_socket: SocketTarget,
+    /// File holding a bearer token for the connector; re-read on every call.
+    #[arg(long, value_name = "FILE")]
+    pub platform_connector_token_path: Option<PathBuf>,
+}
+
+impl DispatchArgs {
+    /// The gRPC sink's configuration, with the contract's connect and retry timings.
+    pub fn grpc_config(&self) -> GrpcConfig {
+        let mut config = GrpcConfig::new(self.platform_connector_socket.clone());
+        if let Some(path) = &self.platform_connector_token_path {
+            config.token = TokenSource::file(path);
+        }
+        config
+    }
+}
+
+/// An open sink.
+pub enum Sink {
+    // Boxed: the gRPC sink carries its whole configuration.
+    Grpc(Box<GrpcSink>),
+    Stdout(LineSink<std::io::Stdout>),
+    File(FileSink),
+}
+
+impl Sink {
+    /// Open the sink `spec` names. For `grpc` this runs the initial connect policy and
+    /// fails once it is exhausted; use [`Sink::lazy`] to connect on the first send instead.
+    pub async fn open(spec: &SinkSpec, grpc: GrpcConfig) -> Result<Sink, SendError> {
+        Ok(match spec {
+            SinkSpec::Grpc => Sink::Grpc(Box::new(GrpcSink::connect(grpc).await?)),
+            _ => Sink::lazy(spec, grpc),
+        })
+    }
+
+    /// The sink `spec` names, without connecting yet.
+    pub fn lazy(spec: &SinkSpec, grpc: GrpcConfig) -> Sink {
+        match spec {
+            SinkSpec::Grpc => Sink::Grpc(Box::new(GrpcSink::new(grpc))),
+            SinkSpec::Stdout => Sink::Stdout(LineSink::stdout()),
+            SinkSpec::File(path) => Sink::File(FileSink::new(path.clone())),
+        }
+    }
+
+    /// Deliver `events` as one batch. `Ok(())` = accepted: advance the persisted state.
+    pub async fn send(&mut self, events: &[HealthEvent]) -> Result<(), SendError> {
+        match self {
+            Sink::Grpc(s) => s.send(events).await,
+            Sink::Stdout(s) => s.send(events),
+            Sink::File(s) => s.send(events).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sink_specs() {
+        assert_eq!("grpc".parse(), Ok(SinkSpec::Grpc));
+        assert_eq!("stdout".parse(), Ok(SinkSpec::Stdout));
+        assert_eq!(
+            "file:/var/log/ev.jsonl".parse(),
+            Ok(SinkSpec::File("/var/log/ev.jsonl".into()))
+        );
+        assert_eq!("file:".parse::<SinkSpec>(), Err(SinkSpecError::MissingPath));
+        let e = "kafka".parse::<SinkSpec>().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown sink \"kafka\": expected grpc, stdout or file:PATH"
+        );
+        for s in ["grpc", "stdout", "file:/x"] {
+            assert_eq!(s.parse::<SinkSpec>().unwrap().to_string(), s);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_file_spec_opens_an_appending_sink() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let spec: SinkSpec = format!("file:{}", path.display()).parse().unwrap();
+        let grpc = GrpcConfig::new(DEFAULT_SOCKET.parse().unwrap());
+        let mut sink = Sink::open(&spec, grpc).await.unwrap();
+        let ev = HealthEvent::new(
+            crate::event::Check::EthernetStateCheck,
+            &crate::event::Stamp::default(),
+            time::OffsetDateTime::UNIX_EPOCH,
+            "eth2 down",
+        );
+        sink.send(std::slice::from_ref(&ev)).await.unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text, format!("{}\n", serde_json::to_string(&ev).unwrap()));
+    }
+
+    #[test]
+    fn dispatch_flags() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            dispatch: DispatchArgs,
+        }
+        let d = Cli::try_parse_from(["nicmon"]).unwrap().dispatch;
+        assert_eq!(d.sink, SinkSpec::Grpc);
+        assert_eq!(d.platform_connector_socket.to_string(), DEFAULT_SOCKET);
+        assert_eq!(d.grpc_config().token, TokenSource::none());
+
+        let d = Cli::try_parse_from([
+            "nicmon",
+            "--sink",
+            "file:/tmp/ev.jsonl",
+            "--platform-connector-socket",
+            "unix:///run/pc.sock",
+            "--platform-connector-token-path",
+            "/var/run/secrets/token",
+        ])
+        .unwrap()
+        .dispatch;
+        assert_eq!(d.sink, SinkSpec::File("/tmp/ev.jsonl".into()));
+        let config = d.grpc_config();
+        assert_eq!(config.target.path(), std::path::Path::new("/run/pc.sock"));
+        assert_eq!(config.token, TokenSource::file("/var/run/secrets/token"));
+
+        let e = Cli::try_parse_from(["nicmon", "--sink", "kafka"])
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string().contains("expected grpc, stdout or file:PATH"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn only_rejections_are_permanent() {
+        let rejected = SendError::Rejected {
+            code: tonic::Code::PermissionDenied,
+            message: "nodeName".into(),
+        };
+        assert!(!rejected.is_retryable());
+        let down = SendError::Unavailable {
+            target: DEFAULT_SOCKET.into(),
+            attempts: 5,
+            last: "socket file missing".into(),
+        };
+        assert!(down.is_retryable());
+    }
+}

@@ -1,0 +1,169 @@
+//! The HTTP endpoint: `/metrics` (Prometheus) and `/healthz` (the poll loop's liveness).
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use super::Metrics;
+
+/// How many poll intervals may pass without a completed cycle before `/healthz` fails.
+pub const STALL_INTERVALS: u32 = 3;
+
+/// When the poll loop last completed a cycle. The loop calls
+/// [`Liveness::cycle_completed`]; `/healthz` asks [`Liveness::is_alive`].
+#[derive(Clone, Debug)]
+pub struct Liveness {
+    interval: Duration,
+    last: Arc<Mutex<Instant>>,
+}
+
+impl Liveness {
+    /// Counts as alive for `STALL_INTERVALS` intervals from now (the first poll's grace).
+    pub fn new(interval: Duration) -> Liveness {
+        Liveness::since(interval, Instant::now())
+    }
+
+    /// As if the last cycle completed at `last` (tests pass an instant in the past).
+    pub fn since(interval: Duration, last: Instant) -> Liveness {
+        Liveness {
+            interval,
+            last: Arc::new(Mutex::new(last)),
+        }
+    }
+
+    pub fn cycle_completed(&self) {
+        self.cycle_completed_at(Instant::now());
+    }
+
+    pub fn cycle_completed_at(&self, at: Instant) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = at;
+    }
+
+    /// Time since the last completed cycle, as seen at `now`.
+    pub fn age_at(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(*self.last.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    pub fn is_alive_at(&self, now: Instant) -> bool {
+        self.age_at(now) <= self.interval * STALL_INTERVALS
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.is_alive_at(Instant::now())
+    }
+}
+
+/// A running metrics endpoint.
+pub struct MetricsServer {
+    pub addr: SocketAddr,
+    pub task: JoinHandle<()>,
+}
+
+/// Listen on `0.0.0.0:port` (`--metrics-port`) and serve in a background task.
+pub async fn start(
+    port: u16,
+    metrics: Arc<Metrics>,
+    liveness: Liveness,
+) -> std::io::Result<MetricsServer> {
+    let listener = TcpListener::bind(("0.0.0.0", port)).await?;
+    Ok(serve(listener, metrics, liveness))
+}
+
+/// Serve on an already bound listener (tests bind port 0).
+pub fn serve(listener: TcpListener, metrics: Arc<Metrics>, liveness: Liveness) -> MetricsServer {
+    let addr = listener
+        .local_addr()
+        .expect("a bound listener has an address");
+    let task = tokio::spawn(async move {
+        loop {
+            let (stream, _) = match listener.accept().await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Out of file descriptors and the like: keep serving what we can.
+                    tracing::warn!("metrics endpoint: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let metrics = metrics.clone();
+            let liveness = liveness.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req| {
+                    let response = respond(&req, &metrics, &liveness);
+                    async move { Ok::<_, Infallible>(response) }
+                });
+                if let Err(e) = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+                {
+                    tracing::debug!("metrics endpoint: connection ended: {e}");
+                }
+            });
+        }
+    });
+    MetricsServer { addr, task }
+}
+
+fn respond(
+    req: &Request<Incoming>,
+    metrics: &Metrics,
+    liveness: &Liveness,
+) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n".into());
+    }
+    match req.uri().path() {
+        "/metrics" => Response::builder()
+            .header(
+                hyper::header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )
+            .body(Full::new(Bytes::from(metrics.encode())))
+            .expect("static headers are valid"),
+        "/healthz" => {
+            let age = liveness.age_at(Instant::now());
+            if liveness.is_alive() {
+                text(StatusCode::OK, "ok\n".into())
+            } else {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("poll loop stalled: last cycle completed {age:.1?} ago\n"),
+                )
+            }
+        }
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /metrics or /healthz\n".into(),
+        ),
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header(hyper::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(Full::new(Bytes::from(body)))
+        .expect("static headers are valid")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn liveness_window_is_three_intervals() {
+        let now = Instant::now();
+        let l = Liveness::since(Duration::from_secs(1), now);
+        assert!(l.is_alive_at(now + Duration::from_secs(3)));
+        assert!(!l.is_alive_at(now + Duration::from_millis(3001)));
+        l.cycle_completed_at(now + Duration::from_secs(10));
+        assert!(l.is_alive_at(now + Duration::from_secs(11)));
+    }
+}
