@@ -7,3 +7,4 @@
 //! - **act** — dispatch events, then persist state.
 pub mod event;
 pub mod model;
+pub mod wake;
