@@ -27,6 +27,9 @@ fn main() {
     if is_elf {
         let object = object.canonicalize().unwrap_or(object);
         println!("cargo::rustc-cfg=nicmon_ebpf");
-        println!("cargo::rustc-env=NICMON_EBPF_OBJECT_PATH={}", object.display());
+        println!(
+            "cargo::rustc-env=NICMON_EBPF_OBJECT_PATH={}",
+            object.display()
+        );
     }
 }

@@ -4,8 +4,7 @@
 mod support;
 
 use nicmon::wake::{
-    EMBEDDED_OBJECT, Hint, Hook, HookStatus, Mechanism, WakeMode, WakeOptions, WakeSource,
-    tracefs,
+    EMBEDDED_OBJECT, Hint, Hook, HookStatus, Mechanism, WakeMode, WakeOptions, WakeSource, tracefs,
 };
 use std::path::Path;
 use std::time::Duration;
@@ -26,7 +25,10 @@ fn status(source: &WakeSource, hook: Hook) -> &HookStatus {
 #[tokio::test]
 async fn qdisc_reset_wake_arrives_through_the_ring_buffer() {
     let Some(object) = EMBEDDED_OBJECT else {
-        return skip(TEST, "eBPF object not built (run `cargo xtask build-ebpf`, then rebuild)");
+        return skip(
+            TEST,
+            "eBPF object not built (run `cargo xtask build-ebpf`, then rebuild)",
+        );
     };
     if !is_root() {
         return skip(TEST, "needs root (BPF, tracefs, veth)");
@@ -47,7 +49,10 @@ async fn qdisc_reset_wake_arrives_through_the_ring_buffer() {
 
     // Every hook is either attached or says why not.
     for h in source.hooks() {
-        assert!(h.attached || h.reason.as_deref().is_some_and(|r| !r.is_empty()), "{h}");
+        assert!(
+            h.attached || h.reason.as_deref().is_some_and(|r| !r.is_empty()),
+            "{h}"
+        );
         assert_eq!(h.attached, h.via.is_some(), "{h}");
     }
 
@@ -56,7 +61,11 @@ async fn qdisc_reset_wake_arrives_through_the_ring_buffer() {
     for (hook, system, event) in [
         (Hook::QdiscReset, "qdisc", "qdisc_reset"),
         (Hook::NetDevXmitTimeout, "net", "net_dev_xmit_timeout"),
-        (Hook::DevlinkHealthReport, "devlink", "devlink_health_report"),
+        (
+            Hook::DevlinkHealthReport,
+            "devlink",
+            "devlink_health_report",
+        ),
         (Hook::DevlinkHwerr, "devlink", "devlink_hwerr"),
         (Hook::Mlx5Fw, "mlx5", "mlx5_fw"),
         (Hook::AerEvent, "ras", "aer_event"),
@@ -93,7 +102,10 @@ async fn qdisc_reset_wake_arrives_through_the_ring_buffer() {
         let s = status(&source, hook);
         if !kprobes {
             assert!(!s.attached, "{s}");
-            assert!(s.reason.as_deref().unwrap().contains("kprobes unavailable"), "{s}");
+            assert!(
+                s.reason.as_deref().unwrap().contains("kprobes unavailable"),
+                "{s}"
+            );
         }
     }
 
@@ -117,7 +129,13 @@ async fn qdisc_reset_wake_arrives_through_the_ring_buffer() {
     })
     .await
     .expect("no qdisc_reset wake-up for the veth pair within the deadline");
-    let latency = wake.delivery_latency_ns().expect("eBPF wake-ups carry a kernel timestamp");
-    eprintln!("qdisc_reset wake-up for {} after {} µs", wake.hint, latency / 1000);
+    let latency = wake
+        .delivery_latency_ns()
+        .expect("eBPF wake-ups carry a kernel timestamp");
+    eprintln!(
+        "qdisc_reset wake-up for {} after {} µs",
+        wake.hint,
+        latency / 1000
+    );
     assert!(latency < DEADLINE.as_nanos() as u64);
 }

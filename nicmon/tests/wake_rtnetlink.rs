@@ -20,8 +20,16 @@ async fn link_down_wakes_through_rtnetlink() {
         ..WakeOptions::default()
     };
     let mut source = WakeSource::start(&opts);
-    assert_eq!(source.mode(), WakeMode::RtnetlinkOnly, "{:?}", source.hooks());
-    assert_eq!(source.live_hooks().collect::<Vec<_>>(), vec![Hook::Rtnetlink]);
+    assert_eq!(
+        source.mode(),
+        WakeMode::RtnetlinkOnly,
+        "{:?}",
+        source.hooks()
+    );
+    assert_eq!(
+        source.live_hooks().collect::<Vec<_>>(),
+        vec![Hook::Rtnetlink]
+    );
     assert_eq!(source.hooks()[0].via, Some(Mechanism::Rtnetlink));
     assert!(source.ebpf_error().is_some());
 

@@ -93,11 +93,15 @@ fn rustup() -> Command {
 }
 
 fn ensure_toolchain() -> Result<()> {
-    let list = output(rustup().args(["toolchain", "list"])).context(
-        "rustup is required to provision the nightly toolchain (https://rustup.rs)",
-    )?;
-    if !list.lines().any(|l| l.starts_with(&format!("{TOOLCHAIN}-"))) {
-        step(format!("installing the {TOOLCHAIN} toolchain with rust-src"));
+    let list = output(rustup().args(["toolchain", "list"]))
+        .context("rustup is required to provision the nightly toolchain (https://rustup.rs)")?;
+    if !list
+        .lines()
+        .any(|l| l.starts_with(&format!("{TOOLCHAIN}-")))
+    {
+        step(format!(
+            "installing the {TOOLCHAIN} toolchain with rust-src"
+        ));
         status(rustup().args([
             "toolchain",
             "install",
@@ -109,13 +113,8 @@ fn ensure_toolchain() -> Result<()> {
         ]))?;
         return Ok(());
     }
-    let comps = output(rustup().args([
-        "component",
-        "list",
-        "--installed",
-        "--toolchain",
-        TOOLCHAIN,
-    ]))?;
+    let comps =
+        output(rustup().args(["component", "list", "--installed", "--toolchain", TOOLCHAIN]))?;
     if comps.lines().any(|l| l.trim() == "rust-src") {
         step(format!("{TOOLCHAIN} toolchain with rust-src: present"));
     } else {
@@ -185,7 +184,12 @@ impl LlvmInfo {
         let names: Vec<_> = self
             .libs
             .iter()
-            .map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned())
+            .map(|p| {
+                p.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned()
+            })
             .collect();
         format!(
             "bpf-linker {BPF_LINKER_VERSION}\nllvm-{}\n{}\n{}\n",
@@ -268,7 +272,11 @@ fn ensure_bpf_linker(root: &Path, llvm: &LlvmInfo, force: bool) -> Result<PathBu
             llvm.major
         )
     })?;
-    ensure!(bin.is_file(), "cargo install did not produce {}", bin.display());
+    ensure!(
+        bin.is_file(),
+        "cargo install did not produce {}",
+        bin.display()
+    );
     output(Command::new(&bin).arg("--version"))
         .with_context(|| format!("the freshly built {} does not run", bin.display()))?;
     fs::write(&stamp_path, want)
@@ -311,7 +319,11 @@ fn publish(built: &Path, dest: &Path) -> Result<()> {
         built.display()
     );
     if fs::read(dest).ok().as_deref() == Some(&new[..]) {
-        step(format!("{} is up to date ({} bytes)", dest.display(), new.len()));
+        step(format!(
+            "{} is up to date ({} bytes)",
+            dest.display(),
+            new.len()
+        ));
         return Ok(());
     }
     let dir = dest.parent().context("object path without a directory")?;

@@ -43,7 +43,12 @@ enum Target {
     },
 }
 
-const fn carrier(hook: Hook, name: &'static str, fentry: &'static str, kprobe: &'static str) -> Attach {
+const fn carrier(
+    hook: Hook,
+    name: &'static str,
+    fentry: &'static str,
+    kprobe: &'static str,
+) -> Attach {
     Attach {
         hook,
         target: Target::Function {
@@ -77,11 +82,38 @@ const fn tp(
 
 /// SPEC §1.8, in attach order.
 const ATTACH: [Attach; 14] = [
-    carrier(Hook::NetifCarrierOff, "netif_carrier_off", "fentry_netif_carrier_off", "kprobe_netif_carrier_off"),
-    carrier(Hook::NetifCarrierOn, "netif_carrier_on", "fentry_netif_carrier_on", "kprobe_netif_carrier_on"),
-    carrier(Hook::NetifCarrierEvent, "netif_carrier_event", "fentry_netif_carrier_event", "kprobe_netif_carrier_event"),
-    carrier(Hook::LinkwatchFireEvent, "linkwatch_fire_event", "fentry_linkwatch_fire_event", "kprobe_linkwatch_fire_event"),
-    tp(Hook::QdiscReset, "qdisc", "qdisc_reset", "tp_qdisc_reset", Some("dev"), None),
+    carrier(
+        Hook::NetifCarrierOff,
+        "netif_carrier_off",
+        "fentry_netif_carrier_off",
+        "kprobe_netif_carrier_off",
+    ),
+    carrier(
+        Hook::NetifCarrierOn,
+        "netif_carrier_on",
+        "fentry_netif_carrier_on",
+        "kprobe_netif_carrier_on",
+    ),
+    carrier(
+        Hook::NetifCarrierEvent,
+        "netif_carrier_event",
+        "fentry_netif_carrier_event",
+        "kprobe_netif_carrier_event",
+    ),
+    carrier(
+        Hook::LinkwatchFireEvent,
+        "linkwatch_fire_event",
+        "fentry_linkwatch_fire_event",
+        "kprobe_linkwatch_fire_event",
+    ),
+    tp(
+        Hook::QdiscReset,
+        "qdisc",
+        "qdisc_reset",
+        "tp_qdisc_reset",
+        Some("dev"),
+        None,
+    ),
     Attach {
         hook: Hook::IbDispatchEvent,
         target: Target::Function {
@@ -100,7 +132,14 @@ const ATTACH: [Attach; 14] = [
             module: Some("ib_core"),
         },
     },
-    tp(Hook::DevlinkHealthReport, "devlink", "devlink_health_report", "tp_devlink_health_report", Some("dev_name"), None),
+    tp(
+        Hook::DevlinkHealthReport,
+        "devlink",
+        "devlink_health_report",
+        "tp_devlink_health_report",
+        Some("dev_name"),
+        None,
+    ),
     tp(
         Hook::DevlinkHealthReporterStateUpdate,
         "devlink",
@@ -109,11 +148,46 @@ const ATTACH: [Attach; 14] = [
         Some("dev_name"),
         None,
     ),
-    tp(Hook::DevlinkHwerr, "devlink", "devlink_hwerr", "tp_devlink_hwerr", Some("dev_name"), None),
-    tp(Hook::Mlx5Cmd, "mlx5", "mlx5_cmd", "tp_mlx5_cmd", None, Some("mlx5_core")),
-    tp(Hook::Mlx5Fw, "mlx5", "mlx5_fw", "tp_mlx5_fw", None, Some("mlx5_core")),
-    tp(Hook::NetDevXmitTimeout, "net", "net_dev_xmit_timeout", "tp_net_dev_xmit_timeout", Some("name"), None),
-    tp(Hook::AerEvent, "ras", "aer_event", "tp_aer_event", Some("dev_name"), None),
+    tp(
+        Hook::DevlinkHwerr,
+        "devlink",
+        "devlink_hwerr",
+        "tp_devlink_hwerr",
+        Some("dev_name"),
+        None,
+    ),
+    tp(
+        Hook::Mlx5Cmd,
+        "mlx5",
+        "mlx5_cmd",
+        "tp_mlx5_cmd",
+        None,
+        Some("mlx5_core"),
+    ),
+    tp(
+        Hook::Mlx5Fw,
+        "mlx5",
+        "mlx5_fw",
+        "tp_mlx5_fw",
+        None,
+        Some("mlx5_core"),
+    ),
+    tp(
+        Hook::NetDevXmitTimeout,
+        "net",
+        "net_dev_xmit_timeout",
+        "tp_net_dev_xmit_timeout",
+        Some("name"),
+        None,
+    ),
+    tp(
+        Hook::AerEvent,
+        "ras",
+        "aer_event",
+        "tp_aer_event",
+        Some("dev_name"),
+        None,
+    ),
 ];
 
 /// Why the kernel programs could not be used at all.
@@ -159,10 +233,18 @@ impl EbpfWakes {
         let mut hint_loc = [0u32; HOOK_SLOTS];
         if let Ok(tfs) = &tracefs {
             for a in &ATTACH {
-                if let (Target::Tracepoint { system, event, hint_field: Some(field), .. }, Some(slot)) =
-                    (&a.target, a.hook.slot())
+                if let (
+                    Target::Tracepoint {
+                        system,
+                        event,
+                        hint_field: Some(field),
+                        ..
+                    },
+                    Some(slot),
+                ) = (&a.target, a.hook.slot())
                 {
-                    hint_loc[slot] = tracefs::data_loc_offset(tfs, system, event, field).unwrap_or(0);
+                    hint_loc[slot] =
+                        tracefs::data_loc_offset(tfs, system, event, field).unwrap_or(0);
                 }
             }
         }
@@ -232,15 +314,22 @@ pub fn wake_from_sample(sample: &[u8], received: Instant, received_ns: u64) -> O
     let hook = Hook::from_u32(rec.hook)?;
     let hint = match rec.hint_kind() {
         Some(HintKind::Name) => {
-            let end = rec.hint.iter().position(|&b| b == 0).unwrap_or(rec.hint.len());
+            let end = rec
+                .hint
+                .iter()
+                .position(|&b| b == 0)
+                .unwrap_or(rec.hint.len());
             match std::str::from_utf8(&rec.hint[..end]) {
                 Ok(s) if !s.is_empty() => Hint::Name(s.to_owned()),
                 _ => Hint::None,
             }
         }
-        Some(HintKind::Ifindex) => {
-            Hint::Ifindex(u32::from_ne_bytes([rec.hint[0], rec.hint[1], rec.hint[2], rec.hint[3]]))
-        }
+        Some(HintKind::Ifindex) => Hint::Ifindex(u32::from_ne_bytes([
+            rec.hint[0],
+            rec.hint[1],
+            rec.hint[2],
+            rec.hint[3],
+        ])),
         Some(HintKind::None) | None => Hint::None,
     };
     Some(Wake {
@@ -291,7 +380,8 @@ fn parse_kallsyms(text: &str, wanted: &[&str]) -> HashMap<String, Option<String>
     let mut found = HashMap::new();
     for line in text.lines() {
         let mut parts = line.split_whitespace();
-        let (Some(_addr), Some(kind), Some(name)) = (parts.next(), parts.next(), parts.next()) else {
+        let (Some(_addr), Some(kind), Some(name)) = (parts.next(), parts.next(), parts.next())
+        else {
             continue;
         };
         if !matches!(kind, "t" | "T") || !wanted.contains(&name) {
@@ -313,12 +403,19 @@ fn attach(
     facts: &KernelFacts,
 ) -> HookStatus {
     let status = match a.target {
-        Target::Function { name, fentry, kprobe, module } => {
-            attach_function(ebpf, name, fentry, kprobe, module, btf, facts)
-        }
-        Target::Tracepoint { system, event, program, module, .. } => {
-            attach_tracepoint(ebpf, system, event, program, module, tracefs)
-        }
+        Target::Function {
+            name,
+            fentry,
+            kprobe,
+            module,
+        } => attach_function(ebpf, name, fentry, kprobe, module, btf, facts),
+        Target::Tracepoint {
+            system,
+            event,
+            program,
+            module,
+            ..
+        } => attach_tracepoint(ebpf, system, event, program, module, tracefs),
     };
     let status = match status {
         Ok((via, refused)) => HookStatus {
@@ -363,13 +460,18 @@ fn attach_function(
     } else if facts.kallsyms_readable && !facts.symbols.contains_key(name) {
         Err(match module {
             Some(m) => format!("kprobe: {name} not in /proc/kallsyms (module {m} not loaded)"),
-            None => format!("kprobe: {name} not in /proc/kallsyms (not in this kernel, or inlined)"),
+            None => {
+                format!("kprobe: {name} not in /proc/kallsyms (not in this kernel, or inlined)")
+            }
         })
     } else {
         try_kprobe(ebpf, kprobe, name)
     };
     match kprobe_result {
-        Ok(()) => Ok((Mechanism::Kprobe, (!refused.is_empty()).then(|| refused.join("; ")))),
+        Ok(()) => Ok((
+            Mechanism::Kprobe,
+            (!refused.is_empty()).then(|| refused.join("; ")),
+        )),
         Err(e) => {
             refused.push(e);
             Err(refused.join("; "))
@@ -377,13 +479,20 @@ fn attach_function(
     }
 }
 
-fn try_fentry(ebpf: &mut Ebpf, prog: &str, function: &str, btf: Option<&Btf>) -> Result<(), String> {
+fn try_fentry(
+    ebpf: &mut Ebpf,
+    prog: &str,
+    function: &str,
+    btf: Option<&Btf>,
+) -> Result<(), String> {
     let btf = btf.ok_or("fentry unavailable: no kernel BTF at /sys/kernel/btf/vmlinux")?;
     let p: &mut FEntry = program(ebpf, prog)?
         .try_into()
         .map_err(|e: ProgramError| format!("fentry program {prog}: {e}"))?;
-    p.load(function, btf).map_err(|e| describe("fentry", "refused", &e))?;
-    p.attach().map_err(|e| describe("fentry", "attach failed", &e))?;
+    p.load(function, btf)
+        .map_err(|e| describe("fentry", "refused", &e))?;
+    p.attach()
+        .map_err(|e| describe("fentry", "attach failed", &e))?;
     Ok(())
 }
 
@@ -405,7 +514,9 @@ fn attach_tracepoint(
     module: Option<&str>,
     tracefs: &Result<PathBuf, String>,
 ) -> Result<(Mechanism, Option<String>), String> {
-    let tfs = tracefs.as_ref().map_err(|e| format!("tracepoint {system}:{event}: {e}"))?;
+    let tfs = tracefs
+        .as_ref()
+        .map_err(|e| format!("tracepoint {system}:{event}: {e}"))?;
     if !tracefs::event_dir(tfs, system, event).is_dir() {
         return Err(match module {
             Some(m) => format!("tracepoint {system}:{event} not present (module {m} not loaded)"),
@@ -415,7 +526,8 @@ fn attach_tracepoint(
     let p: &mut TracePoint = program(ebpf, prog)?
         .try_into()
         .map_err(|e: ProgramError| format!("tracepoint program {prog}: {e}"))?;
-    p.load().map_err(|e| describe("tracepoint", "refused", &e))?;
+    p.load()
+        .map_err(|e| describe("tracepoint", "refused", &e))?;
     p.attach(system, event)
         .map_err(|e| describe("tracepoint", "attach failed", &e))?;
     Ok((Mechanism::Tracepoint, None))
@@ -429,7 +541,10 @@ fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::
 /// "fentry refused: EPERM", with the verifier's first line when it said something.
 fn describe(mechanism: &str, what: &str, e: &ProgramError) -> String {
     match e {
-        ProgramError::LoadError { io_error, verifier_log } => {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
             let log = verifier_log.to_string();
             let first = log.lines().map(str::trim).find(|l| !l.is_empty());
             match first {
@@ -438,7 +553,11 @@ fn describe(mechanism: &str, what: &str, e: &ProgramError) -> String {
             }
         }
         ProgramError::SyscallError(s) => {
-            format!("{mechanism} {what}: {} in {}", errno_name(&s.io_error), s.call)
+            format!(
+                "{mechanism} {what}: {} in {}",
+                errno_name(&s.io_error),
+                s.call
+            )
         }
         other => format!("{mechanism} {what}: {other}"),
     }
@@ -534,7 +653,10 @@ mod tests {
         let mut rec = WakeRecord::new(Hook::AerEvent, 1);
         rec.flags = HintKind::Ifindex as u32;
         rec.hint[..4].copy_from_slice(&7u32.to_ne_bytes());
-        assert_eq!(wake_from_sample(&rec.to_bytes(), now, 1).unwrap().hint, Hint::Ifindex(7));
+        assert_eq!(
+            wake_from_sample(&rec.to_bytes(), now, 1).unwrap().hint,
+            Hint::Ifindex(7)
+        );
     }
 
     #[test]
@@ -547,7 +669,10 @@ mod tests {
         let mut rec = WakeRecord::new(Hook::QdiscReset, 1);
         rec.flags = HintKind::Name as u32;
         rec.hint = [0xff; 16];
-        assert_eq!(wake_from_sample(&rec.to_bytes(), now, 0).unwrap().hint, Hint::None);
+        assert_eq!(
+            wake_from_sample(&rec.to_bytes(), now, 0).unwrap().hint,
+            Hint::None
+        );
     }
 
     #[test]
@@ -556,7 +681,10 @@ mod tests {
                     0000000000000000 t ib_dispatch_event\t[ib_core]\n\
                     ffffffff81000010 D netif_carrier_on\n\
                     ffffffff81000020 T unrelated\n";
-        let s = parse_kallsyms(text, &["netif_carrier_off", "ib_dispatch_event", "netif_carrier_on"]);
+        let s = parse_kallsyms(
+            text,
+            &["netif_carrier_off", "ib_dispatch_event", "netif_carrier_on"],
+        );
         assert_eq!(s.get("netif_carrier_off"), Some(&None));
         assert_eq!(s.get("ib_dispatch_event"), Some(&Some("ib_core".into())));
         assert!(!s.contains_key("netif_carrier_on"), "data symbol");

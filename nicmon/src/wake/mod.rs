@@ -193,11 +193,13 @@ impl WakeSource {
         let mut ebpf_wakes = None;
 
         match opts.object {
-            None => ebpf_error = Some(if EBPF_EMBEDDED {
-                "eBPF disabled".to_string()
-            } else {
-                "eBPF object not embedded (built without `cargo xtask build-ebpf`)".to_string()
-            }),
+            None => {
+                ebpf_error = Some(if EBPF_EMBEDDED {
+                    "eBPF disabled".to_string()
+                } else {
+                    "eBPF object not embedded (built without `cargo xtask build-ebpf`)".to_string()
+                })
+            }
             Some(object) => {
                 let tracefs = match &opts.tracefs {
                     Some(p) => Ok(p.clone()),
@@ -215,8 +217,8 @@ impl WakeSource {
         let ebpf_live = hooks.iter().any(|h| h.attached);
 
         if opts.rtnetlink {
-            let started = rtnetlink::LinkSocket::open()
-                .and_then(|s| rtnetlink::spawn(s, tx.clone()));
+            let started =
+                rtnetlink::LinkSocket::open().and_then(|s| rtnetlink::spawn(s, tx.clone()));
             hooks.push(match started {
                 Ok(task) => {
                     tasks.push(task);
@@ -235,7 +237,9 @@ impl WakeSource {
                 },
             });
         }
-        let rtnl_live = hooks.iter().any(|h| h.hook == Hook::Rtnetlink && h.attached);
+        let rtnl_live = hooks
+            .iter()
+            .any(|h| h.hook == Hook::Rtnetlink && h.attached);
         let mode = match (ebpf_live, rtnl_live) {
             (true, _) => WakeMode::Ebpf,
             (false, true) => WakeMode::RtnetlinkOnly,

@@ -221,8 +221,16 @@ mod tests {
         assert_eq!(
             parse_link_messages(&dgram),
             vec![
-                LinkNotice { ifindex: 7, ifname: Some("eth0".into()), deleted: false },
-                LinkNotice { ifindex: 9, ifname: None, deleted: true },
+                LinkNotice {
+                    ifindex: 7,
+                    ifname: Some("eth0".into()),
+                    deleted: false
+                },
+                LinkNotice {
+                    ifindex: 9,
+                    ifname: None,
+                    deleted: true
+                },
             ]
         );
     }

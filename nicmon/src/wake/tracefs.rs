@@ -22,7 +22,10 @@ pub fn locate(mount: bool) -> Result<PathBuf, String> {
     }
     match mount_tracefs(Path::new(MOUNT_POINTS[0])) {
         Ok(()) => find().ok_or_else(|| {
-            format!("mounted tracefs at {} but it has no events/", MOUNT_POINTS[0])
+            format!(
+                "mounted tracefs at {} but it has no events/",
+                MOUNT_POINTS[0]
+            )
         }),
         Err(e) => Err(format!(
             "tracefs not mounted and mounting it at {} failed: {e}",
@@ -99,7 +102,10 @@ pub fn parse_data_loc_offset(format: &str, field: &str) -> Option<u32> {
         let Some(rest) = decl.strip_prefix("__data_loc ") else {
             continue;
         };
-        let name = rest.rsplit(|c: char| c.is_whitespace()).next().unwrap_or("");
+        let name = rest
+            .rsplit(|c: char| c.is_whitespace())
+            .next()
+            .unwrap_or("");
         if name == field && rest.trim_start().starts_with("char") && offset != 0 {
             return Some(offset);
         }

@@ -23,7 +23,9 @@ impl VethPair {
             b: format!("{base}b"),
         };
         assert!(pair.a.len() <= 15, "interface name too long: {}", pair.a);
-        ip(&["link", "add", &pair.a, "type", "veth", "peer", "name", &pair.b])?;
+        ip(&[
+            "link", "add", &pair.a, "type", "veth", "peer", "name", &pair.b,
+        ])?;
         ip(&["link", "set", &pair.a, "up"])?;
         ip(&["link", "set", &pair.b, "up"])?;
         Ok(pair)
