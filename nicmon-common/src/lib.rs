@@ -296,7 +296,7 @@ mod tests {
 
     #[test]
     fn unknown_hint_kind_is_none() {
-        assert_eq!(HintKind::from_flags(0x0000_0102), Some(HintKind::Name));
+        assert_eq!(HintKind::from_flags(0x0000_0101), Some(HintKind::Name));
         assert_eq!(HintKind::from_flags(9), None);
     }
 }
