@@ -23,3 +23,4 @@ pub mod report;
 pub mod roles;
 pub mod state;
 pub mod topology;
+pub mod wake;

@@ -1,4 +1,6 @@
 //! `cargo xtask <task>`: project tasks that need more than cargo.
+mod build_ebpf;
+
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -11,11 +13,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Build the eBPF kernel programs (provisions nightly rust-src and bpf-linker on first use).
-    BuildEbpf,
+    BuildEbpf(build_ebpf::Options),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
-        Task::BuildEbpf => anyhow::bail!("build-ebpf: not yet implemented"),
+        Task::BuildEbpf(opts) => build_ebpf::run(&opts),
     }
 }

@@ -1,0 +1,190 @@
+//! nicmon's kernel programs: one small program per attach point (SPEC §1.8). Each one
+//! records a [`WakeRecord`] (hook id, `bpf_ktime_get_ns`, optional hint) into the one
+//! ring buffer and wakes the agent — nothing else. The agent decides which of them load
+//! and attach on the running kernel.
+//!
+//! No kernel struct offset is compiled in (Rust eBPF has no CO-RE): the only data read
+//! is a tracepoint record string field, at the offset the agent found in the tracepoint's
+//! `format` file and wrote into [`HINT_LOC`] before loading.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::BPF_RB_FORCE_WAKEUP,
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes},
+    macros::{fentry, kprobe, map, tracepoint},
+    maps::RingBuf,
+    programs::{FEntryContext, ProbeContext, TracePointContext},
+};
+use nicmon_common::{HOOK_SLOTS, HintKind, Hook, WakeRecord};
+
+/// The one ring buffer: 64 KiB is 2,000 pending records; a full buffer drops wake-ups,
+/// which is harmless (the 1 s poll runs regardless).
+#[map]
+static WAKES: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
+
+/// Per hook slot ([`Hook::slot`]): offset in the tracepoint record of the
+/// `__data_loc char[]` field to copy as the hint; 0 = send no hint. Written by the agent
+/// at load time from `/sys/kernel/tracing/events/<system>/<event>/format`.
+#[unsafe(no_mangle)]
+static HINT_LOC: [u32; HOOK_SLOTS] = [0; HOOK_SLOTS];
+
+/// Upper bound of a sane `__data_loc` offset: records are small.
+const MAX_DATA_OFFSET: usize = 4096;
+
+#[inline(always)]
+fn now_ns() -> u64 {
+    // SAFETY: a helper without arguments.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+#[inline(always)]
+fn push<C: EbpfContext>(_ctx: &C, rec: &WakeRecord) -> u32 {
+    #[cfg(feature = "log")]
+    aya_log_ebpf::info!(_ctx, "nicmon wake: hook {}", rec.hook);
+    // Force the wake-up: records are rare and latency is the point.
+    let _ = WAKES.output::<WakeRecord>(rec, BPF_RB_FORCE_WAKEUP as u64);
+    0
+}
+
+#[inline(always)]
+fn wake<C: EbpfContext>(ctx: &C, hook: Hook) -> u32 {
+    push(ctx, &WakeRecord::new(hook, now_ns()))
+}
+
+#[inline(always)]
+fn wake_tracepoint(ctx: &TracePointContext, hook: Hook) -> u32 {
+    let mut rec = WakeRecord::new(hook, now_ns());
+    let slot = hook as usize;
+    if slot < HOOK_SLOTS {
+        // SAFETY: reading our own read-only global.
+        let field = unsafe { core::ptr::read_volatile(&HINT_LOC[slot]) } as usize;
+        if field != 0 && field < MAX_DATA_OFFSET {
+            // __data_loc: low 16 bits = offset of the string from the record start,
+            // high 16 bits = its length (with the NUL).
+            // SAFETY: bpf_probe_read_kernel of 4 bytes inside the record.
+            if let Ok(loc) = unsafe { ctx.read_at::<u32>(field) } {
+                let data = (loc & 0xffff) as usize;
+                if data != 0 && data < MAX_DATA_OFFSET {
+                    // SAFETY: bpf_probe_read_kernel_str into a fixed stack buffer; it
+                    // NUL-terminates and never writes past the buffer.
+                    let src = unsafe { (ctx.as_ptr() as *const u8).add(data) };
+                    if unsafe { bpf_probe_read_kernel_str_bytes(src, &mut rec.hint) }.is_ok() {
+                        rec.flags = HintKind::Name as u32;
+                    } else {
+                        rec.hint = [0; nicmon_common::HINT_LEN];
+                    }
+                }
+            }
+        }
+    }
+    push(ctx, &rec)
+}
+
+// --- netdev carrier: fentry (preferred) and kprobe variants of the same hooks ---
+
+#[fentry]
+pub fn fentry_netif_carrier_off(ctx: FEntryContext) -> u32 {
+    wake(&ctx, Hook::NetifCarrierOff)
+}
+
+#[fentry]
+pub fn fentry_netif_carrier_on(ctx: FEntryContext) -> u32 {
+    wake(&ctx, Hook::NetifCarrierOn)
+}
+
+#[fentry]
+pub fn fentry_netif_carrier_event(ctx: FEntryContext) -> u32 {
+    wake(&ctx, Hook::NetifCarrierEvent)
+}
+
+#[fentry]
+pub fn fentry_linkwatch_fire_event(ctx: FEntryContext) -> u32 {
+    wake(&ctx, Hook::LinkwatchFireEvent)
+}
+
+#[kprobe]
+pub fn kprobe_netif_carrier_off(ctx: ProbeContext) -> u32 {
+    wake(&ctx, Hook::NetifCarrierOff)
+}
+
+#[kprobe]
+pub fn kprobe_netif_carrier_on(ctx: ProbeContext) -> u32 {
+    wake(&ctx, Hook::NetifCarrierOn)
+}
+
+#[kprobe]
+pub fn kprobe_netif_carrier_event(ctx: ProbeContext) -> u32 {
+    wake(&ctx, Hook::NetifCarrierEvent)
+}
+
+#[kprobe]
+pub fn kprobe_linkwatch_fire_event(ctx: ProbeContext) -> u32 {
+    wake(&ctx, Hook::LinkwatchFireEvent)
+}
+
+// --- RDMA port events: kprobes into ib_core (module code: no fentry with aya) ---
+
+#[kprobe]
+pub fn kprobe_ib_dispatch_event(ctx: ProbeContext) -> u32 {
+    wake(&ctx, Hook::IbDispatchEvent)
+}
+
+#[kprobe]
+pub fn kprobe_ib_dispatch_event_clients(ctx: ProbeContext) -> u32 {
+    wake(&ctx, Hook::IbDispatchEventClients)
+}
+
+// --- tracepoints ---
+
+#[tracepoint]
+pub fn tp_qdisc_reset(ctx: TracePointContext) -> u32 {
+    wake_tracepoint(&ctx, Hook::QdiscReset)
+}
+
+#[tracepoint]
+pub fn tp_devlink_health_report(ctx: TracePointContext) -> u32 {
+    wake_tracepoint(&ctx, Hook::DevlinkHealthReport)
+}
+
+#[tracepoint]
+pub fn tp_devlink_health_reporter_state_update(ctx: TracePointContext) -> u32 {
+    wake_tracepoint(&ctx, Hook::DevlinkHealthReporterStateUpdate)
+}
+
+#[tracepoint]
+pub fn tp_devlink_hwerr(ctx: TracePointContext) -> u32 {
+    wake_tracepoint(&ctx, Hook::DevlinkHwerr)
+}
+
+#[tracepoint]
+pub fn tp_mlx5_cmd(ctx: TracePointContext) -> u32 {
+    wake_tracepoint(&ctx, Hook::Mlx5Cmd)
+}
+
+#[tracepoint]
+pub fn tp_mlx5_fw(ctx: TracePointContext) -> u32 {
+    wake_tracepoint(&ctx, Hook::Mlx5Fw)
+}
+
+#[tracepoint]
+pub fn tp_net_dev_xmit_timeout(ctx: TracePointContext) -> u32 {
+    wake_tracepoint(&ctx, Hook::NetDevXmitTimeout)
+}
+
+#[tracepoint]
+pub fn tp_aer_event(ctx: TracePointContext) -> u32 {
+    wake_tracepoint(&ctx, Hook::AerEvent)
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+/// GPL-compatible: the tracing helpers used above are GPL-only.
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

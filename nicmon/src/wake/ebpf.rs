@@ -1,0 +1,693 @@
+//! Loads the embedded kernel programs with aya and attaches them hook by hook: a hook
+//! the kernel refuses or lacks is recorded with the reason and the others carry on.
+//! Then drains the ring buffer into the wake-up channel.
+use super::{Hint, HookStatus, Mechanism, Wake, monotonic_ns, tracefs};
+use aya::maps::{MapData, RingBuf};
+use aya::programs::{FEntry, KProbe, ProgramError, TracePoint};
+use aya::{Btf, Ebpf, EbpfLoader};
+use nicmon_common::{HOOK_SLOTS, HintKind, Hook, WakeRecord};
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// Name of the ring buffer map and of the hint-offset global in the object.
+const RING_MAP: &str = "WAKES";
+const HINT_GLOBAL: &str = "HINT_LOC";
+
+/// How one hook attaches. Program names are the function names in `nicmon-ebpf`.
+struct Attach {
+    hook: Hook,
+    target: Target,
+}
+
+enum Target {
+    /// A kernel function: fentry when available (vmlinux only), else kprobe.
+    Function {
+        name: &'static str,
+        fentry: Option<&'static str>,
+        kprobe: &'static str,
+        /// The module that provides it, when it is not in vmlinux.
+        module: Option<&'static str>,
+    },
+    Tracepoint {
+        system: &'static str,
+        event: &'static str,
+        program: &'static str,
+        /// The `__data_loc char[]` field sent as the hint.
+        hint_field: Option<&'static str>,
+        module: Option<&'static str>,
+    },
+}
+
+const fn carrier(
+    hook: Hook,
+    name: &'static str,
+    fentry: &'static str,
+    kprobe: &'static str,
+) -> Attach {
+    Attach {
+        hook,
+        target: Target::Function {
+            name,
+            fentry: Some(fentry),
+            kprobe,
+            module: None,
+        },
+    }
+}
+
+const fn tp(
+    hook: Hook,
+    system: &'static str,
+    event: &'static str,
+    program: &'static str,
+    hint_field: Option<&'static str>,
+    module: Option<&'static str>,
+) -> Attach {
+    Attach {
+        hook,
+        target: Target::Tracepoint {
+            system,
+            event,
+            program,
+            hint_field,
+            module,
+        },
+    }
+}
+
+/// SPEC §1.8, in attach order.
+const ATTACH: [Attach; 14] = [
+    carrier(
+        Hook::NetifCarrierOff,
+        "netif_carrier_off",
+        "fentry_netif_carrier_off",
+        "kprobe_netif_carrier_off",
+    ),
+    carrier(
+        Hook::NetifCarrierOn,
+        "netif_carrier_on",
+        "fentry_netif_carrier_on",
+        "kprobe_netif_carrier_on",
+    ),
+    carrier(
+        Hook::NetifCarrierEvent,
+        "netif_carrier_event",
+        "fentry_netif_carrier_event",
+        "kprobe_netif_carrier_event",
+    ),
+    carrier(
+        Hook::LinkwatchFireEvent,
+        "linkwatch_fire_event",
+        "fentry_linkwatch_fire_event",
+        "kprobe_linkwatch_fire_event",
+    ),
+    tp(
+        Hook::QdiscReset,
+        "qdisc",
+        "qdisc_reset",
+        "tp_qdisc_reset",
+        Some("dev"),
+        None,
+    ),
+    Attach {
+        hook: Hook::IbDispatchEvent,
+        target: Target::Function {
+            name: "ib_dispatch_event",
+            fentry: None,
+            kprobe: "kprobe_ib_dispatch_event",
+            module: Some("ib_core"),
+        },
+    },
+    Attach {
+        hook: Hook::IbDispatchEventClients,
+        target: Target::Function {
+            name: "ib_dispatch_event_clients",
+            fentry: None,
+            kprobe: "kprobe_ib_dispatch_event_clients",
+            module: Some("ib_core"),
+        },
+    },
+    tp(
+        Hook::DevlinkHealthReport,
+        "devlink",
+        "devlink_health_report",
+        "tp_devlink_health_report",
+        Some("dev_name"),
+        None,
+    ),
+    tp(
+        Hook::DevlinkHealthReporterStateUpdate,
+        "devlink",
+        "devlink_health_reporter_state_update",
+        "tp_devlink_health_reporter_state_update",
+        Some("dev_name"),
+        None,
+    ),
+    tp(
+        Hook::DevlinkHwerr,
+        "devlink",
+        "devlink_hwerr",
+        "tp_devlink_hwerr",
+        Some("dev_name"),
+        None,
+    ),
+    tp(
+        Hook::Mlx5Cmd,
+        "mlx5",
+        "mlx5_cmd",
+        "tp_mlx5_cmd",
+        None,
+        Some("mlx5_core"),
+    ),
+    tp(
+        Hook::Mlx5Fw,
+        "mlx5",
+        "mlx5_fw",
+        "tp_mlx5_fw",
+        None,
+        Some("mlx5_core"),
+    ),
+    tp(
+        Hook::NetDevXmitTimeout,
+        "net",
+        "net_dev_xmit_timeout",
+        "tp_net_dev_xmit_timeout",
+        Some("name"),
+        None,
+    ),
+    tp(
+        Hook::AerEvent,
+        "ras",
+        "aer_event",
+        "tp_aer_event",
+        Some("dev_name"),
+        None,
+    ),
+];
+
+/// Why the kernel programs could not be used at all.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("loading the eBPF object failed: {0}")]
+    Object(#[source] Box<aya::EbpfError>),
+    #[error("the eBPF object has no ring buffer map {RING_MAP}")]
+    NoRingBuffer,
+    #[error("the eBPF ring buffer {RING_MAP} cannot be used: {0}")]
+    RingBuffer(#[source] aya::maps::MapError),
+    #[error("registering the eBPF ring buffer with tokio failed: {0}")]
+    Reactor(#[source] io::Error),
+}
+
+/// The loaded kernel programs. Holds the [`Ebpf`] object: dropping it detaches every hook.
+pub struct EbpfWakes {
+    _ebpf: Ebpf,
+    hooks: Vec<HookStatus>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for EbpfWakes {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl EbpfWakes {
+    /// Loads `object`, attaches every hook it can and starts draining the ring buffer into
+    /// `tx` (on the current tokio runtime). `tracefs` is where tracepoints live, or why
+    /// there is none (then every tracepoint hook reports that reason).
+    pub fn load(
+        object: &[u8],
+        tracefs: Result<PathBuf, String>,
+        tx: mpsc::Sender<Wake>,
+    ) -> Result<EbpfWakes, LoadError> {
+        raise_memlock_limit();
+        let btf = Btf::from_sys_fs().ok();
+
+        let mut hint_loc = [0u32; HOOK_SLOTS];
+        if let Ok(tfs) = &tracefs {
+            for a in &ATTACH {
+                if let (
+                    Target::Tracepoint {
+                        system,
+                        event,
+                        hint_field: Some(field),
+                        ..
+                    },
+                    Some(slot),
+                ) = (&a.target, a.hook.slot())
+                {
+                    hint_loc[slot] =
+                        tracefs::data_loc_offset(tfs, system, event, field).unwrap_or(0);
+                }
+            }
+        }
+
+        let mut ebpf = EbpfLoader::new()
+            .btf(btf.as_ref())
+            .override_global(HINT_GLOBAL, &hint_loc, true)
+            .load(object)
+            .map_err(|e| LoadError::Object(Box::new(e)))?;
+
+        let ring = ebpf.take_map(RING_MAP).ok_or(LoadError::NoRingBuffer)?;
+        let ring = RingBuf::try_from(ring).map_err(LoadError::RingBuffer)?;
+
+        let mut tasks = Vec::new();
+        // Only an object built with the `log` feature has the aya-log map.
+        if let Ok(logger) = aya_log::EbpfLogger::init_with_logger(&mut ebpf, TracingLog) {
+            match super::register_readable(logger) {
+                Ok(fd) => tasks.push(tokio::spawn(drive_logger(fd))),
+                Err(e) => tracing::warn!(error = %e, "eBPF log output unavailable"),
+            }
+        }
+
+        let probes = KernelFacts::read(tracefs.as_deref().ok());
+        let hooks = ATTACH
+            .iter()
+            .map(|a| attach(&mut ebpf, a, btf.as_ref(), &tracefs, &probes))
+            .collect();
+
+        let fd = super::register_readable(ring).map_err(LoadError::Reactor)?;
+        tasks.push(tokio::spawn(drain(fd, tx)));
+        Ok(EbpfWakes {
+            _ebpf: ebpf,
+            hooks,
+            tasks,
+        })
+    }
+
+    pub fn hooks(&self) -> &[HookStatus] {
+        &self.hooks
+    }
+}
+
+/// Drains the ring buffer on every readiness edge. The buffer is emptied before the
+/// readiness is cleared: clearing with records left loses the edge (TOOLCHAIN.md).
+async fn drain(mut fd: AsyncFd<RingBuf<MapData>>, tx: mpsc::Sender<Wake>) {
+    loop {
+        let Ok(mut guard) = fd.readable_mut().await else {
+            return;
+        };
+        let ring = guard.get_inner_mut();
+        while let Some(item) = ring.next() {
+            let (received, received_ns) = (Instant::now(), monotonic_ns());
+            let Some(wake) = wake_from_sample(&item, received, received_ns) else {
+                continue;
+            };
+            if !super::deliver(&tx, wake) {
+                return;
+            }
+        }
+        guard.clear_ready();
+    }
+}
+
+/// Decodes one ring-buffer sample; `None` for a short sample or an unknown hook id.
+pub fn wake_from_sample(sample: &[u8], received: Instant, received_ns: u64) -> Option<Wake> {
+    let rec = WakeRecord::from_bytes(sample)?;
+    let hook = Hook::from_u32(rec.hook)?;
+    let hint = match rec.hint_kind() {
+        Some(HintKind::Name) => {
+            let end = rec
+                .hint
+                .iter()
+                .position(|&b| b == 0)
+                .unwrap_or(rec.hint.len());
+            match std::str::from_utf8(&rec.hint[..end]) {
+                Ok(s) if !s.is_empty() => Hint::Name(s.to_owned()),
+                _ => Hint::None,
+            }
+        }
+        Some(HintKind::Ifindex) => Hint::Ifindex(u32::from_ne_bytes([
+            rec.hint[0],
+            rec.hint[1],
+            rec.hint[2],
+            rec.hint[3],
+        ])),
+        Some(HintKind::None) | None => Hint::None,
+    };
+    Some(Wake {
+        hook,
+        kernel_ts_ns: Some(rec.ts_ns),
+        hint,
+        received,
+        received_ns,
+    })
+}
+
+/// What the running kernel offers for attaching, read once.
+struct KernelFacts {
+    /// kprobes exist: the `kprobe` perf PMU or tracefs `kprobe_events`.
+    kprobes: bool,
+    /// `/proc/kallsyms`: function name → module (`None` for vmlinux), for the functions
+    /// this module probes. Empty when unreadable.
+    symbols: HashMap<String, Option<String>>,
+    kallsyms_readable: bool,
+}
+
+impl KernelFacts {
+    fn read(tracefs: Option<&Path>) -> Self {
+        let kprobes = Path::new("/sys/bus/event_source/devices/kprobe").exists()
+            || tracefs.is_some_and(|t| t.join("kprobe_events").exists());
+        let wanted: Vec<&str> = ATTACH
+            .iter()
+            .filter_map(|a| match a.target {
+                Target::Function { name, .. } => Some(name),
+                Target::Tracepoint { .. } => None,
+            })
+            .collect();
+        let (symbols, kallsyms_readable) = match std::fs::read_to_string("/proc/kallsyms") {
+            Ok(text) => (parse_kallsyms(&text, &wanted), true),
+            Err(_) => (HashMap::new(), false),
+        };
+        Self {
+            kprobes,
+            symbols,
+            kallsyms_readable,
+        }
+    }
+}
+
+/// Picks the `wanted` function symbols out of `/proc/kallsyms` text
+/// (`<addr> <type> <name>[\t[<module>]]`).
+fn parse_kallsyms(text: &str, wanted: &[&str]) -> HashMap<String, Option<String>> {
+    let mut found = HashMap::new();
+    for line in text.lines() {
+        let mut parts = line.split_whitespace();
+        let (Some(_addr), Some(kind), Some(name)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        if !matches!(kind, "t" | "T") || !wanted.contains(&name) {
+            continue;
+        }
+        let module = parts
+            .next()
+            .map(|m| m.trim_start_matches('[').trim_end_matches(']').to_owned());
+        found.insert(name.to_owned(), module);
+    }
+    found
+}
+
+fn attach(
+    ebpf: &mut Ebpf,
+    a: &Attach,
+    btf: Option<&Btf>,
+    tracefs: &Result<PathBuf, String>,
+    facts: &KernelFacts,
+) -> HookStatus {
+    let status = match a.target {
+        Target::Function {
+            name,
+            fentry,
+            kprobe,
+            module,
+        } => attach_function(ebpf, name, fentry, kprobe, module, btf, facts),
+        Target::Tracepoint {
+            system,
+            event,
+            program,
+            module,
+            ..
+        } => attach_tracepoint(ebpf, system, event, program, module, tracefs),
+    };
+    let status = match status {
+        Ok((via, refused)) => HookStatus {
+            hook: a.hook,
+            attached: true,
+            via: Some(via),
+            reason: refused,
+        },
+        Err(reason) => HookStatus {
+            hook: a.hook,
+            attached: false,
+            via: None,
+            reason: Some(reason),
+        },
+    };
+    match status.attached {
+        true => tracing::debug!(hook = a.hook.name(), "{status}"),
+        false => tracing::info!(hook = a.hook.name(), "{status}"),
+    }
+    status
+}
+
+/// `Ok((mechanism, why the preferred mechanism was refused))` or `Err(every reason)`.
+fn attach_function(
+    ebpf: &mut Ebpf,
+    name: &str,
+    fentry: Option<&str>,
+    kprobe: &str,
+    module: Option<&str>,
+    btf: Option<&Btf>,
+    facts: &KernelFacts,
+) -> Result<(Mechanism, Option<String>), String> {
+    let mut refused = Vec::new();
+    if let Some(prog) = fentry {
+        match try_fentry(ebpf, prog, name, btf) {
+            Ok(()) => return Ok((Mechanism::Fentry, None)),
+            Err(e) => refused.push(e),
+        }
+    }
+    let kprobe_result = if !facts.kprobes {
+        Err("kprobes unavailable: CONFIG_KPROBES off (no kprobe PMU, no kprobe_events)".to_string())
+    } else if facts.kallsyms_readable && !facts.symbols.contains_key(name) {
+        Err(match module {
+            Some(m) => format!("kprobe: {name} not in /proc/kallsyms (module {m} not loaded)"),
+            None => {
+                format!("kprobe: {name} not in /proc/kallsyms (not in this kernel, or inlined)")
+            }
+        })
+    } else {
+        try_kprobe(ebpf, kprobe, name)
+    };
+    match kprobe_result {
+        Ok(()) => Ok((
+            Mechanism::Kprobe,
+            (!refused.is_empty()).then(|| refused.join("; ")),
+        )),
+        Err(e) => {
+            refused.push(e);
+            Err(refused.join("; "))
+        }
+    }
+}
+
+fn try_fentry(
+    ebpf: &mut Ebpf,
+    prog: &str,
+    function: &str,
+    btf: Option<&Btf>,
+) -> Result<(), String> {
+    let btf = btf.ok_or("fentry unavailable: no kernel BTF at /sys/kernel/btf/vmlinux")?;
+    let p: &mut FEntry = program(ebpf, prog)?
+        .try_into()
+        .map_err(|e: ProgramError| format!("fentry program {prog}: {e}"))?;
+    p.load(function, btf)
+        .map_err(|e| describe("fentry", "refused", &e))?;
+    p.attach()
+        .map_err(|e| describe("fentry", "attach failed", &e))?;
+    Ok(())
+}
+
+fn try_kprobe(ebpf: &mut Ebpf, prog: &str, function: &str) -> Result<(), String> {
+    let p: &mut KProbe = program(ebpf, prog)?
+        .try_into()
+        .map_err(|e: ProgramError| format!("kprobe program {prog}: {e}"))?;
+    p.load().map_err(|e| describe("kprobe", "refused", &e))?;
+    p.attach(function, 0)
+        .map_err(|e| describe("kprobe", "attach failed", &e))?;
+    Ok(())
+}
+
+fn attach_tracepoint(
+    ebpf: &mut Ebpf,
+    system: &str,
+    event: &str,
+    prog: &str,
+    module: Option<&str>,
+    tracefs: &Result<PathBuf, String>,
+) -> Result<(Mechanism, Option<String>), String> {
+    let tfs = tracefs
+        .as_ref()
+        .map_err(|e| format!("tracepoint {system}:{event}: {e}"))?;
+    if !tracefs::event_dir(tfs, system, event).is_dir() {
+        return Err(match module {
+            Some(m) => format!("tracepoint {system}:{event} not present (module {m} not loaded)"),
+            None => format!("tracepoint {system}:{event} not present in this kernel"),
+        });
+    }
+    let p: &mut TracePoint = program(ebpf, prog)?
+        .try_into()
+        .map_err(|e: ProgramError| format!("tracepoint program {prog}: {e}"))?;
+    p.load()
+        .map_err(|e| describe("tracepoint", "refused", &e))?;
+    p.attach(system, event)
+        .map_err(|e| describe("tracepoint", "attach failed", &e))?;
+    Ok((Mechanism::Tracepoint, None))
+}
+
+fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program, String> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| format!("program {name} missing from the eBPF object"))
+}
+
+/// "fentry refused: EPERM", with the verifier's first line when it said something.
+fn describe(mechanism: &str, what: &str, e: &ProgramError) -> String {
+    match e {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            let first = log.lines().map(str::trim).find(|l| !l.is_empty());
+            match first {
+                Some(l) => format!("{mechanism} {what}: {} ({l})", errno_name(io_error)),
+                None => format!("{mechanism} {what}: {}", errno_name(io_error)),
+            }
+        }
+        ProgramError::SyscallError(s) => {
+            format!(
+                "{mechanism} {what}: {} in {}",
+                errno_name(&s.io_error),
+                s.call
+            )
+        }
+        other => format!("{mechanism} {what}: {other}"),
+    }
+}
+
+/// The errno's symbolic name when it is one the BPF syscalls commonly return.
+fn errno_name(e: &io::Error) -> String {
+    let name = match e.raw_os_error() {
+        Some(libc::EPERM) => "EPERM",
+        Some(libc::EACCES) => "EACCES",
+        Some(libc::EINVAL) => "EINVAL",
+        Some(libc::ENOENT) => "ENOENT",
+        Some(libc::E2BIG) => "E2BIG",
+        Some(libc::EBUSY) => "EBUSY",
+        Some(libc::ENOSPC) => "ENOSPC",
+        Some(libc::ENOMEM) => "ENOMEM",
+        Some(libc::EOPNOTSUPP) => "EOPNOTSUPP",
+        Some(libc::ESRCH) => "ESRCH",
+        Some(524) => "ENOTSUPP",
+        _ => return e.to_string(),
+    };
+    name.to_string()
+}
+
+/// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; later ones ignore it.
+fn raise_memlock_limit() {
+    let lim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: valid pointer to a rlimit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) } != 0 {
+        tracing::debug!(error = %io::Error::last_os_error(), "cannot raise RLIMIT_MEMLOCK");
+    }
+}
+
+/// Forwards aya-log records (kernel programs built with the `log` feature) to `tracing`.
+struct TracingLog;
+
+impl log::Log for TracingLog {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        let msg = record.args();
+        match record.level() {
+            log::Level::Error => tracing::error!(target: "nicmon::ebpf", "{msg}"),
+            log::Level::Warn => tracing::warn!(target: "nicmon::ebpf", "{msg}"),
+            log::Level::Info => tracing::info!(target: "nicmon::ebpf", "{msg}"),
+            log::Level::Debug => tracing::debug!(target: "nicmon::ebpf", "{msg}"),
+            log::Level::Trace => tracing::trace!(target: "nicmon::ebpf", "{msg}"),
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+async fn drive_logger(mut fd: AsyncFd<aya_log::EbpfLogger<TracingLog>>) {
+    loop {
+        let Ok(mut guard) = fd.readable_mut().await else {
+            return;
+        };
+        guard.get_inner_mut().flush();
+        guard.clear_ready();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_hook_has_an_attach_point() {
+        for h in Hook::ALL {
+            let n = ATTACH.iter().filter(|a| a.hook == h).count();
+            assert_eq!(n, usize::from(h != Hook::Rtnetlink), "{h:?}");
+        }
+    }
+
+    #[test]
+    fn sample_decodes_to_a_wake() {
+        let mut rec = WakeRecord::new(Hook::QdiscReset, 42);
+        rec.flags = HintKind::Name as u32;
+        rec.hint[..5].copy_from_slice(b"veth0");
+        let now = Instant::now();
+        let w = wake_from_sample(&rec.to_bytes(), now, 50).unwrap();
+        assert_eq!(w.hook, Hook::QdiscReset);
+        assert_eq!(w.kernel_ts_ns, Some(42));
+        assert_eq!(w.hint, Hint::Name("veth0".into()));
+        assert_eq!(w.delivery_latency_ns(), Some(8));
+
+        let mut rec = WakeRecord::new(Hook::AerEvent, 1);
+        rec.flags = HintKind::Ifindex as u32;
+        rec.hint[..4].copy_from_slice(&7u32.to_ne_bytes());
+        assert_eq!(
+            wake_from_sample(&rec.to_bytes(), now, 1).unwrap().hint,
+            Hint::Ifindex(7)
+        );
+    }
+
+    #[test]
+    fn bad_samples_are_dropped() {
+        let now = Instant::now();
+        assert_eq!(wake_from_sample(&[0u8; 8], now, 0), None);
+        let mut rec = WakeRecord::new(Hook::QdiscReset, 1);
+        rec.hook = 77;
+        assert_eq!(wake_from_sample(&rec.to_bytes(), now, 0), None);
+        let mut rec = WakeRecord::new(Hook::QdiscReset, 1);
+        rec.flags = HintKind::Name as u32;
+        rec.hint = [0xff; 16];
+        assert_eq!(
+            wake_from_sample(&rec.to_bytes(), now, 0).unwrap().hint,
+            Hint::None
+        );
+    }
+
+    #[test]
+    fn kallsyms_lines_give_function_and_module() {
+        let text = "ffffffff81000000 T netif_carrier_off\n\
+                    0000000000000000 t ib_dispatch_event\t[ib_core]\n\
+                    ffffffff81000010 D netif_carrier_on\n\
+                    ffffffff81000020 T unrelated\n";
+        let s = parse_kallsyms(
+            text,
+            &["netif_carrier_off", "ib_dispatch_event", "netif_carrier_on"],
+        );
+        assert_eq!(s.get("netif_carrier_off"), Some(&None));
+        assert_eq!(s.get("ib_dispatch_event"), Some(&Some("ib_core".into())));
+        assert!(!s.contains_key("netif_carrier_on"), "data symbol");
+        assert!(!s.contains_key("unrelated"));
+    }
+}

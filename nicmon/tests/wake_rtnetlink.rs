@@ -1,0 +1,64 @@
+//! The rtnetlink fallback: a carrier loss on a veth pair wakes the agent with the
+//! interface's name, without any eBPF.
+mod support;
+
+use nicmon::wake::{Hint, Hook, Mechanism, WakeMode, WakeOptions, WakeSource};
+use std::time::Duration;
+use support::{VethPair, is_root, skip};
+
+const TEST: &str = "wake_rtnetlink";
+const DEADLINE: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn link_down_wakes_through_rtnetlink() {
+    if !is_root() {
+        return skip(TEST, "needs root (veth)");
+    }
+    let opts = WakeOptions {
+        object: None,
+        rtnetlink: true,
+        ..WakeOptions::default()
+    };
+    let mut source = WakeSource::start(&opts);
+    assert_eq!(
+        source.mode(),
+        WakeMode::RtnetlinkOnly,
+        "{:?}",
+        source.hooks()
+    );
+    assert_eq!(
+        source.live_hooks().collect::<Vec<_>>(),
+        vec![Hook::Rtnetlink]
+    );
+    assert_eq!(source.hooks()[0].via, Some(Mechanism::Rtnetlink));
+    assert!(source.ebpf_error().is_some());
+
+    let pair = match VethPair::create("r") {
+        Ok(p) => p,
+        Err(e) => return skip(TEST, &format!("cannot create a veth pair: {e}")),
+    };
+    pair.set_down(&pair.b);
+    let wake = tokio::time::timeout(DEADLINE, async {
+        loop {
+            let w = source.recv().await.expect("wake source stopped");
+            if matches!(&w.hint, Hint::Name(n) if *n == pair.b) {
+                return w;
+            }
+        }
+    })
+    .await
+    .expect("no rtnetlink wake-up for the veth within the deadline");
+    assert_eq!(wake.hook, Hook::Rtnetlink);
+    assert_eq!(wake.kernel_ts_ns, None);
+}
+
+#[tokio::test]
+async fn nothing_enabled_means_no_wake_source() {
+    let source = WakeSource::start(&WakeOptions {
+        object: None,
+        rtnetlink: false,
+        ..WakeOptions::default()
+    });
+    assert_eq!(source.mode(), WakeMode::None);
+    assert!(source.hooks().is_empty());
+}
