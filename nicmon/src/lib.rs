@@ -9,6 +9,7 @@ pub mod check;
 pub mod config;
 pub mod counters;
 pub mod cycle;
+pub mod daemon;
 pub mod discovery;
 pub mod dispatch;
 pub mod event;

@@ -5,6 +5,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use nicmon::check::{self, CheckArgs};
+use nicmon::daemon::RunOptions;
+use nicmon::event::{ProcessingStrategy, Stamp};
+use nicmon::wake::WakeOptions;
 
 #[derive(Parser)]
 #[command(
@@ -35,6 +38,19 @@ With --state-file, one invocation is exactly one poll cycle of the daemon: load 
 evaluate, print, save — successive invocations replay a timeline (use --now to set the clock).\n\n\
 Examples:\n  nicmon check\n  nicmon check --format json\n  nicmon check --sysfs /tmp/node/sys --procfs /tmp/node/proc \\\n      --state-file /tmp/state.json --now 2026-01-01T00:00:10Z --format json")]
     Check(CheckCli),
+    /// Run the monitor: poll every interval and on every wake-up, report health events.
+    #[command(long_about = "Run the monitor (the DaemonSet's command). Every --state-polling-interval (and at once \
+on every eBPF/rtnetlink/kernel-log wake-up) it polls sysfs, evaluates the state, counter and kernel-log checks, \
+queues the resulting events in the state file's outbox and sends them to the sink in order. SIGTERM/SIGINT finish \
+the cycle, flush and save.\n\nAccepts the flags of NVSentinel's nic-health-monitor unchanged.\n\nExamples:\n  \
+nicmon run --node-name gpu-node-1\n  nicmon run --sink stdout --state-file /tmp/nicmon-state.json --metrics-port 9112")]
+    Run(Box<RunCli>),
+    /// Trace mode for latency debugging: run the monitor and print every wake-up and poll.
+    #[command(long_about = "Run the monitor in trace mode: for every wake-up print the hook, the kernel timestamp, \
+when the agent woke, how long the poll took, the events it produced and the latencies between them; on exit \
+(Ctrl-C) print per-hook counts and p50/p99 latencies. Takes the same flags as `nicmon run`; events go to the \
+--sink as usual (default here: a file under /tmp, so stdout stays readable).")]
+    Trace(Box<RunCli>),
     /// Print each NIC's role (compute, storage, management) and why.
     Topology(TopologyCli),
     /// Print the version and whether the eBPF programs are built in.
@@ -93,6 +109,95 @@ struct CheckCli {
 }
 
 #[derive(clap::Args)]
+struct RunCli {
+    #[command(flatten)]
+    host: HostArgs,
+    /// Comma-separated checks to run; unknown names are logged and skipped.
+    #[arg(
+        long,
+        default_value = "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck,NICKernelLogCheck"
+    )]
+    checks: String,
+    /// Poll interval (e.g. 1s, 500ms). Counters are evaluated at least every second.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    state_polling_interval: std::time::Duration,
+    /// Persistent state file (hostPath): port states, counter snapshots, kmsg cursor, outbox.
+    #[arg(long, value_name = "FILE", default_value = nicmon::state::DEFAULT_PATH)]
+    state_file: PathBuf,
+    /// Boot ID file [default: <procfs>/sys/kernel/random/boot_id].
+    #[arg(long, value_name = "FILE")]
+    boot_id_path: Option<PathBuf>,
+    /// Processing strategy stamped on events.
+    #[arg(long, default_value = "EXECUTE_REMEDIATION", value_parser = parse_strategy)]
+    processing_strategy: ProcessingStrategy,
+    /// Node name stamped on events [default: $NODE_NAME, else the host name].
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    node_name: Option<String>,
+    #[command(flatten)]
+    dispatch: nicmon::dispatch::DispatchArgs,
+    #[command(flatten)]
+    metrics: nicmon::metrics::MetricsArgs,
+    /// Do not serve /metrics and /healthz.
+    #[arg(long)]
+    no_metrics: bool,
+    /// Kernel log device to watch.
+    #[arg(long, value_name = "FILE", default_value = "/dev/kmsg")]
+    kmsg_path: PathBuf,
+    /// Do not watch the kernel log.
+    #[arg(long)]
+    no_kmsg: bool,
+    /// Do not load the eBPF programs (rtnetlink and polling only).
+    #[arg(long)]
+    no_ebpf: bool,
+    /// No wake-up sources at all: polling only.
+    #[arg(long)]
+    no_wake: bool,
+    /// Base of the connector retry backoff (the contract's 2 s); for tests and demos.
+    #[arg(long, hide = true, value_parser = humantime::parse_duration)]
+    connector_retry_base: Option<std::time::Duration>,
+}
+
+fn parse_strategy(s: &str) -> Result<ProcessingStrategy, String> {
+    ProcessingStrategy::parse(s).ok_or_else(|| {
+        format!("unknown processing strategy {s:?}: expected EXECUTE_REMEDIATION, STORE_ONLY, STORE_AND_ANALYSE or UNSPECIFIED")
+    })
+}
+
+fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
+    let mut grpc = r.dispatch.grpc_config();
+    if let Some(base) = r.connector_retry_base {
+        grpc.retry.initial_backoff = base;
+        grpc.connect.attempts = grpc.connect.attempts.min(2);
+    }
+    let node = nicmon::check::node_name(r.node_name.as_deref());
+    let opts = RunOptions {
+        sysfs: r.host.sysfs,
+        procfs: r.host.procfs,
+        config: r.host.config,
+        metadata: r.host.metadata,
+        metadata_required: r.host.metadata_required,
+        state_file: r.state_file,
+        boot_id_path: r.boot_id_path,
+        interval: r.state_polling_interval.max(std::time::Duration::from_millis(50)),
+        checks: nicmon::daemon::parse_checks(&r.checks),
+        stamp: Stamp { node_name: node, processing_strategy: r.processing_strategy },
+        sink: r.dispatch.sink,
+        grpc,
+        metrics_port: (!r.no_metrics).then_some(r.metrics.metrics_port),
+        kmsg_path: (!r.no_kmsg).then_some(r.kmsg_path),
+        wake: WakeOptions {
+            object: if r.no_ebpf { None } else { nicmon::wake::EMBEDDED_OBJECT },
+            ..WakeOptions::default()
+        },
+        no_wake: r.no_wake,
+        trace,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(nicmon::daemon::run(opts))?;
+    Ok(String::new())
+}
+
+#[derive(clap::Args)]
 struct TopologyCli {
     #[command(flatten)]
     host: HostArgs,
@@ -126,10 +231,17 @@ fn main() -> ExitCode {
             &t.host.config,
             matches!(t.format, Format::Json),
         ),
-        Command::Version => {
-            println!("nicmon {}", env!("CARGO_PKG_VERSION"));
-            Ok(String::new())
-        }
+        Command::Run(r) => run_daemon(*r, false),
+        Command::Trace(r) => run_daemon(*r, true),
+        Command::Version => Ok(format!(
+            "nicmon {}\neBPF programs: {}\n",
+            env!("CARGO_PKG_VERSION"),
+            if nicmon::wake::EBPF_EMBEDDED {
+                "built in"
+            } else {
+                "not built in (polling and rtnetlink only; run `cargo xtask build-ebpf` and rebuild)"
+            }
+        )),
     };
     match result {
         Ok(out) => {

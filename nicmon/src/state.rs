@@ -73,6 +73,8 @@ pub struct KnownDevice {
 /// Events waiting for the connector, per check, in order (the transactional outbox).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PendingBatch {
+    /// Increasing id: acknowledgements name it.
+    pub id: u64,
     pub check: Check,
     pub events: Vec<HealthEvent>,
 }
@@ -101,9 +103,12 @@ pub struct State {
     /// sysfs files whose read failed with EINVAL in this boot: never read again.
     #[serde(default)]
     pub einval: Vec<String>,
-    /// Batches not yet accepted by the connector.
+    /// Batches not yet accepted by the connector, oldest first.
     #[serde(default)]
     pub outbox: Vec<PendingBatch>,
+    /// The id of the last batch queued.
+    #[serde(default)]
+    pub next_batch_id: u64,
 }
 
 impl State {
@@ -119,6 +124,7 @@ impl State {
             kmsg: KmsgState::default(),
             einval: Vec::new(),
             outbox: Vec::new(),
+            next_batch_id: 0,
         }
     }
 }
@@ -161,6 +167,7 @@ pub fn load(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
         Ok(prev) if prev.boot_id.as_deref() != boot_id => {
             let mut s = fresh();
             s.outbox = prev.outbox;
+            s.next_batch_id = prev.next_batch_id;
             (s, Loaded::Rebooted { previous: prev.boot_id })
         }
         Ok(prev) => (prev, Loaded::Resumed),

@@ -1,0 +1,48 @@
+//! `testbed`: write a simulated node's host tree to a directory, and mutate it.
+//!
+//! ```text
+//! testbed write <platform> <dir>          platforms: a100-oci h100-oci l40s-oci onprem-l40s gb200-nvl4 dgx-h100
+//! testbed list
+//! ```
+//! The tree has `sys/`, `proc/` and `gpu_metadata.json`; point nicmon at it with
+//! `--sysfs <dir>/sys --procfs <dir>/proc --metadata <dir>/gpu_metadata.json`.
+use std::process::ExitCode;
+
+use nicmon_tests::platforms::Platform;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["list"] => {
+            for p in Platform::ALL {
+                let (m, c, s) = p.expected_roles();
+                println!("{:<12} management={m} compute={c} storage={s}", p.name());
+            }
+            ExitCode::SUCCESS
+        }
+        ["write", platform, dir] => match Platform::parse(platform) {
+            Some(p) => {
+                let root = std::path::Path::new(dir);
+                if let Err(e) = std::fs::create_dir_all(root) {
+                    eprintln!("testbed: cannot create {dir}: {e}");
+                    return ExitCode::from(2);
+                }
+                let node = p.build_at(root);
+                println!(
+                    "wrote {} to {dir}: {} devices; use --sysfs {dir}/sys --procfs {dir}/proc --metadata {dir}/gpu_metadata.json",
+                    p.name(),
+                    node.info.len()
+                );
+                ExitCode::SUCCESS
+            }
+            None => {
+                eprintln!("testbed: unknown platform {platform:?}: run `testbed list`");
+                ExitCode::from(2)
+            }
+        },
+        _ => {
+            eprintln!("usage: testbed write <platform> <dir> | testbed list");
+            ExitCode::from(2)
+        }
+    }
+}
