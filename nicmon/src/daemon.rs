@@ -419,6 +419,40 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
     metrics.set_port_health(ports.into_iter());
     metrics.set_devices_discovered(Check::InfiniBandStateCheck, monitored);
     metrics.kmsg_records_lost(poll.next.kmsg.lost_records);
+    let saturated: Vec<(String, u32, String)> = poll
+        .next
+        .counters
+        .saturation_flags
+        .keys()
+        .filter_map(|k| {
+            let mut it = k.splitn(3, ':');
+            let (d, p, c) = (it.next()?, it.next()?.parse().ok()?, it.next()?);
+            Some((d.to_string(), p, c.to_string()))
+        })
+        .collect();
+    metrics.set_saturated_counters(saturated.iter().map(|(d, p, c)| (d.as_str(), *p, c.as_str())));
+    for e in poll.events.iter().filter(|e| !e.is_healthy) {
+        let dev = e.entities_impacted.iter().find(|x| x.entity_type == "NIC").map(|x| x.entity_value.as_str());
+        let port = e
+            .entities_impacted
+            .iter()
+            .find(|x| x.entity_type == "NICPort")
+            .and_then(|x| x.entity_value.parse().ok())
+            .unwrap_or(0);
+        let Some(check) = e.check() else { continue };
+        match check {
+            Check::InfiniBandStateCheck | Check::EthernetStateCheck => {
+                metrics.state_check_error(check, dev.unwrap_or(""), port)
+            }
+            Check::InfiniBandDegradationCheck | Check::EthernetDegradationCheck
+                if !e.message.contains("CounterSaturated") =>
+            {
+                let counter = e.error_code.first().map(String::as_str).unwrap_or("");
+                metrics.counter_threshold_breach(counter, dev.unwrap_or(""), port, e.is_fatal)
+            }
+            _ => {}
+        }
+    }
 }
 
 /// One trace line per wake-up and poll: the hook, the kernel timestamp, when the agent

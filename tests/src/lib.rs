@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+pub mod connector;
 pub mod platforms;
 
 /// Link layer of a NIC.

@@ -18,7 +18,7 @@ const TOOLCHAIN: &str = "nightly";
 const BPF_TARGET: &str = "bpfel-unknown-none";
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Default)]
 pub struct Options {
     /// Build the kernel programs with aya-log output (feature `log`).
     #[arg(long)]
@@ -44,7 +44,7 @@ fn step(msg: impl AsRef<str>) {
     eprintln!("build-ebpf: {}", msg.as_ref());
 }
 
-fn repo_root() -> Result<PathBuf> {
+pub fn repo_root() -> Result<PathBuf> {
     let manifest = env!("CARGO_MANIFEST_DIR");
     let root = Path::new(manifest).parent().context("xtask has no parent directory")?.to_path_buf();
     ensure!(root.join("nicmon-ebpf/Cargo.toml").is_file(), "nicmon-ebpf/Cargo.toml not found under {}", root.display());

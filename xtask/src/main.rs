@@ -1,5 +1,7 @@
 //! `cargo xtask <task>`: project tasks that need more than cargo.
 mod build_ebpf;
+mod demo;
+mod test;
 
 use clap::{Parser, Subcommand};
 
@@ -14,10 +16,17 @@ struct Cli {
 enum Task {
     /// Build the eBPF kernel programs (provisions nightly rust-src and bpf-linker on first use).
     BuildEbpf(build_ebpf::Options),
+    /// Run the whole test suite, doing all set-up a fresh machine needs (the README's test command).
+    Test(test::Options),
+    /// Run the real daemon against a simulated node with a scripted fault timeline and a
+    /// local platform connector; print what was detected and when.
+    Demo(demo::Options),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::BuildEbpf(opts) => build_ebpf::run(&opts),
+        Task::Test(opts) => test::run(&opts),
+        Task::Demo(opts) => demo::run(&opts),
     }
 }

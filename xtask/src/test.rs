@@ -1,0 +1,62 @@
+//! `cargo xtask test`: the whole test suite, with every set-up step a fresh machine needs.
+//!
+//! 1. build the eBPF programs (provisioning nightly rust-src and bpf-linker on first use),
+//!    so the agent embeds them and the eBPF integration test runs for real;
+//! 2. `cargo test --workspace` (unit, property, scenario and integration tests);
+//! 3. `cargo fmt --check` and `cargo clippy -D warnings` (host crates, then the eBPF crate
+//!    on its own, as a workspace-wide run would unify features).
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+#[derive(clap::Args)]
+pub struct Options {
+    /// Skip the eBPF build (the eBPF tests then say they are skipped).
+    #[arg(long)]
+    no_ebpf: bool,
+    /// Skip fmt and clippy.
+    #[arg(long)]
+    no_lint: bool,
+    /// Extra arguments for `cargo test` (after `--`).
+    #[arg(last = true)]
+    cargo_test_args: Vec<String>,
+}
+
+fn step(name: &str, cmd: &mut Command) -> Result<()> {
+    eprintln!("==> {name}");
+    let status = cmd.status().with_context(|| format!("{name}: cannot start"))?;
+    if !status.success() {
+        bail!("{name} failed ({status})");
+    }
+    Ok(())
+}
+
+pub fn run(opts: &Options) -> Result<()> {
+    let root = crate::build_ebpf::repo_root()?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    if !opts.no_ebpf {
+        crate::build_ebpf::run(&crate::build_ebpf::Options::default())?;
+    }
+    step(
+        "cargo test --workspace",
+        Command::new(&cargo).current_dir(&root).args(["test", "--workspace"]).args(&opts.cargo_test_args),
+    )?;
+    if !opts.no_lint {
+        step("cargo fmt --check", Command::new(&cargo).current_dir(&root).args(["fmt", "--all", "--check"]))?;
+        step(
+            "cargo clippy",
+            Command::new(&cargo).current_dir(&root).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
+        )?;
+        if !opts.no_ebpf {
+            step(
+                "cargo clippy (nicmon-ebpf)",
+                Command::new(&cargo)
+                    .current_dir(root.join("nicmon-ebpf"))
+                    .env_remove("RUSTUP_TOOLCHAIN")
+                    .args(["clippy", "--release", "--", "-D", "warnings"]),
+            )?;
+        }
+    }
+    eprintln!("==> all checks passed");
+    Ok(())
+}
