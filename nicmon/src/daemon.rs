@@ -406,7 +406,7 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
             *by_role.entry(r.as_str()).or_default() += 1;
         }
     }
-    metrics.set_devices_by_role(by_role.into_iter());
+    metrics.set_devices_by_role(by_role);
     let mut ports = Vec::new();
     for d in &poll.snapshot.devices {
         if poll.roles.get(&d.name).map(|c| c.monitored).unwrap_or(false) {
@@ -416,7 +416,7 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
         }
     }
     let monitored = ports.len();
-    metrics.set_port_health(ports.into_iter());
+    metrics.set_port_health(ports);
     metrics.set_devices_discovered(Check::InfiniBandStateCheck, monitored);
     metrics.kmsg_records_lost(poll.next.kmsg.lost_records);
     let saturated: Vec<(String, u32, String)> = poll

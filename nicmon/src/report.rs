@@ -124,8 +124,8 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} {}",
-            "DEVICE", "PORT", "ROLE", "LINK", "STATE", "PHYS_STATE", "GB/S", "HEALTH", "NOTE"
+            "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} NOTE",
+            "DEVICE", "PORT", "ROLE", "LINK", "STATE", "PHYS_STATE", "GB/S", "HEALTH"
         );
         for d in &self.devices {
             let role = d.role.map(Role::as_str).unwrap_or("-");

@@ -750,10 +750,10 @@ pub fn nicmon_bin() -> PathBuf {
         assert!(out.status.success(), "building nicmon failed: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout)
             .lines()
+            .rev()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "nicmon")
-            .filter_map(|v| v["executable"].as_str().map(PathBuf::from))
-            .last()
+            .find_map(|v| v["executable"].as_str().map(PathBuf::from))
             .expect("cargo did not report the nicmon executable")
     })
     .clone()

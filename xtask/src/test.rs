@@ -45,15 +45,25 @@ pub fn run(opts: &Options) -> Result<()> {
         step("cargo fmt --check", Command::new(&cargo).current_dir(&root).args(["fmt", "--all", "--check"]))?;
         step(
             "cargo clippy",
-            Command::new(&cargo).current_dir(&root).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
+            Command::new(&cargo).current_dir(&root).args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]),
         )?;
         if !opts.no_ebpf {
             step(
                 "cargo clippy (nicmon-ebpf)",
-                Command::new(&cargo)
-                    .current_dir(root.join("nicmon-ebpf"))
-                    .env_remove("RUSTUP_TOOLCHAIN")
-                    .args(["clippy", "--release", "--", "-D", "warnings"]),
+                Command::new(&cargo).current_dir(root.join("nicmon-ebpf")).env_remove("RUSTUP_TOOLCHAIN").args([
+                    "clippy",
+                    "--release",
+                    "--",
+                    "-D",
+                    "warnings",
+                ]),
             )?;
         }
     }
