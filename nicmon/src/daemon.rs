@@ -32,7 +32,7 @@ use crate::topology;
 use crate::wake::{WakeOptions, WakeSource};
 
 /// Wake-ups within this window after the first one are served by the same poll.
-pub const COALESCE: Duration = Duration::from_millis(3);
+pub const COALESCE: Duration = Duration::from_millis(1);
 
 /// Everything `nicmon run` needs, resolved from flags.
 pub struct RunOptions {

@@ -14,6 +14,7 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 pub mod connector;
+pub mod latency;
 pub mod platforms;
 
 /// Link layer of a NIC.
@@ -597,6 +598,12 @@ impl Node {
         if let Some(nd) = self.info[dev].netdev.clone() {
             self.set_operstate(&nd, "up");
         }
+    }
+
+    /// Point the fixture's `class/net/<netdev>` at this host's real interface of that name
+    /// (a veth in the latency tests): operstate and carrier then come from the kernel.
+    pub fn use_host_netdev(&self, netdev: &str) {
+        link(&format!("/sys/class/net/{netdev}"), &self.sys().join(format!("class/net/{netdev}")));
     }
 
     pub fn set_operstate(&self, netdev: &str, state: &str) {

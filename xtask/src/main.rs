@@ -1,6 +1,8 @@
 //! `cargo xtask <task>`: project tasks that need more than cargo.
+mod bench;
 mod build_ebpf;
 mod demo;
+mod latency;
 mod test;
 
 use clap::{Parser, Subcommand};
@@ -21,6 +23,10 @@ enum Task {
     /// Run the real daemon against a simulated node with a scripted fault timeline and a
     /// local platform connector; print what was detected and when.
     Demo(demo::Options),
+    /// Measure the performance bars (poll time, daemon CPU and RSS) on the DGX-like testbed node.
+    Bench(bench::Options),
+    /// Measure detection latency (veth carrier loss -> event) for eBPF, rtnetlink and polling.
+    BenchLatency(latency::Options),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -28,5 +34,7 @@ fn main() -> anyhow::Result<()> {
         Task::BuildEbpf(opts) => build_ebpf::run(&opts),
         Task::Test(opts) => test::run(&opts),
         Task::Demo(opts) => demo::run(&opts),
+        Task::Bench(opts) => bench::run(&opts),
+        Task::BenchLatency(opts) => latency::run(&opts),
     }
 }

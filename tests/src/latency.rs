@@ -1,0 +1,188 @@
+//! Detection latency harness: a testbed RoCE NIC whose netdev is a real veth on this host.
+//! At time T the harness sets the fixture port to `DOWN` and takes the veth's carrier down;
+//! the latency is T → the event's `generatedTimestamp` (the poll that produced it), for the
+//! three wake paths: eBPF, rtnetlink only, polling only.
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::{NicSpec, Node};
+
+/// Which wake-up path the daemon may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Ebpf,
+    Rtnetlink,
+    Polling,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Ebpf => "ebpf",
+            Mode::Rtnetlink => "rtnetlink",
+            Mode::Polling => "polling",
+        }
+    }
+    fn flags(self) -> &'static [&'static str] {
+        match self {
+            Mode::Ebpf => &[],
+            Mode::Rtnetlink => &["--no-ebpf"],
+            Mode::Polling => &["--no-wake"],
+        }
+    }
+}
+
+/// A veth pair, both ends up; deleted on drop.
+pub struct Veth {
+    pub a: String,
+    pub b: String,
+    batch: Child,
+    stdin: ChildStdin,
+}
+
+impl Veth {
+    /// Create `<tag>a`/`<tag>b` (tag ≤ 13 chars). Fails when `ip` or veth is unavailable.
+    pub fn create(tag: &str) -> Result<Veth, String> {
+        let (a, b) = (format!("{tag}a"), format!("{tag}b"));
+        let _ = Command::new("ip").args(["link", "del", &a]).stderr(Stdio::null()).status();
+        let ok = Command::new("ip")
+            .args(["link", "add", &a, "type", "veth", "peer", "name", &b])
+            .status()
+            .map_err(|e| format!("ip: {e}"))?;
+        if !ok.success() {
+            return Err(format!("ip link add {a} type veth failed ({ok})"));
+        }
+        // A running `ip -batch -` turns each carrier change into a pipe write: no process
+        // start-up inside the measured interval.
+        let mut batch = Command::new("ip")
+            .args(["-force", "-batch", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("ip -batch: {e}"))?;
+        let stdin = batch.stdin.take().ok_or("no stdin")?;
+        let mut v = Veth { a, b, batch, stdin };
+        v.ip(&format!("link set {} up", v.b));
+        v.ip(&format!("link set {} up", v.a));
+        Ok(v)
+    }
+
+    /// Send one `ip` command to the batch process.
+    pub fn ip(&mut self, cmd: &str) {
+        let _ = writeln!(self.stdin, "{cmd}");
+        let _ = self.stdin.flush();
+    }
+}
+
+impl Drop for Veth {
+    fn drop(&mut self) {
+        let _ = self.batch.kill();
+        let _ = self.batch.wait();
+        let _ = Command::new("ip").args(["link", "del", &self.a]).stderr(Stdio::null()).status();
+    }
+}
+
+/// Latencies of one mode, in milliseconds.
+#[derive(Debug, Clone)]
+pub struct Samples {
+    pub mode: Mode,
+    pub ms: Vec<f64>,
+    pub hooks_log: String,
+}
+
+impl Samples {
+    pub fn percentile(&self, p: f64) -> f64 {
+        let mut v = self.ms.clone();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[((v.len() as f64 - 1.0) * p).round() as usize]
+    }
+}
+
+fn events(sink: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(sink).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+}
+
+fn is_for(e: &serde_json::Value, healthy: bool) -> bool {
+    e["checkName"] == "EthernetStateCheck"
+        && e["isHealthy"] == healthy
+        && e["entitiesImpacted"].as_array().map(|a| a.iter().any(|x| x["entityValue"] == "mlx5_0")).unwrap_or(false)
+}
+
+/// Wait (bounded) until the sink holds more than `seen` matching events; returns the new one.
+fn wait_event(sink: &Path, healthy: bool, seen: usize, timeout: Duration) -> Option<serde_json::Value> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let ev: Vec<_> = events(sink).into_iter().filter(|e| is_for(e, healthy)).collect();
+        if ev.len() > seen {
+            return ev.into_iter().nth(seen);
+        }
+        std::thread::sleep(Duration::from_micros(500)); // reading a file another process appends to
+    }
+    None
+}
+
+fn ts_of(e: &serde_json::Value) -> Option<SystemTime> {
+    let t =
+        time::OffsetDateTime::parse(e["generatedTimestamp"].as_str()?, &time::format_description::well_known::Rfc3339)
+            .ok()?;
+    Some(SystemTime::UNIX_EPOCH + Duration::from_nanos(u64::try_from(t.unix_timestamp_nanos()).ok()?))
+}
+
+/// Run the daemon `bin` in `mode` and measure `reps` faults. `interval` is the poll interval.
+pub fn measure(bin: &Path, mode: Mode, reps: usize, interval: &str, tag: &str) -> Result<Samples, String> {
+    let mut veth = Veth::create(tag)?;
+    let mut node = Node::new(&format!("lat-{}", mode.name()));
+    let rc = node.root_complex(0, 0);
+    let rp = node.root_port(&rc, 1);
+    node.card(&rp, 0, vec![NicSpec::eth("mlx5_0", &veth.a)]);
+    let rp2 = node.root_port(&rc, 2);
+    node.card(&rp2, 0, vec![NicSpec::eth("mlx5_1", "fixture1")]);
+    node.use_host_netdev(&veth.a);
+    let sink: PathBuf = node.root().join("events.jsonl");
+    let log = node.root().join("nicmon.log");
+    let mut child = Command::new(bin)
+        .arg("run")
+        .arg("--sysfs")
+        .arg(node.sys())
+        .arg("--procfs")
+        .arg(node.proc())
+        .arg("--state-file")
+        .arg(node.root().join("state.json"))
+        .args(["--config", "/nonexistent.toml", "--metadata", "/nonexistent.json", "--node-name", "lat"])
+        .args(["--no-kmsg", "--no-metrics", "--state-polling-interval", interval])
+        .arg("--sink")
+        .arg(format!("file:{}", sink.display()))
+        .args(mode.flags())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(&log).map_err(|e| e.to_string())?))
+        .spawn()
+        .map_err(|e| format!("spawn nicmon: {e}"))?;
+    let result = (|| {
+        wait_event(&sink, true, 0, Duration::from_secs(30)).ok_or("no baseline event from nicmon")?;
+        let state = node.sys().join(&node.info["mlx5_0"].ib_dir).join("ports/1");
+        let mut ms = Vec::new();
+        for i in 0..reps {
+            // Spread the fault over the poll phase (pacing, not synchronisation).
+            std::thread::sleep(Duration::from_millis(150 + (i as u64 * 397) % 850));
+            let t = SystemTime::now();
+            std::fs::write(state.join("state"), "1: DOWN\n").map_err(|e| e.to_string())?;
+            std::fs::write(state.join("phys_state"), "3: Disabled\n").map_err(|e| e.to_string())?;
+            veth.ip(&format!("link set {} down", veth.a));
+            let ev = wait_event(&sink, false, i, Duration::from_secs(10)).ok_or(format!("rep {i}: no fatal event"))?;
+            let at = ts_of(&ev).ok_or("event without a timestamp")?;
+            ms.push(at.duration_since(t).unwrap_or_default().as_secs_f64() * 1e3);
+            std::fs::write(state.join("state"), "4: ACTIVE\n").map_err(|e| e.to_string())?;
+            std::fs::write(state.join("phys_state"), "5: LinkUp\n").map_err(|e| e.to_string())?;
+            veth.ip(&format!("link set {} up", veth.a));
+            wait_event(&sink, true, i + 1, Duration::from_secs(10)).ok_or(format!("rep {i}: no recovery event"))?;
+        }
+        Ok::<Vec<f64>, String>(ms)
+    })();
+    let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+    let _ = child.wait();
+    let hooks_log = std::fs::read_to_string(&log).unwrap_or_default();
+    Ok(Samples { mode, ms: result?, hooks_log })
+}
