@@ -21,15 +21,10 @@ fn main() {
         let _ = fs::create_dir_all(dir);
         println!("cargo::rerun-if-changed={}", dir.display());
     }
-    let is_elf = fs::read(&object)
-        .map(|b| b.starts_with(b"\x7fELF"))
-        .unwrap_or(false);
+    let is_elf = fs::read(&object).map(|b| b.starts_with(b"\x7fELF")).unwrap_or(false);
     if is_elf {
         let object = object.canonicalize().unwrap_or(object);
         println!("cargo::rustc-cfg=nicmon_ebpf");
-        println!(
-            "cargo::rustc-env=NICMON_EBPF_OBJECT_PATH={}",
-            object.display()
-        );
+        println!("cargo::rustc-env=NICMON_EBPF_OBJECT_PATH={}", object.display());
     }
 }

@@ -58,12 +58,7 @@ impl WakeRecord {
     pub const SIZE: usize = core::mem::size_of::<Self>();
 
     pub const fn new(hook: Hook, ts_ns: u64) -> Self {
-        Self {
-            hook: hook as u32,
-            flags: HintKind::None as u32,
-            ts_ns,
-            hint: [0; HINT_LEN],
-        }
+        Self { hook: hook as u32, flags: HintKind::None as u32, ts_ns, hint: [0; HINT_LEN] }
     }
 
     /// The record as it crosses the ring buffer (native byte order).
@@ -88,8 +83,7 @@ impl WakeRecord {
             hook: u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
             flags: u32::from_ne_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]),
             ts_ns: u64::from_ne_bytes([
-                bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14],
-                bytes[15],
+                bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15],
             ]),
             hint,
         })

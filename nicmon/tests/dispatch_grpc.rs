@@ -4,9 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nicmon::dispatch::convert::to_proto;
-use nicmon::dispatch::{
-    ConnectPolicy, GrpcConfig, GrpcSink, RetryPolicy, SendError, SocketTarget, TokenSource,
-};
+use nicmon::dispatch::{ConnectPolicy, GrpcConfig, GrpcSink, RetryPolicy, SendError, SocketTarget, TokenSource};
 use nicmon::event::{Check, Entity, HealthEvent, ProcessingStrategy, RecommendedAction, Stamp};
 use nicmon_proto::datamodels::{self as pb, platform_connector_server as server};
 use tokio::net::UnixListener;
@@ -31,25 +29,11 @@ struct FakeConnector {
 
 #[tonic::async_trait]
 impl server::PlatformConnector for FakeConnector {
-    async fn health_event_occurred_v1(
-        &self,
-        request: Request<pb::HealthEvents>,
-    ) -> Result<Response<()>, Status> {
-        let auth = request
-            .metadata()
-            .get("authorization")
-            .map(|v| v.to_str().unwrap().to_string());
-        self.seen
-            .lock()
-            .unwrap()
-            .calls
-            .push((auth, request.into_inner()));
+    async fn health_event_occurred_v1(&self, request: Request<pb::HealthEvents>) -> Result<Response<()>, Status> {
+        let auth = request.metadata().get("authorization").map(|v| v.to_str().unwrap().to_string());
+        self.seen.lock().unwrap().calls.push((auth, request.into_inner()));
         let mut script = self.script.lock().unwrap();
-        if script.is_empty() {
-            Ok(Response::new(()))
-        } else {
-            Err(script.remove(0))
-        }
+        if script.is_empty() { Ok(Response::new(())) } else { Err(script.remove(0)) }
     }
 }
 
@@ -115,30 +99,18 @@ fn config(socket: &Path) -> GrpcConfig {
 
 /// mlx5_3 port 1 went down on gpu-node-7, and its card-level companion event.
 fn batch() -> Vec<HealthEvent> {
-    let stamp = Stamp {
-        node_name: "gpu-node-7".into(),
-        processing_strategy: ProcessingStrategy::STORE_AND_ANALYSE,
-    };
+    let stamp = Stamp { node_name: "gpu-node-7".into(), processing_strategy: ProcessingStrategy::STORE_AND_ANALYSE };
     let t = time::macros::datetime!(2026-05-06 07:08:09.5 UTC);
-    let mut down = HealthEvent::new(
-        Check::InfiniBandStateCheck,
-        &stamp,
-        t,
-        "Port mlx5_3 port 1: state DOWN, phys_state Disabled",
-    )
-    .unhealthy(true)
-    .entities(vec![Entity::nic("mlx5_3"), Entity::port(1)])
-    .error_code("PORT_DOWN");
+    let mut down =
+        HealthEvent::new(Check::InfiniBandStateCheck, &stamp, t, "Port mlx5_3 port 1: state DOWN, phys_state Disabled")
+            .unhealthy(true)
+            .entities(vec![Entity::nic("mlx5_3"), Entity::port(1)])
+            .error_code("PORT_DOWN");
     down.metadata.insert("role".into(), "compute".into());
-    let card = HealthEvent::new(
-        Check::InfiniBandStateCheck,
-        &stamp,
-        t,
-        "Card 0000:3b:00 degraded",
-    )
-    .unhealthy(false)
-    .action(RecommendedAction::CONTACT_SUPPORT)
-    .entities(vec![Entity::nic("0000:3b:00")]);
+    let card = HealthEvent::new(Check::InfiniBandStateCheck, &stamp, t, "Card 0000:3b:00 degraded")
+        .unhealthy(false)
+        .action(RecommendedAction::CONTACT_SUPPORT)
+        .entities(vec![Entity::nic("0000:3b:00")]);
     vec![down, card]
 }
 
@@ -169,30 +141,18 @@ async fn a_batch_arrives_with_every_field_intact() {
     assert_eq!(ev.check_name, "InfiniBandStateCheck");
     assert!(ev.is_fatal);
     assert!(!ev.is_healthy);
-    assert_eq!(
-        ev.message,
-        "Port mlx5_3 port 1: state DOWN, phys_state Disabled"
-    );
+    assert_eq!(ev.message, "Port mlx5_3 port 1: state DOWN, phys_state Disabled");
     assert_eq!(ev.recommended_action(), pb::RecommendedAction::ReplaceVm);
     assert_eq!(ev.error_code, vec!["PORT_DOWN"]);
-    let entities: Vec<_> = ev
-        .entities_impacted
-        .iter()
-        .map(|e| (e.entity_type.as_str(), e.entity_value.as_str()))
-        .collect();
+    let entities: Vec<_> =
+        ev.entities_impacted.iter().map(|e| (e.entity_type.as_str(), e.entity_value.as_str())).collect();
     assert_eq!(entities, vec![("NIC", "mlx5_3"), ("NICPort", "1")]);
     assert_eq!(ev.metadata.get("role").map(String::as_str), Some("compute"));
     let ts = ev.generated_timestamp.unwrap();
     assert_eq!((ts.seconds, ts.nanos), (1_778_051_289, 500_000_000));
     assert_eq!(ev.node_name, "gpu-node-7");
-    assert_eq!(
-        ev.processing_strategy(),
-        pb::ProcessingStrategy::StoreAndAnalyse
-    );
-    assert_eq!(
-        got.events[1].recommended_action(),
-        pb::RecommendedAction::ContactSupport
-    );
+    assert_eq!(ev.processing_strategy(), pb::ProcessingStrategy::StoreAndAnalyse);
+    assert_eq!(got.events[1].recommended_action(), pb::RecommendedAction::ContactSupport);
     // And nothing else changed on the way.
     let sent: Vec<_> = batch().iter().map(to_proto).collect();
     assert_eq!(got.events, sent);
@@ -217,23 +177,14 @@ async fn the_token_file_is_read_on_every_call() {
     sink.send(&batch()).await.unwrap();
 
     let auths: Vec<_> = connector.calls().into_iter().map(|(a, _)| a).collect();
-    assert_eq!(
-        auths,
-        vec![
-            Some("Bearer first-token".to_string()),
-            Some("Bearer rotated-token".to_string())
-        ]
-    );
+    assert_eq!(auths, vec![Some("Bearer first-token".to_string()), Some("Bearer rotated-token".to_string())]);
 
     // An unreadable token: nothing is sent, the error names the file, the batch stays.
     std::fs::remove_file(&token).unwrap();
     let err = sink.send(&batch()).await.unwrap_err();
     assert!(matches!(err, SendError::Token(_)), "{err}");
     assert!(err.is_retryable());
-    assert!(
-        err.to_string().contains(&token.display().to_string()),
-        "{err}"
-    );
+    assert!(err.to_string().contains(&token.display().to_string()), "{err}");
     assert_eq!(connector.calls().len(), 2);
 
     running.stop().await;
@@ -249,10 +200,7 @@ async fn while_the_connector_is_down_nothing_is_lost() {
     let mut sink = GrpcSink::new(config(&socket));
     let err = sink.send(&events).await.unwrap_err();
     assert!(err.is_retryable(), "{err}");
-    assert!(
-        matches!(err, SendError::Unavailable { attempts: 3, .. }),
-        "{err}"
-    );
+    assert!(matches!(err, SendError::Unavailable { attempts: 3, .. }), "{err}");
     assert!(err.to_string().contains("does not exist"), "{err}");
 
     // The connector comes up: the same batch arrives, once.
@@ -273,10 +221,7 @@ async fn while_the_connector_is_down_nothing_is_lost() {
     sink.send(&events).await.unwrap();
     let calls = restarted.calls();
     assert_eq!(calls.len(), 1);
-    assert_eq!(
-        calls[0].1.events,
-        events.iter().map(to_proto).collect::<Vec<_>>()
-    );
+    assert_eq!(calls[0].1.events, events.iter().map(to_proto).collect::<Vec<_>>());
 
     running.stop().await;
 }
@@ -302,9 +247,7 @@ async fn a_permanent_status_is_not_retried() {
     let dir = tempfile::tempdir().unwrap();
     let socket = socket_in(&dir);
     let connector = FakeConnector::default();
-    connector.fail_next(Status::permission_denied(
-        "nodeName gpu-node-7 differs from the connector's node",
-    ));
+    connector.fail_next(Status::permission_denied("nodeName gpu-node-7 differs from the connector's node"));
     let running = serve(&socket, connector.clone());
 
     let mut sink = GrpcSink::connect(config(&socket)).await.unwrap();
@@ -330,10 +273,7 @@ async fn initial_connect_gives_up_after_its_attempts() {
         Ok(_) => panic!("connected to a socket that does not exist"),
         Err(e) => e,
     };
-    assert!(
-        matches!(err, SendError::Unavailable { attempts: 3, .. }),
-        "{err}"
-    );
+    assert!(matches!(err, SendError::Unavailable { attempts: 3, .. }), "{err}");
     assert!(err.to_string().contains("nvsentinel.sock"), "{err}");
 }
 

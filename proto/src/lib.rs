@@ -46,174 +46,33 @@ mod tests {
     fn field_numbers_are_the_contracts() {
         // One field set at a time; its encoding starts with the contract's tag.
         let cases: Vec<(HealthEvent, u32, u32)> = vec![
-            (
-                HealthEvent {
-                    version: 1,
-                    ..Default::default()
-                },
-                1,
-                0,
-            ),
-            (
-                HealthEvent {
-                    agent: "a".into(),
-                    ..Default::default()
-                },
-                2,
-                2,
-            ),
-            (
-                HealthEvent {
-                    component_class: "a".into(),
-                    ..Default::default()
-                },
-                3,
-                2,
-            ),
-            (
-                HealthEvent {
-                    check_name: "a".into(),
-                    ..Default::default()
-                },
-                4,
-                2,
-            ),
-            (
-                HealthEvent {
-                    is_fatal: true,
-                    ..Default::default()
-                },
-                5,
-                0,
-            ),
-            (
-                HealthEvent {
-                    is_healthy: true,
-                    ..Default::default()
-                },
-                6,
-                0,
-            ),
-            (
-                HealthEvent {
-                    message: "a".into(),
-                    ..Default::default()
-                },
-                7,
-                2,
-            ),
-            (
-                HealthEvent {
-                    recommended_action: 25,
-                    ..Default::default()
-                },
-                8,
-                0,
-            ),
-            (
-                HealthEvent {
-                    error_code: vec!["a".into()],
-                    ..Default::default()
-                },
-                9,
-                2,
-            ),
-            (
-                HealthEvent {
-                    entities_impacted: vec![Entity::default()],
-                    ..Default::default()
-                },
-                10,
-                2,
-            ),
-            (
-                HealthEvent {
-                    metadata: [("k".to_string(), "v".to_string())].into(),
-                    ..Default::default()
-                },
-                11,
-                2,
-            ),
-            (
-                HealthEvent {
-                    generated_timestamp: Some(prost_types::Timestamp::default()),
-                    ..Default::default()
-                },
-                12,
-                2,
-            ),
-            (
-                HealthEvent {
-                    node_name: "a".into(),
-                    ..Default::default()
-                },
-                13,
-                2,
-            ),
-            (
-                HealthEvent {
-                    quarantine_overrides: Some(BehaviourOverrides::default()),
-                    ..Default::default()
-                },
-                14,
-                2,
-            ),
-            (
-                HealthEvent {
-                    drain_overrides: Some(BehaviourOverrides::default()),
-                    ..Default::default()
-                },
-                15,
-                2,
-            ),
-            (
-                HealthEvent {
-                    processing_strategy: 2,
-                    ..Default::default()
-                },
-                16,
-                0,
-            ),
-            (
-                HealthEvent {
-                    id: "a".into(),
-                    ..Default::default()
-                },
-                17,
-                2,
-            ),
-            (
-                HealthEvent {
-                    custom_recommended_action: "a".into(),
-                    ..Default::default()
-                },
-                18,
-                2,
-            ),
+            (HealthEvent { version: 1, ..Default::default() }, 1, 0),
+            (HealthEvent { agent: "a".into(), ..Default::default() }, 2, 2),
+            (HealthEvent { component_class: "a".into(), ..Default::default() }, 3, 2),
+            (HealthEvent { check_name: "a".into(), ..Default::default() }, 4, 2),
+            (HealthEvent { is_fatal: true, ..Default::default() }, 5, 0),
+            (HealthEvent { is_healthy: true, ..Default::default() }, 6, 0),
+            (HealthEvent { message: "a".into(), ..Default::default() }, 7, 2),
+            (HealthEvent { recommended_action: 25, ..Default::default() }, 8, 0),
+            (HealthEvent { error_code: vec!["a".into()], ..Default::default() }, 9, 2),
+            (HealthEvent { entities_impacted: vec![Entity::default()], ..Default::default() }, 10, 2),
+            (HealthEvent { metadata: [("k".to_string(), "v".to_string())].into(), ..Default::default() }, 11, 2),
+            (HealthEvent { generated_timestamp: Some(prost_types::Timestamp::default()), ..Default::default() }, 12, 2),
+            (HealthEvent { node_name: "a".into(), ..Default::default() }, 13, 2),
+            (HealthEvent { quarantine_overrides: Some(BehaviourOverrides::default()), ..Default::default() }, 14, 2),
+            (HealthEvent { drain_overrides: Some(BehaviourOverrides::default()), ..Default::default() }, 15, 2),
+            (HealthEvent { processing_strategy: 2, ..Default::default() }, 16, 0),
+            (HealthEvent { id: "a".into(), ..Default::default() }, 17, 2),
+            (HealthEvent { custom_recommended_action: "a".into(), ..Default::default() }, 18, 2),
         ];
         for (msg, n, w) in cases {
             assert!(msg.encode_to_vec().starts_with(&tag(n, w)), "field {n}");
         }
-        let batch = HealthEvents {
-            version: 1,
-            events: vec![HealthEvent::default()],
-        };
-        assert_eq!(
-            batch.encode_to_vec(),
-            [tag(1, 0), vec![1], tag(2, 2), vec![0]].concat()
-        );
-        let e = Entity {
-            entity_type: "NIC".into(),
-            entity_value: "x".into(),
-        };
-        assert_eq!(
-            e.encode_to_vec(),
-            [&[0x0a, 3][..], b"NIC", &[0x12, 1], b"x"].concat()
-        );
-        let o = BehaviourOverrides {
-            force: true,
-            skip: true,
-        };
+        let batch = HealthEvents { version: 1, events: vec![HealthEvent::default()] };
+        assert_eq!(batch.encode_to_vec(), [tag(1, 0), vec![1], tag(2, 2), vec![0]].concat());
+        let e = Entity { entity_type: "NIC".into(), entity_value: "x".into() };
+        assert_eq!(e.encode_to_vec(), [&[0x0a, 3][..], b"NIC", &[0x12, 1], b"x"].concat());
+        let o = BehaviourOverrides { force: true, skip: true };
         assert_eq!(o.encode_to_vec(), [0x08, 1, 0x10, 1]);
     }
 
@@ -232,22 +91,11 @@ mod tests {
             ("UNKNOWN", 99),
         ];
         for (name, n) in actions {
-            assert_eq!(
-                RecommendedAction::from_str_name(name).map(|a| a as i32),
-                Some(n)
-            );
+            assert_eq!(RecommendedAction::from_str_name(name).map(|a| a as i32), Some(n));
         }
-        let strategies = [
-            ("UNSPECIFIED", 0),
-            ("EXECUTE_REMEDIATION", 1),
-            ("STORE_ONLY", 2),
-            ("STORE_AND_ANALYSE", 3),
-        ];
+        let strategies = [("UNSPECIFIED", 0), ("EXECUTE_REMEDIATION", 1), ("STORE_ONLY", 2), ("STORE_AND_ANALYSE", 3)];
         for (name, n) in strategies {
-            assert_eq!(
-                ProcessingStrategy::from_str_name(name).map(|s| s as i32),
-                Some(n)
-            );
+            assert_eq!(ProcessingStrategy::from_str_name(name).map(|s| s as i32), Some(n));
         }
     }
 }

@@ -46,40 +46,23 @@ fn step(msg: impl AsRef<str>) {
 
 fn repo_root() -> Result<PathBuf> {
     let manifest = env!("CARGO_MANIFEST_DIR");
-    let root = Path::new(manifest)
-        .parent()
-        .context("xtask has no parent directory")?
-        .to_path_buf();
-    ensure!(
-        root.join("nicmon-ebpf/Cargo.toml").is_file(),
-        "nicmon-ebpf/Cargo.toml not found under {}",
-        root.display()
-    );
+    let root = Path::new(manifest).parent().context("xtask has no parent directory")?.to_path_buf();
+    ensure!(root.join("nicmon-ebpf/Cargo.toml").is_file(), "nicmon-ebpf/Cargo.toml not found under {}", root.display());
     Ok(root)
 }
 
 /// Runs a command, returning its stdout; the error names the command and its stderr.
 fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd
-        .stderr(Stdio::piped())
-        .output()
-        .with_context(|| format!("cannot run {cmd:?}"))?;
+    let out = cmd.stderr(Stdio::piped()).output().with_context(|| format!("cannot run {cmd:?}"))?;
     if !out.status.success() {
-        bail!(
-            "{:?} failed ({}): {}",
-            cmd,
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        bail!("{:?} failed ({}): {}", cmd, out.status, String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Runs a command with its output going to the terminal.
 fn status(cmd: &mut Command) -> Result<()> {
-    let st = cmd
-        .status()
-        .with_context(|| format!("cannot run {cmd:?}"))?;
+    let st = cmd.status().with_context(|| format!("cannot run {cmd:?}"))?;
     ensure!(st.success(), "{cmd:?} failed ({st})");
     Ok(())
 }
@@ -95,26 +78,12 @@ fn rustup() -> Command {
 fn ensure_toolchain() -> Result<()> {
     let list = output(rustup().args(["toolchain", "list"]))
         .context("rustup is required to provision the nightly toolchain (https://rustup.rs)")?;
-    if !list
-        .lines()
-        .any(|l| l.starts_with(&format!("{TOOLCHAIN}-")))
-    {
-        step(format!(
-            "installing the {TOOLCHAIN} toolchain with rust-src"
-        ));
-        status(rustup().args([
-            "toolchain",
-            "install",
-            TOOLCHAIN,
-            "--profile",
-            "minimal",
-            "--component",
-            "rust-src",
-        ]))?;
+    if !list.lines().any(|l| l.starts_with(&format!("{TOOLCHAIN}-"))) {
+        step(format!("installing the {TOOLCHAIN} toolchain with rust-src"));
+        status(rustup().args(["toolchain", "install", TOOLCHAIN, "--profile", "minimal", "--component", "rust-src"]))?;
         return Ok(());
     }
-    let comps =
-        output(rustup().args(["component", "list", "--installed", "--toolchain", TOOLCHAIN]))?;
+    let comps = output(rustup().args(["component", "list", "--installed", "--toolchain", TOOLCHAIN]))?;
     if comps.lines().any(|l| l.trim() == "rust-src") {
         step(format!("{TOOLCHAIN} toolchain with rust-src: present"));
     } else {
@@ -161,9 +130,7 @@ impl LlvmInfo {
             .with_context(|| format!("cannot list {}", libdir.display()))?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| {
-                p.file_name()
-                    .and_then(OsStr::to_str)
-                    .is_some_and(|n| n.starts_with("libLLVM") && n.contains(".so"))
+                p.file_name().and_then(OsStr::to_str).is_some_and(|n| n.starts_with("libLLVM") && n.contains(".so"))
             })
             .collect();
         libs.sort();
@@ -173,30 +140,13 @@ impl LlvmInfo {
              so bpf-linker cannot be built against it",
             libdir.display()
         );
-        Ok(Self {
-            major,
-            rustc_version: vv.trim().to_string(),
-            libs,
-        })
+        Ok(Self { major, rustc_version: vv.trim().to_string(), libs })
     }
 
     fn stamp(&self) -> String {
-        let names: Vec<_> = self
-            .libs
-            .iter()
-            .map(|p| {
-                p.file_name()
-                    .unwrap_or_default()
-                    .to_string_lossy()
-                    .into_owned()
-            })
-            .collect();
-        format!(
-            "bpf-linker {BPF_LINKER_VERSION}\nllvm-{}\n{}\n{}\n",
-            self.major,
-            names.join(" "),
-            self.rustc_version
-        )
+        let names: Vec<_> =
+            self.libs.iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
+        format!("bpf-linker {BPF_LINKER_VERSION}\nllvm-{}\n{}\n{}\n", self.major, names.join(" "), self.rustc_version)
     }
 }
 
@@ -208,11 +158,7 @@ fn ensure_bpf_linker(root: &Path, llvm: &LlvmInfo, force: bool) -> Result<PathBu
     let want = llvm.stamp();
     let have = fs::read_to_string(&stamp_path).unwrap_or_default();
     if !force && bin.is_file() && have == want {
-        step(format!(
-            "bpf-linker {BPF_LINKER_VERSION} (LLVM {}): reusing {}",
-            llvm.major,
-            bin.display()
-        ));
+        step(format!("bpf-linker {BPF_LINKER_VERSION} (LLVM {}): reusing {}", llvm.major, bin.display()));
         return Ok(bin);
     }
     if bin.is_file() && !force {
@@ -240,8 +186,7 @@ fn ensure_bpf_linker(root: &Path, llvm: &LlvmInfo, force: bool) -> Result<PathBu
     let target = versioned.context("no libLLVM shared library to link as libLLVM.so")?;
     let plain = lib.join("libLLVM.so");
     if !plain.exists() {
-        std::os::unix::fs::symlink(&target, &plain)
-            .with_context(|| format!("cannot create {}", plain.display()))?;
+        std::os::unix::fs::symlink(&target, &plain).with_context(|| format!("cannot create {}", plain.display()))?;
     }
 
     step(format!(
@@ -272,15 +217,10 @@ fn ensure_bpf_linker(root: &Path, llvm: &LlvmInfo, force: bool) -> Result<PathBu
             llvm.major
         )
     })?;
-    ensure!(
-        bin.is_file(),
-        "cargo install did not produce {}",
-        bin.display()
-    );
+    ensure!(bin.is_file(), "cargo install did not produce {}", bin.display());
     output(Command::new(&bin).arg("--version"))
         .with_context(|| format!("the freshly built {} does not run", bin.display()))?;
-    fs::write(&stamp_path, want)
-        .with_context(|| format!("cannot write {}", stamp_path.display()))?;
+    fs::write(&stamp_path, want).with_context(|| format!("cannot write {}", stamp_path.display()))?;
     step(format!("bpf-linker installed at {}", bin.display()));
     Ok(bin)
 }
@@ -313,17 +253,9 @@ fn build_object(root: &Path, linker: &Path, log: bool) -> Result<PathBuf> {
 /// does not make the agent rebuild.
 fn publish(built: &Path, dest: &Path) -> Result<()> {
     let new = fs::read(built).with_context(|| format!("cannot read {}", built.display()))?;
-    ensure!(
-        new.starts_with(b"\x7fELF"),
-        "{} is not an ELF object",
-        built.display()
-    );
+    ensure!(new.starts_with(b"\x7fELF"), "{} is not an ELF object", built.display());
     if fs::read(dest).ok().as_deref() == Some(&new[..]) {
-        step(format!(
-            "{} is up to date ({} bytes)",
-            dest.display(),
-            new.len()
-        ));
+        step(format!("{} is up to date ({} bytes)", dest.display(), new.len()));
         return Ok(());
     }
     let dir = dest.parent().context("object path without a directory")?;

@@ -11,10 +11,7 @@ pub const WIRE_VERSION: u32 = 1;
 
 /// One `HealthEvents` batch (`version = 1`) carrying `events` in order.
 pub fn to_proto_batch(events: &[HealthEvent]) -> pb::HealthEvents {
-    pb::HealthEvents {
-        version: WIRE_VERSION,
-        events: events.iter().map(to_proto).collect(),
-    }
+    pb::HealthEvents { version: WIRE_VERSION, events: events.iter().map(to_proto).collect() }
 }
 
 /// The wire form of one event. Fields the event model does not carry (`id`,
@@ -32,11 +29,7 @@ pub fn to_proto(ev: &HealthEvent) -> pb::HealthEvent {
         recommended_action: recommended_action(ev.recommended_action) as i32,
         error_code: ev.error_code.clone(),
         entities_impacted: ev.entities_impacted.iter().map(entity).collect(),
-        metadata: ev
-            .metadata
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect::<HashMap<_, _>>(),
+        metadata: ev.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<HashMap<_, _>>(),
         generated_timestamp: Some(timestamp(ev.generated_timestamp)),
         node_name: ev.node_name.clone(),
         quarantine_overrides: None,
@@ -48,10 +41,7 @@ pub fn to_proto(ev: &HealthEvent) -> pb::HealthEvent {
 }
 
 fn entity(e: &event::Entity) -> pb::Entity {
-    pb::Entity {
-        entity_type: e.entity_type.clone(),
-        entity_value: e.entity_value.clone(),
-    }
+    pb::Entity { entity_type: e.entity_type.clone(), entity_value: e.entity_value.clone() }
 }
 
 pub fn timestamp(t: OffsetDateTime) -> prost_types::Timestamp {
@@ -128,20 +118,13 @@ mod tests {
 
     #[test]
     fn every_field_is_carried() {
-        let stamp = Stamp {
-            node_name: "gpu-node-7".into(),
-            processing_strategy: ProcessingStrategy::STORE_ONLY,
-        };
+        let stamp = Stamp { node_name: "gpu-node-7".into(), processing_strategy: ProcessingStrategy::STORE_ONLY };
         let t = time::macros::datetime!(2026-03-04 05:06:07.123456789 UTC);
-        let mut ev = HealthEvent::new(
-            Check::InfiniBandDegradationCheck,
-            &stamp,
-            t,
-            "mlx5_3 port 1: symbol_error rose by 12",
-        )
-        .unhealthy(true)
-        .entities(vec![Entity::nic("mlx5_3"), Entity::port(1)])
-        .error_code("symbol_error");
+        let mut ev =
+            HealthEvent::new(Check::InfiniBandDegradationCheck, &stamp, t, "mlx5_3 port 1: symbol_error rose by 12")
+                .unhealthy(true)
+                .entities(vec![Entity::nic("mlx5_3"), Entity::port(1)])
+                .error_code("symbol_error");
         ev.metadata.insert("card".into(), "0000:3b:00".into());
 
         let w = to_proto(&ev);

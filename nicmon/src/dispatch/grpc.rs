@@ -45,10 +45,7 @@ impl FromStr for SocketTarget {
     type Err = TargetError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = |why| TargetError {
-            given: s.to_string(),
-            why,
-        };
+        let err = |why| TargetError { given: s.to_string(), why };
         let path = if let Some(rest) = s.strip_prefix("unix://") {
             // `unix://` must be followed by an absolute path (no authority).
             if !rest.starts_with('/') {
@@ -65,9 +62,7 @@ impl FromStr for SocketTarget {
         if path.is_empty() {
             return Err(err("empty socket path"));
         }
-        Ok(SocketTarget {
-            path: PathBuf::from(path),
-        })
+        Ok(SocketTarget { path: PathBuf::from(path) })
     }
 }
 
@@ -89,11 +84,7 @@ pub struct ConnectPolicy {
 
 impl Default for ConnectPolicy {
     fn default() -> Self {
-        ConnectPolicy {
-            attempts: 10,
-            attempt_timeout: Duration::from_secs(5),
-            wait_step: Duration::from_secs(1),
-        }
+        ConnectPolicy { attempts: 10, attempt_timeout: Duration::from_secs(5), wait_step: Duration::from_secs(1) }
     }
 }
 
@@ -147,10 +138,7 @@ pub struct TokenSource {
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
     #[error("token file {path}: {source}")]
-    Unreadable {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Unreadable { path: PathBuf, source: std::io::Error },
     #[error("token file {path} is empty")]
     Empty { path: PathBuf },
     #[error("token file {path} holds characters not allowed in a gRPC header")]
@@ -163,30 +151,21 @@ impl TokenSource {
     }
 
     pub fn file(path: impl Into<PathBuf>) -> TokenSource {
-        TokenSource {
-            path: Some(path.into()),
-        }
+        TokenSource { path: Some(path.into()) }
     }
 
     /// The `authorization` header value for this call, if a token file is configured.
-    pub fn authorization(
-        &self,
-    ) -> Result<Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>, TokenError> {
+    pub fn authorization(&self) -> Result<Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>, TokenError> {
         let Some(path) = &self.path else {
             return Ok(None);
         };
-        let raw = std::fs::read_to_string(path).map_err(|source| TokenError::Unreadable {
-            path: path.clone(),
-            source,
-        })?;
+        let raw =
+            std::fs::read_to_string(path).map_err(|source| TokenError::Unreadable { path: path.clone(), source })?;
         let token = raw.trim();
         if token.is_empty() {
             return Err(TokenError::Empty { path: path.clone() });
         }
-        format!("Bearer {token}")
-            .parse()
-            .map(Some)
-            .map_err(|_| TokenError::Invalid { path: path.clone() })
+        format!("Bearer {token}").parse().map(Some).map_err(|_| TokenError::Invalid { path: path.clone() })
     }
 }
 
@@ -227,10 +206,7 @@ enum Failure {
 impl GrpcSink {
     /// A sink that connects on its first `send`.
     pub fn new(config: GrpcConfig) -> GrpcSink {
-        GrpcSink {
-            config,
-            client: None,
-        }
+        GrpcSink { config, client: None }
     }
 
     /// Connect now, with the initial connect policy. Fails with
@@ -259,11 +235,7 @@ impl GrpcSink {
                 tokio::time::sleep(policy.wait_after(n)).await;
             }
         }
-        Err(SendError::Unavailable {
-            target: sink.config.target.to_string(),
-            attempts: policy.attempts,
-            last,
-        })
+        Err(SendError::Unavailable { target: sink.config.target.to_string(), attempts: policy.attempts, last })
     }
 
     pub fn config(&self) -> &GrpcConfig {
@@ -288,10 +260,7 @@ impl GrpcSink {
                 Ok(()) => return Ok(()),
                 Err(Failure::Token(e)) => return Err(SendError::Token(e)),
                 Err(Failure::Permanent(status)) => {
-                    return Err(SendError::Rejected {
-                        code: status.code(),
-                        message: status.message().to_string(),
-                    });
+                    return Err(SendError::Rejected { code: status.code(), message: status.message().to_string() });
                 }
                 Err(Failure::Retryable(why)) => {
                     tracing::debug!(attempt = k + 1, "send to platform connector failed: {why}");
@@ -300,11 +269,7 @@ impl GrpcSink {
                 }
             }
         }
-        Err(SendError::Unavailable {
-            target: self.config.target.to_string(),
-            attempts: policy.attempts,
-            last,
-        })
+        Err(SendError::Unavailable { target: self.config.target.to_string(), attempts: policy.attempts, last })
     }
 
     async fn call(&mut self, batch: &pb::HealthEvents) -> Result<(), Failure> {
@@ -313,11 +278,7 @@ impl GrpcSink {
         let auth = self.config.token.authorization().map_err(Failure::Token)?;
         let timeout = self.config.retry.call_timeout;
         if self.client.is_none() {
-            self.client = Some(
-                open(&self.config.target, timeout)
-                    .await
-                    .map_err(Failure::Retryable)?,
-            );
+            self.client = Some(open(&self.config.target, timeout).await.map_err(Failure::Retryable)?);
         } else if !self.config.target.path().exists() {
             // Contract: a missing socket file means "connector unavailable".
             return Err(Failure::Retryable(format!(
@@ -331,9 +292,7 @@ impl GrpcSink {
             request.metadata_mut().insert("authorization", value);
         }
         match tokio::time::timeout(timeout, client.health_event_occurred_v1(request)).await {
-            Err(_) => Err(Failure::Retryable(format!(
-                "no answer within {timeout:?} (deadline exceeded)"
-            ))),
+            Err(_) => Err(Failure::Retryable(format!("no answer within {timeout:?} (deadline exceeded)"))),
             Ok(Ok(_)) => Ok(()),
             Ok(Err(status)) if is_retryable(&status) => Err(Failure::Retryable(describe(&status))),
             Ok(Err(status)) => Err(Failure::Permanent(status)),
@@ -342,10 +301,7 @@ impl GrpcSink {
 }
 
 /// Open a connection to the socket at `target`, checking first that the file exists.
-async fn open(
-    target: &SocketTarget,
-    timeout: Duration,
-) -> Result<PlatformConnectorClient<Channel>, String> {
+async fn open(target: &SocketTarget, timeout: Duration) -> Result<PlatformConnectorClient<Channel>, String> {
     let path = target.path().to_path_buf();
     if !path.exists() {
         return Err(format!("socket file {} does not exist", path.display()));
@@ -370,9 +326,7 @@ pub fn is_retryable(status: &Status) -> bool {
         return true;
     }
     let text = describe(status).to_lowercase();
-    ["eof", "connection reset", "broken pipe"]
-        .iter()
-        .any(|needle| text.contains(needle))
+    ["eof", "connection reset", "broken pipe"].iter().any(|needle| text.contains(needle))
 }
 
 fn describe(status: &Status) -> String {
@@ -413,20 +367,11 @@ mod tests {
             let t: SocketTarget = given.parse().unwrap();
             assert_eq!(t.path(), Path::new(path), "{given}");
         }
-        for bad in [
-            "",
-            "unix://",
-            "unix://host/x.sock",
-            "tcp://1.2.3.4:5",
-            "unix:",
-        ] {
+        for bad in ["", "unix://", "unix://host/x.sock", "tcp://1.2.3.4:5", "unix:"] {
             let e = bad.parse::<SocketTarget>().unwrap_err();
             assert!(e.to_string().contains("expected unix:///"), "{bad}: {e}");
         }
-        assert_eq!(
-            DEFAULT_SOCKET.parse::<SocketTarget>().unwrap().to_string(),
-            DEFAULT_SOCKET
-        );
+        assert_eq!(DEFAULT_SOCKET.parse::<SocketTarget>().unwrap().to_string(), DEFAULT_SOCKET);
     }
 
     #[test]
@@ -447,9 +392,7 @@ mod tests {
         assert!(is_retryable(&Status::unknown("transport: unexpected EOF")));
         assert!(is_retryable(&Status::internal("Connection reset by peer")));
         assert!(is_retryable(&Status::unknown("write: broken pipe")));
-        assert!(!is_retryable(&Status::permission_denied(
-            "nodeName mismatch"
-        )));
+        assert!(!is_retryable(&Status::permission_denied("nodeName mismatch")));
         assert!(!is_retryable(&Status::invalid_argument("bad event")));
         assert!(!is_retryable(&Status::unauthenticated("no token")));
     }

@@ -26,10 +26,7 @@ pub struct LineSink<W: Write> {
 
 impl LineSink<std::io::Stdout> {
     pub fn stdout() -> Self {
-        LineSink {
-            out: std::io::stdout(),
-            name: "stdout",
-        }
+        LineSink { out: std::io::stdout(), name: "stdout" }
     }
 }
 
@@ -46,10 +43,7 @@ impl<W: Write> LineSink<W> {
         self.out
             .write_all(&bytes)
             .and_then(|()| self.out.flush())
-            .map_err(|source| SendError::Write {
-                target: self.name.to_string(),
-                source,
-            })
+            .map_err(|source| SendError::Write { target: self.name.to_string(), source })
     }
 
     pub fn get_ref(&self) -> &W {
@@ -81,18 +75,12 @@ impl FileSink {
         let result = tokio::task::spawn_blocking(move || append_synced(&path, &bytes))
             .await
             .unwrap_or_else(|join| Err(std::io::Error::other(join)));
-        result.map_err(|source| SendError::Write {
-            target: self.path.display().to_string(),
-            source,
-        })
+        result.map_err(|source| SendError::Write { target: self.path.display().to_string(), source })
     }
 }
 
 fn append_synced(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)?;
+    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
     file.write_all(bytes)?;
     file.flush()?;
     file.sync_data()
@@ -104,10 +92,7 @@ mod tests {
     use crate::event::{Check, Entity, Stamp};
 
     fn events() -> Vec<HealthEvent> {
-        let stamp = Stamp {
-            node_name: "n1".into(),
-            ..Stamp::default()
-        };
+        let stamp = Stamp { node_name: "n1".into(), ..Stamp::default() };
         let t = time::macros::datetime!(2026-01-02 03:04:05 UTC);
         vec![
             HealthEvent::new(Check::InfiniBandStateCheck, &stamp, t, "mlx5_0 port 1 down")
@@ -120,9 +105,7 @@ mod tests {
 
     fn parse_lines(text: &str) -> Vec<HealthEvent> {
         assert!(text.ends_with('\n'));
-        text.lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
+        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
     }
 
     #[test]

@@ -17,8 +17,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 pub use grpc::{
-    ConnectPolicy, DEFAULT_SOCKET, GrpcConfig, GrpcSink, RetryPolicy, SocketTarget, TokenError,
-    TokenSource,
+    ConnectPolicy, DEFAULT_SOCKET, GrpcConfig, GrpcSink, RetryPolicy, SocketTarget, TokenError, TokenSource,
 };
 pub use lines::{FileSink, LineSink};
 
@@ -32,11 +31,7 @@ pub enum SendError {
     /// The connector could not be reached or did not answer (socket missing, connection
     /// refused/reset, `Unavailable`, `DeadlineExceeded`). Retryable.
     #[error("platform connector at {target} unavailable after {attempts} attempt(s): {last}")]
-    Unavailable {
-        target: String,
-        attempts: u32,
-        last: String,
-    },
+    Unavailable { target: String, attempts: u32, last: String },
     /// The bearer token could not be read. Retryable once the file is fixed.
     #[error(transparent)]
     Token(#[from] TokenError),
@@ -45,10 +40,7 @@ pub enum SendError {
     Rejected { code: tonic::Code, message: String },
     /// Writing the JSON lines failed. Retryable (disk full, stdout closed, ...).
     #[error("cannot write events to {target}: {source}")]
-    Write {
-        target: String,
-        source: std::io::Error,
-    },
+    Write { target: String, source: std::io::Error },
 }
 
 impl SendError {
@@ -171,16 +163,10 @@ mod tests {
     fn sink_specs() {
         assert_eq!("grpc".parse(), Ok(SinkSpec::Grpc));
         assert_eq!("stdout".parse(), Ok(SinkSpec::Stdout));
-        assert_eq!(
-            "file:/var/log/ev.jsonl".parse(),
-            Ok(SinkSpec::File("/var/log/ev.jsonl".into()))
-        );
+        assert_eq!("file:/var/log/ev.jsonl".parse(), Ok(SinkSpec::File("/var/log/ev.jsonl".into())));
         assert_eq!("file:".parse::<SinkSpec>(), Err(SinkSpecError::MissingPath));
         let e = "kafka".parse::<SinkSpec>().unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "unknown sink \"kafka\": expected grpc, stdout or file:PATH"
-        );
+        assert_eq!(e.to_string(), "unknown sink \"kafka\": expected grpc, stdout or file:PATH");
         for s in ["grpc", "stdout", "file:/x"] {
             assert_eq!(s.parse::<SinkSpec>().unwrap().to_string(), s);
         }
@@ -233,27 +219,16 @@ mod tests {
         assert_eq!(config.target.path(), std::path::Path::new("/run/pc.sock"));
         assert_eq!(config.token, TokenSource::file("/var/run/secrets/token"));
 
-        let e = Cli::try_parse_from(["nicmon", "--sink", "kafka"])
-            .err()
-            .unwrap();
-        assert!(
-            e.to_string().contains("expected grpc, stdout or file:PATH"),
-            "{e}"
-        );
+        let e = Cli::try_parse_from(["nicmon", "--sink", "kafka"]).err().unwrap();
+        assert!(e.to_string().contains("expected grpc, stdout or file:PATH"), "{e}");
     }
 
     #[test]
     fn only_rejections_are_permanent() {
-        let rejected = SendError::Rejected {
-            code: tonic::Code::PermissionDenied,
-            message: "nodeName".into(),
-        };
+        let rejected = SendError::Rejected { code: tonic::Code::PermissionDenied, message: "nodeName".into() };
         assert!(!rejected.is_retryable());
-        let down = SendError::Unavailable {
-            target: DEFAULT_SOCKET.into(),
-            attempts: 5,
-            last: "socket file missing".into(),
-        };
+        let down =
+            SendError::Unavailable { target: DEFAULT_SOCKET.into(), attempts: 5, last: "socket file missing".into() };
         assert!(down.is_retryable());
     }
 }

@@ -112,13 +112,9 @@ struct NodeCounterDevicePortFatal {
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Buckets of the existing monitor's poll histogram (Prometheus' default buckets).
-const LEGACY_BUCKETS: [f64; 11] = [
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
+const LEGACY_BUCKETS: [f64; 11] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 /// A poll of a full node takes ~2 ms (SPEC §3): finer buckets at the bottom.
-const POLL_BUCKETS: [f64; 12] = [
-    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
-];
+const POLL_BUCKETS: [f64; 12] = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
 
 fn legacy_histogram() -> Histogram {
     Histogram::new(LEGACY_BUCKETS)
@@ -185,11 +181,7 @@ impl Metrics {
             "1 while a monitored port is healthy, 0 while it is not",
             m.port_healthy.clone(),
         );
-        registry.register(
-            "nicmon_events_sent",
-            "Health events accepted by the sink, by check",
-            m.events_sent.clone(),
-        );
+        registry.register("nicmon_events_sent", "Health events accepted by the sink, by check", m.events_sent.clone());
         registry.register(
             "nicmon_events_failed",
             "Health events in batches the sink did not accept, by check and failure kind",
@@ -278,8 +270,7 @@ impl Metrics {
     /// The exposition text (OpenMetrics, ending in `# EOF`).
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("writing to a String cannot fail");
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
     }
 
@@ -288,19 +279,14 @@ impl Metrics {
     pub fn set_devices_by_role<'a>(&self, counts: impl IntoIterator<Item = (&'a str, usize)>) {
         self.devices.clear();
         for (role, n) in counts {
-            self.devices
-                .get_or_create(&RoleLabels { role: role.into() })
-                .set(n as i64);
+            self.devices.get_or_create(&RoleLabels { role: role.into() }).set(n as i64);
         }
     }
 
     /// The existing monitor's per-check device count.
     pub fn set_devices_discovered(&self, check: Check, n: usize) {
         self.legacy_devices_discovered
-            .get_or_create(&NodeCheck {
-                node: self.node.clone(),
-                check: check.to_string(),
-            })
+            .get_or_create(&NodeCheck { node: self.node.clone(), check: check.to_string() })
             .set(n as i64);
     }
 
@@ -309,30 +295,18 @@ impl Metrics {
     pub fn set_port_health<'a>(&self, ports: impl IntoIterator<Item = (&'a str, u32, bool)>) {
         self.port_healthy.clear();
         for (device, port, healthy) in ports {
-            self.port_healthy
-                .get_or_create(&PortLabels {
-                    device: device.into(),
-                    port,
-                })
-                .set(i64::from(healthy));
+            self.port_healthy.get_or_create(&PortLabels { device: device.into(), port }).set(i64::from(healthy));
         }
     }
 
     /// Count the outcome of one `Sink::send` of `events` (one check's batch).
-    pub fn record_dispatch(
-        &self,
-        check: Check,
-        events: &[HealthEvent],
-        result: &Result<(), SendError>,
-    ) {
+    pub fn record_dispatch(&self, check: Check, events: &[HealthEvent], result: &Result<(), SendError>) {
         if events.is_empty() {
             return;
         }
         match result {
             Ok(()) => {
-                self.events_sent
-                    .get_or_create(&check_labels(check))
-                    .inc_by(events.len() as u64);
+                self.events_sent.get_or_create(&check_labels(check)).inc_by(events.len() as u64);
                 for ev in events {
                     self.legacy_events_sent
                         .get_or_create(&NodeCheckFatal {
@@ -344,16 +318,9 @@ impl Metrics {
                 }
             }
             Err(e) => {
-                let kind = if e.is_retryable() {
-                    "retryable"
-                } else {
-                    "permanent"
-                };
+                let kind = if e.is_retryable() { "retryable" } else { "permanent" };
                 self.events_failed
-                    .get_or_create(&FailedLabels {
-                        check: check.to_string(),
-                        kind: kind.into(),
-                    })
+                    .get_or_create(&FailedLabels { check: check.to_string(), kind: kind.into() })
                     .inc_by(events.len() as u64);
             }
         }
@@ -364,25 +331,18 @@ impl Metrics {
         let secs = d.as_secs_f64();
         self.poll_duration.observe(secs);
         self.legacy_poll_duration
-            .get_or_create(&NodeCategory {
-                node: self.node.clone(),
-                category: "cycle".into(),
-            })
+            .get_or_create(&NodeCategory { node: self.node.clone(), category: "cycle".into() })
             .observe(secs);
     }
 
     /// A wake-up from `hook` (an eBPF hook name, `rtnetlink`, ...) triggered a poll.
     pub fn wakeup(&self, hook: &str) {
-        self.wakeups
-            .get_or_create(&HookLabels { hook: hook.into() })
-            .inc();
+        self.wakeups.get_or_create(&HookLabels { hook: hook.into() }).inc();
     }
 
     /// Whether eBPF hook `hook` is attached (set once per hook after attaching).
     pub fn set_ebpf_hook_attached(&self, hook: &str, attached: bool) {
-        self.ebpf_hook_attached
-            .get_or_create(&HookLabels { hook: hook.into() })
-            .set(i64::from(attached));
+        self.ebpf_hook_attached.get_or_create(&HookLabels { hook: hook.into() }).set(i64::from(attached));
     }
 
     /// Whether the binary embeds the eBPF programs, and whether they are in use.
@@ -394,26 +354,15 @@ impl Metrics {
     /// Where the roles came from this cycle: `metadata`, `sysfs` or `none`.
     pub fn set_topology_source(&self, source: &str) {
         self.topology_source.clear();
-        self.topology_source
-            .get_or_create(&SourceLabels {
-                source: source.into(),
-            })
-            .set(1);
+        self.topology_source.get_or_create(&SourceLabels { source: source.into() }).set(1);
     }
 
     /// Counters currently saturated `(device, port, counter)`, replacing the previous set.
-    pub fn set_saturated_counters<'a>(
-        &self,
-        counters: impl IntoIterator<Item = (&'a str, u32, &'a str)>,
-    ) {
+    pub fn set_saturated_counters<'a>(&self, counters: impl IntoIterator<Item = (&'a str, u32, &'a str)>) {
         self.counter_saturated.clear();
         for (device, port, counter) in counters {
             self.counter_saturated
-                .get_or_create(&CounterLabels {
-                    device: device.into(),
-                    port,
-                    counter: counter.into(),
-                })
+                .get_or_create(&CounterLabels { device: device.into(), port, counter: counter.into() })
                 .set(1);
         }
     }
@@ -450,9 +399,7 @@ impl Metrics {
 }
 
 fn check_labels(check: Check) -> CheckLabels {
-    CheckLabels {
-        check: check.to_string(),
-    }
+    CheckLabels { check: check.to_string() }
 }
 
 #[cfg(test)]
@@ -466,23 +413,11 @@ mod tests {
         m.set_devices_by_role([("compute", 8), ("storage", 2)]);
         m.set_devices_discovered(Check::InfiniBandStateCheck, 10);
         m.set_port_health([("mlx5_0", 1, true), ("mlx5_3", 1, false)]);
-        let ev = HealthEvent::new(
-            Check::InfiniBandStateCheck,
-            &Stamp::default(),
-            time::OffsetDateTime::UNIX_EPOCH,
-            "down",
-        )
-        .unhealthy(true);
-        m.record_dispatch(
-            Check::InfiniBandStateCheck,
-            std::slice::from_ref(&ev),
-            &Ok(()),
-        );
-        let down = Err(SendError::Unavailable {
-            target: "unix:///x".into(),
-            attempts: 5,
-            last: "gone".into(),
-        });
+        let ev =
+            HealthEvent::new(Check::InfiniBandStateCheck, &Stamp::default(), time::OffsetDateTime::UNIX_EPOCH, "down")
+                .unhealthy(true);
+        m.record_dispatch(Check::InfiniBandStateCheck, std::slice::from_ref(&ev), &Ok(()));
+        let down = Err(SendError::Unavailable { target: "unix:///x".into(), attempts: 5, last: "gone".into() });
         m.record_dispatch(Check::EthernetStateCheck, &[ev.clone(), ev], &down);
         m.observe_poll(Duration::from_millis(2));
         m.wakeup("qdisc_reset");
@@ -524,10 +459,7 @@ mod tests {
         for line in expect {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
         }
-        assert!(
-            !text.contains(r#"source="metadata""#),
-            "old source kept:\n{text}"
-        );
+        assert!(!text.contains(r#"source="metadata""#), "old source kept:\n{text}");
         assert!(text.ends_with("# EOF\n"));
     }
 }

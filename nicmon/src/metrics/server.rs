@@ -32,10 +32,7 @@ impl Liveness {
 
     /// As if the last cycle completed at `last` (tests pass an instant in the past).
     pub fn since(interval: Duration, last: Instant) -> Liveness {
-        Liveness {
-            interval,
-            last: Arc::new(Mutex::new(last)),
-        }
+        Liveness { interval, last: Arc::new(Mutex::new(last)) }
     }
 
     pub fn cycle_completed(&self) {
@@ -67,20 +64,14 @@ pub struct MetricsServer {
 }
 
 /// Listen on `0.0.0.0:port` (`--metrics-port`) and serve in a background task.
-pub async fn start(
-    port: u16,
-    metrics: Arc<Metrics>,
-    liveness: Liveness,
-) -> std::io::Result<MetricsServer> {
+pub async fn start(port: u16, metrics: Arc<Metrics>, liveness: Liveness) -> std::io::Result<MetricsServer> {
     let listener = TcpListener::bind(("0.0.0.0", port)).await?;
     Ok(serve(listener, metrics, liveness))
 }
 
 /// Serve on an already bound listener (tests bind port 0).
 pub fn serve(listener: TcpListener, metrics: Arc<Metrics>, liveness: Liveness) -> MetricsServer {
-    let addr = listener
-        .local_addr()
-        .expect("a bound listener has an address");
+    let addr = listener.local_addr().expect("a bound listener has an address");
     let task = tokio::spawn(async move {
         loop {
             let (stream, _) = match listener.accept().await {
@@ -99,9 +90,8 @@ pub fn serve(listener: TcpListener, metrics: Arc<Metrics>, liveness: Liveness) -
                     let response = respond(&req, &metrics, &liveness);
                     async move { Ok::<_, Infallible>(response) }
                 });
-                if let Err(e) = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await
+                if let Err(e) =
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await
                 {
                     tracing::debug!("metrics endpoint: connection ended: {e}");
                 }
@@ -111,20 +101,13 @@ pub fn serve(listener: TcpListener, metrics: Arc<Metrics>, liveness: Liveness) -
     MetricsServer { addr, task }
 }
 
-fn respond(
-    req: &Request<Incoming>,
-    metrics: &Metrics,
-    liveness: &Liveness,
-) -> Response<Full<Bytes>> {
+fn respond(req: &Request<Incoming>, metrics: &Metrics, liveness: &Liveness) -> Response<Full<Bytes>> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n".into());
     }
     match req.uri().path() {
         "/metrics" => Response::builder()
-            .header(
-                hyper::header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )
+            .header(hyper::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")
             .body(Full::new(Bytes::from(metrics.encode())))
             .expect("static headers are valid"),
         "/healthz" => {
@@ -138,10 +121,7 @@ fn respond(
                 )
             }
         }
-        _ => text(
-            StatusCode::NOT_FOUND,
-            "not found: try /metrics or /healthz\n".into(),
-        ),
+        _ => text(StatusCode::NOT_FOUND, "not found: try /metrics or /healthz\n".into()),
     }
 }
 

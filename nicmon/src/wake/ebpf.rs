@@ -43,21 +43,8 @@ enum Target {
     },
 }
 
-const fn carrier(
-    hook: Hook,
-    name: &'static str,
-    fentry: &'static str,
-    kprobe: &'static str,
-) -> Attach {
-    Attach {
-        hook,
-        target: Target::Function {
-            name,
-            fentry: Some(fentry),
-            kprobe,
-            module: None,
-        },
-    }
+const fn carrier(hook: Hook, name: &'static str, fentry: &'static str, kprobe: &'static str) -> Attach {
+    Attach { hook, target: Target::Function { name, fentry: Some(fentry), kprobe, module: None } }
 }
 
 const fn tp(
@@ -68,52 +55,21 @@ const fn tp(
     hint_field: Option<&'static str>,
     module: Option<&'static str>,
 ) -> Attach {
-    Attach {
-        hook,
-        target: Target::Tracepoint {
-            system,
-            event,
-            program,
-            hint_field,
-            module,
-        },
-    }
+    Attach { hook, target: Target::Tracepoint { system, event, program, hint_field, module } }
 }
 
 /// SPEC §1.8, in attach order.
 const ATTACH: [Attach; 14] = [
-    carrier(
-        Hook::NetifCarrierOff,
-        "netif_carrier_off",
-        "fentry_netif_carrier_off",
-        "kprobe_netif_carrier_off",
-    ),
-    carrier(
-        Hook::NetifCarrierOn,
-        "netif_carrier_on",
-        "fentry_netif_carrier_on",
-        "kprobe_netif_carrier_on",
-    ),
-    carrier(
-        Hook::NetifCarrierEvent,
-        "netif_carrier_event",
-        "fentry_netif_carrier_event",
-        "kprobe_netif_carrier_event",
-    ),
+    carrier(Hook::NetifCarrierOff, "netif_carrier_off", "fentry_netif_carrier_off", "kprobe_netif_carrier_off"),
+    carrier(Hook::NetifCarrierOn, "netif_carrier_on", "fentry_netif_carrier_on", "kprobe_netif_carrier_on"),
+    carrier(Hook::NetifCarrierEvent, "netif_carrier_event", "fentry_netif_carrier_event", "kprobe_netif_carrier_event"),
     carrier(
         Hook::LinkwatchFireEvent,
         "linkwatch_fire_event",
         "fentry_linkwatch_fire_event",
         "kprobe_linkwatch_fire_event",
     ),
-    tp(
-        Hook::QdiscReset,
-        "qdisc",
-        "qdisc_reset",
-        "tp_qdisc_reset",
-        Some("dev"),
-        None,
-    ),
+    tp(Hook::QdiscReset, "qdisc", "qdisc_reset", "tp_qdisc_reset", Some("dev"), None),
     Attach {
         hook: Hook::IbDispatchEvent,
         target: Target::Function {
@@ -148,46 +104,11 @@ const ATTACH: [Attach; 14] = [
         Some("dev_name"),
         None,
     ),
-    tp(
-        Hook::DevlinkHwerr,
-        "devlink",
-        "devlink_hwerr",
-        "tp_devlink_hwerr",
-        Some("dev_name"),
-        None,
-    ),
-    tp(
-        Hook::Mlx5Cmd,
-        "mlx5",
-        "mlx5_cmd",
-        "tp_mlx5_cmd",
-        None,
-        Some("mlx5_core"),
-    ),
-    tp(
-        Hook::Mlx5Fw,
-        "mlx5",
-        "mlx5_fw",
-        "tp_mlx5_fw",
-        None,
-        Some("mlx5_core"),
-    ),
-    tp(
-        Hook::NetDevXmitTimeout,
-        "net",
-        "net_dev_xmit_timeout",
-        "tp_net_dev_xmit_timeout",
-        Some("name"),
-        None,
-    ),
-    tp(
-        Hook::AerEvent,
-        "ras",
-        "aer_event",
-        "tp_aer_event",
-        Some("dev_name"),
-        None,
-    ),
+    tp(Hook::DevlinkHwerr, "devlink", "devlink_hwerr", "tp_devlink_hwerr", Some("dev_name"), None),
+    tp(Hook::Mlx5Cmd, "mlx5", "mlx5_cmd", "tp_mlx5_cmd", None, Some("mlx5_core")),
+    tp(Hook::Mlx5Fw, "mlx5", "mlx5_fw", "tp_mlx5_fw", None, Some("mlx5_core")),
+    tp(Hook::NetDevXmitTimeout, "net", "net_dev_xmit_timeout", "tp_net_dev_xmit_timeout", Some("name"), None),
+    tp(Hook::AerEvent, "ras", "aer_event", "tp_aer_event", Some("dev_name"), None),
 ];
 
 /// Why the kernel programs could not be used at all.
@@ -233,18 +154,10 @@ impl EbpfWakes {
         let mut hint_loc = [0u32; HOOK_SLOTS];
         if let Ok(tfs) = &tracefs {
             for a in &ATTACH {
-                if let (
-                    Target::Tracepoint {
-                        system,
-                        event,
-                        hint_field: Some(field),
-                        ..
-                    },
-                    Some(slot),
-                ) = (&a.target, a.hook.slot())
+                if let (Target::Tracepoint { system, event, hint_field: Some(field), .. }, Some(slot)) =
+                    (&a.target, a.hook.slot())
                 {
-                    hint_loc[slot] =
-                        tracefs::data_loc_offset(tfs, system, event, field).unwrap_or(0);
+                    hint_loc[slot] = tracefs::data_loc_offset(tfs, system, event, field).unwrap_or(0);
                 }
             }
         }
@@ -268,18 +181,11 @@ impl EbpfWakes {
         }
 
         let probes = KernelFacts::read(tracefs.as_deref().ok());
-        let hooks = ATTACH
-            .iter()
-            .map(|a| attach(&mut ebpf, a, btf.as_ref(), &tracefs, &probes))
-            .collect();
+        let hooks = ATTACH.iter().map(|a| attach(&mut ebpf, a, btf.as_ref(), &tracefs, &probes)).collect();
 
         let fd = super::register_readable(ring).map_err(LoadError::Reactor)?;
         tasks.push(tokio::spawn(drain(fd, tx)));
-        Ok(EbpfWakes {
-            _ebpf: ebpf,
-            hooks,
-            tasks,
-        })
+        Ok(EbpfWakes { _ebpf: ebpf, hooks, tasks })
     }
 
     pub fn hooks(&self) -> &[HookStatus] {
@@ -314,31 +220,18 @@ pub fn wake_from_sample(sample: &[u8], received: Instant, received_ns: u64) -> O
     let hook = Hook::from_u32(rec.hook)?;
     let hint = match rec.hint_kind() {
         Some(HintKind::Name) => {
-            let end = rec
-                .hint
-                .iter()
-                .position(|&b| b == 0)
-                .unwrap_or(rec.hint.len());
+            let end = rec.hint.iter().position(|&b| b == 0).unwrap_or(rec.hint.len());
             match std::str::from_utf8(&rec.hint[..end]) {
                 Ok(s) if !s.is_empty() => Hint::Name(s.to_owned()),
                 _ => Hint::None,
             }
         }
-        Some(HintKind::Ifindex) => Hint::Ifindex(u32::from_ne_bytes([
-            rec.hint[0],
-            rec.hint[1],
-            rec.hint[2],
-            rec.hint[3],
-        ])),
+        Some(HintKind::Ifindex) => {
+            Hint::Ifindex(u32::from_ne_bytes([rec.hint[0], rec.hint[1], rec.hint[2], rec.hint[3]]))
+        }
         Some(HintKind::None) | None => Hint::None,
     };
-    Some(Wake {
-        hook,
-        kernel_ts_ns: Some(rec.ts_ns),
-        hint,
-        received,
-        received_ns,
-    })
+    Some(Wake { hook, kernel_ts_ns: Some(rec.ts_ns), hint, received, received_ns })
 }
 
 /// What the running kernel offers for attaching, read once.
@@ -366,11 +259,7 @@ impl KernelFacts {
             Ok(text) => (parse_kallsyms(&text, &wanted), true),
             Err(_) => (HashMap::new(), false),
         };
-        Self {
-            kprobes,
-            symbols,
-            kallsyms_readable,
-        }
+        Self { kprobes, symbols, kallsyms_readable }
     }
 }
 
@@ -380,16 +269,13 @@ fn parse_kallsyms(text: &str, wanted: &[&str]) -> HashMap<String, Option<String>
     let mut found = HashMap::new();
     for line in text.lines() {
         let mut parts = line.split_whitespace();
-        let (Some(_addr), Some(kind), Some(name)) = (parts.next(), parts.next(), parts.next())
-        else {
+        let (Some(_addr), Some(kind), Some(name)) = (parts.next(), parts.next(), parts.next()) else {
             continue;
         };
         if !matches!(kind, "t" | "T") || !wanted.contains(&name) {
             continue;
         }
-        let module = parts
-            .next()
-            .map(|m| m.trim_start_matches('[').trim_end_matches(']').to_owned());
+        let module = parts.next().map(|m| m.trim_start_matches('[').trim_end_matches(']').to_owned());
         found.insert(name.to_owned(), module);
     }
     found
@@ -403,33 +289,16 @@ fn attach(
     facts: &KernelFacts,
 ) -> HookStatus {
     let status = match a.target {
-        Target::Function {
-            name,
-            fentry,
-            kprobe,
-            module,
-        } => attach_function(ebpf, name, fentry, kprobe, module, btf, facts),
-        Target::Tracepoint {
-            system,
-            event,
-            program,
-            module,
-            ..
-        } => attach_tracepoint(ebpf, system, event, program, module, tracefs),
+        Target::Function { name, fentry, kprobe, module } => {
+            attach_function(ebpf, name, fentry, kprobe, module, btf, facts)
+        }
+        Target::Tracepoint { system, event, program, module, .. } => {
+            attach_tracepoint(ebpf, system, event, program, module, tracefs)
+        }
     };
     let status = match status {
-        Ok((via, refused)) => HookStatus {
-            hook: a.hook,
-            attached: true,
-            via: Some(via),
-            reason: refused,
-        },
-        Err(reason) => HookStatus {
-            hook: a.hook,
-            attached: false,
-            via: None,
-            reason: Some(reason),
-        },
+        Ok((via, refused)) => HookStatus { hook: a.hook, attached: true, via: Some(via), reason: refused },
+        Err(reason) => HookStatus { hook: a.hook, attached: false, via: None, reason: Some(reason) },
     };
     match status.attached {
         true => tracing::debug!(hook = a.hook.name(), "{status}"),
@@ -468,10 +337,7 @@ fn attach_function(
         try_kprobe(ebpf, kprobe, name)
     };
     match kprobe_result {
-        Ok(()) => Ok((
-            Mechanism::Kprobe,
-            (!refused.is_empty()).then(|| refused.join("; ")),
-        )),
+        Ok(()) => Ok((Mechanism::Kprobe, (!refused.is_empty()).then(|| refused.join("; ")))),
         Err(e) => {
             refused.push(e);
             Err(refused.join("; "))
@@ -479,30 +345,20 @@ fn attach_function(
     }
 }
 
-fn try_fentry(
-    ebpf: &mut Ebpf,
-    prog: &str,
-    function: &str,
-    btf: Option<&Btf>,
-) -> Result<(), String> {
+fn try_fentry(ebpf: &mut Ebpf, prog: &str, function: &str, btf: Option<&Btf>) -> Result<(), String> {
     let btf = btf.ok_or("fentry unavailable: no kernel BTF at /sys/kernel/btf/vmlinux")?;
-    let p: &mut FEntry = program(ebpf, prog)?
-        .try_into()
-        .map_err(|e: ProgramError| format!("fentry program {prog}: {e}"))?;
-    p.load(function, btf)
-        .map_err(|e| describe("fentry", "refused", &e))?;
-    p.attach()
-        .map_err(|e| describe("fentry", "attach failed", &e))?;
+    let p: &mut FEntry =
+        program(ebpf, prog)?.try_into().map_err(|e: ProgramError| format!("fentry program {prog}: {e}"))?;
+    p.load(function, btf).map_err(|e| describe("fentry", "refused", &e))?;
+    p.attach().map_err(|e| describe("fentry", "attach failed", &e))?;
     Ok(())
 }
 
 fn try_kprobe(ebpf: &mut Ebpf, prog: &str, function: &str) -> Result<(), String> {
-    let p: &mut KProbe = program(ebpf, prog)?
-        .try_into()
-        .map_err(|e: ProgramError| format!("kprobe program {prog}: {e}"))?;
+    let p: &mut KProbe =
+        program(ebpf, prog)?.try_into().map_err(|e: ProgramError| format!("kprobe program {prog}: {e}"))?;
     p.load().map_err(|e| describe("kprobe", "refused", &e))?;
-    p.attach(function, 0)
-        .map_err(|e| describe("kprobe", "attach failed", &e))?;
+    p.attach(function, 0).map_err(|e| describe("kprobe", "attach failed", &e))?;
     Ok(())
 }
 
@@ -514,37 +370,28 @@ fn attach_tracepoint(
     module: Option<&str>,
     tracefs: &Result<PathBuf, String>,
 ) -> Result<(Mechanism, Option<String>), String> {
-    let tfs = tracefs
-        .as_ref()
-        .map_err(|e| format!("tracepoint {system}:{event}: {e}"))?;
+    let tfs = tracefs.as_ref().map_err(|e| format!("tracepoint {system}:{event}: {e}"))?;
     if !tracefs::event_dir(tfs, system, event).is_dir() {
         return Err(match module {
             Some(m) => format!("tracepoint {system}:{event} not present (module {m} not loaded)"),
             None => format!("tracepoint {system}:{event} not present in this kernel"),
         });
     }
-    let p: &mut TracePoint = program(ebpf, prog)?
-        .try_into()
-        .map_err(|e: ProgramError| format!("tracepoint program {prog}: {e}"))?;
-    p.load()
-        .map_err(|e| describe("tracepoint", "refused", &e))?;
-    p.attach(system, event)
-        .map_err(|e| describe("tracepoint", "attach failed", &e))?;
+    let p: &mut TracePoint =
+        program(ebpf, prog)?.try_into().map_err(|e: ProgramError| format!("tracepoint program {prog}: {e}"))?;
+    p.load().map_err(|e| describe("tracepoint", "refused", &e))?;
+    p.attach(system, event).map_err(|e| describe("tracepoint", "attach failed", &e))?;
     Ok((Mechanism::Tracepoint, None))
 }
 
 fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program, String> {
-    ebpf.program_mut(name)
-        .ok_or_else(|| format!("program {name} missing from the eBPF object"))
+    ebpf.program_mut(name).ok_or_else(|| format!("program {name} missing from the eBPF object"))
 }
 
 /// "fentry refused: EPERM", with the verifier's first line when it said something.
 fn describe(mechanism: &str, what: &str, e: &ProgramError) -> String {
     match e {
-        ProgramError::LoadError {
-            io_error,
-            verifier_log,
-        } => {
+        ProgramError::LoadError { io_error, verifier_log } => {
             let log = verifier_log.to_string();
             let first = log.lines().map(str::trim).find(|l| !l.is_empty());
             match first {
@@ -553,11 +400,7 @@ fn describe(mechanism: &str, what: &str, e: &ProgramError) -> String {
             }
         }
         ProgramError::SyscallError(s) => {
-            format!(
-                "{mechanism} {what}: {} in {}",
-                errno_name(&s.io_error),
-                s.call
-            )
+            format!("{mechanism} {what}: {} in {}", errno_name(&s.io_error), s.call)
         }
         other => format!("{mechanism} {what}: {other}"),
     }
@@ -584,10 +427,7 @@ fn errno_name(e: &io::Error) -> String {
 
 /// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; later ones ignore it.
 fn raise_memlock_limit() {
-    let lim = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
+    let lim = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
     // SAFETY: valid pointer to a rlimit.
     if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) } != 0 {
         tracing::debug!(error = %io::Error::last_os_error(), "cannot raise RLIMIT_MEMLOCK");
@@ -653,10 +493,7 @@ mod tests {
         let mut rec = WakeRecord::new(Hook::AerEvent, 1);
         rec.flags = HintKind::Ifindex as u32;
         rec.hint[..4].copy_from_slice(&7u32.to_ne_bytes());
-        assert_eq!(
-            wake_from_sample(&rec.to_bytes(), now, 1).unwrap().hint,
-            Hint::Ifindex(7)
-        );
+        assert_eq!(wake_from_sample(&rec.to_bytes(), now, 1).unwrap().hint, Hint::Ifindex(7));
     }
 
     #[test]
@@ -669,10 +506,7 @@ mod tests {
         let mut rec = WakeRecord::new(Hook::QdiscReset, 1);
         rec.flags = HintKind::Name as u32;
         rec.hint = [0xff; 16];
-        assert_eq!(
-            wake_from_sample(&rec.to_bytes(), now, 0).unwrap().hint,
-            Hint::None
-        );
+        assert_eq!(wake_from_sample(&rec.to_bytes(), now, 0).unwrap().hint, Hint::None);
     }
 
     #[test]
@@ -681,10 +515,7 @@ mod tests {
                     0000000000000000 t ib_dispatch_event\t[ib_core]\n\
                     ffffffff81000010 D netif_carrier_on\n\
                     ffffffff81000020 T unrelated\n";
-        let s = parse_kallsyms(
-            text,
-            &["netif_carrier_off", "ib_dispatch_event", "netif_carrier_on"],
-        );
+        let s = parse_kallsyms(text, &["netif_carrier_off", "ib_dispatch_event", "netif_carrier_on"]);
         assert_eq!(s.get("netif_carrier_off"), Some(&None));
         assert_eq!(s.get("ib_dispatch_event"), Some(&Some("ib_core".into())));
         assert!(!s.contains_key("netif_carrier_on"), "data symbol");

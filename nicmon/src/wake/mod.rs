@@ -53,8 +53,7 @@ pub struct Wake {
 impl Wake {
     /// Kernel-to-userspace latency, when the hook has a kernel timestamp.
     pub fn delivery_latency_ns(&self) -> Option<u64> {
-        self.kernel_ts_ns
-            .map(|k| self.received_ns.saturating_sub(k))
+        self.kernel_ts_ns.map(|k| self.received_ns.saturating_sub(k))
     }
 }
 
@@ -117,12 +116,9 @@ impl fmt::Display for HookStatus {
             (Some(via), Some(r)) => {
                 write!(f, "{}: attached ({}; {r})", self.hook.name(), via.name())
             }
-            (None, r) => write!(
-                f,
-                "{}: not attached ({})",
-                self.hook.name(),
-                r.as_deref().unwrap_or("no reason recorded")
-            ),
+            (None, r) => {
+                write!(f, "{}: not attached ({})", self.hook.name(), r.as_deref().unwrap_or("no reason recorded"))
+            }
         }
     }
 }
@@ -162,12 +158,7 @@ pub struct WakeOptions {
 
 impl Default for WakeOptions {
     fn default() -> Self {
-        Self {
-            object: EMBEDDED_OBJECT,
-            rtnetlink: true,
-            mount_tracefs: true,
-            tracefs: None,
-        }
+        Self { object: EMBEDDED_OBJECT, rtnetlink: true, mount_tracefs: true, tracefs: None }
     }
 }
 
@@ -217,17 +208,11 @@ impl WakeSource {
         let ebpf_live = hooks.iter().any(|h| h.attached);
 
         if opts.rtnetlink {
-            let started =
-                rtnetlink::LinkSocket::open().and_then(|s| rtnetlink::spawn(s, tx.clone()));
+            let started = rtnetlink::LinkSocket::open().and_then(|s| rtnetlink::spawn(s, tx.clone()));
             hooks.push(match started {
                 Ok(task) => {
                     tasks.push(task);
-                    HookStatus {
-                        hook: Hook::Rtnetlink,
-                        attached: true,
-                        via: Some(Mechanism::Rtnetlink),
-                        reason: None,
-                    }
+                    HookStatus { hook: Hook::Rtnetlink, attached: true, via: Some(Mechanism::Rtnetlink), reason: None }
                 }
                 Err(e) => HookStatus {
                     hook: Hook::Rtnetlink,
@@ -237,22 +222,13 @@ impl WakeSource {
                 },
             });
         }
-        let rtnl_live = hooks
-            .iter()
-            .any(|h| h.hook == Hook::Rtnetlink && h.attached);
+        let rtnl_live = hooks.iter().any(|h| h.hook == Hook::Rtnetlink && h.attached);
         let mode = match (ebpf_live, rtnl_live) {
             (true, _) => WakeMode::Ebpf,
             (false, true) => WakeMode::RtnetlinkOnly,
             (false, false) => WakeMode::None,
         };
-        WakeSource {
-            mode,
-            hooks,
-            ebpf_error,
-            rx,
-            _ebpf: ebpf_wakes,
-            tasks,
-        }
+        WakeSource { mode, hooks, ebpf_error, rx, _ebpf: ebpf_wakes, tasks }
     }
 
     pub fn mode(&self) -> WakeMode {
@@ -301,10 +277,7 @@ fn deliver(tx: &mpsc::Sender<Wake>, wake: Wake) -> bool {
 
 /// `CLOCK_MONOTONIC` in ns: the clock of `bpf_ktime_get_ns`.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -313,12 +286,8 @@ pub fn monotonic_ns() -> u64 {
 /// Registers `inner`'s fd with the tokio reactor for readability. Only for the types of
 /// this module, each of which owns its fd for its whole life (an `OwnedFd`, or aya's
 /// `MapData` inside a ring buffer), which is what makes the registration sound.
-fn register_readable<T: std::os::fd::AsRawFd>(
-    inner: T,
-) -> std::io::Result<tokio::io::unix::AsyncFd<T>> {
+fn register_readable<T: std::os::fd::AsRawFd>(inner: T) -> std::io::Result<tokio::io::unix::AsyncFd<T>> {
     // SAFETY: see above — the fd stays open and the same until the AsyncFd is dropped.
-    unsafe {
-        tokio::io::unix::AsyncFd::register_with_interest(inner, tokio::io::Interest::READABLE)
-    }
-    .map_err(|e| e.into_parts().1)
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(inner, tokio::io::Interest::READABLE) }
+        .map_err(|e| e.into_parts().1)
 }

@@ -63,11 +63,7 @@ impl LinkSocket {
     fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         // SAFETY: `buf` is valid for writes of its length.
         let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
+        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
     }
 }
 
@@ -131,13 +127,7 @@ impl LinkNotice {
             Some(name) => Hint::Name(name),
             None => Hint::Ifindex(self.ifindex),
         };
-        Wake {
-            hook: Hook::Rtnetlink,
-            kernel_ts_ns: None,
-            hint,
-            received,
-            received_ns,
-        }
+        Wake { hook: Hook::Rtnetlink, kernel_ts_ns: None, hint, received, received_ns }
     }
 }
 
@@ -221,16 +211,8 @@ mod tests {
         assert_eq!(
             parse_link_messages(&dgram),
             vec![
-                LinkNotice {
-                    ifindex: 7,
-                    ifname: Some("eth0".into()),
-                    deleted: false
-                },
-                LinkNotice {
-                    ifindex: 9,
-                    ifname: None,
-                    deleted: true
-                },
+                LinkNotice { ifindex: 7, ifname: Some("eth0".into()), deleted: false },
+                LinkNotice { ifindex: 9, ifname: None, deleted: true },
             ]
         );
     }

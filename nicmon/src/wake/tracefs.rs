@@ -21,24 +21,13 @@ pub fn locate(mount: bool) -> Result<PathBuf, String> {
         ));
     }
     match mount_tracefs(Path::new(MOUNT_POINTS[0])) {
-        Ok(()) => find().ok_or_else(|| {
-            format!(
-                "mounted tracefs at {} but it has no events/",
-                MOUNT_POINTS[0]
-            )
-        }),
-        Err(e) => Err(format!(
-            "tracefs not mounted and mounting it at {} failed: {e}",
-            MOUNT_POINTS[0]
-        )),
+        Ok(()) => find().ok_or_else(|| format!("mounted tracefs at {} but it has no events/", MOUNT_POINTS[0])),
+        Err(e) => Err(format!("tracefs not mounted and mounting it at {} failed: {e}", MOUNT_POINTS[0])),
     }
 }
 
 fn find() -> Option<PathBuf> {
-    MOUNT_POINTS
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.join("events").is_dir())
+    MOUNT_POINTS.iter().map(PathBuf::from).find(|p| p.join("events").is_dir())
 }
 
 fn mount_tracefs(at: &Path) -> io::Result<()> {
@@ -46,20 +35,8 @@ fn mount_tracefs(at: &Path) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let target = CString::new(at.as_os_str().as_bytes())?;
     // SAFETY: NUL-terminated strings that outlive the call; no data argument.
-    let rc = unsafe {
-        libc::mount(
-            c"nodev".as_ptr(),
-            target.as_ptr(),
-            c"tracefs".as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    let rc = unsafe { libc::mount(c"nodev".as_ptr(), target.as_ptr(), c"tracefs".as_ptr(), 0, std::ptr::null()) };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
 /// The directory of one tracepoint under a tracefs mount.
@@ -102,10 +79,7 @@ pub fn parse_data_loc_offset(format: &str, field: &str) -> Option<u32> {
         let Some(rest) = decl.strip_prefix("__data_loc ") else {
             continue;
         };
-        let name = rest
-            .rsplit(|c: char| c.is_whitespace())
-            .next()
-            .unwrap_or("");
+        let name = rest.rsplit(|c: char| c.is_whitespace()).next().unwrap_or("");
         if name == field && rest.trim_start().starts_with("char") && offset != 0 {
             return Some(offset);
         }

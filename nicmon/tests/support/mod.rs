@@ -18,14 +18,9 @@ impl VethPair {
         let n = N.fetch_add(1, Ordering::Relaxed);
         // IFNAMSIZ: at most 15 characters.
         let base = format!("nm{tag}{}{n}", std::process::id() % 100_000);
-        let pair = VethPair {
-            a: format!("{base}a"),
-            b: format!("{base}b"),
-        };
+        let pair = VethPair { a: format!("{base}a"), b: format!("{base}b") };
         assert!(pair.a.len() <= 15, "interface name too long: {}", pair.a);
-        ip(&[
-            "link", "add", &pair.a, "type", "veth", "peer", "name", &pair.b,
-        ])?;
+        ip(&["link", "add", &pair.a, "type", "veth", "peer", "name", &pair.b])?;
         ip(&["link", "set", &pair.a, "up"])?;
         ip(&["link", "set", &pair.b, "up"])?;
         Ok(pair)
@@ -43,18 +38,11 @@ impl Drop for VethPair {
 }
 
 pub fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run ip: {e}"))?;
+    let out = Command::new("ip").args(args).output().map_err(|e| format!("cannot run ip: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
     }
 }
 
