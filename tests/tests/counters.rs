@@ -160,6 +160,25 @@ fn symbol_error_burst_within_ten_seconds_is_non_fatal() {
     assert_eq!(fired, vec![(13, ib(false, false, "mlx5_12", "symbol_error"))]);
 }
 
+/// One `nicmon check` cycle of `tl` at `t` with info logs: (exit code, report, stderr).
+fn check_logged(tl: &Timeline, t: i64) -> (Option<i32>, serde_json::Value, String) {
+    let node = tl.node;
+    let out = std::process::Command::new(nicmon_tests::nicmon_bin())
+        .arg("check")
+        .args(["--sysfs".as_ref(), node.sys().as_os_str()])
+        .args(["--procfs".as_ref(), node.proc().as_os_str()])
+        .args(["--metadata".as_ref(), node.metadata_path().as_os_str()])
+        .args(["--config", "/nonexistent/nicmon.toml", "--format", "json", "--node-name", "node-a"])
+        .args(["--state-file".as_ref(), tl.state_file.as_os_str()])
+        .args(["--now", &tl.at(t)])
+        .env("RUST_LOG", "info")
+        .env_remove("NODE_NAME")
+        .output()
+        .unwrap();
+    let report = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    (out.status.code(), report, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
 #[test]
 fn missing_hw_counter_fails_open() {
     let node = Platform::L40sOci.build();
@@ -168,32 +187,24 @@ fn missing_hw_counter_fails_open() {
         node.remove_port_file(&pf, 1, "hw_counters/roce_slow_restart");
     }
     let tl = Timeline::new(&node);
-    let out = node.nicmon(
-        "check",
-        &[
-            "--format",
-            "json",
-            "--metadata",
-            node.metadata_path().to_str().unwrap(),
-            "--config",
-            "/nonexistent/nicmon.toml",
-            "--state-file",
-            tl.state_file.to_str().unwrap(),
-            "--now",
-            &tl.at(0),
-        ],
-    );
-    assert_eq!(out.status.code(), Some(0));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("ERROR"), "{stderr}");
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (code, report, stderr) = check_logged(&tl, 0);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stderr.contains("ERROR") && !stderr.contains("WARN"), "{stderr}");
     let ev = report["events"].as_array().unwrap();
     assert_eq!(ev.len(), 6, "state baselines only: {ev:#?}");
     let c = counters_of(&report, "mlx5_3");
     assert!(!c.contains_key("roce_slow_restart"), "{c:?}");
     assert_eq!(c["carrier_changes"], 2);
+    // Said once, in one line naming the ports.
+    let said: Vec<&str> = stderr.lines().filter(|l| l.contains("roce_slow_restart")).collect();
+    assert_eq!(said.len(), 1, "{stderr}");
+    assert!(said[0].contains("mlx5_0 port 1") && said[0].contains("mlx5_5 port 1"), "{stderr}");
 
-    assert!(tl.poll(1).is_empty());
+    let (code, report, stderr) = check_logged(&tl, 1);
+    assert_eq!(code, Some(0));
+    assert!(report["events"].as_array().unwrap().is_empty());
+    assert!(!stderr.contains("roce_slow_restart"), "only on the first poll of a boot: {stderr}");
+
     // The other counters of the same port are still watched.
     node.set_counter("mlx5_3", 1, "hw_counters/out_of_sequence", 5_000);
     assert_eq!(briefs(&tl.poll(2)), vec![eth(false, false, "mlx5_3", "out_of_sequence")]);
@@ -355,4 +366,29 @@ fn counter_values_appear_in_the_report() {
     node.write_port_file("mlx5_0", 1, "counters/symbol_error", "N/A (no PMA)\n");
     let r = node.check_json(&[]);
     assert!(!counters_of(&r, "mlx5_0").contains_key("symbol_error"));
+}
+
+#[test]
+fn a_reboot_clears_the_latch_and_sends_counter_baselines() {
+    let mut node = Platform::L40sOci.build();
+    {
+        let tl = Timeline::new(&node);
+        baseline(&tl, 6);
+        node.set_counter("mlx5_1", 1, "counters/link_downed", 1);
+        assert_eq!(briefs(&tl.poll(1)), vec![eth(false, true, "mlx5_1", "link_downed")]);
+    }
+
+    // The node reboots; the counter comes back at 0. Same state file.
+    node.set_counter("mlx5_1", 1, "counters/link_downed", 0);
+    node.set_boot_id("5d0c6f7e-0000-4000-8000-000000000002");
+    let tl = Timeline::new(&node);
+    let ev = tl.poll(900);
+    assert!(ev.iter().all(|e| e["isHealthy"] == true), "{ev:#?}");
+    let for_link_downed: Vec<Brief> = briefs(&ev).into_iter().filter(|b| b.4 == "link_downed").collect();
+    let expected: Vec<Brief> = (0..6).map(|i| eth(true, false, &format!("mlx5_{i}"), "link_downed")).collect();
+    assert_eq!(for_link_downed, expected);
+    assert!(tl.poll(901).is_empty());
+    // Re-armed in the new boot.
+    node.set_counter("mlx5_1", 1, "counters/link_downed", 1);
+    assert_eq!(briefs(&tl.poll(902)), vec![eth(false, true, "mlx5_1", "link_downed")]);
 }

@@ -383,3 +383,93 @@ fn a_reboot_clears_the_cursor() {
     let ev = poll_kmsg(&mut tl, 601, &kmsg_text(&node, Format::Kmsg, &[(12, 40, compromised), (13, 41, fatal)]));
     assert_eq!(ev.iter().map(brief).collect::<Vec<_>>(), vec![kernel_log(true, "mlx5_2", "fw_fatal_error")]);
 }
+
+#[test]
+fn newer_kernel_wordings_and_vfs_are_attributed_to_their_card() {
+    let node = field_node();
+    for format in BOTH {
+        let mut tl = started(&node, &format!("{format:?}"), FIELD_PORTS);
+        let cases: [(&str, Brief); 3] = [
+            // 6.8+: the root port names the NIC in the text.
+            (
+                "pcieport 0000:89:02.0: AER: Uncorrectable (Fatal) error message received from 0000:8a:00.1",
+                kernel_log(true, "mlx5_21", "pcie_fatal"),
+            ),
+            (
+                "mlx5_core 0000:8a:00.0: PCIe Bus Error: severity=Uncorrectable (Non-Fatal), type=Transaction Layer, (Requester ID)",
+                kernel_log(false, "mlx5_21", "pcie_nonfatal"),
+            ),
+            (
+                "mlx5_core 0000:af:00.2 ens4f2: NETDEV WATCHDOG: CPU: 5: transmit queue 3 timed out 5120 ms",
+                kernel_log(false, "mlx5_25", "netdev_watchdog"),
+            ),
+        ];
+        for (i, (line, want)) in cases.iter().enumerate() {
+            let t = 100 * (i as i64 + 1);
+            let ev = poll_kmsg(&mut tl, t, &kmsg_text(&node, format, &[(300 + i as u64, t, line)]));
+            assert_eq!(ev.iter().map(brief).collect::<Vec<_>>(), vec![want.clone()], "{format:?} {line}");
+        }
+    }
+
+    // DGX-H100: mlx5_12 and mlx5_13 are VFs of mlx5_0; the PF and both VFs print the same
+    // firmware failure: one event, on the PF.
+    let node = Platform::DgxH100.build();
+    let line = |d: &str| format!("mlx5_core {}: poll_health:795:(pid 0): Fatal error 1 detected", node.info[d].bdf);
+    let (pf, vf1, vf2) = (line("mlx5_0"), line("mlx5_12"), line("mlx5_13"));
+    assert!(node.info["mlx5_12"].is_vf && node.info["mlx5_13"].is_vf);
+    for format in BOTH {
+        let mut tl = started(&node, &format!("dgx-{format:?}"), 12);
+        let ev = poll_kmsg(&mut tl, 1, &kmsg_text(&node, format, &[(1, 1, &vf1), (2, 1, &pf), (3, 1, &vf2)]));
+        assert_eq!(ev.iter().map(brief).collect::<Vec<_>>(), vec![kernel_log(true, "mlx5_0", "fw_fatal_error")]);
+    }
+}
+
+#[test]
+fn quoted_lines_are_sanitised_and_capped() {
+    let node = field_node();
+    let mut tl = started(&node, "quote", FIELD_PORTS);
+    let line = format!(
+        "mlx5_core 0000:0d:00.0: poll_health:801:(pid 0): device's health compromised - reached miss count; extra=\\x1b[31m{}",
+        "x".repeat(600)
+    );
+    for (t, format) in [(1, Format::Kmsg), (100, Format::Plain)] {
+        let ev = poll_kmsg(&mut tl, t, &kmsg_text(&node, format, &[(9 + t as u64, t, &line)]));
+        assert_eq!(ev.iter().map(brief).collect::<Vec<_>>(), vec![kernel_log(true, "mlx5_11", "health_compromised")]);
+        let msg = ev[0]["message"].as_str().unwrap();
+        assert!(!msg.contains(';') && !msg.chars().any(char::is_control), "{format:?}: {msg:?}");
+        assert!(msg.len() < 500 && msg.ends_with("..."), "{format:?}: {} bytes", msg.len());
+        assert!(msg.contains("device's health compromised - reached miss count"), "{msg}");
+    }
+}
+
+#[test]
+fn soft_lockup_in_the_mlx5_napi_path_names_every_monitored_card() {
+    let node = Platform::H100Oci.build();
+    let mut tl = started(&node, "lockup", 18);
+    let trace = [
+        "watchdog: BUG: soft lockup - CPU#12 stuck for 22s! [ksoftirqd/12:86]",
+        "CPU: 12 PID: 86 Comm: ksoftirqd/12 Tainted: G           OE     5.15.0-1045-oracle #51",
+        "RIP: 0010:mlx5e_poll_tx_cq+0x1a4/0x5e0 [mlx5_core]",
+        "Call Trace:",
+        " <IRQ>",
+        " ? mlx5e_napi_poll+0x12c/0x6f0 [mlx5_core]",
+        " mlx5e_napi_poll+0x12c/0x6f0 [mlx5_core]",
+        " __napi_poll+0x30/0x180",
+    ];
+    let records: Vec<(u64, i64, &str)> = trace.iter().enumerate().map(|(i, l)| (700 + i as u64, 1, *l)).collect();
+    let ev = poll_kmsg(&mut tl, 1, &kmsg_text(&node, Format::Kmsg, &records));
+    assert_eq!(ev.len(), 1, "{ev:#?}");
+    let b = brief(&ev[0]);
+    assert_eq!((b.0.as_str(), b.1, b.2, b.4.as_str()), ("NICKernelLogCheck", false, true, "soft_lockup_mlx5"));
+    // One entity per monitored card (the H100's 8 IB cards and 2 storage cards).
+    assert_eq!(ev[0]["entitiesImpacted"].as_array().unwrap().len(), 10, "{ev:#?}");
+
+    // Without an mlx5 frame (only an unreliable `? ` one): nothing.
+    let other = [
+        "watchdog: BUG: soft lockup - CPU#3 stuck for 23s! [kworker/3:1:99]",
+        " ? mlx5e_napi_poll+0x12c/0x6f0 [mlx5_core]",
+        " nvme_poll+0x10/0x40",
+    ];
+    let records: Vec<(u64, i64, &str)> = other.iter().enumerate().map(|(i, l)| (800 + i as u64, 100, *l)).collect();
+    assert!(poll_kmsg(&mut tl, 100, &kmsg_text(&node, Format::Kmsg, &records)).is_empty());
+}
