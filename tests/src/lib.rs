@@ -759,7 +759,7 @@ pub fn nicmon_bin() -> PathBuf {
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "nicmon")
             .filter_map(|v| v["executable"].as_str().map(PathBuf::from))
-            .last()
+            .next_back()
             .expect("cargo did not report the nicmon executable")
     })
     .clone()
