@@ -137,6 +137,15 @@ fn symbol_errors_at_200_per_hour_are_fatal_once_the_hour_has_elapsed() {
     assert_eq!(ev[0]["recommendedAction"], "NONE");
     assert!(ev[0]["message"].as_str().unwrap().contains("rate=20.00/sec"), "{ev:#?}");
     assert!(tl.poll(3607).is_empty());
+
+    // The cable is replaced and the counters cleared: each rule recovers under its own
+    // errorCode (one rule's recovery never clears the other's condition).
+    node.set_counter("mlx5_7", 1, "counters/symbol_error", 0);
+    assert_eq!(
+        briefs(&tl.poll(3700)),
+        vec![ib(true, false, "mlx5_7", "symbol_error"), ib(true, false, "mlx5_7", "symbol_error_fatal")]
+    );
+    assert!(tl.poll(3701).is_empty());
 }
 
 #[test]

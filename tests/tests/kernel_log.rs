@@ -69,11 +69,15 @@ fn field_node() -> Node {
 enum Format {
     /// `/dev/kmsg` records: `prio,seq,ts_usec,-;text` and ` KEY=VALUE` continuation lines.
     Kmsg,
-    /// Plain text, one message per line (`dmesg -r` without the priority).
+    /// Plain text, one message per line, bare.
     Plain,
+    /// Plain text as `dmesg` prints it: `[   86.123456] text`.
+    Dmesg,
+    /// Plain text as `journalctl -k` prints it: `Nov 19 19:26:01 node-a kernel: text`.
+    Journal,
 }
 
-const BOTH: [Format; 2] = [Format::Kmsg, Format::Plain];
+const ALL: [Format; 4] = [Format::Kmsg, Format::Plain, Format::Dmesg, Format::Journal];
 
 /// The continuation lines the kernel attaches to `line`: ` DEVICE=+pci:<BDF>` for device
 /// messages (`mlx5_core <BDF>: …`, `pcieport <BDF>: …`), ` DEVICE=n<ifindex>` for netdev
@@ -103,6 +107,11 @@ fn kmsg_text(node: &Node, format: Format, records: &[(u64, i64, &str)]) -> Strin
                 format!("3,{seq},{},-;{line}\n{}", secs * 1_000_000 + *seq as i64 % 1000, continuation(node, line))
             }
             Format::Plain => format!("{line}\n"),
+            Format::Dmesg => format!("[{secs:>5}.{:06}] {line}\n", *seq % 1000),
+            Format::Journal => {
+                let s = 19 * 3600 + 26 * 60 + secs;
+                format!("Nov 19 {:02}:{:02}:{:02} node-a kernel: {line}\n", s / 3600 % 24, s / 60 % 60, s % 60)
+            }
         })
         .collect()
 }
@@ -233,7 +242,7 @@ fn field_node_places_cards_at_the_reference_addresses() {
 #[test]
 fn every_reference_line_yields_its_pattern_on_the_right_nic() {
     let node = field_node();
-    for format in BOTH {
+    for format in ALL {
         let mut tl = started(&node, &format!("{format:?}"), FIELD_PORTS);
         for (i, (line, want)) in REAL_LINES.iter().enumerate() {
             // 100 s apart: no dedup window joins two lines.
@@ -264,7 +273,7 @@ fn one_card_printing_from_both_pfs_is_one_event_per_dedup_window() {
         format!("mlx5_core 0000:0d:00.{f}: poll_health:801:(pid 0): device's health compromised - reached miss count")
     };
     let (pf0, pf1) = (line(0), line(1));
-    for format in BOTH {
+    for format in ALL {
         let mut tl = started(&node, &format!("{format:?}"), FIELD_PORTS);
         let mut seq = 40;
         let mut both = |t: i64| {
@@ -327,7 +336,7 @@ fn management_nic_failure_lines_yield_nothing() {
         "mlx5_core 0000:03:00.0 eno1: TX timeout detected",
         "NETDEV WATCHDOG: eno1 (mlx5_core): transmit queue 3 timed out",
     ];
-    for format in BOTH {
+    for format in ALL {
         let mut tl = started(&node, &format!("{format:?}"), FIELD_PORTS);
         let records: Vec<(u64, i64, &str)> = lines.iter().enumerate().map(|(i, l)| (10 + i as u64, 1, *l)).collect();
         assert!(poll_kmsg(&mut tl, 1, &kmsg_text(&node, format, &records)).is_empty(), "{format:?}");
@@ -341,7 +350,7 @@ fn management_nic_failure_lines_yield_nothing() {
         format!("mlx5_core {bdf}: poll_health:801:(pid 0): device's health compromised - reached miss count")
     };
     let (m, c) = (line(&mgmt), line(&compute));
-    for format in BOTH {
+    for format in ALL {
         let mut tl = started(&node, &format!("a100-{format:?}"), 16);
         assert!(poll_kmsg(&mut tl, 1, &kmsg_text(&node, format, &[(7, 1, &m)])).is_empty(), "{format:?}");
         // The same line from a compute NIC is reported.
@@ -387,7 +396,7 @@ fn a_reboot_clears_the_cursor() {
 #[test]
 fn newer_kernel_wordings_and_vfs_are_attributed_to_their_card() {
     let node = field_node();
-    for format in BOTH {
+    for format in ALL {
         let mut tl = started(&node, &format!("{format:?}"), FIELD_PORTS);
         let cases: [(&str, Brief); 3] = [
             // 6.8+: the root port names the NIC in the text.
@@ -417,7 +426,7 @@ fn newer_kernel_wordings_and_vfs_are_attributed_to_their_card() {
     let line = |d: &str| format!("mlx5_core {}: poll_health:795:(pid 0): Fatal error 1 detected", node.info[d].bdf);
     let (pf, vf1, vf2) = (line("mlx5_0"), line("mlx5_12"), line("mlx5_13"));
     assert!(node.info["mlx5_12"].is_vf && node.info["mlx5_13"].is_vf);
-    for format in BOTH {
+    for format in ALL {
         let mut tl = started(&node, &format!("dgx-{format:?}"), 12);
         let ev = poll_kmsg(&mut tl, 1, &kmsg_text(&node, format, &[(1, 1, &vf1), (2, 1, &pf), (3, 1, &vf2)]));
         assert_eq!(ev.iter().map(brief).collect::<Vec<_>>(), vec![kernel_log(true, "mlx5_0", "fw_fatal_error")]);
