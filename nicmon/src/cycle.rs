@@ -75,6 +75,10 @@ impl Monitor {
             counters::evaluate(&prev.counters, &ports, &self.config.counter_rules, now, reboot, &self.stamp);
         events.extend(counter_events);
         next.counters = counter_state;
+        let mut notes = out.notes;
+        if prev.polls == 0 {
+            notes.extend(missing_counter_notes(&ports, &self.config.counter_rules));
+        }
 
         // The kernel log records that arrived since the previous poll.
         let mut wake_hints = Vec::new();
@@ -89,8 +93,21 @@ impl Monitor {
 
         events.retain(|e| e.check().map(|c| self.state_config.checks.contains(&c)).unwrap_or(true));
         next.einval = self.host.einval_paths();
-        Poll { snapshot, roles, events, next, notes: out.notes, wake_hints }
+        Poll { snapshot, roles, events, next, notes, wake_hints }
     }
+}
+
+/// 001 §7.1: an enabled counter a port does not have is not evaluated there (fail open) and
+/// said once, on the first poll of a boot — one line per counter, naming the ports.
+fn missing_counter_notes(ports: &[CounterPort<'_>], rules: &[counters::CounterRule]) -> Vec<String> {
+    let mut by_rule: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (device, port, rule) in counters::missing(ports, rules) {
+        by_rule.entry(rule).or_default().push(format!("{device} port {port}"));
+    }
+    by_rule
+        .into_iter()
+        .map(|(rule, at)| format!("counter {rule} absent on {}: not evaluated there", at.join(", ")))
+        .collect()
 }
 
 /// One healthy event with an empty entity list per enabled check.

@@ -167,24 +167,6 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         config,
     };
 
-    // Missing counters fail open, logged once at startup (001 §7).
-    let probe =
-        discovery::discover(&monitor.host, &ReadPlan { counter_paths: monitor.counter_paths.clone(), known: vec![] });
-    let roles0 = crate::roles::classify(&probe, &monitor.topology, &monitor.config.filters);
-    let ports: Vec<counters::CounterPort> = probe
-        .devices
-        .iter()
-        .filter(|d| roles0.get(&d.name).map(|c| c.monitored).unwrap_or(false))
-        .flat_map(|d| d.ports.iter().map(move |p| counters::CounterPort::new(&d.name, p)))
-        .collect();
-    let mut missing: std::collections::BTreeMap<String, Vec<String>> = Default::default();
-    for (dev, port, name) in counters::missing(&ports, &monitor.config.counter_rules) {
-        missing.entry(name).or_default().push(format!("{dev}/{port}"));
-    }
-    for (name, ports) in missing {
-        tracing::info!(counter = %name, ports = %ports.join(" "), "counter not available on these ports: not monitored there");
-    }
-
     let metrics = Arc::new(Metrics::new(&monitor.stamp.node_name));
     metrics.set_topology_source(monitor.topology.source.as_str());
     let liveness = Liveness::new(opts.interval.max(Duration::from_secs(1)));

@@ -267,8 +267,15 @@ impl Node {
 
     fn bus(&mut self, domain: u16) -> u8 {
         let b = self.next_bus.entry(domain).or_insert(0);
-        *b += 1;
+        *b = b.wrapping_add(1);
         *b
+    }
+
+    /// Make the next bus number handed out in `domain` (by [`Node::root_complex`] or as a
+    /// bridge's secondary bus) be `bus`, to place cards at the PCI addresses of a real
+    /// node (`0000:61:00.0` from a bug report). Bus numbers are otherwise sequential.
+    pub fn next_bus(&mut self, domain: u16, bus: u8) {
+        self.next_bus.insert(domain, bus.wrapping_sub(1));
     }
 
     /// A root complex (PCIe host bridge) on a NUMA node, in PCI domain `domain`.
