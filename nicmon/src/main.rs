@@ -149,6 +149,9 @@ struct RunCli {
     /// Do not load the eBPF programs (rtnetlink and polling only).
     #[arg(long)]
     no_ebpf: bool,
+    /// Do not listen to rtnetlink link notifications.
+    #[arg(long)]
+    no_rtnetlink: bool,
     /// No wake-up sources at all: polling only.
     #[arg(long)]
     no_wake: bool,
@@ -187,6 +190,7 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
         kmsg_path: (!r.no_kmsg).then_some(r.kmsg_path),
         wake: WakeOptions {
             object: if r.no_ebpf { None } else { nicmon::wake::EMBEDDED_OBJECT },
+            rtnetlink: !r.no_rtnetlink,
             ..WakeOptions::default()
         },
         no_wake: r.no_wake,

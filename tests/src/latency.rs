@@ -27,7 +27,8 @@ impl Mode {
     }
     fn flags(self) -> &'static [&'static str] {
         match self {
-            Mode::Ebpf => &[],
+            // The ring buffer alone: rtnetlink would see the same carrier change.
+            Mode::Ebpf => &["--no-rtnetlink"],
             Mode::Rtnetlink => &["--no-ebpf"],
             Mode::Polling => &["--no-wake"],
         }
