@@ -184,6 +184,13 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         None
     } else {
         let w = WakeSource::start(&opts.wake);
+        // Loading the eBPF object parses the kernel's BTF (tens of MiB, freed again);
+        // hand that memory back to the OS instead of keeping it resident.
+        #[cfg(target_env = "gnu")]
+        // SAFETY: malloc_trim only releases free heap pages; no memory in use is touched.
+        unsafe {
+            libc::malloc_trim(0);
+        }
         for h in w.hooks() {
             if let Some(via) = h.via
                 && h.attached
