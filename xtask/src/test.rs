@@ -57,13 +57,15 @@ pub fn run(opts: &Options) -> Result<()> {
         if !opts.no_ebpf {
             step(
                 "cargo clippy (nicmon-ebpf)",
-                Command::new(&cargo).current_dir(root.join("nicmon-ebpf")).env_remove("RUSTUP_TOOLCHAIN").args([
-                    "clippy",
-                    "--release",
-                    "--",
-                    "-D",
-                    "warnings",
-                ]),
+                // Through the rustup proxy with the nightly toolchain, as build-ebpf builds it
+                // ($CARGO is the stable cargo binary itself, which would ignore the toolchain).
+                Command::new("cargo")
+                    .current_dir(root.join("nicmon-ebpf"))
+                    .env("RUSTUP_TOOLCHAIN", "nightly")
+                    .env_remove("CARGO_TARGET_DIR")
+                    .env_remove("RUSTFLAGS")
+                    .env_remove("CARGO_ENCODED_RUSTFLAGS")
+                    .args(["clippy", "--release", "--", "-D", "warnings"]),
             )?;
         }
     }
