@@ -728,6 +728,23 @@ impl Node {
         cmd.output().expect("running nicmon")
     }
 
+    /// `<bin> run` pointed at this node: its sysfs, procfs and metadata, the state file
+    /// `<root>/<state>`, no config file, node name `node`. Callers add the rest.
+    pub fn run_command(&self, bin: &Path, state: &str, node: &str) -> Command {
+        let mut cmd = Command::new(bin);
+        cmd.arg("run")
+            .arg("--sysfs")
+            .arg(self.sys())
+            .arg("--procfs")
+            .arg(self.proc())
+            .arg("--metadata")
+            .arg(self.metadata_path())
+            .arg("--state-file")
+            .arg(self.root.join(state))
+            .args(["--config", "/nonexistent/nicmon.toml", "--node-name", node]);
+        cmd
+    }
+
     /// `nicmon check --format json` on this node, with the metadata file (if written) and
     /// `extra` arguments; panics unless it exits 0. Returns the parsed JSON.
     pub fn check_json(&self, extra: &[&str]) -> serde_json::Value {

@@ -13,17 +13,9 @@ struct Daemon(Child);
 
 impl Daemon {
     fn start(node: &Node, socket: &str, extra: &[&str]) -> Daemon {
-        let child = Command::new(nicmon_bin())
-            .arg("run")
-            .arg("--sysfs")
-            .arg(node.sys())
-            .arg("--procfs")
-            .arg(node.proc())
-            .arg("--metadata")
-            .arg(node.metadata_path())
-            .arg("--state-file")
-            .arg(node.root().join("state.json"))
-            .args(["--config", "/nonexistent.toml", "--node-name", "gpu-node-7", "--no-kmsg", "--no-wake"])
+        let child = node
+            .run_command(&nicmon_bin(), "state.json", "gpu-node-7")
+            .args(["--no-kmsg", "--no-wake"])
             .args(["--platform-connector-socket", socket, "--connector-retry-base", "100ms"])
             .args(["--state-polling-interval", "200ms"])
             .args(extra)

@@ -92,17 +92,9 @@ pub fn run(opts: &Options) -> Result<()> {
         .context("no median in the bench output")?;
 
     // 2. Steady-state CPU and RSS at the default 1 s interval.
-    let mut d = Command::new(&bin)
-        .args(["run", "--no-kmsg", "--sink", "file:/dev/null"])
-        .arg("--sysfs")
-        .arg(node.sys())
-        .arg("--procfs")
-        .arg(node.proc())
-        .arg("--metadata")
-        .arg(node.metadata_path())
-        .arg("--state-file")
-        .arg(tmp.path().join("state-b.json"))
-        .args(["--config", "/nonexistent.toml", "--node-name", "bench", "--metrics-port", "0"])
+    let mut d = node
+        .run_command(&bin, "state-b.json", "bench")
+        .args(["--no-kmsg", "--sink", "file:/dev/null", "--metrics-port", "0"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -47,17 +47,8 @@ pub fn run(opts: &Options) -> Result<()> {
     println!("simulated node: DGX-H100-like (8 IB compute NICs, 4 Ethernet storage NICs, 16 VFs) at {}", dir.display());
     println!("platform connector: {}", conn.target());
 
-    let mut cmd = Command::new(&bin);
-    cmd.arg("run")
-        .arg("--sysfs")
-        .arg(node.sys())
-        .arg("--procfs")
-        .arg(node.proc())
-        .arg("--metadata")
-        .arg(node.metadata_path())
-        .arg("--state-file")
-        .arg(dir.join("state.json"))
-        .args(["--config", "/nonexistent/nicmon.toml", "--node-name", "demo-node", "--no-metrics"])
+    let mut cmd = node.run_command(&bin, "state.json", "demo-node");
+    cmd.arg("--no-metrics")
         .args(["--platform-connector-socket", &conn.target()])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
