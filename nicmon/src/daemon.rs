@@ -375,14 +375,13 @@ pub fn trace_summary(lat: &std::collections::BTreeMap<&'static str, Vec<f64>>) -
 }
 
 fn log_event(e: &crate::event::HealthEvent) {
-    let ents: Vec<String> =
-        e.entities_impacted.iter().map(|x| format!("{}={}", x.entity_type, x.entity_value)).collect();
+    let ents = e.entities_text();
     tracing::info!(
         check = %e.check_name,
         healthy = e.is_healthy,
         fatal = e.is_fatal,
         action = ?e.recommended_action,
-        entities = %ents.join(" "),
+        entities = %ents,
         error_code = %e.error_code.join(","),
         "{}", e.message
     );
@@ -471,16 +470,11 @@ fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapse
         );
     }
     for e in &poll.events {
-        let ents: Vec<String> =
-            e.entities_impacted.iter().map(|x| format!("{}={}", x.entity_type, x.entity_value)).collect();
+        let ents = e.entities_text();
         let _ = writeln!(
             out,
             "  event {} healthy={} fatal={} [{}] {}",
-            e.check_name,
-            e.is_healthy,
-            e.is_fatal,
-            ents.join(" "),
-            e.message
+            e.check_name, e.is_healthy, e.is_fatal, ents, e.message
         );
     }
 }

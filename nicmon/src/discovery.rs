@@ -66,7 +66,7 @@ fn read_device(host: &Host, name: &str, plan: &ReadPlan) -> Device {
         .or_else(|| host.link_name_sys(&format!("{base}/device")).and_then(|n| parse::pci_address(&n)));
     let card = pci_address.as_deref().and_then(parse::card_of);
     let driver = host.link_name_sys(&format!("{base}/device/driver"));
-    let vendor = host.read_sys(&format!("{base}/device/vendor")).ok().and_then(|v| parse::hex_u32_any(&v));
+    let vendor = host.read_sys(&format!("{base}/device/vendor")).ok().and_then(|v| parse::hex_u32(&v));
 
     let supported =
         MLX5_NAME.is_match(name) || driver.as_deref() == Some("mlx5_core") || vendor == Some(MELLANOX_VENDOR);
@@ -224,8 +224,8 @@ pub fn pci_gpus(host: &Host) -> Vec<PciGpu> {
         .into_iter()
         .filter(|bdf| {
             let dir = format!("bus/pci/devices/{bdf}");
-            let vendor = host.read_sys(&format!("{dir}/vendor")).ok().and_then(|v| parse::hex_u32_any(&v));
-            let class = host.read_sys(&format!("{dir}/class")).ok().and_then(|v| parse::hex_u32_any(&v));
+            let vendor = host.read_sys(&format!("{dir}/vendor")).ok().and_then(|v| parse::hex_u32(&v));
+            let class = host.read_sys(&format!("{dir}/class")).ok().and_then(|v| parse::hex_u32(&v));
             vendor == Some(NVIDIA_VENDOR) && matches!(class.map(|c| c >> 8), Some(0x0300) | Some(0x0302))
         })
         .filter_map(|bdf| {
@@ -251,6 +251,6 @@ pub fn pci_node(host: &Host, address: &str) -> Option<PciNode> {
         .get(1)
         .filter(|rp| rp.as_str() != address)
         .and_then(|rp| host.read_sys(&format!("bus/pci/devices/{rp}/vendor")).ok())
-        .and_then(|v| parse::hex_u32_any(&v));
+        .and_then(|v| parse::hex_u32(&v));
     Some(PciNode { address: address.to_string(), path, numa_node, root_port_vendor })
 }

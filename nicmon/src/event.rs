@@ -204,6 +204,13 @@ impl HealthEvent {
     pub fn check(&self) -> Option<Check> {
         Check::parse(&self.check_name)
     }
+
+    /// The entities as people read them: `NIC=mlx5_0 NICPort=1`.
+    pub fn entities_text(&self) -> String {
+        let parts: Vec<String> =
+            self.entities_impacted.iter().map(|x| format!("{}={}", x.entity_type, x.entity_value)).collect();
+        parts.join(" ")
+    }
 }
 
 /// Longest message nicmon sends (the node condition text is built from it).

@@ -66,6 +66,12 @@ pub fn state_check(ll: &LinkLayer) -> Option<Check> {
     }
 }
 
+/// The state check of a device whose link layer is known only by name (state file):
+/// Ethernet's, else InfiniBand's (a disappearance is reported once, under one check: lesson 7).
+fn state_check_named(link_layer: &str) -> Check {
+    if link_layer == LinkLayer::Ethernet.name() { Check::EthernetStateCheck } else { Check::InfiniBandStateCheck }
+}
+
 /// Classify a port's state (000 §3, SPEC §1.3).
 pub fn port_health(port: &Port, ll: &LinkLayer) -> PortHealth {
     let (Some(state), Some(phys)) = (&port.state, &port.phys_state) else {
@@ -192,10 +198,7 @@ pub fn evaluate(
         if let Some(card) = &known.card {
             missing_cards.insert(card.clone());
         }
-        let check = match known.link_layer.as_str() {
-            "Ethernet" => Check::EthernetStateCheck,
-            _ => Check::InfiniBandStateCheck,
-        };
+        let check = state_check_named(&known.link_layer);
         if known.misses >= MISSES_BEFORE_REPORT && !known.reported_missing && enabled(check) {
             known.reported_missing = true;
             let pci = known.pci_address.clone().unwrap_or_else(|| "unknown".into());
@@ -236,7 +239,7 @@ pub fn evaluate(
             reported_missing: false,
         });
         if entry.reported_missing {
-            let check = if ll == "Ethernet" { Check::EthernetStateCheck } else { Check::InfiniBandStateCheck };
+            let check = state_check_named(&ll);
             if enabled(check) {
                 events.push(
                     HealthEvent::new(

@@ -121,16 +121,11 @@ pub fn counter(raw: &str) -> Option<u64> {
     text(raw)?.parse().ok()
 }
 
-/// `lid`, `sm_lid`: `"0x%x"`.
+/// `lid`, `sm_lid` (`"0x%x"`); PCI `vendor`, `device`, `class` (`"0x15b3"`, `"0x030200"`).
 pub fn hex_u32(raw: &str) -> Option<u32> {
     let t = text(raw)?;
     let digits = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X"))?;
     u32::from_str_radix(digits, 16).ok()
-}
-
-/// PCI `vendor`/`device` (`"0x15b3"`) and `class` (`"0x030200"`).
-pub fn hex_u32_any(raw: &str) -> Option<u32> {
-    hex_u32(raw)
 }
 
 /// `numa_node`: decimal, `-1` when unknown (→ `None`).
@@ -289,7 +284,7 @@ mod tests {
         assert_eq!(hex_u32("0x1a\n"), Some(0x1a));
         assert_eq!(hex_u32("0x0"), Some(0));
         assert_eq!(hex_u32("12"), None);
-        assert_eq!(hex_u32_any("0x15b3\n"), Some(0x15b3));
+        assert_eq!(hex_u32("0x15b3\n"), Some(0x15b3));
         assert_eq!(numa_node("1\n"), Some(1));
         assert_eq!(numa_node("-1\n"), None);
         for s in ["unknown", "notpresent", "down", "lowerlayerdown", "testing", "dormant", "up"] {

@@ -181,16 +181,11 @@ impl Report {
                 } else {
                     "non-fatal"
                 };
-                let ents: Vec<String> =
-                    e.entities_impacted.iter().map(|x| format!("{}={}", x.entity_type, x.entity_value)).collect();
+                let ents = e.entities_text();
                 let _ = writeln!(
                     out,
                     "  {:<9} {:<27} [{}] {} ({:?})",
-                    what,
-                    e.check_name,
-                    ents.join(" "),
-                    e.message,
-                    e.recommended_action
+                    what, e.check_name, ents, e.message, e.recommended_action
                 );
             }
         }
