@@ -8,6 +8,7 @@ use nicmon_tests::platforms::Platform;
 use nicmon_tests::{Node, nicmon_bin};
 
 const WAIT: Duration = Duration::from_secs(20);
+const OUTAGE: Duration = Duration::from_secs(10);
 
 struct Daemon(Child);
 
@@ -94,6 +95,7 @@ fn connector_outage_loses_nothing_and_a_restart_resends() {
     assert!(conn.wait_until(WAIT, |ev| ev.iter().filter(|e| e.is_healthy).count() >= 18));
     let before = conn.events().len();
     conn.stop(); // the socket file stays: calls fail as with a crashed connector
+    let down_at = std::time::Instant::now();
 
     // Three faults while the connector is down, each its own poll's batch.
     let (pid_state_1, pid_state_2) = ("mlx5_3", "mlx5_5");
@@ -108,6 +110,11 @@ fn connector_outage_loses_nothing_and_a_restart_resends() {
     let d = Daemon::start(&node, &format!("unix://{}", sock.display()), &["--no-metrics"]);
     node.set_port("mlx5_7", 1, "1: DOWN", "3: Disabled");
     wait_for_state(&node, "mlx5_7");
+
+    // The outage lasts 10 s in all (the scenario, not a synchronisation): the daemon keeps
+    // retrying the oldest batch meanwhile.
+    std::thread::sleep(OUTAGE.saturating_sub(down_at.elapsed()));
+    assert!(outbox_len(&node) >= 3, "three batches waiting after a {OUTAGE:?} outage");
 
     // The connector comes back: all three arrive, in order, once each.
     let conn = Connector::start(&sock);

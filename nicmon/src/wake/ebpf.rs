@@ -58,6 +58,8 @@ const fn tp(
     Attach { hook, target: Target::Tracepoint { system, event, program, hint_field, module } }
 }
 
+const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
 /// SPEC §1.8, in attach order.
 const ATTACH: [Attach; 14] = [
     carrier(Hook::NetifCarrierOff, "netif_carrier_off", "fentry_netif_carrier_off", "kprobe_netif_carrier_off"),
@@ -149,7 +151,6 @@ impl EbpfWakes {
         tx: mpsc::Sender<Wake>,
     ) -> Result<EbpfWakes, LoadError> {
         raise_memlock_limit();
-        let btf = Btf::from_sys_fs().ok();
 
         let mut hint_loc = [0u32; HOOK_SLOTS];
         if let Ok(tfs) = &tracefs {
@@ -162,12 +163,14 @@ impl EbpfWakes {
             }
         }
 
+        // The object has no CO-RE relocations, so the loader needs no target BTF. (Its
+        // constructor parses the kernel's BTF regardless; that copy is dropped here, before
+        // ours is parsed for fentry, so the two never coexist: ~18 MiB each on a 5 MiB vmlinux.)
         let mut ebpf = EbpfLoader::new()
-            .btf(btf.as_ref())
+            .btf(None)
             .override_global(HINT_GLOBAL, &hint_loc, true)
             .load(object)
             .map_err(|e| LoadError::Object(Box::new(e)))?;
-
         let ring = ebpf.take_map(RING_MAP).ok_or(LoadError::NoRingBuffer)?;
         let ring = RingBuf::try_from(ring).map_err(LoadError::RingBuffer)?;
 
@@ -181,8 +184,10 @@ impl EbpfWakes {
         }
 
         let probes = KernelFacts::read(tracefs.as_deref().ok());
+        // Kernel BTF is needed only for the fentry programs' attach targets, and only their ids.
+        let btf = fentry_btf();
         let hooks = ATTACH.iter().map(|a| attach(&mut ebpf, a, btf.as_ref(), &tracefs, &probes)).collect();
-
+        drop(btf);
         let fd = super::register_readable(ring).map_err(LoadError::Reactor)?;
         tasks.push(tokio::spawn(drain(fd, tx)));
         Ok(EbpfWakes { _ebpf: ebpf, hooks, tasks })
@@ -307,6 +312,26 @@ fn attach(
     status
 }
 
+/// The BTF the fentry programs attach against: the kernel's ids of their target functions
+/// only (see [`super::btf`]). `None` when the kernel has no BTF or it cannot be read.
+fn fentry_btf() -> Option<Btf> {
+    let names: Vec<&str> = ATTACH
+        .iter()
+        .filter_map(|a| match a.target {
+            Target::Function { name, fentry: Some(_), .. } => Some(name),
+            _ => None,
+        })
+        .collect();
+    if names.is_empty() {
+        return None;
+    }
+    let found = std::fs::read(VMLINUX_BTF)
+        .map_err(|e| format!("cannot read {VMLINUX_BTF}: {e}"))
+        .and_then(|raw| super::btf::func_ids(&raw, &names).map_err(|e| format!("{VMLINUX_BTF}: {e}")))
+        .and_then(|ids| super::btf::stand_in(&ids));
+    found.map_err(|e| tracing::info!("fentry unavailable: {e}")).ok()
+}
+
 /// `Ok((mechanism, why the preferred mechanism was refused))` or `Err(every reason)`.
 fn attach_function(
     ebpf: &mut Ebpf,
@@ -346,7 +371,7 @@ fn attach_function(
 }
 
 fn try_fentry(ebpf: &mut Ebpf, prog: &str, function: &str, btf: Option<&Btf>) -> Result<(), String> {
-    let btf = btf.ok_or("fentry unavailable: no kernel BTF at /sys/kernel/btf/vmlinux")?;
+    let btf = btf.ok_or("fentry unavailable: no usable kernel BTF at /sys/kernel/btf/vmlinux")?;
     let p: &mut FEntry =
         program(ebpf, prog)?.try_into().map_err(|e: ProgramError| format!("fentry program {prog}: {e}"))?;
     p.load(function, btf).map_err(|e| describe("fentry", "refused", &e))?;

@@ -5,6 +5,7 @@
 //! attached when the kernel allows it, with the reason recorded when not) and the
 //! rtnetlink link notifications ([`rtnetlink`]), the carrier source that needs no eBPF.
 //! [`WakeSource`] starts what the host allows and says which hooks are live.
+mod btf;
 pub mod ebpf;
 pub mod rtnetlink;
 pub mod tracefs;

@@ -1,0 +1,215 @@
+//! Kernel BTF, kept small: an fentry program needs only the BTF id of the function it
+//! attaches to. aya parses the whole of `/sys/kernel/btf/vmlinux` for that (~18 MiB of heap
+//! for a 5 MiB file); here the raw type section is scanned once for the wanted `FUNC`
+//! names, and aya is handed a stand-in BTF in which those functions sit at their kernel ids
+//! and every other slot is an anonymous pointer (72 bytes a type instead of a full parse).
+
+use std::collections::HashMap;
+
+use aya::Btf;
+
+const MAGIC: u16 = 0xeb9f;
+const HEADER_LEN: usize = 24;
+const KIND_PTR: u32 = 2;
+const KIND_FUNC: u32 = 12;
+
+/// The BTF ids of the `FUNC` types named in `wanted`, from a raw BTF blob (the contents of
+/// `/sys/kernel/btf/vmlinux`). Names not in the blob are absent from the map.
+pub fn func_ids(raw: &[u8], wanted: &[&str]) -> Result<HashMap<String, u32>, String> {
+    let header = Header::read(raw)?;
+    let types = header.section(raw, header.type_off, header.type_len, "type")?;
+    let strings = header.section(raw, header.str_off, header.str_len, "string")?;
+    let mut found = HashMap::new();
+    let mut at = 0usize;
+    let mut id = 1u32; // id 0 is `void`, never encoded
+    while at < types.len() {
+        let word = |i: usize| -> Result<u32, String> {
+            let b = types.get(at + 4 * i..at + 4 * i + 4).ok_or_else(|| format!("type {id} truncated at byte {at}"))?;
+            Ok(u32::from_le_bytes(b.try_into().expect("four bytes")))
+        };
+        let (name_off, info) = (word(0)?, word(1)?);
+        let kind = (info >> 24) & 0x1f;
+        let vlen = (info & 0xffff) as usize;
+        let extra = match kind {
+            1 | 14 | 17 => 4,             // INT, VAR, DECL_TAG: one u32
+            3 => 12,                      // ARRAY: struct btf_array
+            4 | 5 | 15 | 19 => vlen * 12, // STRUCT, UNION, DATASEC, ENUM64
+            6 | 13 => vlen * 8,           // ENUM, FUNC_PROTO
+            2 | 7..=12 | 16 | 18 => 0,
+            other => return Err(format!("type {id}: unknown BTF kind {other}")),
+        };
+        if kind == KIND_FUNC
+            && let Some(name) = c_str(strings, name_off as usize)
+            && let Some(w) = wanted.iter().find(|w| w.as_bytes() == name)
+        {
+            found.entry((*w).to_string()).or_insert(id);
+        }
+        at = at.checked_add(12 + extra).ok_or("type section overflows")?;
+        id = id.checked_add(1).ok_or("too many types")?;
+    }
+    Ok(found)
+}
+
+/// A BTF that aya resolves `FUNC` names against: each function at its kernel id.
+pub fn stand_in(ids: &HashMap<String, u32>) -> Result<Btf, String> {
+    let max = ids.values().copied().max().unwrap_or(0) as usize;
+    let mut strings = vec![0u8];
+    let mut at_id = HashMap::new();
+    for (name, id) in ids {
+        at_id.insert(*id, strings.len() as u32);
+        strings.extend_from_slice(name.as_bytes());
+        strings.push(0);
+    }
+    let mut types = Vec::with_capacity(max * 12);
+    for id in 1..=max as u32 {
+        let (name, kind) = match at_id.get(&id) {
+            Some(off) => (*off, KIND_FUNC),
+            None => (0, KIND_PTR),
+        };
+        for w in [name, kind << 24, 0] {
+            types.extend_from_slice(&w.to_le_bytes());
+        }
+    }
+    let mut blob = Vec::with_capacity(HEADER_LEN + types.len() + strings.len());
+    blob.extend_from_slice(&MAGIC.to_le_bytes());
+    blob.extend_from_slice(&[1, 0]); // version 1, no flags
+    for w in [HEADER_LEN as u32, 0, types.len() as u32, types.len() as u32, strings.len() as u32] {
+        blob.extend_from_slice(&w.to_le_bytes());
+    }
+    blob.extend_from_slice(&types);
+    drop(types);
+    blob.extend_from_slice(&strings);
+    Btf::parse(&blob, Default::default()).map_err(|e| format!("stand-in BTF rejected: {e}"))
+}
+
+struct Header {
+    hdr_len: usize,
+    type_off: u32,
+    type_len: u32,
+    str_off: u32,
+    str_len: u32,
+}
+
+impl Header {
+    fn read(raw: &[u8]) -> Result<Header, String> {
+        let u32_at = |i: usize| raw.get(i..i + 4).map(|b| u32::from_le_bytes(b.try_into().expect("four bytes")));
+        let magic = raw.get(0..2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+        if magic != Some(MAGIC) {
+            return Err(format!("not little-endian BTF (magic {magic:x?})"));
+        }
+        let field = |i| u32_at(i).ok_or_else(|| format!("BTF header truncated ({} bytes)", raw.len()));
+        Ok(Header {
+            hdr_len: field(4)? as usize,
+            type_off: field(8)?,
+            type_len: field(12)?,
+            str_off: field(16)?,
+            str_len: field(20)?,
+        })
+    }
+
+    fn section<'a>(&self, raw: &'a [u8], off: u32, len: u32, what: &str) -> Result<&'a [u8], String> {
+        let start = self.hdr_len.checked_add(off as usize);
+        start.and_then(|s| Some(s..s.checked_add(len as usize)?)).and_then(|r| raw.get(r)).ok_or_else(|| {
+            format!("BTF {what} section (offset {off}, {len} bytes) outside the {} byte blob", raw.len())
+        })
+    }
+}
+
+fn c_str(strings: &[u8], off: usize) -> Option<&[u8]> {
+    let tail = strings.get(off..)?;
+    Some(&tail[..tail.iter().position(|b| *b == 0)?])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aya_obj::btf::BtfKind;
+    use proptest::prelude::*;
+
+    /// A blob with one type of every size class, then `FUNC`s named `f` and `g`.
+    fn blob() -> Vec<u8> {
+        let strings = b"\0int\0s\0a\0f\0g\0".to_vec();
+        let mut t: Vec<u32> = Vec::new();
+        t.extend([1, 1 << 24, 4, 32]); // 1 INT "int"
+        t.extend([5, (4 << 24) | 2, 8, 7, 1, 0, 7, 1, 32]); // 2 STRUCT "s" { a, a }
+        t.extend([0, (13 << 24) | 1, 1, 0, 1]); // 3 FUNC_PROTO (int)
+        t.extend([0, 3 << 24, 0, 1, 1, 4]); // 4 ARRAY
+        t.extend([9, KIND_FUNC << 24, 3]); // 5 FUNC "f"
+        t.extend([0, (6 << 24) | 1, 4, 7, 0]); // 6 ENUM
+        t.extend([11, KIND_FUNC << 24, 3]); // 7 FUNC "g"
+        let types: Vec<u8> = t.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let mut b = vec![0x9f, 0xeb, 1, 0];
+        for w in [24u32, 0, types.len() as u32, types.len() as u32, strings.len() as u32] {
+            b.extend(w.to_le_bytes());
+        }
+        b.extend(types);
+        b.extend(strings);
+        b
+    }
+
+    #[test]
+    fn finds_functions_by_name_across_every_size_class() {
+        let ids = func_ids(&blob(), &["f", "g", "missing", "int"]).unwrap();
+        assert_eq!(ids, HashMap::from([("f".into(), 5), ("g".into(), 7)]));
+        // aya's own parse of the same blob agrees.
+        let full = Btf::parse(&blob(), Default::default()).unwrap();
+        assert_eq!(full.id_by_type_name_kind("g", BtfKind::Func).unwrap(), 7);
+    }
+
+    #[test]
+    fn stand_in_resolves_each_function_to_its_kernel_id() {
+        let ids = HashMap::from([("f".to_string(), 5), ("netif_carrier_off".to_string(), 90_000)]);
+        let btf = stand_in(&ids).unwrap();
+        assert_eq!(btf.id_by_type_name_kind("f", BtfKind::Func).unwrap(), 5);
+        assert_eq!(btf.id_by_type_name_kind("netif_carrier_off", BtfKind::Func).unwrap(), 90_000);
+        assert!(btf.id_by_type_name_kind("g", BtfKind::Func).is_err());
+    }
+
+    /// On a kernel with BTF: the scan and the stand-in give exactly aya's full-parse ids.
+    #[test]
+    fn matches_a_full_parse_of_this_kernel() {
+        let Ok(raw) = std::fs::read("/sys/kernel/btf/vmlinux") else {
+            eprintln!("SKIP: no /sys/kernel/btf/vmlinux on this kernel");
+            return;
+        };
+        let names = ["netif_carrier_off", "netif_carrier_on", "netif_carrier_event", "linkwatch_fire_event"];
+        let ids = func_ids(&raw, &names).unwrap();
+        let full = Btf::parse(&raw, Default::default()).unwrap();
+        let small = stand_in(&ids).unwrap();
+        for n in names {
+            let want = full.id_by_type_name_kind(n, BtfKind::Func).ok();
+            assert_eq!(ids.get(n).copied(), want, "{n}");
+            if let Some(id) = want {
+                assert_eq!(small.id_by_type_name_kind(n, BtfKind::Func).unwrap(), id, "{n}");
+            }
+        }
+        assert!(!ids.is_empty(), "no carrier function in this kernel's BTF");
+    }
+
+    #[test]
+    fn rejects_what_is_not_btf() {
+        assert!(func_ids(b"", &["f"]).unwrap_err().contains("magic"));
+        let mut b = blob();
+        b.truncate(40);
+        assert!(func_ids(&b, &["f"]).unwrap_err().contains("outside"));
+        let mut b = blob();
+        b[24 + 7] = 31; // kind of type 1
+        assert!(func_ids(&b, &["f"]).unwrap_err().contains("unknown BTF kind 31"));
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics_on_garbage(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = func_ids(&bytes, &["f"]);
+        }
+
+        #[test]
+        fn never_panics_on_a_damaged_blob(at in 0usize..136, byte in any::<u8>(), cut in 0usize..140) {
+            let mut b = blob();
+            let i = at % b.len();
+            b[i] = byte;
+            b.truncate(cut.max(1));
+            let _ = func_ids(&b, &["f", "g"]);
+        }
+    }
+}
