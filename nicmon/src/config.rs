@@ -78,11 +78,11 @@ impl Config {
             match key.as_str() {
                 "nicExclusionRegex" => {
                     let s = string(key, value).map_err(err)?;
-                    cfg.filters.exclude = roles::parse_regex_list(key, s).map_err(err)?;
+                    cfg.filters.exclude = roles::parse_regex_list(key, s).map_err(|e| err(one_line(&e)))?;
                 }
                 "nicInclusionRegexOverride" => {
                     let s = string(key, value).map_err(err)?;
-                    cfg.filters.include_override = roles::parse_regex_list(key, s).map_err(err)?;
+                    cfg.filters.include_override = roles::parse_regex_list(key, s).map_err(|e| err(one_line(&e)))?;
                 }
                 "sysClassInfinibandPath" => {
                     cfg.sys_class_infiniband_path = Some(string(key, value).map_err(err)?.into())
@@ -184,6 +184,7 @@ enabled = true
     fn errors_name_key_and_value() {
         let e = Config::parse("/etc/x.toml", "nicExclusionRegex = \"(\"").unwrap_err();
         assert!(e.to_string().starts_with("config /etc/x.toml: nicExclusionRegex"), "{e}");
+        assert!(!e.to_string().contains('\n'), "one line: {e}");
         let e = Config::parse("x.toml", "[stateDetection]\nescalationGraceSeconds = -3").unwrap_err();
         assert!(e.to_string().contains("stateDetection.escalationGraceSeconds = -3"), "{e}");
         let e = Config::parse("x.toml", "nicExclusionRegex = [").unwrap_err();

@@ -155,6 +155,11 @@ struct RunCli {
     /// No wake-up sources at all: polling only.
     #[arg(long)]
     no_wake: bool,
+    /// Check the flags and the config file, print the settings the daemon would run with, and
+    /// exit: 0 when it would start, 2 when not. Reads only the config file (not the host).
+    /// Use it on a rendered DaemonSet's arguments before a roll-out.
+    #[arg(long)]
+    check_config: bool,
     /// Base of the connector retry backoff (the contract's 2 s); for tests and demos.
     #[arg(long, hide = true, value_parser = humantime::parse_duration)]
     connector_retry_base: Option<std::time::Duration>,
@@ -167,6 +172,9 @@ fn parse_strategy(s: &str) -> Result<ProcessingStrategy, String> {
 }
 
 fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
+    if r.check_config {
+        return check_config(&r);
+    }
     let mut grpc = r.dispatch.grpc_config();
     if let Some(base) = r.connector_retry_base {
         grpc.retry.initial_backoff = base;
@@ -199,6 +207,65 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(nicmon::daemon::run(opts))?;
     Ok(String::new())
+}
+
+/// `nicmon run --check-config`: the effective settings, or the one-line reason the daemon
+/// would not start. Warnings (skipped check names, unknown config keys) are listed, not fatal,
+/// as they are at start-up.
+fn check_config(r: &RunCli) -> anyhow::Result<String> {
+    use std::fmt::Write as _;
+    let config = nicmon::config::Config::load(&r.host.config)?;
+    let mut warnings = config.warnings.clone();
+    for name in r.checks.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        if nicmon::event::Check::parse(name).is_none() {
+            warnings.push(format!("--checks: unknown check {name:?} would be skipped"));
+        }
+    }
+    let checks: std::collections::BTreeSet<_> =
+        r.checks.split(',').filter_map(|n| nicmon::event::Check::parse(n.trim())).collect();
+    if checks.is_empty() {
+        anyhow::bail!("--checks {:?}: no known check left to run", r.checks);
+    }
+    let config_state = match r.host.config.exists() {
+        true => "read",
+        false => "not found: defaults apply",
+    };
+    let on_off = |off: bool| if off { "off" } else { "on" };
+    let mut out = String::new();
+    let _ = writeln!(out, "config file:       {} ({config_state})", r.host.config.display());
+    let names: Vec<&str> = checks.iter().map(|c| c.as_str()).collect();
+    let _ = writeln!(out, "checks:            {}", names.join(","));
+    let _ = writeln!(out, "poll interval:     {:?}", r.state_polling_interval);
+    let _ = writeln!(out, "sysfs / procfs:    {} / {}", r.host.sysfs.display(), r.host.procfs.display());
+    let _ = writeln!(out, "metadata:          {} (required: {})", r.host.metadata.display(), r.host.metadata_required);
+    let _ = writeln!(out, "state file:        {}", r.state_file.display());
+    let _ = writeln!(out, "sink:              {}", r.dispatch.sink);
+    if matches!(r.dispatch.sink, nicmon::dispatch::SinkSpec::Grpc) {
+        let _ = writeln!(out, "connector socket:  {}", r.dispatch.platform_connector_socket);
+    }
+    let _ = writeln!(out, "processing:        {:?}", r.processing_strategy);
+    let metrics = match r.no_metrics {
+        true => "off".to_string(),
+        false => format!(":{}", r.metrics.metrics_port),
+    };
+    let _ = writeln!(out, "metrics:           {metrics}");
+    let kmsg = match r.no_kmsg {
+        true => "off".to_string(),
+        false => r.kmsg_path.display().to_string(),
+    };
+    let _ = writeln!(out, "kernel log:        {kmsg}");
+    let _ = writeln!(
+        out,
+        "wake-ups:          eBPF {}, rtnetlink {}",
+        on_off(r.no_wake || r.no_ebpf),
+        on_off(r.no_wake || r.no_rtnetlink)
+    );
+    let _ = writeln!(out, "counter rules:     {}", config.counter_rules.len());
+    for w in &warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    let _ = writeln!(out, "ok: nicmon run would start with these settings");
+    Ok(out)
 }
 
 #[derive(clap::Args)]

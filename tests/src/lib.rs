@@ -14,6 +14,7 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 pub mod connector;
+pub mod deploy;
 pub mod latency;
 pub mod platforms;
 

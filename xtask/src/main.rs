@@ -2,6 +2,7 @@
 mod bench;
 mod build_ebpf;
 mod demo;
+mod deploy;
 mod latency;
 mod test;
 
@@ -27,6 +28,12 @@ enum Task {
     Bench(bench::Options),
     /// Measure detection latency (veth carrier loss -> event) for eBPF, rtnetlink and polling.
     BenchLatency(latency::Options),
+    /// Provision .tools/deploy-venv: Helm's engine and the Kubernetes API schemas, for the
+    /// offline deployment tests (pinned in tests/deploy/requirements.txt).
+    DeployTools,
+    /// Regenerate the derived files: deploy/manifests/*.yaml (the chart rendered) and the
+    /// command-line reference in docs/operator-guide.md (`nicmon run --help`).
+    Generate,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -36,5 +43,7 @@ fn main() -> anyhow::Result<()> {
         Task::Demo(opts) => demo::run(&opts),
         Task::Bench(opts) => bench::run(&opts),
         Task::BenchLatency(opts) => latency::run(&opts),
+        Task::DeployTools => deploy::tools(),
+        Task::Generate => deploy::generate(),
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! 1. build the eBPF programs (provisioning nightly rust-src and bpf-linker on first use),
 //!    so the agent embeds them and the eBPF integration test runs for real;
-//! 2. `cargo test --workspace` (unit, property, scenario and integration tests);
-//! 3. `cargo fmt --check` and `cargo clippy -D warnings` (host crates, then the eBPF crate
+//! 2. provision the offline Kubernetes tools for the deployment tests (`deploy-tools`);
+//! 3. `cargo test --workspace` (unit, property, scenario and integration tests);
+//! 4. `cargo fmt --check` and `cargo clippy -D warnings` (host crates, then the eBPF crate
 //!    on its own, as a workspace-wide run would unify features).
 use std::process::Command;
 
@@ -37,6 +38,7 @@ pub fn run(opts: &Options) -> Result<()> {
     if !opts.no_ebpf {
         crate::build_ebpf::run(&crate::build_ebpf::Options::default())?;
     }
+    crate::deploy::tools()?;
     step(
         "cargo test --workspace",
         Command::new(&cargo).current_dir(&root).args(["test", "--workspace"]).args(&opts.cargo_test_args),

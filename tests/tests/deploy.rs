@@ -1,0 +1,313 @@
+//! The deployment (issue: Helm chart, manifests, container build, operator guide): the chart
+//! rendered by Helm's own engine with its default and standalone values, every object and the
+//! plain manifests validated against the Kubernetes API schemas (strict, offline), the mounts
+//! and capabilities the agent needs, and the binary accepting the rendered flags and config.
+//!
+//! Needs .tools/deploy-venv (`cargo xtask deploy-tools`; `cargo xtask test` provisions it).
+use std::path::PathBuf;
+use std::process::Command;
+
+use nicmon_tests::deploy::{self, CHART, GUIDE, MANIFESTS, capture, k8s};
+use nicmon_tests::nicmon_bin;
+use serde_json::{Value, json};
+
+/// The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas.
+const KUBE_VERSIONS: [&str; 2] = ["1.30", "1.37"];
+
+fn python() -> PathBuf {
+    let root = deploy::repo_root();
+    let p = deploy::tools_python(&root);
+    assert!(p.is_file(), "{} missing: run `cargo xtask deploy-tools` (`cargo xtask test` does it)", p.display());
+    p
+}
+
+/// The chart rendered with `values` (files and key=value sets, as helm's -f and --set).
+fn render(values: &[&str]) -> Vec<Value> {
+    let mut args = vec!["render", CHART, "nicmon", "nvsentinel"];
+    args.extend(values);
+    let out = capture(&mut k8s(&python(), &args), "render").unwrap();
+    serde_json::from_str::<Vec<Value>>(&out).unwrap()
+}
+
+fn load(file: &str) -> Vec<Value> {
+    let out = capture(&mut k8s(&python(), &["load", file]), "load").unwrap();
+    serde_json::from_str(&out).unwrap()
+}
+
+/// Validates every object (strict schemas); `Err` holds the validator's report.
+fn validate(objects: &[Value], version: &str) -> Result<String, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("objects.json");
+    std::fs::write(&f, serde_json::to_vec(objects).unwrap()).unwrap();
+    let out = k8s(&python(), &["validate", version, f.to_str().unwrap()]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    match out.status.code() {
+        Some(0) => Ok(text),
+        Some(1) => Err(text),
+        _ => panic!("validator failed to run: {}", String::from_utf8_lossy(&out.stderr)),
+    }
+}
+
+fn kinds(objects: &[Value]) -> Vec<&str> {
+    objects.iter().map(|o| o["kind"].as_str().unwrap()).collect()
+}
+
+fn daemonset(objects: &[Value]) -> &Value {
+    objects.iter().find(|o| o["kind"] == "DaemonSet").expect("a DaemonSet")
+}
+
+fn configmap(objects: &[Value]) -> &Value {
+    objects.iter().find(|o| o["kind"] == "ConfigMap").expect("a ConfigMap")
+}
+
+fn args(ds: &Value) -> Vec<String> {
+    ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `--flag=value` from the container args.
+fn flag(ds: &Value, name: &str) -> Option<String> {
+    args(ds).iter().find_map(|a| a.strip_prefix(&format!("{name}=")).map(str::to_string))
+}
+
+const STANDALONE: &str = "deploy/helm/nicmon/values-standalone.yaml";
+
+/// The renderings every check runs on: (what, objects).
+fn renderings() -> Vec<(String, Vec<Value>)> {
+    let mut all =
+        vec![("default values".to_string(), render(&[])), ("standalone values".into(), render(&[STANDALONE]))];
+    for m in &MANIFESTS {
+        all.push((format!("deploy/manifests/{}", m.file), load(&format!("deploy/manifests/{}", m.file))));
+    }
+    all
+}
+
+#[test]
+fn chart_and_plain_manifests_validate_against_the_kubernetes_schemas() {
+    let lint = k8s(&python(), &["lint", CHART]).output().unwrap();
+    assert!(lint.status.success(), "helm lint: {}", String::from_utf8_lossy(&lint.stdout));
+    for (what, objects) in renderings() {
+        assert!(kinds(&objects).contains(&"DaemonSet") && kinds(&objects).contains(&"ConfigMap"), "{what}");
+        for v in KUBE_VERSIONS {
+            let report = validate(&objects, v).unwrap_or_else(|e| panic!("{what} against Kubernetes {v}:\n{e}"));
+            assert_eq!(report.lines().filter(|l| l.starts_with("ok ")).count(), objects.len(), "{what}: {report}");
+        }
+    }
+    // The privileged fallback and the optional parts render valid objects too.
+    let extra = render(&[
+        "securityContext.privileged=true",
+        "platformConnector.token.enabled=true",
+        "metrics.service.enabled=true",
+        "createNamespace=true",
+        "metrics.enabled=false",
+    ]);
+    assert_eq!(kinds(&extra), ["ConfigMap", "DaemonSet", "Namespace", "ServiceAccount"]);
+    validate(&extra, "1.30").unwrap();
+}
+
+/// The validator is strict: a misspelt field or a wrong type fails it.
+#[test]
+fn validation_rejects_a_misspelt_field_and_a_wrong_type() {
+    let mut objects = render(&[]);
+    let i = objects.iter().position(|o| o["kind"] == "DaemonSet").unwrap();
+    objects[i]["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = json!([]);
+    let e = validate(&objects, "1.30").unwrap_err();
+    assert!(e.contains("INVALID DaemonSet/nicmon") && e.contains("volumeMount"), "{e}");
+
+    let mut objects = render(&[]);
+    objects[i]["spec"]["template"]["spec"]["hostNetwork"] = json!("yes");
+    assert!(validate(&objects, "1.30").unwrap_err().contains("hostNetwork"));
+}
+
+#[test]
+fn plain_manifests_are_the_chart_rendered() {
+    let root = deploy::repo_root();
+    for m in &MANIFESTS {
+        let want = deploy::render_manifest(&python(), m).unwrap();
+        let have = std::fs::read_to_string(root.join("deploy/manifests").join(m.file)).unwrap_or_default();
+        assert!(have == want, "deploy/manifests/{} is stale: run `cargo xtask generate`", m.file);
+    }
+}
+
+#[test]
+fn the_daemonset_has_the_mounts_capabilities_and_probes_the_agent_needs() {
+    for (what, objects) in renderings() {
+        let ds = daemonset(&objects);
+        let pod = &ds["spec"]["template"]["spec"];
+        let c = &pod["containers"][0];
+        assert_eq!(pod["hostNetwork"], true, "{what}: rtnetlink and /proc/net/route need the host network");
+
+        // Volumes: name -> (hostPath, type) and mounts: container path -> (volume, readOnly).
+        let host: Vec<(String, String, String)> = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| {
+                let h = v.get("hostPath")?;
+                Some((
+                    v["name"].as_str()?.to_string(),
+                    h["path"].as_str()?.to_string(),
+                    h["type"].as_str().unwrap_or("").to_string(),
+                ))
+            })
+            .collect();
+        let mounts: Vec<(String, String, bool)> = c["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["mountPath"].as_str().unwrap().to_string(),
+                    m["name"].as_str().unwrap().to_string(),
+                    m["readOnly"].as_bool().unwrap_or(false),
+                )
+            })
+            .collect();
+        let mounted = |host_path: &str| -> (String, bool, String) {
+            let (name, _, ty) = host
+                .iter()
+                .find(|(_, p, _)| p == host_path)
+                .unwrap_or_else(|| panic!("{what}: no hostPath {host_path}"));
+            let (at, _, ro) =
+                mounts.iter().find(|(_, n, _)| n == name).unwrap_or_else(|| panic!("{what}: {name} not mounted"));
+            (at.clone(), *ro, ty.clone())
+        };
+        let (sys, ro, _) = mounted("/sys");
+        assert!(ro, "{what}: /sys read-only");
+        assert_eq!(flag(ds, "--sysfs").as_deref(), Some(sys.as_str()), "{what}: --sysfs is the host /sys mount");
+        let (proc_, ro, _) = mounted("/proc");
+        assert!(ro);
+        assert_eq!(flag(ds, "--procfs").as_deref(), Some(proc_.as_str()), "{what}");
+        assert_eq!(mounted("/dev/kmsg"), ("/dev/kmsg".into(), true, "CharDevice".into()), "{what}");
+        assert_eq!(mounted("/sys/kernel/btf").0, "/sys/kernel/btf", "{what}: kernel BTF where aya reads it");
+        assert_eq!(mounted("/sys/kernel/tracing").0, "/sys/kernel/tracing", "{what}: tracefs where nicmon looks");
+
+        // Every file the flags name lies on a mount; the state directory is a writable
+        // DirectoryOrCreate hostPath, the metadata directory read-only.
+        let under = |file: &str| -> &(String, String, bool) {
+            mounts
+                .iter()
+                .filter(|(at, _, _)| file.starts_with(&format!("{at}/")))
+                .max_by_key(|(at, _, _)| at.len())
+                .unwrap_or_else(|| panic!("{what}: {file} is on no mount"))
+        };
+        let state = flag(ds, "--state-file").unwrap();
+        let (at, name, ro) = under(&state);
+        assert!(!*ro, "{what}: state dir writable");
+        let (_, hp, ty) = host.iter().find(|(n, _, _)| n == name).expect("state is a hostPath");
+        assert_eq!((hp.as_str(), ty.as_str()), (at.as_str(), "DirectoryOrCreate"), "{what}: state survives restarts");
+        let (_, name, ro) = under(&flag(ds, "--metadata-path").unwrap());
+        assert!(*ro && host.iter().any(|(n, _, _)| n == name), "{what}: metadata is a read-only hostPath");
+        let config = flag(ds, "--config").unwrap();
+        let (_, name, ro) = under(&config);
+        assert!(*ro);
+        let cm = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == name.as_str()).unwrap();
+        assert_eq!(cm["configMap"]["name"], configmap(&objects)["metadata"]["name"], "{what}");
+        assert!(config.ends_with("/config.toml") && configmap(&objects)["data"]["config.toml"].is_string());
+
+        // The connector socket lies in the mounted host socket directory (gRPC mode only).
+        match flag(ds, "--sink").as_deref() {
+            Some("grpc") => {
+                let sock = flag(ds, "--platform-connector-socket").unwrap();
+                let path = sock.strip_prefix("unix://").expect("unix:// target");
+                let (at, name, ro) = under(path);
+                assert!(!*ro, "{what}: connecting to a socket needs a writable mount");
+                assert!(host.iter().any(|(n, p, _)| n == name && p == at), "{what}: socket dir is a hostPath");
+            }
+            Some("stdout") => {
+                assert!(flag(ds, "--platform-connector-socket").is_none(), "{what}");
+                assert!(!host.iter().any(|(_, p, _)| p.contains("nvsentinel") && !p.contains("lib")), "{what}");
+            }
+            other => panic!("{what}: unexpected sink {other:?}"),
+        }
+
+        // Capabilities rather than privilege.
+        let sc = &c["securityContext"];
+        assert_eq!(sc["privileged"], false, "{what}");
+        let caps: Vec<&str> =
+            sc["capabilities"]["add"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+        for need in ["BPF", "PERFMON", "SYSLOG"] {
+            assert!(caps.contains(&need), "{what}: capability {need} missing from {caps:?}");
+        }
+        assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+
+        // NODE_NAME from the downward API; probes on the metrics port.
+        let env = c["env"].as_array().unwrap();
+        let node = env.iter().find(|e| e["name"] == "NODE_NAME").expect("NODE_NAME");
+        assert_eq!(node["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
+        let port = flag(ds, "--metrics-port").expect("metrics on");
+        let named = c["ports"].as_array().unwrap().iter().find(|p| p["name"] == "metrics").unwrap();
+        assert_eq!(named["containerPort"].to_string(), port);
+        assert_eq!(c["livenessProbe"]["httpGet"], json!({"path": "/healthz", "port": "metrics"}), "{what}");
+        assert_eq!(c["readinessProbe"]["httpGet"], json!({"path": "/metrics", "port": "metrics"}), "{what}");
+
+        // Resources cover the measured footprint (27 MiB start-up peak, `cargo xtask bench`).
+        assert_eq!(c["resources"]["limits"]["memory"], "64Mi", "{what}");
+        assert!(pod["nodeSelector"].is_object() && pod["tolerations"].is_array(), "{what}");
+    }
+
+    // The documented fallback.
+    let p = render(&["securityContext.privileged=true"]);
+    let sc = &daemonset(&p)["spec"]["template"]["spec"]["containers"][0]["securityContext"];
+    assert_eq!(sc["privileged"], true);
+    assert!(sc.get("allowPrivilegeEscalation").is_none(), "Kubernetes rejects privileged without escalation");
+}
+
+/// `nicmon run <the rendered args> --check-config`, with the rendered ConfigMap as the
+/// config file: exit code and output.
+fn check_config(objects: &[Value], extra: &[&str]) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(&cfg, configmap(objects)["data"]["config.toml"].as_str().unwrap()).unwrap();
+    let ds = daemonset(objects);
+    let mut argv: Vec<String> = args(ds)
+        .into_iter()
+        .map(|a| match a.starts_with("--config=") {
+            true => format!("--config={}", cfg.display()),
+            false => a,
+        })
+        .collect();
+    argv.push("--check-config".into());
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    let out = Command::new(nicmon_bin()).args(&argv).env("NODE_NAME", "gpu-node-1").output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn the_binary_accepts_the_rendered_flags_and_config() {
+    for (what, objects) in renderings() {
+        assert_eq!(args(daemonset(&objects))[0], "run", "{what}");
+        let (code, out) = check_config(&objects, &[]);
+        assert_eq!(code, 0, "{what}: {out}");
+        assert!(out.contains("config file:") && out.contains("(read)"), "{what}: the ConfigMap was read: {out}");
+        assert!(!out.contains("warning"), "{what}: {out}");
+        assert!(out.contains("checks:            InfiniBandStateCheck"), "{what}: {out}");
+    }
+    // The check can fail: an unknown flag, a bad value, a broken config.
+    let objects = render(&[]);
+    assert_eq!(check_config(&objects, &["--no-such-flag"]).0, 2);
+    let bad = render(&["processingStrategy=SOMETIMES"]);
+    let (code, out) = check_config(&bad, &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("SOMETIMES"), "{out}");
+    let dir = tempfile::tempdir().unwrap();
+    let values = dir.path().join("bad-config.yaml");
+    std::fs::write(&values, "config: |\n  nicExclusionRegex = \"(\"\n").unwrap();
+    let (code, out) = check_config(&render(&[values.to_str().unwrap()]), &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("nicExclusionRegex"), "{out}");
+}
+
+#[test]
+fn the_operator_guide_cli_reference_matches_nicmon_run_help() {
+    let root = deploy::repo_root();
+    let guide = std::fs::read_to_string(root.join(GUIDE)).unwrap();
+    let help = capture(Command::new(nicmon_bin()).args(["run", "--help"]), "nicmon run --help").unwrap();
+    let want = deploy::guide_with_cli(&guide, &help).unwrap();
+    assert!(guide == want, "{GUIDE}: the command-line reference is stale: run `cargo xtask generate`");
+}
