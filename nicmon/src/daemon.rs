@@ -220,7 +220,14 @@ pub async fn run(opts: RunOptions) -> Result<()> {
             match KmsgTail::spawn(p, Start::from_cursor(st.kmsg.last_seq), move |d| ktx.send(d).is_ok()) {
                 Ok(t) => Some(t),
                 Err(e) => {
-                    tracing::warn!(path = %p.display(), error = %e, "kernel log watcher not started");
+                    let hint = match e.kind() {
+                        std::io::ErrorKind::PermissionDenied => {
+                            "; reading it needs CAP_SYSLOG and, in a container, a device cgroup that allows \
+                             /dev/kmsg (the chart's securityContext.privileged=true fallback)"
+                        }
+                        _ => "",
+                    };
+                    tracing::warn!(path = %p.display(), error = %e, "kernel log watcher not started{hint}");
                     None
                 }
             }

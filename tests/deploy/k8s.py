@@ -7,6 +7,7 @@ API's JSON schemas, shipped in the package). Used by tests/tests/deploy.rs and b
 
   k8s.py render CHART NAME NAMESPACE [VALUES.yaml|key=value ...] -> JSON list of objects on stdout
   k8s.py yaml CHART NAME NAMESPACE [VALUES.yaml|key=value ...]   -> one YAML stream (plain manifests)
+  k8s.py values CHART                                   -> the chart's default values as JSON
   k8s.py load FILE.yaml                                  -> JSON list of objects on stdout
   k8s.py validate VERSION FILE.json                      -> one line per object; exit 1 on any error
   k8s.py lint CHART [VALUES.yaml ...]                     -> Helm's lint findings; exit 1 on errors
@@ -78,6 +79,11 @@ def main(argv):
                 objects_of(text, tpl)  # each template must parse on its own
                 body = "\n".join(line.rstrip() for line in text.strip().splitlines())
                 sys.stdout.write("---\n# Source: " + tpl + "\n" + body + "\n")
+    elif cmd == "values" and len(args) == 1:
+        import helm_python as helm
+
+        with helm.Chart.load(args[0]) as c:
+            json.dump(c.values, sys.stdout)
     elif cmd == "load" and len(args) == 1:
         with open(args[0]) as fh:
             json.dump(objects_of(fh.read(), args[0]), sys.stdout)

@@ -311,3 +311,96 @@ fn the_operator_guide_cli_reference_matches_nicmon_run_help() {
     let want = deploy::guide_with_cli(&guide, &help).unwrap();
     assert!(guide == want, "{GUIDE}: the command-line reference is stale: run `cargo xtask generate`");
 }
+
+/// No container engine runs here, so the build file is checked for what can be checked
+/// offline: two stages, the runtime stage copies the build stage's binary to the path the
+/// entrypoint runs, the build commands exist, the lock file is current, the context ignores
+/// build output, and the image it documents is the one the chart runs.
+#[test]
+fn the_container_build_file_builds_what_the_chart_runs() {
+    let root = deploy::repo_root();
+    let text = std::fs::read_to_string(root.join("deploy/Dockerfile")).unwrap();
+    // Logical lines (continuations joined), comments dropped.
+    let joined = text.replace("\\\n", " ");
+    let lines: Vec<&str> = joined.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
+    let stages: Vec<(&str, &str)> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("FROM "))
+        .map(|f| {
+            let parts: Vec<&str> = f.split_whitespace().collect();
+            (parts[0], parts.get(2).copied().unwrap_or(""))
+        })
+        .collect();
+    assert_eq!(stages.len(), 2, "multi-stage: {stages:?}");
+    assert!(stages[0].0.contains("rust:") && stages[0].1 == "build", "{stages:?}");
+    assert!(stages[1].0.contains("distroless"), "small runtime image: {stages:?}");
+    let copy = lines.iter().find(|l| l.starts_with("COPY --from=")).expect("COPY --from");
+    let parts: Vec<&str> = copy.split_whitespace().collect();
+    assert_eq!(parts[1], "--from=build");
+    let (built, installed) = (parts[2], parts[3]);
+    let entry = lines.iter().find(|l| l.starts_with("ENTRYPOINT")).expect("ENTRYPOINT");
+    assert_eq!(*entry, format!("ENTRYPOINT [\"{installed}\"]"));
+    let run = lines.iter().filter(|l| l.starts_with("RUN ")).copied().collect::<Vec<_>>().join(" ");
+    assert!(run.contains(&format!("target/release/nicmon {built}")), "{run}");
+    assert!(run.contains("eBPF programs: built in"), "the image must embed the eBPF object: {run}");
+
+    // Every `cargo xtask TASK` it runs exists; `--locked` holds with the committed lock file.
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    for task in run.split("cargo xtask ").skip(1).map(|r| r.split_whitespace().next().unwrap()) {
+        let st = Command::new(&cargo).current_dir(&root).args(["xtask", task, "--help"]).output().unwrap();
+        assert!(st.status.success(), "cargo xtask {task}: {}", String::from_utf8_lossy(&st.stderr));
+    }
+    assert!(run.contains("cargo build --release --locked -p nicmon"), "{run}");
+    let st = Command::new(&cargo)
+        .current_dir(&root)
+        .args(["build", "--quiet", "--locked", "-p", "nicmon", "--bin", "nicmon"])
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "Cargo.lock is stale: {}", String::from_utf8_lossy(&st.stderr));
+
+    let ignore = std::fs::read_to_string(root.join("deploy/Dockerfile.dockerignore")).unwrap();
+    for dir in ["target/", ".tools/", ".git/"] {
+        assert!(ignore.lines().any(|l| l.trim() == dir), "build context keeps {dir}");
+    }
+    let objects = render(&[]);
+    let image = daemonset(&objects)["spec"]["template"]["spec"]["containers"][0]["image"].as_str().unwrap().to_string();
+    assert!(text.contains(&format!("-t {image} ")), "the Dockerfile's build example tags {image}");
+}
+
+/// Every value of the chart is in the operator guide's values table (a row names the value
+/// itself, or a parent of it, as `parent` or `parent.*`).
+#[test]
+fn the_operator_guide_documents_every_chart_value() {
+    fn leaves(prefix: &str, v: &Value, out: &mut Vec<String>) {
+        match v.as_object() {
+            Some(m) if !m.is_empty() => {
+                for (k, v) in m {
+                    leaves(&if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") }, v, out);
+                }
+            }
+            _ => out.push(prefix.to_string()),
+        }
+    }
+    let values: Value =
+        serde_json::from_str(&capture(&mut k8s(&python(), &["values", CHART]), "values").unwrap()).unwrap();
+    let mut paths = Vec::new();
+    leaves("", &values, &mut paths);
+    assert!(paths.len() > 30, "{paths:?}");
+    let guide = std::fs::read_to_string(deploy::repo_root().join(GUIDE)).unwrap();
+    let at = guide.find("### Helm values").expect("a \"### Helm values\" section");
+    let section = &guide[at..at + guide[at..].find("\n## ").unwrap_or(guide.len() - at)];
+    // First cells of the section's table rows: every backticked name in them.
+    let documented: Vec<String> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| ")?.split(" | ").next())
+        .flat_map(|cell| cell.split('`').skip(1).step_by(2).map(|s| s.trim_end_matches(".*").to_string()))
+        .collect();
+    let missing: Vec<&String> = paths
+        .iter()
+        .filter(|p| {
+            let segs: Vec<&str> = p.split('.').collect();
+            !(1..=segs.len()).any(|n| documented.contains(&segs[..n].join(".")))
+        })
+        .collect();
+    assert!(missing.is_empty(), "{GUIDE}: chart values not in the values table: {missing:?}");
+}
