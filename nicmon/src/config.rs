@@ -9,6 +9,19 @@ use crate::counters::{CounterDetection, CounterRule};
 use crate::kmsg::{KmsgConfig, Patterns};
 use crate::roles::{self, NicFilters};
 
+/// The top-level keys, and those of `[stateDetection]` (the other sections' keys are their
+/// structs' fields). Named in the warning about an unknown key.
+pub const TOP_LEVEL_KEYS: [&str; 7] = [
+    "nicExclusionRegex",
+    "nicInclusionRegexOverride",
+    "sysClassInfinibandPath",
+    "sysClassNetPath",
+    "stateDetection",
+    "counterDetection",
+    "kernelLog",
+];
+pub const STATE_DETECTION_KEYS: [&str; 2] = ["escalationGraceSeconds", "speedDegradationFatal"];
+
 /// Default location of the config file in the DaemonSet.
 pub const DEFAULT_PATH: &str = "/etc/nic-health-monitor/config.toml";
 
@@ -103,7 +116,10 @@ impl Config {
                                 cfg.speed_degradation_fatal =
                                     v.as_bool().ok_or_else(|| err(format!("{full} = {v}: expected true or false")))?
                             }
-                            _ => cfg.warnings.push(format!("config {path}: unknown key {full} ignored")),
+                            _ => cfg.warnings.push(format!(
+                                "config {path}: unknown key {full} ignored (known keys: {})",
+                                STATE_DETECTION_KEYS.join(", ")
+                            )),
                         }
                     }
                 }
@@ -120,7 +136,10 @@ impl Config {
                     cfg.patterns = k.compile().map_err(|e| err(one_line(&e.to_string())))?;
                     cfg.kernel_log = k;
                 }
-                _ => cfg.warnings.push(format!("config {path}: unknown key {key} ignored")),
+                _ => cfg.warnings.push(format!(
+                    "config {path}: unknown key {key} ignored (known keys: {})",
+                    TOP_LEVEL_KEYS.join(", ")
+                )),
             }
         }
         Ok(cfg)
@@ -190,6 +209,16 @@ enabled = true
         let e = Config::parse("x.toml", "nicExclusionRegex = [").unwrap_err();
         assert!(!e.to_string().contains('\n'));
         assert_eq!(Config::parse("x.toml", "foo = 1").unwrap().warnings.len(), 1);
+        // Every key the warning names as known is one the parser takes without a warning.
+        let known = Config::parse("x.toml", "foo = 1").unwrap().warnings[0].clone();
+        assert!(known.ends_with(&format!("(known keys: {})", TOP_LEVEL_KEYS.join(", "))), "{known}");
+        let all = "nicExclusionRegex = \"^lo$\"\nnicInclusionRegexOverride = \"\"\nsysClassInfinibandPath = \"/a\"\n\
+                   sysClassNetPath = \"/b\"\n[stateDetection]\nescalationGraceSeconds = 5\nspeedDegradationFatal = true\n\
+                   [counterDetection]\n[kernelLog]\n";
+        let c = Config::parse("x.toml", all).unwrap();
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        assert!(TOP_LEVEL_KEYS.iter().all(|k| all.contains(&format!("{k} =")) || all.contains(&format!("[{k}]"))));
+        assert!(STATE_DETECTION_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
     }
 
     proptest! {

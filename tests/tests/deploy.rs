@@ -404,3 +404,58 @@ fn the_operator_guide_documents_every_chart_value() {
         .collect();
     assert!(missing.is_empty(), "{GUIDE}: chart values not in the values table: {missing:?}");
 }
+
+/// Every key of the config file is in the operator guide's configuration reference. The keys
+/// come from the binary itself: each section's unknown-key message lists the known ones.
+#[test]
+fn the_operator_guide_documents_every_config_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = |toml: &str| -> String {
+        let f = dir.path().join("probe.toml");
+        std::fs::write(&f, toml).unwrap();
+        let out = Command::new(nicmon_bin())
+            .args(["run", "--check-config", "--config", f.to_str().unwrap()])
+            .output()
+            .unwrap();
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    };
+    // "(known keys: a, b)", "expected `a` or `b`", "expected one of `a`, `b`", "expected one of a, b".
+    fn listed(msg: &str) -> Vec<String> {
+        let tail = msg
+            .rsplit_once("known keys: ")
+            .or_else(|| msg.rsplit_once("expected one of "))
+            .or_else(|| msg.rsplit_once("expected "))
+            .unwrap_or_else(|| panic!("no key list in {msg:?}"))
+            .1;
+        let tail = tail.lines().next().unwrap().trim_end_matches(')');
+        tail.split([',', ' ']).map(|k| k.trim_matches('`')).filter(|k| !k.is_empty() && *k != "or").map(String::from).collect()
+    }
+    let sections = [
+        ("", "zzUnknown = 1\n"),
+        ("stateDetection.", "[stateDetection]\nzzUnknown = 1\n"),
+        ("counterDetection.", "[counterDetection]\nzzUnknown = 1\n"),
+        ("counterDetection.counters[].", "[[counterDetection.counters]]\nname = \"x\"\nzzUnknown = 1\n"),
+        ("kernelLog.", "[kernelLog]\nzzUnknown = 1\n"),
+        ("kernelLog.patterns[].", "[[kernelLog.patterns]]\nname = \"x\"\nzzUnknown = 1\n"),
+    ];
+    let guide = std::fs::read_to_string(deploy::repo_root().join(GUIDE)).unwrap();
+    let mut keys = Vec::new();
+    for (prefix, toml) in sections {
+        let msg = probe(toml);
+        let line = msg.lines().find(|l| l.contains("zzUnknown")).unwrap_or_else(|| panic!("{toml}: {msg}"));
+        let names = listed(line);
+        assert!(names.len() >= 2, "{line}");
+        keys.extend(names.into_iter().map(|k| format!("{prefix}{k}")));
+    }
+    // A section's own name is documented through its keys.
+    let section = |k: &String| sections.iter().any(|(p, _)| *p == format!("{k}."));
+    let missing: Vec<&String> =
+        keys.iter().filter(|k| !section(k) && !guide.contains(&format!("`{k}`"))).collect();
+    assert!(missing.is_empty(), "{GUIDE}: config keys not documented: {missing:?} (of {keys:?})");
+
+    // The guide's example config is accepted as it stands, without a warning.
+    let at = guide.find("### Example config.toml").expect("an example config section");
+    let block = guide[at..].split("```toml\n").nth(1).unwrap().split("\n```").next().unwrap();
+    let out = probe(block);
+    assert!(out.contains("ok: nicmon run would start") && !out.contains("warning"), "{out}");
+}
