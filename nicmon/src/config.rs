@@ -29,7 +29,7 @@ pub const DEFAULT_PATH: &str = "/etc/nic-health-monitor/config.toml";
 pub struct Config {
     pub filters: NicFilters,
     /// `sysClassInfinibandPath` / `sysClassNetPath`, when set (informational: nicmon reads
-    /// everything under one `--sysfs` root; a value pointing elsewhere is warned about).
+    /// everything under one `--sysfs` root; see [`Config::path_warnings`]).
     pub sys_class_infiniband_path: Option<String>,
     pub sys_class_net_path: Option<String>,
     /// `[stateDetection] escalationGraceSeconds`: a port that was healthy and is still in a
@@ -80,6 +80,25 @@ impl Config {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
             Err(e) => Err(ConfigError { path: shown, message: format!("cannot read: {e}") }),
         }
+    }
+
+    /// Warnings for `sysClass*Path` values that are not where nicmon reads, under `sysfs`
+    /// (the NVSentinel keys name the two directories; nicmon takes one `--sysfs` root).
+    pub fn path_warnings(&self, sysfs: &Path) -> Vec<String> {
+        let pairs = [
+            ("sysClassInfinibandPath", &self.sys_class_infiniband_path, "class/infiniband"),
+            ("sysClassNetPath", &self.sys_class_net_path, "class/net"),
+        ];
+        pairs
+            .into_iter()
+            .filter_map(|(key, value, rel)| {
+                let value = value.as_deref()?;
+                let read = sysfs.join(rel);
+                (Path::new(value.trim_end_matches('/')) != read).then(|| {
+                    format!("config: {key} = {value:?} is not used: nicmon reads {} (set --sysfs)", read.display())
+                })
+            })
+            .collect()
     }
 
     /// Parse the file's text. Never panics.
@@ -219,6 +238,19 @@ enabled = true
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
         assert!(TOP_LEVEL_KEYS.iter().all(|k| all.contains(&format!("{k} =")) || all.contains(&format!("[{k}]"))));
         assert!(STATE_DETECTION_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
+    }
+
+    #[test]
+    fn sys_class_paths_that_disagree_with_sysfs_are_warned_about() {
+        let c = Config::parse(
+            "c",
+            "sysClassInfinibandPath = \"/nvsentinel/sys/class/infiniband/\"\nsysClassNetPath = \"/sys/class/net\"",
+        )
+        .unwrap();
+        assert!(c.path_warnings(Path::new("/nvsentinel/sys")).len() == 1);
+        let w = c.path_warnings(Path::new("/nvsentinel/sys")).remove(0);
+        assert!(w.contains("sysClassNetPath") && w.contains("/nvsentinel/sys/class/net"), "{w}");
+        assert!(Config::default().path_warnings(Path::new("/sys")).is_empty());
     }
 
     proptest! {

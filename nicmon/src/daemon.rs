@@ -123,7 +123,7 @@ fn save(path: &std::path::Path, state: &State) {
 /// Run the daemon until a signal.
 pub async fn run(opts: RunOptions) -> Result<()> {
     let config = Config::load(&opts.config)?;
-    for w in &config.warnings {
+    for w in config.warnings.iter().chain(&config.path_warnings(&opts.sysfs)) {
         tracing::warn!("{w}");
     }
     let host = Host::new(&opts.sysfs, &opts.procfs).with_boot_id_path(opts.boot_id_path.clone());
@@ -216,7 +216,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     // Kernel log: resume after the persisted cursor (same boot), else at the end.
     let (ktx, mut krx) = mpsc::unbounded_channel::<Delivery>();
     let _tail: Option<KmsgTail> = match &opts.kmsg_path {
-        Some(p) if opts.checks.contains(&Check::NICKernelLogCheck) => {
+        Some(p) if opts.checks.contains(&Check::NICKernelLogCheck) && monitor.config.kernel_log.enabled => {
             match KmsgTail::spawn(p, Start::from_cursor(st.kmsg.last_seq), move |d| ktx.send(d).is_ok()) {
                 Ok(t) => Some(t),
                 Err(e) => {

@@ -48,8 +48,11 @@ nicmon run --node-name gpu-node-1\n  nicmon run --sink stdout --state-file /tmp/
     /// Trace mode for latency debugging: run the monitor and print every wake-up and poll.
     #[command(long_about = "Run the monitor in trace mode: for every wake-up print the hook, the kernel timestamp, \
 when the agent woke, how long the poll took, the events it produced and the latencies between them; on exit \
-(Ctrl-C) print per-hook counts and p50/p99 latencies. Takes the same flags as `nicmon run`; events go to the \
---sink as usual (default here: a file under /tmp, so stdout stays readable).")]
+(Ctrl-C) print per-hook counts and p50/p99 latencies. Takes the same flags as `nicmon run`, with the same \
+defaults: next to a running daemon give it its own --state-file, a --metrics-port (or --no-metrics) and a --sink \
+(e.g. file:/tmp/nicmon-trace.jsonl), or it would share the daemon's state and report the same events twice.\n\n\
+Example (next to the DaemonSet's daemon):\n  nicmon trace --state-file /tmp/trace-state.json --no-metrics --sink \
+file:/tmp/nicmon-trace.jsonl")]
     Trace(Box<RunCli>),
     /// Print each NIC's role (compute, storage, management) and why.
     Topology(TopologyCli),
@@ -216,6 +219,7 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
     use std::fmt::Write as _;
     let config = nicmon::config::Config::load(&r.host.config)?;
     let mut warnings = config.warnings.clone();
+    warnings.extend(config.path_warnings(&r.host.sysfs));
     for name in r.checks.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         if nicmon::event::Check::parse(name).is_none() {
             warnings.push(format!("--checks: unknown check {name:?} would be skipped"));
@@ -249,7 +253,7 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
         false => format!(":{}", r.metrics.metrics_port),
     };
     let _ = writeln!(out, "metrics:           {metrics}");
-    let kmsg = match r.no_kmsg {
+    let kmsg = match r.no_kmsg || !config.kernel_log.enabled {
         true => "off".to_string(),
         false => r.kmsg_path.display().to_string(),
     };

@@ -410,15 +410,17 @@ fn the_operator_guide_documents_every_chart_value() {
 #[test]
 fn the_operator_guide_documents_every_config_key() {
     let dir = tempfile::tempdir().unwrap();
-    let probe = |toml: &str| -> String {
+    let probe_with = |toml: &str, extra: &[&str]| -> String {
         let f = dir.path().join("probe.toml");
         std::fs::write(&f, toml).unwrap();
         let out = Command::new(nicmon_bin())
             .args(["run", "--check-config", "--config", f.to_str().unwrap()])
+            .args(extra)
             .output()
             .unwrap();
         format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
     };
+    let probe = |toml: &str| probe_with(toml, &[]);
     // "(known keys: a, b)", "expected `a` or `b`", "expected one of `a`, `b`", "expected one of a, b".
     fn listed(msg: &str) -> Vec<String> {
         let tail = msg
@@ -428,7 +430,11 @@ fn the_operator_guide_documents_every_config_key() {
             .unwrap_or_else(|| panic!("no key list in {msg:?}"))
             .1;
         let tail = tail.lines().next().unwrap().trim_end_matches(')');
-        tail.split([',', ' ']).map(|k| k.trim_matches('`')).filter(|k| !k.is_empty() && *k != "or").map(String::from).collect()
+        tail.split([',', ' '])
+            .map(|k| k.trim_matches('`'))
+            .filter(|k| !k.is_empty() && *k != "or")
+            .map(String::from)
+            .collect()
     }
     let sections = [
         ("", "zzUnknown = 1\n"),
@@ -449,13 +455,13 @@ fn the_operator_guide_documents_every_config_key() {
     }
     // A section's own name is documented through its keys.
     let section = |k: &String| sections.iter().any(|(p, _)| *p == format!("{k}."));
-    let missing: Vec<&String> =
-        keys.iter().filter(|k| !section(k) && !guide.contains(&format!("`{k}`"))).collect();
+    let missing: Vec<&String> = keys.iter().filter(|k| !section(k) && !guide.contains(&format!("`{k}`"))).collect();
     assert!(missing.is_empty(), "{GUIDE}: config keys not documented: {missing:?} (of {keys:?})");
 
     // The guide's example config is accepted as it stands, without a warning.
     let at = guide.find("### Example config.toml").expect("an example config section");
     let block = guide[at..].split("```toml\n").nth(1).unwrap().split("\n```").next().unwrap();
-    let out = probe(block);
+    // (It is the DaemonSet's file: the host's /sys is at /nvsentinel/sys there.)
+    let out = probe_with(block, &["--sysfs", "/nvsentinel/sys"]);
     assert!(out.contains("ok: nicmon run would start") && !out.contains("warning"), "{out}");
 }

@@ -135,6 +135,8 @@ pub struct Metrics {
     topology_source: Family<SourceLabels, Gauge>,
     counter_saturated: Family<CounterLabels, Gauge>,
     kmsg_records_lost: Counter,
+    /// The boot's cumulative lost-record count last added to `kmsg_records_lost`.
+    kmsg_lost_seen: std::sync::atomic::AtomicU64,
     ebpf_embedded: Gauge,
     ebpf_available: Gauge,
 
@@ -162,6 +164,7 @@ impl Metrics {
             topology_source: Family::default(),
             counter_saturated: Family::default(),
             kmsg_records_lost: Counter::default(),
+            kmsg_lost_seen: Default::default(),
             ebpf_embedded: Gauge::default(),
             ebpf_available: Gauge::default(),
             legacy_devices_discovered: Family::default(),
@@ -173,7 +176,7 @@ impl Metrics {
         // Counters get a `_total` suffix from the encoder: registered without it.
         registry.register(
             "nicmon_devices",
-            "Monitored RDMA devices by role (compute, storage, management, none)",
+            "RDMA devices by role (compute, storage, management); management devices are not monitored",
             m.devices.clone(),
         );
         registry.register(
@@ -189,12 +192,12 @@ impl Metrics {
         );
         registry.register(
             "nicmon_poll_duration_seconds",
-            "Wall time of one poll cycle (read, evaluate, dispatch, persist)",
+            "Wall time of one poll: reading sysfs and evaluating every check (dispatch is asynchronous)",
             m.poll_duration.clone(),
         );
         registry.register(
             "nicmon_wakeups",
-            "Wake-ups that triggered an immediate poll, by hook (eBPF hook, rtnetlink, tick)",
+            "Wake-ups that triggered an immediate poll, by source (eBPF hook name, or rtnetlink)",
             m.wakeups.clone(),
         );
         registry.register(
@@ -229,7 +232,7 @@ impl Metrics {
         );
         registry.register(
             "nic_health_monitor_devices_discovered",
-            "Number of NIC devices discovered in sysfs",
+            "Number of monitored NIC ports (the existing monitor's name; labelled check=InfiniBandStateCheck)",
             m.legacy_devices_discovered.clone(),
         );
         registry.register(
@@ -368,8 +371,14 @@ impl Metrics {
     }
 
     /// `n` kernel log records were lost (`/dev/kmsg` returned `EPIPE` / a sequence gap).
-    pub fn kmsg_records_lost(&self, n: u64) {
-        self.kmsg_records_lost.inc_by(n);
+    /// `total` is the boot's cumulative count (from the state): the counter grows by what is
+    /// new since the last call. A smaller total (new boot, state reset) starts over.
+    pub fn kmsg_records_lost(&self, total: u64) {
+        use std::sync::atomic::Ordering;
+        let seen = self.kmsg_lost_seen.swap(total, Ordering::Relaxed);
+        if total > seen {
+            self.kmsg_records_lost.inc_by(total - seen);
+        }
     }
 
     /// A state-check error event for `device` port `port` (the existing monitor's metric).
@@ -427,7 +436,9 @@ mod tests {
         m.set_topology_source("metadata");
         m.set_topology_source("sysfs");
         m.set_saturated_counters([("mlx5_0", 1, "port_rcv_errors")]);
+        m.kmsg_records_lost(3); // cumulative totals, one per cycle
         m.kmsg_records_lost(3);
+        m.kmsg_records_lost(5);
         m.state_check_error(Check::InfiniBandStateCheck, "mlx5_3", 1);
         m.counter_threshold_breach("symbol_error", "mlx5_0", 1, false);
 
@@ -446,7 +457,7 @@ mod tests {
             r#"nicmon_ebpf_hook_attached{hook="netif_carrier_off"} 0"#,
             r#"nicmon_topology_source{source="sysfs"} 1"#,
             r#"nicmon_counter_saturated{device="mlx5_0",port="1",counter="port_rcv_errors"} 1"#,
-            "nicmon_kmsg_records_lost_total 3",
+            "nicmon_kmsg_records_lost_total 5",
             "nicmon_ebpf_embedded 1",
             "nicmon_ebpf_available 1",
             r#"nic_health_monitor_devices_discovered{node="gpu-node-1",check="InfiniBandStateCheck"} 10"#,
