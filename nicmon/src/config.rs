@@ -143,8 +143,10 @@ impl Config {
                     }
                 }
                 "counterDetection" => {
-                    let cd: CounterDetection =
-                        value.clone().try_into().map_err(|e: toml::de::Error| err(one_line(e.message())))?;
+                    let cd: CounterDetection = value
+                        .clone()
+                        .try_into()
+                        .map_err(|e: toml::de::Error| err(format!("{key}: {}", one_line(e.message()))))?;
                     cfg.counter_rules = cd.rules().map_err(|e| err(one_line(&e.to_string())))?;
                 }
                 "kernelLog" => {
