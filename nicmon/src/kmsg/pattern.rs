@@ -310,15 +310,28 @@ pub struct PatternConfig {
     pub scope: Option<Scope>,
 }
 
-/// An invalid `[kernelLog]` section; the message names the entry and the key.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("kernelLog.patterns[{index}] (name {name:?}): {key}: {problem}")]
+/// An invalid `[kernelLog]` section; the message names the entry (if the fault is in one)
+/// and the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
-    pub index: usize,
+    /// The `[[kernelLog.patterns]]` entry at fault; `None` for the section's own keys.
+    pub index: Option<usize>,
     pub name: String,
     pub key: &'static str,
     pub problem: String,
 }
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.index {
+            Some(i) => write!(f, "kernelLog.patterns[{i}] (name {:?})", self.name)?,
+            None => f.write_str("kernelLog")?,
+        }
+        write!(f, ": {}: {}", self.key, self.problem)
+    }
+}
+
+impl std::error::Error for ConfigError {}
 
 /// Longest accepted dedup window (a week): larger values are typos, not intent.
 const MAX_WINDOW_SECONDS: u64 = 7 * 24 * 3600;
@@ -326,7 +339,8 @@ const MAX_WINDOW_SECONDS: u64 = 7 * 24 * 3600;
 impl KmsgConfig {
     /// Validate and build the effective pattern set.
     pub fn compile(&self) -> Result<Patterns, ConfigError> {
-        let top_err = |key: &'static str, problem: String| ConfigError { index: 0, name: String::new(), key, problem };
+        let top_err =
+            |key: &'static str, problem: String| ConfigError { index: None, name: String::new(), key, problem };
         if self.dedup_window_seconds > MAX_WINDOW_SECONDS {
             return Err(top_err(
                 "dedupWindowSeconds",
@@ -363,7 +377,12 @@ impl KmsgConfig {
         let mut seen: BTreeSet<&str> = BTreeSet::new();
 
         for (index, pc) in self.patterns.iter().enumerate() {
-            let err = |key: &'static str, problem: String| ConfigError { index, name: pc.name.clone(), key, problem };
+            let err = |key: &'static str, problem: String| ConfigError {
+                index: Some(index),
+                name: pc.name.clone(),
+                key,
+                problem,
+            };
             if pc.name.is_empty() || !pc.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
                 return Err(err("name", "must be non-empty and use only letters, digits, '_', '-', '.'".into()));
             }
@@ -583,8 +602,10 @@ mod tests {
         "#)
         .compile()
         .unwrap_err();
-        assert_eq!((e.index, e.name.as_str(), e.key), (1, "broken", "regex"));
+        assert_eq!((e.index, e.name.as_str(), e.key), (Some(1), "broken", "regex"));
         assert!(e.to_string().starts_with("kernelLog.patterns[1] (name \"broken\"): regex: "));
+        let e = KmsgConfig { dedup_window_seconds: 99_999_999, ..KmsgConfig::default() }.compile().unwrap_err();
+        assert!(e.to_string().starts_with("kernelLog: dedupWindowSeconds: 99999999 is more than"), "{e}");
 
         let e = cfg(r#"
             [[patterns]]
