@@ -59,18 +59,20 @@ pub struct RunOptions {
     pub trace: bool,
 }
 
-/// Parse `--checks`: comma-separated names; unknown names are logged and skipped (000 §12.1).
-pub fn parse_checks(list: &str) -> BTreeSet<Check> {
-    let mut out = BTreeSet::new();
+/// Parse `--checks`: comma-separated names. Unknown names are returned, to be logged and
+/// skipped (000 §12.1).
+pub fn parse_checks(list: &str) -> (BTreeSet<Check>, Vec<String>) {
+    let mut known = BTreeSet::new();
+    let mut unknown = Vec::new();
     for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         match Check::parse(name) {
             Some(c) => {
-                out.insert(c);
+                known.insert(c);
             }
-            None => tracing::warn!(check = name, "unknown check name in --checks: skipped"),
+            None => unknown.push(name.to_string()),
         }
     }
-    out
+    (known, unknown)
 }
 
 /// An acknowledgement from the dispatcher: the batch with this id was accepted (or

@@ -184,6 +184,10 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
         grpc.connect.attempts = grpc.connect.attempts.min(2);
     }
     let node = nicmon::check::node_name(r.node_name.as_deref());
+    let (checks, unknown) = nicmon::daemon::parse_checks(&r.checks);
+    for name in unknown {
+        tracing::warn!(check = name, "unknown check name in --checks: skipped");
+    }
     let opts = RunOptions {
         sysfs: r.host.sysfs,
         procfs: r.host.procfs,
@@ -193,7 +197,7 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
         state_file: r.state_file,
         boot_id_path: r.boot_id_path,
         interval: r.state_polling_interval.max(std::time::Duration::from_millis(50)),
-        checks: nicmon::daemon::parse_checks(&r.checks),
+        checks,
         stamp: Stamp { node_name: node, processing_strategy: r.processing_strategy },
         sink: r.dispatch.sink,
         grpc,
@@ -220,13 +224,8 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
     let config = nicmon::config::Config::load(&r.host.config)?;
     let mut warnings = config.warnings.clone();
     warnings.extend(config.path_warnings(&r.host.sysfs));
-    for name in r.checks.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        if nicmon::event::Check::parse(name).is_none() {
-            warnings.push(format!("--checks: unknown check {name:?} would be skipped"));
-        }
-    }
-    let checks: std::collections::BTreeSet<_> =
-        r.checks.split(',').filter_map(|n| nicmon::event::Check::parse(n.trim())).collect();
+    let (checks, unknown) = nicmon::daemon::parse_checks(&r.checks);
+    warnings.extend(unknown.iter().map(|name| format!("--checks: unknown check {name:?} would be skipped")));
     if checks.is_empty() {
         anyhow::bail!("--checks {:?}: no known check left to run", r.checks);
     }

@@ -60,24 +60,22 @@ pub fn stand_in(ids: &HashMap<String, u32>) -> Result<Btf, String> {
         strings.extend_from_slice(name.as_bytes());
         strings.push(0);
     }
-    let mut types = Vec::with_capacity(max * 12);
+    let types_len = (max * 12) as u32;
+    let mut blob = Vec::with_capacity(HEADER_LEN + types_len as usize + strings.len());
+    blob.extend_from_slice(&MAGIC.to_le_bytes());
+    blob.extend_from_slice(&[1, 0]); // version 1, no flags
+    for w in [HEADER_LEN as u32, 0, types_len, types_len, strings.len() as u32] {
+        blob.extend_from_slice(&w.to_le_bytes());
+    }
     for id in 1..=max as u32 {
         let (name, kind) = match at_id.get(&id) {
             Some(off) => (*off, KIND_FUNC),
             None => (0, KIND_PTR),
         };
         for w in [name, kind << 24, 0] {
-            types.extend_from_slice(&w.to_le_bytes());
+            blob.extend_from_slice(&w.to_le_bytes());
         }
     }
-    let mut blob = Vec::with_capacity(HEADER_LEN + types.len() + strings.len());
-    blob.extend_from_slice(&MAGIC.to_le_bytes());
-    blob.extend_from_slice(&[1, 0]); // version 1, no flags
-    for w in [HEADER_LEN as u32, 0, types.len() as u32, types.len() as u32, strings.len() as u32] {
-        blob.extend_from_slice(&w.to_le_bytes());
-    }
-    blob.extend_from_slice(&types);
-    drop(types);
     blob.extend_from_slice(&strings);
     Btf::parse(&blob, Default::default()).map_err(|e| format!("stand-in BTF rejected: {e}"))
 }
