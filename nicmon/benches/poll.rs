@@ -5,11 +5,10 @@ use std::time::Instant;
 use nicmon::config::Config;
 use nicmon::cycle::Monitor;
 use nicmon::discovery::{self, ReadPlan};
-use nicmon::event::Stamp;
+use nicmon::event::{Check, Stamp};
 use nicmon::host::Host;
-use nicmon::linkstate::StateConfig;
-use nicmon::state::{Loaded, State};
-use nicmon::{counters, topology};
+use nicmon::state::{CheckState, Loaded};
+use nicmon::topology;
 use nicmon_tests::platforms::Platform;
 
 fn main() {
@@ -19,16 +18,10 @@ fn main() {
     let snap0 = discovery::discover(&host, &ReadPlan::default());
     let topo = topology::resolve(&host, &snap0, Some(&node.metadata_path()), false).expect("topology");
     let config = Config::default();
-    let monitor = Monitor {
-        counter_paths: counters::read_paths(&config.counter_rules),
-        host,
-        topology: topo,
-        stamp: Stamp { node_name: "bench".into(), processing_strategy: Default::default() },
-        state_config: StateConfig::default(),
-        config,
-    };
+    let stamp = Stamp { node_name: "bench".into(), processing_strategy: Default::default() };
+    let monitor = Monitor::new(host, config, topo, stamp, Check::ALL.into_iter().collect(), Some("bench".into()));
     let files_before = monitor.host.stats.files_read.load(std::sync::atomic::Ordering::Relaxed);
-    let mut state = State::fresh(Some("bench".into()));
+    let mut state = CheckState::default();
     let mut loaded = Loaded::Missing;
     let mut t = time::OffsetDateTime::now_utc();
     // Warm-up (first poll emits baselines).

@@ -10,13 +10,10 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::config::Config;
-use crate::counters;
-use crate::cycle::Monitor;
+use crate::cycle::{Monitor, MonitorOptions};
 use crate::discovery::{self, ReadPlan};
-use crate::event::Stamp;
 use crate::host::Host;
 use crate::kmsg;
-use crate::linkstate::StateConfig;
 use crate::report::Report;
 use crate::roles;
 use crate::state::{self, Loaded, State};
@@ -26,14 +23,9 @@ use crate::topology;
 pub const DEFAULT_METADATA_PATH: &str = "/var/lib/nvsentinel/gpu_metadata.json";
 
 pub struct CheckArgs {
-    pub sysfs: PathBuf,
-    pub procfs: PathBuf,
-    pub metadata: Option<PathBuf>,
-    pub metadata_required: bool,
-    pub config: PathBuf,
+    /// What every polling command shares (host roots, config, metadata, checks, stamp).
+    pub monitor: MonitorOptions,
     pub state_file: Option<PathBuf>,
-    pub boot_id_path: Option<PathBuf>,
-    pub node_name: Option<String>,
     pub now: Option<String>,
     pub kmsg: Option<PathBuf>,
     pub json: bool,
@@ -74,12 +66,8 @@ pub fn parse_now(now: Option<&str>) -> Result<OffsetDateTime> {
 
 pub fn run_check(args: &CheckArgs) -> Result<String> {
     let now = parse_now(args.now.as_deref())?;
-    let config = Config::load(&args.config)?;
-    for w in &config.warnings {
-        tracing::warn!("{w}");
-    }
-    let host = Host::new(&args.sysfs, &args.procfs).with_boot_id_path(args.boot_id_path.clone());
-    let boot_id = host.boot_id().ok();
+    let monitor = Monitor::open(&args.monitor)?;
+    let boot_id = monitor.boot_id.clone();
     let (prev, loaded) = match &args.state_file {
         Some(p) => state::load(p, boot_id.as_deref()),
         None => (State::fresh(boot_id.clone()), Loaded::Missing),
@@ -94,35 +82,17 @@ pub fn run_check(args: &CheckArgs) -> Result<String> {
         }
         _ => {}
     }
-    // The topology is read once, like the daemon does at startup.
-    let snapshot0 = discovery::discover(&host, &ReadPlan::default());
-    let topo = topology::resolve(&host, &snapshot0, args.metadata.as_deref(), args.metadata_required)?;
-    for n in &topo.notes {
-        tracing::warn!("{n}");
-    }
-    let monitor = Monitor {
-        host,
-        state_config: StateConfig {
-            escalation_grace: time::Duration::seconds(config.escalation_grace_secs as i64),
-            speed_degradation_fatal: config.speed_degradation_fatal,
-            ..StateConfig::default()
-        },
-        config,
-        topology: topo,
-        stamp: Stamp { node_name: node_name(args.node_name.as_deref()), processing_strategy: Default::default() },
-        counter_paths: Vec::new(),
-    };
-    let monitor = Monitor { counter_paths: counters::read_paths(&monitor.config.counter_rules), ..monitor };
     let records = match &args.kmsg {
         Some(p) => kmsg::read_file(p).with_context(|| format!("--kmsg {}", p.display()))?,
         None => Vec::new(),
     };
-    let poll = monitor.poll(&prev, &loaded, now, &records);
+    let poll = monitor.poll(&prev.checks, &loaded, now, &records);
     for n in &poll.notes {
         tracing::info!("{n}");
     }
     if let Some(p) = &args.state_file {
-        state::save(p, &poll.next).with_context(|| format!("state file {}: cannot write", p.display()))?;
+        let next = State { checks: poll.next, ..prev };
+        state::save(p, &next).with_context(|| format!("state file {}: cannot write", p.display()))?;
     }
     let report =
         Report::new(&monitor.stamp.node_name, boot_id, &poll.snapshot, &monitor.topology, &poll.roles, poll.events);

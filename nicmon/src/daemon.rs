@@ -1,51 +1,41 @@
-//! `nicmon run`: the daemon. One poll → evaluate → queue → dispatch → commit cycle at a
-//! time, on a 1 s tick and on every wake-up (eBPF, rtnetlink, kernel log), until SIGTERM
-//! or SIGINT — which finish the cycle, flush what can be sent, save and exit.
+//! `nicmon run` (and `nicmon trace`): the daemon, in three pieces —
+//! - [`Daemon::start`]: the shared start-up ([`Monitor::open`]), the state file, the metrics
+//!   endpoint, the wake sources, the kernel log watcher and the outbox's sender;
+//! - [`Daemon::run_loop`]: one poll → evaluate → commit cycle at a time, on a 1 s tick and
+//!   on every wake-up (eBPF, rtnetlink, kernel log), until SIGTERM or SIGINT, which finish
+//!   the cycle;
+//! - [`Daemon::shutdown`]: flush what can be sent within a bound, save, exit.
 //!
-//! Transactional dispatch through an outbox kept in the state file: each cycle's events
-//! are appended as one batch per check and the state is saved *before* anything is sent; a
-//! dispatcher task sends batches strictly in order and acknowledges each one the connector
-//! accepted; only then is it removed from the outbox. A connector outage, or a restart
-//! during one, loses nothing; an unacknowledged batch may be sent twice (at-least-once).
-use std::collections::BTreeSet;
+//! When an event is sent and when it leaves the outbox: [`crate::outbox`].
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use time::OffsetDateTime;
+use tokio::signal::unix::{Signal, SignalKind};
 use tokio::sync::mpsc;
 
-use crate::config::Config;
-use crate::counters;
-use crate::cycle::{Monitor, Poll};
-use crate::discovery::{self, ReadPlan};
+use crate::cycle::{Monitor, MonitorOptions, Poll};
 use crate::dispatch::{GrpcConfig, Sink, SinkSpec};
-use crate::event::{Check, Stamp};
-use crate::host::Host;
+use crate::event::Check;
 use crate::kmsg::{Delivery, KmsgTail, Record, Start};
-use crate::linkstate::StateConfig;
 use crate::metrics::Metrics;
-use crate::metrics::server::{self as metrics_server, Liveness};
-use crate::state::{self, Loaded, PendingBatch, State};
-use crate::topology;
-use crate::wake::{WakeOptions, WakeSource};
+use crate::metrics::server::{self as metrics_server, Liveness, MetricsServer};
+use crate::outbox::Courier;
+use crate::state::{self, Loaded, State};
+use crate::wake::{Wake, WakeOptions, WakeSource};
 
 /// Wake-ups within this window after the first one are served by the same poll.
 pub const COALESCE: Duration = Duration::from_millis(1);
 
 /// Everything `nicmon run` needs, resolved from flags.
 pub struct RunOptions {
-    pub sysfs: PathBuf,
-    pub procfs: PathBuf,
-    pub config: PathBuf,
-    pub metadata: PathBuf,
-    pub metadata_required: bool,
+    /// What every polling command shares (host roots, config, metadata, checks, stamp).
+    pub monitor: MonitorOptions,
     pub state_file: PathBuf,
-    pub boot_id_path: Option<PathBuf>,
     pub interval: Duration,
-    pub checks: BTreeSet<Check>,
-    pub stamp: Stamp,
     pub sink: SinkSpec,
     pub grpc: GrpcConfig,
     /// `None` disables the HTTP endpoint.
@@ -75,43 +65,281 @@ pub fn parse_checks(list: &str) -> (BTreeSet<Check>, Vec<String>) {
     (known, unknown)
 }
 
-/// An acknowledgement from the dispatcher: the batch with this id was accepted (or
-/// permanently rejected and dropped).
-struct Ack {
-    id: u64,
+/// Run the daemon until a signal.
+pub async fn run(opts: RunOptions) -> Result<()> {
+    let mut daemon = Daemon::start(&opts).await?;
+    daemon.run_loop().await?;
+    daemon.shutdown().await;
+    Ok(())
 }
 
-/// Send batches in order; retry a failing head batch forever (with the policy's backoff
-/// inside each send and a pause between sends), never skip ahead.
-async fn dispatcher(
-    mut sink: Sink,
-    mut rx: mpsc::UnboundedReceiver<PendingBatch>,
-    acks: mpsc::UnboundedSender<Ack>,
+/// What woke the loop.
+enum Wakeup {
+    /// The interval tick, a wake source (the coalesced burst) or kernel log records:
+    /// poll now.
+    Poll(Vec<Wake>),
+    /// The outbox's sender acknowledged these batches.
+    Acks(Vec<u64>),
+    /// SIGTERM or SIGINT: one last poll, then shut down.
+    Stop,
+}
+
+/// The running daemon.
+pub struct Daemon<'a> {
+    opts: &'a RunOptions,
+    monitor: Monitor,
+    state: State,
+    loaded: Loaded,
     metrics: Arc<Metrics>,
-    pause: Duration,
-) {
-    while let Some(batch) = rx.recv().await {
+    liveness: Liveness,
+    _server: Option<MetricsServer>,
+    wakes: Option<WakeSource>,
+    kmsg: mpsc::UnboundedReceiver<Delivery>,
+    _tail: Option<KmsgTail>,
+    courier: Courier,
+    sigterm: Signal,
+    tick: tokio::time::Interval,
+    pending_records: Vec<Record>,
+    trace_latencies: BTreeMap<&'static str, Vec<f64>>,
+}
+
+impl<'a> Daemon<'a> {
+    /// Start-up: everything before the first poll. Fails only on what must stop the
+    /// daemon (invalid config, unusable required metadata, an unusable metrics port).
+    pub async fn start(opts: &'a RunOptions) -> Result<Daemon<'a>> {
+        let monitor = Monitor::open(&opts.monitor)?;
+        if monitor.boot_id.is_none() {
+            tracing::warn!("boot ID unreadable: reboots cannot be told from restarts");
+        }
+        let (state, loaded) = load_state(&opts.state_file, monitor.boot_id.as_deref());
+        let devices = monitor.host.list_sys("class/infiniband").len();
+        tracing::info!(
+            source = monitor.topology.source.as_str(),
+            gpus = monitor.topology.gpus.len(),
+            devices,
+            "topology"
+        );
+        if devices == 0 {
+            tracing::warn!(
+                "no RDMA devices found under {}: polling anyway",
+                monitor.host.sys("class/infiniband").display()
+            );
+        }
+
+        let metrics = Arc::new(Metrics::new(&monitor.stamp.node_name));
+        metrics.set_topology_source(monitor.topology.source.as_str());
+        let liveness = Liveness::new(opts.interval.max(Duration::from_secs(1)));
+        let server = match opts.metrics_port {
+            Some(port) => Some(
+                metrics_server::start(port, metrics.clone(), liveness.clone())
+                    .await
+                    .with_context(|| format!("--metrics-port {port}: cannot listen"))?,
+            ),
+            None => None,
+        };
+        let wakes = if opts.no_wake { None } else { Some(start_wakes(&opts.wake, &metrics)) };
+        let (kmsg_tx, kmsg) = mpsc::unbounded_channel::<Delivery>();
+        let kmsg_wanted = opts.monitor.checks.contains(&Check::NICKernelLogCheck) && monitor.config.kernel_log.enabled;
+        let tail = match &opts.kmsg_path {
+            Some(p) if kmsg_wanted => start_kmsg(p, state.checks.kmsg.last_seq, kmsg_tx),
+            _ => None,
+        };
+        let sink = Sink::lazy(&opts.sink, opts.grpc.clone());
+        let pause = opts.grpc.retry.initial_backoff.max(Duration::from_millis(50));
+        let courier = Courier::start(sink, &state.outbox, metrics.clone(), pause);
+        let sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
+        let mut tick = tokio::time::interval(opts.interval.min(Duration::from_secs(1)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tracing::info!(node = %monitor.stamp.node_name, interval = ?opts.interval, "nicmon running");
+        Ok(Daemon {
+            opts,
+            monitor,
+            state,
+            loaded,
+            metrics,
+            liveness,
+            _server: server,
+            wakes,
+            kmsg,
+            _tail: tail,
+            courier,
+            sigterm,
+            tick,
+            pending_records: Vec::new(),
+            trace_latencies: BTreeMap::new(),
+        })
+    }
+
+    /// The loop: wait, then poll (or take acknowledgements), until a signal.
+    pub async fn run_loop(&mut self) -> Result<()> {
         loop {
-            let result = sink.send(&batch.events).await;
-            metrics.record_dispatch(batch.check, &batch.events, &result);
-            match result {
-                Ok(()) => {
-                    tracing::debug!(check = %batch.check, events = batch.events.len(), "batch accepted");
-                    let _ = acks.send(Ack { id: batch.id });
-                    break;
+            let woke = match self.wait().await {
+                Wakeup::Acks(ids) => {
+                    for id in ids {
+                        self.state.outbox.ack(id);
+                    }
+                    self.save();
+                    continue;
                 }
-                Err(e) if e.is_retryable() => {
-                    tracing::warn!(check = %batch.check, error = %e, "connector unavailable: batch kept, retrying");
-                    tokio::time::sleep(pause).await;
+                Wakeup::Poll(woke) => woke,
+                Wakeup::Stop => {
+                    self.cycle(&[]);
+                    tracing::info!("signal received: flushing and exiting");
+                    return Ok(());
                 }
-                Err(e) => {
-                    // A permanent rejection will not succeed by retrying; keeping it would
-                    // block every later batch forever.
-                    tracing::error!(check = %batch.check, error = %e, events = ?batch.events, "batch rejected permanently: dropped");
-                    let _ = acks.send(Ack { id: batch.id });
-                    break;
+            };
+            self.cycle(&woke);
+        }
+    }
+
+    /// Shutdown: give the sender a bounded time to deliver what is queued, save.
+    pub async fn shutdown(&mut self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        self.courier.flush(&mut self.state.outbox, deadline).await;
+        self.save();
+        if !self.state.outbox.is_empty() {
+            tracing::warn!(
+                pending = self.state.outbox.len(),
+                "exiting with undelivered batches: they are sent after the next start"
+            );
+        }
+        if self.opts.trace {
+            println!("{}", trace_summary(&self.trace_latencies));
+        }
+    }
+
+    /// Wait for the next reason to act. Kernel log records are collected on the way.
+    async fn wait(&mut self) -> Wakeup {
+        let (wakes, kmsg, courier) = (&mut self.wakes, &mut self.kmsg, &mut self.courier);
+        let (tick, sigterm, records) = (&mut self.tick, &mut self.sigterm, &mut self.pending_records);
+        tokio::select! {
+            _ = tick.tick() => Wakeup::Poll(Vec::new()),
+            Some(w) = async { match wakes.as_mut() { Some(w) => w.recv().await, None => std::future::pending().await } } => {
+                let mut woke = vec![w];
+                // Coalesce a burst into one poll.
+                tokio::time::sleep(COALESCE).await;
+                if let Some(ws) = wakes.as_mut() {
+                    while let Some(w) = ws.try_recv() { woke.push(w); }
+                }
+                Wakeup::Poll(woke)
+            }
+            Some(d) = kmsg.recv() => {
+                match d {
+                    Delivery::Records(r) => records.extend(r),
+                    Delivery::Failed(e) => tracing::warn!(error = %e, "kernel log watcher stopped"),
+                }
+                Wakeup::Poll(Vec::new())
+            }
+            Some(ids) = courier.next_acks() => Wakeup::Acks(ids),
+            _ = tokio::signal::ctrl_c() => Wakeup::Stop,
+            _ = sigterm.recv() => Wakeup::Stop,
+        }
+    }
+
+    /// One cycle: read → decide, then act — metrics, logs, trace, and the outbox's commit.
+    fn cycle(&mut self, woke: &[Wake]) {
+        while let Ok(d) = self.kmsg.try_recv() {
+            if let Delivery::Records(r) = d {
+                self.pending_records.extend(r);
+            }
+        }
+        let woke_at = Instant::now();
+        let records = std::mem::take(&mut self.pending_records);
+        let poll = self.monitor.poll(&self.state.checks, &self.loaded, OffsetDateTime::now_utc(), &records);
+        let elapsed = woke_at.elapsed();
+        self.metrics.observe_poll(elapsed);
+        for w in woke {
+            self.metrics.wakeup(w.hook.name());
+        }
+        for n in &poll.notes {
+            tracing::info!("{n}");
+        }
+        if self.opts.trace {
+            print_trace(woke, woke_at, &poll, elapsed);
+            let end = crate::wake::monotonic_ns();
+            for w in woke {
+                if let Some(k) = w.kernel_ts_ns {
+                    self.trace_latencies.entry(w.hook.name()).or_default().push(end.saturating_sub(k) as f64 / 1e6);
                 }
             }
+        }
+        update_metrics(&self.metrics, &poll);
+        for check in Check::ALL {
+            for e in poll.events.iter().filter(|e| e.check() == Some(check)) {
+                log_event(e);
+            }
+        }
+
+        self.state.checks = poll.next;
+        self.loaded = Loaded::Resumed;
+        let path = &self.opts.state_file;
+        self.courier.commit(&mut self.state, &poll.events, |state| save(path, state));
+        self.liveness.cycle_completed();
+    }
+
+    fn save(&self) {
+        save(&self.opts.state_file, &self.state);
+    }
+}
+
+/// Load the state file for this boot, saying how it was found.
+fn load_state(path: &std::path::Path, boot_id: Option<&str>) -> (State, Loaded) {
+    let (st, loaded) = state::load(path, boot_id);
+    match &loaded {
+        Loaded::Corrupt(why) => tracing::warn!("{why}: starting fresh"),
+        Loaded::Rebooted { .. } => tracing::info!("boot ID changed: state from the previous boot cleared"),
+        Loaded::Missing => tracing::info!(path = %path.display(), "no state file: first start"),
+        Loaded::Resumed => tracing::info!(pending = st.outbox.len(), "resuming from the state file"),
+    }
+    (st, loaded)
+}
+
+/// Start the wake sources and say which hooks attached (logs and metrics).
+fn start_wakes(opts: &WakeOptions, metrics: &Metrics) -> WakeSource {
+    let w = WakeSource::start(opts);
+    // Loading the eBPF object parses the kernel's BTF (tens of MiB, freed again);
+    // hand that memory back to the OS instead of keeping it resident.
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free heap pages; no memory in use is touched.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    for h in w.hooks() {
+        if let Some(via) = h.via
+            && h.attached
+        {
+            tracing::info!(hook = h.hook.name(), via = ?via, "wake-up hook attached");
+        } else {
+            tracing::info!(
+                hook = h.hook.name(),
+                reason = h.reason.as_deref().unwrap_or("-"),
+                "wake-up hook not attached"
+            );
+        }
+        metrics.set_ebpf_hook_attached(h.hook.name(), h.attached);
+    }
+    if let Some(e) = w.ebpf_error() {
+        tracing::warn!("eBPF unavailable: {e}");
+    }
+    metrics.set_ebpf(crate::wake::EBPF_EMBEDDED, w.mode() == crate::wake::WakeMode::Ebpf);
+    tracing::info!(mode = w.mode().name(), "wake-up path");
+    w
+}
+
+/// Start the kernel log watcher: after the persisted cursor (same boot), else at the end.
+fn start_kmsg(path: &std::path::Path, last_seq: Option<u64>, tx: mpsc::UnboundedSender<Delivery>) -> Option<KmsgTail> {
+    match KmsgTail::spawn(path, Start::from_cursor(last_seq), move |d| tx.send(d).is_ok()) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            let hint = match e.kind() {
+                std::io::ErrorKind::PermissionDenied => {
+                    "; reading it needs CAP_SYSLOG and, in a container, a device cgroup that allows \
+                     /dev/kmsg (the chart's securityContext.privileged=true fallback)"
+                }
+                _ => "",
+            };
+            tracing::warn!(path = %path.display(), error = %e, "kernel log watcher not started{hint}");
+            None
         }
     }
 }
@@ -120,246 +348,6 @@ fn save(path: &std::path::Path, state: &State) {
     if let Err(e) = state::save(path, state) {
         tracing::warn!(path = %path.display(), error = %e, "cannot write the state file");
     }
-}
-
-/// Run the daemon until a signal.
-pub async fn run(opts: RunOptions) -> Result<()> {
-    let config = Config::load(&opts.config)?;
-    for w in config.warnings.iter().chain(&config.path_warnings(&opts.sysfs)) {
-        tracing::warn!("{w}");
-    }
-    let host = Host::new(&opts.sysfs, &opts.procfs).with_boot_id_path(opts.boot_id_path.clone());
-    let boot_id = host.boot_id().ok();
-    if boot_id.is_none() {
-        tracing::warn!("boot ID unreadable: reboots cannot be told from restarts");
-    }
-    let (mut st, mut loaded) = state::load(&opts.state_file, boot_id.as_deref());
-    match &loaded {
-        Loaded::Corrupt(why) => tracing::warn!("{why}: starting fresh"),
-        Loaded::Rebooted { .. } => tracing::info!("boot ID changed: state from the previous boot cleared"),
-        Loaded::Missing => tracing::info!(path = %opts.state_file.display(), "no state file: first start"),
-        Loaded::Resumed => tracing::info!(pending = st.outbox.len(), "resuming from the state file"),
-    }
-
-    let snapshot0 = discovery::discover(&host, &ReadPlan::default());
-    let topo = topology::resolve(&host, &snapshot0, Some(&opts.metadata), opts.metadata_required)?;
-    for n in &topo.notes {
-        tracing::warn!("{n}");
-    }
-    tracing::info!(
-        source = topo.source.as_str(),
-        gpus = topo.gpus.len(),
-        devices = snapshot0.devices.len(),
-        "topology"
-    );
-    if snapshot0.devices.is_empty() {
-        tracing::warn!("no RDMA devices found under {}: polling anyway", host.sys("class/infiniband").display());
-    }
-    let counter_paths = counters::read_paths(&config.counter_rules);
-    let monitor = Monitor {
-        state_config: StateConfig {
-            escalation_grace: time::Duration::seconds(config.escalation_grace_secs as i64),
-            speed_degradation_fatal: config.speed_degradation_fatal,
-            checks: opts.checks.clone(),
-        },
-        host,
-        topology: topo,
-        stamp: opts.stamp.clone(),
-        counter_paths,
-        config,
-    };
-
-    let metrics = Arc::new(Metrics::new(&monitor.stamp.node_name));
-    metrics.set_topology_source(monitor.topology.source.as_str());
-    let liveness = Liveness::new(opts.interval.max(Duration::from_secs(1)));
-    let _server = match opts.metrics_port {
-        Some(port) => Some(
-            metrics_server::start(port, metrics.clone(), liveness.clone())
-                .await
-                .with_context(|| format!("--metrics-port {port}: cannot listen"))?,
-        ),
-        None => None,
-    };
-
-    // Wake sources.
-    let mut wakes = if opts.no_wake {
-        None
-    } else {
-        let w = WakeSource::start(&opts.wake);
-        // Loading the eBPF object parses the kernel's BTF (tens of MiB, freed again);
-        // hand that memory back to the OS instead of keeping it resident.
-        #[cfg(target_env = "gnu")]
-        // SAFETY: malloc_trim only releases free heap pages; no memory in use is touched.
-        unsafe {
-            libc::malloc_trim(0);
-        }
-        for h in w.hooks() {
-            if let Some(via) = h.via
-                && h.attached
-            {
-                tracing::info!(hook = h.hook.name(), via = ?via, "wake-up hook attached");
-            } else {
-                tracing::info!(
-                    hook = h.hook.name(),
-                    reason = h.reason.as_deref().unwrap_or("-"),
-                    "wake-up hook not attached"
-                );
-            }
-            metrics.set_ebpf_hook_attached(h.hook.name(), h.attached);
-        }
-        if let Some(e) = w.ebpf_error() {
-            tracing::warn!("eBPF unavailable: {e}");
-        }
-        metrics.set_ebpf(crate::wake::EBPF_EMBEDDED, w.mode() == crate::wake::WakeMode::Ebpf);
-        tracing::info!(mode = w.mode().name(), "wake-up path");
-        Some(w)
-    };
-
-    // Kernel log: resume after the persisted cursor (same boot), else at the end.
-    let (ktx, mut krx) = mpsc::unbounded_channel::<Delivery>();
-    let _tail: Option<KmsgTail> = match &opts.kmsg_path {
-        Some(p) if opts.checks.contains(&Check::NICKernelLogCheck) && monitor.config.kernel_log.enabled => {
-            match KmsgTail::spawn(p, Start::from_cursor(st.kmsg.last_seq), move |d| ktx.send(d).is_ok()) {
-                Ok(t) => Some(t),
-                Err(e) => {
-                    let hint = match e.kind() {
-                        std::io::ErrorKind::PermissionDenied => {
-                            "; reading it needs CAP_SYSLOG and, in a container, a device cgroup that allows \
-                             /dev/kmsg (the chart's securityContext.privileged=true fallback)"
-                        }
-                        _ => "",
-                    };
-                    tracing::warn!(path = %p.display(), error = %e, "kernel log watcher not started{hint}");
-                    None
-                }
-            }
-        }
-        _ => None,
-    };
-
-    // Dispatch.
-    let sink = Sink::lazy(&opts.sink, opts.grpc.clone());
-    let (btx, brx) = mpsc::unbounded_channel::<PendingBatch>();
-    let (atx, mut arx) = mpsc::unbounded_channel::<Ack>();
-    let pause = opts.grpc.retry.initial_backoff.max(Duration::from_millis(50));
-    let dispatch_task = tokio::spawn(dispatcher(sink, brx, atx, metrics.clone(), pause));
-    for b in &st.outbox {
-        let _ = btx.send(b.clone());
-    }
-
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut tick = tokio::time::interval(opts.interval.min(Duration::from_secs(1)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut pending_records: Vec<Record> = Vec::new();
-    let mut trace_latencies: std::collections::BTreeMap<&'static str, Vec<f64>> = Default::default();
-    tracing::info!(node = %monitor.stamp.node_name, interval = ?opts.interval, "nicmon running");
-
-    loop {
-        let mut woke: Vec<crate::wake::Wake> = Vec::new();
-        let mut stop = false;
-        tokio::select! {
-            _ = tick.tick() => {}
-            Some(w) = async { match wakes.as_mut() { Some(w) => w.recv().await, None => std::future::pending().await } } => {
-                woke.push(w);
-                // Coalesce a burst into one poll.
-                tokio::time::sleep(COALESCE).await;
-                if let Some(ws) = wakes.as_mut() {
-                    while let Some(w) = ws.try_recv() { woke.push(w); }
-                }
-            }
-            Some(d) = krx.recv() => {
-                match d {
-                    Delivery::Records(r) => pending_records.extend(r),
-                    Delivery::Failed(e) => tracing::warn!(error = %e, "kernel log watcher stopped"),
-                }
-            }
-            Some(ack) = arx.recv() => {
-                st.outbox.retain(|b| b.id != ack.id);
-                while let Ok(a) = arx.try_recv() { st.outbox.retain(|b| b.id != a.id); }
-                save(&opts.state_file, &st);
-                continue;
-            }
-            _ = tokio::signal::ctrl_c() => { stop = true; }
-            _ = sigterm.recv() => { stop = true; }
-        }
-        while let Ok(d) = krx.try_recv() {
-            if let Delivery::Records(r) = d {
-                pending_records.extend(r);
-            }
-        }
-        let woke_at = Instant::now();
-        let started = Instant::now();
-        let records = std::mem::take(&mut pending_records);
-        let poll = monitor.poll(&st, &loaded, OffsetDateTime::now_utc(), &records);
-        let elapsed = started.elapsed();
-        metrics.observe_poll(elapsed);
-        for w in &woke {
-            metrics.wakeup(w.hook.name());
-        }
-        for n in &poll.notes {
-            tracing::info!("{n}");
-        }
-        if opts.trace {
-            print_trace(&woke, woke_at, &poll, elapsed);
-            let end = crate::wake::monotonic_ns();
-            for w in &woke {
-                if let Some(k) = w.kernel_ts_ns {
-                    trace_latencies.entry(w.hook.name()).or_default().push(end.saturating_sub(k) as f64 / 1e6);
-                }
-            }
-        }
-        update_metrics(&metrics, &poll);
-
-        // Queue this cycle's events (one batch per check), save, then hand to the dispatcher.
-        let mut next = poll.next;
-        let mut new_batches = Vec::new();
-        for check in Check::ALL {
-            let events: Vec<_> = poll.events.iter().filter(|e| e.check() == Some(check)).cloned().collect();
-            if events.is_empty() {
-                continue;
-            }
-            for e in &events {
-                log_event(e);
-            }
-            next.next_batch_id += 1;
-            new_batches.push(PendingBatch { id: next.next_batch_id, check, events });
-        }
-        next.outbox.extend(new_batches.iter().cloned());
-        save(&opts.state_file, &next);
-        for b in new_batches {
-            let _ = btx.send(b);
-        }
-        st = next;
-        loaded = Loaded::Resumed;
-        liveness.cycle_completed();
-
-        if stop {
-            tracing::info!("signal received: flushing and exiting");
-            break;
-        }
-    }
-
-    // Flush: give the dispatcher a bounded time to deliver what is queued.
-    drop(btx);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !st.outbox.is_empty() {
-        match tokio::time::timeout_at(deadline, arx.recv()).await {
-            Ok(Some(a)) => st.outbox.retain(|b| b.id != a.id),
-            _ => break,
-        }
-    }
-    save(&opts.state_file, &st);
-    if !st.outbox.is_empty() {
-        tracing::warn!(
-            pending = st.outbox.len(),
-            "exiting with undelivered batches: they are sent after the next start"
-        );
-    }
-    dispatch_task.abort();
-    if opts.trace {
-        println!("{}", trace_summary(&trace_latencies));
-    }
-    Ok(())
 }
 
 /// Per-hook counts and kernel→poll-end latency percentiles (trace mode's exit summary).

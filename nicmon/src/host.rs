@@ -6,7 +6,9 @@
 //! not. One rule lives here because it is about *reading*: a file whose `read()` failed
 //! with `EINVAL` is never opened again for the life of this reader (SPEC §1.1 — reading
 //! restricted counters makes mlx5 log `ACCESS_REG ... failed` on every read). The set is
-//! exported so the state file can carry it across restarts within one boot.
+//! data, not reader state: a cycle seeds it from the state file before its read
+//! ([`Host::remember_einval`]) and takes it back out after ([`Host::take_einval`]) into its
+//! observation, so the state file carries it across polls and restarts within one boot.
 use std::collections::BTreeSet;
 use std::io;
 use std::path::{Component, Path, PathBuf};
@@ -181,6 +183,11 @@ impl Host {
     /// Files that failed with `EINVAL` so far (sysfs-relative), for the state file.
     pub fn einval_paths(&self) -> Vec<String> {
         self.einval.lock().map(|s| s.iter().cloned().collect()).unwrap_or_default()
+    }
+
+    /// Take the `EINVAL` set out of the reader (it then remembers nothing).
+    pub fn take_einval(&self) -> BTreeSet<String> {
+        self.einval.lock().map(|mut s| std::mem::take(&mut *s)).unwrap_or_default()
     }
 
     /// Seed the `EINVAL` set (from the state file of the same boot).

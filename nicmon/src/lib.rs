@@ -19,6 +19,7 @@ pub mod linkstate;
 pub mod logging;
 pub mod metrics;
 pub mod model;
+pub mod outbox;
 pub mod parse;
 pub mod report;
 pub mod roles;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use nicmon::check::{self, CheckArgs};
+use nicmon::cycle::MonitorOptions;
 use nicmon::daemon::RunOptions;
 use nicmon::event::{ProcessingStrategy, Stamp};
 use nicmon::wake::WakeOptions;
@@ -87,10 +88,17 @@ struct HostArgs {
     config: PathBuf,
 }
 
+/// The default of `--checks`: every check.
+const ALL_CHECKS: &str =
+    "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck,NICKernelLogCheck";
+
 #[derive(clap::Args)]
 struct CheckCli {
     #[command(flatten)]
     host: HostArgs,
+    /// Comma-separated checks to run; unknown names are logged and skipped.
+    #[arg(long, default_value = ALL_CHECKS)]
+    checks: String,
     /// State file: load before the poll, save after (one daemon cycle per invocation).
     #[arg(long, value_name = "FILE")]
     state_file: Option<PathBuf>,
@@ -116,10 +124,7 @@ struct RunCli {
     #[command(flatten)]
     host: HostArgs,
     /// Comma-separated checks to run; unknown names are logged and skipped.
-    #[arg(
-        long,
-        default_value = "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck,NICKernelLogCheck"
-    )]
+    #[arg(long, default_value = ALL_CHECKS)]
     checks: String,
     /// Poll interval (e.g. 1s, 500ms). Counters are evaluated at least every second.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
@@ -184,21 +189,15 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
         grpc.connect.attempts = grpc.connect.attempts.min(2);
     }
     let node = nicmon::check::node_name(r.node_name.as_deref());
-    let (checks, unknown) = nicmon::daemon::parse_checks(&r.checks);
-    for name in unknown {
-        tracing::warn!(check = name, "unknown check name in --checks: skipped");
-    }
     let opts = RunOptions {
-        sysfs: r.host.sysfs,
-        procfs: r.host.procfs,
-        config: r.host.config,
-        metadata: r.host.metadata,
-        metadata_required: r.host.metadata_required,
+        monitor: monitor_options(
+            r.host,
+            &r.checks,
+            r.boot_id_path,
+            Stamp { node_name: node, processing_strategy: r.processing_strategy },
+        ),
         state_file: r.state_file,
-        boot_id_path: r.boot_id_path,
         interval: r.state_polling_interval.max(std::time::Duration::from_millis(50)),
-        checks,
-        stamp: Stamp { node_name: node, processing_strategy: r.processing_strategy },
         sink: r.dispatch.sink,
         grpc,
         metrics_port: (!r.no_metrics).then_some(r.metrics.metrics_port),
@@ -214,6 +213,24 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(nicmon::daemon::run(opts))?;
     Ok(String::new())
+}
+
+/// What `check`, `run` and `trace` share; unknown `--checks` names are logged and skipped.
+fn monitor_options(host: HostArgs, checks: &str, boot_id_path: Option<PathBuf>, stamp: Stamp) -> MonitorOptions {
+    let (checks, unknown) = nicmon::daemon::parse_checks(checks);
+    for name in unknown {
+        tracing::warn!(check = name, "unknown check name in --checks: skipped");
+    }
+    MonitorOptions {
+        sysfs: host.sysfs,
+        procfs: host.procfs,
+        config: host.config,
+        metadata: Some(host.metadata),
+        metadata_required: host.metadata_required,
+        boot_id_path,
+        checks,
+        stamp,
+    }
 }
 
 /// `nicmon run --check-config`: the effective settings, or the one-line reason the daemon
@@ -285,14 +302,13 @@ fn main() -> ExitCode {
     nicmon::logging::init(cli.log_json);
     let result = match cli.command {
         Command::Check(c) => check::run_check(&CheckArgs {
-            sysfs: c.host.sysfs,
-            procfs: c.host.procfs,
-            metadata: Some(c.host.metadata),
-            metadata_required: c.host.metadata_required,
-            config: c.host.config,
+            monitor: monitor_options(
+                c.host,
+                &c.checks,
+                c.boot_id_path,
+                Stamp { node_name: check::node_name(c.node_name.as_deref()), processing_strategy: Default::default() },
+            ),
             state_file: c.state_file,
-            boot_id_path: c.boot_id_path,
-            node_name: c.node_name,
             now: c.now,
             kmsg: c.kmsg,
             json: matches!(c.format, Format::Json),

@@ -4,16 +4,16 @@
 //! Written atomically (temp file in the same directory, fsync, rename, fsync of the
 //! directory) and only when its bytes changed. A missing or corrupt file means a fresh start
 //! with a warning; never a crash.
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use time::OffsetDateTime;
 
 use crate::counters::CounterState;
-use crate::event::{Check, HealthEvent};
 use crate::kmsg::KmsgState;
+use crate::linkstate::LinkState;
+use crate::outbox::Outbox;
 
 /// Version of the file format.
 pub const VERSION: u32 = 1;
@@ -21,79 +21,16 @@ pub const VERSION: u32 = 1;
 /// Default location in the DaemonSet (a hostPath directory).
 pub const DEFAULT_PATH: &str = "/var/run/nic_health_monitor/state.json";
 
-/// What was last reported to the platform for a port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Reported {
-    /// Nothing reported: an unhealthy port treated as uncabled (never healthy this boot).
-    Nothing,
-    Healthy,
-    NonFatal,
-    Fatal,
-}
-
-/// One port's memory (key `<device>_<port>`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PortRecord {
-    pub device: String,
-    pub port: u32,
-    pub link_layer: String,
-    /// Raw names of the last state seen (`ACTIVE`, `LinkUp`).
-    pub state: Option<String>,
-    pub phys_state: Option<String>,
-    pub reported: Reported,
-    /// The port was healthy at some point in this boot (only such ports escalate by time).
-    pub was_healthy: bool,
-    /// Since when it has been unhealthy (after having been healthy).
-    #[serde(default, with = "time::serde::rfc3339::option")]
-    pub unhealthy_since: Option<OffsetDateTime>,
-    /// Polls an unhealthy port has been deferred as "maybe uncabled" (lesson 11: ≤ 3).
-    #[serde(default)]
-    pub deferred_polls: u32,
-    #[serde(default)]
-    pub speed_degraded: bool,
-    #[serde(default)]
-    pub lid: Option<u32>,
-    #[serde(default)]
-    pub sm_lid: Option<u32>,
-}
-
-/// A monitored device seen in this boot (disappearance detection across restarts).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KnownDevice {
-    pub pci_address: Option<String>,
-    pub card: Option<String>,
-    pub link_layer: String,
-    /// Consecutive polls it was absent from `class/infiniband`.
-    pub misses: u32,
-    /// A disappearance event was sent (a reappearance then sends a healthy event).
-    pub reported_missing: bool,
-}
-
-/// Events waiting for the connector, per check, in order (the transactional outbox).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PendingBatch {
-    /// Increasing id: acknowledgements name it.
-    pub id: u64,
-    pub check: Check,
-    pub events: Vec<HealthEvent>,
-}
-
-/// Everything persisted. Field names are the file's JSON keys.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct State {
-    pub version: u32,
-    pub boot_id: Option<String>,
+/// What the checks carry from one poll to the next: the decide layer's input and output.
+/// The outbox (act's data) is not part of it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct CheckState {
     /// Polls evaluated in this boot (0 = no usable previous state).
     #[serde(default)]
     pub polls: u64,
-    #[serde(default)]
-    pub port_states: BTreeMap<String, PortRecord>,
-    #[serde(default)]
-    pub known_devices: BTreeMap<String, KnownDevice>,
-    /// Cards with a card-level (homogeneity) fatal event outstanding.
-    #[serde(default)]
-    pub cards_below_mode: BTreeSet<String>,
+    /// Port records, known devices, cards below their peers (the state checks' memory).
+    #[serde(flatten)]
+    pub links: LinkState,
     /// Counter snapshots, breach and saturation flags (the counter check's state).
     #[serde(default)]
     pub counters: CounterState,
@@ -102,30 +39,25 @@ pub struct State {
     pub kmsg: KmsgState,
     /// sysfs files whose read failed with EINVAL in this boot: never read again.
     #[serde(default)]
-    pub einval: Vec<String>,
-    /// Batches not yet accepted by the connector, oldest first.
-    #[serde(default)]
-    pub outbox: Vec<PendingBatch>,
-    /// The id of the last batch queued.
-    #[serde(default)]
-    pub next_batch_id: u64,
+    pub einval: BTreeSet<String>,
+}
+
+/// Everything persisted. Field names are the file's JSON keys; the flattened parts keep
+/// the file's flat shape (`polls`, `port_states`, ..., `outbox`, `next_batch_id`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct State {
+    pub version: u32,
+    pub boot_id: Option<String>,
+    #[serde(flatten)]
+    pub checks: CheckState,
+    /// Batches not yet accepted by the connector (see [`crate::outbox`]).
+    #[serde(flatten)]
+    pub outbox: Outbox,
 }
 
 impl State {
     pub fn fresh(boot_id: Option<String>) -> State {
-        State {
-            version: VERSION,
-            boot_id,
-            polls: 0,
-            port_states: BTreeMap::new(),
-            known_devices: BTreeMap::new(),
-            cards_below_mode: BTreeSet::new(),
-            counters: CounterState::default(),
-            kmsg: KmsgState::default(),
-            einval: Vec::new(),
-            outbox: Vec::new(),
-            next_batch_id: 0,
-        }
+        State { version: VERSION, boot_id, checks: CheckState::default(), outbox: Outbox::default() }
     }
 }
 
@@ -167,7 +99,6 @@ pub fn load(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
         Ok(prev) if prev.boot_id.as_deref() != boot_id => {
             let mut s = fresh();
             s.outbox = prev.outbox;
-            s.next_batch_id = prev.next_batch_id;
             (s, Loaded::Rebooted { previous: prev.boot_id })
         }
         Ok(prev) => (prev, Loaded::Resumed),
@@ -211,8 +142,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("s/state.json");
         let mut s = State::fresh(Some("b1".into()));
-        s.polls = 3;
-        s.einval.push("class/infiniband/mlx5_0/ports/1/counters/x".into());
+        s.checks.polls = 3;
+        s.checks.einval.insert("class/infiniband/mlx5_0/ports/1/counters/x".into());
         assert!(save(&p, &s).unwrap());
         assert!(!save(&p, &s).unwrap(), "unchanged state is not rewritten");
         let (l, how) = load(&p, Some("b1"));
@@ -220,11 +151,32 @@ mod tests {
         assert_eq!(l, s);
         let (l, how) = load(&p, Some("b2"));
         assert_eq!(how, Loaded::Rebooted { previous: Some("b1".into()) });
-        assert_eq!(l.polls, 0);
-        assert!(l.einval.is_empty());
+        assert_eq!(l.checks.polls, 0);
+        assert!(l.checks.einval.is_empty());
         std::fs::write(&p, "{\"version\":1,").unwrap();
         assert!(matches!(load(&p, Some("b1")).1, Loaded::Corrupt(_)));
         assert_eq!(load(&dir.path().join("none.json"), None).1, Loaded::Missing);
+    }
+
+    #[test]
+    fn the_file_keeps_its_flat_shape() {
+        let text = String::from_utf8(to_bytes(&State::fresh(Some("b".into())))).unwrap();
+        let keys = [
+            "version",
+            "boot_id",
+            "polls",
+            "port_states",
+            "known_devices",
+            "cards_below_mode",
+            "counters",
+            "kmsg",
+            "einval",
+            "outbox",
+            "next_batch_id",
+        ];
+        let at: Vec<usize> = keys.iter().map(|k| text.find(&format!("\n  \"{k}\":")).expect(k)).collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "keys out of order:\n{text}");
+        assert_eq!(text.matches("\n  \"").count(), keys.len(), "unexpected top-level keys:\n{text}");
     }
 
     proptest! {

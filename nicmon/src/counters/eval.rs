@@ -52,10 +52,6 @@ impl<'a> CounterPort<'a> {
             _ => Check::InfiniBandDegradationCheck,
         }
     }
-
-    fn key_prefix(&self) -> String {
-        format!("{}:{}:", self.device, self.port)
-    }
 }
 
 /// State key of a (port, rule): `mlx5_0:1:link_downed` (001 §6.6).
@@ -115,29 +111,6 @@ impl CounterState {
     /// Number of (port, rule) pairs currently saturated (the `counters saturated` metric).
     pub fn saturated_count(&self) -> usize {
         self.saturation_flags.len()
-    }
-
-    /// Take over from `next` everything about `ports`, keep the rest as it is. For the
-    /// transactional commit per check: after the batch of one check was accepted, advance
-    /// only the ports of that check.
-    pub fn adopt_ports(&mut self, next: &CounterState, ports: &[CounterPort<'_>]) {
-        for p in ports {
-            let prefix = p.key_prefix();
-            adopt(&mut self.counter_snapshots, &next.counter_snapshots, &prefix);
-            adopt(&mut self.last_values, &next.last_values, &prefix);
-            adopt(&mut self.breach_flags, &next.breach_flags, &prefix);
-            adopt(&mut self.saturation_flags, &next.saturation_flags, &prefix);
-        }
-    }
-}
-
-fn adopt<V: Clone>(mine: &mut BTreeMap<String, V>, theirs: &BTreeMap<String, V>, prefix: &str) {
-    mine.retain(|k, _| !k.starts_with(prefix));
-    for (k, v) in theirs.range(prefix.to_owned()..) {
-        if !k.starts_with(prefix) {
-            break;
-        }
-        mine.insert(k.clone(), v.clone());
     }
 }
 

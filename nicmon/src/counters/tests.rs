@@ -470,34 +470,6 @@ fn state_json_shape_is_stable() {
     assert_eq!(s, CounterState::default());
 }
 
-#[test]
-fn adopt_ports_advances_only_the_committed_ports() {
-    let ib: BTreeMap<String, u64> = [(LINK_DOWNED.to_string(), 1)].into();
-    let eth: BTreeMap<String, u64> = [(LINK_DOWNED.to_string(), 1)].into();
-    let ports = [
-        CounterPort { device: "mlx5_0", port: 1, link_layer: Some(&LinkLayer::InfiniBand), counters: &ib },
-        CounterPort { device: "mlx5_1", port: 1, link_layer: Some(&LinkLayer::Ethernet), counters: &eth },
-    ];
-    let mut prev = CounterState::default();
-    for p in ["mlx5_0:1:link_downed", "mlx5_1:1:link_downed", "mlx5_10:1:link_downed"] {
-        prev.counter_snapshots.insert(p.into(), eval::CounterSnapshot { value: 0, timestamp: T0 });
-    }
-    let (events, next) = evaluate(&prev, &ports, &default_rules(), T0 + Duration::seconds(1), false, &Stamp::default());
-    assert_eq!(events.len(), 2);
-    // Only the InfiniBand check's batch was accepted.
-    let mut committed = prev.clone();
-    committed.adopt_ports(&next, &ports[..1]);
-    assert!(committed.is_breached("mlx5_0:1:link_downed"));
-    assert!(!committed.is_breached("mlx5_1:1:link_downed"));
-    assert_eq!(committed.counter_snapshots["mlx5_1:1:link_downed"].value, 0);
-    assert!(committed.counter_snapshots.contains_key("mlx5_10:1:link_downed"));
-    // Re-evaluating the Ethernet port from the committed state reproduces its event.
-    let (again, _) =
-        evaluate(&committed, &ports[1..], &default_rules(), T0 + Duration::seconds(2), false, &Stamp::default());
-    assert_eq!(again.len(), 1);
-    assert_eq!(again[0].check(), Some(Check::EthernetDegradationCheck));
-}
-
 // ---- properties ----
 
 fn toml_fragment() -> impl Strategy<Value = String> {

@@ -1,10 +1,10 @@
 //! Dispatch: delivering health events to where they are consumed.
 //!
 //! One [`Sink::send`] call delivers one batch (one check's events of one poll cycle) and
-//! says whether it was accepted. The caller advances the check's persisted state only on
-//! `Ok(())` (SPEC §1.7, transactional dispatch); on `Err` it keeps the state, so the same
-//! events are produced and sent again on a later cycle — nothing is lost while the
-//! connector is down.
+//! says whether it was accepted (`Ok(())`), failed in a way a retry may fix, or was rejected
+//! for good ([`SendError::is_retryable`]). When a batch is sent, how often, and when it
+//! leaves the persisted outbox is decided in [`crate::outbox`] (SPEC §1.7, transactional
+//! dispatch), not here.
 //!
 //! - [`grpc`]: the NVSentinel platform connector over its unix socket;
 //! - [`lines`]: JSON lines (proto3 JSON form) on stdout or appended to a file;
@@ -145,7 +145,7 @@ impl Sink {
         }
     }
 
-    /// Deliver `events` as one batch. `Ok(())` = accepted: advance the persisted state.
+    /// Deliver `events` as one batch. `Ok(())` = accepted (the outbox then drops it).
     pub async fn send(&mut self, events: &[HealthEvent]) -> Result<(), SendError> {
         match self {
             Sink::Grpc(s) => s.send(events).await,

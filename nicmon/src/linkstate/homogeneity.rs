@@ -1,0 +1,158 @@
+//! Card homogeneity (000 §4.3): within a role group `(role, link layer)` the cards should
+//! have the same number of active ports. A card below the group's mode makes its escalating
+//! ports fatal at once (see [`super::escalation`]); a shortfall that no port-level event
+//! explains is reported as a card-level event, and its end as a healthy one.
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::health::state_check;
+use super::state::{LinkState, Reported, port_key};
+use super::{Ctx, Emitted};
+use crate::event::{Entity, HealthEvent};
+use crate::model::LinkLayer;
+use crate::roles::{Role, device_link_layer};
+
+/// A role group: cards are only compared with cards of the same role and link layer.
+pub(super) type Group = (Role, LinkLayer);
+
+pub(super) struct CardView {
+    pub group: Group,
+    pub active: usize,
+}
+
+/// The cards of this poll and which of them are below their group's mode.
+pub(super) struct Cards {
+    pub views: BTreeMap<String, CardView>,
+    /// Card → its group's mode, for cards below it.
+    pub below_mode: BTreeMap<String, usize>,
+}
+
+impl Cards {
+    /// The mode of active ports `card` falls short of, when it does.
+    pub fn below(&self, card: Option<&str>) -> Option<usize> {
+        card.and_then(|c| self.below_mode.get(c).copied())
+    }
+
+    /// The active ports of `card` this poll.
+    pub fn active(&self, card: Option<&str>) -> usize {
+        card.and_then(|c| self.views.get(c)).map(|v| v.active).unwrap_or(0)
+    }
+}
+
+/// The mode of `values` when there are at least two and one value is strictly most common.
+pub(super) fn unique_mode<T: Ord + Copy>(values: impl IntoIterator<Item = T>) -> Option<T> {
+    let mut counts: BTreeMap<T, usize> = BTreeMap::new();
+    let mut n = 0;
+    for v in values {
+        *counts.entry(v).or_default() += 1;
+        n += 1;
+    }
+    if n < 2 {
+        return None;
+    }
+    let best = counts.values().copied().max()?;
+    let mut modes = counts.iter().filter(|(_, c)| **c == best).map(|(v, _)| *v);
+    let m = modes.next()?;
+    modes.next().is_none().then_some(m)
+}
+
+/// Active ports per card, the mode per group (cards with a missing device left out).
+pub(super) fn compare_cards(ctx: &Ctx<'_>, missing_cards: &BTreeSet<String>) -> Cards {
+    let mut views: BTreeMap<String, CardView> = BTreeMap::new();
+    for d in &ctx.monitored {
+        let (Some(role), Some(ll), Some(card)) = (ctx.role_of(d), device_link_layer(d), d.card.as_ref()) else {
+            continue;
+        };
+        let view = views.entry(card.clone()).or_insert(CardView { group: (role, ll.clone()), active: 0 });
+        view.active += d.ports.iter().filter(|p| p.is_healthy()).count();
+    }
+    let mut group_counts: BTreeMap<Group, Vec<usize>> = BTreeMap::new();
+    for (card, v) in &views {
+        if !missing_cards.contains(card) {
+            group_counts.entry(v.group.clone()).or_default().push(v.active);
+        }
+    }
+    let group_mode: BTreeMap<Group, usize> = group_counts
+        .iter()
+        .filter_map(|(g, counts)| unique_mode(counts.iter().copied()).map(|m| (g.clone(), m)))
+        .collect();
+    let below_mode = views
+        .iter()
+        .filter(|(card, _)| !missing_cards.contains(*card))
+        .filter_map(|(card, v)| group_mode.get(&v.group).filter(|m| v.active < **m).map(|m| (card.clone(), *m)))
+        .collect();
+    Cards { views, below_mode }
+}
+
+/// Card-level events: a card below its peers with an unhealthy port that no port-level
+/// event explains is reported once; a reported card back at its peers' count recovers.
+pub(super) fn card_events(ctx: &Ctx<'_>, cards: &Cards, st: &mut LinkState, out: &mut Emitted) {
+    let mut still_below = BTreeSet::new();
+    for (card, mode) in &cards.below_mode {
+        let view = &cards.views[card];
+        let unexplained = ctx.monitored.iter().filter(|d| d.card.as_deref() == Some(card.as_str())).any(|d| {
+            d.ports.iter().any(|p| {
+                !p.is_healthy()
+                    && st
+                        .port_states
+                        .get(&port_key(&d.name, p.number))
+                        .map(|r| !matches!(r.reported, Reported::NonFatal | Reported::Fatal))
+                        .unwrap_or(true)
+            })
+        });
+        if !unexplained {
+            continue;
+        }
+        still_below.insert(card.to_string());
+        let Some(check) = state_check(&view.group.1) else {
+            continue;
+        };
+        if !st.cards_below_mode.contains(card) {
+            let msg = format!(
+                "Card {card} ({}, {}) has {} active ports, expected {mode} (peer mode)",
+                view.group.0.as_str(),
+                view.group.1.name(),
+                view.active
+            );
+            out.push(
+                ctx,
+                check,
+                HealthEvent::new(check, ctx.stamp, ctx.now, &msg)
+                    .unhealthy(true)
+                    .entities(vec![Entity::nic(card.to_string())]),
+            );
+        }
+    }
+    for card in &st.cards_below_mode {
+        if still_below.contains(card) {
+            continue;
+        }
+        if let Some(view) = cards.views.get(card)
+            && let Some(check) = state_check(&view.group.1)
+        {
+            let msg = format!(
+                "Card {card} ({}, {}) is back at its peers' active port count",
+                view.group.0.as_str(),
+                view.group.1.name()
+            );
+            out.push(
+                ctx,
+                check,
+                HealthEvent::new(check, ctx.stamp, ctx.now, &msg).entities(vec![Entity::nic(card.clone())]),
+            );
+        }
+    }
+    st.cards_below_mode = still_below;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unique_mode_needs_two_values_and_no_tie() {
+        assert_eq!(unique_mode([2, 2, 1]), Some(2));
+        assert_eq!(unique_mode([2, 1]), None);
+        assert_eq!(unique_mode([2]), None);
+        assert_eq!(unique_mode([1, 1]), Some(1));
+    }
+}

@@ -1,0 +1,116 @@
+//! Port transitions (000 §3.4): one event per health boundary crossing of a port, and one
+//! more when a non-fatal port escalates to fatal ([`super::escalation`]). A port never
+//! healthy in this boot is deferred as "maybe uncabled" for up to [`MAX_DEFERRED_POLLS`]
+//! polls and reported only through its card (lesson 1, lesson 11).
+use super::escalation::escalate;
+use super::health::{PortHealth, healthy_text, port_health, state_text};
+use super::homogeneity::Cards;
+use super::state::{PortRecord, Reported};
+use super::{Ctx, Emitted};
+use crate::event::{Check, Entity, HealthEvent};
+use crate::model::{Device, LinkLayer, Port};
+
+/// A port deferred as "maybe uncabled" on the first poll is decided within this many polls.
+pub const MAX_DEFERRED_POLLS: u32 = 3;
+
+/// One port of this poll, with what its step functions share.
+pub(super) struct PortView<'a> {
+    pub device: &'a Device,
+    pub port: &'a Port,
+    pub ll: &'a LinkLayer,
+    pub check: Check,
+}
+
+impl PortView<'_> {
+    /// `ev` about this port, if its check is enabled.
+    pub fn emit(&self, ctx: &Ctx<'_>, out: &mut Emitted, ev: HealthEvent) {
+        out.push(
+            ctx,
+            self.check,
+            ev.entities(vec![Entity::nic(self.device.name.clone()), Entity::port(self.port.number)]),
+        );
+    }
+
+    /// The record of a port seen for the first time.
+    pub fn new_record(&self) -> PortRecord {
+        PortRecord {
+            device: self.device.name.clone(),
+            port: self.port.number,
+            link_layer: self.ll.name().to_string(),
+            state: None,
+            phys_state: None,
+            reported: Reported::Nothing,
+            was_healthy: false,
+            unhealthy_since: None,
+            deferred_polls: 0,
+            speed_degraded: false,
+            lid: None,
+            sm_lid: None,
+        }
+    }
+}
+
+/// Decide this port's health against its record `r`; `known`: the record existed before
+/// this poll.
+pub(super) fn transition(
+    ctx: &Ctx<'_>,
+    pv: &PortView<'_>,
+    cards: &Cards,
+    r: &mut PortRecord,
+    known: bool,
+    out: &mut Emitted,
+) {
+    let (d, port, ll) = (pv.device, pv.port, pv.ll);
+    let health = port_health(port, ll);
+    let card_below = cards.below(d.card.as_deref());
+    match health {
+        PortHealth::Unknown | PortHealth::Quiet => {}
+        PortHealth::Healthy => {
+            if r.reported != Reported::Healthy {
+                pv.emit(ctx, out, HealthEvent::new(pv.check, ctx.stamp, ctx.now, &healthy_text(&d.name, port, ll)));
+            }
+            r.reported = Reported::Healthy;
+            r.was_healthy = true;
+            r.unhealthy_since = None;
+            r.deferred_polls = 0;
+        }
+        PortHealth::Fatal | PortHealth::NonFatal { .. } if ctx.first_poll || !known || !r.was_healthy => {
+            // No usable previous state, or never healthy in this boot: an unhealthy
+            // port is reported only through its card (peer evidence, lesson 1);
+            // otherwise it is treated as uncabled (decided within 3 polls, lesson 11).
+            if r.deferred_polls < MAX_DEFERRED_POLLS {
+                r.deferred_polls += 1;
+                if r.deferred_polls == MAX_DEFERRED_POLLS && card_below.is_none() {
+                    out.notes.push(format!(
+                        "{}: treated as uncabled (never healthy in this boot, card at its peers' mode)",
+                        state_text(&d.name, port, ll)
+                    ));
+                }
+            }
+        }
+        PortHealth::Fatal | PortHealth::NonFatal { .. } => {
+            let since = r.unhealthy_since.unwrap_or(ctx.now);
+            r.unhealthy_since = Some(since);
+            let (fatal, why) = escalate(health, d.card.as_deref(), cards, since, ctx.now, ctx.cfg.escalation_grace);
+            let now_reported = if fatal { Reported::Fatal } else { Reported::NonFatal };
+            let crosses = match r.reported {
+                Reported::Healthy | Reported::Nothing => true,
+                Reported::NonFatal => fatal,
+                Reported::Fatal => false,
+            };
+            if crosses {
+                let msg = format!("{}{why}", state_text(&d.name, port, ll));
+                pv.emit(ctx, out, HealthEvent::new(pv.check, ctx.stamp, ctx.now, &msg).unhealthy(fatal));
+                r.reported = now_reported;
+            }
+        }
+    }
+}
+
+/// Remember what was seen of the port this poll.
+pub(super) fn remember(port: &Port, r: &mut PortRecord) {
+    r.state = port.state.as_ref().map(|s| s.name().to_string());
+    r.phys_state = port.phys_state.as_ref().map(|s| s.name().to_string());
+    r.lid = port.lid.or(r.lid);
+    r.sm_lid = port.sm_lid.or(r.sm_lid);
+}

@@ -1,0 +1,245 @@
+//! The outbox: where a health event is sent, and when it leaves.
+//!
+//! Every event a poll produces goes through here, nowhere else:
+//!
+//! 1. [`Courier::commit`] appends the cycle's events to the [`Outbox`] as **one batch per
+//!    check** (in [`Check::ALL`] order), each with the next increasing id;
+//! 2. it **saves the state file** (the outbox is part of it) — and only then
+//! 3. hands the new batches to the sender task, which sends them **strictly in order**
+//!    through the [`Sink`], retrying a failing head batch forever (never skipping ahead);
+//! 4. a batch the sink accepted — or rejected permanently, which no retry would change —
+//!    is acknowledged; [`Courier::next_acks`] returns the ids and the caller removes them
+//!    with [`Outbox::ack`] and saves again. **That is when an event leaves the outbox.**
+//!
+//! So a connector outage, or a restart during one, loses nothing: what was not
+//! acknowledged is still in the saved outbox and is sent again after the next start
+//! ([`Courier::start`] resends the loaded outbox first). An unacknowledged batch may be
+//! sent twice (at-least-once delivery).
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::dispatch::Sink;
+use crate::event::{Check, HealthEvent};
+use crate::metrics::Metrics;
+use crate::state::State;
+
+/// One check's events of one poll cycle, waiting for the sink.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingBatch {
+    /// Increasing id: acknowledgements name it.
+    pub id: u64,
+    pub check: Check,
+    pub events: Vec<HealthEvent>,
+}
+
+/// The batches not yet accepted, oldest first; persisted in the state file as its
+/// `outbox` and `next_batch_id` keys.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Outbox {
+    #[serde(default, rename = "outbox")]
+    batches: Vec<PendingBatch>,
+    /// The id of the last batch queued.
+    #[serde(default, rename = "next_batch_id")]
+    last_id: u64,
+}
+
+impl Outbox {
+    /// Append `events` as one batch per check, in [`Check::ALL`] order; returns the new
+    /// batches. Only [`Courier::commit`] calls this in the daemon: the new batches must not
+    /// be sent before the outbox holding them is saved.
+    pub fn enqueue(&mut self, events: &[HealthEvent]) -> Vec<PendingBatch> {
+        let mut new = Vec::new();
+        for check in Check::ALL {
+            let batch: Vec<HealthEvent> = events.iter().filter(|e| e.check() == Some(check)).cloned().collect();
+            if batch.is_empty() {
+                continue;
+            }
+            self.last_id += 1;
+            new.push(PendingBatch { id: self.last_id, check, events: batch });
+        }
+        self.batches.extend(new.iter().cloned());
+        new
+    }
+
+    /// The batch with this id was accepted (or dropped as permanently rejected): it leaves.
+    pub fn ack(&mut self, id: u64) {
+        self.batches.retain(|b| b.id != id);
+    }
+
+    /// The batches still owed to the sink, oldest first.
+    pub fn pending(&self) -> &[PendingBatch] {
+        &self.batches
+    }
+
+    pub fn len(&self) -> usize {
+        self.batches.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.batches.is_empty()
+    }
+
+    /// The id of the last batch queued.
+    pub fn last_id(&self) -> u64 {
+        self.last_id
+    }
+}
+
+/// The live side of the outbox: the sender task and its two channels (batches out,
+/// acknowledgements back). Dropping it stops the sender.
+pub struct Courier {
+    tx: Option<mpsc::UnboundedSender<PendingBatch>>,
+    acks: mpsc::UnboundedReceiver<u64>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Courier {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Courier {
+    /// Start the sender task on `sink` and hand it what `outbox` still holds (batches
+    /// loaded from the state file are sent first, in order). `pause`: the wait between two
+    /// tries of a failing head batch.
+    pub fn start(sink: Sink, outbox: &Outbox, metrics: Arc<Metrics>, pause: Duration) -> Courier {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (atx, acks) = mpsc::unbounded_channel();
+        for b in outbox.pending() {
+            let _ = tx.send(b.clone());
+        }
+        let task = tokio::spawn(send_in_order(sink, rx, atx, metrics, pause));
+        Courier { tx: Some(tx), acks, task }
+    }
+
+    /// The commit rule: queue `events` in the state's outbox, run `save` (which persists
+    /// that state), and only then let the new batches go to the sink.
+    pub fn commit(&self, state: &mut State, events: &[HealthEvent], save: impl FnOnce(&State)) {
+        let new = state.outbox.enqueue(events);
+        save(state);
+        if let Some(tx) = &self.tx {
+            for b in new {
+                let _ = tx.send(b);
+            }
+        }
+    }
+
+    /// Wait for the next acknowledgement, then take every other one already there. `None`
+    /// once the sender task is gone.
+    pub async fn next_acks(&mut self) -> Option<Vec<u64>> {
+        let first = self.acks.recv().await?;
+        let mut ids = vec![first];
+        while let Ok(id) = self.acks.try_recv() {
+            ids.push(id);
+        }
+        Some(ids)
+    }
+
+    /// Shutdown: send nothing new, and give the sender until `deadline` to deliver what
+    /// `outbox` holds, acknowledging into it as it goes.
+    pub async fn flush(&mut self, outbox: &mut Outbox, deadline: tokio::time::Instant) {
+        self.tx = None;
+        while !outbox.is_empty() {
+            match tokio::time::timeout_at(deadline, self.acks.recv()).await {
+                Ok(Some(id)) => outbox.ack(id),
+                _ => break,
+            }
+        }
+    }
+}
+
+/// Send batches in order; retry a failing head batch forever (with the policy's backoff
+/// inside each send and a pause between sends), never skip ahead.
+async fn send_in_order(
+    mut sink: Sink,
+    mut rx: mpsc::UnboundedReceiver<PendingBatch>,
+    acks: mpsc::UnboundedSender<u64>,
+    metrics: Arc<Metrics>,
+    pause: Duration,
+) {
+    while let Some(batch) = rx.recv().await {
+        loop {
+            let result = sink.send(&batch.events).await;
+            metrics.record_dispatch(batch.check, &batch.events, &result);
+            match result {
+                Ok(()) => {
+                    tracing::debug!(check = %batch.check, events = batch.events.len(), "batch accepted");
+                    let _ = acks.send(batch.id);
+                    break;
+                }
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(check = %batch.check, error = %e, "connector unavailable: batch kept, retrying");
+                    tokio::time::sleep(pause).await;
+                }
+                Err(e) => {
+                    // A permanent rejection will not succeed by retrying; keeping it would
+                    // block every later batch forever.
+                    tracing::error!(check = %batch.check, error = %e, events = ?batch.events, "batch rejected permanently: dropped");
+                    let _ = acks.send(batch.id);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Stamp;
+
+    fn ev(check: Check) -> HealthEvent {
+        HealthEvent::new(check, &Stamp::default(), time::OffsetDateTime::UNIX_EPOCH, "x")
+    }
+
+    #[test]
+    fn one_batch_per_check_in_check_order_and_ack_removes() {
+        let mut o = Outbox::default();
+        let new =
+            o.enqueue(&[ev(Check::NICKernelLogCheck), ev(Check::InfiniBandStateCheck), ev(Check::NICKernelLogCheck)]);
+        assert_eq!(
+            new.iter().map(|b| (b.id, b.check, b.events.len())).collect::<Vec<_>>(),
+            vec![(1, Check::InfiniBandStateCheck, 1), (2, Check::NICKernelLogCheck, 2)]
+        );
+        assert!(o.enqueue(&[]).is_empty());
+        assert_eq!(o.len(), 2);
+        o.ack(1);
+        assert_eq!(o.pending().iter().map(|b| b.id).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(o.enqueue(&[ev(Check::EthernetStateCheck)])[0].id, 3, "ids keep increasing");
+        let json = serde_json::to_value(&o).unwrap();
+        assert_eq!(json["next_batch_id"], 3);
+        assert_eq!(json["outbox"].as_array().unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn saved_before_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ev.jsonl");
+        let sink = Sink::lazy(
+            &crate::dispatch::SinkSpec::File(path.clone()),
+            crate::dispatch::GrpcConfig::new(crate::dispatch::DEFAULT_SOCKET.parse().unwrap()),
+        );
+        let mut state = State::fresh(None);
+        let mut courier = Courier::start(sink, &state.outbox, Arc::new(Metrics::new("n")), Duration::from_millis(10));
+        let mut saved = None;
+        courier.commit(&mut state, &[ev(Check::EthernetStateCheck)], |s| {
+            // Nothing can have been sent yet: the batches are handed over after this returns.
+            assert!(!path.exists());
+            saved = Some(s.outbox.clone());
+        });
+        assert_eq!(saved.unwrap().len(), 1);
+        let mut outbox = state.outbox;
+        let acks = courier.next_acks().await.unwrap();
+        assert_eq!(acks, vec![1]);
+        for id in acks {
+            outbox.ack(id);
+        }
+        assert!(outbox.is_empty());
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 1);
+    }
+}
