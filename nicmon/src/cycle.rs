@@ -6,7 +6,7 @@
 //! - [`Monitor::observe`]: **the** read of a cycle, into one [`Observation`];
 //! - [`Monitor::decide`]: pure over (previous [`CheckState`], observation, kernel log
 //!   records, now);
-//! - [`Monitor::poll`]: both.
+//! - [`Monitor::poll`]: observe, then decide.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
