@@ -1,7 +1,7 @@
 //! Counter rules: the `[counterDetection]` section of the config file (001 §10).
 //!
 //! The operator's `[[counterDetection.counters]]` entries are merged by `name` with the
-//! defaults of 001 §10.2: a known name overrides only the keys it gives (so
+//! defaults of 001 §10.2 ([`super::defaults`]): a known name overrides only the keys it gives (so
 //! `{ name = "port_xmit_wait", enabled = false }` only disables), an unknown name adds a
 //! counter and must then give `path`, `thresholdType` and `threshold`. Any invalid value
 //! stops startup with an error that names the entry, the key and the value (lesson 2: an
@@ -10,6 +10,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+pub use super::defaults::default_rules;
 
 /// How a rule's threshold is compared (001 §10.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -443,157 +445,6 @@ fn check_path(p: &str) -> Result<(), &'static str> {
         return Err("expected no empty, '.' or '..' path components");
     }
     Ok(())
-}
-
-/// The default rules of 001 §10.2 (carrier_changes at `class/net/<if>/carrier_changes`,
-/// SPEC §1.4).
-pub fn default_rules() -> Vec<CounterRule> {
-    use ThresholdType::{Delta, Velocity};
-    use VelocityUnit::{Hour, Minute, Second};
-    let rule = |name: &str,
-                path: &str,
-                is_fatal: bool,
-                threshold_type: ThresholdType,
-                threshold: f64,
-                velocity_unit: Option<VelocityUnit>,
-                description: &str| CounterRule {
-        name: name.into(),
-        path: path.into(),
-        enabled: true,
-        is_fatal,
-        threshold_type,
-        threshold,
-        velocity_unit,
-        description: description.into(),
-    };
-    vec![
-        rule(
-            "link_downed",
-            "counters/link_downed",
-            true,
-            Delta,
-            0.0,
-            None,
-            "Port Training State Machine failed - QP disconnect",
-        ),
-        rule(
-            "excessive_buffer_overrun_errors",
-            "counters/excessive_buffer_overrun_errors",
-            true,
-            Delta,
-            0.0,
-            None,
-            "HCA internal buffer overflow - lossless contract violated",
-        ),
-        rule(
-            "local_link_integrity_errors",
-            "counters/local_link_integrity_errors",
-            true,
-            Delta,
-            0.0,
-            None,
-            "Physical errors exceed LocalPhyErrors hardware cap",
-        ),
-        rule(
-            "rnr_nak_retry_err",
-            "hw_counters/rnr_nak_retry_err",
-            true,
-            Delta,
-            0.0,
-            None,
-            "Receiver Not Ready NAK retry exhausted - connection severed",
-        ),
-        rule(
-            "symbol_error",
-            "counters/symbol_error",
-            false,
-            Velocity,
-            10.0,
-            Some(Second),
-            "PHY bit errors before FEC - physical layer degradation",
-        ),
-        rule(
-            "symbol_error_fatal",
-            "counters/symbol_error",
-            true,
-            Velocity,
-            120.0,
-            Some(Hour),
-            "Symbol errors exceed IBTA BER threshold (10E-12) - link outside spec",
-        ),
-        rule(
-            "link_error_recovery",
-            "counters/link_error_recovery",
-            false,
-            Velocity,
-            5.0,
-            Some(Minute),
-            "Link retraining events - micro-flapping",
-        ),
-        rule(
-            "port_rcv_errors",
-            "counters/port_rcv_errors",
-            false,
-            Velocity,
-            10.0,
-            Some(Second),
-            "Malformed packets received",
-        ),
-        rule(
-            "out_of_sequence",
-            "hw_counters/out_of_sequence",
-            false,
-            Velocity,
-            100.0,
-            Some(Second),
-            "Fabric routing issues - out of sequence packets",
-        ),
-        rule(
-            "local_ack_timeout_err",
-            "hw_counters/local_ack_timeout_err",
-            false,
-            Velocity,
-            1.0,
-            Some(Second),
-            "ACK timeout - potential fabric black hole",
-        ),
-        rule(
-            "port_xmit_discards",
-            "counters/port_xmit_discards",
-            false,
-            Velocity,
-            100.0,
-            Some(Second),
-            "TX discards due to congestion",
-        ),
-        rule(
-            "port_xmit_wait",
-            "counters/port_xmit_wait",
-            false,
-            Velocity,
-            10000.0,
-            Some(Second),
-            "TX wait ticks - congestion backpressure",
-        ),
-        rule(
-            "roce_slow_restart",
-            "hw_counters/roce_slow_restart",
-            false,
-            Velocity,
-            10.0,
-            Some(Second),
-            "Victim flow oscillation",
-        ),
-        rule(
-            "carrier_changes",
-            "/sys/class/net/{interface}/carrier_changes",
-            false,
-            Delta,
-            2.0,
-            None,
-            "Link instability - carrier state changes",
-        ),
-    ]
 }
 
 #[cfg(test)]

@@ -1,9 +1,11 @@
 //! Counter checks (001, SPEC §1.4): which counters to watch and how to judge them.
 //!
-//! - [`config`]: the `[counterDetection]` section, its defaults, merge and validation;
+//! - [`defaults`]: the default rules (counter, path, threshold, fatality);
+//! - [`config`]: the `[counterDetection]` section, its merge with the defaults and validation;
 //! - [`width`]: how far each counter can count (PMA counters saturate);
 //! - [`eval`]: the pure evaluator, `(state, readings, rules, now) -> (events, state)`.
 pub mod config;
+pub mod defaults;
 pub mod eval;
 pub mod width;
 
