@@ -94,109 +94,77 @@ impl WakeRecord {
     }
 }
 
-/// Every attach point of the wake-up path (SPEC §1.8), by a stable `u32` id that the
-/// kernel programs write into [`WakeRecord::hook`] and a stable name used in logs and
-/// metric labels. Ids are never reused.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Hook {
+/// Declares [`Hook`] from one table — variant, id, name — so the enum, [`Hook::ALL`],
+/// [`Hook::name`] and [`Hook::from_u32`] cannot drift apart.
+macro_rules! hooks {
+    ($($(#[$doc:meta])* $variant:ident = $id:literal, $name:literal;)*) => {
+        /// Every attach point of the wake-up path (SPEC §1.8), by a stable `u32` id that the
+        /// kernel programs write into [`WakeRecord::hook`] and a stable name used in logs and
+        /// metric labels. Ids are never reused.
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Hook {
+            $($(#[$doc])* $variant = $id,)*
+        }
+
+        impl Hook {
+            /// Every hook, kernel ones first, in id order.
+            pub const ALL: [Hook; [$($id),*].len()] = [$(Hook::$variant),*];
+
+            /// Stable name (log field, metric label).
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Hook::$variant => $name,)*
+                }
+            }
+
+            pub const fn from_u32(id: u32) -> Option<Self> {
+                match id {
+                    $($id => Some(Hook::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+hooks! {
     /// fentry/kprobe `netif_carrier_off`.
-    NetifCarrierOff = 1,
+    NetifCarrierOff = 1, "netif_carrier_off";
     /// fentry/kprobe `netif_carrier_on`.
-    NetifCarrierOn = 2,
+    NetifCarrierOn = 2, "netif_carrier_on";
     /// fentry/kprobe `netif_carrier_event` (kernel 5.14+).
-    NetifCarrierEvent = 3,
+    NetifCarrierEvent = 3, "netif_carrier_event";
     /// fentry/kprobe `linkwatch_fire_event`.
-    LinkwatchFireEvent = 4,
+    LinkwatchFireEvent = 4, "linkwatch_fire_event";
     /// Tracepoint `qdisc:qdisc_reset` (the carrier-loss path `dev_deactivate`).
-    QdiscReset = 5,
+    QdiscReset = 5, "qdisc_reset";
     /// kprobe `ib_dispatch_event` (module `ib_core`).
-    IbDispatchEvent = 6,
+    IbDispatchEvent = 6, "ib_dispatch_event";
     /// kprobe `ib_dispatch_event_clients` (module `ib_core`).
-    IbDispatchEventClients = 7,
+    IbDispatchEventClients = 7, "ib_dispatch_event_clients";
     /// Tracepoint `devlink:devlink_health_report`.
-    DevlinkHealthReport = 8,
+    DevlinkHealthReport = 8, "devlink_health_report";
     /// Tracepoint `devlink:devlink_health_reporter_state_update`.
-    DevlinkHealthReporterStateUpdate = 9,
+    DevlinkHealthReporterStateUpdate = 9, "devlink_health_reporter_state_update";
     /// Tracepoint `devlink:devlink_hwerr`.
-    DevlinkHwerr = 10,
+    DevlinkHwerr = 10, "devlink_hwerr";
     /// Tracepoint `mlx5:mlx5_cmd` (module `mlx5_core`).
-    Mlx5Cmd = 11,
+    Mlx5Cmd = 11, "mlx5_cmd";
     /// Tracepoint `mlx5:mlx5_fw` (module `mlx5_core`).
-    Mlx5Fw = 12,
+    Mlx5Fw = 12, "mlx5_fw";
     /// Tracepoint `net:net_dev_xmit_timeout`.
-    NetDevXmitTimeout = 13,
+    NetDevXmitTimeout = 13, "net_dev_xmit_timeout";
     /// Tracepoint `ras:aer_event`.
-    AerEvent = 14,
+    AerEvent = 14, "aer_event";
     /// Userspace only: an rtnetlink `RTNLGRP_LINK` notification (the carrier wake source
     /// without eBPF).
-    Rtnetlink = 100,
+    Rtnetlink = 100, "rtnetlink";
 }
 
 impl Hook {
-    /// Every hook, kernel ones first, in id order.
-    pub const ALL: [Hook; 15] = [
-        Hook::NetifCarrierOff,
-        Hook::NetifCarrierOn,
-        Hook::NetifCarrierEvent,
-        Hook::LinkwatchFireEvent,
-        Hook::QdiscReset,
-        Hook::IbDispatchEvent,
-        Hook::IbDispatchEventClients,
-        Hook::DevlinkHealthReport,
-        Hook::DevlinkHealthReporterStateUpdate,
-        Hook::DevlinkHwerr,
-        Hook::Mlx5Cmd,
-        Hook::Mlx5Fw,
-        Hook::NetDevXmitTimeout,
-        Hook::AerEvent,
-        Hook::Rtnetlink,
-    ];
-
     pub const fn id(self) -> u32 {
         self as u32
-    }
-
-    /// Stable name (log field, metric label).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Hook::NetifCarrierOff => "netif_carrier_off",
-            Hook::NetifCarrierOn => "netif_carrier_on",
-            Hook::NetifCarrierEvent => "netif_carrier_event",
-            Hook::LinkwatchFireEvent => "linkwatch_fire_event",
-            Hook::QdiscReset => "qdisc_reset",
-            Hook::IbDispatchEvent => "ib_dispatch_event",
-            Hook::IbDispatchEventClients => "ib_dispatch_event_clients",
-            Hook::DevlinkHealthReport => "devlink_health_report",
-            Hook::DevlinkHealthReporterStateUpdate => "devlink_health_reporter_state_update",
-            Hook::DevlinkHwerr => "devlink_hwerr",
-            Hook::Mlx5Cmd => "mlx5_cmd",
-            Hook::Mlx5Fw => "mlx5_fw",
-            Hook::NetDevXmitTimeout => "net_dev_xmit_timeout",
-            Hook::AerEvent => "aer_event",
-            Hook::Rtnetlink => "rtnetlink",
-        }
-    }
-
-    pub const fn from_u32(id: u32) -> Option<Self> {
-        Some(match id {
-            1 => Hook::NetifCarrierOff,
-            2 => Hook::NetifCarrierOn,
-            3 => Hook::NetifCarrierEvent,
-            4 => Hook::LinkwatchFireEvent,
-            5 => Hook::QdiscReset,
-            6 => Hook::IbDispatchEvent,
-            7 => Hook::IbDispatchEventClients,
-            8 => Hook::DevlinkHealthReport,
-            9 => Hook::DevlinkHealthReporterStateUpdate,
-            10 => Hook::DevlinkHwerr,
-            11 => Hook::Mlx5Cmd,
-            12 => Hook::Mlx5Fw,
-            13 => Hook::NetDevXmitTimeout,
-            14 => Hook::AerEvent,
-            100 => Hook::Rtnetlink,
-            _ => return None,
-        })
     }
 
     pub fn from_name(name: &str) -> Option<Self> {
