@@ -404,18 +404,7 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
     metrics.set_port_health(ports);
     metrics.set_devices_discovered(Check::InfiniBandStateCheck, monitored);
     metrics.kmsg_records_lost(poll.next.kmsg.lost_records);
-    let saturated: Vec<(String, u32, String)> = poll
-        .next
-        .counters
-        .saturation_flags
-        .keys()
-        .filter_map(|k| {
-            let mut it = k.splitn(3, ':');
-            let (d, p, c) = (it.next()?, it.next()?.parse().ok()?, it.next()?);
-            Some((d.to_string(), p, c.to_string()))
-        })
-        .collect();
-    metrics.set_saturated_counters(saturated.iter().map(|(d, p, c)| (d.as_str(), *p, c.as_str())));
+    metrics.set_saturated_counters(poll.next.counters.saturated());
     for e in poll.events.iter().filter(|e| !e.is_healthy) {
         let dev = e.entities_impacted.iter().find(|x| x.entity_type == "NIC").map(|x| x.entity_value.as_str());
         let port = e

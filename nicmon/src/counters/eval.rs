@@ -59,6 +59,14 @@ pub fn counter_key(device: &str, port: u32, rule_name: &str) -> String {
     format!("{device}:{port}:{rule_name}")
 }
 
+/// The parts of a [`counter_key`]: `(device, port, rule name)`. Rule names and port numbers
+/// have no `:`; a device name with one still splits right.
+pub fn parse_counter_key(key: &str) -> Option<(&str, u32, &str)> {
+    let (rest, rule) = key.rsplit_once(':')?;
+    let (device, port) = rest.rsplit_once(':')?;
+    Some((device, port.parse().ok()?, rule))
+}
+
 /// A counter reading kept as the base of the next delta or velocity window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CounterSnapshot {
@@ -111,6 +119,11 @@ impl CounterState {
     /// Number of (port, rule) pairs currently saturated (the `counters saturated` metric).
     pub fn saturated_count(&self) -> usize {
         self.saturation_flags.len()
+    }
+
+    /// The (device, port, rule name) of every counter saturated now.
+    pub fn saturated(&self) -> impl Iterator<Item = (&str, u32, &str)> {
+        self.saturation_flags.keys().filter_map(|k| parse_counter_key(k))
     }
 }
 

@@ -544,6 +544,13 @@ fn value() -> impl Strategy<Value = Option<u64>> {
     ]
 }
 
+#[test]
+fn counter_keys_split_back_into_their_parts() {
+    assert_eq!(parse_counter_key(&counter_key("mlx5_0", 1, "link_downed")), Some(("mlx5_0", 1, "link_downed")));
+    assert_eq!(parse_counter_key("mlx5_0:x:link_downed"), None);
+    assert_eq!(parse_counter_key("nocolon"), None);
+}
+
 proptest! {
     #[test]
     fn config_parsing_never_panics(s in "\\PC{0,200}", frag in toml_fragment()) {
