@@ -5,8 +5,9 @@
 //! does not know are reported as warnings, so an NVSentinel ConfigMap works unchanged.
 use std::path::Path;
 
-use crate::counters::{CounterDetection, CounterRule};
-use crate::kmsg::{KmsgConfig, Patterns};
+use crate::counters::config::RawSection;
+use crate::counters::{CounterConfigError, CounterDetection, CounterRule};
+use crate::kmsg::{self, KmsgConfig, Patterns};
 use crate::roles::{self, NicFilters};
 
 /// The top-level keys, and those of `[stateDetection]` (the other sections' keys are their
@@ -63,12 +64,34 @@ impl Default for Config {
     }
 }
 
-/// A config file that cannot be used. The message is the whole one-line error.
+/// A config file that cannot be used: the file and what is wrong with it. Its text is the
+/// whole one-line error (`config <path>: <kind>`).
 #[derive(Debug, thiserror::Error, PartialEq)]
-#[error("config {path}: {message}")]
+#[error("config {path}: {kind}")]
 pub struct ConfigError {
     pub path: String,
-    pub message: String,
+    pub kind: ConfigErrorKind,
+}
+
+/// What is wrong with a config file. Each kind's text names the key and the value at fault.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ConfigErrorKind {
+    /// The file exists but cannot be read.
+    #[error("cannot read: {0}")]
+    Read(String),
+    /// Not valid TOML.
+    #[error("{0}")]
+    Syntax(String),
+    /// A key with an unusable value: top-level, `[stateDetection]`, or the shape of a
+    /// section (`counterDetection: ...`, `kernelLog: ...`).
+    #[error("{0}")]
+    Value(String),
+    /// An entry of the `[counterDetection]` section.
+    #[error("counterDetection: {}", one_line(&.0.to_string()))]
+    Counters(CounterConfigError),
+    /// The `[kernelLog]` section.
+    #[error("{}", one_line(&.0.to_string()))]
+    KernelLog(kmsg::ConfigError),
 }
 
 impl Config {
@@ -78,7 +101,7 @@ impl Config {
         match std::fs::read_to_string(path) {
             Ok(text) => Config::parse(&shown, &text),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
-            Err(e) => Err(ConfigError { path: shown, message: format!("cannot read: {e}") }),
+            Err(e) => Err(ConfigError { path: shown, kind: ConfigErrorKind::Read(e.to_string()) }),
         }
     }
 
@@ -103,8 +126,10 @@ impl Config {
 
     /// Parse the file's text. Never panics.
     pub fn parse(path: &str, text: &str) -> Result<Config, ConfigError> {
-        let err = |message: String| ConfigError { path: path.to_string(), message };
-        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| err(one_line(&e.to_string())))?;
+        let fail = |kind: ConfigErrorKind| ConfigError { path: path.to_string(), kind };
+        let err = |message: String| fail(ConfigErrorKind::Value(message));
+        let table: toml::Table =
+            text.parse().map_err(|e: toml::de::Error| fail(ConfigErrorKind::Syntax(one_line(&e.to_string()))))?;
         let mut cfg = Config::default();
         for (key, value) in &table {
             match key.as_str() {
@@ -143,18 +168,19 @@ impl Config {
                     }
                 }
                 "counterDetection" => {
-                    let cd: CounterDetection = value
+                    let raw: RawSection = value
                         .clone()
                         .try_into()
                         .map_err(|e: toml::de::Error| err(format!("{key}: {}", one_line(e.message()))))?;
-                    cfg.counter_rules = cd.rules().map_err(|e| err(one_line(&e.to_string())))?;
+                    let cd = CounterDetection::try_from(raw).map_err(|e| fail(ConfigErrorKind::Counters(e)))?;
+                    cfg.counter_rules = cd.rules().map_err(|e| fail(ConfigErrorKind::Counters(e)))?;
                 }
                 "kernelLog" => {
                     let k: KmsgConfig = value
                         .clone()
                         .try_into()
                         .map_err(|e: toml::de::Error| err(format!("kernelLog: {}", one_line(e.message()))))?;
-                    cfg.patterns = k.compile().map_err(|e| err(one_line(&e.to_string())))?;
+                    cfg.patterns = k.compile().map_err(|e| fail(ConfigErrorKind::KernelLog(e)))?;
                     cfg.kernel_log = k;
                 }
                 _ => cfg.warnings.push(format!(
@@ -240,6 +266,31 @@ enabled = true
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
         assert!(TOP_LEVEL_KEYS.iter().all(|k| all.contains(&format!("{k} =")) || all.contains(&format!("[{k}]"))));
         assert!(STATE_DETECTION_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
+    }
+
+    #[test]
+    fn errors_say_their_kind() {
+        let kind = |text: &str| Config::parse("c.toml", text).unwrap_err().kind;
+        assert!(matches!(kind("nicExclusionRegex = ["), ConfigErrorKind::Syntax(_)));
+        assert!(matches!(kind("nicExclusionRegex = 3"), ConfigErrorKind::Value(_)));
+        assert!(matches!(
+            kind(
+                "[[counterDetection.counters]]\nname = \"link_downed\"\n[[counterDetection.counters]]\nname = \"link_downed\"\n"
+            ),
+            ConfigErrorKind::Counters(_)
+        ));
+        assert!(matches!(kind("[[kernelLog.patterns]]\nname = \"x\"\nregex = \"(\"\n"), ConfigErrorKind::KernelLog(_)));
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(Config::load(dir.path()).unwrap_err().kind, ConfigErrorKind::Read(_)));
+        // An entry's error reads as it did when the whole section was deserialised at once.
+        let section = "[[counters]]\nname = \"symbol_error\"\nvelocityUnit = \"fortnight\"\n";
+        let whole = toml::from_str::<CounterDetection>(section).unwrap_err();
+        let e = Config::parse(
+            "c.toml",
+            &format!("[counterDetection]\n{}", section.replace("[[counters]]", "[[counterDetection.counters]]")),
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), format!("config c.toml: counterDetection: {}", one_line(whole.message())));
     }
 
     #[test]

@@ -208,10 +208,11 @@ impl fmt::Display for Shown<'_> {
     }
 }
 
-/// The section as parsed, before the per-entry checks that need the entry's index.
+/// The section as parsed, before the per-entry checks that need the entry's index
+/// (`CounterDetection::try_from` makes those).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawSection {
+pub struct RawSection {
     #[serde(default = "default_true")]
     enabled: bool,
     #[serde(default)]
