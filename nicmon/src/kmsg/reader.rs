@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
-use super::attribution::HostLinks;
+use super::attribution::{Departed, HostLinks};
 use super::record::{Record, parse_record, parse_text};
 use crate::model::Snapshot;
 
@@ -245,9 +245,10 @@ pub fn read_file(path: impl AsRef<Path>) -> io::Result<Vec<Record>> {
 
 impl HostLinks {
     /// Read the facts the index needs beyond the snapshot, through the host reader: each
-    /// netdev's `ifindex` and the PCI bridges above each device (nearest first).
-    /// Unreadable values are left out.
-    pub fn read(host: &crate::host::Host, snapshot: &Snapshot) -> HostLinks {
+    /// netdev's `ifindex` and the PCI bridges above each device (nearest first), departed
+    /// devices included while their PCI function is still on the bus. Unreadable values
+    /// are left out.
+    pub fn read(host: &crate::host::Host, snapshot: &Snapshot, departed: Vec<Departed>) -> HostLinks {
         let mut links = HostLinks::default();
         for d in &snapshot.devices {
             if let Some(n) = &d.netdev
@@ -256,7 +257,14 @@ impl HostLinks {
             {
                 links.ifindex.insert(n.clone(), i);
             }
-            if let Some(bdf) = &d.pci_address
+        }
+        let functions = snapshot
+            .devices
+            .iter()
+            .map(|d| (&d.name, &d.pci_address))
+            .chain(departed.iter().map(|p| (&p.device, &p.pci_address)));
+        for (name, pci) in functions {
+            if let Some(bdf) = pci
                 && let Some(node) = crate::discovery::pci_node(host, bdf)
             {
                 let bridges: Vec<String> = node
@@ -268,10 +276,11 @@ impl HostLinks {
                     .cloned()
                     .collect();
                 if !bridges.is_empty() {
-                    links.bridges.insert(d.name.clone(), bridges);
+                    links.bridges.insert(name.clone(), bridges);
                 }
             }
         }
+        links.departed = departed;
         links
     }
 }
@@ -307,7 +316,7 @@ mod tests {
             }],
             ..Default::default()
         };
-        let links = HostLinks::read(&crate::host::Host::new(root, "/nonexistent"), &snap);
+        let links = HostLinks::read(&crate::host::Host::new(root, "/nonexistent"), &snap, Vec::new());
         assert_eq!(links.ifindex.get("ib0"), Some(&7));
         assert_eq!(links.bridges.get("mlx5_0").unwrap(), &["0000:02:00.0", "0000:01:00.0", "0000:00:01.0"]);
     }
