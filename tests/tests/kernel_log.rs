@@ -2,8 +2,12 @@
 //! `reference/kernel-log-patterns.md`, fed through `nicmon check --kmsg FILE` on a node whose
 //! NICs sit at the PCI addresses those lines name, in `/dev/kmsg` record format and as plain
 //! text; dedup per card, the resume cursor across restarts and reboots.
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use nicmon_tests::connector::Connector;
 use nicmon_tests::platforms::Platform;
-use nicmon_tests::{NicSpec, Node, Timeline, brief};
+use nicmon_tests::{NicSpec, Node, Timeline, brief, nicmon_bin};
 
 type Brief = (String, bool, bool, String, String);
 
@@ -629,12 +633,9 @@ fn pci_path(node: &Node, bdf: &str) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn bridge_reports_name_every_monitored_card_below_the_bridge() {
-    let node = switch_node();
-    let nic = pci_path(&node, &node.info["mlx5_0"].bdf);
-    let [root_port, upstream, downstream, _] = &nic[..] else { panic!("{nic:?}") };
-    let gpus: Vec<String> = std::fs::read_dir(node.sys().join("bus/pci/devices"))
+/// The bridges right above each GPU (no NIC below them), in PCI address order.
+fn gpu_ports(node: &Node) -> Vec<String> {
+    let mut gpus: Vec<String> = std::fs::read_dir(node.sys().join("bus/pci/devices"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .filter(|b| {
@@ -643,9 +644,18 @@ fn bridge_reports_name_every_monitored_card_below_the_bridge() {
                 .starts_with("0x0302")
         })
         .collect();
-    assert_eq!(gpus.len(), 2);
-    // The bridges right above each GPU: a switch port, a root port; no NIC below either.
-    let gpu_ports: Vec<String> = gpus.iter().map(|g| pci_path(&node, g).into_iter().rev().nth(1).unwrap()).collect();
+    gpus.sort();
+    gpus.iter().map(|g| pci_path(node, g).into_iter().rev().nth(1).unwrap()).collect()
+}
+
+#[test]
+fn bridge_reports_name_every_monitored_card_below_the_bridge() {
+    let node = switch_node();
+    let nic = pci_path(&node, &node.info["mlx5_0"].bdf);
+    let [root_port, upstream, downstream, _] = &nic[..] else { panic!("{nic:?}") };
+    // The bridges right above each GPU (a switch port, a root port): no NIC below either.
+    let gpu_ports = gpu_ports(&node);
+    assert_eq!(gpu_ports.len(), 2);
     let both =
         vec![kernel_log(true, "mlx5_0", "aer_recovery_failed"), kernel_log(true, "mlx5_2", "aer_recovery_failed")];
     let mut cases: Vec<(String, Vec<Brief>)> = vec![
@@ -710,5 +720,112 @@ fn lines_about_a_card_that_already_left_sysfs_are_still_its_own() {
         for d in ["mlx5_19", "mlx5_20", "mlx5_21", "mlx5_22", "mlx5_13", "mlx5_14"] {
             node.restore_device(d);
         }
+    }
+}
+
+/// `nicmon run`, killed when dropped.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The daemon on [`switch_node`] reads the kernel log from a private FIFO (`--kmsg-path`;
+/// nothing is written to the real `/dev/kmsg`): each new pattern arrives at the connector
+/// once per card with the table's severity; negatives and repeats within the window do not.
+#[test]
+fn the_daemon_reports_the_new_patterns_once_per_card() {
+    let node = switch_node();
+    let fifo = node.root().join("kmsg.fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success(), "mkfifo {}", fifo.display());
+    // Read-write: opening never blocks, and the FIFO holds what is written before the
+    // daemon opens it.
+    let mut kmsg = std::fs::OpenOptions::new().read(true).write(true).open(&fifo).unwrap();
+    let conn = Connector::start(&node.root().join("nvsentinel.sock"));
+    let _d = Daemon(
+        node.run_command(&nicmon_bin(), "state.json", "gpu-node-7")
+            .args(["--no-wake", "--no-metrics", "--kmsg-path", fifo.to_str().unwrap()])
+            .args(["--platform-connector-socket", &conn.target(), "--connector-retry-base", "100ms"])
+            .args(["--state-polling-interval", "200ms"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn nicmon run"),
+    );
+    const WAIT: Duration = Duration::from_secs(30);
+    assert!(conn.wait_until(WAIT, |ev| ev.iter().filter(|e| e.is_healthy).count() >= 6), "baselines");
+
+    let bdf = |d: &str| node.info[d].bdf.clone();
+    let (a0, a1, b0, b1, c0, c1) =
+        (bdf("mlx5_0"), bdf("mlx5_1"), bdf("mlx5_2"), bdf("mlx5_3"), bdf("mlx5_4"), bdf("mlx5_5"));
+    let upstream = pci_path(&node, &a0).into_iter().rev().nth(2).unwrap();
+    // The switch port of the GPU beside cards A and B (the first GPU by address).
+    let gpu_port = gpu_ports(&node).remove(0);
+    assert!(pci_path(&node, &a0).contains(&upstream) && !pci_path(&node, &a0).contains(&gpu_port));
+    let lines: Vec<String> = vec![
+        format!("mlx5_core {a1}: poll_health:795:(pid 0): Fatal error detected"),
+        format!("mlx5_core {a0}: poll_health:795:(pid 0): Fatal error detected"),
+        format!("mlx5_core {b1}: mlx5_function_setup:1120:(pid 1): PCI slot 3 is unavailable"),
+        format!(
+            "mlx5_core {c0}: mlx5_pci_slot_reset:1856:(pid 198): mlx5_pci_slot_reset: wait vital failed with error code: -110"
+        ),
+        format!(
+            "mlx5_core {c0}: mlx5_pci_slot_reset Device state = 2 health sensors: 1 pci_status: 1. Exit, err = -110, result = 4, disconnect"
+        ),
+        format!(
+            "mlx5_core {c1}: mlx5_pci_slot_reset Device state = 2 health sensors: 1 pci_status: 1. Exit, err = -110, result = 4, disconnect"
+        ),
+        format!("mlx5_core {a0}: init_one:1371:(pid 803): mlx5_load_one failed with error code -22"),
+        format!("mlx5_core: probe of {a0} failed with error -22"),
+        format!("pcieport {upstream}: AER: device recovery failed"),
+        format!("pcieport {upstream}: AER: subordinate device reset failed"),
+        // Negatives: another driver, a recovery that worked, a bridge with only a GPU below.
+        format!("ixgbe: probe of {b0} failed with error -5"),
+        format!(
+            "mlx5_core {b0}: mlx5_pci_slot_reset Device state = 2 health sensors: 1 pci_status: 0. Exit, err = 0, result = 5, recovered"
+        ),
+        format!("pcieport {gpu_port}: AER: device recovery failed"),
+        // Last: once its event is in, every line above has been processed.
+        format!("mlx5_core {c1}: poll_health:801:(pid 0): device's health compromised - reached miss count"),
+    ];
+    let records: Vec<(u64, i64, &str)> =
+        lines.iter().enumerate().map(|(i, l)| (900 + i as u64, 50, l.as_str())).collect();
+    std::io::Write::write_all(&mut kmsg, kmsg_text(&node, Format::Kmsg, &records).as_bytes()).unwrap();
+
+    let kernel = |ev: &[nicmon_proto::datamodels::HealthEvent]| -> Vec<(String, bool, i32, String)> {
+        ev.iter()
+            .filter(|e| e.check_name == "NICKernelLogCheck")
+            .map(|e| {
+                let ents: Vec<String> =
+                    e.entities_impacted.iter().map(|x| format!("{}={}", x.entity_type, x.entity_value)).collect();
+                (e.error_code.join(","), e.is_fatal, e.recommended_action, ents.join(" "))
+            })
+            .collect()
+    };
+    let sentinel =
+        |ev: &[nicmon_proto::datamodels::HealthEvent]| kernel(ev).iter().any(|k| k.0 == "health_compromised");
+    assert!(conn.wait_until(WAIT, sentinel), "kernel log events: {:#?}", kernel(&conn.events()));
+    const REPLACE_VM: i32 = 25;
+    let want: Vec<(String, bool, i32, String)> = [
+        ("fw_fatal_error", "mlx5_0"),
+        ("pci_slot_unavailable", "mlx5_2"),
+        ("slot_reset_failed", "mlx5_4"),
+        ("load_failed", "mlx5_0"),
+        ("aer_recovery_failed", "mlx5_0"),
+        ("aer_recovery_failed", "mlx5_2"),
+        ("health_compromised", "mlx5_4"),
+    ]
+    .iter()
+    .map(|(id, dev)| (id.to_string(), true, REPLACE_VM, format!("NIC={dev}")))
+    .collect();
+    let events = conn.events();
+    assert_eq!(kernel(&events), want);
+    for e in events.iter().filter(|e| e.check_name == "NICKernelLogCheck") {
+        assert!(!e.is_healthy && e.agent == "nic-health-monitor" && e.node_name == "gpu-node-7", "{e:?}");
     }
 }
