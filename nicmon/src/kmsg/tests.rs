@@ -769,7 +769,7 @@ proptest! {
     #[test]
     fn kernel_shaped_lines_never_panic(
         bdf in "[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-9]",
-        word in "(timeout\\. Will cause a leak of a command resource|Fatal error 3 detected|BUG: soft lockup - CPU#1 stuck for 9s!| mlx5e_napi_poll\\+0x1|Link down|NETDEV WATCHDOG: \\S+ \\(mlx5_core\\): transmit queue 1 timed out)",
+        word in "(timeout\\. Will cause a leak of a command resource|Fatal error 3 detected|BUG: soft lockup - CPU#1 stuck for 9s!| mlx5e_napi_poll\\+0x1|Link down|NETDEV WATCHDOG: \\S+ \\(mlx5_core\\): transmit queue 1 timed out|probe of 0000:0d:00\\.0 failed with error -5|AER: device recovery failed|mlx5_pci_slot_reset Exit, err = -5, result = 4, disconnect|mlx5_load_one failed with error code -5)",
         noise in ".{0,40}",
         seq in proptest::option::of(any::<u64>()),
         last in proptest::option::of(any::<u64>()),
