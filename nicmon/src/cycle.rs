@@ -130,7 +130,21 @@ impl Monitor {
         // The memo goes into the reader for this read and comes back out with it.
         self.host.remember_einval(prev.einval.iter().cloned());
         let snapshot = discovery::discover(&self.host, &plan);
-        let links = links.then(|| HostLinks::read(&self.host, &snapshot));
+        let links = links.then(|| {
+            // Devices that went since an earlier poll: their last lines explain why.
+            let departed = prev
+                .links
+                .known_devices
+                .iter()
+                .filter(|(name, _)| !snapshot.devices.iter().any(|d| &d.name == *name))
+                .map(|(name, k)| kmsg::Departed {
+                    device: name.clone(),
+                    pci_address: k.pci_address.clone(),
+                    card: k.card.clone(),
+                })
+                .collect();
+            HostLinks::read(&self.host, &snapshot, departed)
+        });
         let einval = self.host.take_einval();
         Observation { snapshot, links, einval }
     }
