@@ -47,6 +47,9 @@ pub struct Config {
     pub warnings: Vec<String>,
 }
 
+/// The largest config file nicmon reads.
+pub const MAX_BYTES: usize = 1 << 20;
+
 impl Default for Config {
     fn default() -> Config {
         Config {
@@ -72,12 +75,16 @@ pub struct ConfigError {
 }
 
 impl Config {
-    /// Load `path`; a missing file gives the defaults.
+    /// Load `path`; a missing file gives the defaults. Only a regular file of at most
+    /// [`MAX_BYTES`] is read (with a deadline); anything else is an error naming the file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let shown = path.display().to_string();
-        match std::fs::read_to_string(path) {
-            Ok(text) => Config::parse(&shown, &text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
+        match crate::host::read_file(path, MAX_BYTES) {
+            Ok(bytes) => match String::from_utf8(bytes) {
+                Ok(text) => Config::parse(&shown, &text),
+                Err(e) => Err(ConfigError { path: shown, message: format!("not UTF-8 text: {e}") }),
+            },
+            Err(crate::host::ReadError::Missing) => Ok(Config::default()),
             Err(e) => Err(ConfigError { path: shown, message: format!("cannot read: {e}") }),
         }
     }

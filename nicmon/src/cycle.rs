@@ -35,6 +35,9 @@ pub struct Poll {
     pub notes: Vec<String>,
     /// Kernel log lines that ask for an immediate poll (`Link down`).
     pub wake_hints: Vec<WakeHint>,
+    /// Host reads abandoned at their deadline so far (cumulative), and those not returned yet.
+    pub reads_abandoned: u64,
+    pub stuck_reads: Vec<(std::path::PathBuf, std::time::Duration)>,
 }
 
 impl Monitor {
@@ -42,6 +45,7 @@ impl Monitor {
     /// found: after a reboot, each enabled check first gets one "clear everything" healthy
     /// event with no entities, 1 s before the baselines (lesson 4).
     pub fn poll(&self, prev: &State, loaded: &Loaded, now: OffsetDateTime, kmsg_records: &[Record]) -> Poll {
+        self.host.begin_poll();
         self.host.remember_einval(prev.einval.iter().cloned());
         let plan = ReadPlan {
             counter_paths: self.counter_paths.clone(),
@@ -93,7 +97,8 @@ impl Monitor {
 
         events.retain(|e| e.check().map(|c| self.state_config.checks.contains(&c)).unwrap_or(true));
         next.einval = self.host.einval_paths();
-        Poll { snapshot, roles, events, next, notes, wake_hints }
+        let reads_abandoned = self.host.stats.reads_abandoned.load(std::sync::atomic::Ordering::Relaxed);
+        Poll { snapshot, roles, events, next, notes, wake_hints, reads_abandoned, stuck_reads: self.host.stuck_reads() }
     }
 }
 

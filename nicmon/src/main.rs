@@ -212,7 +212,11 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
         trace,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(nicmon::daemon::run(opts))?;
+    let result = rt.block_on(nicmon::daemon::run(opts));
+    // A sink write stuck in a blocking thread (a FIFO nobody reads) must not hold the exit:
+    // dropping the runtime would wait for it forever.
+    rt.shutdown_timeout(std::time::Duration::from_millis(300));
+    result?;
     Ok(String::new())
 }
 

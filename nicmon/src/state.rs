@@ -142,6 +142,9 @@ pub enum Loaded {
     Rebooted { previous: Option<String> },
 }
 
+/// The largest state file nicmon reads back; a bigger one is treated as corrupt.
+pub const MAX_BYTES: usize = 16 << 20;
+
 /// Parse a state file's bytes; never panics.
 pub fn parse(bytes: &[u8]) -> Result<State, String> {
     let s: State = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
@@ -155,9 +158,9 @@ pub fn parse(bytes: &[u8]) -> Result<State, String> {
 /// The outbox survives a reboot: events not yet delivered are still owed to the platform.
 pub fn load(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
     let fresh = || State::fresh(boot_id.map(str::to_string));
-    let bytes = match std::fs::read(path) {
+    let bytes = match crate::host::read_file(path, MAX_BYTES) {
         Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (fresh(), Loaded::Missing),
+        Err(crate::host::ReadError::Missing) => return (fresh(), Loaded::Missing),
         Err(e) => {
             return (fresh(), Loaded::Corrupt(format!("state file {}: cannot read: {e}", path.display())));
         }
@@ -186,7 +189,7 @@ pub fn to_bytes(state: &State) -> Vec<u8> {
 /// Returns false when the bytes on disk were already the same (nothing written).
 pub fn save(path: &Path, state: &State) -> std::io::Result<bool> {
     let bytes = to_bytes(state);
-    if std::fs::read(path).map(|old| old == bytes).unwrap_or(false) {
+    if crate::host::read_file(path, MAX_BYTES).map(|old| old == bytes).unwrap_or(false) {
         return Ok(false);
     }
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));

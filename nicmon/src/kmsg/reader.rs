@@ -31,6 +31,9 @@ pub const DEV_KMSG: &str = "/dev/kmsg";
 /// a smaller buffer makes `read()` fail with `EINVAL`.
 const READ_BUF: usize = 16 * 1024;
 
+/// The largest `--kmsg FILE` read by `nicmon check`.
+pub const FILE_MAX_BYTES: usize = 16 << 20;
+
 /// Where a new tail starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Start {
@@ -239,7 +242,7 @@ fn wait(fd: RawFd, stop: RawFd) -> io::Result<bool> {
 /// [`parse_text`]).
 pub fn read_file(path: impl AsRef<Path>) -> io::Result<Vec<Record>> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    let bytes = crate::host::read_file(path, FILE_MAX_BYTES).map_err(|e| e.into_io(path))?;
     Ok(parse_text(&bytes))
 }
 
