@@ -15,7 +15,7 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -79,12 +79,31 @@ impl KmsgTail {
         let path: PathBuf = path.as_ref().to_path_buf();
         let file =
             std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(&path)?;
+        let md = file.metadata()?;
+        let kind = md.file_type();
+        // The kernel log device is char 1:11 wherever it is mounted; any other device (a
+        // link to /dev/zero) would be read forever.
+        if kind.is_char_device() && (libc::major(md.rdev()), libc::minor(md.rdev())) != (1, 11) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: a character device {}:{}, not the kernel log (1:11)",
+                    path.display(),
+                    libc::major(md.rdev()),
+                    libc::minor(md.rdev())
+                ),
+            ));
+        }
+        if kind.is_dir() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{}: a directory", path.display())));
+        }
+        let mode = if kind.is_char_device() { Mode::Records } else { Mode::Lines };
         let whence = match start {
             Start::End => libc::SEEK_END,
             Start::After(_) => libc::SEEK_SET,
         };
-        // SAFETY: lseek on a descriptor we own; no memory is passed.
-        if unsafe { libc::lseek(file.as_raw_fd(), 0, whence) } < 0 {
+        // SAFETY: lseek on a descriptor we own; no memory is passed. A FIFO cannot seek.
+        if !kind.is_fifo() && unsafe { libc::lseek(file.as_raw_fd(), 0, whence) } < 0 {
             return Err(io::Error::last_os_error());
         }
         let stop = Arc::new(eventfd()?);
@@ -96,7 +115,7 @@ impl KmsgTail {
         let (stop_t, overruns_t) = (Arc::clone(&stop), Arc::clone(&overruns));
         let thread = std::thread::Builder::new()
             .name("kmsg-tail".into())
-            .spawn(move || tail(file, cursor, &stop_t, &overruns_t, &mut sink))?;
+            .spawn(move || tail(file, mode, cursor, &stop_t, &overruns_t, &mut sink))?;
         Ok(KmsgTail { stop, thread: Some(thread), overruns })
     }
 
@@ -149,29 +168,68 @@ fn eventfd() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn tail(file: File, cursor: Option<u64>, stop: &OwnedFd, overruns: &AtomicU64, sink: &mut dyn FnMut(Delivery) -> bool) {
+/// How the bytes of one `read()` map to records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// The `/dev/kmsg` device: each `read()` returns exactly one record.
+    Records,
+    /// A regular file or a FIFO (tests, replays): a byte stream of lines, any number of
+    /// records per `read()`, the last line possibly incomplete.
+    Lines,
+}
+
+/// The most records handed over at once (a flood is handed over in parts).
+const MAX_BATCH: usize = 4096;
+
+/// How long a tail of a regular file (or a FIFO without a writer) waits at its end before
+/// looking again: `poll(2)` says such a file is always readable, so it cannot be waited on.
+const EOF_RETRY_MS: i32 = 500;
+
+fn tail(
+    file: File,
+    mode: Mode,
+    cursor: Option<u64>,
+    stop: &OwnedFd,
+    overruns: &AtomicU64,
+    sink: &mut dyn FnMut(Delivery) -> bool,
+) {
     let fd = file.as_raw_fd();
     let mut buf = vec![0u8; READ_BUF];
+    // Lines mode: the incomplete last line of the previous read.
+    let mut partial: Vec<u8> = Vec::new();
+    let keep = |rec: &Record| !matches!((cursor, rec.seq), (Some(c), Some(s)) if s <= c);
     loop {
         let mut batch = Vec::new();
-        let failure = loop {
+        let (failure, at_eof) = loop {
+            if batch.len() >= MAX_BATCH {
+                break (None, false);
+            }
             match read_one(fd, &mut buf) {
-                Ok(Some(n)) => {
+                Ok(Got::Bytes(n)) if mode == Mode::Records => {
                     let rec = parse_record(&buf[..n]);
-                    if let (Some(c), Some(s)) = (cursor, rec.seq)
-                        && s <= c
-                    {
-                        continue;
+                    if keep(&rec) {
+                        batch.push(rec);
                     }
-                    batch.push(rec);
                 }
-                Ok(None) => break None,
+                Ok(Got::Bytes(n)) => {
+                    partial.extend_from_slice(&buf[..n]);
+                    let complete = match partial.iter().rposition(|b| *b == b'\n') {
+                        Some(i) => i + 1,
+                        // One line longer than a kernel record can be: taken as it is.
+                        None if partial.len() >= READ_BUF => partial.len(),
+                        None => continue,
+                    };
+                    batch.extend(parse_text(&partial[..complete]).into_iter().filter(|r| keep(r)));
+                    partial.drain(..complete);
+                }
+                Ok(Got::Again) => break (None, false),
+                Ok(Got::Eof) => break (None, true),
                 Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
                     // Records were overwritten; the next read returns the oldest left.
                     overruns.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => break Some(e),
+                Err(e) => break (Some(e), false),
             }
         };
         if !batch.is_empty() && !sink(Delivery::Records(batch)) {
@@ -181,7 +239,8 @@ fn tail(file: File, cursor: Option<u64>, stop: &OwnedFd, overruns: &AtomicU64, s
             sink(Delivery::Failed(e));
             return;
         }
-        match wait(fd, stop.as_raw_fd()) {
+        let waited = if at_eof { wait_stop(stop.as_raw_fd(), EOF_RETRY_MS) } else { wait(fd, stop.as_raw_fd()) };
+        match waited {
             Ok(true) => {}
             Ok(false) => return,
             Err(e) => {
@@ -192,21 +251,41 @@ fn tail(file: File, cursor: Option<u64>, stop: &OwnedFd, overruns: &AtomicU64, s
     }
 }
 
-/// One record, or `None` when there is none yet (`EAGAIN`).
-fn read_one(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
+/// What one `read()` gave.
+enum Got {
+    Bytes(usize),
+    /// Nothing yet (`EAGAIN`): the device will say when there is more.
+    Again,
+    /// End of file (a regular file, or a FIFO without a writer).
+    Eof,
+}
+
+fn read_one(fd: RawFd, buf: &mut [u8]) -> io::Result<Got> {
     // SAFETY: reads at most buf.len() bytes into buf.
     let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
     if n < 0 {
         let e = io::Error::last_os_error();
         if e.kind() == io::ErrorKind::WouldBlock {
-            return Ok(None);
+            return Ok(Got::Again);
         }
         return Err(e);
     }
     if n == 0 {
-        return Ok(None);
+        return Ok(Got::Eof);
     }
-    Ok(Some(n as usize))
+    Ok(Got::Bytes(n as usize))
+}
+
+/// Sleep `ms` or until `stop` is signalled (`false`).
+fn wait_stop(stop: RawFd, ms: i32) -> io::Result<bool> {
+    let mut fds = [libc::pollfd { fd: stop, events: libc::POLLIN, revents: 0 }];
+    // SAFETY: fds is a live array of one pollfd.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted { Ok(true) } else { Err(e) };
+    }
+    Ok(fds[0].revents == 0)
 }
 
 /// Sleep until `fd` is readable (`true`) or `stop` is signalled (`false`).
@@ -313,6 +392,42 @@ mod tests {
         let links = HostLinks::read(&crate::host::Host::new(root, "/nonexistent"), &snap);
         assert_eq!(links.ifindex.get("ib0"), Some(&7));
         assert_eq!(links.bridges.get("mlx5_0").unwrap(), &["0000:02:00.0", "0000:01:00.0", "0000:00:01.0"]);
+    }
+
+    #[test]
+    fn a_regular_file_is_tailed_line_by_line_without_spinning() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kmsg.txt");
+        std::fs::write(&path, "3,1,10,-;first\n3,2,20,-;second\n3,3,30,-;thi").unwrap();
+        let (tail, rx) = KmsgTail::spawn_channel(&path, Start::After(1)).unwrap();
+        let got = |rx: &std::sync::mpsc::Receiver<Delivery>| match rx.recv_timeout(std::time::Duration::from_secs(5)) {
+            Ok(Delivery::Records(r)) => r.into_iter().map(|r| r.text).collect::<Vec<_>>(),
+            other => panic!("{other:?}"),
+        };
+        // Every record of one read, after the cursor; the incomplete line waits.
+        assert_eq!(got(&rx), vec!["second"]);
+        let cpu = || {
+            let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: getrusage fills the struct we pass.
+            unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+            u.ru_utime.tv_sec as f64 + u.ru_stime.tv_sec as f64 + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) as f64 / 1e6
+        };
+        let before = cpu();
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        std::io::Write::write_all(&mut f, b"rd\n").unwrap();
+        assert_eq!(got(&rx), vec!["third"]);
+        assert!(rx.recv_timeout(std::time::Duration::from_millis(1200)).is_err(), "nothing more");
+        // At the end of the file the thread sleeps: far less CPU than the wall time spent.
+        assert!(cpu() - before < 0.5, "the tail spins at the end of a regular file");
+        tail.stop();
+    }
+
+    #[test]
+    fn only_the_kernel_log_device_is_tailed() {
+        let e = KmsgTail::spawn_channel("/dev/zero", Start::End).err().unwrap();
+        assert!(e.to_string().contains("not the kernel log"), "{e}");
+        let e = KmsgTail::spawn_channel("/", Start::End).err().unwrap();
+        assert!(e.to_string().contains("a directory"), "{e}");
     }
 
     #[test]
