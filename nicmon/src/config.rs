@@ -150,17 +150,11 @@ impl Config {
                     }
                 }
                 "counterDetection" => {
-                    let cd: CounterDetection = value
-                        .clone()
-                        .try_into()
-                        .map_err(|e: toml::de::Error| err(format!("{key}: {}", one_line(e.message()))))?;
+                    let cd: CounterDetection = section(key, value).map_err(err)?;
                     cfg.counter_rules = cd.rules().map_err(|e| err(one_line(&e.to_string())))?;
                 }
                 "kernelLog" => {
-                    let k: KmsgConfig = value
-                        .clone()
-                        .try_into()
-                        .map_err(|e: toml::de::Error| err(format!("kernelLog: {}", one_line(e.message()))))?;
+                    let k: KmsgConfig = section(key, value).map_err(err)?;
                     cfg.patterns = k.compile().map_err(|e| err(one_line(&e.to_string())))?;
                     cfg.kernel_log = k;
                 }
@@ -172,6 +166,26 @@ impl Config {
         }
         Ok(cfg)
     }
+}
+
+/// Deserialize the section `name`; an error names the key at fault (`kernelLog.enabled =
+/// 1: invalid type: ...`), found by deserializing each key on its own.
+fn section<T: serde::de::DeserializeOwned>(name: &str, value: &toml::Value) -> Result<T, String> {
+    let whole = match value.clone().try_into::<T>() {
+        Ok(t) => return Ok(t),
+        Err(e) => one_line(e.message()),
+    };
+    let Some(table) = value.as_table() else {
+        return Err(format!("{name} = {}: expected a table", one_line(&value.to_string())));
+    };
+    for (k, v) in table {
+        let alone = toml::Value::Table(toml::Table::from_iter([(k.clone(), v.clone())]));
+        if let Err(e) = alone.try_into::<T>() {
+            let shown: String = one_line(&v.to_string()).chars().take(60).collect();
+            return Err(format!("{name}.{k} = {shown}: {}", one_line(e.message())));
+        }
+    }
+    Err(format!("{name}: {whole}"))
 }
 
 fn string<'a>(key: &str, v: &'a toml::Value) -> Result<&'a str, String> {
@@ -247,6 +261,25 @@ enabled = true
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
         assert!(TOP_LEVEL_KEYS.iter().all(|k| all.contains(&format!("{k} =")) || all.contains(&format!("[{k}]"))));
         assert!(STATE_DETECTION_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
+    }
+
+    #[test]
+    fn section_errors_name_the_key() {
+        for (text, key) in [
+            ("[kernelLog]\nenabled = 1", "kernelLog.enabled = 1:"),
+            ("[kernelLog]\nenabled = \"yes\"", "kernelLog.enabled = \"yes\":"),
+            ("[kernelLog]\ndedupWindowSeconds = \"x\"", "kernelLog.dedupWindowSeconds = \"x\":"),
+            ("[kernelLog]\ndedupWindowSeconds = -1", "kernelLog.dedupWindowSeconds = -1:"),
+            ("[kernelLog]\npatterns = \"x\"", "kernelLog.patterns = \"x\":"),
+            ("[kernelLog]\nmaxRecords = 3", "kernelLog.maxRecords = 3:"),
+            ("[counterDetection]\nenabled = 1", "counterDetection.enabled = 1:"),
+            ("[counterDetection]\ncounters = \"x\"", "counterDetection.counters = \"x\":"),
+            ("kernelLog = 3", "kernelLog = 3: expected a table"),
+        ] {
+            let e = Config::parse("c.toml", text).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("config c.toml: {key}")), "{text:?} → {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
 
     #[test]
