@@ -262,12 +262,12 @@ fn read_regular(path: &Path, limit: usize, past: Past) -> Result<Vec<u8>, ReadEr
     // Refuse before opening: opening a FIFO blocks, a device may do anything.
     let md = std::fs::metadata(path).map_err(|e| classify(&e))?;
     file_kind(&md)?;
-    // O_NONBLOCK: if the path was swapped for a FIFO since, opening it does not block.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(|e| classify(&e))?;
+    // A blocking open and read, as the kernel's own readers do (a file that honours
+    // O_NONBLOCK would answer EAGAIN instead of its value). Were the path swapped for a
+    // FIFO since the check above, the open would block: on this reader thread, under the
+    // read's deadline, like any stuck read.
+    let file =
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOCTTY).open(path).map_err(|e| classify(&e))?;
     file_kind(&file.metadata().map_err(|e| classify(&e))?)?;
     let cap = limit.saturating_add(1);
     let mut buf = Vec::with_capacity(cap.min(PAGE + 1));

@@ -1,6 +1,7 @@
 //! The `nicmon` command line.
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -121,8 +122,8 @@ struct RunCli {
         default_value = "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck,NICKernelLogCheck"
     )]
     checks: String,
-    /// Poll interval (e.g. 1s, 500ms). Counters are evaluated at least every second.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    /// Poll interval (e.g. 1s, 500ms; 50ms to 1h). Counters are evaluated at least every second.
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
     state_polling_interval: std::time::Duration,
     /// Persistent state file (hostPath): port states, counter snapshots, kmsg cursor, outbox.
     #[arg(long, value_name = "FILE", default_value = nicmon::state::DEFAULT_PATH)]
@@ -164,8 +165,29 @@ struct RunCli {
     #[arg(long)]
     check_config: bool,
     /// Base of the connector retry backoff (the contract's 2 s); for tests and demos.
-    #[arg(long, hide = true, value_parser = humantime::parse_duration)]
+    #[arg(long, hide = true, value_parser = parse_retry_base)]
     connector_retry_base: Option<std::time::Duration>,
+}
+
+/// A duration flag within `[min, max]` (clap exits 2 with this message otherwise).
+fn parse_duration_in(s: &str, min: Duration, max: Duration) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (expected e.g. 1s, 500ms)"))?;
+    if d < min || d > max {
+        return Err(format!(
+            "{s:?} is out of range: expected {} to {}",
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        ));
+    }
+    Ok(d)
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    parse_duration_in(s, Duration::from_millis(50), Duration::from_secs(3600))
+}
+
+fn parse_retry_base(s: &str) -> Result<Duration, String> {
+    parse_duration_in(s, Duration::from_millis(1), Duration::from_secs(60))
 }
 
 fn parse_strategy(s: &str) -> Result<ProcessingStrategy, String> {
@@ -196,7 +218,7 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
         metadata_required: r.host.metadata_required,
         state_file: r.state_file,
         boot_id_path: r.boot_id_path,
-        interval: r.state_polling_interval.max(std::time::Duration::from_millis(50)),
+        interval: r.state_polling_interval,
         checks,
         stamp: Stamp { node_name: node, processing_strategy: r.processing_strategy },
         sink: r.dispatch.sink,
@@ -327,7 +349,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("nicmon: {e}");
+            eprintln!("nicmon: {e:#}");
             ExitCode::from(2)
         }
     }

@@ -195,7 +195,9 @@ pub fn remove_stale_temp_files(path: &Path) {
         let name = name.to_string_lossy();
         if name.starts_with(&prefix) && name.ends_with(TEMP_SUFFIX) && entry.file_type().is_ok_and(|t| t.is_file()) {
             match std::fs::remove_file(entry.path()) {
-                Ok(()) => tracing::info!(path = %entry.path().display(), "removed a temp file left by an interrupted save"),
+                Ok(()) => {
+                    tracing::info!(path = %entry.path().display(), "removed a temp file left by an interrupted save")
+                }
                 Err(e) => tracing::warn!(path = %entry.path().display(), error = %e, "cannot remove a stale temp file"),
             }
         }

@@ -118,15 +118,13 @@ fn append_whole(
     bytes: &[u8],
     write: impl FnOnce(&mut std::fs::File, &[u8]) -> io::Result<()>,
 ) -> io::Result<()> {
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ENXIO) => io::Error::new(e.kind(), "a FIFO with no reader"),
-            _ => e,
-        })?;
+    let mut file =
+        std::fs::OpenOptions::new().create(true).append(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(
+            |e| match e.raw_os_error() {
+                Some(libc::ENXIO) => io::Error::new(e.kind(), "a FIFO with no reader"),
+                _ => e,
+            },
+        )?;
     // Durability is a property of regular files; a FIFO, /dev/null or a tty has nothing
     // to sync (and answers EINVAL), nor can a partial write to one be taken back.
     if !file.metadata()?.is_file() {
