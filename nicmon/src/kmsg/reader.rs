@@ -12,16 +12,22 @@
 //! The thread reads every available record (one per `read()`), hands them over as one
 //! batch, then sleeps in `poll(2)` until the kernel has more or it is told to stop. No
 //! decisions here: matching happens in [`super::process`].
+//!
+//! A FIFO instead of the device (`--kmsg-path`, for tests and replays into a running
+//! daemon) is read as a stream of lines in either format of [`parse_text`]; it is opened
+//! read-write so that it never reports end of file when a writer closes. A regular file
+//! is refused: `poll(2)` always finds it readable, so it cannot be followed this way
+//! (`nicmon check --kmsg FILE` replays one).
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
-use super::attribution::HostLinks;
+use super::attribution::{Departed, HostLinks};
 use super::record::{Record, parse_record, parse_text};
 use crate::model::Snapshot;
 
@@ -33,6 +39,8 @@ const READ_BUF: usize = 16 * 1024;
 
 /// The largest `--kmsg FILE` read by `nicmon check`.
 pub const FILE_MAX_BYTES: usize = 16 << 20;
+/// The most records handed over at once (a flood is handed over in parts).
+const MAX_BATCH: usize = 4096;
 
 /// Where a new tail starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +73,6 @@ pub struct KmsgTail {
     stop: Arc<OwnedFd>,
     thread: Option<JoinHandle<()>>,
     overruns: Arc<AtomicU64>,
-    reads: Arc<AtomicU64>,
 }
 
 impl KmsgTail {
@@ -77,10 +84,9 @@ impl KmsgTail {
         start: Start,
         mut sink: impl FnMut(Delivery) -> bool + Send + 'static,
     ) -> io::Result<KmsgTail> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
         let path: PathBuf = path.as_ref().to_path_buf();
-        let file =
-            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(&path)?;
-        let md = file.metadata()?;
+        let md = std::fs::metadata(&path)?;
         let kind = md.file_type();
         // The kernel log device is char 1:11 wherever it is mounted; any other device (a
         // link to /dev/zero) would be read forever.
@@ -95,30 +101,48 @@ impl KmsgTail {
                 ),
             ));
         }
-        if kind.is_dir() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{}: a directory", path.display())));
+        if !kind.is_char_device() && !kind.is_fifo() && !kind.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: not the kernel log device nor a FIFO", path.display()),
+            ));
         }
-        let mode = if kind.is_char_device() { Mode::Records } else { Mode::Lines };
-        let whence = match start {
-            Start::End => libc::SEEK_END,
-            Start::After(_) => libc::SEEK_SET,
-        };
-        // SAFETY: lseek on a descriptor we own; no memory is passed. A FIFO cannot seek.
-        if !kind.is_fifo() && unsafe { libc::lseek(file.as_raw_fd(), 0, whence) } < 0 {
-            return Err(io::Error::last_os_error());
+        if kind.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is a regular file: the watcher follows /dev/kmsg or a FIFO; `nicmon check --kmsg FILE` replays a file",
+                    path.display()
+                ),
+            ));
+        }
+        let stream = kind.is_fifo();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(stream)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&path)?;
+        if !stream {
+            let whence = match start {
+                Start::End => libc::SEEK_END,
+                Start::After(_) => libc::SEEK_SET,
+            };
+            // SAFETY: lseek on a descriptor we own; no memory is passed.
+            if unsafe { libc::lseek(file.as_raw_fd(), 0, whence) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
         }
         let stop = Arc::new(eventfd()?);
         let overruns = Arc::new(AtomicU64::new(0));
-        let reads = Arc::new(AtomicU64::new(0));
         let cursor = match start {
             Start::End => None,
             Start::After(c) => Some(c),
         };
-        let (stop_t, overruns_t, reads_t) = (Arc::clone(&stop), Arc::clone(&overruns), Arc::clone(&reads));
+        let (stop_t, overruns_t) = (Arc::clone(&stop), Arc::clone(&overruns));
         let thread = std::thread::Builder::new()
             .name("kmsg-tail".into())
-            .spawn(move || tail(file, mode, cursor, &stop_t, (&overruns_t, &reads_t), &mut sink))?;
-        Ok(KmsgTail { stop, thread: Some(thread), overruns, reads })
+            .spawn(move || tail(file, stream, cursor, &stop_t, &overruns_t, &mut sink))?;
+        Ok(KmsgTail { stop, thread: Some(thread), overruns })
     }
 
     /// A tail that sends into a `std::sync::mpsc` channel.
@@ -135,11 +159,6 @@ impl KmsgTail {
     /// were lost is counted from the sequence gap, in [`super::KmsgState::lost_records`].
     pub fn overruns(&self) -> u64 {
         self.overruns.load(Ordering::Relaxed)
-    }
-
-    /// How many `read()` calls the thread has made (a busy loop shows here).
-    pub fn reads(&self) -> u64 {
-        self.reads.load(Ordering::Relaxed)
     }
 
     /// Stop the thread and wait for it.
@@ -175,69 +194,52 @@ fn eventfd() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// How the bytes of one `read()` map to records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    /// The `/dev/kmsg` device: each `read()` returns exactly one record.
-    Records,
-    /// A regular file or a FIFO (tests, replays): a byte stream of lines, any number of
-    /// records per `read()`, the last line possibly incomplete.
-    Lines,
-}
-
-/// The most records handed over at once (a flood is handed over in parts).
-const MAX_BATCH: usize = 4096;
-
-/// How long a tail of a regular file (or a FIFO without a writer) waits at its end before
-/// looking again: `poll(2)` says such a file is always readable, so it cannot be waited on.
-const EOF_RETRY_MS: i32 = 500;
-
+/// `stream`: a FIFO, read as lines (a record may span reads; an incomplete last line waits
+/// for the next read), not one record per `read()`.
 fn tail(
     file: File,
-    mode: Mode,
+    stream: bool,
     cursor: Option<u64>,
     stop: &OwnedFd,
-    (overruns, reads): (&AtomicU64, &AtomicU64),
+    overruns: &AtomicU64,
     sink: &mut dyn FnMut(Delivery) -> bool,
 ) {
     let fd = file.as_raw_fd();
     let mut buf = vec![0u8; READ_BUF];
-    // Lines mode: the incomplete last line of the previous read.
     let mut partial: Vec<u8> = Vec::new();
-    let keep = |rec: &Record| !matches!((cursor, rec.seq), (Some(c), Some(s)) if s <= c);
+    let after_cursor = |rec: &Record| !matches!((cursor, rec.seq), (Some(c), Some(s)) if s <= c);
     loop {
         let mut batch = Vec::new();
-        let (failure, at_eof) = loop {
+        let failure = loop {
             if batch.len() >= MAX_BATCH {
-                break (None, false);
+                break None;
             }
-            reads.fetch_add(1, Ordering::Relaxed);
             match read_one(fd, &mut buf) {
-                Ok(Got::Bytes(n)) if mode == Mode::Records => {
-                    let rec = parse_record(&buf[..n]);
-                    if keep(&rec) {
-                        batch.push(rec);
-                    }
-                }
-                Ok(Got::Bytes(n)) => {
+                Ok(Some(n)) if stream => {
                     partial.extend_from_slice(&buf[..n]);
-                    let complete = match partial.iter().rposition(|b| *b == b'\n') {
-                        Some(i) => i + 1,
-                        // One line longer than a kernel record can be: taken as it is.
+                    let end = match partial.iter().rposition(|b| *b == b'\n') {
+                        Some(end) => end + 1,
+                        // A line longer than any kernel record: taken as it is, so that a
+                        // writer without newlines cannot grow the buffer without bound.
                         None if partial.len() >= READ_BUF => partial.len(),
                         None => continue,
                     };
-                    batch.extend(parse_text(&partial[..complete]).into_iter().filter(|r| keep(r)));
-                    partial.drain(..complete);
+                    let lines: Vec<u8> = partial.drain(..end).collect();
+                    batch.extend(parse_text(&lines).into_iter().filter(after_cursor));
                 }
-                Ok(Got::Again) => break (None, false),
-                Ok(Got::Eof) => break (None, true),
+                Ok(Some(n)) => {
+                    let rec = parse_record(&buf[..n]);
+                    if after_cursor(&rec) {
+                        batch.push(rec);
+                    }
+                }
+                Ok(None) => break None,
                 Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
                     // Records were overwritten; the next read returns the oldest left.
                     overruns.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => break (Some(e), false),
+                Err(e) => break Some(e),
             }
         };
         if !batch.is_empty() && !sink(Delivery::Records(batch)) {
@@ -247,8 +249,7 @@ fn tail(
             sink(Delivery::Failed(e));
             return;
         }
-        let waited = if at_eof { wait_stop(stop.as_raw_fd(), EOF_RETRY_MS) } else { wait(fd, stop.as_raw_fd()) };
-        match waited {
+        match wait(fd, stop.as_raw_fd()) {
             Ok(true) => {}
             Ok(false) => return,
             Err(e) => {
@@ -259,41 +260,21 @@ fn tail(
     }
 }
 
-/// What one `read()` gave.
-enum Got {
-    Bytes(usize),
-    /// Nothing yet (`EAGAIN`): the device will say when there is more.
-    Again,
-    /// End of file (a regular file, or a FIFO without a writer).
-    Eof,
-}
-
-fn read_one(fd: RawFd, buf: &mut [u8]) -> io::Result<Got> {
+/// One record, or `None` when there is none yet (`EAGAIN`).
+fn read_one(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
     // SAFETY: reads at most buf.len() bytes into buf.
     let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
     if n < 0 {
         let e = io::Error::last_os_error();
         if e.kind() == io::ErrorKind::WouldBlock {
-            return Ok(Got::Again);
+            return Ok(None);
         }
         return Err(e);
     }
     if n == 0 {
-        return Ok(Got::Eof);
+        return Ok(None);
     }
-    Ok(Got::Bytes(n as usize))
-}
-
-/// Sleep `ms` or until `stop` is signalled (`false`).
-fn wait_stop(stop: RawFd, ms: i32) -> io::Result<bool> {
-    let mut fds = [libc::pollfd { fd: stop, events: libc::POLLIN, revents: 0 }];
-    // SAFETY: fds is a live array of one pollfd.
-    let r = unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::Interrupted { Ok(true) } else { Err(e) };
-    }
-    Ok(fds[0].revents == 0)
+    Ok(Some(n as usize))
 }
 
 /// Sleep until `fd` is readable (`true`) or `stop` is signalled (`false`).
@@ -335,9 +316,10 @@ pub fn read_file(path: impl AsRef<Path>) -> io::Result<Vec<Record>> {
 
 impl HostLinks {
     /// Read the facts the index needs beyond the snapshot, through the host reader: each
-    /// netdev's `ifindex` and the PCI bridges above each device (nearest first).
-    /// Unreadable values are left out.
-    pub fn read(host: &crate::host::Host, snapshot: &Snapshot) -> HostLinks {
+    /// netdev's `ifindex` and the PCI bridges above each device (nearest first), departed
+    /// devices included while their PCI function is still on the bus. Unreadable values
+    /// are left out.
+    pub fn read(host: &crate::host::Host, snapshot: &Snapshot, departed: Vec<Departed>) -> HostLinks {
         let mut links = HostLinks::default();
         for d in &snapshot.devices {
             if let Some(n) = &d.netdev
@@ -346,7 +328,14 @@ impl HostLinks {
             {
                 links.ifindex.insert(n.clone(), i);
             }
-            if let Some(bdf) = &d.pci_address
+        }
+        let functions = snapshot
+            .devices
+            .iter()
+            .map(|d| (&d.name, &d.pci_address))
+            .chain(departed.iter().map(|p| (&p.device, &p.pci_address)));
+        for (name, pci) in functions {
+            if let Some(bdf) = pci
                 && let Some(node) = crate::discovery::pci_node(host, bdf)
             {
                 let bridges: Vec<String> = node
@@ -358,10 +347,11 @@ impl HostLinks {
                     .cloned()
                     .collect();
                 if !bridges.is_empty() {
-                    links.bridges.insert(d.name.clone(), bridges);
+                    links.bridges.insert(name.clone(), bridges);
                 }
             }
         }
+        links.departed = departed;
         links
     }
 }
@@ -397,40 +387,51 @@ mod tests {
             }],
             ..Default::default()
         };
-        let links = HostLinks::read(&crate::host::Host::new(root, "/nonexistent"), &snap);
+        let links = HostLinks::read(&crate::host::Host::new(root, "/nonexistent"), &snap, Vec::new());
         assert_eq!(links.ifindex.get("ib0"), Some(&7));
         assert_eq!(links.bridges.get("mlx5_0").unwrap(), &["0000:02:00.0", "0000:01:00.0", "0000:00:01.0"]);
     }
 
     #[test]
-    fn a_regular_file_is_tailed_line_by_line_without_spinning() {
+    fn a_fifo_is_followed_as_lines_and_a_regular_file_is_refused() {
+        use std::io::Write as _;
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("kmsg.txt");
-        std::fs::write(&path, "3,1,10,-;first\n3,2,20,-;second\n3,3,30,-;thi").unwrap();
-        let (tail, rx) = KmsgTail::spawn_channel(&path, Start::After(1)).unwrap();
-        let got = |rx: &std::sync::mpsc::Receiver<Delivery>| match rx.recv_timeout(std::time::Duration::from_secs(5)) {
-            Ok(Delivery::Records(r)) => r.into_iter().map(|r| r.text).collect::<Vec<_>>(),
-            other => panic!("{other:?}"),
-        };
-        // Every record of one read, after the cursor; the incomplete line waits.
-        assert_eq!(got(&rx), vec!["second"]);
-        let before = tail.reads();
-        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
-        std::io::Write::write_all(&mut f, b"rd\n").unwrap();
-        assert_eq!(got(&rx), vec!["third"]);
-        assert!(rx.recv_timeout(std::time::Duration::from_millis(1200)).is_err(), "nothing more");
-        // At the end of the file the thread sleeps between looks (every 500 ms), not spins.
-        let reads = tail.reads() - before;
-        assert!(reads < 20, "the tail spins at the end of a regular file: {reads} reads in 1.2 s");
+        let plain = dir.path().join("kmsg.txt");
+        std::fs::write(&plain, "x\n").unwrap();
+        let e = KmsgTail::spawn_channel(&plain, Start::End).err().expect("a regular file is refused");
+        assert!(e.to_string().contains("kmsg.txt is a regular file"), "{e}");
+
+        let fifo = dir.path().join("kmsg.fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "{}", io::Error::last_os_error());
+        let (tail, rx) = KmsgTail::spawn_channel(&fifo, Start::After(7)).unwrap();
+        let mut w = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+        // A record at the cursor (skipped), one after it split over two writes, plain text.
+        w.write_all(b"3,7,1,-;old\n3,8,2,-;first half").unwrap();
+        w.flush().unwrap();
+        w.write_all(b" and the rest\n DEVICE=+pci:0000:01:00.0\nplain line\n").unwrap();
+        drop(w);
+        let mut got: Vec<Record> = Vec::new();
+        while got.len() < 2 {
+            match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+                Ok(Delivery::Records(r)) => got.extend(r),
+                other => panic!("expected records, got {other:?}"),
+            }
+        }
+        assert_eq!(got[0].seq, Some(8));
+        assert_eq!(got[0].text, "first half and the rest");
+        assert_eq!(got[1].text, "plain line");
+        // The writer closed: no end of file, no busy loop; the tail still stops cleanly.
         tail.stop();
     }
 
     #[test]
-    fn only_the_kernel_log_device_is_tailed() {
+    fn only_the_kernel_log_device_or_a_fifo_is_tailed() {
         let e = KmsgTail::spawn_channel("/dev/zero", Start::End).err().unwrap();
-        assert!(e.to_string().contains("not the kernel log"), "{e}");
+        assert!(e.to_string().contains("not the kernel log (1:11)"), "{e}");
         let e = KmsgTail::spawn_channel("/", Start::End).err().unwrap();
-        assert!(e.to_string().contains("a directory"), "{e}");
+        assert!(e.to_string().contains("not the kernel log device nor a FIFO"), "{e}");
     }
 
     #[test]
