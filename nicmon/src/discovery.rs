@@ -109,10 +109,8 @@ fn read_device(host: &Host, name: &str, plan: &ReadPlan) -> Device {
         Some(d) => d == "efa",
         None => vendor == Some(AMAZON_VENDOR),
     };
-    let supported = efa
-        || MLX5_NAME.is_match(name)
-        || driver.as_deref() == Some("mlx5_core")
-        || vendor == Some(MELLANOX_VENDOR);
+    let supported =
+        efa || MLX5_NAME.is_match(name) || driver.as_deref() == Some("mlx5_core") || vendor == Some(MELLANOX_VENDOR);
     let unsupported = (!supported).then(|| {
         format!(
             "not an NVIDIA/Mellanox mlx5 or AWS EFA device (driver {}, PCI vendor {})",

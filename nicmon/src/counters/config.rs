@@ -774,8 +774,10 @@ mod tests {
     #[test]
     fn defaults_are_001_section_10_2() {
         let r = rules("").unwrap();
-        assert_eq!(r.len(), 14);
-        assert_eq!(r, default_rules());
+        // 14 mlx5/netdev rules, 6 of the 13 EFA rules (upstream chart's defaults).
+        assert_eq!(r.len(), 20);
+        assert_eq!(default_rules().len(), 27);
+        assert_eq!(r, default_rules().into_iter().filter(|r| r.enabled).collect::<Vec<_>>());
         let fatal: Vec<&str> = r.iter().filter(|r| r.is_fatal).map(|r| r.name.as_str()).collect();
         assert_eq!(
             fatal,
@@ -784,9 +786,22 @@ mod tests {
                 "excessive_buffer_overrun_errors",
                 "local_link_integrity_errors",
                 "rnr_nak_retry_err",
-                "symbol_error_fatal"
+                "symbol_error_fatal",
+                "efa_no_completion_cmds"
             ]
         );
+        // Layers are the code's: mlx5 counters on IB/RoCE ports, efa_* on EFA ports only.
+        for r in default_rules() {
+            let want = match r.name.as_str() {
+                "carrier_changes" => Layers::All,
+                n if n.starts_with("efa_") => Layers::Efa,
+                _ => Layers::Rdma,
+            };
+            assert_eq!(r.layers, want, "{}", r.name);
+        }
+        let nc = find(&r, "efa_no_completion_cmds");
+        assert_eq!(nc.path, "/sys/class/infiniband/{device}/hw_counters/no_completion_cmds");
+        assert_eq!(find(&r, "efa_rx_drops").path, "hw_counters/rx_drops");
         let sef = find(&r, "symbol_error_fatal");
         assert_eq!(sef.path, "counters/symbol_error");
         assert_eq!(sef.threshold, 120.0);
@@ -808,7 +823,13 @@ mod tests {
                 description: Some(r.description.clone()),
             })
             .collect();
-        assert_eq!(merge(&[], &entries).unwrap(), default_rules());
+        let merged: Vec<CounterRule> = merge(&[], &entries)
+            .unwrap()
+            .into_iter()
+            .zip(default_rules())
+            .map(|(m, d)| CounterRule { layers: d.layers, ..m })
+            .collect();
+        assert_eq!(merged, default_rules());
     }
 
     #[test]
@@ -822,7 +843,7 @@ mod tests {
         )
         .unwrap();
         let p = read_paths(&r);
-        assert_eq!(p.len(), 12); // 13 enabled rules, symbol_error read once
+        assert_eq!(p.len(), 18); // 13 enabled mlx5/netdev rules (symbol_error read once) + 6 EFA
         assert_eq!(p.iter().filter(|p| *p == "counters/symbol_error").count(), 1);
         assert!(!p.contains(&"counters/port_xmit_wait".to_string()));
         assert!(p.contains(&"/sys/class/net/{interface}/carrier_changes".to_string()));
@@ -860,8 +881,8 @@ mod tests {
             "#,
         )
         .unwrap();
-        // 14 defaults - port_xmit_wait + custom_vendor_error
-        assert_eq!(r.len(), 14);
+        // 20 enabled defaults - port_xmit_wait + custom_vendor_error
+        assert_eq!(r.len(), 20);
         let se = find(&r, "symbol_error");
         assert!(se.is_fatal);
         assert_eq!(se.velocity_unit, Some(VelocityUnit::Hour));
@@ -870,6 +891,7 @@ mod tests {
         let c = r.last().unwrap();
         assert_eq!(c.name, "custom_vendor_error");
         assert_eq!((c.threshold_type, c.threshold), (ThresholdType::Delta, 100.0));
+        assert_eq!(c.layers, Layers::All, "an operator's counter is read wherever its file is");
         assert!(r.iter().all(|r| r.name != "port_xmit_wait"));
     }
 
@@ -994,7 +1016,7 @@ mod tests {
             (
                 r#"name = "link_downed"
                    path = "counters/{interface}/x""#,
-                r#"path = "counters/{interface}/x": {interface} is only allowed"#,
+                r#"path = "counters/{interface}/x": {interface} and {device} are only allowed"#,
             ),
             (
                 r#"name = "link_downed"

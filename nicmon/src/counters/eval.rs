@@ -330,7 +330,9 @@ pub fn missing(ports: &[CounterPort<'_>], rules: &[CounterRule]) -> Vec<(String,
     for p in ports {
         // A device-level counter is read on port 1 only: not missing elsewhere.
         let device_level = |r: &CounterRule| r.path.starts_with(super::config::DEVICE_TEMPLATE_PREFIX);
-        for r in rules.iter().filter(|r| r.enabled && r.layers.covers(p.link_layer) && (p.port == 1 || !device_level(r))) {
+        for r in
+            rules.iter().filter(|r| r.enabled && r.layers.covers(p.link_layer) && (p.port == 1 || !device_level(r)))
+        {
             if !p.counters.contains_key(&r.path) {
                 out.push((p.device.to_owned(), p.port, r.name.clone()));
             }
