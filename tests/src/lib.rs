@@ -645,7 +645,14 @@ impl Node {
         );
         self.nics.insert(
             spec.name,
-            Placed { bdf: bdf.into(), rc: slot.rc, numa: slot.numa, switch: slot.switch, group: slot.group, c2c: false },
+            Placed {
+                bdf: bdf.into(),
+                rc: slot.rc,
+                numa: slot.numa,
+                switch: slot.switch,
+                group: slot.group,
+                c2c: false,
+            },
         );
     }
 
@@ -992,11 +999,15 @@ impl Node {
     }
 
     /// `nicmon check --format json` on this node, with the metadata file (if written) and
-    /// `extra` arguments; panics unless it exits 0. Returns the parsed JSON.
+    /// `extra` arguments (no config file unless `extra` names one); panics unless it exits
+    /// 0. Returns the parsed JSON.
     pub fn check_json(&self, extra: &[&str]) -> serde_json::Value {
         let meta = self.metadata_path();
         let meta = meta.to_str().unwrap();
-        let mut args = vec!["--format", "json", "--metadata", meta, "--config", "/nonexistent/nicmon.toml"];
+        let mut args = vec!["--format", "json", "--metadata", meta];
+        if !extra.contains(&"--config") {
+            args.extend(["--config", "/nonexistent/nicmon.toml"]);
+        }
         args.extend_from_slice(extra);
         let out = self.nicmon("check", &args);
         assert!(out.status.success(), "nicmon check failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
