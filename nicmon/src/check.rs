@@ -121,8 +121,9 @@ pub fn run_check(args: &CheckArgs) -> Result<String> {
     for n in &poll.notes {
         tracing::info!("{n}");
     }
-    let report =
+    let mut report =
         Report::new(&monitor.stamp.node_name, boot_id, &poll.snapshot, &monitor.topology, &poll.roles, poll.events);
+    report.char_devices = poll.char_devices;
     if poll.snapshot.devices.is_empty() {
         tracing::warn!("{}", no_devices_note(&monitor.host));
     }

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use time::{Duration, OffsetDateTime};
 
+use crate::chardev;
 use crate::config::Config;
 use crate::counters::{self, CounterPort};
 use crate::discovery::{self, ReadPlan};
@@ -38,6 +39,8 @@ pub struct Poll {
     /// Host reads abandoned at their deadline so far (cumulative), and those not returned yet.
     pub reads_abandoned: u64,
     pub stuck_reads: Vec<(std::path::PathBuf, std::time::Duration)>,
+    /// The character devices expected (and those held latched), for the report.
+    pub char_devices: Vec<chardev::Finding>,
 }
 
 impl Monitor {
@@ -80,6 +83,14 @@ impl Monitor {
         events.extend(counter_events);
         next.counters = counter_state;
         let mut notes = out.notes;
+        let mut char_devices = Vec::new();
+        if self.state_config.checks.contains(&Check::InfiniBandCharDeviceCheck) {
+            let cd = chardev::evaluate(&prev.char_devices, &snapshot, &roles, self.config.issm, now, &self.stamp);
+            events.extend(cd.events);
+            notes.extend(cd.notes);
+            next.char_devices = cd.state;
+            char_devices = cd.findings;
+        }
         if prev.polls == 0 {
             notes.extend(missing_counter_notes(&ports, &self.config.counter_rules));
         }
@@ -109,7 +120,8 @@ impl Monitor {
         events.retain(|e| e.check().map(|c| self.state_config.checks.contains(&c)).unwrap_or(true));
         next.einval = self.host.einval_paths();
         let reads_abandoned = self.host.stats.reads_abandoned.load(std::sync::atomic::Ordering::Relaxed);
-        Poll { snapshot, roles, events, next, notes, wake_hints, reads_abandoned, stuck_reads: self.host.stuck_reads() }
+        let stuck_reads = self.host.stuck_reads();
+        Poll { snapshot, roles, events, next, notes, wake_hints, reads_abandoned, stuck_reads, char_devices }
     }
 }
 

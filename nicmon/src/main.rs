@@ -119,7 +119,7 @@ struct RunCli {
     /// Comma-separated checks to run; unknown names are logged and skipped.
     #[arg(
         long,
-        default_value = "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck,NICKernelLogCheck"
+        default_value = "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck,EFADegradationCheck,InfiniBandCharDeviceCheck,NICKernelLogCheck"
     )]
     checks: String,
     /// Poll interval (e.g. 1s, 500ms; 50ms to 1h). Counters are evaluated at least every second.
