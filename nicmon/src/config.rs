@@ -5,14 +5,14 @@
 //! does not know are reported as warnings, so an NVSentinel ConfigMap works unchanged.
 use std::path::Path;
 
-use crate::counters::config::RawSection;
-use crate::counters::{CounterConfigError, CounterDetection, CounterRule};
+use crate::chardev::IssmMode;
+use crate::counters::{CounterDetection, CounterRule};
 use crate::kmsg::{self, KmsgConfig, Patterns};
 use crate::roles::{self, NicFilters};
 
 /// The top-level keys, and those of `[stateDetection]` (the other sections' keys are their
 /// structs' fields). Named in the warning about an unknown key.
-pub const TOP_LEVEL_KEYS: [&str; 7] = [
+pub const TOP_LEVEL_KEYS: [&str; 8] = [
     "nicExclusionRegex",
     "nicInclusionRegexOverride",
     "sysClassInfinibandPath",
@@ -20,8 +20,10 @@ pub const TOP_LEVEL_KEYS: [&str; 7] = [
     "stateDetection",
     "counterDetection",
     "kernelLog",
+    "charDeviceCheck",
 ];
 pub const STATE_DETECTION_KEYS: [&str; 2] = ["escalationGraceSeconds", "speedDegradationFatal"];
+pub const CHAR_DEVICE_CHECK_KEYS: [&str; 1] = ["issm"];
 
 /// Default location of the config file in the DaemonSet.
 pub const DEFAULT_PATH: &str = "/etc/nic-health-monitor/config.toml";
@@ -41,12 +43,17 @@ pub struct Config {
     /// `[counterDetection]`: the merged, validated counter rules (001 §10); empty when
     /// `enabled = false`.
     pub counter_rules: Vec<CounterRule>,
+    /// `[charDeviceCheck] issm`: whether an `issm` node is expected per InfiniBand port.
+    pub issm: IssmMode,
     /// `[kernelLog]`: the watcher's settings and its compiled pattern table.
     pub kernel_log: KmsgConfig,
     pub patterns: Patterns,
     /// Keys present in the file that nicmon does not use.
     pub warnings: Vec<String>,
 }
+
+/// The largest config file nicmon reads.
+pub const MAX_BYTES: usize = 1 << 20;
 
 impl Default for Config {
     fn default() -> Config {
@@ -57,6 +64,7 @@ impl Default for Config {
             escalation_grace_secs: 30,
             speed_degradation_fatal: false,
             counter_rules: CounterDetection::default().rules().unwrap_or_default(),
+            issm: IssmMode::default(),
             kernel_log: KmsgConfig::default(),
             patterns: Patterns::builtin(),
             warnings: Vec::new(),
@@ -79,28 +87,32 @@ pub enum ConfigErrorKind {
     /// The file exists but cannot be read.
     #[error("cannot read: {0}")]
     Read(String),
+    /// The file is not UTF-8 text.
+    #[error("not UTF-8 text: {0}")]
+    Encoding(String),
     /// Not valid TOML.
     #[error("{0}")]
     Syntax(String),
-    /// A key with an unusable value: top-level, `[stateDetection]`, or the shape of a
-    /// section (`counterDetection: ...`, `kernelLog: ...`).
+    /// A key with an unusable value: top-level, `[stateDetection]`, or a section's key or
+    /// entry (`counterDetection.counters = ...: ...`, `kernelLog.enabled = ...: ...`).
     #[error("{0}")]
     Value(String),
-    /// An entry of the `[counterDetection]` section.
-    #[error("counterDetection: {}", one_line(&.0.to_string()))]
-    Counters(CounterConfigError),
-    /// The `[kernelLog]` section.
+    /// A `[kernelLog]` pattern that does not compile.
     #[error("{}", one_line(&.0.to_string()))]
     KernelLog(kmsg::ConfigError),
 }
 
 impl Config {
-    /// Load `path`; a missing file gives the defaults.
+    /// Load `path`; a missing file gives the defaults. Only a regular file of at most
+    /// [`MAX_BYTES`] is read (with a deadline); anything else is an error naming the file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let shown = path.display().to_string();
-        match std::fs::read_to_string(path) {
-            Ok(text) => Config::parse(&shown, &text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
+        match crate::host::read_file(path, MAX_BYTES) {
+            Ok(bytes) => match String::from_utf8(bytes) {
+                Ok(text) => Config::parse(&shown, &text),
+                Err(e) => Err(ConfigError { path: shown, kind: ConfigErrorKind::Encoding(e.to_string()) }),
+            },
+            Err(crate::host::ReadError::Missing) => Ok(Config::default()),
             Err(e) => Err(ConfigError { path: shown, kind: ConfigErrorKind::Read(e.to_string()) }),
         }
     }
@@ -168,18 +180,29 @@ impl Config {
                     }
                 }
                 "counterDetection" => {
-                    let raw: RawSection = value
-                        .clone()
-                        .try_into()
-                        .map_err(|e: toml::de::Error| err(format!("{key}: {}", one_line(e.message()))))?;
-                    let cd = CounterDetection::try_from(raw).map_err(|e| fail(ConfigErrorKind::Counters(e)))?;
-                    cfg.counter_rules = cd.rules().map_err(|e| fail(ConfigErrorKind::Counters(e)))?;
+                    let cd: CounterDetection = section(key, value).map_err(err)?;
+                    cfg.counter_rules = cd.rules().map_err(|e| err(one_line(&e.to_string())))?;
+                }
+                "charDeviceCheck" => {
+                    let t = value.as_table().ok_or_else(|| err(format!("{key}: expected a table")))?;
+                    for (k, v) in t {
+                        let full = format!("charDeviceCheck.{k}");
+                        match k.as_str() {
+                            "issm" => {
+                                cfg.issm = v
+                                    .as_str()
+                                    .and_then(IssmMode::parse)
+                                    .ok_or_else(|| err(format!("{full} = {v}: expected \"never\" or \"always\"")))?
+                            }
+                            _ => cfg.warnings.push(format!(
+                                "config {path}: unknown key {full} ignored (known keys: {})",
+                                CHAR_DEVICE_CHECK_KEYS.join(", ")
+                            )),
+                        }
+                    }
                 }
                 "kernelLog" => {
-                    let k: KmsgConfig = value
-                        .clone()
-                        .try_into()
-                        .map_err(|e: toml::de::Error| err(format!("kernelLog: {}", one_line(e.message()))))?;
+                    let k: KmsgConfig = section(key, value).map_err(err)?;
                     cfg.patterns = k.compile().map_err(|e| fail(ConfigErrorKind::KernelLog(e)))?;
                     cfg.kernel_log = k;
                 }
@@ -191,6 +214,26 @@ impl Config {
         }
         Ok(cfg)
     }
+}
+
+/// Deserialize the section `name`; an error names the key at fault (`kernelLog.enabled =
+/// 1: invalid type: ...`), found by deserializing each key on its own.
+fn section<T: serde::de::DeserializeOwned>(name: &str, value: &toml::Value) -> Result<T, String> {
+    let whole = match value.clone().try_into::<T>() {
+        Ok(t) => return Ok(t),
+        Err(e) => one_line(e.message()),
+    };
+    let Some(table) = value.as_table() else {
+        return Err(format!("{name} = {}: expected a table", one_line(&value.to_string())));
+    };
+    for (k, v) in table {
+        let alone = toml::Value::Table(toml::Table::from_iter([(k.clone(), v.clone())]));
+        if let Err(e) = alone.try_into::<T>() {
+            let shown: String = one_line(&v.to_string()).chars().take(60).collect();
+            return Err(format!("{name}.{k} = {shown}: {}", one_line(e.message())));
+        }
+    }
+    Err(format!("{name}: {whole}"))
 }
 
 fn string<'a>(key: &str, v: &'a toml::Value) -> Result<&'a str, String> {
@@ -261,11 +304,43 @@ enabled = true
         assert!(known.ends_with(&format!("(known keys: {})", TOP_LEVEL_KEYS.join(", "))), "{known}");
         let all = "nicExclusionRegex = \"^lo$\"\nnicInclusionRegexOverride = \"\"\nsysClassInfinibandPath = \"/a\"\n\
                    sysClassNetPath = \"/b\"\n[stateDetection]\nescalationGraceSeconds = 5\nspeedDegradationFatal = true\n\
-                   [counterDetection]\n[kernelLog]\n";
+                   [counterDetection]\n[kernelLog]\n[charDeviceCheck]\nissm = \"always\"\n";
         let c = Config::parse("x.toml", all).unwrap();
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
         assert!(TOP_LEVEL_KEYS.iter().all(|k| all.contains(&format!("{k} =")) || all.contains(&format!("[{k}]"))));
         assert!(STATE_DETECTION_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
+        assert!(CHAR_DEVICE_CHECK_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
+        assert_eq!(c.issm, IssmMode::Always);
+    }
+
+    #[test]
+    fn issm_mode() {
+        assert_eq!(Config::parse("x.toml", "").unwrap().issm, IssmMode::Never);
+        assert_eq!(Config::parse("x.toml", "[charDeviceCheck]\nissm = \"never\"").unwrap().issm, IssmMode::Never);
+        let e = Config::parse("x.toml", "[charDeviceCheck]\nissm = \"auto\"").unwrap_err().to_string();
+        assert!(e.contains("charDeviceCheck.issm = \"auto\"") && e.contains("never"), "{e}");
+        assert!(Config::parse("x.toml", "[charDeviceCheck]\nissm = 1").is_err());
+        assert!(Config::parse("x.toml", "charDeviceCheck = 1").is_err());
+        assert_eq!(Config::parse("x.toml", "[charDeviceCheck]\nfoo = 1").unwrap().warnings.len(), 1);
+    }
+
+    #[test]
+    fn section_errors_name_the_key() {
+        for (text, key) in [
+            ("[kernelLog]\nenabled = 1", "kernelLog.enabled = 1:"),
+            ("[kernelLog]\nenabled = \"yes\"", "kernelLog.enabled = \"yes\":"),
+            ("[kernelLog]\ndedupWindowSeconds = \"x\"", "kernelLog.dedupWindowSeconds = \"x\":"),
+            ("[kernelLog]\ndedupWindowSeconds = -1", "kernelLog.dedupWindowSeconds = -1:"),
+            ("[kernelLog]\npatterns = \"x\"", "kernelLog.patterns = \"x\":"),
+            ("[kernelLog]\nmaxRecords = 3", "kernelLog.maxRecords = 3:"),
+            ("[counterDetection]\nenabled = 1", "counterDetection.enabled = 1:"),
+            ("[counterDetection]\ncounters = \"x\"", "counterDetection.counters = \"x\":"),
+            ("kernelLog = 3", "kernelLog = 3: expected a table"),
+        ] {
+            let e = Config::parse("c.toml", text).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("config c.toml: {key}")), "{text:?} → {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
 
     #[test]
@@ -277,20 +352,11 @@ enabled = true
             kind(
                 "[[counterDetection.counters]]\nname = \"link_downed\"\n[[counterDetection.counters]]\nname = \"link_downed\"\n"
             ),
-            ConfigErrorKind::Counters(_)
+            ConfigErrorKind::Value(_)
         ));
         assert!(matches!(kind("[[kernelLog.patterns]]\nname = \"x\"\nregex = \"(\"\n"), ConfigErrorKind::KernelLog(_)));
         let dir = tempfile::tempdir().unwrap();
         assert!(matches!(Config::load(dir.path()).unwrap_err().kind, ConfigErrorKind::Read(_)));
-        // An entry's error reads as it did when the whole section was deserialised at once.
-        let section = "[[counters]]\nname = \"symbol_error\"\nvelocityUnit = \"fortnight\"\n";
-        let whole = toml::from_str::<CounterDetection>(section).unwrap_err();
-        let e = Config::parse(
-            "c.toml",
-            &format!("[counterDetection]\n{}", section.replace("[[counters]]", "[[counterDetection.counters]]")),
-        )
-        .unwrap_err();
-        assert_eq!(e.to_string(), format!("config c.toml: counterDetection: {}", one_line(whole.message())));
     }
 
     #[test]

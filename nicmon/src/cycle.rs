@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use time::{Duration, OffsetDateTime};
 
+use crate::chardev;
 use crate::config::Config;
 use crate::counters::{self, CounterPort};
 use crate::discovery::{self, ReadPlan};
@@ -61,6 +62,9 @@ pub struct Observation {
     /// The EINVAL memo after this read: the previous state's memo plus the files whose read
     /// failed with `EINVAL` now (never opened again in this boot, SPEC §1.1).
     pub einval: BTreeSet<String>,
+    /// Host reads abandoned at their deadline so far (cumulative), and those not returned yet.
+    pub reads_abandoned: u64,
+    pub stuck_reads: Vec<(std::path::PathBuf, std::time::Duration)>,
 }
 
 /// The result of one poll.
@@ -71,6 +75,11 @@ pub struct Poll {
     /// The checks' state after this poll (the outbox is the caller's).
     pub next: CheckState,
     pub notes: Vec<String>,
+    /// Host reads abandoned at their deadline so far (cumulative), and those not returned yet.
+    pub reads_abandoned: u64,
+    pub stuck_reads: Vec<(std::path::PathBuf, std::time::Duration)>,
+    /// The character devices expected (and those held latched), for the report.
+    pub char_devices: Vec<chardev::Finding>,
 }
 
 impl Monitor {
@@ -127,6 +136,7 @@ impl Monitor {
                 .filter_map(|(n, k)| k.pci_address.clone().map(|p| (n.clone(), p)))
                 .collect(),
         };
+        self.host.begin_poll();
         // The memo goes into the reader for this read and comes back out with it.
         self.host.remember_einval(prev.einval.iter().cloned());
         let snapshot = discovery::discover(&self.host, &plan);
@@ -146,7 +156,9 @@ impl Monitor {
             HostLinks::read(&self.host, &snapshot, departed)
         });
         let einval = self.host.take_einval();
-        Observation { snapshot, links, einval }
+        let reads_abandoned = self.host.stats.reads_abandoned.load(std::sync::atomic::Ordering::Relaxed);
+        let stuck_reads = self.host.stuck_reads();
+        Observation { snapshot, links, einval, reads_abandoned, stuck_reads }
     }
 
     /// Read the host and evaluate every check against `prev`.
@@ -166,7 +178,7 @@ impl Monitor {
         now: OffsetDateTime,
         kmsg_records: &[Record],
     ) -> Poll {
-        let Observation { snapshot, links, einval } = obs;
+        let Observation { snapshot, links, einval, reads_abandoned, stuck_reads } = obs;
         let roles = roles::classify(&snapshot, &self.topology, &self.config.filters);
         let first_poll = prev.polls == 0;
         let reboot = matches!(loaded, Loaded::Rebooted { .. }) && first_poll;
@@ -190,6 +202,15 @@ impl Monitor {
         let (counter_events, counter_state) =
             counters::evaluate(&prev.counters, &ports, &self.config.counter_rules, now, reboot, &self.stamp);
         events.extend(counter_events);
+        let mut char_devices = Vec::new();
+        let mut char_state = prev.char_devices.clone();
+        if self.state_config.checks.contains(&Check::InfiniBandCharDeviceCheck) {
+            let cd = chardev::evaluate(&prev.char_devices, &snapshot, &roles, self.config.issm, now, &self.stamp);
+            events.extend(cd.events);
+            notes.extend(cd.notes);
+            char_state = cd.state;
+            char_devices = cd.findings;
+        }
         if first_poll {
             notes.extend(missing_counter_notes(&ports, &self.config.counter_rules));
         }
@@ -210,9 +231,10 @@ impl Monitor {
             links: out.state,
             counters: counter_state,
             kmsg: kmsg_state,
+            char_devices: char_state,
             einval,
         };
-        Poll { snapshot, roles, events, next, notes }
+        Poll { snapshot, roles, events, next, notes, reads_abandoned, stuck_reads, char_devices }
     }
 }
 

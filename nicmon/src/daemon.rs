@@ -30,6 +30,11 @@ use crate::wake::{Wake, WakeOptions, WakeSource};
 /// Wake-ups within this window after the first one are served by the same poll.
 pub const COALESCE: Duration = Duration::from_millis(1);
 
+/// How long a signal waits for queued batches to be delivered. With the last poll (at most
+/// [`crate::host::Deadlines::poll`]) and the final save, exit comes within 5 s of SIGTERM
+/// whatever is stuck; what was not delivered stays in the outbox for the next start.
+pub const SHUTDOWN_FLUSH: Duration = Duration::from_secs(2);
+
 /// Everything `nicmon run` needs, resolved from flags.
 pub struct RunOptions {
     /// What every polling command shares (host roots, config, metadata, checks, stamp).
@@ -194,7 +199,7 @@ impl<'a> Daemon<'a> {
 
     /// Shutdown: give the sender a bounded time to deliver what is queued, save.
     pub async fn shutdown(&mut self) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_FLUSH;
         self.courier.flush(&mut self.state.outbox, deadline).await;
         self.save();
         if !self.state.outbox.is_empty() {
@@ -403,6 +408,7 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
     let monitored = ports.len();
     metrics.set_port_health(ports);
     metrics.set_devices_discovered(Check::InfiniBandStateCheck, monitored);
+    metrics.set_read_health(poll.reads_abandoned, &poll.stuck_reads);
     metrics.kmsg_records_lost(poll.next.kmsg.lost_records);
     metrics.set_saturated_counters(poll.next.counters.saturated());
     for e in poll.events.iter().filter(|e| !e.is_healthy) {
@@ -415,10 +421,10 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
             .unwrap_or(0);
         let Some(check) = e.check() else { continue };
         match check {
-            Check::InfiniBandStateCheck | Check::EthernetStateCheck => {
+            Check::InfiniBandStateCheck | Check::EthernetStateCheck | Check::InfiniBandCharDeviceCheck => {
                 metrics.state_check_error(check, dev.unwrap_or(""), port)
             }
-            Check::InfiniBandDegradationCheck | Check::EthernetDegradationCheck
+            Check::InfiniBandDegradationCheck | Check::EthernetDegradationCheck | Check::EFADegradationCheck
                 if !e.message.contains("CounterSaturated") =>
             {
                 let counter = e.error_code.first().map(String::as_str).unwrap_or("");

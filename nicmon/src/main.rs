@@ -1,6 +1,7 @@
 //! The `nicmon` command line.
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -89,8 +90,7 @@ struct HostArgs {
 }
 
 /// The default of `--checks`: every check.
-const ALL_CHECKS: &str =
-    "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck,NICKernelLogCheck";
+const ALL_CHECKS: &str = "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck,EFADegradationCheck,InfiniBandCharDeviceCheck,NICKernelLogCheck";
 
 #[derive(clap::Args)]
 struct CheckCli {
@@ -126,8 +126,8 @@ struct RunCli {
     /// Comma-separated checks to run; unknown names are logged and skipped.
     #[arg(long, default_value = ALL_CHECKS)]
     checks: String,
-    /// Poll interval (e.g. 1s, 500ms). Counters are evaluated at least every second.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    /// Poll interval (e.g. 1s, 500ms; 50ms to 1h). Counters are evaluated at least every second.
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
     state_polling_interval: std::time::Duration,
     /// Persistent state file (hostPath): port states, counter snapshots, kmsg cursor, outbox.
     #[arg(long, value_name = "FILE", default_value = nicmon::state::DEFAULT_PATH)]
@@ -170,8 +170,29 @@ struct RunCli {
     #[arg(long)]
     check_config: bool,
     /// Base of the connector retry backoff (the contract's 2 s); for tests and demos.
-    #[arg(long, hide = true, value_parser = humantime::parse_duration)]
+    #[arg(long, hide = true, value_parser = parse_retry_base)]
     connector_retry_base: Option<std::time::Duration>,
+}
+
+/// A duration flag within `[min, max]` (clap exits 2 with this message otherwise).
+fn parse_duration_in(s: &str, min: Duration, max: Duration) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (expected e.g. 1s, 500ms)"))?;
+    if d < min || d > max {
+        return Err(format!(
+            "{s:?} is out of range: expected {} to {}",
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        ));
+    }
+    Ok(d)
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    parse_duration_in(s, Duration::from_millis(50), Duration::from_secs(3600))
+}
+
+fn parse_retry_base(s: &str) -> Result<Duration, String> {
+    parse_duration_in(s, Duration::from_millis(1), Duration::from_secs(60))
 }
 
 fn parse_strategy(s: &str) -> Result<ProcessingStrategy, String> {
@@ -198,7 +219,7 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
             Stamp { node_name: node, processing_strategy: r.processing_strategy },
         ),
         state_file: r.state_file,
-        interval: r.state_polling_interval.max(std::time::Duration::from_millis(50)),
+        interval: r.state_polling_interval,
         sink: r.dispatch.sink,
         grpc,
         metrics_port: (!r.no_metrics).then_some(r.metrics.metrics_port),
@@ -212,7 +233,11 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
         trace,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(nicmon::daemon::run(opts))?;
+    let result = rt.block_on(nicmon::daemon::run(opts));
+    // A sink write stuck in a blocking thread (a FIFO nobody reads) must not hold the exit:
+    // dropping the runtime would wait for it forever.
+    rt.shutdown_timeout(std::time::Duration::from_millis(300));
+    result?;
     Ok(String::new())
 }
 
@@ -340,7 +365,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("nicmon: {e}");
+            eprintln!("nicmon: {e:#}");
             ExitCode::from(2)
         }
     }

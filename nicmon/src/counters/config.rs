@@ -104,10 +104,42 @@ pub struct CounterRule {
     /// `Some` exactly when `threshold_type` is `Velocity`.
     pub velocity_unit: Option<VelocityUnit>,
     pub description: String,
+    /// The link layers whose ports this counter is read on (owned by the code for the
+    /// built-in rules; every layer for a counter the operator adds).
+    #[serde(default)]
+    pub layers: Layers,
+}
+
+/// Which ports a counter applies to, by link layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layers {
+    /// InfiniBand and Ethernet (RoCE) ports: the mlx5 PMA and `hw_counters/` counters.
+    Rdma,
+    /// AWS EFA ports only.
+    Efa,
+    /// Every port.
+    #[default]
+    All,
+}
+
+impl Layers {
+    /// Whether a port of link layer `ll` (unknown when unreadable) gets this counter.
+    pub fn covers(self, ll: Option<&crate::model::LinkLayer>) -> bool {
+        use crate::model::LinkLayer;
+        match self {
+            Layers::All => true,
+            Layers::Efa => ll == Some(&LinkLayer::Efa),
+            Layers::Rdma => ll != Some(&LinkLayer::Efa),
+        }
+    }
 }
 
 /// Prefix of the only absolute paths a rule may have; `{interface}` is the port's netdev.
 pub const NET_TEMPLATE_PREFIX: &str = "/sys/class/net/{interface}/";
+/// Prefix of a device-level counter (EFA's `<dev>/hw_counters/`): read on port 1 and
+/// reported against it.
+pub const DEVICE_TEMPLATE_PREFIX: &str = "/sys/class/infiniband/{device}/";
 
 /// The `[counterDetection]` section as the operator wrote it.
 ///
@@ -208,11 +240,10 @@ impl fmt::Display for Shown<'_> {
     }
 }
 
-/// The section as parsed, before the per-entry checks that need the entry's index
-/// (`CounterDetection::try_from` makes those).
+/// The section as parsed, before the per-entry checks that need the entry's index.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawSection {
+struct RawSection {
     #[serde(default = "default_true")]
     enabled: bool,
     #[serde(default)]
@@ -378,6 +409,7 @@ pub fn merge(defaults: &[CounterRule], entries: &[CounterEntry]) -> Result<Vec<C
                     threshold: 0.0,
                     velocity_unit: None,
                     description: String::new(),
+                    layers: Layers::All,
                 });
                 rules.last_mut().expect("just pushed")
             }
@@ -428,11 +460,12 @@ fn check_path(p: &str) -> Result<(), &'static str> {
     if p.trim().is_empty() {
         return Err("expected a non-empty path");
     }
-    let rel = if let Some(rest) = p.strip_prefix(NET_TEMPLATE_PREFIX) {
+    let rel = if let Some(rest) = p.strip_prefix(NET_TEMPLATE_PREFIX).or_else(|| p.strip_prefix(DEVICE_TEMPLATE_PREFIX))
+    {
         rest
     } else if p.starts_with('/') {
-        return Err("expected a path relative to the port directory (counters/..., hw_counters/...) \
-             or a /sys/class/net/{interface}/... template");
+        return Err("expected a path relative to the port directory (counters/..., hw_counters/...), \
+             a /sys/class/net/{interface}/... or a /sys/class/infiniband/{device}/... template");
     } else {
         p
     };
@@ -440,7 +473,8 @@ fn check_path(p: &str) -> Result<(), &'static str> {
         return Err("expected a path that names a file");
     }
     if rel.contains('{') || rel.contains('}') {
-        return Err("{interface} is only allowed as /sys/class/net/{interface}/...");
+        return Err("{interface} and {device} are only allowed as /sys/class/net/{interface}/... \
+             and /sys/class/infiniband/{device}/...");
     }
     if rel.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
         return Err("expected no empty, '.' or '..' path components");
@@ -473,8 +507,10 @@ mod tests {
     #[test]
     fn defaults_are_001_section_10_2() {
         let r = rules("").unwrap();
-        assert_eq!(r.len(), 14);
-        assert_eq!(r, default_rules());
+        // 14 mlx5/netdev rules, 6 of the 13 EFA rules (upstream chart's defaults).
+        assert_eq!(r.len(), 20);
+        assert_eq!(default_rules().len(), 27);
+        assert_eq!(r, default_rules().into_iter().filter(|r| r.enabled).collect::<Vec<_>>());
         let fatal: Vec<&str> = r.iter().filter(|r| r.is_fatal).map(|r| r.name.as_str()).collect();
         assert_eq!(
             fatal,
@@ -483,9 +519,22 @@ mod tests {
                 "excessive_buffer_overrun_errors",
                 "local_link_integrity_errors",
                 "rnr_nak_retry_err",
-                "symbol_error_fatal"
+                "symbol_error_fatal",
+                "efa_no_completion_cmds"
             ]
         );
+        // Layers are the code's: mlx5 counters on IB/RoCE ports, efa_* on EFA ports only.
+        for r in default_rules() {
+            let want = match r.name.as_str() {
+                "carrier_changes" => Layers::All,
+                n if n.starts_with("efa_") => Layers::Efa,
+                _ => Layers::Rdma,
+            };
+            assert_eq!(r.layers, want, "{}", r.name);
+        }
+        let nc = find(&r, "efa_no_completion_cmds");
+        assert_eq!(nc.path, "/sys/class/infiniband/{device}/hw_counters/no_completion_cmds");
+        assert_eq!(find(&r, "efa_rx_drops").path, "hw_counters/rx_drops");
         let sef = find(&r, "symbol_error_fatal");
         assert_eq!(sef.path, "counters/symbol_error");
         assert_eq!(sef.threshold, 120.0);
@@ -507,7 +556,13 @@ mod tests {
                 description: Some(r.description.clone()),
             })
             .collect();
-        assert_eq!(merge(&[], &entries).unwrap(), default_rules());
+        let merged: Vec<CounterRule> = merge(&[], &entries)
+            .unwrap()
+            .into_iter()
+            .zip(default_rules())
+            .map(|(m, d)| CounterRule { layers: d.layers, ..m })
+            .collect();
+        assert_eq!(merged, default_rules());
     }
 
     #[test]
@@ -521,7 +576,7 @@ mod tests {
         )
         .unwrap();
         let p = read_paths(&r);
-        assert_eq!(p.len(), 12); // 13 enabled rules, symbol_error read once
+        assert_eq!(p.len(), 18); // 13 enabled mlx5/netdev rules (symbol_error read once) + 6 EFA
         assert_eq!(p.iter().filter(|p| *p == "counters/symbol_error").count(), 1);
         assert!(!p.contains(&"counters/port_xmit_wait".to_string()));
         assert!(p.contains(&"/sys/class/net/{interface}/carrier_changes".to_string()));
@@ -559,8 +614,8 @@ mod tests {
             "#,
         )
         .unwrap();
-        // 14 defaults - port_xmit_wait + custom_vendor_error
-        assert_eq!(r.len(), 14);
+        // 20 enabled defaults - port_xmit_wait + custom_vendor_error
+        assert_eq!(r.len(), 20);
         let se = find(&r, "symbol_error");
         assert!(se.is_fatal);
         assert_eq!(se.velocity_unit, Some(VelocityUnit::Hour));
@@ -569,6 +624,7 @@ mod tests {
         let c = r.last().unwrap();
         assert_eq!(c.name, "custom_vendor_error");
         assert_eq!((c.threshold_type, c.threshold), (ThresholdType::Delta, 100.0));
+        assert_eq!(c.layers, Layers::All, "an operator's counter is read wherever its file is");
         assert!(r.iter().all(|r| r.name != "port_xmit_wait"));
     }
 
@@ -693,7 +749,7 @@ mod tests {
             (
                 r#"name = "link_downed"
                    path = "counters/{interface}/x""#,
-                r#"path = "counters/{interface}/x": {interface} is only allowed"#,
+                r#"path = "counters/{interface}/x": {interface} and {device} are only allowed"#,
             ),
             (
                 r#"name = "link_downed"

@@ -1,7 +1,7 @@
 //! The default counter rules (001 §10.2): what is watched, at which threshold, when the
 //! config file says nothing. The `[counterDetection]` section overrides them by name
 //! ([`super::config`]).
-use super::config::{CounterRule, ThresholdType, VelocityUnit};
+use super::config::{CounterRule, Layers, ThresholdType, VelocityUnit};
 
 /// The default rules of 001 §10.2 (carrier_changes at `class/net/<if>/carrier_changes`,
 /// SPEC §1.4).
@@ -23,7 +23,10 @@ pub fn default_rules() -> Vec<CounterRule> {
         threshold,
         velocity_unit,
         description: description.into(),
+        layers: Layers::Rdma,
     };
+    let efa = |r: CounterRule| CounterRule { layers: Layers::Efa, ..r };
+    let off = |r: CounterRule| CounterRule { enabled: false, ..r };
     vec![
         rule(
             "link_downed",
@@ -142,14 +145,129 @@ pub fn default_rules() -> Vec<CounterRule> {
             Some(Second),
             "Victim flow oscillation",
         ),
-        rule(
-            "carrier_changes",
-            "/sys/class/net/{interface}/carrier_changes",
+        CounterRule {
+            layers: Layers::All,
+            ..rule(
+                "carrier_changes",
+                "/sys/class/net/{interface}/carrier_changes",
+                false,
+                Delta,
+                2.0,
+                None,
+                "Link instability - carrier state changes",
+            )
+        },
+        // AWS EFA (upstream's allow-list and chart defaults): per-port `hw_counters/<name
+        // minus efa_>`, device-level `<dev>/hw_counters/` reported against port 1. The ones
+        // the chart does not enable are here disabled, ready to be enabled by name.
+        efa(rule(
+            "efa_no_completion_cmds",
+            "/sys/class/infiniband/{device}/hw_counters/no_completion_cmds",
+            true,
+            Delta,
+            0.0,
+            None,
+            "EFA admin commands that never completed - the device stopped responding",
+        )),
+        efa(rule(
+            "efa_cmds_err",
+            "/sys/class/infiniband/{device}/hw_counters/cmds_err",
+            false,
+            Velocity,
+            10.0,
+            Some(Minute),
+            "EFA admin command errors",
+        )),
+        efa(rule("efa_rx_drops", "hw_counters/rx_drops", false, Velocity, 100.0, Some(Second), "EFA receive drops")),
+        efa(rule(
+            "efa_retrans_timeout_events",
+            "hw_counters/retrans_timeout_events",
+            false,
+            Velocity,
+            1.0,
+            Some(Second),
+            "EFA retransmission timeouts",
+        )),
+        efa(rule(
+            "efa_unresponsive_remote_events",
+            "hw_counters/unresponsive_remote_events",
+            false,
+            Velocity,
+            1.0,
+            Some(Second),
+            "EFA remote peers not responding",
+        )),
+        efa(rule(
+            "efa_impaired_remote_conn_events",
+            "hw_counters/impaired_remote_conn_events",
+            false,
+            Velocity,
+            1.0,
+            Some(Second),
+            "EFA connections to remote peers impaired",
+        )),
+        off(efa(rule(
+            "efa_rdma_read_wr_err",
+            "hw_counters/rdma_read_wr_err",
             false,
             Delta,
-            2.0,
+            0.0,
             None,
-            "Link instability - carrier state changes",
-        ),
+            "EFA RDMA read work request errors",
+        ))),
+        off(efa(rule(
+            "efa_rdma_write_wr_err",
+            "hw_counters/rdma_write_wr_err",
+            false,
+            Delta,
+            0.0,
+            None,
+            "EFA RDMA write work request errors",
+        ))),
+        off(efa(rule(
+            "efa_keep_alive_rcvd",
+            "/sys/class/infiniband/{device}/hw_counters/keep_alive_rcvd",
+            false,
+            Delta,
+            0.0,
+            None,
+            "EFA device keep-alive events received",
+        ))),
+        off(efa(rule(
+            "efa_reg_mr_err",
+            "/sys/class/infiniband/{device}/hw_counters/reg_mr_err",
+            false,
+            Delta,
+            0.0,
+            None,
+            "EFA memory registration errors",
+        ))),
+        off(efa(rule(
+            "efa_create_qp_err",
+            "/sys/class/infiniband/{device}/hw_counters/create_qp_err",
+            false,
+            Delta,
+            0.0,
+            None,
+            "EFA queue pair creation errors",
+        ))),
+        off(efa(rule(
+            "efa_create_cq_err",
+            "/sys/class/infiniband/{device}/hw_counters/create_cq_err",
+            false,
+            Delta,
+            0.0,
+            None,
+            "EFA completion queue creation errors",
+        ))),
+        off(efa(rule(
+            "efa_create_ah_err",
+            "/sys/class/infiniband/{device}/hw_counters/create_ah_err",
+            false,
+            Delta,
+            0.0,
+            None,
+            "EFA address handle creation errors",
+        ))),
     ]
 }
