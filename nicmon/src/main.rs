@@ -238,6 +238,25 @@ impl RunCli {
             None => Ok(nicmon::check::node_name(None)),
         }
     }
+
+    /// The gRPC sink's settings: the socket flags, or direct publishing when
+    /// HEALTH_PUBLISH_TARGET is set (its companions checked now, as upstream does at start-up).
+    fn grpc_config(&self) -> anyhow::Result<nicmon::dispatch::GrpcConfig> {
+        let mut grpc = self.dispatch.grpc_config();
+        grpc.direct = nicmon::dispatch::DirectConfig::from_process_env()?;
+        if grpc.direct.is_some() && !matches!(self.dispatch.sink, nicmon::dispatch::SinkSpec::Grpc) {
+            tracing::warn!(sink = %self.dispatch.sink, "HEALTH_PUBLISH_TARGET ignored: events go to the --sink given");
+            grpc.direct = None;
+        }
+        if let Some(base) = self.connector_retry_base {
+            grpc.retry.initial_backoff = base;
+            grpc.connect.attempts = grpc.connect.attempts.min(2);
+            if let Some(d) = grpc.direct.as_mut() {
+                d.initial_backoff = base;
+            }
+        }
+        Ok(grpc)
+    }
 }
 
 fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
@@ -248,10 +267,10 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
     for w in r.flag_warnings() {
         tracing::warn!("{w}");
     }
-    let mut grpc = r.dispatch.grpc_config();
-    if let Some(base) = r.connector_retry_base {
-        grpc.retry.initial_backoff = base;
-        grpc.connect.attempts = grpc.connect.attempts.min(2);
+    let grpc = r.grpc_config()?;
+    if let Some(d) = &grpc.direct {
+        let tls = matches!(d.transport, nicmon::dispatch::direct::Transport::Tls { .. });
+        tracing::info!(target = %d.authority, tls, "publishing directly to the deployment platform connector");
     }
     let (checks, unknown) = nicmon::daemon::parse_checks(&r.checks);
     for name in unknown {
@@ -292,6 +311,7 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
     use std::fmt::Write as _;
     let config = nicmon::config::Config::load(&r.host.config)?;
     let node = r.node_name()?;
+    let grpc = r.grpc_config()?;
     let mut warnings = r.flag_warnings();
     warnings.extend(config.warnings.iter().cloned());
     warnings.extend(config.path_warnings(&r.host.sysfs));
@@ -314,8 +334,28 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
     let _ = writeln!(out, "metadata:          {} (required: {})", r.host.metadata.display(), r.host.metadata_required);
     let _ = writeln!(out, "state file:        {}", r.state_file.display());
     let _ = writeln!(out, "sink:              {}", r.dispatch.sink);
-    if matches!(r.dispatch.sink, nicmon::dispatch::SinkSpec::Grpc) {
-        let _ = writeln!(out, "connector socket:  {}", r.dispatch.platform_connector_socket);
+    match (&r.dispatch.sink, &grpc.direct) {
+        (nicmon::dispatch::SinkSpec::Grpc, Some(d)) => {
+            let transport = match &d.transport {
+                nicmon::dispatch::direct::Transport::Tls { ca_file, server_name } => {
+                    format!("TLS, CA {}, server name {server_name}", ca_file.display())
+                }
+                nicmon::dispatch::direct::Transport::Insecure => "plaintext (HEALTH_PUBLISH_INSECURE)".to_string(),
+            };
+            let _ = writeln!(out, "direct publish:    {} ({transport})", d.authority);
+            let _ = writeln!(
+                out,
+                "  token / window:  {} / {:?}; queue {} batches / {} bytes",
+                d.token.path().map(|p| p.display().to_string()).unwrap_or_default(),
+                d.retry_window,
+                d.queue.max_batches,
+                d.queue.max_bytes
+            );
+        }
+        (nicmon::dispatch::SinkSpec::Grpc, None) => {
+            let _ = writeln!(out, "connector socket:  {}", r.dispatch.platform_connector_socket);
+        }
+        _ => {}
     }
     let _ = writeln!(out, "node name:         {node}");
     let _ = writeln!(out, "processing:        {:?}", r.processing_strategy);
