@@ -128,7 +128,10 @@ mod tests {
     fn flags_without_a_subcommand_are_run() {
         let cases: &[(&[&str], &[&str])] = &[
             (&["nicmon", "--checks=InfiniBandStateCheck"], &["nicmon", "run", "--checks=InfiniBandStateCheck"]),
-            (&["nicmon", "--log-json", "--metrics-port", "2112"], &["nicmon", "--log-json", "run", "--metrics-port", "2112"]),
+            (
+                &["nicmon", "--log-json", "--metrics-port", "2112"],
+                &["nicmon", "--log-json", "run", "--metrics-port", "2112"],
+            ),
             (&["nicmon", "run", "--checks", "x"], &["nicmon", "run", "--checks", "x"]),
             (&["nicmon", "check", "--format", "json"], &["nicmon", "check", "--format", "json"]),
             (&["nicmon", "--help"], &["nicmon", "--help"]),
@@ -145,7 +148,10 @@ mod tests {
     #[test]
     fn retired_flags_get_one_warning_naming_them() {
         let w = retired_warning(&["--counter-polling-interval", "--kata-enabled"]).unwrap();
-        assert!(w.starts_with("ignored retired NVSentinel flag(s) --counter-polling-interval, --kata-enabled ("), "{w}");
+        assert!(
+            w.starts_with("ignored retired NVSentinel flag(s) --counter-polling-interval, --kata-enabled ("),
+            "{w}"
+        );
         assert!(w.contains("--kata-enabled: the same DaemonSet"), "{w}");
         let w = retired_warning(&["--kata-enabled"]).unwrap();
         assert!(!w.contains("--counter-polling-interval"), "{w}");

@@ -43,7 +43,13 @@ impl server::PlatformConnector for Recorder {
         let (lock, cv) = &*self.log;
         let mut log = lock.lock().unwrap();
         let refused = log.answers.pop_front();
-        log.calls.push(Received { at: Instant::now(), authorization, idempotency_key, refused, batch: request.into_inner() });
+        log.calls.push(Received {
+            at: Instant::now(),
+            authorization,
+            idempotency_key,
+            refused,
+            batch: request.into_inner(),
+        });
         cv.notify_all();
         match refused {
             Some(code) => Err(Status::new(code, "refused by the test connector")),
@@ -147,7 +153,13 @@ impl Connector {
             });
         });
         let address = ready_rx.recv().expect("connector thread failed to bind");
-        Connector { socket: pki.dir.join("unused.sock"), address: Some(address), recorder, stop: Some(stop), thread: Some(thread) }
+        Connector {
+            socket: pki.dir.join("unused.sock"),
+            address: Some(address),
+            recorder,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
     }
 
     /// Answer the next calls with these error codes, in order; later calls are accepted.

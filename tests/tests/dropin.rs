@@ -17,7 +17,8 @@ use tonic::Code;
 const WAIT: Duration = Duration::from_secs(30);
 const NODE: &str = "gpu-node-7";
 /// Upstream's current checks (`--checks` as its chart renders it).
-const UPSTREAM_CHECKS: &str = "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck";
+const UPSTREAM_CHECKS: &str =
+    "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck";
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()

@@ -152,7 +152,8 @@ impl DirectConfig {
         let Some(target) = var(ENV_TARGET) else {
             return Ok(None);
         };
-        let err = |var: &'static str, value: &str, why: &str| EnvError { var, value: value.to_string(), why: why.into() };
+        let err =
+            |var: &'static str, value: &str, why: &str| EnvError { var, value: value.to_string(), why: why.into() };
 
         let authority = authority_of(&target).ok_or_else(|| err(ENV_TARGET, &target, "expected host:port"))?;
         let final_attempt_window = Duration::from_secs(1);
@@ -182,7 +183,11 @@ impl DirectConfig {
         };
         if queue.max_bytes < MAX_MESSAGE_BYTES {
             let raw = queue.max_bytes.to_string();
-            return Err(err(ENV_QUEUE_MAX_BYTES, &raw, "below the 4194304-byte message limit: no full batch would fit"));
+            return Err(err(
+                ENV_QUEUE_MAX_BYTES,
+                &raw,
+                "below the 4194304-byte message limit: no full batch would fit",
+            ));
         }
         // The server accepts no batch without a token: missing is a start-up error.
         let token_path = var(ENV_TOKEN_PATH).ok_or_else(|| {
@@ -199,7 +204,11 @@ impl DirectConfig {
                     None => host_of(&authority).to_string(),
                 };
                 if server_name.is_empty() || server_name.contains(['/', ' ']) {
-                    return Err(err(ENV_TARGET, &target, &format!("no TLS server name in it: set {ENV_TLS_SERVER_NAME}")));
+                    return Err(err(
+                        ENV_TARGET,
+                        &target,
+                        &format!("no TLS server name in it: set {ENV_TLS_SERVER_NAME}"),
+                    ));
                 }
                 read_ca(&PathBuf::from(&ca)).map_err(|why| err(ENV_TLS_CA_FILE, &ca, &why))?;
                 Transport::Tls { ca_file: PathBuf::from(ca), server_name }
@@ -406,11 +415,12 @@ impl DirectSink {
             .connect_timeout(c.rpc_timeout.min(Duration::from_secs(20)));
         if let Transport::Tls { ca_file, server_name } = &c.transport {
             let pem = read_ca(ca_file).map_err(|why| format!("{}: {why}", ca_file.display()))?;
-            let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)).domain_name(server_name.clone());
+            let tls =
+                ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)).domain_name(server_name.clone());
             endpoint = endpoint.tls_config(tls).map_err(|e| format!("TLS settings for {uri}: {e}"))?;
         }
-        let client = PlatformConnectorClient::new(endpoint.connect_lazy())
-            .max_encoding_message_size(MAX_MESSAGE_BYTES + 1024);
+        let client =
+            PlatformConnectorClient::new(endpoint.connect_lazy()).max_encoding_message_size(MAX_MESSAGE_BYTES + 1024);
         Ok(client)
     }
 }
@@ -495,7 +505,10 @@ mod tests {
             (&[(ENV_TARGET, "pc:50051"), (ENV_TLS_CA_FILE, ca.as_str())], ENV_TOKEN_PATH),
             (&[(ENV_TARGET, "pc:50051"), (ENV_TOKEN_PATH, "/t")], ENV_TLS_CA_FILE),
             (&[(ENV_TARGET, "pc:50051"), (ENV_TOKEN_PATH, "/t"), (ENV_INSECURE, "yes")], ENV_INSECURE),
-            (&[(ENV_TARGET, "pc:50051"), (ENV_TOKEN_PATH, "/t"), (ENV_TLS_CA_FILE, "/nonexistent/ca.crt")], ENV_TLS_CA_FILE),
+            (
+                &[(ENV_TARGET, "pc:50051"), (ENV_TOKEN_PATH, "/t"), (ENV_TLS_CA_FILE, "/nonexistent/ca.crt")],
+                ENV_TLS_CA_FILE,
+            ),
             (&[(ENV_TARGET, "pc:notaport"), (ENV_TOKEN_PATH, "/t"), (ENV_INSECURE, "true")], ENV_TARGET),
         ];
         for (vars, var) in cases {
@@ -537,12 +550,8 @@ mod tests {
     }
 
     fn batch(id: u64, text: &str) -> PendingBatch {
-        let ev = HealthEvent::new(
-            Check::InfiniBandStateCheck,
-            &Stamp::default(),
-            time::OffsetDateTime::UNIX_EPOCH,
-            text,
-        );
+        let ev =
+            HealthEvent::new(Check::InfiniBandStateCheck, &Stamp::default(), time::OffsetDateTime::UNIX_EPOCH, text);
         PendingBatch { id, check: Check::InfiniBandStateCheck, events: vec![ev] }
     }
 

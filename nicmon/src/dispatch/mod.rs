@@ -18,10 +18,10 @@ pub mod lines;
 use std::path::PathBuf;
 use std::str::FromStr;
 
+pub use direct::{DirectConfig, DirectSink, QueueBounds};
 pub use grpc::{
     ConnectPolicy, DEFAULT_SOCKET, GrpcConfig, GrpcSink, RetryPolicy, SocketTarget, TokenError, TokenSource,
 };
-pub use direct::{DirectConfig, DirectSink, QueueBounds};
 pub use lines::{FileSink, LineSink};
 
 use crate::event::HealthEvent;
