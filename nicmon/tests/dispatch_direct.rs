@@ -11,10 +11,13 @@ use tokio::sync::oneshot;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Code, Request, Response, Status};
 
-/// Every call's (authorization, idempotency-key); answers `Err(answer)` while set.
+/// One call's (authorization, idempotency-key) headers.
+type Headers = (Option<String>, Option<String>);
+
+/// Every call's headers; answers `Err(answer)` while set.
 #[derive(Clone, Default)]
 struct Fake {
-    calls: Arc<Mutex<Vec<(Option<String>, Option<String>)>>>,
+    calls: Arc<Mutex<Vec<Headers>>>,
     answer: Arc<Mutex<Option<Code>>>,
 }
 
