@@ -244,6 +244,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
 
     // Dispatch.
     let sink = Sink::lazy(&opts.sink, opts.grpc.clone());
+    let queue_bounds = opts.sink.queue_bounds(&opts.grpc);
     let (btx, brx) = mpsc::unbounded_channel::<PendingBatch>();
     let (atx, mut arx) = mpsc::unbounded_channel::<Ack>();
     let pause = opts.grpc.retry.initial_backoff.max(Duration::from_millis(50));
@@ -328,6 +329,19 @@ pub async fn run(opts: RunOptions) -> Result<()> {
             }
             next.next_batch_id += 1;
             new_batches.push(PendingBatch { id: next.next_batch_id, check, events });
+        }
+        if let Some(bounds) = queue_bounds
+            && let Err(full) = bounds.admit(&st.outbox, &new_batches)
+        {
+            // Direct publishing's bounded queue: a poll whose events do not fit is not
+            // committed (its state does not advance) and runs again on the next cycle.
+            tracing::warn!("{full}: this poll is not committed and runs again");
+            pending_records.splice(0..0, records);
+            liveness.cycle_completed();
+            if stop {
+                break;
+            }
+            continue;
         }
         next.outbox.extend(new_batches.iter().cloned());
         save(&opts.state_file, &next);
