@@ -151,7 +151,7 @@ impl<'a> Daemon<'a> {
         };
         let sink = Sink::lazy(&opts.sink, opts.grpc.clone());
         let pause = opts.grpc.retry.initial_backoff.max(Duration::from_millis(50));
-        let courier = Courier::start(sink, &state.outbox, metrics.clone(), pause);
+        let courier = Courier::start(sink, &state.outbox, opts.sink.queue_bounds(&opts.grpc), metrics.clone(), pause);
         let sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
         let mut tick = tokio::time::interval(opts.interval.min(Duration::from_secs(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -275,10 +275,16 @@ impl<'a> Daemon<'a> {
             }
         }
 
-        self.state.checks = poll.next;
-        self.loaded = Loaded::Resumed;
         let path = &self.opts.state_file;
-        self.courier.commit(&mut self.state, &poll.events, |state| save(path, state));
+        match self.courier.commit(&mut self.state, poll.next, &poll.events, |state| save(path, state)) {
+            Ok(()) => self.loaded = Loaded::Resumed,
+            Err(full) => {
+                // Direct publishing's bounded queue: a poll whose events do not fit is not
+                // committed (its state does not advance) and runs again on the next cycle.
+                tracing::warn!("{full}: this poll is not committed and runs again");
+                self.pending_records.splice(0..0, records);
+            }
+        }
         self.liveness.cycle_completed();
     }
 

@@ -26,4 +26,5 @@ pub mod report;
 pub mod roles;
 pub mod state;
 pub mod topology;
+pub mod upstream;
 pub mod wake;

@@ -21,7 +21,8 @@ whether a running job will fail because of it, and reports health events to NVSe
 connector (gRPC) or, standalone, as JSON lines and Prometheus metrics.\n\n\
 Start with `nicmon check` to see what nicmon sees on this node, and `nicmon topology` for why each NIC \
 got its role.",
-    after_help = "Exit status: 0 when the command ran (whatever the health found), 2 on bad flags, \
+    after_help = "Flags without a subcommand run the monitor: `nicmon --node-name n1` is `nicmon run --node-name n1`.\n\n\
+Exit status: 0 when the command ran (whatever the health found), 2 on bad flags, \
 config or (with --metadata-required) metadata."
 )]
 struct Cli {
@@ -44,7 +45,8 @@ Examples:\n  nicmon check\n  nicmon check --format json\n  nicmon check --sysfs 
     #[command(long_about = "Run the monitor (the DaemonSet's command). Every --state-polling-interval (and at once \
 on every eBPF/rtnetlink/kernel-log wake-up) it polls sysfs, evaluates the state, counter and kernel-log checks, \
 queues the resulting events in the state file's outbox and sends them to the sink in order. SIGTERM/SIGINT finish \
-the cycle, flush and save.\n\nAccepts the flags of NVSentinel's nic-health-monitor unchanged.\n\nExamples:\n  \
+the cycle, flush and save.\n\nAccepts the flags of NVSentinel's nic-health-monitor unchanged (retired ones with a \
+warning), and `nicmon --flags…` without a subcommand is `nicmon run --flags…`, as upstream's chart invokes it.\n\nExamples:\n  \
 nicmon run --node-name gpu-node-1\n  nicmon run --sink stdout --state-file /tmp/nicmon-state.json --metrics-port 9112")]
     Run(Box<RunCli>),
     /// Trace mode for latency debugging: run the monitor and print every wake-up and poll.
@@ -169,14 +171,33 @@ struct RunCli {
     /// Use it on a rendered DaemonSet's arguments before a roll-out.
     #[arg(long)]
     check_config: bool,
+    /// NVSentinel's poll-stall watchdog deadline (Go duration; 0s disables). Accepted so
+    /// upstream's chart args start nicmon; the NICPollStallCheck itself is not implemented yet
+    /// and the value is ignored with a warning.
+    #[arg(long, value_name = "DURATION", value_parser = nicmon::upstream::go_duration)]
+    poll_stall_deadline: Option<std::time::Duration>,
+    /// Send NICPollStallCheck events as STORE_ONLY (NVSentinel's flag; see --poll-stall-deadline).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = nicmon::upstream::go_bool)]
+    poll_stall_store_only: Option<bool>,
+    /// Retired flag of NVSentinel's older charts: accepted and ignored, with a warning (counters
+    /// are evaluated at least every second).
+    #[arg(long, value_name = "DURATION")]
+    counter_polling_interval: Option<String>,
+    /// Retired flag of NVSentinel's older charts: accepted and ignored, with a warning.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    kata_enabled: Option<String>,
     /// Base of the connector retry backoff (the contract's 2 s); for tests and demos.
     #[arg(long, hide = true, value_parser = parse_retry_base)]
     connector_retry_base: Option<std::time::Duration>,
 }
 
 /// A duration flag within `[min, max]` (clap exits 2 with this message otherwise).
+/// A duration flag: Go syntax (upstream's chart: `1s`, `1m30s`), else humantime's (`2 minutes`),
+/// within `min..=max`.
 fn parse_duration_in(s: &str, min: Duration, max: Duration) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (expected e.g. 1s, 500ms)"))?;
+    let d = nicmon::upstream::go_duration(s)
+        .or_else(|_| humantime::parse_duration(s))
+        .map_err(|e| format!("{s:?}: {e} (expected e.g. 1s, 500ms)"))?;
     if d < min || d > max {
         return Err(format!(
             "{s:?} is out of range: expected {} to {}",
@@ -201,16 +222,78 @@ fn parse_strategy(s: &str) -> Result<ProcessingStrategy, String> {
     })
 }
 
+impl RunCli {
+    /// The retired upstream flags given on the command line.
+    fn retired_flags(&self) -> Vec<&'static str> {
+        let mut given = Vec::new();
+        if self.counter_polling_interval.is_some() {
+            given.push("--counter-polling-interval");
+        }
+        if self.kata_enabled.is_some() {
+            given.push("--kata-enabled");
+        }
+        given
+    }
+
+    /// Warnings about flags that are accepted but change nothing.
+    fn flag_warnings(&self) -> Vec<String> {
+        let mut warnings: Vec<String> = nicmon::upstream::retired_warning(&self.retired_flags()).into_iter().collect();
+        if self.poll_stall_deadline.is_some() || self.poll_stall_store_only.is_some() {
+            warnings.push(
+                "--poll-stall-deadline/--poll-stall-store-only accepted but ignored: nicmon has no NICPollStallCheck yet"
+                    .to_string(),
+            );
+        }
+        warnings
+    }
+
+    /// The node name stamped on events. The platform connector files events under it (and
+    /// with token auth rejects a batch for another node), so the gRPC sink needs it given
+    /// (as upstream's monitor does); the JSON-lines sinks fall back to the host name.
+    fn node_name(&self) -> anyhow::Result<String> {
+        match self.node_name.as_deref().map(str::trim).filter(|n| !n.is_empty()) {
+            Some(n) => Ok(n.to_string()),
+            None if matches!(self.dispatch.sink, nicmon::dispatch::SinkSpec::Grpc) => anyhow::bail!(
+                "--node-name (or the NODE_NAME environment variable) is required with --sink grpc: the platform \
+                 connector files every event under the node name (in a DaemonSet set NODE_NAME from spec.nodeName)"
+            ),
+            None => Ok(nicmon::check::node_name(None)),
+        }
+    }
+
+    /// The gRPC sink's settings: the socket flags, or direct publishing when
+    /// HEALTH_PUBLISH_TARGET is set (its companions checked now, as upstream does at start-up).
+    fn grpc_config(&self) -> anyhow::Result<nicmon::dispatch::GrpcConfig> {
+        let mut grpc = self.dispatch.grpc_config();
+        grpc.direct = nicmon::dispatch::DirectConfig::from_process_env()?;
+        if grpc.direct.is_some() && !matches!(self.dispatch.sink, nicmon::dispatch::SinkSpec::Grpc) {
+            tracing::warn!(sink = %self.dispatch.sink, "HEALTH_PUBLISH_TARGET ignored: events go to the --sink given");
+            grpc.direct = None;
+        }
+        if let Some(base) = self.connector_retry_base {
+            grpc.retry.initial_backoff = base;
+            grpc.connect.attempts = grpc.connect.attempts.min(2);
+            if let Some(d) = grpc.direct.as_mut() {
+                d.initial_backoff = base;
+            }
+        }
+        Ok(grpc)
+    }
+}
+
 fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
     if r.check_config {
         return check_config(&r);
     }
-    let mut grpc = r.dispatch.grpc_config();
-    if let Some(base) = r.connector_retry_base {
-        grpc.retry.initial_backoff = base;
-        grpc.connect.attempts = grpc.connect.attempts.min(2);
+    let node = r.node_name()?;
+    for w in r.flag_warnings() {
+        tracing::warn!("{w}");
     }
-    let node = nicmon::check::node_name(r.node_name.as_deref());
+    let grpc = r.grpc_config()?;
+    if let Some(d) = &grpc.direct {
+        let tls = matches!(d.transport, nicmon::dispatch::direct::Transport::Tls { .. });
+        tracing::info!(target = %d.authority, tls, "publishing directly to the deployment platform connector");
+    }
     let opts = RunOptions {
         monitor: monitor_options(
             r.host,
@@ -265,7 +348,10 @@ fn monitor_options(host: HostArgs, checks: &str, boot_id_path: Option<PathBuf>, 
 fn check_config(r: &RunCli) -> anyhow::Result<String> {
     use std::fmt::Write as _;
     let config = nicmon::config::Config::load(&r.host.config)?;
-    let mut warnings = config.warnings.clone();
+    let node = r.node_name()?;
+    let grpc = r.grpc_config()?;
+    let mut warnings = r.flag_warnings();
+    warnings.extend(config.warnings.iter().cloned());
     warnings.extend(config.path_warnings(&r.host.sysfs));
     let (checks, unknown) = nicmon::daemon::parse_checks(&r.checks);
     warnings.extend(unknown.iter().map(|name| format!("--checks: unknown check {name:?} would be skipped")));
@@ -286,9 +372,30 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
     let _ = writeln!(out, "metadata:          {} (required: {})", r.host.metadata.display(), r.host.metadata_required);
     let _ = writeln!(out, "state file:        {}", r.state_file.display());
     let _ = writeln!(out, "sink:              {}", r.dispatch.sink);
-    if matches!(r.dispatch.sink, nicmon::dispatch::SinkSpec::Grpc) {
-        let _ = writeln!(out, "connector socket:  {}", r.dispatch.platform_connector_socket);
+    match (&r.dispatch.sink, &grpc.direct) {
+        (nicmon::dispatch::SinkSpec::Grpc, Some(d)) => {
+            let transport = match &d.transport {
+                nicmon::dispatch::direct::Transport::Tls { ca_file, server_name } => {
+                    format!("TLS, CA {}, server name {server_name}", ca_file.display())
+                }
+                nicmon::dispatch::direct::Transport::Insecure => "plaintext (HEALTH_PUBLISH_INSECURE)".to_string(),
+            };
+            let _ = writeln!(out, "direct publish:    {} ({transport})", d.authority);
+            let _ = writeln!(
+                out,
+                "  token / window:  {} / {:?}; queue {} batches / {} bytes",
+                d.token.path().map(|p| p.display().to_string()).unwrap_or_default(),
+                d.retry_window,
+                d.queue.max_batches,
+                d.queue.max_bytes
+            );
+        }
+        (nicmon::dispatch::SinkSpec::Grpc, None) => {
+            let _ = writeln!(out, "connector socket:  {}", r.dispatch.platform_connector_socket);
+        }
+        _ => {}
     }
+    let _ = writeln!(out, "node name:         {node}");
     let _ = writeln!(out, "processing:        {:?}", r.processing_strategy);
     let metrics = match r.no_metrics {
         true => "off".to_string(),
@@ -324,7 +431,8 @@ struct TopologyCli {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Upstream's chart passes flags only: `nicmon --flags…` is `nicmon run --flags…`.
+    let cli = Cli::parse_from(nicmon::upstream::with_default_subcommand(std::env::args_os().collect()));
     nicmon::logging::init(cli.log_json);
     let result = match cli.command {
         Command::Check(c) => check::run_check(&CheckArgs {

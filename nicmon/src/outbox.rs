@@ -2,9 +2,12 @@
 //!
 //! Every event a poll produces goes through here, nowhere else:
 //!
-//! 1. [`Courier::commit`] appends the cycle's events to the [`Outbox`] as **one batch per
-//!    check** (in [`Check::ALL`] order), each with the next increasing id;
-//! 2. it **saves the state file** (the outbox is part of it) — and only then
+//! 1. [`Courier::commit`] forms the cycle's events into **one batch per check** (in
+//!    [`Check::ALL`] order), each with the next increasing id. With direct publishing's
+//!    bounded queue, a cycle whose batches do not all fit behind those queued is refused
+//!    whole: nothing is queued, the checks' state does not advance, and the poll runs again;
+//! 2. otherwise it appends them to the [`Outbox`], advances the checks' state, **saves the
+//!    state file** (the outbox is part of it) — and only then
 //! 3. hands the new batches to the sender task, which sends them **strictly in order**
 //!    through the [`Sink`], retrying a failing head batch forever (never skipping ahead);
 //! 4. a batch the sink accepted — or rejected permanently, which no retry would change —
@@ -23,9 +26,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::dispatch::Sink;
+use crate::dispatch::direct::{QueueBounds, QueueFull};
 use crate::event::{Check, HealthEvent};
 use crate::metrics::Metrics;
-use crate::state::State;
+use crate::state::{CheckState, State};
 
 /// One check's events of one poll cycle, waiting for the sink.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,18 +52,29 @@ pub struct Outbox {
 }
 
 impl Outbox {
-    /// Append `events` as one batch per check, in [`Check::ALL`] order; returns the new
-    /// batches. Only [`Courier::commit`] calls this in the daemon: the new batches must not
-    /// be sent before the outbox holding them is saved.
-    pub fn enqueue(&mut self, events: &[HealthEvent]) -> Vec<PendingBatch> {
+    /// `events` as one batch per check, in [`Check::ALL`] order, with the ids they would
+    /// get if queued now (nothing is queued).
+    pub fn batches_for(&self, events: &[HealthEvent]) -> Vec<PendingBatch> {
         let mut new = Vec::new();
+        let mut id = self.last_id;
         for check in Check::ALL {
             let batch: Vec<HealthEvent> = events.iter().filter(|e| e.check() == Some(check)).cloned().collect();
             if batch.is_empty() {
                 continue;
             }
-            self.last_id += 1;
-            new.push(PendingBatch { id: self.last_id, check, events: batch });
+            id += 1;
+            new.push(PendingBatch { id, check, events: batch });
+        }
+        new
+    }
+
+    /// Append `events` as one batch per check, in [`Check::ALL`] order; returns the new
+    /// batches. In the daemon only [`Courier::commit`] queues: the new batches must not be
+    /// sent before the outbox holding them is saved.
+    pub fn enqueue(&mut self, events: &[HealthEvent]) -> Vec<PendingBatch> {
+        let new = self.batches_for(events);
+        if let Some(last) = new.last() {
+            self.last_id = last.id;
         }
         self.batches.extend(new.iter().cloned());
         new
@@ -93,6 +108,8 @@ impl Outbox {
 /// acknowledgements back). Dropping it stops the sender.
 pub struct Courier {
     tx: Option<mpsc::UnboundedSender<PendingBatch>>,
+    /// Direct publishing's bound on what may be queued; `None`: unbounded.
+    bounds: Option<QueueBounds>,
     acks: mpsc::UnboundedReceiver<u64>,
     task: JoinHandle<()>,
 }
@@ -105,28 +122,47 @@ impl Drop for Courier {
 
 impl Courier {
     /// Start the sender task on `sink` and hand it what `outbox` still holds (batches
-    /// loaded from the state file are sent first, in order). `pause`: the wait between two
+    /// loaded from the state file are sent first, in order). `bounds`: the sink's bound on
+    /// the queue ([`crate::dispatch::SinkSpec::queue_bounds`]). `pause`: the wait between two
     /// tries of a failing head batch.
-    pub fn start(sink: Sink, outbox: &Outbox, metrics: Arc<Metrics>, pause: Duration) -> Courier {
+    pub fn start(
+        sink: Sink,
+        outbox: &Outbox,
+        bounds: Option<QueueBounds>,
+        metrics: Arc<Metrics>,
+        pause: Duration,
+    ) -> Courier {
         let (tx, rx) = mpsc::unbounded_channel();
         let (atx, acks) = mpsc::unbounded_channel();
         for b in outbox.pending() {
             let _ = tx.send(b.clone());
         }
         let task = tokio::spawn(send_in_order(sink, rx, atx, metrics, pause));
-        Courier { tx: Some(tx), acks, task }
+        Courier { tx: Some(tx), bounds, acks, task }
     }
 
-    /// The commit rule: queue `events` in the state's outbox, run `save` (which persists
-    /// that state), and only then let the new batches go to the sink.
-    pub fn commit(&self, state: &mut State, events: &[HealthEvent], save: impl FnOnce(&State)) {
+    /// The commit rule: queue `events` in the state's outbox and advance its checks to
+    /// `checks`, run `save` (which persists that state), and only then let the new batches
+    /// go to the sink. A cycle the queue's bound refuses changes nothing (`Err`).
+    pub fn commit(
+        &self,
+        state: &mut State,
+        checks: CheckState,
+        events: &[HealthEvent],
+        save: impl FnOnce(&State),
+    ) -> Result<(), QueueFull> {
+        if let Some(bounds) = &self.bounds {
+            bounds.admit(state.outbox.pending(), &state.outbox.batches_for(events))?;
+        }
         let new = state.outbox.enqueue(events);
+        state.checks = checks;
         save(state);
         if let Some(tx) = &self.tx {
             for b in new {
                 let _ = tx.send(b);
             }
         }
+        Ok(())
     }
 
     /// Wait for the next acknowledgement, then take every other one already there. `None`
@@ -217,6 +253,22 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_cycle_the_bound_refuses_changes_nothing() {
+        let sink = Sink::lazy(
+            &crate::dispatch::SinkSpec::Stdout,
+            crate::dispatch::GrpcConfig::new(crate::dispatch::DEFAULT_SOCKET.parse().unwrap()),
+        );
+        let bounds = QueueBounds { max_batches: 1, max_bytes: usize::MAX };
+        let mut state = State::fresh(None);
+        let courier = Courier::start(sink, &state.outbox, Some(bounds), Arc::new(Metrics::new("n")), Duration::ZERO);
+        let two = [ev(Check::InfiniBandStateCheck), ev(Check::NICKernelLogCheck)];
+        let checks = CheckState { polls: 1, ..CheckState::default() };
+        let refused = courier.commit(&mut state, checks, &two, |_| panic!("a refused cycle is not saved"));
+        assert!(refused.is_err());
+        assert_eq!(state, State::fresh(None));
+    }
+
+    #[tokio::test]
     async fn saved_before_sent() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ev.jsonl");
@@ -225,13 +277,17 @@ mod tests {
             crate::dispatch::GrpcConfig::new(crate::dispatch::DEFAULT_SOCKET.parse().unwrap()),
         );
         let mut state = State::fresh(None);
-        let mut courier = Courier::start(sink, &state.outbox, Arc::new(Metrics::new("n")), Duration::from_millis(10));
+        let mut courier =
+            Courier::start(sink, &state.outbox, None, Arc::new(Metrics::new("n")), Duration::from_millis(10));
         let mut saved = None;
-        courier.commit(&mut state, &[ev(Check::EthernetStateCheck)], |s| {
+        let checks = CheckState { polls: 1, ..CheckState::default() };
+        let committed = courier.commit(&mut state, checks, &[ev(Check::EthernetStateCheck)], |s| {
             // Nothing can have been sent yet: the batches are handed over after this returns.
             assert!(!path.exists());
+            assert_eq!(s.checks.polls, 1, "the checks advance with the outbox");
             saved = Some(s.outbox.clone());
         });
+        assert!(committed.is_ok());
         assert_eq!(saved.unwrap().len(), 1);
         let mut outbox = state.outbox;
         let acks = courier.next_acks().await.unwrap();

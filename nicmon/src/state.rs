@@ -15,6 +15,7 @@ use crate::counters::CounterState;
 use crate::kmsg::KmsgState;
 use crate::linkstate::LinkState;
 use crate::outbox::Outbox;
+pub use crate::outbox::PendingBatch;
 
 /// Version of the file format.
 pub const VERSION: u32 = 1;
