@@ -144,12 +144,38 @@ pub struct Port {
     /// (`counters/link_downed`, `hw_counters/rnr_nak_retry_err`,
     /// `/sys/class/net/{interface}/carrier_changes`). Unreadable ones are absent.
     pub counters: BTreeMap<String, u64>,
+    /// Attributes read as "unknown", and why (`state` → `"not a regular file (fifo): not
+    /// read"`, `phys_state` → `"unparsable value \"N/A (no PMA)\""`). An unknown value is no
+    /// value: the decide layer makes no decision from it (issue #14).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unknown: BTreeMap<String, String>,
 }
 
 impl Port {
     /// Healthy = `ACTIVE` and `LinkUp` (000 §3.4).
     pub fn is_healthy(&self) -> bool {
         self.state == Some(PortState::Active) && self.phys_state == Some(PhysState::LinkUp)
+    }
+
+    /// The first of `state`, `phys_state` that is unknown (unreadable, empty or unparsable),
+    /// with why: such a port gets no state decision this poll.
+    pub fn unknown_state(&self) -> Option<(&'static str, String)> {
+        let why = |attr: &str, raw: Option<&str>| {
+            self.unknown.get(attr).cloned().unwrap_or_else(|| match raw {
+                Some(t) => format!("unparsable value {:?}", t),
+                None => "unreadable".to_string(),
+            })
+        };
+        match &self.state {
+            None => return Some(("state", why("state", None))),
+            Some(PortState::Unknown(t)) => return Some(("state", why("state", Some(t)))),
+            Some(_) => {}
+        }
+        match &self.phys_state {
+            None => Some(("phys_state", why("phys_state", None))),
+            Some(PhysState::Unknown(t)) => Some(("phys_state", why("phys_state", Some(t)))),
+            Some(_) => None,
+        }
     }
 }
 
@@ -179,6 +205,9 @@ pub struct Device {
     pub function: Function,
     pub netdev: Option<String>,
     pub ports: Vec<Port>,
+    /// Device attributes read as "unknown", and why (`numa_node`); see [`Port::unknown`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unknown: BTreeMap<String, String>,
 }
 
 impl Device {

@@ -384,6 +384,7 @@ mod tests {
                 function: crate::model::Function::Pf,
                 netdev: Some("ib0".into()),
                 ports: vec![],
+                unknown: Default::default(),
             }],
             ..Default::default()
         };

@@ -37,14 +37,16 @@ pub(super) fn state_check_named(link_layer: &str) -> Check {
 
 /// Classify a port's state (000 §3, SPEC §1.3).
 pub fn port_health(port: &Port, ll: &LinkLayer) -> PortHealth {
+    // Unknown is not a value: an unreadable, empty or unparsable state or phys_state is no
+    // decision (issue #14), never DOWN and never an escalating "other" state.
     let (Some(state), Some(phys)) = (&port.state, &port.phys_state) else {
         return PortHealth::Unknown;
     };
+    if port.unknown_state().is_some() {
+        return PortHealth::Unknown;
+    }
     if port.is_healthy() {
         return PortHealth::Healthy;
-    }
-    if matches!(state, PortState::Unknown(_)) && matches!(phys, PhysState::Unknown(_)) {
-        return PortHealth::Unknown;
     }
     if *phys == PhysState::Disabled {
         return PortHealth::Fatal;
@@ -125,5 +127,10 @@ mod tests {
         assert_eq!(port_health(&port("1: DOWN", "2: Polling"), &eth), PortHealth::Fatal);
         assert_eq!(port_health(&port("2: INIT", "5: LinkUp"), &eth), PortHealth::Quiet);
         assert_eq!(port_health(&port("", "5: LinkUp"), &ib), PortHealth::Unknown);
+        // Unparsable on one side only is still no decision (it used to escalate).
+        assert_eq!(port_health(&port("N/A (no PMA)", "5: LinkUp"), &ib), PortHealth::Unknown);
+        assert_eq!(port_health(&port("-1", "5: LinkUp"), &ib), PortHealth::Unknown);
+        assert_eq!(port_health(&port("1: DOWN", "\u{1}\u{2}"), &ib), PortHealth::Unknown);
+        assert_eq!(port_health(&port("4: ACTIVE", "4: ACTIVE"), &ib), PortHealth::Unknown);
     }
 }

@@ -6,7 +6,8 @@
 //! 1. [`disappearance`] — known devices missing for 3 polls (with the PCI probe's verdict),
 //!    and their return;
 //! 2. [`homogeneity`] — active ports per card against its role group's mode;
-//! 3. per port: [`ports`] — health boundary crossings, deferral of never-healthy ports, and
+//! 3. per port: [`unknown`] — a state that is unknown is no decision, said once after the
+//!    grace and cleared when readable; [`ports`] — health boundary crossings, deferral of never-healthy ports, and
 //!    [`escalation`] of non-fatal ports to fatal (the 30 s grace, or at once by peers);
 //!    then [`subnet_manager`] — LID / SM LID changes while ACTIVE;
 //! 4. [`homogeneity::card_events`] — card-level events no port event explains;
@@ -27,11 +28,13 @@ pub mod ports;
 pub mod speed;
 pub mod state;
 pub mod subnet_manager;
+pub mod unknown;
 
 pub use disappearance::MISSES_BEFORE_REPORT;
 pub use health::{PortHealth, port_health, state_check};
 pub use ports::MAX_DEFERRED_POLLS;
 pub use state::{KnownDevice, LinkState, PortRecord, Reported, port_key};
+pub use unknown::with_known_link_layers;
 
 /// The knobs of the state checks.
 #[derive(Debug, Clone)]
@@ -135,6 +138,7 @@ pub fn evaluate(
             let known = st.port_states.get(&key).cloned();
             let is_known = known.is_some();
             let mut r = known.unwrap_or_else(|| pv.new_record());
+            unknown::unknown_state(&ctx, &pv, &mut r, &mut out);
             ports::transition(&ctx, &pv, &cards, &mut r, is_known, &mut out);
             subnet_manager::lid_changes(&ctx, &pv, &r, &mut out);
             ports::remember(port, &mut r);

@@ -46,6 +46,8 @@ impl PortView<'_> {
             speed_degraded: false,
             lid: None,
             sm_lid: None,
+            unknown_since: None,
+            unknown_reported: false,
         }
     }
 }

@@ -40,6 +40,13 @@ pub struct PortRecord {
     pub lid: Option<u32>,
     #[serde(default)]
     pub sm_lid: Option<u32>,
+    /// Since when its state or phys_state has been unknown (no decision), if it is now.
+    #[serde(default, with = "time::serde::rfc3339::option", skip_serializing_if = "Option::is_none")]
+    pub unknown_since: Option<OffsetDateTime>,
+    /// A non-fatal "unknown" event was sent for the current unknown episode (its end sends
+    /// a healthy one).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unknown_reported: bool,
 }
 
 /// A monitored device seen in this boot (disappearance detection across restarts).
