@@ -659,3 +659,74 @@ fn kmsg_path_on_a_regular_file_or_another_device_is_refused_without_spinning() {
         assert!(used < 60, "{bad:?}: {used} ticks of CPU in 2 s");
     }
 }
+
+/// The events of a poll about mlx5_1 port 1, briefly.
+fn port_events(events: &[serde_json::Value]) -> Vec<(String, bool, bool, String, String)> {
+    events.iter().map(brief).filter(|b| b.3 == "NIC=mlx5_1 NICPort=1").collect()
+}
+
+#[test]
+fn an_unknown_state_is_no_decision_then_one_non_fatal_event_then_cleared() {
+    for (attr, bad) in [("state", Bad::Fifo), ("phys_state", Bad::NoPma), ("state", Bad::Directory)] {
+        let node = node();
+        let tl = Timeline::new(&node);
+        let what = format!("{attr} as {bad:?}");
+        assert!(tl.poll(0).iter().all(|e| !e["isFatal"].as_bool().unwrap()), "{what}: baseline");
+        let path = node.port_file("mlx5_1", 1, attr);
+        apply(&path, bad);
+        // No decision while unknown: no event at all, the card is not compared.
+        for t in [1, 10, 20] {
+            let ev = tl.poll(t);
+            assert!(ev.is_empty(), "{what} at t={t}: {ev:#?}");
+        }
+        // Past the 30 s grace: one non-fatal event naming the attribute and why.
+        let ev = tl.poll(31);
+        assert_eq!(ev.len(), 1, "{what} at t=31: {ev:#?}");
+        let b = &port_events(&ev)[0];
+        assert_eq!((b.0.as_str(), b.1, b.2), ("InfiniBandStateCheck", false, false), "{what}: non-fatal");
+        let msg = ev[0]["message"].as_str().unwrap();
+        assert!(msg.contains(&format!("{attr} unknown (")), "{what}: {msg}");
+        assert!(tl.poll(40).is_empty(), "{what}: said once");
+        // Readable again: one healthy event clears it.
+        apply(&path, Bad::Empty);
+        node.repair("mlx5_1", 1);
+        let ev = tl.poll(41);
+        assert_eq!(port_events(&ev).len(), 1, "{what}: {ev:#?}");
+        assert!(ev.len() == 1 && port_events(&ev)[0].1, "{what}: healthy {ev:#?}");
+        assert!(tl.poll(42).is_empty(), "{what}");
+    }
+}
+
+#[test]
+fn a_real_cable_pull_is_reported_while_link_layer_is_unreadable() {
+    for bad in [Bad::Fifo, Bad::Empty, Bad::Binary, Bad::Dangling] {
+        let node = node();
+        let tl = Timeline::new(&node);
+        let what = format!("link_layer as {bad:?}");
+        tl.poll(0);
+        apply(&node.port_file("mlx5_1", 1, "link_layer"), bad);
+        assert!(tl.poll(1).is_empty(), "{what}: a healthy port stays quiet");
+        node.pull_cable("mlx5_1", 1);
+        let ev = port_events(&tl.poll(2));
+        assert_eq!(ev.len(), 1, "{what}: the readable DOWN is reported: {ev:?}");
+        assert_eq!((ev[0].0.as_str(), ev[0].1), ("InfiniBandStateCheck", false), "{what}");
+    }
+}
+
+#[test]
+fn a_pix_nic_with_an_unreadable_numa_node_keeps_its_role_and_its_down_is_reported() {
+    for bad in [Bad::Fifo, Bad::Empty, Bad::NoPma, Bad::DevZero] {
+        let node = node();
+        let numa = node.sys().join(&node.info["mlx5_1"].pci_dir).join("numa_node");
+        apply(&numa, bad);
+        let what = format!("numa_node as {bad:?}");
+        let tl = Timeline::new(&node);
+        let report = tl.report(0);
+        let dev = report["devices"].as_array().unwrap().iter().find(|d| d["name"] == "mlx5_1").unwrap();
+        assert_eq!(dev["role"], "compute", "{what}: {dev:#}");
+        node.pull_cable("mlx5_1", 1);
+        let ev = port_events(&tl.poll(1));
+        assert_eq!(ev.len(), 1, "{what}: the DOWN is reported: {ev:?}");
+        assert!(!ev[0].1, "{what}");
+    }
+}
