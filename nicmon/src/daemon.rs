@@ -151,7 +151,8 @@ impl<'a> Daemon<'a> {
         };
         let sink = Sink::lazy(&opts.sink, opts.grpc.clone());
         let pause = opts.grpc.retry.initial_backoff.max(Duration::from_millis(50));
-        let courier = Courier::start(sink, &state.outbox, opts.sink.queue_bounds(&opts.grpc), metrics.clone(), pause);
+        let courier =
+            Courier::start(sink, &state.outbox, Some(opts.sink.queue_bounds(&opts.grpc)), metrics.clone(), pause);
         let sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
         let mut tick = tokio::time::interval(opts.interval.min(Duration::from_secs(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -279,8 +280,10 @@ impl<'a> Daemon<'a> {
         match self.courier.commit(&mut self.state, poll.next, &poll.events, |state| save(path, state)) {
             Ok(()) => self.loaded = Loaded::Resumed,
             Err(full) => {
-                // Direct publishing's bounded queue: a poll whose events do not fit is not
-                // committed (its state does not advance) and runs again on the next cycle.
+                // The bounded outbox: a poll whose events do not fit is not committed (its
+                // state does not advance) and runs again on the next cycle. So nothing queued
+                // is dropped, and once there is room the poll queues the newest state of every
+                // (check, entity) against what was last committed.
                 tracing::warn!("{full}: this poll is not committed and runs again");
                 self.pending_records.splice(0..0, records);
             }
