@@ -40,6 +40,9 @@ pub struct DeviceReport {
     pub role: Option<Role>,
     pub role_reason: Option<String>,
     pub ports: Vec<PortReport>,
+    /// Device attributes that were unknown (`numa_node`), and why.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub unknown: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -57,6 +60,9 @@ pub struct PortReport {
     pub sm_lid: Option<u32>,
     /// Counter file name → value; unreadable ones absent.
     pub counters: BTreeMap<String, u64>,
+    /// Attributes that were unknown (`state`, `phys_state`, `link_layer`), and why.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub unknown: BTreeMap<String, String>,
 }
 
 /// The display name of a configured counter path: its file name.
@@ -111,8 +117,10 @@ impl Report {
                                 .iter()
                                 .map(|(k, v)| (counter_display_name(k).to_string(), *v))
                                 .collect(),
+                            unknown: p.unknown.clone(),
                         })
                         .collect(),
+                    unknown: d.unknown.clone(),
                 }
             })
             .collect();

@@ -730,3 +730,18 @@ fn a_pix_nic_with_an_unreadable_numa_node_keeps_its_role_and_its_down_is_reporte
         assert!(!ev[0].1, "{what}");
     }
 }
+
+#[test]
+fn an_unknown_link_layer_or_state_on_the_first_poll_gives_no_card_event() {
+    // No state file: no last known link layer to judge with, so the card is undecided.
+    for attr in ["link_layer", "state"] {
+        for bad in [Bad::Empty, Bad::Fifo, Bad::Binary] {
+            let node = node();
+            apply(&node.port_file("mlx5_1", 1, attr), bad);
+            let what = format!("{attr} as {bad:?} on the first poll");
+            let (status, report, stderr) = check(&node, &[], &what);
+            assert!(status.success(), "{what}: {stderr}");
+            assert!(fatal_events(&report).is_empty(), "{what}: {report:#}");
+        }
+    }
+}

@@ -64,12 +64,18 @@ pub(super) fn compare_cards(ctx: &Ctx<'_>, missing_cards: &BTreeSet<String>) -> 
     let mut views: BTreeMap<String, CardView> = BTreeMap::new();
     let mut undecided = BTreeSet::new();
     for d in &ctx.monitored {
-        let (Some(role), Some(ll), Some(card)) = (ctx.role_of(d), device_link_layer(d), d.card.as_ref()) else {
+        let Some(card) = d.card.as_ref() else {
             continue;
         };
-        if d.ports.iter().any(|p| p.unknown_state().is_some()) {
+        // A device whose link layer or a port's state is unknown (and not judged with a last
+        // known one) cannot be counted: its card is undecided, not short of active ports.
+        let ll = device_link_layer(d).filter(|l| !matches!(l, LinkLayer::Unknown(_)));
+        if ll.is_none() || d.ports.iter().any(|p| p.unknown_state().is_some()) {
             undecided.insert(card.clone());
         }
+        let (Some(role), Some(ll)) = (ctx.role_of(d), ll) else {
+            continue;
+        };
         let view = views.entry(card.clone()).or_insert(CardView { group: (role, ll.clone()), active: 0 });
         view.active += d.ports.iter().filter(|p| p.is_healthy()).count();
     }
