@@ -7,10 +7,17 @@
 //! with `EINVAL` is never opened again for the life of this reader (SPEC §1.1 — reading
 //! restricted counters makes mlx5 log `ACCESS_REG ... failed` on every read). The set is
 //! exported so the state file can carry it across restarts within one boot.
+//!
+//! Two rules serve support bundles (`nicmon bundle`, [`crate::bundle`]): only regular files
+//! are read, opened without blocking (a FIFO where a counter should be is an error, not a
+//! hang); and a symlink whose target is [`FAILURE_LINK_PREFIX`]`<why>` reads as the failure
+//! a bundle recorded there (`errno=22` is `EINVAL`), so a replayed tree fails the way the
+//! node did. With an [`AccessLog`] the reader also notes every path it was asked about.
 use std::collections::BTreeSet;
-use std::io;
+use std::io::{self, Read};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Why a value could not be read.
@@ -34,6 +41,58 @@ impl std::fmt::Display for ReadError {
     }
 }
 
+/// Which tree a path is relative to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Tree {
+    Sys,
+    Proc,
+}
+
+/// One question the reader was asked, for [`AccessLog`].
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Access {
+    /// A file's contents.
+    Read { tree: Tree, rel: String },
+    /// A directory's entry names.
+    List { tree: Tree, rel: String },
+    /// Whether an entry exists, where a link points, whether it resolves.
+    Entry { tree: Tree, rel: String },
+    /// The boot ID file given by `--boot-id-path`.
+    BootIdFile,
+}
+
+/// Every path a [`Host`] was asked about (shared with the caller).
+pub type AccessLog = Arc<Mutex<BTreeSet<Access>>>;
+
+/// The target prefix of a link that stands for a read failure recorded by a support bundle:
+/// `nicmon-bundle:errno=22` (the `read()` failed with that errno), `nicmon-bundle:not-regular`,
+/// `nicmon-bundle:stuck`, `nicmon-bundle:too-large`, `nicmon-bundle:outside-tree`.
+pub const FAILURE_LINK_PREFIX: &str = "nicmon-bundle:";
+
+/// The error a failure link stands for.
+pub fn failure_link_error(why: &str) -> io::Error {
+    if let Some(n) = why.strip_prefix("errno=").and_then(|n| n.parse::<i32>().ok()) {
+        return io::Error::from_raw_os_error(n);
+    }
+    match why {
+        "not-regular" => not_regular(),
+        other => io::Error::other(format!("not captured in the support bundle ({other})")),
+    }
+}
+
+fn not_regular() -> io::Error {
+    io::Error::other("not a regular file")
+}
+
+/// Open a file for reading without blocking on a FIFO, and only if it is a regular file.
+pub fn open_regular(path: &Path) -> io::Result<std::fs::File> {
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(path)?;
+    if !f.metadata()?.file_type().is_file() {
+        return Err(not_regular());
+    }
+    Ok(f)
+}
+
 /// Counts of what the reader did, for metrics and tests.
 #[derive(Debug, Default)]
 pub struct ReadStats {
@@ -48,6 +107,7 @@ pub struct Host {
     procfs: PathBuf,
     boot_id_path: Option<PathBuf>,
     einval: Mutex<BTreeSet<String>>,
+    accesses: Option<AccessLog>,
     pub stats: ReadStats,
 }
 
@@ -58,8 +118,27 @@ impl Host {
             procfs: procfs.into(),
             boot_id_path: None,
             einval: Mutex::new(BTreeSet::new()),
+            accesses: None,
             stats: ReadStats::default(),
         }
+    }
+
+    /// Note every path this reader is asked about in `log`.
+    pub fn with_access_log(mut self, log: AccessLog) -> Host {
+        self.accesses = Some(log);
+        self
+    }
+
+    fn note(&self, access: impl FnOnce() -> Access) {
+        if let Some(log) = &self.accesses
+            && let Ok(mut l) = log.lock()
+        {
+            l.insert(access());
+        }
+    }
+
+    fn note_sys(&self, rel: &str, make: fn(Tree, String) -> Access) {
+        self.note(|| make(Tree::Sys, rel.to_string()));
     }
 
     /// Read the boot ID from `path` instead of `<procfs>/sys/kernel/random/boot_id`.
@@ -83,21 +162,23 @@ impl Host {
 
     /// Read a sysfs file as text (lossy UTF-8).
     pub fn read_sys(&self, rel: &str) -> Result<String, ReadError> {
+        self.note_sys(rel, |tree, rel| Access::Read { tree, rel });
         self.read_at(&self.sys(rel), rel)
     }
 
     /// Read a procfs file as text.
     pub fn read_proc(&self, rel: &str) -> Result<String, ReadError> {
+        self.note(|| Access::Read { tree: Tree::Proc, rel: rel.to_string() });
         let key = format!("proc:{rel}");
         self.read_at(&self.procfs.join(rel), &key)
     }
 
     /// Read the first `n` bytes of a sysfs file (PCI config space).
     pub fn read_sys_bytes(&self, rel: &str, n: usize) -> Result<Vec<u8>, ReadError> {
-        use std::io::Read;
+        self.note_sys(rel, |tree, rel| Access::Read { tree, rel });
         let path = self.sys(rel);
         self.stats.files_read.fetch_add(1, Ordering::Relaxed);
-        let mut f = std::fs::File::open(&path).map_err(|e| classify(&e))?;
+        let mut f = open_regular(&path).map_err(|e| classify_at(&path, &e))?;
         let mut buf = vec![0u8; n];
         let mut got = 0;
         while got < n {
@@ -105,7 +186,7 @@ impl Host {
                 Ok(0) => break,
                 Ok(k) => got += k,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(classify(&e)),
+                Err(e) => return Err(classify_at(&path, &e)),
             }
         }
         buf.truncate(got);
@@ -115,7 +196,10 @@ impl Host {
     /// The boot ID (`--boot-id-path`, else `<procfs>/sys/kernel/random/boot_id`).
     pub fn boot_id(&self) -> Result<String, ReadError> {
         let raw = match &self.boot_id_path {
-            Some(p) => self.read_at(p, "boot_id")?,
+            Some(p) => {
+                self.note(|| Access::BootIdFile);
+                self.read_at(p, "boot_id")?
+            }
             None => self.read_proc("sys/kernel/random/boot_id")?,
         };
         let t = raw.trim();
@@ -124,6 +208,7 @@ impl Host {
 
     /// Names in a sysfs directory, sorted. A missing directory is an empty listing.
     pub fn list_sys(&self, rel: &str) -> Vec<String> {
+        self.note_sys(rel, |tree, rel| Access::List { tree, rel });
         let mut names: Vec<String> = match std::fs::read_dir(self.sys(rel)) {
             Ok(rd) => rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect(),
             Err(_) => Vec::new(),
@@ -134,16 +219,19 @@ impl Host {
 
     /// Whether a sysfs entry exists (a dangling symlink counts: `physfn` is a link).
     pub fn exists_sys(&self, rel: &str) -> bool {
+        self.note_sys(rel, |tree, rel| Access::Entry { tree, rel });
         std::fs::symlink_metadata(self.sys(rel)).is_ok()
     }
 
     /// Whether a sysfs entry exists and resolves (follows links).
     pub fn resolves_sys(&self, rel: &str) -> bool {
+        self.note_sys(rel, |tree, rel| Access::Entry { tree, rel });
         std::fs::metadata(self.sys(rel)).is_ok()
     }
 
     /// The last component of a sysfs symlink's target (`device/driver` → `mlx5_core`).
     pub fn link_name_sys(&self, rel: &str) -> Option<String> {
+        self.note_sys(rel, |tree, rel| Access::Entry { tree, rel });
         let target = std::fs::read_link(self.sys(rel)).ok()?;
         target.file_name().map(|n| n.to_string_lossy().into_owned())
     }
@@ -153,6 +241,7 @@ impl Host {
     /// `["devices", "pci0000:17", "0000:17:01.0", ..., "0000:1a:00.0"]`. Lexical, so a
     /// fixture tree resolves exactly like `/sys` does.
     pub fn link_target_sys(&self, rel: &str) -> Option<Vec<String>> {
+        self.note_sys(rel, |tree, rel| Access::Entry { tree, rel });
         let target = std::fs::read_link(self.sys(rel)).ok()?;
         let base: Vec<String> =
             Path::new(rel).parent().map(|p| p.components().filter_map(comp_name).collect()).unwrap_or_default();
@@ -196,10 +285,14 @@ impl Host {
             return Err(ReadError::Invalid);
         }
         self.stats.files_read.fetch_add(1, Ordering::Relaxed);
-        match std::fs::read(path) {
+        let read = open_regular(path).and_then(|mut f| {
+            let mut bytes = Vec::new();
+            f.read_to_end(&mut bytes).map(|_| bytes)
+        });
+        match read {
             Ok(bytes) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
             Err(e) => {
-                let err = classify(&e);
+                let err = classify_at(path, &e);
                 if err == ReadError::Invalid {
                     if let Ok(mut s) = self.einval.lock() {
                         s.insert(key.to_string());
@@ -217,6 +310,17 @@ fn comp_name(c: Component<'_>) -> Option<String> {
         Component::Normal(n) => Some(n.to_string_lossy().into_owned()),
         _ => None,
     }
+}
+
+/// [`classify`], after looking whether a missing file is a bundle's failure link.
+fn classify_at(path: &Path, e: &io::Error) -> ReadError {
+    if e.raw_os_error() == Some(libc::ENOENT)
+        && let Ok(target) = std::fs::read_link(path)
+        && let Some(why) = target.to_str().and_then(|t| t.strip_prefix(FAILURE_LINK_PREFIX))
+    {
+        return classify(&failure_link_error(why));
+    }
+    classify(e)
 }
 
 fn classify(e: &io::Error) -> ReadError {
