@@ -173,6 +173,10 @@ struct Capture {
     bytes: u64,
     changes: u64,
     cut_short: bool,
+    /// Files to read at the end of the pass: (tree, canonical path, live path, memo key).
+    pending: BTreeMap<(Tree, String), (PathBuf, String)>,
+    /// Entries added or changed since the staging tree was last written.
+    dirty: BTreeSet<(Tree, String)>,
 }
 
 impl Capture {
@@ -195,6 +199,7 @@ impl Capture {
             if let Node::File(b) = &node {
                 self.bytes += b.len() as u64;
             }
+            self.dirty.insert(key.clone());
             self.nodes.insert(key, node);
             self.changes += 1;
         }
@@ -246,12 +251,11 @@ impl Capture {
                     _ => {
                         // A link out of the tree (a test fixture's, or a loop): the bytes it
                         // gives when it is the file read, else a failure.
-                        let node = match (last, want) {
-                            (true, Want::Contents) => self.read_node(&live, &memo_key),
-                            _ => Node::Failed("outside-tree".into()),
-                        };
-                        self.nodes.insert((tree, canon), node);
-                        self.changes += 1;
+                        if last && want == Want::Contents {
+                            self.pending.insert((tree, canon), (live, memo_key.clone()));
+                        } else {
+                            self.put(tree, &canon, Node::Failed("outside-tree".into()));
+                        }
                         return;
                     }
                 }
@@ -273,8 +277,7 @@ impl Capture {
                 self.put(tree, &canon, Node::Failed("not-regular".into()));
             } else if want == Want::Contents {
                 if !matches!(self.nodes.get(&(tree, canon.clone())), Some(Node::File(_) | Node::Failed(_))) {
-                    let node = self.read_node(&live, &memo_key);
-                    self.put(tree, &canon, node);
+                    self.pending.insert((tree, canon), (live, memo_key.clone()));
                 }
             } else {
                 self.put(tree, &canon, Node::ListedOnly);
@@ -308,26 +311,39 @@ impl Capture {
         }
     }
 
-    /// Read one live file within the bounds, as the node it becomes in the bundle.
-    fn read_node(&mut self, live: &Path, memo_key: &str) -> Node {
-        if self.einval_memo.contains(memo_key) {
-            // Reading a restricted counter again makes the driver log an error: the state
-            // file already says it fails with EINVAL in this boot.
-            return Node::Failed(format!("errno={}", libc::EINVAL));
-        }
-        if self.bytes >= self.limits.total_bytes {
-            self.cut_short = true;
-            return Node::Failed("size-budget".into());
-        }
-        match read_bounded(live, self.limits.file_bytes, &self.limits, self.deadline) {
-            Ok(bytes) => Node::File(bytes),
-            Err(why) => {
-                if why == "time-budget" {
-                    self.cut_short = true;
-                }
-                Node::Failed(why)
+    /// Read the files [`Capture::take`] asked for, within the bounds.
+    fn read_pending(&mut self) {
+        let mut jobs = Vec::new();
+        for ((tree, canon), (live, memo_key)) in std::mem::take(&mut self.pending) {
+            if self.einval_memo.contains(&memo_key) {
+                // Reading a restricted counter again makes the driver log an error: the
+                // state file already says it fails with EINVAL in this boot.
+                self.settle(tree, &canon, Node::Failed(format!("errno={}", libc::EINVAL)));
+            } else {
+                jobs.push((tree, canon, live));
             }
         }
+        let paths = jobs.iter().map(|(_, _, live)| live.clone()).collect();
+        let results = read_all(paths, self.limits.file_bytes, &self.limits, self.deadline);
+        for ((tree, canon, _), r) in jobs.into_iter().zip(results) {
+            let node = match r {
+                Ok(_) if self.bytes >= self.limits.total_bytes => Node::Failed("size-budget".into()),
+                Ok(b) => Node::File(b),
+                Err(why) => Node::Failed(why),
+            };
+            if matches!(&node, Node::Failed(w) if w == "time-budget" || w == "size-budget") {
+                self.cut_short = true;
+            }
+            self.settle(tree, &canon, node);
+        }
+    }
+
+    /// Store a file's contents: over a link out of the tree too (the bytes it gave).
+    fn settle(&mut self, tree: Tree, canon: &str, node: Node) {
+        if matches!(self.nodes.get(&(tree, canon.to_string())), Some(Node::Link(_))) {
+            self.nodes.remove(&(tree, canon.to_string()));
+        }
+        self.put(tree, canon, node);
     }
 }
 
@@ -377,26 +393,70 @@ fn inside_target(root: &Path, parent: &[String], target: &Path) -> Option<(Strin
     Some((text, out))
 }
 
-/// Read a file in a worker thread: a regular file opened without blocking, at most `cap`
-/// bytes, within the per-file limit and the deadline. `Err` is the failure-link reason.
-fn read_bounded(path: &Path, cap: u64, limits: &Limits, deadline: Instant) -> std::result::Result<Vec<u8>, String> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err("time-budget".into());
-    }
-    let p = path.to_path_buf();
-    let read = move || -> std::io::Result<Vec<u8>> {
+/// Read files on a worker thread, in order: each a regular file opened without blocking,
+/// at most `cap` bytes. A file whose read has not finished within the per-file limit is
+/// `stuck` and left behind with its thread (a read stuck in the kernel cannot be
+/// cancelled); a fresh worker goes on with the rest. After the deadline every file left is
+/// `time-budget`. `Err` is the failure-link reason.
+fn read_all(paths: Vec<PathBuf>, cap: u64, limits: &Limits, deadline: Instant) -> Vec<std::result::Result<Vec<u8>, String>> {
+    let read = move |p: &Path| {
         let mut buf = Vec::new();
-        open_regular(&p)?.take(cap + 1).read_to_end(&mut buf)?;
-        Ok(buf)
+        open_regular(p)?.take(cap + 1).read_to_end(&mut buf).map(|_| buf)
     };
-    let timeout = limits.per_file.min(left);
-    match within(timeout, read) {
-        None if timeout < limits.per_file => Err("time-budget".into()),
-        None => Err("stuck".into()),
-        Some(Ok(b)) if b.len() as u64 > cap => Err("too-large".into()),
-        Some(Ok(b)) => Ok(b),
-        Some(Err(e)) => match e.raw_os_error() {
+    read_all_with(paths, read, cap, limits, deadline)
+}
+
+fn read_all_with(
+    paths: Vec<PathBuf>,
+    read: impl Fn(&Path) -> std::io::Result<Vec<u8>> + Clone + Send + 'static,
+    cap: u64,
+    limits: &Limits,
+    deadline: Instant,
+) -> Vec<std::result::Result<Vec<u8>, String>> {
+    let mut out: Vec<std::result::Result<Vec<u8>, String>> = Vec::with_capacity(paths.len());
+    while out.len() < paths.len() {
+        let rest: Vec<PathBuf> = paths[out.len()..].to_vec();
+        let (tx, rx) = mpsc::channel();
+        let read = read.clone();
+        let spawned = std::thread::Builder::new().name("bundle-read".into()).spawn(move || {
+            for p in rest {
+                if tx.send(read(&p)).is_err() {
+                    return;
+                }
+            }
+        });
+        if spawned.is_err() {
+            out.resize_with(paths.len(), || Err("no-thread".into()));
+            break;
+        }
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let timeout = limits.per_file.min(left);
+            match rx.recv_timeout(timeout) {
+                Ok(r) => out.push(failure_of(r, cap)),
+                Err(mpsc::RecvTimeoutError::Timeout) if timeout < limits.per_file => {
+                    out.resize_with(paths.len(), || Err("time-budget".into()));
+                    break;
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    out.push(Err("stuck".into()));
+                    break;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+            if out.len() == paths.len() {
+                break;
+            }
+        }
+    }
+    out
+}
+
+fn failure_of(r: std::io::Result<Vec<u8>>, cap: u64) -> std::result::Result<Vec<u8>, String> {
+    match r {
+        Ok(b) if b.len() as u64 > cap => Err("too-large".into()),
+        Ok(b) => Ok(b),
+        Err(e) => match e.raw_os_error() {
             Some(n) => Err(format!("errno={n}")),
             None if e.to_string() == "not a regular file" => Err("not-regular".into()),
             None => Err(format!("errno={}", libc::EIO)),
@@ -404,28 +464,43 @@ fn read_bounded(path: &Path, cap: u64, limits: &Limits, deadline: Instant) -> st
     }
 }
 
-/// Run `f` on its own thread; `None` when it has not finished after `timeout` (the thread
-/// is left behind: a read stuck in the kernel cannot be cancelled).
-fn within<T: Send + 'static>(timeout: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    let (tx, rx) = mpsc::sync_channel(1);
-    let spawned = std::thread::Builder::new().name("bundle-read".into()).spawn(move || {
-        let _ = tx.send(f());
-    });
-    if spawned.is_err() {
-        return None;
-    }
-    rx.recv_timeout(timeout).ok()
-}
-
 /// Read a file outside the trees (metadata, config, state): its bytes or why not.
 fn side_file(path: &Path, limits: &Limits, deadline: Instant) -> SideFile {
-    match read_bounded(path, limits.file_bytes, limits, deadline) {
+    match read_all(vec![path.to_path_buf()], limits.file_bytes, limits, deadline).remove(0) {
         Ok(b) => Ok(b),
         Err(why) => Err(match why.strip_prefix("errno=").and_then(|n| n.parse().ok()) {
             Some(n) => format!("missing: {}: {}", path.display(), std::io::Error::from_raw_os_error(n)),
             None => format!("not captured: {}: {why}", path.display()),
         }),
     }
+}
+
+/// Write the entries added since the last call into a staging tree laid out as a bundle
+/// unpacks (the same kinds as [`archive`] writes; replay tests compare the two).
+fn write_staging(cap: &mut Capture, dir: &Path) -> Result<()> {
+    for key in std::mem::take(&mut cap.dirty) {
+        let Some(node) = cap.nodes.get(&key) else { continue };
+        let top = match key.0 {
+            Tree::Sys => SYS,
+            Tree::Proc => PROC,
+        };
+        let path = dir.join(top).join(&key.1);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).with_context(|| format!("staging {}", parent.display()))?;
+        }
+        if !matches!(node, Node::Dir { .. }) && std::fs::symlink_metadata(&path).is_ok() {
+            std::fs::remove_file(&path).with_context(|| format!("staging {}", path.display()))?;
+        }
+        let done = match node {
+            Node::Dir { .. } => std::fs::create_dir_all(&path),
+            Node::File(bytes) => std::fs::write(&path, bytes),
+            Node::ListedOnly => std::fs::write(&path, b""),
+            Node::Link(target) => std::os::unix::fs::symlink(target, &path),
+            Node::Failed(why) => std::os::unix::fs::symlink(format!("{FAILURE_LINK_PREFIX}{why}"), &path),
+        };
+        done.with_context(|| format!("staging {}", path.display()))?;
+    }
+    Ok(())
 }
 
 /// The tar archive of everything captured (uncompressed; deterministic: sorted, no times).
@@ -645,16 +720,21 @@ pub fn capture(args: &CaptureArgs) -> Result<Bundle> {
         bytes: 0,
         changes: 0,
         cut_short: false,
+        pending: BTreeMap::new(),
+        dirty: BTreeSet::new(),
     };
     let mut passes = 0;
     let mut converged = false;
+    // The staging tree: the side files once, then each pass's new entries.
+    let staging = unpack_from(&archive(&cap, &side, None)?[..], "staging tree")?;
     while passes < MAX_PASSES {
         passes += 1;
-        let staging = unpack_from(&archive(&cap, &side, None)?[..], "staging tree")?;
+        write_staging(&mut cap, staging.dir.path())?;
         let before = cap.changes;
         for a in reads_of(&staging) {
             cap.take(&a);
         }
+        cap.read_pending();
         if cap.changes == before {
             converged = true;
             break;
@@ -667,7 +747,7 @@ pub fn capture(args: &CaptureArgs) -> Result<Bundle> {
         Ok(_) => Config::load(&args.config).unwrap_or_default(),
         Err(_) => Config::default(),
     };
-    let staging = unpack_from(&archive(&cap, &side, None)?[..], "staging tree")?;
+    write_staging(&mut cap, staging.dir.path())?;
     let (kmsg_text, kmsg_records) = match &args.kmsg {
         Some(p) => match kernel_log(p, &staging, &config, &limits, deadline) {
             Ok((text, n)) => (Ok(text), n),
@@ -758,7 +838,8 @@ fn kernel_log(
     deadline: Instant,
 ) -> Result<(String, usize)> {
     let raw: Vec<Vec<u8>> = if std::fs::metadata(path).map(|m| m.is_file()).unwrap_or(false) {
-        let bytes = read_bounded(path, limits.total_bytes, limits, deadline)
+        let bytes = read_all(vec![path.to_path_buf()], limits.total_bytes, limits, deadline)
+            .remove(0)
             .map_err(|why| anyhow::anyhow!("{}: {why}", path.display()))?;
         split_records(&bytes)
     } else {
@@ -935,10 +1016,43 @@ mod tests {
 
     #[test]
     fn a_read_that_does_not_finish_is_given_up() {
-        let (_keep, rx) = mpsc::channel::<()>();
-        let got = within(Duration::from_millis(50), move || rx.recv().is_ok());
-        assert_eq!(got, None);
-        assert_eq!(within(Duration::from_secs(5), || 7), Some(7));
+        // A FIFO opened without O_NONBLOCK blocks; open_regular never does that, so stand in
+        // a directory of this process that reads forever: a pipe nobody writes to.
+        let mut fds = [0; 2];
+        // SAFETY: fds is a live array of two ints.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let stuck = PathBuf::from(format!("/proc/self/fd/{}", fds[0]));
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ok"), "1\n").unwrap();
+        let limits = Limits { per_file: Duration::from_millis(200), ..Limits::default() };
+        let got = read_all(
+            vec![dir.path().join("ok"), stuck, dir.path().join("ok"), dir.path().join("none")],
+            1 << 20,
+            &limits,
+            Instant::now() + Duration::from_secs(60),
+        );
+        assert_eq!(got[0], Ok(b"1\n".to_vec()));
+        assert_eq!(got[1], Err("not-regular".into()), "a pipe is not a regular file");
+        assert_eq!(got[2], Ok(b"1\n".to_vec()));
+        assert_eq!(got[3], Err(format!("errno={}", libc::ENOENT)));
+
+        // A read that never returns (a driver stuck in show()): skipped, the rest still read.
+        let reader = |p: &Path| {
+            if p.ends_with("stuck") {
+                loop {
+                    std::thread::park();
+                }
+            }
+            Ok(p.to_string_lossy().into_owned().into_bytes())
+        };
+        let got = read_all_with(
+            vec!["a".into(), "stuck".into(), "b".into()],
+            reader,
+            1 << 20,
+            &limits,
+            Instant::now() + Duration::from_secs(60),
+        );
+        assert_eq!(got, vec![Ok(b"a".to_vec()), Err("stuck".into()), Ok(b"b".to_vec())]);
     }
 
     #[test]
@@ -970,10 +1084,13 @@ mod tests {
             bytes: 0,
             changes: 0,
             cut_short: false,
+            pending: BTreeMap::new(),
+            dirty: BTreeSet::new(),
         };
         for f in ["a/fifo", "a/dangling", "a/file"] {
             cap.take(&Access::Read { tree: Tree::Sys, rel: f.into() });
         }
+        cap.read_pending();
         assert_eq!(cap.nodes[&(Tree::Sys, "a/fifo".into())], Node::Failed("not-regular".into()));
         assert_eq!(cap.nodes[&(Tree::Sys, "a/dangling".into())], Node::Link("../nowhere".into()));
         assert_eq!(cap.nodes[&(Tree::Sys, "a/file".into())], Node::File(b"1\n".to_vec()));
