@@ -90,14 +90,29 @@ fn bundle_file(file: &Path, name: &str) -> Option<Vec<u8>> {
     None
 }
 
-fn assert_same(live: &Output, replay: &Output, what: &str) {
+/// Replay log messages name the bundle's temporary tree where the live run named the node's
+/// files (the printed report names the node's): map one to the other.
+fn as_node(messages: Vec<String>, node: &Node) -> Vec<String> {
+    let meta = format!("{}:", node.metadata_path().display());
+    messages
+        .into_iter()
+        .map(|m| {
+            m.split(' ')
+                .map(|w| if w.contains("nicmon-bundle-") && w.ends_with("/metadata.json:") { meta.as_str() } else { w })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect()
+}
+
+fn assert_same(node: &Node, live: &Output, replay: &Output, what: &str) {
     if live.stdout != replay.stdout {
         let dir = std::env::temp_dir();
         std::fs::write(dir.join("bundle-live.json"), &live.stdout).unwrap();
         std::fs::write(dir.join("bundle-replay.json"), &replay.stdout).unwrap();
         panic!("{what}: replay differs from the live run (see {}/bundle-{{live,replay}}.json)", dir.display());
     }
-    assert_eq!(messages(live), messages(replay), "{what}: logged notes differ");
+    assert_eq!(messages(live), as_node(messages(replay), node), "{what}: logged notes differ");
 }
 
 #[test]
@@ -112,7 +127,7 @@ fn every_platform_replays_byte_identical_to_the_live_run() {
         let t0 = "2026-03-01T10:00:00Z";
         let live = live_check(&node, &state, t0);
         let replay = replay_check(&file, t0);
-        assert_same(&live, &replay, &format!("{} first cycle", p.name()));
+        assert_same(&node, &live, &replay, &format!("{} first cycle", p.name()));
         let report: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
         assert_eq!(report["node_name"], NODE);
         assert!(!report["devices"].as_array().unwrap().is_empty(), "{}", p.name());
@@ -124,7 +139,7 @@ fn every_platform_replays_byte_identical_to_the_live_run() {
         let t1 = "2026-03-01T10:00:05Z";
         let live = live_check(&node, &state, t1);
         let replay = replay_check(&file, t1);
-        assert_same(&live, &replay, &format!("{} after pulling {pf}'s cable", p.name()));
+        assert_same(&node, &live, &replay, &format!("{} after pulling {pf}'s cable", p.name()));
         let report: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
         let dev = report["devices"].as_array().unwrap().iter().find(|d| d["name"] == pf.as_str()).unwrap();
         assert_eq!(dev["ports"][0]["healthy"], false, "{}: the pulled cable is not in the replay", p.name());
@@ -153,7 +168,7 @@ fn every_platform_replays_byte_identical_to_the_live_run() {
         let t2 = "2026-03-01T10:00:10Z";
         let live = live_check(&node, &state, t2);
         let replay = replay_check(&file, t2);
-        assert_same(&live, &replay, &format!("{} without metadata", p.name()));
+        assert_same(&node, &live, &replay, &format!("{} without metadata", p.name()));
         let report: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
         assert_eq!(report["topology_source"], "sysfs", "{}", p.name());
 
@@ -190,7 +205,7 @@ fn dangling_link_einval_counter_and_fifo_replay_with_the_same_notes() {
     let t = "2026-03-01T10:00:00Z";
     let live = live_check(&node, &state, t);
     let replay = replay_check(&file, t);
-    assert_same(&live, &replay, "faulty tree");
+    assert_same(&node, &live, &replay, "faulty tree");
     let notes = messages(&replay);
     for c in ["link_downed", "port_rcv_errors"] {
         assert!(notes.iter().any(|n| n.contains(&format!("counter {c} absent on"))), "no note for {c}: {notes:?}");
@@ -208,7 +223,7 @@ fn dangling_link_einval_counter_and_fifo_replay_with_the_same_notes() {
         // The next cycle remembers it (the state file's EINVAL memo) in both.
         let t = "2026-03-01T10:00:01Z";
         bundle(&node, &state, &file);
-        assert_same(&live_check(&node, &state, t), &replay_check(&file, t), "faulty tree, second cycle");
+        assert_same(&node, &live_check(&node, &state, t), &replay_check(&file, t), "faulty tree, second cycle");
     }
     assert_eq!(manifest["complete"], true);
 }
