@@ -149,7 +149,9 @@ pub struct Manifest {
 /// One entry of the captured trees, by its canonical (symlink-free) path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Node {
-    Dir { listed: bool },
+    Dir {
+        listed: bool,
+    },
     File(Vec<u8>),
     /// Listed in a directory nicmon lists, never read: an empty file in the bundle.
     ListedOnly,
@@ -189,12 +191,13 @@ impl Capture {
 
     fn put(&mut self, tree: Tree, rel: &str, node: Node) {
         let key = (tree, rel.to_string());
-        let upgrade = match (self.nodes.get(&key), &node) {
-            (None, _) => true,
-            (Some(Node::ListedOnly), Node::File(_) | Node::Failed(_) | Node::Dir { .. } | Node::Link(_)) => true,
-            (Some(Node::Dir { listed: false }), Node::Dir { listed: true }) => true,
-            _ => false,
-        };
+        // Only upgrades: a listed entry read later, a directory listed later.
+        let upgrade = matches!(
+            (self.nodes.get(&key), &node),
+            (None, _)
+                | (Some(Node::ListedOnly), Node::File(_) | Node::Failed(_) | Node::Dir { .. } | Node::Link(_))
+                | (Some(Node::Dir { listed: false }), Node::Dir { listed: true })
+        );
         if upgrade {
             if let Node::File(b) = &node {
                 self.bytes += b.len() as u64;
@@ -289,7 +292,8 @@ impl Capture {
     fn take_listing(&mut self, tree: Tree, root: &Path, dir: &[String]) {
         let canon = dir.join("/");
         let Ok(rd) = std::fs::read_dir(root.join(&canon)) else { return };
-        let mut names: Vec<String> = rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        let mut names: Vec<String> =
+            rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
         names.sort();
         for name in names {
             let rel = format!("{canon}/{name}");
@@ -398,7 +402,12 @@ fn inside_target(root: &Path, parent: &[String], target: &Path) -> Option<(Strin
 /// `stuck` and left behind with its thread (a read stuck in the kernel cannot be
 /// cancelled); a fresh worker goes on with the rest. After the deadline every file left is
 /// `time-budget`. `Err` is the failure-link reason.
-fn read_all(paths: Vec<PathBuf>, cap: u64, limits: &Limits, deadline: Instant) -> Vec<std::result::Result<Vec<u8>, String>> {
+fn read_all(
+    paths: Vec<PathBuf>,
+    cap: u64,
+    limits: &Limits,
+    deadline: Instant,
+) -> Vec<std::result::Result<Vec<u8>, String>> {
     let read = move |p: &Path| {
         let mut buf = Vec::new();
         open_regular(p)?.take(cap + 1).read_to_end(&mut buf).map(|_| buf)
@@ -614,9 +623,7 @@ impl Replay {
         if let Some(s) = &hp.state_file {
             pairs.push((self.path(STATE), s.clone()));
         }
-        pairs.iter().fold(out, |acc, (from, to)| {
-            acc.replace(&from.to_string_lossy().into_owned(), &to.to_string_lossy().into_owned())
-        })
+        pairs.iter().fold(out, |acc, (from, to)| acc.replace(&*from.to_string_lossy(), &to.to_string_lossy()))
     }
 }
 
@@ -627,10 +634,12 @@ fn unpack_from(reader: impl Read, what: &str) -> Result<Replay> {
     ar.set_preserve_permissions(false);
     ar.set_preserve_mtime(false);
     ar.set_overwrite(true);
-    ar.unpack(dir.path()).with_context(|| format!("{what}: cannot unpack (not a nicmon bundle?)"))?;
+    ar.unpack(dir.path()).map_err(|e| anyhow::anyhow!("{what}: cannot unpack (not a nicmon bundle?): {e}"))?;
     let mpath = dir.path().join(MANIFEST);
     let manifest = match std::fs::read(&mpath) {
-        Ok(b) => Some(serde_json::from_slice::<Manifest>(&b).with_context(|| format!("{what}: {MANIFEST} is invalid"))?),
+        Ok(b) => {
+            Some(serde_json::from_slice::<Manifest>(&b).with_context(|| format!("{what}: {MANIFEST} is invalid"))?)
+        }
         Err(_) => None,
     };
     if let Some(m) = &manifest
@@ -643,7 +652,7 @@ fn unpack_from(reader: impl Read, what: &str) -> Result<Replay> {
 
 /// Unpack a bundle file (`.tar.gz`) for a replay.
 pub fn unpack(file: &Path) -> Result<Replay> {
-    let f = std::fs::File::open(file).with_context(|| format!("bundle {}: cannot open", file.display()))?;
+    let f = std::fs::File::open(file).map_err(|e| anyhow::anyhow!("bundle {}: cannot open: {e}", file.display()))?;
     let shown = format!("bundle {}", file.display());
     let replay = unpack_from(flate2::read::GzDecoder::new(f), &shown)?;
     if replay.manifest.is_none() {
@@ -682,8 +691,7 @@ fn reads_of(replay: &Replay) -> BTreeSet<Access> {
     // What attributing kernel-log records reads (the bundle's records replay with --kmsg).
     let _ = HostLinks::read(&monitor.host, &poll.snapshot);
     let _ = roles::classify(&poll.snapshot, &monitor.topology, &monitor.config.filters);
-    let accesses = log.lock().map(|l| l.clone()).unwrap_or_default();
-    accesses
+    log.lock().map(|l| l.clone()).unwrap_or_default()
 }
 
 /// A finished capture: the compressed archive and its manifest.
@@ -998,6 +1006,72 @@ pub fn replay_topology(file: &Path, metadata_required: bool, json: bool) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_bytes_unpack_or_fail_without_panicking(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            let _ = unpack_from(&bytes[..], "p");
+            let _ = unpack_from(flate2::read::GzDecoder::new(&bytes[..]), "p");
+        }
+
+        #[test]
+        fn record_splitting_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let recs = split_records(&bytes);
+            prop_assert!(recs.iter().all(|r| !r.is_empty()));
+        }
+    }
+
+    #[test]
+    fn a_manifest_survives_the_archive() {
+        let cap = Capture {
+            sysfs: "/sys".into(),
+            procfs: "/proc".into(),
+            nodes: BTreeMap::new(),
+            einval_memo: BTreeSet::new(),
+            limits: Limits::default(),
+            deadline: Instant::now(),
+            bytes: 0,
+            changes: 0,
+            cut_short: false,
+            pending: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+        };
+        let m = Manifest {
+            format: FORMAT,
+            nicmon_version: "0".into(),
+            captured_at: "t".into(),
+            node_name: "n".into(),
+            host_paths: HostPaths {
+                sysfs: "/sys".into(),
+                procfs: "/proc".into(),
+                metadata: "/m.json".into(),
+                config: "/c.toml".into(),
+                state_file: None,
+                boot_id_path: None,
+            },
+            files: BTreeMap::new(),
+            entries: BTreeMap::new(),
+            failures: vec![Failure { path: "/sys/x".into(), why: "stuck".into() }],
+            kmsg_records: 0,
+            passes: 1,
+            complete: true,
+            elapsed_ms: 0,
+        };
+        let mut side = BTreeMap::new();
+        side.insert(METADATA, Ok(b"{}".to_vec()));
+        let replay = unpack_from(&archive(&cap, &side, Some(&m)).unwrap()[..], "t").unwrap();
+        assert_eq!(replay.manifest.as_ref(), Some(&m));
+        assert_eq!(std::fs::read(replay.metadata()).unwrap(), b"{}");
+        assert!(replay.state_file().is_none());
+        // Output naming the replay tree names the node's paths.
+        let shown = replay.show_as_node(format!("{}: bad", replay.metadata().display()));
+        assert_eq!(shown, "/m.json: bad");
+        // A newer format is refused with a message naming it.
+        let newer = Manifest { format: FORMAT + 1, ..m };
+        let err = unpack_from(&archive(&cap, &side, Some(&newer)).unwrap()[..], "bundle x").err().unwrap();
+        assert!(err.to_string().contains("bundle x: bundle format 2"), "{err}");
+    }
 
     #[test]
     fn link_targets_stay_inside_the_tree() {

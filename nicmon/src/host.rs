@@ -17,8 +17,8 @@ use std::collections::BTreeSet;
 use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Why a value could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -404,17 +404,17 @@ fn main() -> ExitCode {
             let bundle = c.bundle.clone();
             let bundle_kmsg = c.bundle_kmsg;
             let args = CheckArgs {
-            sysfs: c.host.sysfs,
-            procfs: c.host.procfs,
-            metadata: Some(c.host.metadata),
-            metadata_required: c.host.metadata_required,
-            config: c.host.config,
-            state_file: c.state_file,
-            boot_id_path: c.boot_id_path,
-            node_name: c.node_name,
-            now: c.now,
-            kmsg: c.kmsg,
-            json: matches!(c.format, Format::Json),
+                sysfs: c.host.sysfs,
+                procfs: c.host.procfs,
+                metadata: Some(c.host.metadata),
+                metadata_required: c.host.metadata_required,
+                config: c.host.config,
+                state_file: c.state_file,
+                boot_id_path: c.boot_id_path,
+                node_name: c.node_name,
+                now: c.now,
+                kmsg: c.kmsg,
+                json: matches!(c.format, Format::Json),
             };
             match bundle {
                 Some(b) => nicmon::bundle::replay_check(&b, args, bundle_kmsg),
