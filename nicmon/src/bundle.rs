@@ -397,8 +397,7 @@ fn inside_target(root: &Path, parent: &[String], target: &Path) -> Option<(Strin
     Some((text, out))
 }
 
-/// Read files on a worker thread, in order: each a regular file opened without blocking,
-/// at most `cap` bytes. A file whose read has not finished within the per-file limit is
+/// Read files on a worker thread, in order: regular files only, at most `cap` bytes each. A file whose read has not finished within the per-file limit is
 /// `stuck` and left behind with its thread (a read stuck in the kernel cannot be
 /// cancelled); a fresh worker goes on with the rest. After the deadline every file left is
 /// `time-budget`. `Err` is the failure-link reason.
@@ -1090,8 +1089,7 @@ mod tests {
 
     #[test]
     fn a_read_that_does_not_finish_is_given_up() {
-        // A FIFO opened without O_NONBLOCK blocks; open_regular never does that, so stand in
-        // a directory of this process that reads forever: a pipe nobody writes to.
+        // A pipe nobody writes to would block a read forever: it is never opened.
         let mut fds = [0; 2];
         // SAFETY: fds is a live array of two ints.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);

@@ -9,13 +9,11 @@
 //! exported so the state file can carry it across restarts within one boot.
 //!
 //! Two rules serve support bundles (`nicmon bundle`, [`crate::bundle`]): only regular files
-//! are read, opened without blocking (a FIFO where a counter should be is an error, not a
-//! hang); and a symlink whose target is [`FAILURE_LINK_PREFIX`]`<why>` reads as the failure
+//! are opened (a FIFO where a counter should be is an error, not a hang); and a symlink whose target is [`FAILURE_LINK_PREFIX`]`<why>` reads as the failure
 //! a bundle recorded there (`errno=22` is `EINVAL`), so a replayed tree fails the way the
 //! node did. With an [`AccessLog`] the reader also notes every path it was asked about.
 use std::collections::BTreeSet;
 use std::io::{self, Read};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -84,13 +82,13 @@ fn not_regular() -> io::Error {
     io::Error::other("not a regular file")
 }
 
-/// Open a file for reading without blocking on a FIFO, and only if it is a regular file.
+/// Open a file for reading only if it is a regular file (following links): a FIFO, socket
+/// or device is never opened, so it cannot block the reader.
 pub fn open_regular(path: &Path) -> io::Result<std::fs::File> {
-    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(path)?;
-    if !f.metadata()?.file_type().is_file() {
+    if !std::fs::metadata(path)?.file_type().is_file() {
         return Err(not_regular());
     }
-    Ok(f)
+    std::fs::File::open(path)
 }
 
 /// Counts of what the reader did, for metrics and tests.
