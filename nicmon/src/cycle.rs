@@ -83,7 +83,18 @@ impl Monitor {
         // The kernel log records that arrived since the previous poll.
         let mut wake_hints = Vec::new();
         if !kmsg_records.is_empty() {
-            let links = HostLinks::read(&self.host, &snapshot);
+            // Devices that went since an earlier poll: their last lines explain why.
+            let departed = prev
+                .known_devices
+                .iter()
+                .filter(|(name, _)| !snapshot.devices.iter().any(|d| &d.name == *name))
+                .map(|(name, k)| kmsg::Departed {
+                    device: name.clone(),
+                    pci_address: k.pci_address.clone(),
+                    card: k.card.clone(),
+                })
+                .collect();
+            let links = HostLinks::read(&self.host, &snapshot, departed);
             let index = DeviceIndex::from_snapshot(&snapshot, |d| monitored(&d.name), &links);
             let processed = kmsg::process(&prev.kmsg, kmsg_records, &index, &self.config.patterns, now, &self.stamp);
             events.extend(processed.events);

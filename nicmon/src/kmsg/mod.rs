@@ -12,7 +12,7 @@ pub mod pattern;
 pub mod reader;
 pub mod record;
 
-pub use attribution::{DeviceIndex, HostLinks, IndexEntry, Resolution, Target};
+pub use attribution::{Departed, DeviceIndex, HostLinks, IndexEntry, Resolution, Target};
 pub use matcher::{DedupEntry, KmsgState, PendingLockup, Processed, WakeHint, process};
 pub use pattern::{ConfigError, KmsgConfig, Outcome, Pattern, PatternConfig, Patterns, Scope};
 pub use reader::{DEV_KMSG, Delivery, KmsgTail, Start, read_file};

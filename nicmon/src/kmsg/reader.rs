@@ -12,6 +12,12 @@
 //! The thread reads every available record (one per `read()`), hands them over as one
 //! batch, then sleeps in `poll(2)` until the kernel has more or it is told to stop. No
 //! decisions here: matching happens in [`super::process`].
+//!
+//! A FIFO instead of the device (`--kmsg-path`, for tests and replays into a running
+//! daemon) is read as a stream of lines in either format of [`parse_text`]; it is opened
+//! read-write so that it never reports end of file when a writer closes. A regular file
+//! is refused: `poll(2)` always finds it readable, so it cannot be followed this way
+//! (`nicmon check --kmsg FILE` replays one).
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -21,7 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
-use super::attribution::HostLinks;
+use super::attribution::{Departed, HostLinks};
 use super::record::{Record, parse_record, parse_text};
 use crate::model::Snapshot;
 
@@ -73,16 +79,33 @@ impl KmsgTail {
         start: Start,
         mut sink: impl FnMut(Delivery) -> bool + Send + 'static,
     ) -> io::Result<KmsgTail> {
+        use std::os::unix::fs::FileTypeExt;
         let path: PathBuf = path.as_ref().to_path_buf();
-        let file =
-            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(&path)?;
-        let whence = match start {
-            Start::End => libc::SEEK_END,
-            Start::After(_) => libc::SEEK_SET,
-        };
-        // SAFETY: lseek on a descriptor we own; no memory is passed.
-        if unsafe { libc::lseek(file.as_raw_fd(), 0, whence) } < 0 {
-            return Err(io::Error::last_os_error());
+        let kind = std::fs::metadata(&path)?.file_type();
+        if kind.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is a regular file: the watcher follows /dev/kmsg or a FIFO; `nicmon check --kmsg FILE` replays a file",
+                    path.display()
+                ),
+            ));
+        }
+        let stream = kind.is_fifo();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(stream)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&path)?;
+        if !stream {
+            let whence = match start {
+                Start::End => libc::SEEK_END,
+                Start::After(_) => libc::SEEK_SET,
+            };
+            // SAFETY: lseek on a descriptor we own; no memory is passed.
+            if unsafe { libc::lseek(file.as_raw_fd(), 0, whence) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
         }
         let stop = Arc::new(eventfd()?);
         let overruns = Arc::new(AtomicU64::new(0));
@@ -93,7 +116,7 @@ impl KmsgTail {
         let (stop_t, overruns_t) = (Arc::clone(&stop), Arc::clone(&overruns));
         let thread = std::thread::Builder::new()
             .name("kmsg-tail".into())
-            .spawn(move || tail(file, cursor, &stop_t, &overruns_t, &mut sink))?;
+            .spawn(move || tail(file, stream, cursor, &stop_t, &overruns_t, &mut sink))?;
         Ok(KmsgTail { stop, thread: Some(thread), overruns })
     }
 
@@ -146,21 +169,36 @@ fn eventfd() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn tail(file: File, cursor: Option<u64>, stop: &OwnedFd, overruns: &AtomicU64, sink: &mut dyn FnMut(Delivery) -> bool) {
+/// `stream`: a FIFO, read as lines (a record may span reads; an incomplete last line waits
+/// for the next read), not one record per `read()`.
+fn tail(
+    file: File,
+    stream: bool,
+    cursor: Option<u64>,
+    stop: &OwnedFd,
+    overruns: &AtomicU64,
+    sink: &mut dyn FnMut(Delivery) -> bool,
+) {
     let fd = file.as_raw_fd();
     let mut buf = vec![0u8; READ_BUF];
+    let mut partial: Vec<u8> = Vec::new();
+    let after_cursor = |rec: &Record| !matches!((cursor, rec.seq), (Some(c), Some(s)) if s <= c);
     loop {
         let mut batch = Vec::new();
         let failure = loop {
             match read_one(fd, &mut buf) {
+                Ok(Some(n)) if stream => {
+                    partial.extend_from_slice(&buf[..n]);
+                    if let Some(end) = partial.iter().rposition(|b| *b == b'\n') {
+                        let lines: Vec<u8> = partial.drain(..=end).collect();
+                        batch.extend(parse_text(&lines).into_iter().filter(after_cursor));
+                    }
+                }
                 Ok(Some(n)) => {
                     let rec = parse_record(&buf[..n]);
-                    if let (Some(c), Some(s)) = (cursor, rec.seq)
-                        && s <= c
-                    {
-                        continue;
+                    if after_cursor(&rec) {
+                        batch.push(rec);
                     }
-                    batch.push(rec);
                 }
                 Ok(None) => break None,
                 Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
@@ -245,9 +283,10 @@ pub fn read_file(path: impl AsRef<Path>) -> io::Result<Vec<Record>> {
 
 impl HostLinks {
     /// Read the facts the index needs beyond the snapshot, through the host reader: each
-    /// netdev's `ifindex` and the PCI bridges above each device (nearest first).
-    /// Unreadable values are left out.
-    pub fn read(host: &crate::host::Host, snapshot: &Snapshot) -> HostLinks {
+    /// netdev's `ifindex` and the PCI bridges above each device (nearest first), departed
+    /// devices included while their PCI function is still on the bus. Unreadable values
+    /// are left out.
+    pub fn read(host: &crate::host::Host, snapshot: &Snapshot, departed: Vec<Departed>) -> HostLinks {
         let mut links = HostLinks::default();
         for d in &snapshot.devices {
             if let Some(n) = &d.netdev
@@ -256,7 +295,14 @@ impl HostLinks {
             {
                 links.ifindex.insert(n.clone(), i);
             }
-            if let Some(bdf) = &d.pci_address
+        }
+        let functions = snapshot
+            .devices
+            .iter()
+            .map(|d| (&d.name, &d.pci_address))
+            .chain(departed.iter().map(|p| (&p.device, &p.pci_address)));
+        for (name, pci) in functions {
+            if let Some(bdf) = pci
                 && let Some(node) = crate::discovery::pci_node(host, bdf)
             {
                 let bridges: Vec<String> = node
@@ -268,10 +314,11 @@ impl HostLinks {
                     .cloned()
                     .collect();
                 if !bridges.is_empty() {
-                    links.bridges.insert(d.name.clone(), bridges);
+                    links.bridges.insert(name.clone(), bridges);
                 }
             }
         }
+        links.departed = departed;
         links
     }
 }
@@ -307,9 +354,43 @@ mod tests {
             }],
             ..Default::default()
         };
-        let links = HostLinks::read(&crate::host::Host::new(root, "/nonexistent"), &snap);
+        let links = HostLinks::read(&crate::host::Host::new(root, "/nonexistent"), &snap, Vec::new());
         assert_eq!(links.ifindex.get("ib0"), Some(&7));
         assert_eq!(links.bridges.get("mlx5_0").unwrap(), &["0000:02:00.0", "0000:01:00.0", "0000:00:01.0"]);
+    }
+
+    #[test]
+    fn a_fifo_is_followed_as_lines_and_a_regular_file_is_refused() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("kmsg.txt");
+        std::fs::write(&plain, "x\n").unwrap();
+        let e = KmsgTail::spawn_channel(&plain, Start::End).err().expect("a regular file is refused");
+        assert!(e.to_string().contains("kmsg.txt is a regular file"), "{e}");
+
+        let fifo = dir.path().join("kmsg.fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "{}", io::Error::last_os_error());
+        let (tail, rx) = KmsgTail::spawn_channel(&fifo, Start::After(7)).unwrap();
+        let mut w = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+        // A record at the cursor (skipped), one after it split over two writes, plain text.
+        w.write_all(b"3,7,1,-;old\n3,8,2,-;first half").unwrap();
+        w.flush().unwrap();
+        w.write_all(b" and the rest\n DEVICE=+pci:0000:01:00.0\nplain line\n").unwrap();
+        drop(w);
+        let mut got: Vec<Record> = Vec::new();
+        while got.len() < 2 {
+            match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+                Ok(Delivery::Records(r)) => got.extend(r),
+                other => panic!("expected records, got {other:?}"),
+            }
+        }
+        assert_eq!(got[0].seq, Some(8));
+        assert_eq!(got[0].text, "first half and the rest");
+        assert_eq!(got[1].text, "plain line");
+        // The writer closed: no end of file, no busy loop; the tail still stops cleanly.
+        tail.stop();
     }
 
     #[test]
