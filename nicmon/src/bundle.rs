@@ -686,9 +686,9 @@ fn reads_of(replay: &Replay) -> BTreeSet<Access> {
         stamp: Stamp { node_name: String::new(), processing_strategy: Default::default() },
         counter_paths,
     };
-    let poll = monitor.poll(&prev, &loaded, time::OffsetDateTime::now_utc(), &[]);
-    // What attributing kernel-log records reads (the bundle's records replay with --kmsg).
-    let _ = HostLinks::read(&monitor.host, &poll.snapshot);
+    // One record, so the cycle also reads what attributing kernel-log records takes (the
+    // bundle's records replay with --bundle-kmsg); the decisions are thrown away.
+    let poll = monitor.poll(&prev, &loaded, time::OffsetDateTime::now_utc(), &[kmsg::Record::plain("")]);
     let _ = roles::classify(&poll.snapshot, &monitor.topology, &monitor.config.filters);
     log.lock().map(|l| l.clone()).unwrap_or_default()
 }
@@ -854,7 +854,7 @@ fn kernel_log(
     };
     let host = Host::new(staging.sysfs(), staging.procfs());
     let snapshot = discovery::discover(&host, &ReadPlan::default());
-    let links = HostLinks::read(&host, &snapshot);
+    let links = HostLinks::read(&host, &snapshot, Vec::new());
     let index = DeviceIndex::from_snapshot(&snapshot, |_| true, &links);
     let now_us = crate::wake::monotonic_ns() / 1000;
     let oldest = now_us.saturating_sub(KMSG_WINDOW.as_micros() as u64);
