@@ -214,7 +214,7 @@ fn dangling_link_einval_counter_and_fifo_replay_with_the_same_notes() {
     let why = |path: &Path| {
         failures.iter().find(|f| f["path"] == path.to_str().unwrap()).map(|f| f["why"].as_str().unwrap().to_string())
     };
-    assert_eq!(why(&fifo).as_deref(), Some("not-regular"), "{failures:?}");
+    assert_eq!(why(&fifo).as_deref(), Some("not-regular:a FIFO"), "{failures:?}");
     if einval {
         assert!(notes.iter().any(|n| n.contains("counter symbol_error absent on")), "{notes:?}");
         let p = node.sys().join(&node.info["mlx5_0"].ib_dir).join("ports/1/counters/symbol_error");
