@@ -12,10 +12,17 @@
 //! The thread reads every available record (one per `read()`), hands them over as one
 //! batch, then sleeps in `poll(2)` until the kernel has more or it is told to stop. No
 //! decisions here: matching happens in [`super::process`].
+//!
+//! A FIFO in place of the device (`nicmon run --kmsg-path FIFO`) is a private stand-in
+//! for the kernel log, same record format: the demo and the tests feed kernel-log faults
+//! through one, so that nothing they inject reaches the host's real log (where other
+//! monitors would act on it). A pipe has no history and no record boundaries: it is opened
+//! read-write (no end-of-file when a writer closes), never seeked, the cursor is not
+//! applied, and what arrives is split into records at line ends.
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,26 +81,30 @@ impl KmsgTail {
         mut sink: impl FnMut(Delivery) -> bool + Send + 'static,
     ) -> io::Result<KmsgTail> {
         let path: PathBuf = path.as_ref().to_path_buf();
-        let file =
-            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(&path)?;
+        let stream = std::fs::metadata(&path).is_ok_and(|m| m.file_type().is_fifo());
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(stream)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&path)?;
         let whence = match start {
             Start::End => libc::SEEK_END,
             Start::After(_) => libc::SEEK_SET,
         };
         // SAFETY: lseek on a descriptor we own; no memory is passed.
-        if unsafe { libc::lseek(file.as_raw_fd(), 0, whence) } < 0 {
+        if !stream && unsafe { libc::lseek(file.as_raw_fd(), 0, whence) } < 0 {
             return Err(io::Error::last_os_error());
         }
         let stop = Arc::new(eventfd()?);
         let overruns = Arc::new(AtomicU64::new(0));
         let cursor = match start {
-            Start::End => None,
-            Start::After(c) => Some(c),
+            Start::After(c) if !stream => Some(c),
+            _ => None,
         };
         let (stop_t, overruns_t) = (Arc::clone(&stop), Arc::clone(&overruns));
         let thread = std::thread::Builder::new()
             .name("kmsg-tail".into())
-            .spawn(move || tail(file, cursor, &stop_t, &overruns_t, &mut sink))?;
+            .spawn(move || tail(file, stream, cursor, &stop_t, &overruns_t, &mut sink))?;
         Ok(KmsgTail { stop, thread: Some(thread), overruns })
     }
 
@@ -146,13 +157,23 @@ fn eventfd() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn tail(file: File, cursor: Option<u64>, stop: &OwnedFd, overruns: &AtomicU64, sink: &mut dyn FnMut(Delivery) -> bool) {
+fn tail(
+    file: File,
+    stream: bool,
+    cursor: Option<u64>,
+    stop: &OwnedFd,
+    overruns: &AtomicU64,
+    sink: &mut dyn FnMut(Delivery) -> bool,
+) {
     let fd = file.as_raw_fd();
     let mut buf = vec![0u8; READ_BUF];
+    // A stream's bytes after its last complete line.
+    let mut partial: Vec<u8> = Vec::new();
     loop {
         let mut batch = Vec::new();
         let failure = loop {
             match read_one(fd, &mut buf) {
+                Ok(Some(n)) if stream => batch.extend(stream_records(&mut partial, &buf[..n])),
                 Ok(Some(n)) => {
                     let rec = parse_record(&buf[..n]);
                     if let (Some(c), Some(s)) = (cursor, rec.seq)
@@ -187,6 +208,21 @@ fn tail(file: File, cursor: Option<u64>, stop: &OwnedFd, overruns: &AtomicU64, s
             }
         }
     }
+}
+
+/// The records completed by `chunk` of a stream (a stand-in FIFO): everything up to the
+/// last line end, in `/dev/kmsg` record format or plain lines; the rest waits in `partial`
+/// (bounded: an endless line is handed over in pieces rather than held).
+fn stream_records(partial: &mut Vec<u8>, chunk: &[u8]) -> Vec<Record> {
+    partial.extend_from_slice(chunk);
+    let end = match partial.iter().rposition(|&b| b == b'\n') {
+        Some(i) => i + 1,
+        None if partial.len() >= READ_BUF => partial.len(),
+        None => return Vec::new(),
+    };
+    let rest = partial.split_off(end);
+    let complete = std::mem::replace(partial, rest);
+    parse_text(&complete)
 }
 
 /// One record, or `None` when there is none yet (`EAGAIN`).
@@ -310,6 +346,52 @@ mod tests {
         let links = HostLinks::read(&crate::host::Host::new(root, "/nonexistent"), &snap);
         assert_eq!(links.ifindex.get("ib0"), Some(&7));
         assert_eq!(links.bridges.get("mlx5_0").unwrap(), &["0000:02:00.0", "0000:01:00.0", "0000:00:01.0"]);
+    }
+
+    #[test]
+    fn a_stream_is_split_into_records_at_line_ends() {
+        let mut partial = Vec::new();
+        assert!(stream_records(&mut partial, b"3,10,5000,-;first half").is_empty());
+        let recs = stream_records(&mut partial, b" and rest\n SUBSYSTEM=pci\n6,11,6000,-;second\n4,12,70");
+        let texts: Vec<&str> = recs.iter().map(|r| r.text.as_str()).collect();
+        assert_eq!(texts, ["first half and rest", "second"]);
+        assert_eq!(recs[0].seq, Some(10));
+        assert_eq!(partial, b"4,12,70");
+        // A line without an end never grows the buffer past READ_BUF.
+        let mut partial = Vec::new();
+        let recs = stream_records(&mut partial, &vec![b'x'; READ_BUF + 5]);
+        assert_eq!(recs.len(), 1);
+        assert!(partial.is_empty());
+    }
+
+    /// The stand-in: records written into a FIFO arrive as records, the writer closing
+    /// its end is no end of the tail, and the real log is never touched.
+    #[test]
+    fn a_fifo_stands_in_for_the_device() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("kmsg");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tail, rx) = KmsgTail::spawn_channel(&fifo, Start::After(99)).unwrap();
+        let mut got = Vec::new();
+        for (i, text) in ["3,1,100,-;one\n", "3,2,200,-;two\n3,3,300,-;three\n"].iter().enumerate() {
+            let mut w = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+            std::io::Write::write_all(&mut w, text.as_bytes()).unwrap();
+            drop(w);
+            while got.len() < [1, 3][i] {
+                match rx.recv_timeout(std::time::Duration::from_secs(10)).expect("records from the FIFO") {
+                    Delivery::Records(r) => got.extend(r.into_iter().map(|r| (r.seq, r.text))),
+                    Delivery::Failed(e) => panic!("tail failed: {e}"),
+                }
+            }
+        }
+        // The cursor (99) belongs to the real log: not applied to a stand-in.
+        assert_eq!(
+            got,
+            [(Some(1), "one".to_string()), (Some(2), "two".to_string()), (Some(3), "three".to_string())]
+        );
+        tail.stop();
     }
 
     #[test]
