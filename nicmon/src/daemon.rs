@@ -50,6 +50,8 @@ pub struct RunOptions {
     pub grpc: GrpcConfig,
     /// `None` disables the HTTP endpoint.
     pub metrics_port: Option<u16>,
+    /// `--metrics-bind-address`.
+    pub metrics_bind_address: std::net::IpAddr,
     /// `None` disables the kernel log watcher.
     pub kmsg_path: Option<PathBuf>,
     pub wake: WakeOptions,
@@ -174,9 +176,11 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let liveness = Liveness::new(opts.interval.max(Duration::from_secs(1)));
     let _server = match opts.metrics_port {
         Some(port) => Some(
-            metrics_server::start(port, metrics.clone(), liveness.clone())
+            metrics_server::start((opts.metrics_bind_address, port).into(), metrics.clone(), liveness.clone())
                 .await
-                .with_context(|| format!("--metrics-port {port}: cannot listen"))?,
+                .with_context(|| {
+                    format!("--metrics-bind-address {} --metrics-port {port}: cannot listen", opts.metrics_bind_address)
+                })?,
         ),
         None => None,
     };
@@ -220,8 +224,13 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let _tail: Option<KmsgTail> = match &opts.kmsg_path {
         Some(p) if opts.checks.contains(&Check::NICKernelLogCheck) && monitor.config.kernel_log.enabled => {
             match KmsgTail::spawn(p, Start::from_cursor(st.kmsg.last_seq), move |d| ktx.send(d).is_ok()) {
-                Ok(t) => Some(t),
+                Ok(t) => {
+                    tracing::info!(path = %p.display(), "kernel log watched");
+                    metrics.set_kernel_log_watching(true, "");
+                    Some(t)
+                }
                 Err(e) => {
+                    metrics.set_kernel_log_watching(false, &format!("{}: {e}", p.display()));
                     let hint = match e.kind() {
                         std::io::ErrorKind::PermissionDenied => {
                             "; reading it needs CAP_SYSLOG and, in a container, a device cgroup that allows \
@@ -234,7 +243,15 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                 }
             }
         }
-        _ => None,
+        _ => {
+            let why = match &opts.kmsg_path {
+                None => "--no-kmsg",
+                Some(_) if !monitor.config.kernel_log.enabled => "[kernelLog] enabled = false",
+                Some(_) => "NICKernelLogCheck not in --checks",
+            };
+            metrics.set_kernel_log_watching(false, &format!("off: {why}"));
+            None
+        }
     };
 
     // Dispatch.
@@ -270,7 +287,10 @@ pub async fn run(opts: RunOptions) -> Result<()> {
             Some(d) = krx.recv() => {
                 match d {
                     Delivery::Records(r) => pending_records.extend(r),
-                    Delivery::Failed(e) => tracing::warn!(error = %e, "kernel log watcher stopped"),
+                    Delivery::Failed(e) => {
+                        tracing::warn!(error = %e, "kernel log watcher stopped");
+                        metrics.set_kernel_log_watching(false, &format!("watcher stopped: {e}"));
+                    }
                 }
             }
             Some(ack) = arx.recv() => {
