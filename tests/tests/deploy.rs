@@ -358,6 +358,21 @@ fn the_container_build_file_builds_what_the_chart_runs() {
         .unwrap();
     assert!(st.status.success(), "Cargo.lock is stale: {}", String::from_utf8_lossy(&st.stderr));
 
+    // The eBPF build's nightly is the dated one xtask pins (bpf-linker is built against its LLVM).
+    let xtask = std::fs::read_to_string(root.join("xtask/src/build_ebpf.rs")).unwrap();
+    let pinned = xtask
+        .lines()
+        .find_map(|l| l.strip_prefix("pub const TOOLCHAIN: &str = \"")?.strip_suffix("\";"))
+        .expect("TOOLCHAIN in xtask/src/build_ebpf.rs");
+    assert!(
+        pinned.len() == "nightly-YYYY-MM-DD".len() && pinned.starts_with("nightly-2"),
+        "a dated nightly: {pinned}"
+    );
+    assert!(lines.contains(&format!("ARG EBPF_NIGHTLY={pinned}").as_str()), "deploy/Dockerfile pins {pinned}");
+    assert!(run.contains("rustup toolchain install ${EBPF_NIGHTLY}"), "{run}");
+    let toolchain_file = std::fs::read_to_string(root.join("nicmon-ebpf/rust-toolchain.toml")).unwrap();
+    assert!(toolchain_file.contains(&format!("channel = \"{pinned}\"")), "nicmon-ebpf/rust-toolchain.toml");
+
     let ignore = std::fs::read_to_string(root.join("deploy/Dockerfile.dockerignore")).unwrap();
     for dir in ["target/", ".tools/", ".git/"] {
         assert!(ignore.lines().any(|l| l.trim() == dir), "build context keeps {dir}");

@@ -59,11 +59,11 @@ pub fn run(opts: &Options) -> Result<()> {
         if !opts.no_ebpf {
             step(
                 "cargo clippy (nicmon-ebpf)",
-                // Through the rustup proxy with the nightly toolchain, as build-ebpf builds it
+                // Through the rustup proxy with the pinned nightly toolchain, as build-ebpf builds it
                 // ($CARGO is the stable cargo binary itself, which would ignore the toolchain).
                 Command::new("cargo")
                     .current_dir(root.join("nicmon-ebpf"))
-                    .env("RUSTUP_TOOLCHAIN", "nightly")
+                    .env("RUSTUP_TOOLCHAIN", crate::build_ebpf::TOOLCHAIN)
                     .env_remove("CARGO_TARGET_DIR")
                     .env_remove("RUSTFLAGS")
                     .env_remove("CARGO_ENCODED_RUSTFLAGS")
