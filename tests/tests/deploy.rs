@@ -278,7 +278,8 @@ fn kernel_log_bind_address_and_order_decisions_render_as_documented() {
     let kmsg = vols.iter().find(|v| v["hostPath"]["path"] == "/dev/kmsg").expect("kmsg volume");
     assert_eq!(kmsg["hostPath"]["type"], "CharDevice");
     validate(&on, "1.30").unwrap();
-    let refused = k8s(&python(), &["render", CHART, "nicmon", "nvsentinel", "kernelLog.enabled=true"]).output().unwrap();
+    let refused =
+        k8s(&python(), &["render", CHART, "nicmon", "nvsentinel", "kernelLog.enabled=true"]).output().unwrap();
     assert!(!refused.status.success());
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("kernelLog.enabled=true needs securityContext.privileged=true"), "{err}");
@@ -295,7 +296,8 @@ fn kernel_log_bind_address_and_order_decisions_render_as_documented() {
 
     // One `kubectl apply -f` works: every object comes after the objects it needs (Helm's
     // install order), in the chart's renderings and in the plain manifests.
-    let rank = |k: &str| ["Namespace", "ServiceAccount", "ConfigMap", "Service", "DaemonSet"].iter().position(|x| *x == k);
+    let rank =
+        |k: &str| ["Namespace", "ServiceAccount", "ConfigMap", "Service", "DaemonSet"].iter().position(|x| *x == k);
     let mut all = renderings();
     all.push((
         "every optional object".into(),
@@ -303,7 +305,8 @@ fn kernel_log_bind_address_and_order_decisions_render_as_documented() {
     ));
     for (what, objects) in all {
         let ks = kinds(&objects);
-        let ranks: Vec<usize> = ks.iter().map(|k| rank(k).unwrap_or_else(|| panic!("{what}: unexpected kind {k}"))).collect();
+        let ranks: Vec<usize> =
+            ks.iter().map(|k| rank(k).unwrap_or_else(|| panic!("{what}: unexpected kind {k}"))).collect();
         assert!(ranks.windows(2).all(|w| w[0] <= w[1]), "{what}: apply order {ks:?}");
     }
     let standalone = load("deploy/manifests/nicmon-standalone.yaml");
@@ -430,10 +433,7 @@ fn the_container_build_file_builds_what_the_chart_runs() {
         .lines()
         .find_map(|l| l.strip_prefix("pub const TOOLCHAIN: &str = \"")?.strip_suffix("\";"))
         .expect("TOOLCHAIN in xtask/src/build_ebpf.rs");
-    assert!(
-        pinned.len() == "nightly-YYYY-MM-DD".len() && pinned.starts_with("nightly-2"),
-        "a dated nightly: {pinned}"
-    );
+    assert!(pinned.len() == "nightly-YYYY-MM-DD".len() && pinned.starts_with("nightly-2"), "a dated nightly: {pinned}");
     assert!(lines.contains(&format!("ARG EBPF_NIGHTLY={pinned}").as_str()), "deploy/Dockerfile pins {pinned}");
     assert!(run.contains("rustup toolchain install ${EBPF_NIGHTLY}"), "{run}");
     let toolchain_file = std::fs::read_to_string(root.join("nicmon-ebpf/rust-toolchain.toml")).unwrap();

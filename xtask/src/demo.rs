@@ -241,13 +241,21 @@ pub fn run(opts: &Options) -> Result<()> {
             Box::new(has(VETH_NIC)),
         )),
     }
-    steps.push(("cable pull on mlx5_3 port 1 (InfiniBand)".into(), Box::new(|| node.pull_cable("mlx5_3", 1)), Box::new(has("mlx5_3"))));
+    steps.push((
+        "cable pull on mlx5_3 port 1 (InfiniBand)".into(),
+        Box::new(|| node.pull_cable("mlx5_3", 1)),
+        Box::new(has("mlx5_3")),
+    ));
     steps.push((
         "link_downed 0 -> 1 on mlx5_1 port 1".into(),
         Box::new(|| node.set_counter("mlx5_1", 1, "counters/link_downed", 1)),
         Box::new(|ev: &[Ev]| ev.iter().any(|e| e.error_code.iter().any(|c| c == "link_downed"))),
     ));
-    steps.push(("mlx5_6 falls off the PCI bus".into(), Box::new(|| node.fall_off_bus("mlx5_6")), Box::new(has("mlx5_6"))));
+    steps.push((
+        "mlx5_6 falls off the PCI bus".into(),
+        Box::new(|| node.fall_off_bus("mlx5_6")),
+        Box::new(has("mlx5_6")),
+    ));
     let record = format!(
         "3,1,{},-;mlx5_core {card_bdf}: poll_health:801:(pid 0): device's health compromised - reached miss count\n SUBSYSTEM=pci\n DEVICE=+pci:{card_bdf}\n",
         t0.elapsed().as_micros()
@@ -256,8 +264,10 @@ pub fn run(opts: &Options) -> Result<()> {
     steps.push((
         "firmware fatal in the kernel log stand-in (mlx5_2's card)".into(),
         Box::new(move || {
-            if let Err(e) =
-                std::fs::OpenOptions::new().append(true).open(&stand_in).and_then(|mut f| f.write_all(record.as_bytes()))
+            if let Err(e) = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&stand_in)
+                .and_then(|mut f| f.write_all(record.as_bytes()))
             {
                 eprintln!("writing {}: {e}", stand_in.display());
             }

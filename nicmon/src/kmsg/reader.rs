@@ -387,10 +387,7 @@ mod tests {
             }
         }
         // The cursor (99) belongs to the real log: not applied to a stand-in.
-        assert_eq!(
-            got,
-            [(Some(1), "one".to_string()), (Some(2), "two".to_string()), (Some(3), "three".to_string())]
-        );
+        assert_eq!(got, [(Some(1), "one".to_string()), (Some(2), "two".to_string()), (Some(3), "three".to_string())]);
         tail.stop();
     }
 

@@ -628,12 +628,8 @@ fn the_tail_returns_a_record_written_to_dev_kmsg() {
             return;
         }
     };
-    let marker = format!(
-        "{}-{}-{}",
-        real_log::MARKER,
-        std::process::id(),
-        OffsetDateTime::now_utc().unix_timestamp_nanos()
-    );
+    let marker =
+        format!("{}-{}-{}", real_log::MARKER, std::process::id(), OffsetDateTime::now_utc().unix_timestamp_nanos());
     if let Err(e) = real_log::write_marked(&format!("{marker}: tail round trip")) {
         eprintln!("SKIP the_tail_returns_a_record_written_to_dev_kmsg: cannot write {DEV_KMSG}: {e}");
         return;
