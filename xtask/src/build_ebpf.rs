@@ -79,20 +79,32 @@ fn rustup() -> Command {
     c
 }
 
+/// The pinned toolchain's components: `rust-src` for `-Z build-std=core`, `clippy` for
+/// `cargo xtask test`'s lint of the eBPF crate.
+const COMPONENTS: [&str; 2] = ["rust-src", "clippy"];
+
 fn ensure_toolchain() -> Result<()> {
     let list = output(rustup().args(["toolchain", "list"]))
         .context("rustup is required to provision the nightly toolchain (https://rustup.rs)")?;
     if !list.lines().any(|l| l.starts_with(&format!("{TOOLCHAIN}-"))) {
-        step(format!("installing the {TOOLCHAIN} toolchain with rust-src"));
-        status(rustup().args(["toolchain", "install", TOOLCHAIN, "--profile", "minimal", "--component", "rust-src"]))?;
+        step(format!("installing the {TOOLCHAIN} toolchain with {}", COMPONENTS.join(", ")));
+        let mut cmd = rustup();
+        cmd.args(["toolchain", "install", TOOLCHAIN, "--profile", "minimal"]);
+        for c in COMPONENTS {
+            cmd.args(["--component", c]);
+        }
+        status(&mut cmd)?;
         return Ok(());
     }
-    let comps = output(rustup().args(["component", "list", "--installed", "--toolchain", TOOLCHAIN]))?;
-    if comps.lines().any(|l| l.trim() == "rust-src") {
-        step(format!("{TOOLCHAIN} toolchain with rust-src: present"));
-    } else {
-        step(format!("adding rust-src to the {TOOLCHAIN} toolchain"));
-        status(rustup().args(["component", "add", "rust-src", "--toolchain", TOOLCHAIN]))?;
+    let installed = output(rustup().args(["component", "list", "--installed", "--toolchain", TOOLCHAIN]))?;
+    for c in COMPONENTS {
+        // Listed as `rust-src`, or with the host triple: `clippy-x86_64-unknown-linux-gnu`.
+        if installed.lines().map(str::trim).any(|l| l == c || l.starts_with(&format!("{c}-"))) {
+            step(format!("{TOOLCHAIN} toolchain with {c}: present"));
+        } else {
+            step(format!("adding {c} to the {TOOLCHAIN} toolchain"));
+            status(rustup().args(["component", "add", c, "--toolchain", TOOLCHAIN]))?;
+        }
     }
     Ok(())
 }
