@@ -124,8 +124,9 @@ pub fn run_check(args: &CheckArgs) -> Result<String> {
     if let Some(p) = &args.state_file {
         state::save(p, &poll.next).with_context(|| format!("state file {}: cannot write", p.display()))?;
     }
-    let report =
+    let mut report =
         Report::new(&monitor.stamp.node_name, boot_id, &poll.snapshot, &monitor.topology, &poll.roles, poll.events);
+    report.char_devices = poll.char_devices;
     if poll.snapshot.devices.is_empty() {
         tracing::warn!("{}", no_devices_note(&monitor.host));
     }

@@ -5,13 +5,14 @@
 //! does not know are reported as warnings, so an NVSentinel ConfigMap works unchanged.
 use std::path::Path;
 
+use crate::chardev::IssmMode;
 use crate::counters::{CounterDetection, CounterRule};
 use crate::kmsg::{KmsgConfig, Patterns};
 use crate::roles::{self, NicFilters};
 
 /// The top-level keys, and those of `[stateDetection]` (the other sections' keys are their
 /// structs' fields). Named in the warning about an unknown key.
-pub const TOP_LEVEL_KEYS: [&str; 7] = [
+pub const TOP_LEVEL_KEYS: [&str; 8] = [
     "nicExclusionRegex",
     "nicInclusionRegexOverride",
     "sysClassInfinibandPath",
@@ -19,8 +20,10 @@ pub const TOP_LEVEL_KEYS: [&str; 7] = [
     "stateDetection",
     "counterDetection",
     "kernelLog",
+    "charDeviceCheck",
 ];
 pub const STATE_DETECTION_KEYS: [&str; 2] = ["escalationGraceSeconds", "speedDegradationFatal"];
+pub const CHAR_DEVICE_CHECK_KEYS: [&str; 1] = ["issm"];
 
 /// Default location of the config file in the DaemonSet.
 pub const DEFAULT_PATH: &str = "/etc/nic-health-monitor/config.toml";
@@ -40,6 +43,8 @@ pub struct Config {
     /// `[counterDetection]`: the merged, validated counter rules (001 §10); empty when
     /// `enabled = false`.
     pub counter_rules: Vec<CounterRule>,
+    /// `[charDeviceCheck] issm`: whether an `issm` node is expected per InfiniBand port.
+    pub issm: IssmMode,
     /// `[kernelLog]`: the watcher's settings and its compiled pattern table.
     pub kernel_log: KmsgConfig,
     pub patterns: Patterns,
@@ -56,6 +61,7 @@ impl Default for Config {
             escalation_grace_secs: 30,
             speed_degradation_fatal: false,
             counter_rules: CounterDetection::default().rules().unwrap_or_default(),
+            issm: IssmMode::default(),
             kernel_log: KmsgConfig::default(),
             patterns: Patterns::builtin(),
             warnings: Vec::new(),
@@ -149,6 +155,24 @@ impl Config {
                         .map_err(|e: toml::de::Error| err(format!("{key}: {}", one_line(e.message()))))?;
                     cfg.counter_rules = cd.rules().map_err(|e| err(one_line(&e.to_string())))?;
                 }
+                "charDeviceCheck" => {
+                    let t = value.as_table().ok_or_else(|| err(format!("{key}: expected a table")))?;
+                    for (k, v) in t {
+                        let full = format!("charDeviceCheck.{k}");
+                        match k.as_str() {
+                            "issm" => {
+                                cfg.issm = v
+                                    .as_str()
+                                    .and_then(IssmMode::parse)
+                                    .ok_or_else(|| err(format!("{full} = {v}: expected \"never\" or \"always\"")))?
+                            }
+                            _ => cfg.warnings.push(format!(
+                                "config {path}: unknown key {full} ignored (known keys: {})",
+                                CHAR_DEVICE_CHECK_KEYS.join(", ")
+                            )),
+                        }
+                    }
+                }
                 "kernelLog" => {
                     let k: KmsgConfig = value
                         .clone()
@@ -235,11 +259,24 @@ enabled = true
         assert!(known.ends_with(&format!("(known keys: {})", TOP_LEVEL_KEYS.join(", "))), "{known}");
         let all = "nicExclusionRegex = \"^lo$\"\nnicInclusionRegexOverride = \"\"\nsysClassInfinibandPath = \"/a\"\n\
                    sysClassNetPath = \"/b\"\n[stateDetection]\nescalationGraceSeconds = 5\nspeedDegradationFatal = true\n\
-                   [counterDetection]\n[kernelLog]\n";
+                   [counterDetection]\n[kernelLog]\n[charDeviceCheck]\nissm = \"always\"\n";
         let c = Config::parse("x.toml", all).unwrap();
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
         assert!(TOP_LEVEL_KEYS.iter().all(|k| all.contains(&format!("{k} =")) || all.contains(&format!("[{k}]"))));
         assert!(STATE_DETECTION_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
+        assert!(CHAR_DEVICE_CHECK_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
+        assert_eq!(c.issm, IssmMode::Always);
+    }
+
+    #[test]
+    fn issm_mode() {
+        assert_eq!(Config::parse("x.toml", "").unwrap().issm, IssmMode::Never);
+        assert_eq!(Config::parse("x.toml", "[charDeviceCheck]\nissm = \"never\"").unwrap().issm, IssmMode::Never);
+        let e = Config::parse("x.toml", "[charDeviceCheck]\nissm = \"auto\"").unwrap_err().to_string();
+        assert!(e.contains("charDeviceCheck.issm = \"auto\"") && e.contains("never"), "{e}");
+        assert!(Config::parse("x.toml", "[charDeviceCheck]\nissm = 1").is_err());
+        assert!(Config::parse("x.toml", "charDeviceCheck = 1").is_err());
+        assert_eq!(Config::parse("x.toml", "[charDeviceCheck]\nfoo = 1").unwrap().warnings.len(), 1);
     }
 
     #[test]

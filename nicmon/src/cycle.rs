@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use time::{Duration, OffsetDateTime};
 
+use crate::chardev;
 use crate::config::Config;
 use crate::counters::{self, CounterPort};
 use crate::discovery::{self, ReadPlan};
@@ -35,6 +36,8 @@ pub struct Poll {
     pub notes: Vec<String>,
     /// Kernel log lines that ask for an immediate poll (`Link down`).
     pub wake_hints: Vec<WakeHint>,
+    /// The character devices expected (and those held latched), for the report.
+    pub char_devices: Vec<chardev::Finding>,
 }
 
 impl Monitor {
@@ -76,6 +79,14 @@ impl Monitor {
         events.extend(counter_events);
         next.counters = counter_state;
         let mut notes = out.notes;
+        let mut char_devices = Vec::new();
+        if self.state_config.checks.contains(&Check::InfiniBandCharDeviceCheck) {
+            let cd = chardev::evaluate(&prev.char_devices, &snapshot, &roles, self.config.issm, now, &self.stamp);
+            events.extend(cd.events);
+            notes.extend(cd.notes);
+            next.char_devices = cd.state;
+            char_devices = cd.findings;
+        }
         if prev.polls == 0 {
             notes.extend(missing_counter_notes(&ports, &self.config.counter_rules));
         }
@@ -83,7 +94,18 @@ impl Monitor {
         // The kernel log records that arrived since the previous poll.
         let mut wake_hints = Vec::new();
         if !kmsg_records.is_empty() {
-            let links = HostLinks::read(&self.host, &snapshot);
+            // Devices that went since an earlier poll: their last lines explain why.
+            let departed = prev
+                .known_devices
+                .iter()
+                .filter(|(name, _)| !snapshot.devices.iter().any(|d| &d.name == *name))
+                .map(|(name, k)| kmsg::Departed {
+                    device: name.clone(),
+                    pci_address: k.pci_address.clone(),
+                    card: k.card.clone(),
+                })
+                .collect();
+            let links = HostLinks::read(&self.host, &snapshot, departed);
             let index = DeviceIndex::from_snapshot(&snapshot, |d| monitored(&d.name), &links);
             let processed = kmsg::process(&prev.kmsg, kmsg_records, &index, &self.config.patterns, now, &self.stamp);
             events.extend(processed.events);
@@ -93,7 +115,7 @@ impl Monitor {
 
         events.retain(|e| e.check().map(|c| self.state_config.checks.contains(&c)).unwrap_or(true));
         next.einval = self.host.einval_paths();
-        Poll { snapshot, roles, events, next, notes, wake_hints }
+        Poll { snapshot, roles, events, next, notes, wake_hints, char_devices }
     }
 }
 

@@ -458,10 +458,10 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
             .unwrap_or(0);
         let Some(check) = e.check() else { continue };
         match check {
-            Check::InfiniBandStateCheck | Check::EthernetStateCheck => {
+            Check::InfiniBandStateCheck | Check::EthernetStateCheck | Check::InfiniBandCharDeviceCheck => {
                 metrics.state_check_error(check, dev.unwrap_or(""), port)
             }
-            Check::InfiniBandDegradationCheck | Check::EthernetDegradationCheck
+            Check::InfiniBandDegradationCheck | Check::EthernetDegradationCheck | Check::EFADegradationCheck
                 if !e.message.contains("CounterSaturated") =>
             {
                 let counter = e.error_code.first().map(String::as_str).unwrap_or("");

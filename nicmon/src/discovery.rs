@@ -8,7 +8,9 @@ use regex::Regex;
 use std::sync::LazyLock;
 
 use crate::host::{Host, ReadError};
-use crate::model::{Device, Function, PciGpu, PciPresence, Port, Snapshot};
+use crate::model::{
+    CharDevices, CharKind, CharNode, ClassDir, Device, Function, LinkLayer, PciGpu, PciPresence, Port, Snapshot,
+};
 use crate::parse;
 
 /// What to read beyond the fixed set of files.
@@ -26,6 +28,8 @@ static MLX5_NAME: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^mlx5_(bond_)?
 
 const MELLANOX_VENDOR: u32 = 0x15b3;
 const NVIDIA_VENDOR: u32 = 0x10de;
+/// Amazon (the `efa` driver's adapters).
+const AMAZON_VENDOR: u32 = 0x1d0f;
 
 /// Read every RDMA device, its ports and counters, the default route and the PCI probes.
 pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
@@ -50,7 +54,38 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
         }
     }
 
-    Snapshot { devices, default_route_ifaces, default_route_devices, pci_probes }
+    Snapshot { devices, default_route_ifaces, default_route_devices, pci_probes, char_devices: char_devices(host) }
+}
+
+/// The InfiniBand character-device class directories, each entry mapped to its device and
+/// port through its own `ibdev` and `port` attributes (never through its number).
+pub fn char_devices(host: &Host) -> CharDevices {
+    let read_dir = |dir: &str, kinds: &[CharKind]| -> ClassDir {
+        let rel = format!("class/{dir}");
+        let names = match host.list_sys_dir(&rel) {
+            Ok(names) => names,
+            Err(ReadError::Missing) => return ClassDir::Absent,
+            Err(e) => return ClassDir::Unreadable(format!("{}: {e}", host.sys(&rel).display())),
+        };
+        let nodes = names
+            .into_iter()
+            .filter_map(|name| {
+                let kind = CharKind::of_entry(&name).filter(|k| kinds.contains(k))?;
+                let attr = |a: &str| opt(host.read_sys(&format!("{rel}/{name}/{a}")));
+                let device = attr("ibdev");
+                let port = match kind {
+                    CharKind::Uverbs => None,
+                    CharKind::Umad | CharKind::Issm => attr("port").and_then(|p| p.parse::<u32>().ok()),
+                };
+                Some(CharNode { kind, name, device, port })
+            })
+            .collect();
+        ClassDir::Listed(nodes)
+    };
+    CharDevices {
+        verbs: read_dir(CharKind::Uverbs.class_dir(), &[CharKind::Uverbs]),
+        mad: read_dir(CharKind::Umad.class_dir(), &[CharKind::Umad, CharKind::Issm]),
+    }
 }
 
 fn opt(r: Result<String, ReadError>) -> Option<String> {
@@ -68,11 +103,17 @@ fn read_device(host: &Host, name: &str, plan: &ReadPlan) -> Device {
     let driver = host.link_name_sys(&format!("{base}/device/driver"));
     let vendor = host.read_sys(&format!("{base}/device/vendor")).ok().and_then(|v| parse::hex_u32(&v));
 
+    // AWS EFA: bound to `efa`; by the Amazon vendor only when the driver is unknown (an
+    // Amazon function bound to another driver is not an EFA).
+    let efa = match driver.as_deref() {
+        Some(d) => d == "efa",
+        None => vendor == Some(AMAZON_VENDOR),
+    };
     let supported =
-        MLX5_NAME.is_match(name) || driver.as_deref() == Some("mlx5_core") || vendor == Some(MELLANOX_VENDOR);
+        efa || MLX5_NAME.is_match(name) || driver.as_deref() == Some("mlx5_core") || vendor == Some(MELLANOX_VENDOR);
     let unsupported = (!supported).then(|| {
         format!(
-            "not an NVIDIA/Mellanox mlx5 device (driver {}, PCI vendor {})",
+            "not an NVIDIA/Mellanox mlx5 or AWS EFA device (driver {}, PCI vendor {})",
             driver.as_deref().unwrap_or("unknown"),
             vendor.map(|v| format!("{v:#06x}")).unwrap_or_else(|| "unknown".into())
         )
@@ -98,7 +139,12 @@ fn read_device(host: &Host, name: &str, plan: &ReadPlan) -> Device {
         .filter_map(|p| p.parse::<u32>().ok())
         .map(|n| {
             let port_netdev = port_netdev(host, &base, &netdevs, n).or_else(|| netdev.clone());
-            read_port(host, &base, n, port_netdev.as_deref(), read_counters.then_some(plan))
+            let mut port = read_port(host, name, n, port_netdev.as_deref(), read_counters.then_some(plan));
+            if efa {
+                // The efa driver reports an unspecified link layer (`Unknown`).
+                port.link_layer = Some(LinkLayer::Efa);
+            }
+            port
         })
         .collect();
 
@@ -134,13 +180,13 @@ fn port_netdev(host: &Host, base: &str, netdevs: &[String], n: u32) -> Option<St
         .cloned()
 }
 
-fn read_port(host: &Host, base: &str, n: u32, netdev: Option<&str>, plan: Option<&ReadPlan>) -> Port {
-    let dir = format!("{base}/ports/{n}");
+fn read_port(host: &Host, dev: &str, n: u32, netdev: Option<&str>, plan: Option<&ReadPlan>) -> Port {
+    let dir = format!("class/infiniband/{dev}/ports/{n}");
     let read = |f: &str| host.read_sys(&format!("{dir}/{f}")).ok();
     let mut counters = BTreeMap::new();
     if let Some(plan) = plan {
         for path in &plan.counter_paths {
-            let rel = match counter_file(&dir, path, netdev) {
+            let rel = match counter_file(dev, n, path, netdev) {
                 Some(rel) => rel,
                 None => continue,
             };
@@ -160,15 +206,25 @@ fn read_port(host: &Host, base: &str, n: u32, netdev: Option<&str>, plan: Option
         operstate: netdev
             .and_then(|nd| host.read_sys(&format!("class/net/{nd}/operstate")).ok())
             .and_then(|v| parse::operstate(&v)),
+        carrier: netdev
+            .and_then(|nd| host.read_sys(&format!("class/net/{nd}/carrier")).ok())
+            .and_then(|v| parse::carrier(&v)),
         counters,
     }
 }
 
-/// The sysfs-relative file of a configured counter path for one port.
-pub fn counter_file(port_dir: &str, path: &str, netdev: Option<&str>) -> Option<String> {
+/// The sysfs-relative file of a configured counter path for port `port` of `dev`: relative
+/// to the port directory, a netdev template (`{interface}`), or a device-level template
+/// (`{device}`, EFA's `<dev>/hw_counters/`), which is read on port 1 only and reported
+/// against it.
+pub fn counter_file(dev: &str, port: u32, path: &str, netdev: Option<&str>) -> Option<String> {
+    let port_dir = format!("class/infiniband/{dev}/ports/{port}");
     if let Some(abs) = path.strip_prefix("/sys/") {
         if abs.contains("{interface}") {
             return netdev.map(|nd| abs.replace("{interface}", nd));
+        }
+        if abs.contains("{device}") {
+            return (port == 1).then(|| abs.replace("{device}", dev));
         }
         return Some(abs.to_string());
     }

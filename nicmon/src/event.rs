@@ -20,15 +20,19 @@ pub enum Check {
     EthernetStateCheck,
     InfiniBandDegradationCheck,
     EthernetDegradationCheck,
+    EFADegradationCheck,
+    InfiniBandCharDeviceCheck,
     NICKernelLogCheck,
 }
 
 impl Check {
-    pub const ALL: [Check; 5] = [
+    pub const ALL: [Check; 7] = [
         Check::InfiniBandStateCheck,
         Check::EthernetStateCheck,
         Check::InfiniBandDegradationCheck,
         Check::EthernetDegradationCheck,
+        Check::EFADegradationCheck,
+        Check::InfiniBandCharDeviceCheck,
         Check::NICKernelLogCheck,
     ];
 
@@ -38,6 +42,8 @@ impl Check {
             Check::EthernetStateCheck => "EthernetStateCheck",
             Check::InfiniBandDegradationCheck => "InfiniBandDegradationCheck",
             Check::EthernetDegradationCheck => "EthernetDegradationCheck",
+            Check::EFADegradationCheck => "EFADegradationCheck",
+            Check::InfiniBandCharDeviceCheck => "InfiniBandCharDeviceCheck",
             Check::NICKernelLogCheck => "NICKernelLogCheck",
         }
     }

@@ -132,6 +132,20 @@ impl Host {
         names
     }
 
+    /// Names in a sysfs directory, sorted, or why it could not be listed: `Missing` when
+    /// absent, `Io` naming the cause otherwise (a file where a directory should be).
+    pub fn list_sys_dir(&self, rel: &str) -> Result<Vec<String>, ReadError> {
+        let rd = std::fs::read_dir(self.sys(rel)).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => ReadError::Missing,
+            io::ErrorKind::NotADirectory => ReadError::Io("not a directory".into()),
+            _ => ReadError::Io(e.to_string()),
+        })?;
+        let mut names: Vec<String> =
+            rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        Ok(names)
+    }
+
     /// Whether a sysfs entry exists (a dangling symlink counts: `physfn` is a link).
     pub fn exists_sys(&self, rel: &str) -> bool {
         std::fs::symlink_metadata(self.sys(rel)).is_ok()

@@ -62,7 +62,9 @@ pub fn state_check(ll: &LinkLayer) -> Option<Check> {
     match ll {
         LinkLayer::InfiniBand => Some(Check::InfiniBandStateCheck),
         LinkLayer::Ethernet => Some(Check::EthernetStateCheck),
-        LinkLayer::Unknown(_) => None,
+        // EFA state (from the netdev) is judged by its own check, not from these files:
+        // the efa driver hard-codes ACTIVE/LinkUp in them.
+        LinkLayer::Efa | LinkLayer::Unknown(_) => None,
     }
 }
 

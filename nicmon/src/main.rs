@@ -118,7 +118,7 @@ struct RunCli {
     /// Comma-separated checks to run; unknown names are logged and skipped.
     #[arg(
         long,
-        default_value = "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck,NICKernelLogCheck"
+        default_value = "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck,EFADegradationCheck,InfiniBandCharDeviceCheck,NICKernelLogCheck"
     )]
     checks: String,
     /// Poll interval (e.g. 1s, 500ms). Counters are evaluated at least every second.
@@ -143,7 +143,8 @@ struct RunCli {
     /// Do not serve /metrics and /healthz.
     #[arg(long)]
     no_metrics: bool,
-    /// Kernel log device to watch.
+    /// Kernel log device to watch. A FIFO is also followed (records or plain lines written
+    /// into it, to replay a log into a running daemon); a regular file is not.
     #[arg(long, value_name = "FILE", default_value = "/dev/kmsg")]
     kmsg_path: PathBuf,
     /// Do not watch the kernel log.

@@ -65,11 +65,13 @@ impl PhysState {
     }
 }
 
-/// `ports/<n>/link_layer`.
+/// `ports/<n>/link_layer`, except `Efa`: the `efa` driver's ports read `Unknown` there;
+/// discovery names them by their driver (AWS Elastic Fabric Adapter).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum LinkLayer {
     InfiniBand,
     Ethernet,
+    Efa,
     Unknown(String),
 }
 
@@ -78,6 +80,7 @@ impl LinkLayer {
         match self {
             LinkLayer::InfiniBand => "InfiniBand",
             LinkLayer::Ethernet => "Ethernet",
+            LinkLayer::Efa => "EFA",
             LinkLayer::Unknown(s) => s,
         }
     }
@@ -133,6 +136,10 @@ pub struct Port {
     pub sm_lid: Option<u32>,
     /// The netdev's `operstate` (RoCE ports; IB ports with an IPoIB netdev too).
     pub operstate: Option<OperState>,
+    /// The netdev's `carrier` (`1` → true, `0` → false); `None` when there is no netdev or
+    /// the file is unreadable or not a number (it fails with `EINVAL` while admin-down).
+    #[serde(default)]
+    pub carrier: Option<bool>,
     /// Counter values keyed by the counter rule's `path` as configured
     /// (`counters/link_downed`, `hw_counters/rnr_nak_retry_err`,
     /// `/sys/class/net/{interface}/carrier_changes`). Unreadable ones are absent.
@@ -210,6 +217,91 @@ pub struct Snapshot {
     pub default_route_devices: Vec<String>,
     /// PCI probe results for devices the caller asked about (known devices now missing).
     pub pci_probes: BTreeMap<String, PciPresence>,
+    /// The InfiniBand character-device class directories (`class/infiniband_verbs`,
+    /// `class/infiniband_mad`): what udev makes `/dev/infiniband/*` from.
+    #[serde(default)]
+    pub char_devices: CharDevices,
+}
+
+/// The kind of an InfiniBand character device (the prefix of its class entry's name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CharKind {
+    /// `infiniband_verbs/uverbsN`: one per device (`/dev/infiniband/uverbsN`).
+    Uverbs,
+    /// `infiniband_mad/umadN`: one per port.
+    Umad,
+    /// `infiniband_mad/issmN`: one per port, on the architectures that create it.
+    Issm,
+}
+
+impl CharKind {
+    pub const ALL: [CharKind; 3] = [CharKind::Uverbs, CharKind::Umad, CharKind::Issm];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CharKind::Uverbs => "uverbs",
+            CharKind::Umad => "umad",
+            CharKind::Issm => "issm",
+        }
+    }
+
+    /// The class directory (below `class/`) its entries live in.
+    pub fn class_dir(self) -> &'static str {
+        match self {
+            CharKind::Uverbs => "infiniband_verbs",
+            CharKind::Umad | CharKind::Issm => "infiniband_mad",
+        }
+    }
+
+    /// The kind of a class entry by its name (`umad3`); `abi_version` and others → `None`.
+    pub fn of_entry(name: &str) -> Option<CharKind> {
+        CharKind::ALL.into_iter().find(|k| {
+            name.strip_prefix(k.name()).is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+    }
+}
+
+/// One character-device class entry, mapped to its device (and port) by its own `ibdev`
+/// and `port` attributes; `None` where those are unreadable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CharNode {
+    pub kind: CharKind,
+    /// The entry's name (`umad3`).
+    pub name: String,
+    pub device: Option<String>,
+    /// The IB port (`umad`, `issm`); `None` for `uverbs` and when unreadable.
+    pub port: Option<u32>,
+}
+
+/// What reading one class directory gave.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum ClassDir {
+    /// The directory does not exist (the module is not loaded, or no such tree).
+    #[default]
+    Absent,
+    /// It could not be listed (not a directory, permission, ...): why.
+    Unreadable(String),
+    Listed(Vec<CharNode>),
+}
+
+/// Both character-device class directories.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct CharDevices {
+    /// `class/infiniband_verbs`.
+    pub verbs: ClassDir,
+    /// `class/infiniband_mad`.
+    pub mad: ClassDir,
+}
+
+impl CharDevices {
+    /// The directory `kind`'s entries are read from.
+    pub fn dir(&self, kind: CharKind) -> &ClassDir {
+        match kind {
+            CharKind::Uverbs => &self.verbs,
+            CharKind::Umad | CharKind::Issm => &self.mad,
+        }
+    }
 }
 
 impl Snapshot {

@@ -121,6 +121,15 @@ pub fn counter(raw: &str) -> Option<u64> {
     text(raw)?.parse().ok()
 }
 
+/// A netdev's `carrier`: `1` → up, `0` → down, anything else → `None`.
+pub fn carrier(raw: &str) -> Option<bool> {
+    match text(raw)? {
+        "1" => Some(true),
+        "0" => Some(false),
+        _ => None,
+    }
+}
+
 /// `lid`, `sm_lid` (`"0x%x"`); PCI `vendor`, `device`, `class` (`"0x15b3"`, `"0x030200"`).
 pub fn hex_u32(raw: &str) -> Option<u32> {
     let t = text(raw)?;
@@ -317,6 +326,15 @@ mod tests {
         assert!(default_route_ifaces("").is_empty());
     }
 
+    #[test]
+    fn carrier_values() {
+        assert_eq!(carrier("1\n"), Some(true));
+        assert_eq!(carrier("0"), Some(false));
+        assert_eq!(carrier("up\n"), None);
+        assert_eq!(carrier(""), None);
+        assert_eq!(counter("N/A\n"), None);
+    }
+
     proptest! {
         #[test]
         fn parsers_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
@@ -329,6 +347,7 @@ mod tests {
             let _ = hex_u32(&s);
             let _ = numa_node(&s);
             let _ = operstate(&s);
+            let _ = carrier(&s);
             let _ = uevent_pci_slot(&s);
             let _ = pci_address(&s);
             let _ = card_of(&s);

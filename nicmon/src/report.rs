@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::chardev::Finding;
 use crate::event::HealthEvent;
 use crate::model::Snapshot;
 use crate::roles::{Classification, Role};
@@ -17,6 +18,9 @@ pub struct Report {
     pub devices: Vec<DeviceReport>,
     pub topology_source: &'static str,
     pub topology_notes: Vec<String>,
+    /// The InfiniBand character devices expected this poll (and latched ones still held):
+    /// present or not, misses so far, whether a missing-node event is outstanding.
+    pub char_devices: Vec<Finding>,
     pub events: Vec<HealthEvent>,
 }
 
@@ -47,6 +51,8 @@ pub struct PortReport {
     pub rate_gbps: Option<f64>,
     pub healthy: bool,
     pub operstate: Option<String>,
+    /// The netdev's carrier (`None`: no netdev, or unreadable).
+    pub carrier: Option<bool>,
     pub lid: Option<u32>,
     pub sm_lid: Option<u32>,
     /// Counter file name → value; unreadable ones absent.
@@ -97,6 +103,7 @@ impl Report {
                             rate_gbps: p.rate.as_ref().map(|r| r.gbps),
                             healthy: p.is_healthy(),
                             operstate: p.operstate.as_ref().map(|o| o.name().to_string()),
+                            carrier: p.carrier,
                             lid: p.lid,
                             sm_lid: p.sm_lid,
                             counters: p
@@ -115,6 +122,7 @@ impl Report {
             devices,
             topology_source: topo.source.as_str(),
             topology_notes: topo.notes.clone(),
+            char_devices: Vec::new(),
             events,
         }
     }
@@ -164,6 +172,15 @@ impl Report {
                     note
                 );
             }
+        }
+        for c in self.char_devices.iter().filter(|c| c.present != Some(true)) {
+            let at = c.port.map(|p| format!(" port {p}")).unwrap_or_default();
+            let status = match (c.present, c.reported_missing) {
+                (_, true) => "MISSING (reported)".to_string(),
+                (Some(false), false) => format!("missing for {} poll(s)", c.misses),
+                _ => "not readable: held".to_string(),
+            };
+            let _ = writeln!(out, "char device {} of {}{at}: {status}", c.kind.name(), c.device);
         }
         let _ = writeln!(out, "topology source: {}", self.topology_source);
         for n in &self.topology_notes {

@@ -84,7 +84,8 @@ fn classify_one(dev: &Device, snapshot: &Snapshot, topo: &Topology, filters: &Ni
         return Classification::skip("SR-IOV virtual function: DOWN until assigned, not monitored".into());
     }
     let ll = device_link_layer(dev);
-    let is_ib = ll == Some(&LinkLayer::InfiniBand);
+    // InfiniBand and AWS EFA are GPU compute fabrics; Ethernet may be storage.
+    let is_ib = matches!(ll, Some(LinkLayer::InfiniBand | LinkLayer::Efa));
     if !filters.include_override.is_empty() {
         return match filters.include_override.iter().find(|re| re.is_match(&dev.name)) {
             Some(re) => Classification::role(
@@ -122,7 +123,8 @@ fn classify_one(dev: &Device, snapshot: &Snapshot, topo: &Topology, filters: &Ni
     }
     // 4. InfiniBand is the compute fabric.
     if is_ib {
-        return Classification::role(Role::Compute, "InfiniBand link layer, no PIX/PXB to a GPU".into());
+        let what = ll.map(|l| l.name()).unwrap_or("InfiniBand");
+        return Classification::role(Role::Compute, format!("{what} link layer, no PIX/PXB to a GPU"));
     }
     // 5. Same socket or host bridge as a GPU.
     if let Some(why) = nearest(&[Level::Node, Level::Phb]) {

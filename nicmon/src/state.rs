@@ -11,6 +11,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
+use crate::chardev::CharDevState;
 use crate::counters::CounterState;
 use crate::event::{Check, HealthEvent};
 use crate::kmsg::KmsgState;
@@ -100,6 +101,9 @@ pub struct State {
     /// Kernel log cursor and dedup memory.
     #[serde(default)]
     pub kmsg: KmsgState,
+    /// Character-device miss counts, latches and the issm mode they were made under.
+    #[serde(default)]
+    pub char_devices: CharDevState,
     /// sysfs files whose read failed with EINVAL in this boot: never read again.
     #[serde(default)]
     pub einval: Vec<String>,
@@ -122,6 +126,7 @@ impl State {
             cards_below_mode: BTreeSet::new(),
             counters: CounterState::default(),
             kmsg: KmsgState::default(),
+            char_devices: CharDevState::default(),
             einval: Vec::new(),
             outbox: Vec::new(),
             next_batch_id: 0,

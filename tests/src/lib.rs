@@ -24,6 +24,8 @@ pub mod platforms;
 pub enum Link {
     Ib,
     Eth,
+    /// AWS Elastic Fabric Adapter (driver `efa`, vendor 0x1d0f).
+    Efa,
 }
 
 /// Where a PCI function hangs: a bridge directory in the tree.
@@ -38,6 +40,13 @@ pub struct Slot {
     /// The switch whose downstream port this is, and the outermost switch above it.
     switch: Option<usize>,
     group: Option<usize>,
+}
+
+impl Slot {
+    /// The bus number devices placed on this slot sit on.
+    pub fn bus(&self) -> u8 {
+        self.bus
+    }
 }
 
 /// A GPU or NIC placed in the tree (for metadata levels).
@@ -91,6 +100,17 @@ impl NicSpec {
     pub fn netdev(mut self, n: &str) -> NicSpec {
         self.netdev = Some(n.into());
         self
+    }
+    /// An EFA device (`rdmap79s0`); `netdev` on ENA+EFA adapters, `None` on EFA-only ones.
+    /// `hca` holds the PCI device id (`efa0` on p4d, `efa1` on p5).
+    pub fn efa(name: &str, netdev: Option<&str>) -> NicSpec {
+        NicSpec {
+            name: name.into(),
+            link: Link::Efa,
+            hca_type: "efa1".into(),
+            rate: "100 Gb/sec (4X EDR)".into(),
+            netdev: netdev.map(str::to_string),
+        }
     }
 }
 
@@ -164,6 +184,50 @@ pub const HW_COUNTERS: &[&str] = &[
     "lifespan",
 ];
 
+/// EFA per-port `hw_counters/` (the efa driver's port stats).
+pub const EFA_PORT_COUNTERS: &[&str] = &[
+    "tx_bytes",
+    "tx_pkts",
+    "rx_bytes",
+    "rx_pkts",
+    "rx_drops",
+    "send_bytes",
+    "send_wrs",
+    "recv_bytes",
+    "recv_wrs",
+    "rdma_read_wrs",
+    "rdma_read_bytes",
+    "rdma_read_wr_err",
+    "rdma_read_resp_bytes",
+    "rdma_write_wrs",
+    "rdma_write_bytes",
+    "rdma_write_wr_err",
+    "rdma_write_recv_bytes",
+    "retrans_bytes",
+    "retrans_pkts",
+    "retrans_timeout_events",
+    "unresponsive_remote_events",
+    "impaired_remote_conn_events",
+    "lifespan",
+];
+
+/// EFA device-level `<dev>/hw_counters/` (admin queue and verbs error stats).
+pub const EFA_DEVICE_COUNTERS: &[&str] = &[
+    "alloc_pd_err",
+    "alloc_ucontext_err",
+    "create_ah_err",
+    "create_cq_err",
+    "create_qp_err",
+    "reg_mr_err",
+    "mmap_err",
+    "keep_alive_rcvd",
+    "submitted_cmds",
+    "completed_cmds",
+    "cmds_err",
+    "no_completion_cmds",
+    "lifespan",
+];
+
 /// A node under construction and, once written, a host tree on disk.
 pub struct Node {
     pub name: String,
@@ -180,6 +244,8 @@ pub struct Node {
     default_routes: Vec<String>,
     next_ifindex: u32,
     boot_id: String,
+    /// Character-device class entries by (kind, device, port; 0 for uverbs).
+    char_nodes: BTreeMap<(String, String, u32), String>,
 }
 
 fn write(path: &Path, content: impl AsRef<[u8]>) {
@@ -238,17 +304,22 @@ impl Node {
             default_routes: Vec::new(),
             next_ifindex: 2,
             boot_id: "00000000-0000-4000-8000-000000000001".into(),
+            char_nodes: BTreeMap::new(),
         };
         for d in [
             "class/infiniband",
             "class/net",
             "bus/pci/devices",
             "bus/pci/drivers/mlx5_core",
+            "bus/pci/drivers/efa",
             "bus/pci/drivers/nvidia",
             "bus/pci/drivers/pcieport",
         ] {
             fs::create_dir_all(n.sys().join(d)).unwrap();
         }
+        // The character-device classes (ib_uverbs, ib_umad): each has an `abi_version` file.
+        write(&n.sys().join("class/infiniband_verbs/abi_version"), "6\n");
+        write(&n.sys().join("class/infiniband_mad/abi_version"), "5\n");
         write(&n.proc().join("sys/kernel/random/boot_id"), format!("{}\n", n.boot_id));
         n.write_route();
         n
@@ -421,7 +492,11 @@ impl Node {
         let hca = fs::read_to_string(self.sys().join(&info.ib_dir).join("hca_type")).unwrap_or_default();
         NicSpec {
             name: name.into(),
-            link: if ll.trim() == "InfiniBand" { Link::Ib } else { Link::Eth },
+            link: match ll.trim() {
+                "InfiniBand" => Link::Ib,
+                "Ethernet" => Link::Eth,
+                _ => Link::Efa,
+            },
             hca_type: hca.trim().into(),
             rate: "400 Gb/sec (4X NDR)".into(),
             netdev: None,
@@ -438,6 +513,9 @@ impl Node {
     }
 
     fn function(&mut self, slot: &Slot, bdf: &str, spec: NicSpec, physfn: Option<&str>) {
+        if spec.link == Link::Efa {
+            return self.efa_function(slot, bdf, spec);
+        }
         let pci_dir = format!("{}/{bdf}", slot.dir);
         let class = if spec.link == Link::Ib { 0x020700 } else { 0x020000 };
         let device_id = if physfn.is_some() { 0x101e } else { 0x1021 };
@@ -478,6 +556,10 @@ impl Node {
         for c in HW_COUNTERS {
             write(&port.join("hw_counters").join(c), if *c == "lifespan" { "12\n" } else { "0\n" });
         }
+        // ib_uverbs: one uverbs per device; ib_umad: one umad and one issm per port.
+        self.char_node(&pci_dir, "uverbs", &spec.name, None);
+        self.char_node(&pci_dir, "umad", &spec.name, Some(1));
+        self.char_node(&pci_dir, "issm", &spec.name, Some(1));
         if let Some(nd) = &spec.netdev {
             let net_dir = format!("{pci_dir}/net/{nd}");
             let nd_path = self.sys().join(&net_dir);
@@ -510,6 +592,93 @@ impl Node {
                 },
             );
         }
+    }
+
+    /// An AWS EFA PCI function (vendor 0x1d0f, driver `efa`, no SR-IOV) and its RDMA
+    /// device: one port that the driver reports ACTIVE/LinkUp with an unspecified link
+    /// layer (`Unknown`), no PMA `counters/`, per-port and device-level `hw_counters/`,
+    /// a uverbs node (no MAD: no umad/issm), and on ENA+EFA adapters a netdev.
+    fn efa_function(&mut self, slot: &Slot, bdf: &str, spec: NicSpec) {
+        let pci_dir = format!("{}/{bdf}", slot.dir);
+        let device_id = if spec.hca_type == "efa0" { 0xefa0 } else { 0xefa1 };
+        self.pci_function(&pci_dir, bdf, 0x1d0f, device_id, 0x020000, slot.numa, Some("efa"));
+        let ib_dir = format!("{pci_dir}/infiniband/{}", spec.name);
+        let ib = self.sys().join(&ib_dir);
+        write(&ib.join("fw_ver"), "0.0.0.0\n");
+        write(&ib.join("node_guid"), "0000:0000:0000:0000\n");
+        write(&ib.join("node_type"), "6: unspecified\n");
+        link(&format!("../../../{bdf}"), &ib.join("device"));
+        link(
+            &format!("{}{ib_dir}", up("class/infiniband")),
+            &self.sys().join(format!("class/infiniband/{}", spec.name)),
+        );
+        let port = ib.join("ports/1");
+        write(&port.join("state"), "4: ACTIVE\n");
+        write(&port.join("phys_state"), "5: LinkUp\n");
+        write(&port.join("rate"), format!("{}\n", spec.rate));
+        write(&port.join("link_layer"), "Unknown\n");
+        write(&port.join("lid"), "0x0\n");
+        write(&port.join("sm_lid"), "0x0\n");
+        for c in EFA_PORT_COUNTERS {
+            write(&port.join("hw_counters").join(c), if *c == "lifespan" { "12\n" } else { "0\n" });
+        }
+        for c in EFA_DEVICE_COUNTERS {
+            write(&ib.join("hw_counters").join(c), if *c == "lifespan" { "12\n" } else { "0\n" });
+        }
+        self.char_node(&pci_dir, "uverbs", &spec.name, None);
+        if let Some(nd) = &spec.netdev {
+            let net_dir = format!("{pci_dir}/net/{nd}");
+            let nd_path = self.sys().join(&net_dir);
+            write(&nd_path.join("operstate"), "up\n");
+            write(&nd_path.join("carrier"), "1\n");
+            write(&nd_path.join("carrier_changes"), "1\n");
+            write(&nd_path.join("ifindex"), format!("{}\n", self.next_ifindex));
+            write(&nd_path.join("dev_port"), "0\n");
+            write(&nd_path.join("speed"), "100000\n");
+            write(&nd_path.join("address"), "02:5a:1c:3e:00:01\n");
+            link(&format!("../../../{bdf}"), &nd_path.join("device"));
+            link(&format!("{}{net_dir}", up("class/net")), &self.sys().join(format!("class/net/{nd}")));
+            self.next_ifindex += 1;
+        }
+        self.info.insert(
+            spec.name.clone(),
+            NicInfo { bdf: bdf.into(), ib_dir, pci_dir, netdev: spec.netdev.clone(), is_vf: false },
+        );
+        self.nics.insert(
+            spec.name,
+            Placed {
+                bdf: bdf.into(),
+                rc: slot.rc,
+                numa: slot.numa,
+                switch: slot.switch,
+                group: slot.group,
+                c2c: false,
+            },
+        );
+    }
+
+    /// A character-device class entry (`class/infiniband_verbs/uverbs3`,
+    /// `class/infiniband_mad/umad5`) inside the PCI function, as the kernel makes it:
+    /// `ibdev`, `port` (MAD kinds), `dev`, and the class link.
+    fn char_node(&mut self, pci_dir: &str, kind: &str, dev: &str, port: Option<u32>) {
+        let class = if kind == "uverbs" { "infiniband_verbs" } else { "infiniband_mad" };
+        let n = self.char_nodes.keys().filter(|(k, _, _)| k == kind).count();
+        let name = format!("{kind}{n}");
+        let dir = format!("{pci_dir}/{class}/{name}");
+        let d = self.sys().join(&dir);
+        write(&d.join("ibdev"), format!("{dev}\n"));
+        if let Some(p) = port {
+            write(&d.join("port"), format!("{p}\n"));
+        }
+        let major = 231; // infiniband_verbs and infiniband_mad share the IB char major
+        let minor = match kind {
+            "uverbs" => 192 + n,
+            "umad" => n,
+            _ => 64 + n,
+        };
+        write(&d.join("dev"), format!("{major}:{minor}\n"));
+        link(&format!("{}{dir}", up(&format!("class/{class}"))), &self.sys().join(format!("class/{class}/{name}")));
+        self.char_nodes.insert((kind.into(), dev.into(), port.unwrap_or(0)), name);
     }
 
     /// A plain Ethernet interface (not RDMA) in `class/net`, e.g. the BMC-side `eth0`.
@@ -621,6 +790,85 @@ impl Node {
         link(&format!("{}{net_dir}", up("class/net")), &self.sys().join(format!("class/net/{new}")));
     }
 
+    /// A port blip: DOWN/Polling (netdev down) while `during` runs (a poll), then repaired.
+    pub fn blip_port<T>(&self, dev: &str, port: u32, during: impl FnOnce() -> T) -> T {
+        self.pull_cable(dev, port);
+        let out = during();
+        self.repair(dev, port);
+        out
+    }
+
+    /// The class entry of a character device: `kind` `uverbs` (port `None`), `umad` or
+    /// `issm` (port `Some(n)`).
+    fn char_entry(&self, kind: &str, dev: &str, port: Option<u32>) -> (String, String) {
+        let class = if kind == "uverbs" { "infiniband_verbs" } else { "infiniband_mad" };
+        let name = self
+            .char_nodes
+            .get(&(kind.to_string(), dev.to_string(), port.unwrap_or(0)))
+            .unwrap_or_else(|| panic!("no {kind} node for {dev} port {port:?} on node {}", self.name));
+        (class.to_string(), name.clone())
+    }
+
+    /// The character device vanishes from its class directory (udev then removes
+    /// `/dev/infiniband/<name>`): the ports stay ACTIVE/LinkUp.
+    pub fn remove_char_node(&self, kind: &str, dev: &str, port: Option<u32>) {
+        let (class, name) = self.char_entry(kind, dev, port);
+        fs::create_dir_all(self.stash()).unwrap();
+        let _ = fs::rename(self.sys().join(format!("class/{class}/{name}")), self.stash().join(format!("char-{name}")));
+    }
+
+    /// Undo [`Node::remove_char_node`].
+    pub fn restore_char_node(&self, kind: &str, dev: &str, port: Option<u32>) {
+        let (class, name) = self.char_entry(kind, dev, port);
+        let _ = fs::rename(self.stash().join(format!("char-{name}")), self.sys().join(format!("class/{class}/{name}")));
+    }
+
+    /// Replace a whole class directory (`infiniband_mad`) with a plain file.
+    pub fn class_dir_as_file(&self, class: &str) {
+        let p = self.sys().join(format!("class/{class}"));
+        fs::create_dir_all(self.stash()).unwrap();
+        let _ = fs::rename(&p, self.stash().join(format!("class-{class}")));
+        write(&p, "not a directory\n");
+    }
+
+    /// Remove a whole class directory (the module is unloaded).
+    pub fn remove_class_dir(&self, class: &str) {
+        fs::create_dir_all(self.stash()).unwrap();
+        let _ = fs::rename(self.sys().join(format!("class/{class}")), self.stash().join(format!("class-{class}")));
+    }
+
+    /// Undo [`Node::class_dir_as_file`] / [`Node::remove_class_dir`].
+    pub fn restore_class_dir(&self, class: &str) {
+        let p = self.sys().join(format!("class/{class}"));
+        let _ = fs::remove_file(&p);
+        let _ = fs::rename(self.stash().join(format!("class-{class}")), &p);
+    }
+
+    /// An EFA adapter's netdev goes down: `operstate` down, `carrier` 0.
+    pub fn efa_netdev_down(&self, dev: &str) {
+        let nd = self.info[dev].netdev.clone().unwrap_or_else(|| panic!("{dev} has no netdev"));
+        self.set_operstate(&nd, "down");
+        self.set_carrier(&nd, "0");
+    }
+
+    /// Back up: `operstate` up, `carrier` 1.
+    pub fn efa_netdev_up(&self, dev: &str) {
+        let nd = self.info[dev].netdev.clone().unwrap_or_else(|| panic!("{dev} has no netdev"));
+        self.set_operstate(&nd, "up");
+        self.set_carrier(&nd, "1");
+    }
+
+    /// Write a netdev's `carrier` file verbatim (`"0"`, `"1"`, or something odd).
+    pub fn set_carrier(&self, netdev: &str, text: &str) {
+        write(&self.sys().join(format!("class/net/{netdev}/carrier")), format!("{text}\n"));
+    }
+
+    /// Write a device-level file of an RDMA device (`hw_counters/no_completion_cmds`).
+    pub fn write_device_file(&self, dev: &str, file: &str, text: &str) {
+        let info = self.info.get(dev).unwrap_or_else(|| panic!("no device {dev} on node {}", self.name));
+        write(&self.sys().join(&info.ib_dir).join(file), text);
+    }
+
     /// Point the fixture's `class/net/<netdev>` at this host's real interface of that name
     /// (a veth in the latency tests): operstate and carrier then come from the kernel.
     pub fn use_host_netdev(&self, netdev: &str) {
@@ -704,7 +952,11 @@ impl Node {
             self.stash().join(format!("pci-{dev}")),
             self.sys().join(format!("bus/pci/devices/{}", info.bdf)),
         );
-        self.set_config_space(dev, &config_space(0x15b3, 0x1021));
+        let vendor = fs::read_to_string(self.sys().join(&info.pci_dir).join("vendor")).unwrap_or_default();
+        match vendor.trim() {
+            "0x1d0f" => self.set_config_space(dev, &config_space(0x1d0f, 0xefa1)),
+            _ => self.set_config_space(dev, &config_space(0x15b3, 0x1021)),
+        }
     }
 
     /// Overwrite a device's PCI config space bytes.
@@ -760,11 +1012,15 @@ impl Node {
     }
 
     /// `nicmon check --format json` on this node, with the metadata file (if written) and
-    /// `extra` arguments; panics unless it exits 0. Returns the parsed JSON.
+    /// `extra` arguments (no config file unless `extra` names one); panics unless it exits
+    /// 0. Returns the parsed JSON.
     pub fn check_json(&self, extra: &[&str]) -> serde_json::Value {
         let meta = self.metadata_path();
         let meta = meta.to_str().unwrap();
-        let mut args = vec!["--format", "json", "--metadata", meta, "--config", "/nonexistent/nicmon.toml"];
+        let mut args = vec!["--format", "json", "--metadata", meta];
+        if !extra.contains(&"--config") {
+            args.extend(["--config", "/nonexistent/nicmon.toml"]);
+        }
         args.extend_from_slice(extra);
         let out = self.nicmon("check", &args);
         assert!(out.status.success(), "nicmon check failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));

@@ -1,4 +1,6 @@
-//! Ready-made nodes: the six platforms of seed 000 §4 (field-validated role results).
+//! Ready-made nodes: the six platforms of seed 000 §4 (field-validated role results), and
+//! two AWS EFA instance types built from public facts (p5: 8 H100 and 32 EFA; p4d: 8 A100
+//! and 4 EFA).
 //!
 //! Each builder places GPUs and NICs in a PCI tree shaped like the real machine, so that
 //! the metadata the collector would publish and the tree nicmon derives from sysfs give
@@ -14,16 +16,20 @@ pub enum Platform {
     OnPremL40s,
     Gb200Nvl4,
     DgxH100,
+    AwsP5,
+    AwsP4d,
 }
 
 impl Platform {
-    pub const ALL: [Platform; 6] = [
+    pub const ALL: [Platform; 8] = [
         Platform::A100Oci,
         Platform::H100Oci,
         Platform::L40sOci,
         Platform::OnPremL40s,
         Platform::Gb200Nvl4,
         Platform::DgxH100,
+        Platform::AwsP5,
+        Platform::AwsP4d,
     ];
 
     pub fn name(self) -> &'static str {
@@ -34,6 +40,8 @@ impl Platform {
             Platform::OnPremL40s => "onprem-l40s",
             Platform::Gb200Nvl4 => "gb200-nvl4",
             Platform::DgxH100 => "dgx-h100",
+            Platform::AwsP5 => "aws-p5",
+            Platform::AwsP4d => "aws-p4d",
         }
     }
 
@@ -51,6 +59,8 @@ impl Platform {
             Platform::OnPremL40s => (1, 4, 0),
             Platform::Gb200Nvl4 => (2, 4, 0),
             Platform::DgxH100 => (0, 8, 4),
+            Platform::AwsP5 => (0, 32, 0),
+            Platform::AwsP4d => (0, 4, 0),
         }
     }
 
@@ -76,6 +86,8 @@ impl Platform {
             Platform::OnPremL40s => onprem_l40s(n),
             Platform::Gb200Nvl4 => gb200_nvl4(n),
             Platform::DgxH100 => dgx_h100(n),
+            Platform::AwsP5 => aws_p5(n),
+            Platform::AwsP4d => aws_p4d(n),
         }
         n.plain_netdev("lo");
         n.write_metadata();
@@ -200,6 +212,7 @@ fn gb200_nvl4(n: &mut Node) {
         let spec = match link {
             Link::Ib => NicSpec::ib(name),
             Link::Eth => NicSpec::eth(name, &format!("{name}np0")).hca("MT41692").rate("200 Gb/sec (2X NDR)"),
+            Link::Efa => NicSpec::efa(name, None),
         };
         n.card(&rp, 0, vec![spec]);
     }
@@ -228,4 +241,56 @@ fn dgx_h100(n: &mut Node) {
     for g in 0..8 {
         n.vfs(&format!("mlx5_{g}"), 2);
     }
+}
+
+/// The primary ENA interface of an AWS instance: a plain netdev (no RDMA device) that
+/// carries the default route.
+fn aws_primary_ena(n: &mut Node) {
+    n.plain_netdev("ens32");
+    n.default_route("ens32");
+}
+
+/// An EFA named the way the kernel names it after its PCI address (`rdmap<bus>s<slot>`).
+fn efa_on(n: &mut Node, slot: &crate::Slot, netdev: Option<&str>, pci_id: &str) -> String {
+    let name = format!("rdmap{}s0", slot.bus());
+    n.card(slot, 0, vec![NicSpec::efa(&name, netdev).hca(pci_id)]);
+    name
+}
+
+/// AWS p5.48xlarge: 2 sockets, 8 H100 GPUs, 32 EFA devices (4 per GPU, on the GPU's PCIe
+/// switch). The first EFA of each GPU is an ENA+EFA interface with a netdev; the other
+/// three are EFA-only (no netdev). The primary ENA carries the default route.
+fn aws_p5(n: &mut Node) {
+    for g in 0..8 {
+        let numa = if g < 4 { 0 } else { 1 };
+        let rc = n.root_complex(0, numa);
+        let rp = n.root_port(&rc, 1);
+        let sw = n.switch(&rp);
+        let gp = n.switch_port(&sw, 0);
+        n.gpu(&gp, 0);
+        for k in 0..4u8 {
+            let np = n.switch_port(&sw, 1 + k);
+            let nd = (k == 0).then(|| format!("ens{}", 33 + g));
+            efa_on(n, &np, nd.as_deref(), "efa1");
+        }
+    }
+    aws_primary_ena(n);
+}
+
+/// AWS p4d.24xlarge: 2 sockets, 8 A100 GPUs, 4 EFA devices (ENA+EFA, each with a netdev),
+/// each EFA on the PCIe switch of a pair of GPUs. The primary ENA carries the default route.
+fn aws_p4d(n: &mut Node) {
+    for pair in 0..4 {
+        let numa = if pair < 2 { 0 } else { 1 };
+        let rc = n.root_complex(0, numa);
+        let rp = n.root_port(&rc, 1);
+        let sw = n.switch(&rp);
+        for k in 0..2u8 {
+            let gp = n.switch_port(&sw, k);
+            n.gpu(&gp, 0);
+        }
+        let np = n.switch_port(&sw, 2);
+        efa_on(n, &np, Some(&format!("ens{}", 33 + pair)), "efa0");
+    }
+    aws_primary_ena(n);
 }

@@ -524,6 +524,7 @@ fn the_operator_guide_documents_every_config_key() {
         ("counterDetection.counters[].", "[[counterDetection.counters]]\nname = \"x\"\nzzUnknown = 1\n"),
         ("kernelLog.", "[kernelLog]\nzzUnknown = 1\n"),
         ("kernelLog.patterns[].", "[[kernelLog.patterns]]\nname = \"x\"\nzzUnknown = 1\n"),
+        ("charDeviceCheck.", "[charDeviceCheck]\nzzUnknown = 1\n"),
     ];
     let guide = std::fs::read_to_string(deploy::repo_root().join(GUIDE)).unwrap();
     let mut keys = Vec::new();
@@ -531,7 +532,7 @@ fn the_operator_guide_documents_every_config_key() {
         let msg = probe(toml);
         let line = msg.lines().find(|l| l.contains("zzUnknown")).unwrap_or_else(|| panic!("{toml}: {msg}"));
         let names = listed(line);
-        assert!(names.len() >= 2, "{line}");
+        assert!(!names.is_empty(), "{line}");
         keys.extend(names.into_iter().map(|k| format!("{prefix}{k}")));
     }
     // A section's own name is documented through its keys.

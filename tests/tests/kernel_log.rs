@@ -2,8 +2,12 @@
 //! `reference/kernel-log-patterns.md`, fed through `nicmon check --kmsg FILE` on a node whose
 //! NICs sit at the PCI addresses those lines name, in `/dev/kmsg` record format and as plain
 //! text; dedup per card, the resume cursor across restarts and reboots.
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use nicmon_tests::connector::Connector;
 use nicmon_tests::platforms::Platform;
-use nicmon_tests::{NicSpec, Node, Timeline, brief};
+use nicmon_tests::{NicSpec, Node, Timeline, brief, nicmon_bin};
 
 type Brief = (String, bool, bool, String, String);
 
@@ -82,19 +86,22 @@ const ALL: [Format; 4] = [Format::Kmsg, Format::Plain, Format::Dmesg, Format::Jo
 /// The continuation lines the kernel attaches to `line`: ` DEVICE=+pci:<BDF>` for device
 /// messages (`mlx5_core <BDF>: …`, `pcieport <BDF>: …`), ` DEVICE=n<ifindex>` for netdev
 /// messages (`mlx5_core <BDF> <if>: …`), nothing for a WARN without device.
+/// Any driver's `<driver> <BDF>: …` (`dev_err`) carries its device.
 fn continuation(node: &Node, line: &str) -> String {
     let mut words = line.split(' ');
-    let (Some("mlx5_core" | "pcieport"), Some(bdf)) = (words.next(), words.next()) else {
+    let (Some(driver), Some(bdf)) = (words.next(), words.next()) else {
         return String::new();
     };
+    let is_bdf = |s: &str| s.len() == 12 && s.as_bytes()[4] == b':' && s.as_bytes()[7] == b':';
     match bdf.strip_suffix(':') {
-        Some(bdf) => format!(" SUBSYSTEM=pci\n DEVICE=+pci:{bdf}\n"),
-        None => {
+        Some(bdf) if is_bdf(bdf) => format!(" SUBSYSTEM=pci\n DEVICE=+pci:{bdf}\n"),
+        None if driver == "mlx5_core" && is_bdf(bdf) => {
             let ifname = words.next().unwrap_or_default().trim_end_matches(':');
             let ifindex = std::fs::read_to_string(node.sys().join(format!("class/net/{ifname}/ifindex")))
                 .unwrap_or_else(|e| panic!("netdev {ifname}: {e}"));
             format!(" SUBSYSTEM=net\n DEVICE=n{}\n", ifindex.trim())
         }
+        _ => String::new(),
     }
 }
 
@@ -481,4 +488,344 @@ fn soft_lockup_in_the_mlx5_napi_path_names_every_monitored_card() {
     ];
     let records: Vec<(u64, i64, &str)> = other.iter().enumerate().map(|(i, l)| (800 + i as u64, 100, *l)).collect();
     assert!(poll_kmsg(&mut tl, 100, &kmsg_text(&node, Format::Kmsg, &records)).is_empty());
+}
+
+/// The failures the first table missed (issue #16), on [`field_node`]: real lines, each fed
+/// alone, with every event it must yield (pattern id, fatal, recommended action, `NIC=`).
+#[allow(clippy::type_complexity)]
+const FIELD_FAILURES: &[(&str, &[(&str, bool, &str, &str)])] = &[
+    (
+        "mlx5_core 0000:61:00.0: poll_health:795:(pid 0): Fatal error detected",
+        &[("fw_fatal_error", true, "REPLACE_VM", "mlx5_19")],
+    ),
+    // Printed by the second PF: the card's first PF speaks for the card.
+    (
+        "mlx5_core 0000:61:00.1: mlx5_function_setup:1120:(pid 1): PCI slot 1 is unavailable",
+        &[("pci_slot_unavailable", true, "REPLACE_VM", "mlx5_19")],
+    ),
+    (
+        "mlx5_core 0000:0d:00.0: mlx5_pci_slot_reset:1856:(pid 198): mlx5_pci_slot_reset: wait vital failed with error code: -110",
+        &[("slot_reset_failed", true, "REPLACE_VM", "mlx5_11")],
+    ),
+    (
+        "mlx5_core 0000:0d:00.1: mlx5_pci_slot_reset Device state = 2 health sensors: 1 pci_status: 1. Exit, err = -110, result = 4, disconnect",
+        &[("slot_reset_failed", true, "REPLACE_VM", "mlx5_11")],
+    ),
+    (
+        "mlx5_core 0000:41:00.0: init_one:1371:(pid 803): mlx5_load_one failed with error code -22",
+        &[("load_failed", true, "REPLACE_VM", "mlx5_13")],
+    ),
+    // The driver core's line: no device prefix, no DEVICE=; the BDF is in the text.
+    ("mlx5_core: probe of 0000:41:00.1 failed with error -22", &[("load_failed", true, "REPLACE_VM", "mlx5_13")]),
+    (
+        "mlx5_core 0000:01:00.0: init_one:1349:(pid 26): mlx5_load_one failed with error code -28",
+        &[("load_failed", true, "REPLACE_VM", "mlx5_2")],
+    ),
+    (
+        "mlx5_core 0000:56:00.0: probe with driver mlx5_core failed with error -110",
+        &[("load_failed", true, "REPLACE_VM", "mlx5_15")],
+    ),
+    // Printed by the root port above the card.
+    ("pcieport 0000:89:02.0: AER: device recovery failed", &[("aer_recovery_failed", true, "REPLACE_VM", "mlx5_21")]),
+    (
+        "pcieport 0000:89:02.0: AER: subordinate device reset failed",
+        &[("aer_recovery_failed", true, "REPLACE_VM", "mlx5_21")],
+    ),
+];
+
+/// The same words from other drivers, recoveries that worked, the management NIC.
+const FIELD_NEGATIVES: &[&str] = &[
+    "ixgbe: probe of 0000:41:00.0 failed with error -5",
+    "nvme 0000:41:00.0: probe with driver nvme failed with error -5",
+    "mlx5_core 0000:61:00.0: mlx5_pci_slot_reset Device state = 2 health sensors: 1 pci_status: 0. Exit, err = 0, result = 5, recovered",
+    "mlx5_core 0000:61:00.0: mlx5_pci_slot_reset Device state = 2 health sensors: 1 pci_status: 0. Enter",
+    "pcieport 0000:89:02.0: AER: device recovery successful",
+    "mlx4_en: eth1: TX timeout on queue: 7, QP: 0x1d1, CQ: 0x84, Cons: 0xffffffff, Prod: 0x4ffe",
+    "ixgbe 0000:41:00.0: NETDEV WATCHDOG: CPU: 3: transmit queue 1 timed out 5000 ms",
+    "mlx5_core 0000:03:00.0: init_one:1371:(pid 803): mlx5_load_one failed with error code -22",
+    "mlx5_core: probe of 0000:03:00.0 failed with error -22",
+    "mlx5_core 0000:03:00.0: mlx5_pci_slot_reset:1856:(pid 198): mlx5_pci_slot_reset: wait vital failed with error code: -110",
+];
+
+#[test]
+fn field_failures_fire_once_per_card_with_the_table_severity() {
+    let node = field_node();
+    for format in ALL {
+        let mut tl = started(&node, &format!("field-{format:?}"), FIELD_PORTS);
+        for (i, (line, want)) in FIELD_FAILURES.iter().enumerate() {
+            let t = 100 * (i as i64 + 1);
+            let ev = poll_kmsg(&mut tl, t, &kmsg_text(&node, format, &[(2000 + i as u64, t, line)]));
+            let got: Vec<Brief> = ev.iter().map(brief).collect();
+            let expected: Vec<Brief> = want.iter().map(|(id, fatal, _, dev)| kernel_log(*fatal, dev, id)).collect();
+            assert_eq!(got, expected, "{format:?} {line}");
+            for (e, (_, _, action, dev)) in ev.iter().zip(want.iter()) {
+                assert_eq!(e["recommendedAction"], *action, "{line}");
+                let msg = e["message"].as_str().unwrap();
+                assert!(msg.ends_with(&format!(" on {dev}: {line}")), "{format:?}: {msg}");
+            }
+        }
+        // All of them again, printed by every PF within one window: nothing new.
+        let t = 100 * (FIELD_FAILURES.len() as i64 + 1);
+        let all: Vec<(u64, i64, &str)> =
+            FIELD_FAILURES.iter().enumerate().map(|(i, (l, _))| (3000 + i as u64, t, *l)).collect();
+        let ev = poll_kmsg(&mut tl, t, &kmsg_text(&node, format, &all));
+        // One event per (pattern, card): 6 cards × their patterns, each once.
+        let got: Vec<Brief> = ev.iter().map(brief).collect();
+        assert_eq!(
+            got,
+            vec![
+                kernel_log(true, "mlx5_19", "fw_fatal_error"),
+                kernel_log(true, "mlx5_19", "pci_slot_unavailable"),
+                kernel_log(true, "mlx5_11", "slot_reset_failed"),
+                kernel_log(true, "mlx5_13", "load_failed"),
+                kernel_log(true, "mlx5_2", "load_failed"),
+                kernel_log(true, "mlx5_15", "load_failed"),
+                kernel_log(true, "mlx5_21", "aer_recovery_failed"),
+            ],
+            "{format:?}"
+        );
+    }
+}
+
+#[test]
+fn field_failure_negatives_stay_quiet() {
+    let node = field_node();
+    for format in ALL {
+        let mut tl = started(&node, &format!("neg-{format:?}"), FIELD_PORTS);
+        for (i, line) in FIELD_NEGATIVES.iter().enumerate() {
+            let t = 100 * (i as i64 + 1);
+            let ev = poll_kmsg(&mut tl, t, &kmsg_text(&node, format, &[(4000 + i as u64, t, line)]));
+            assert!(ev.is_empty(), "{format:?} {line}: {ev:#?}");
+        }
+    }
+}
+
+/// A PCIe switch with a GPU and two IB cards below it, each on a downstream port; a second
+/// root complex with a card on one root port and a GPU alone on another.
+fn switch_node() -> Node {
+    let mut n = Node::new("switch");
+    let ib2 = |a: usize| vec![NicSpec::ib(&format!("mlx5_{a}")), NicSpec::ib(&format!("mlx5_{}", a + 1))];
+    let rc = n.root_complex(0, 0);
+    let rp = n.root_port(&rc, 1);
+    let sw = n.switch(&rp);
+    let gpu_port = n.switch_port(&sw, 0);
+    n.gpu(&gpu_port, 0);
+    let p = n.switch_port(&sw, 1);
+    n.card(&p, 0, ib2(0));
+    let p = n.switch_port(&sw, 2);
+    n.card(&p, 0, ib2(2));
+    let rc = n.root_complex(0, 1);
+    let rp = n.root_port(&rc, 1);
+    n.card(&rp, 0, ib2(4));
+    let rp = n.root_port(&rc, 2);
+    n.gpu(&rp, 0);
+    n.write_metadata();
+    n
+}
+
+/// The PCI addresses on the path from the root complex down to `bdf` (`bdf` last).
+fn pci_path(node: &Node, bdf: &str) -> Vec<String> {
+    let target = std::fs::read_link(node.sys().join(format!("bus/pci/devices/{bdf}"))).unwrap();
+    target
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .filter(|c| c.len() == 12 && c.as_bytes()[4] == b':')
+        .collect()
+}
+
+/// The bridges right above each GPU (no NIC below them), in PCI address order.
+fn gpu_ports(node: &Node) -> Vec<String> {
+    let mut gpus: Vec<String> = std::fs::read_dir(node.sys().join("bus/pci/devices"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|b| {
+            std::fs::read_to_string(node.sys().join(format!("bus/pci/devices/{b}/class")))
+                .unwrap()
+                .starts_with("0x0302")
+        })
+        .collect();
+    gpus.sort();
+    gpus.iter().map(|g| pci_path(node, g).into_iter().rev().nth(1).unwrap()).collect()
+}
+
+#[test]
+fn bridge_reports_name_every_monitored_card_below_the_bridge() {
+    let node = switch_node();
+    let nic = pci_path(&node, &node.info["mlx5_0"].bdf);
+    let [root_port, upstream, downstream, _] = &nic[..] else { panic!("{nic:?}") };
+    // The bridges right above each GPU (a switch port, a root port): no NIC below either.
+    let gpu_ports = gpu_ports(&node);
+    assert_eq!(gpu_ports.len(), 2);
+    let both =
+        vec![kernel_log(true, "mlx5_0", "aer_recovery_failed"), kernel_log(true, "mlx5_2", "aer_recovery_failed")];
+    let mut cases: Vec<(String, Vec<Brief>)> = vec![
+        (format!("pcieport {upstream}: AER: device recovery failed"), both.clone()),
+        (format!("pcieport {root_port}: AER: subordinate device reset failed"), both.clone()),
+        (
+            format!("pcieport {downstream}: AER: device recovery failed"),
+            vec![kernel_log(true, "mlx5_0", "aer_recovery_failed")],
+        ),
+    ];
+    for port in &gpu_ports {
+        cases.push((format!("pcieport {port}: AER: device recovery failed"), vec![]));
+        cases.push((format!("pcieport {port}: AER: subordinate device reset failed"), vec![]));
+    }
+    for format in ALL {
+        let mut tl = started(&node, &format!("bridge-{format:?}"), 6);
+        for (i, (line, want)) in cases.iter().enumerate() {
+            let t = 100 * (i as i64 + 1);
+            let ev = poll_kmsg(&mut tl, t, &kmsg_text(&node, format, &[(500 + i as u64, t, line)]));
+            assert_eq!(ev.iter().map(brief).collect::<Vec<_>>(), *want, "{format:?} {line}");
+            assert!(ev.iter().all(|e| e["recommendedAction"] == "REPLACE_VM"), "{ev:#?}");
+        }
+    }
+}
+
+/// Each line of a kernel log poll that is a `NICKernelLogCheck` event.
+fn kernel_events(ev: &[serde_json::Value]) -> Vec<Brief> {
+    ev.iter().map(brief).filter(|b| b.0 == "NICKernelLogCheck").collect()
+}
+
+#[test]
+fn lines_about_a_card_that_already_left_sysfs_are_still_its_own() {
+    let node = field_node();
+    for format in ALL {
+        let mut tl = started(&node, &format!("gone-{format:?}"), FIELD_PORTS);
+        // Recovery of card 61 fails; its functions leave class/infiniband (config space 0xFF)
+        // before the poll that reads the lines. Card 8a's driver is unbound: the same, its
+        // PCI functions still readable. Card 41 leaves the bus entirely.
+        for d in ["mlx5_19", "mlx5_20", "mlx5_21", "mlx5_22"] {
+            node.fall_off_bus(d);
+        }
+        for d in ["mlx5_13", "mlx5_14"] {
+            node.remove_device(d);
+        }
+        let lines = [
+            "mlx5_core 0000:61:00.0: mlx5_pci_slot_reset:1856:(pid 198): mlx5_pci_slot_reset: wait vital failed with error code: -110",
+            "mlx5_core 0000:61:00.1: mlx5_pci_slot_reset Device state = 2 health sensors: 1 pci_status: 1. Exit, err = -110, result = 4, disconnect",
+            "pcieport 0000:89:02.0: AER: device recovery failed",
+            "mlx5_core: probe of 0000:41:00.0 failed with error -22",
+        ];
+        let records: Vec<(u64, i64, &str)> = lines.iter().enumerate().map(|(i, l)| (600 + i as u64, 1, *l)).collect();
+        let ev = poll_kmsg(&mut tl, 1, &kmsg_text(&node, format, &records));
+        assert_eq!(
+            kernel_events(&ev),
+            vec![
+                kernel_log(true, "mlx5_19", "slot_reset_failed"),
+                kernel_log(true, "mlx5_21", "aer_recovery_failed"),
+                kernel_log(true, "mlx5_13", "load_failed"),
+            ],
+            "{format:?}: {ev:#?}"
+        );
+        for d in ["mlx5_19", "mlx5_20", "mlx5_21", "mlx5_22", "mlx5_13", "mlx5_14"] {
+            node.restore_device(d);
+        }
+    }
+}
+
+/// `nicmon run`, killed when dropped.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The daemon on [`switch_node`] reads the kernel log from a private FIFO (`--kmsg-path`;
+/// nothing is written to the real `/dev/kmsg`): each new pattern arrives at the connector
+/// once per card with the table's severity; negatives and repeats within the window do not.
+#[test]
+fn the_daemon_reports_the_new_patterns_once_per_card() {
+    let node = switch_node();
+    let fifo = node.root().join("kmsg.fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success(), "mkfifo {}", fifo.display());
+    // Read-write: opening never blocks, and the FIFO holds what is written before the
+    // daemon opens it.
+    let mut kmsg = std::fs::OpenOptions::new().read(true).write(true).open(&fifo).unwrap();
+    let conn = Connector::start(&node.root().join("nvsentinel.sock"));
+    let _d = Daemon(
+        node.run_command(&nicmon_bin(), "state.json", "gpu-node-7")
+            .args(["--no-wake", "--no-metrics", "--kmsg-path", fifo.to_str().unwrap()])
+            .args(["--platform-connector-socket", &conn.target(), "--connector-retry-base", "100ms"])
+            .args(["--state-polling-interval", "200ms"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn nicmon run"),
+    );
+    const WAIT: Duration = Duration::from_secs(30);
+    assert!(conn.wait_until(WAIT, |ev| ev.iter().filter(|e| e.is_healthy).count() >= 6), "baselines");
+
+    let bdf = |d: &str| node.info[d].bdf.clone();
+    let (a0, a1, b0, b1, c0, c1) =
+        (bdf("mlx5_0"), bdf("mlx5_1"), bdf("mlx5_2"), bdf("mlx5_3"), bdf("mlx5_4"), bdf("mlx5_5"));
+    let upstream = pci_path(&node, &a0).into_iter().rev().nth(2).unwrap();
+    // The switch port of the GPU beside cards A and B (the first GPU by address).
+    let gpu_port = gpu_ports(&node).remove(0);
+    assert!(pci_path(&node, &a0).contains(&upstream) && !pci_path(&node, &a0).contains(&gpu_port));
+    let lines: Vec<String> = vec![
+        format!("mlx5_core {a1}: poll_health:795:(pid 0): Fatal error detected"),
+        format!("mlx5_core {a0}: poll_health:795:(pid 0): Fatal error detected"),
+        format!("mlx5_core {b1}: mlx5_function_setup:1120:(pid 1): PCI slot 3 is unavailable"),
+        format!(
+            "mlx5_core {c0}: mlx5_pci_slot_reset:1856:(pid 198): mlx5_pci_slot_reset: wait vital failed with error code: -110"
+        ),
+        format!(
+            "mlx5_core {c0}: mlx5_pci_slot_reset Device state = 2 health sensors: 1 pci_status: 1. Exit, err = -110, result = 4, disconnect"
+        ),
+        format!(
+            "mlx5_core {c1}: mlx5_pci_slot_reset Device state = 2 health sensors: 1 pci_status: 1. Exit, err = -110, result = 4, disconnect"
+        ),
+        format!("mlx5_core {a0}: init_one:1371:(pid 803): mlx5_load_one failed with error code -22"),
+        format!("mlx5_core: probe of {a0} failed with error -22"),
+        format!("pcieport {upstream}: AER: device recovery failed"),
+        format!("pcieport {upstream}: AER: subordinate device reset failed"),
+        // Negatives: another driver, a recovery that worked, a bridge with only a GPU below.
+        format!("ixgbe: probe of {b0} failed with error -5"),
+        format!(
+            "mlx5_core {b0}: mlx5_pci_slot_reset Device state = 2 health sensors: 1 pci_status: 0. Exit, err = 0, result = 5, recovered"
+        ),
+        format!("pcieport {gpu_port}: AER: device recovery failed"),
+        // Last: once its event is in, every line above has been processed.
+        format!("mlx5_core {c1}: poll_health:801:(pid 0): device's health compromised - reached miss count"),
+    ];
+    let records: Vec<(u64, i64, &str)> =
+        lines.iter().enumerate().map(|(i, l)| (900 + i as u64, 50, l.as_str())).collect();
+    std::io::Write::write_all(&mut kmsg, kmsg_text(&node, Format::Kmsg, &records).as_bytes()).unwrap();
+
+    let kernel = |ev: &[nicmon_proto::datamodels::HealthEvent]| -> Vec<(String, bool, i32, String)> {
+        ev.iter()
+            .filter(|e| e.check_name == "NICKernelLogCheck")
+            .map(|e| {
+                let ents: Vec<String> =
+                    e.entities_impacted.iter().map(|x| format!("{}={}", x.entity_type, x.entity_value)).collect();
+                (e.error_code.join(","), e.is_fatal, e.recommended_action, ents.join(" "))
+            })
+            .collect()
+    };
+    let sentinel =
+        |ev: &[nicmon_proto::datamodels::HealthEvent]| kernel(ev).iter().any(|k| k.0 == "health_compromised");
+    assert!(conn.wait_until(WAIT, sentinel), "kernel log events: {:#?}", kernel(&conn.events()));
+    const REPLACE_VM: i32 = 25;
+    let want: Vec<(String, bool, i32, String)> = [
+        ("fw_fatal_error", "mlx5_0"),
+        ("pci_slot_unavailable", "mlx5_2"),
+        ("slot_reset_failed", "mlx5_4"),
+        ("load_failed", "mlx5_0"),
+        ("aer_recovery_failed", "mlx5_0"),
+        ("aer_recovery_failed", "mlx5_2"),
+        ("health_compromised", "mlx5_4"),
+    ]
+    .iter()
+    .map(|(id, dev)| (id.to_string(), true, REPLACE_VM, format!("NIC={dev}")))
+    .collect();
+    let events = conn.events();
+    assert_eq!(kernel(&events), want);
+    for e in events.iter().filter(|e| e.check_name == "NICKernelLogCheck") {
+        assert!(!e.is_healthy && e.agent == "nic-health-monitor" && e.node_name == "gpu-node-7", "{e:?}");
+    }
 }

@@ -250,6 +250,8 @@ fn restart_recovery_reboot_and_corrupt_state() {
             "EthernetStateCheck",
             "InfiniBandDegradationCheck",
             "EthernetDegradationCheck",
+            "EFADegradationCheck",
+            "InfiniBandCharDeviceCheck",
             "NICKernelLogCheck"
         ]
     );

@@ -102,10 +102,42 @@ pub struct CounterRule {
     /// `Some` exactly when `threshold_type` is `Velocity`.
     pub velocity_unit: Option<VelocityUnit>,
     pub description: String,
+    /// The link layers whose ports this counter is read on (owned by the code for the
+    /// built-in rules; every layer for a counter the operator adds).
+    #[serde(default)]
+    pub layers: Layers,
+}
+
+/// Which ports a counter applies to, by link layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layers {
+    /// InfiniBand and Ethernet (RoCE) ports: the mlx5 PMA and `hw_counters/` counters.
+    Rdma,
+    /// AWS EFA ports only.
+    Efa,
+    /// Every port.
+    #[default]
+    All,
+}
+
+impl Layers {
+    /// Whether a port of link layer `ll` (unknown when unreadable) gets this counter.
+    pub fn covers(self, ll: Option<&crate::model::LinkLayer>) -> bool {
+        use crate::model::LinkLayer;
+        match self {
+            Layers::All => true,
+            Layers::Efa => ll == Some(&LinkLayer::Efa),
+            Layers::Rdma => ll != Some(&LinkLayer::Efa),
+        }
+    }
 }
 
 /// Prefix of the only absolute paths a rule may have; `{interface}` is the port's netdev.
 pub const NET_TEMPLATE_PREFIX: &str = "/sys/class/net/{interface}/";
+/// Prefix of a device-level counter (EFA's `<dev>/hw_counters/`): read on port 1 and
+/// reported against it.
+pub const DEVICE_TEMPLATE_PREFIX: &str = "/sys/class/infiniband/{device}/";
 
 /// The `[counterDetection]` section as the operator wrote it.
 ///
@@ -375,6 +407,7 @@ pub fn merge(defaults: &[CounterRule], entries: &[CounterEntry]) -> Result<Vec<C
                     threshold: 0.0,
                     velocity_unit: None,
                     description: String::new(),
+                    layers: Layers::All,
                 });
                 rules.last_mut().expect("just pushed")
             }
@@ -425,11 +458,12 @@ fn check_path(p: &str) -> Result<(), &'static str> {
     if p.trim().is_empty() {
         return Err("expected a non-empty path");
     }
-    let rel = if let Some(rest) = p.strip_prefix(NET_TEMPLATE_PREFIX) {
+    let rel = if let Some(rest) = p.strip_prefix(NET_TEMPLATE_PREFIX).or_else(|| p.strip_prefix(DEVICE_TEMPLATE_PREFIX))
+    {
         rest
     } else if p.starts_with('/') {
-        return Err("expected a path relative to the port directory (counters/..., hw_counters/...) \
-             or a /sys/class/net/{interface}/... template");
+        return Err("expected a path relative to the port directory (counters/..., hw_counters/...), \
+             a /sys/class/net/{interface}/... or a /sys/class/infiniband/{device}/... template");
     } else {
         p
     };
@@ -437,7 +471,8 @@ fn check_path(p: &str) -> Result<(), &'static str> {
         return Err("expected a path that names a file");
     }
     if rel.contains('{') || rel.contains('}') {
-        return Err("{interface} is only allowed as /sys/class/net/{interface}/...");
+        return Err("{interface} and {device} are only allowed as /sys/class/net/{interface}/... \
+             and /sys/class/infiniband/{device}/...");
     }
     if rel.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
         return Err("expected no empty, '.' or '..' path components");
@@ -465,7 +500,10 @@ pub fn default_rules() -> Vec<CounterRule> {
         threshold,
         velocity_unit,
         description: description.into(),
+        layers: Layers::Rdma,
     };
+    let efa = |r: CounterRule| CounterRule { layers: Layers::Efa, ..r };
+    let off = |r: CounterRule| CounterRule { enabled: false, ..r };
     vec![
         rule(
             "link_downed",
@@ -584,15 +622,130 @@ pub fn default_rules() -> Vec<CounterRule> {
             Some(Second),
             "Victim flow oscillation",
         ),
-        rule(
-            "carrier_changes",
-            "/sys/class/net/{interface}/carrier_changes",
+        CounterRule {
+            layers: Layers::All,
+            ..rule(
+                "carrier_changes",
+                "/sys/class/net/{interface}/carrier_changes",
+                false,
+                Delta,
+                2.0,
+                None,
+                "Link instability - carrier state changes",
+            )
+        },
+        // AWS EFA (upstream's allow-list and chart defaults): per-port `hw_counters/<name
+        // minus efa_>`, device-level `<dev>/hw_counters/` reported against port 1. The ones
+        // the chart does not enable are here disabled, ready to be enabled by name.
+        efa(rule(
+            "efa_no_completion_cmds",
+            "/sys/class/infiniband/{device}/hw_counters/no_completion_cmds",
+            true,
+            Delta,
+            0.0,
+            None,
+            "EFA admin commands that never completed - the device stopped responding",
+        )),
+        efa(rule(
+            "efa_cmds_err",
+            "/sys/class/infiniband/{device}/hw_counters/cmds_err",
+            false,
+            Velocity,
+            10.0,
+            Some(Minute),
+            "EFA admin command errors",
+        )),
+        efa(rule("efa_rx_drops", "hw_counters/rx_drops", false, Velocity, 100.0, Some(Second), "EFA receive drops")),
+        efa(rule(
+            "efa_retrans_timeout_events",
+            "hw_counters/retrans_timeout_events",
+            false,
+            Velocity,
+            1.0,
+            Some(Second),
+            "EFA retransmission timeouts",
+        )),
+        efa(rule(
+            "efa_unresponsive_remote_events",
+            "hw_counters/unresponsive_remote_events",
+            false,
+            Velocity,
+            1.0,
+            Some(Second),
+            "EFA remote peers not responding",
+        )),
+        efa(rule(
+            "efa_impaired_remote_conn_events",
+            "hw_counters/impaired_remote_conn_events",
+            false,
+            Velocity,
+            1.0,
+            Some(Second),
+            "EFA connections to remote peers impaired",
+        )),
+        off(efa(rule(
+            "efa_rdma_read_wr_err",
+            "hw_counters/rdma_read_wr_err",
             false,
             Delta,
-            2.0,
+            0.0,
             None,
-            "Link instability - carrier state changes",
-        ),
+            "EFA RDMA read work request errors",
+        ))),
+        off(efa(rule(
+            "efa_rdma_write_wr_err",
+            "hw_counters/rdma_write_wr_err",
+            false,
+            Delta,
+            0.0,
+            None,
+            "EFA RDMA write work request errors",
+        ))),
+        off(efa(rule(
+            "efa_keep_alive_rcvd",
+            "/sys/class/infiniband/{device}/hw_counters/keep_alive_rcvd",
+            false,
+            Delta,
+            0.0,
+            None,
+            "EFA device keep-alive events received",
+        ))),
+        off(efa(rule(
+            "efa_reg_mr_err",
+            "/sys/class/infiniband/{device}/hw_counters/reg_mr_err",
+            false,
+            Delta,
+            0.0,
+            None,
+            "EFA memory registration errors",
+        ))),
+        off(efa(rule(
+            "efa_create_qp_err",
+            "/sys/class/infiniband/{device}/hw_counters/create_qp_err",
+            false,
+            Delta,
+            0.0,
+            None,
+            "EFA queue pair creation errors",
+        ))),
+        off(efa(rule(
+            "efa_create_cq_err",
+            "/sys/class/infiniband/{device}/hw_counters/create_cq_err",
+            false,
+            Delta,
+            0.0,
+            None,
+            "EFA completion queue creation errors",
+        ))),
+        off(efa(rule(
+            "efa_create_ah_err",
+            "/sys/class/infiniband/{device}/hw_counters/create_ah_err",
+            false,
+            Delta,
+            0.0,
+            None,
+            "EFA address handle creation errors",
+        ))),
     ]
 }
 
@@ -621,8 +774,10 @@ mod tests {
     #[test]
     fn defaults_are_001_section_10_2() {
         let r = rules("").unwrap();
-        assert_eq!(r.len(), 14);
-        assert_eq!(r, default_rules());
+        // 14 mlx5/netdev rules, 6 of the 13 EFA rules (upstream chart's defaults).
+        assert_eq!(r.len(), 20);
+        assert_eq!(default_rules().len(), 27);
+        assert_eq!(r, default_rules().into_iter().filter(|r| r.enabled).collect::<Vec<_>>());
         let fatal: Vec<&str> = r.iter().filter(|r| r.is_fatal).map(|r| r.name.as_str()).collect();
         assert_eq!(
             fatal,
@@ -631,9 +786,22 @@ mod tests {
                 "excessive_buffer_overrun_errors",
                 "local_link_integrity_errors",
                 "rnr_nak_retry_err",
-                "symbol_error_fatal"
+                "symbol_error_fatal",
+                "efa_no_completion_cmds"
             ]
         );
+        // Layers are the code's: mlx5 counters on IB/RoCE ports, efa_* on EFA ports only.
+        for r in default_rules() {
+            let want = match r.name.as_str() {
+                "carrier_changes" => Layers::All,
+                n if n.starts_with("efa_") => Layers::Efa,
+                _ => Layers::Rdma,
+            };
+            assert_eq!(r.layers, want, "{}", r.name);
+        }
+        let nc = find(&r, "efa_no_completion_cmds");
+        assert_eq!(nc.path, "/sys/class/infiniband/{device}/hw_counters/no_completion_cmds");
+        assert_eq!(find(&r, "efa_rx_drops").path, "hw_counters/rx_drops");
         let sef = find(&r, "symbol_error_fatal");
         assert_eq!(sef.path, "counters/symbol_error");
         assert_eq!(sef.threshold, 120.0);
@@ -655,7 +823,13 @@ mod tests {
                 description: Some(r.description.clone()),
             })
             .collect();
-        assert_eq!(merge(&[], &entries).unwrap(), default_rules());
+        let merged: Vec<CounterRule> = merge(&[], &entries)
+            .unwrap()
+            .into_iter()
+            .zip(default_rules())
+            .map(|(m, d)| CounterRule { layers: d.layers, ..m })
+            .collect();
+        assert_eq!(merged, default_rules());
     }
 
     #[test]
@@ -669,7 +843,7 @@ mod tests {
         )
         .unwrap();
         let p = read_paths(&r);
-        assert_eq!(p.len(), 12); // 13 enabled rules, symbol_error read once
+        assert_eq!(p.len(), 18); // 13 enabled mlx5/netdev rules (symbol_error read once) + 6 EFA
         assert_eq!(p.iter().filter(|p| *p == "counters/symbol_error").count(), 1);
         assert!(!p.contains(&"counters/port_xmit_wait".to_string()));
         assert!(p.contains(&"/sys/class/net/{interface}/carrier_changes".to_string()));
@@ -707,8 +881,8 @@ mod tests {
             "#,
         )
         .unwrap();
-        // 14 defaults - port_xmit_wait + custom_vendor_error
-        assert_eq!(r.len(), 14);
+        // 20 enabled defaults - port_xmit_wait + custom_vendor_error
+        assert_eq!(r.len(), 20);
         let se = find(&r, "symbol_error");
         assert!(se.is_fatal);
         assert_eq!(se.velocity_unit, Some(VelocityUnit::Hour));
@@ -717,6 +891,7 @@ mod tests {
         let c = r.last().unwrap();
         assert_eq!(c.name, "custom_vendor_error");
         assert_eq!((c.threshold_type, c.threshold), (ThresholdType::Delta, 100.0));
+        assert_eq!(c.layers, Layers::All, "an operator's counter is read wherever its file is");
         assert!(r.iter().all(|r| r.name != "port_xmit_wait"));
     }
 
@@ -841,7 +1016,7 @@ mod tests {
             (
                 r#"name = "link_downed"
                    path = "counters/{interface}/x""#,
-                r#"path = "counters/{interface}/x": {interface} is only allowed"#,
+                r#"path = "counters/{interface}/x": {interface} and {device} are only allowed"#,
             ),
             (
                 r#"name = "link_downed"

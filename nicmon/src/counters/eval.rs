@@ -15,8 +15,9 @@
 //!    (never extrapolated from a shorter sample);
 //! 6. a breach emits one unhealthy event and latches.
 //!
+//! A rule is evaluated only on ports of its link layers ([`super::config::Layers`]).
 //! Every event is filed under the port's degradation check (`InfiniBandDegradationCheck` /
-//! `EthernetDegradationCheck`) with `errorCode = [<rule name>]`, so a counter's recovery
+//! `EthernetDegradationCheck` / `EFADegradationCheck`) with `errorCode = [<rule name>]`, so a counter's recovery
 //! clears only that counter's condition (lessons 5, 12).
 use std::collections::BTreeMap;
 
@@ -44,11 +45,12 @@ impl<'a> CounterPort<'a> {
         CounterPort { device, port: port.number, link_layer: port.link_layer.as_ref(), counters: &port.counters }
     }
 
-    /// The check this port's counter events are filed under. Anything not Ethernet
+    /// The check this port's counter events are filed under. Anything not Ethernet or EFA
     /// (InfiniBand, an unknown or unreadable link layer) goes to the InfiniBand check.
     pub fn check(&self) -> Check {
         match self.link_layer {
             Some(LinkLayer::Ethernet) => Check::EthernetDegradationCheck,
+            Some(LinkLayer::Efa) => Check::EFADegradationCheck,
             _ => Check::InfiniBandDegradationCheck,
         }
     }
@@ -157,7 +159,7 @@ pub fn evaluate(
     let mut next = prev.clone();
     let mut events = Vec::new();
     for p in ports {
-        for rule in rules.iter().filter(|r| r.enabled) {
+        for rule in rules.iter().filter(|r| r.enabled && r.layers.covers(p.link_layer)) {
             let Some(&value) = p.counters.get(&rule.path) else {
                 continue;
             };
@@ -326,7 +328,11 @@ fn saturation(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, a
 pub fn missing(ports: &[CounterPort<'_>], rules: &[CounterRule]) -> Vec<(String, u32, String)> {
     let mut out = Vec::new();
     for p in ports {
-        for r in rules.iter().filter(|r| r.enabled) {
+        // A device-level counter is read on port 1 only: not missing elsewhere.
+        let device_level = |r: &CounterRule| r.path.starts_with(super::config::DEVICE_TEMPLATE_PREFIX);
+        for r in
+            rules.iter().filter(|r| r.enabled && r.layers.covers(p.link_layer) && (p.port == 1 || !device_level(r)))
+        {
             if !p.counters.contains_key(&r.path) {
                 out.push((p.device.to_owned(), p.port, r.name.clone()));
             }

@@ -11,6 +11,6 @@ pub mod width;
 mod tests;
 
 pub use config::{
-    CounterConfigError, CounterDetection, CounterEntry, CounterRule, ThresholdType, VelocityUnit, read_paths,
+    CounterConfigError, CounterDetection, CounterEntry, CounterRule, Layers, ThresholdType, VelocityUnit, read_paths,
 };
 pub use eval::{CounterPort, CounterState, counter_key, evaluate, missing};

@@ -180,6 +180,24 @@ fn ethernet_ports_use_the_ethernet_degradation_check() {
     );
 }
 
+#[test]
+fn efa_counters_apply_to_efa_ports_only() {
+    const NO_COMPLETION: &str = "/sys/class/infiniband/{device}/hw_counters/no_completion_cmds";
+    let mut efa = Node::new(LinkLayer::Efa);
+    efa.device = "rdmap79s0";
+    assert!(efa.poll(0, &[(NO_COMPLETION, 0), (LINK_DOWNED, 0), ("hw_counters/rx_drops", 0)]).is_empty());
+    // A mlx5 counter on an EFA port is not evaluated (it is not one of its layers).
+    let ev = efa.poll(1, &[(NO_COMPLETION, 1), (LINK_DOWNED, 5), ("hw_counters/rx_drops", 0)]);
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_unhealthy(&ev[0], Check::EFADegradationCheck, "efa_no_completion_cmds", true);
+    assert_eq!(ev[0].entities_text(), "NIC=rdmap79s0 NICPort=1");
+    assert_eq!(ev[0].recommended_action, RecommendedAction::REPLACE_VM);
+    // The EFA rules are not evaluated on an InfiniBand port.
+    let mut ib = Node::ib();
+    assert!(ib.poll(0, &[(NO_COMPLETION, 0)]).is_empty());
+    assert!(ib.poll(1, &[(NO_COMPLETION, 9)]).is_empty());
+}
+
 /// `symbol_error` rising 200 over one hour at a steady pace: 001's fatal 120/hour rule
 /// fires once the hour has elapsed and not before; the 10/sec rule never does.
 fn symbol_error_steady(poll_every: i64) {
@@ -297,7 +315,10 @@ fn missing_counters_fail_open() {
     let gone = missing(&ports, &n.rules);
     assert!(gone.contains(&("mlx5_0".into(), 1, "roce_slow_restart".into())));
     assert!(!gone.iter().any(|(_, _, c)| c == "link_downed"));
-    assert_eq!(gone.len(), n.rules.len() - 4); // symbol_error feeds two rules
+    // symbol_error feeds two rules; the EFA rules do not apply to a RoCE port.
+    let applicable = n.rules.iter().filter(|r| r.enabled && r.layers.covers(Some(&LinkLayer::Ethernet))).count();
+    assert_eq!(gone.len(), applicable - 4);
+    assert!(!gone.iter().any(|(_, _, c)| c.starts_with("efa_")));
 }
 
 #[test]
@@ -368,6 +389,7 @@ fn a_wide_data_counter_passing_u32_max_ends_the_episode() {
         threshold: 1e18,
         velocity_unit: None,
         description: String::new(),
+        layers: Default::default(),
     }];
     let p = "counters/port_xmit_data";
     assert_eq!(n.poll(0, &[(p, u32::MAX as u64)]).len(), 1);
@@ -610,6 +632,7 @@ proptest! {
             threshold: 0.0,
             velocity_unit: Some(VelocityUnit::Minute),
             description: String::new(),
+            layers: Default::default(),
         });
         let mut state = CounterState::default();
         let mut now = T0;

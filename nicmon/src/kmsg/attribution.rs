@@ -56,6 +56,19 @@ pub struct HostLinks {
     /// IB device name → the PCI bridges above it (from its `bus/pci/devices/<BDF>` path),
     /// for AER lines printed by a root or switch port.
     pub bridges: BTreeMap<String, Vec<String>>,
+    /// Devices monitored earlier in this boot and absent from the snapshot now (their
+    /// driver unloaded after a failure, or the card left the bus): the lines that explain
+    /// why (`slot_reset_failed`, `load_failed`, `aer_recovery_failed`) arrive just then.
+    pub departed: Vec<Departed>,
+}
+
+/// A device the monitor knew earlier in this boot (the state's known devices) that the
+/// snapshot no longer has. It counts as monitored: it was, until it went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Departed {
+    pub device: String,
+    pub pci_address: Option<String>,
+    pub card: Option<String>,
 }
 
 /// The lookup table of the monitored NICs.
@@ -86,8 +99,10 @@ impl DeviceIndex {
 
     /// Build from a snapshot. `monitored` is the caller's decision (role ≠ management,
     /// not excluded, Mellanox); VFs are never monitored themselves.
+    /// `links.departed` are added as monitored PFs unless the snapshot has that name or PCI
+    /// address (a device that came back, perhaps under another name).
     pub fn from_snapshot(snapshot: &Snapshot, monitored: impl Fn(&Device) -> bool, links: &HostLinks) -> DeviceIndex {
-        let entries = snapshot
+        let mut entries: Vec<IndexEntry> = snapshot
             .devices
             .iter()
             .map(|d| IndexEntry {
@@ -100,6 +115,23 @@ impl DeviceIndex {
                 is_vf: d.is_vf(),
             })
             .collect();
+        let present = |p: &Departed| {
+            snapshot.devices.iter().any(|d| {
+                d.name == p.device
+                    || (p.pci_address.is_some()
+                        && d.pci_address.as_deref().map(str::to_ascii_lowercase)
+                            == p.pci_address.as_deref().map(str::to_ascii_lowercase))
+            })
+        };
+        entries.extend(links.departed.iter().filter(|p| !present(p)).map(|p| IndexEntry {
+            device: p.device.clone(),
+            pci_address: p.pci_address.clone(),
+            card: p.card.clone(),
+            netdev: None,
+            ifindex: None,
+            monitored: true,
+            is_vf: false,
+        }));
         let mut index = DeviceIndex::new(entries);
         for (device, bridges) in &links.bridges {
             let card = index.entries.iter().find(|e| &e.device == device).and_then(|e| e.card.clone());

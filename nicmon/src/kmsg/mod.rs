@@ -15,7 +15,7 @@ pub mod reader;
 pub mod real_log;
 pub mod record;
 
-pub use attribution::{DeviceIndex, HostLinks, IndexEntry, Resolution, Target};
+pub use attribution::{Departed, DeviceIndex, HostLinks, IndexEntry, Resolution, Target};
 pub use matcher::{DedupEntry, KmsgState, PendingLockup, Processed, WakeHint, process};
 pub use pattern::{ConfigError, KmsgConfig, Outcome, Pattern, PatternConfig, Patterns, Scope};
 pub use reader::{DEV_KMSG, Delivery, KmsgTail, Start, read_file};

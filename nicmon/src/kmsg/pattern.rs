@@ -152,7 +152,8 @@ const BUILTINS: &[Builtin] = &[
         REPLACE_VM,
         "mlx5 health poll: device health compromised",
     ),
-    ev("fw_fatal_error", r"Fatal error \d+ detected", true, REPLACE_VM, "mlx5 firmware fatal error"),
+    // `print_health` prints the number on some kernels, not on others.
+    ev("fw_fatal_error", r"Fatal error (?:\d+ )?detected", true, REPLACE_VM, "mlx5 firmware fatal error"),
     // Before fw_health_issue: `Health issue observed, unrecoverable hardware error, ...`.
     ev("fw_unrecoverable", r"unrecoverable hardware error", true, REPLACE_VM, "mlx5 unrecoverable hardware error"),
     ev("fw_health_issue", r"Health issue observed, .*severity\(\d+\)", false, NONE, "mlx5 firmware health issue"),
@@ -163,7 +164,39 @@ const BUILTINS: &[Builtin] = &[
         REPLACE_VM,
         "mlx5 health recovery failed",
     ),
-    ev("pci_slot_unavailable", r"PCI slot is unavailable", true, REPLACE_VM, "mlx5 PCI slot unavailable"),
+    ev("pci_slot_unavailable", r"PCI slot (?:\d+ )?is unavailable", true, REPLACE_VM, "mlx5 PCI slot unavailable"),
+    // PCI error recovery gave up on the card: `wait_vital` never saw the firmware again, or
+    // `mlx5_pci_slot_reset` reports its result as `disconnect` (`recovered` is not a match).
+    ev(
+        "slot_reset_failed",
+        r"mlx5_pci_slot_reset\b.*\b(?:wait vital failed with error code|Exit, err = -?\d+, result = \d+, disconnect\b)",
+        true,
+        REPLACE_VM,
+        "mlx5 PCI slot reset failed",
+    ),
+    // The card never came up: mlx5's own `mlx5_load_one`/`mlx5_init_one` failure, and the
+    // driver core's probe failure, whose older wording names the driver and the BDF in
+    // the text (no device prefix, no ` DEVICE=`) and whose newer one (`dev_err`) has the
+    // device prefix and names the driver in the text. Other drivers' probe failures are
+    // not ours.
+    ev(
+        "load_failed",
+        r"mlx5_(?:load|init)_one failed with error code:? -?\d+|(?:^|\s)mlx5_core: probe of (?P<bdf>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]) failed with error -?\d+|: probe with driver mlx5_core failed with error -?\d+",
+        true,
+        REPLACE_VM,
+        "mlx5 driver failed to load the card",
+    ),
+    // Printed by the PCIe port above the card (`pci_info(bridge, ...)` in
+    // `drivers/pci/pcie/err.c`; `subordinate device reset failed` is the DPC/reset path;
+    // before 5.x the wording was `Device recovery failed`): attributed to every monitored
+    // card below that bridge.
+    ev(
+        "aer_recovery_failed",
+        r"(?:^|\s)(?:pcieport|mlx5_core) (?P<bdf>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): AER: (?:[Dd]evice recovery failed|subordinate device reset failed)",
+        true,
+        REPLACE_VM,
+        "PCIe error recovery failed",
+    ),
     // `severity=` detail lines (wording changed in 6.8) and the root port's header line:
     // `Uncorrected (Fatal) error received: <BDF>` (old), `Uncorrectable (Fatal) error
     // message received from <BDF>` (6.8+).
@@ -184,12 +217,19 @@ const BUILTINS: &[Builtin] = &[
     // Before 6.8 a WARN without device (`eth1 (mlx5_core)`), since 6.8 `netdev_crit`.
     per_device(ev(
         "netdev_watchdog",
-        r"NETDEV WATCHDOG: (?:(?P<netdev>\S+) \(mlx5_core\): transmit queue \d+ timed out|CPU: \d+: transmit queue \d+ timed out)",
+        r"NETDEV WATCHDOG: (?P<netdev>\S+) \(mlx5_core\): transmit queue \d+ timed out|(?:^|\s)mlx5_core [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7] [^:]+: NETDEV WATCHDOG: CPU: \d+: transmit queue \d+ timed out",
         false,
         NONE,
         "transmit queue timed out (NETDEV WATCHDOG)",
     )),
-    per_device(ev("tx_timeout", r"TX timeout detected|TX timeout on queue: \d+", false, NONE, "mlx5 TX timeout")),
+    // `netdev_err`: `mlx5_core <BDF> <if>: ...` (mlx4_en prints `TX timeout on queue` too).
+    per_device(ev(
+        "tx_timeout",
+        r"(?:^|\s)mlx5_core [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7] [^:]+: TX timeout (?:detected|on queue: \d+)",
+        false,
+        NONE,
+        "mlx5 TX timeout",
+    )),
     per_device(ev("rx_timeout", r"RX timeout on channel", false, NONE, "mlx5 RX timeout")),
     ev(
         "insufficient_power",

@@ -13,22 +13,21 @@
 //! batch, then sleeps in `poll(2)` until the kernel has more or it is told to stop. No
 //! decisions here: matching happens in [`super::process`].
 //!
-//! A FIFO in place of the device (`nicmon run --kmsg-path FIFO`) is a private stand-in
-//! for the kernel log, same record format: the demo and the tests feed kernel-log faults
-//! through one, so that nothing they inject reaches the host's real log (where other
-//! monitors would act on it). A pipe has no history and no record boundaries: it is opened
-//! read-write (no end-of-file when a writer closes), never seeked, the cursor is not
-//! applied, and what arrives is split into records at line ends.
+//! A FIFO instead of the device (`--kmsg-path`, for tests and replays into a running
+//! daemon) is read as a stream of lines in either format of [`parse_text`]; it is opened
+//! read-write so that it never reports end of file when a writer closes. A regular file
+//! is refused: `poll(2)` always finds it readable, so it cannot be followed this way
+//! (`nicmon check --kmsg FILE` replays one).
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
-use super::attribution::HostLinks;
+use super::attribution::{Departed, HostLinks};
 use super::record::{Record, parse_record, parse_text};
 use crate::model::Snapshot;
 
@@ -80,26 +79,39 @@ impl KmsgTail {
         start: Start,
         mut sink: impl FnMut(Delivery) -> bool + Send + 'static,
     ) -> io::Result<KmsgTail> {
+        use std::os::unix::fs::FileTypeExt;
         let path: PathBuf = path.as_ref().to_path_buf();
-        let stream = std::fs::metadata(&path).is_ok_and(|m| m.file_type().is_fifo());
+        let kind = std::fs::metadata(&path)?.file_type();
+        if kind.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is a regular file: the watcher follows /dev/kmsg or a FIFO; `nicmon check --kmsg FILE` replays a file",
+                    path.display()
+                ),
+            ));
+        }
+        let stream = kind.is_fifo();
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(stream)
             .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(&path)?;
-        let whence = match start {
-            Start::End => libc::SEEK_END,
-            Start::After(_) => libc::SEEK_SET,
-        };
-        // SAFETY: lseek on a descriptor we own; no memory is passed.
-        if !stream && unsafe { libc::lseek(file.as_raw_fd(), 0, whence) } < 0 {
-            return Err(io::Error::last_os_error());
+        if !stream {
+            let whence = match start {
+                Start::End => libc::SEEK_END,
+                Start::After(_) => libc::SEEK_SET,
+            };
+            // SAFETY: lseek on a descriptor we own; no memory is passed.
+            if unsafe { libc::lseek(file.as_raw_fd(), 0, whence) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
         }
         let stop = Arc::new(eventfd()?);
         let overruns = Arc::new(AtomicU64::new(0));
         let cursor = match start {
-            Start::After(c) if !stream => Some(c),
-            _ => None,
+            Start::End => None,
+            Start::After(c) => Some(c),
         };
         let (stop_t, overruns_t) = (Arc::clone(&stop), Arc::clone(&overruns));
         let thread = std::thread::Builder::new()
@@ -157,6 +169,8 @@ fn eventfd() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// `stream`: a FIFO, read as lines (a record may span reads; an incomplete last line waits
+/// for the next read), not one record per `read()`.
 fn tail(
     file: File,
     stream: bool,
@@ -167,21 +181,24 @@ fn tail(
 ) {
     let fd = file.as_raw_fd();
     let mut buf = vec![0u8; READ_BUF];
-    // A stream's bytes after its last complete line.
     let mut partial: Vec<u8> = Vec::new();
+    let after_cursor = |rec: &Record| !matches!((cursor, rec.seq), (Some(c), Some(s)) if s <= c);
     loop {
         let mut batch = Vec::new();
         let failure = loop {
             match read_one(fd, &mut buf) {
-                Ok(Some(n)) if stream => batch.extend(stream_records(&mut partial, &buf[..n])),
+                Ok(Some(n)) if stream => {
+                    partial.extend_from_slice(&buf[..n]);
+                    if let Some(end) = partial.iter().rposition(|b| *b == b'\n') {
+                        let lines: Vec<u8> = partial.drain(..=end).collect();
+                        batch.extend(parse_text(&lines).into_iter().filter(after_cursor));
+                    }
+                }
                 Ok(Some(n)) => {
                     let rec = parse_record(&buf[..n]);
-                    if let (Some(c), Some(s)) = (cursor, rec.seq)
-                        && s <= c
-                    {
-                        continue;
+                    if after_cursor(&rec) {
+                        batch.push(rec);
                     }
-                    batch.push(rec);
                 }
                 Ok(None) => break None,
                 Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
@@ -208,21 +225,6 @@ fn tail(
             }
         }
     }
-}
-
-/// The records completed by `chunk` of a stream (a stand-in FIFO): everything up to the
-/// last line end, in `/dev/kmsg` record format or plain lines; the rest waits in `partial`
-/// (bounded: an endless line is handed over in pieces rather than held).
-fn stream_records(partial: &mut Vec<u8>, chunk: &[u8]) -> Vec<Record> {
-    partial.extend_from_slice(chunk);
-    let end = match partial.iter().rposition(|&b| b == b'\n') {
-        Some(i) => i + 1,
-        None if partial.len() >= READ_BUF => partial.len(),
-        None => return Vec::new(),
-    };
-    let rest = partial.split_off(end);
-    let complete = std::mem::replace(partial, rest);
-    parse_text(&complete)
 }
 
 /// One record, or `None` when there is none yet (`EAGAIN`).
@@ -281,9 +283,10 @@ pub fn read_file(path: impl AsRef<Path>) -> io::Result<Vec<Record>> {
 
 impl HostLinks {
     /// Read the facts the index needs beyond the snapshot, through the host reader: each
-    /// netdev's `ifindex` and the PCI bridges above each device (nearest first).
-    /// Unreadable values are left out.
-    pub fn read(host: &crate::host::Host, snapshot: &Snapshot) -> HostLinks {
+    /// netdev's `ifindex` and the PCI bridges above each device (nearest first), departed
+    /// devices included while their PCI function is still on the bus. Unreadable values
+    /// are left out.
+    pub fn read(host: &crate::host::Host, snapshot: &Snapshot, departed: Vec<Departed>) -> HostLinks {
         let mut links = HostLinks::default();
         for d in &snapshot.devices {
             if let Some(n) = &d.netdev
@@ -292,7 +295,14 @@ impl HostLinks {
             {
                 links.ifindex.insert(n.clone(), i);
             }
-            if let Some(bdf) = &d.pci_address
+        }
+        let functions = snapshot
+            .devices
+            .iter()
+            .map(|d| (&d.name, &d.pci_address))
+            .chain(departed.iter().map(|p| (&p.device, &p.pci_address)));
+        for (name, pci) in functions {
+            if let Some(bdf) = pci
                 && let Some(node) = crate::discovery::pci_node(host, bdf)
             {
                 let bridges: Vec<String> = node
@@ -304,10 +314,11 @@ impl HostLinks {
                     .cloned()
                     .collect();
                 if !bridges.is_empty() {
-                    links.bridges.insert(d.name.clone(), bridges);
+                    links.bridges.insert(name.clone(), bridges);
                 }
             }
         }
+        links.departed = departed;
         links
     }
 }
@@ -343,51 +354,42 @@ mod tests {
             }],
             ..Default::default()
         };
-        let links = HostLinks::read(&crate::host::Host::new(root, "/nonexistent"), &snap);
+        let links = HostLinks::read(&crate::host::Host::new(root, "/nonexistent"), &snap, Vec::new());
         assert_eq!(links.ifindex.get("ib0"), Some(&7));
         assert_eq!(links.bridges.get("mlx5_0").unwrap(), &["0000:02:00.0", "0000:01:00.0", "0000:00:01.0"]);
     }
 
     #[test]
-    fn a_stream_is_split_into_records_at_line_ends() {
-        let mut partial = Vec::new();
-        assert!(stream_records(&mut partial, b"3,10,5000,-;first half").is_empty());
-        let recs = stream_records(&mut partial, b" and rest\n SUBSYSTEM=pci\n6,11,6000,-;second\n4,12,70");
-        let texts: Vec<&str> = recs.iter().map(|r| r.text.as_str()).collect();
-        assert_eq!(texts, ["first half and rest", "second"]);
-        assert_eq!(recs[0].seq, Some(10));
-        assert_eq!(partial, b"4,12,70");
-        // A line without an end never grows the buffer past READ_BUF.
-        let mut partial = Vec::new();
-        let recs = stream_records(&mut partial, &vec![b'x'; READ_BUF + 5]);
-        assert_eq!(recs.len(), 1);
-        assert!(partial.is_empty());
-    }
-
-    /// The stand-in: records written into a FIFO arrive as records, the writer closing
-    /// its end is no end of the tail, and the real log is never touched.
-    #[test]
-    fn a_fifo_stands_in_for_the_device() {
+    fn a_fifo_is_followed_as_lines_and_a_regular_file_is_refused() {
+        use std::io::Write as _;
         let dir = tempfile::tempdir().unwrap();
-        let fifo = dir.path().join("kmsg");
+        let plain = dir.path().join("kmsg.txt");
+        std::fs::write(&plain, "x\n").unwrap();
+        let e = KmsgTail::spawn_channel(&plain, Start::End).err().expect("a regular file is refused");
+        assert!(e.to_string().contains("kmsg.txt is a regular file"), "{e}");
+
+        let fifo = dir.path().join("kmsg.fifo");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        let (tail, rx) = KmsgTail::spawn_channel(&fifo, Start::After(99)).unwrap();
-        let mut got = Vec::new();
-        for (i, text) in ["3,1,100,-;one\n", "3,2,200,-;two\n3,3,300,-;three\n"].iter().enumerate() {
-            let mut w = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
-            std::io::Write::write_all(&mut w, text.as_bytes()).unwrap();
-            drop(w);
-            while got.len() < [1, 3][i] {
-                match rx.recv_timeout(std::time::Duration::from_secs(10)).expect("records from the FIFO") {
-                    Delivery::Records(r) => got.extend(r.into_iter().map(|r| (r.seq, r.text))),
-                    Delivery::Failed(e) => panic!("tail failed: {e}"),
-                }
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "{}", io::Error::last_os_error());
+        let (tail, rx) = KmsgTail::spawn_channel(&fifo, Start::After(7)).unwrap();
+        let mut w = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+        // A record at the cursor (skipped), one after it split over two writes, plain text.
+        w.write_all(b"3,7,1,-;old\n3,8,2,-;first half").unwrap();
+        w.flush().unwrap();
+        w.write_all(b" and the rest\n DEVICE=+pci:0000:01:00.0\nplain line\n").unwrap();
+        drop(w);
+        let mut got: Vec<Record> = Vec::new();
+        while got.len() < 2 {
+            match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+                Ok(Delivery::Records(r)) => got.extend(r),
+                other => panic!("expected records, got {other:?}"),
             }
         }
-        // The cursor (99) belongs to the real log: not applied to a stand-in.
-        assert_eq!(got, [(Some(1), "one".to_string()), (Some(2), "two".to_string()), (Some(3), "three".to_string())]);
+        assert_eq!(got[0].seq, Some(8));
+        assert_eq!(got[0].text, "first half and the rest");
+        assert_eq!(got[1].text, "plain line");
+        // The writer closed: no end of file, no busy loop; the tail still stops cleanly.
         tail.stop();
     }
 

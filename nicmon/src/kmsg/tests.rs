@@ -45,12 +45,21 @@ fn node() -> DeviceIndex {
         pf("mlx5_16", "0000:02:00.0", None, true),
         // The management NIC (default route): never reported.
         pf("mlx5_20", "0000:c1:00.0", Some("eth0"), false),
+        // A card in PCI domain 0x0041.
+        pf("mlx5_21", "0041:01:00.0", None, true),
+        pf("mlx5_22", "0041:01:00.1", None, true),
     ];
     entries[7].ifindex = Some(4);
     entries[13].ifindex = Some(9);
     entries[16].ifindex = Some(2);
-    // The root port the AER line comes from sits above mlx5_9's card.
-    DeviceIndex::new(entries).with_bridge("0000:89:02.0", "0000:8a:00")
+    DeviceIndex::new(entries)
+        // The root port the AER line comes from sits above mlx5_9's card.
+        .with_bridge("0000:89:02.0", "0000:8a:00")
+        // A PCIe switch's upstream port above two cards.
+        .with_bridge("0000:3a:00.0", "0000:41:00")
+        .with_bridge("0000:3a:00.0", "0000:0b:00")
+        // The root port above the management NIC only.
+        .with_bridge("0000:c0:01.0", "0000:c1:00")
 }
 
 fn stamp() -> Stamp {
@@ -275,9 +284,149 @@ fn new_kernel_wordings_and_clues() {
     }
 }
 
+/// The failures the first table missed (issue #16): real lines, each fed alone, with every
+/// event it must yield (one per card).
+fn field_failure_lines() -> Vec<(&'static str, Vec<Expected>)> {
+    use RecommendedAction::*;
+    vec![
+        (
+            "mlx5_core 0000:61:00.0: poll_health:795:(pid 0): Fatal error detected",
+            vec![("fw_fatal_error", true, REPLACE_VM, "mlx5_0")],
+        ),
+        (
+            "mlx5_core 0000:61:00.0: mlx5_function_setup:1120:(pid 1): PCI slot 1 is unavailable",
+            vec![("pci_slot_unavailable", true, REPLACE_VM, "mlx5_0")],
+        ),
+        (
+            "mlx5_core 0041:01:00.0: mlx5_pci_slot_reset:1856:(pid 198): mlx5_pci_slot_reset: wait vital failed with error code: -110",
+            vec![("slot_reset_failed", true, REPLACE_VM, "mlx5_21")],
+        ),
+        // Printed by the second PF: the card's first PF speaks for the card.
+        (
+            "mlx5_core 0041:01:00.1: mlx5_pci_slot_reset Device state = 2 health sensors: 1 pci_status: 1. Exit, err = -110, result = 4, disconnect",
+            vec![("slot_reset_failed", true, REPLACE_VM, "mlx5_21")],
+        ),
+        (
+            "mlx5_core 0000:41:00.0: init_one:1371:(pid 803): mlx5_load_one failed with error code -22",
+            vec![("load_failed", true, REPLACE_VM, "mlx5_6")],
+        ),
+        (
+            "mlx5_core 0000:01:00.0: mlx5_pci_resume:1717:(pid 7): mlx5_pci_resume: mlx5_load_one failed with error code: -5",
+            vec![("load_failed", true, REPLACE_VM, "mlx5_8")],
+        ),
+        // The driver core's line: no device prefix, the BDF in the text.
+        ("mlx5_core: probe of 0000:41:00.0 failed with error -22", vec![("load_failed", true, REPLACE_VM, "mlx5_6")]),
+        // Its 6.x wording (`dev_err`).
+        (
+            "mlx5_core 0000:61:00.0: probe with driver mlx5_core failed with error -110",
+            vec![("load_failed", true, REPLACE_VM, "mlx5_0")],
+        ),
+        // Bridge reports: every monitored card below the bridge, one event each.
+        (
+            "pcieport 0000:89:02.0: AER: device recovery failed",
+            vec![("aer_recovery_failed", true, REPLACE_VM, "mlx5_9")],
+        ),
+        (
+            "pcieport 0000:3a:00.0: AER: subordinate device reset failed",
+            vec![
+                ("aer_recovery_failed", true, REPLACE_VM, "mlx5_10"),
+                ("aer_recovery_failed", true, REPLACE_VM, "mlx5_6"),
+            ],
+        ),
+        // The wording before 5.x.
+        (
+            "pcieport 0000:3a:00.0: AER: Device recovery failed",
+            vec![
+                ("aer_recovery_failed", true, REPLACE_VM, "mlx5_10"),
+                ("aer_recovery_failed", true, REPLACE_VM, "mlx5_6"),
+            ],
+        ),
+    ]
+}
+
+/// The same words from other drivers, successes, and bridges without a monitored NIC below.
+const FIELD_FAILURE_NEGATIVES: &[(&str, bool)] = &[
+    // (line, whether a built-in pattern may match it at all)
+    ("ixgbe: probe of 0000:41:00.0 failed with error -5", false),
+    ("nvme 0000:41:00.0: probe with driver nvme failed with error -5", false),
+    ("mlx5_core 0000:41:00.0: mlx5_init_one_devl_locked:1420:(pid 1): mlx5_init_one succeeded", false),
+    (
+        "mlx5_core 0041:01:00.0: mlx5_pci_slot_reset Device state = 2 health sensors: 1 pci_status: 0. Exit, err = 0, result = 5, recovered",
+        false,
+    ),
+    ("mlx5_core 0041:01:00.0: mlx5_pci_slot_reset Device state = 2 health sensors: 1 pci_status: 0. Enter", false),
+    ("mlx5_core 0041:01:00.0: mlx5_pci_resume Device state = 1 pci_status: 1. Done, err = 0, device recovered", false),
+    ("pcieport 0000:89:02.0: AER: device recovery successful", false),
+    ("pcieport 0000:89:02.0: AER: subordinate device reset successful", false),
+    ("ixgbe 0000:07:00.0 eth1: NETDEV WATCHDOG: CPU: 3: transmit queue 1 timed out 5000 ms", false),
+    ("mlx4_en: eth1: TX timeout on queue: 7, QP: 0x1d1, CQ: 0x84, Cons: 0xffffffff, Prod: 0x4ffe", false),
+    ("hns3 0000:07:00.0 eth1: TX timeout detected", false),
+    // Matches, but no monitored NIC is below these bridges / behind this address.
+    ("pcieport 0000:e0:01.0: AER: device recovery failed", true),
+    ("pcieport 0000:e0:01.0: AER: subordinate device reset failed", true),
+    ("pcieport 0000:c0:01.0: AER: device recovery failed", true),
+    ("mlx5_core: probe of 0000:e3:00.0 failed with error -22", true),
+    ("mlx5_core 0000:c1:00.0: init_one:1371:(pid 803): mlx5_load_one failed with error code -22", true),
+    ("Fatal error detected", true),
+];
+
+#[test]
+fn field_failures_yield_one_event_per_card_with_the_table_severity() {
+    for (i, (line, want)) in field_failure_lines().into_iter().enumerate() {
+        for rec in [Record::plain(line), as_kmsg(i as u64 + 1, line)] {
+            let out = run(std::slice::from_ref(&rec));
+            let got: Vec<_> = out.events.iter().map(summary).collect();
+            let want: Vec<_> = want.iter().map(|(id, f, a, d)| (id.to_string(), *f, *a, d.to_string())).collect();
+            assert_eq!(got, want, "line: {line} (record {rec:?})");
+            assert!(out.events.iter().all(|e| e.message.contains(line)), "{:?}", out.events);
+        }
+    }
+}
+
+#[test]
+fn field_failure_negatives_stay_quiet() {
+    for (i, (line, may_match)) in FIELD_FAILURE_NEGATIVES.iter().enumerate() {
+        if !may_match {
+            assert_eq!(BUILTIN.find(line).map(|(p, _)| p.id.clone()), None, "{line}");
+        }
+        for rec in [Record::plain(*line), as_kmsg(i as u64 + 1, line)] {
+            assert!(run(std::slice::from_ref(&rec)).events.is_empty(), "{line}");
+        }
+    }
+}
+
+#[test]
+fn a_card_failing_on_every_function_is_one_event_per_card() {
+    let recs = parse_text(
+        b"mlx5_core 0041:01:00.0: mlx5_pci_slot_reset:1856:(pid 198): mlx5_pci_slot_reset: wait vital failed with error code: -110\n\
+          mlx5_core 0041:01:00.0: mlx5_pci_slot_reset Device state = 2 health sensors: 1 pci_status: 1. Exit, err = -110, result = 4, disconnect\n\
+          mlx5_core 0041:01:00.1: mlx5_pci_slot_reset:1856:(pid 198): mlx5_pci_slot_reset: wait vital failed with error code: -110\n\
+          mlx5_core 0041:01:00.1: mlx5_pci_slot_reset Device state = 2 health sensors: 1 pci_status: 1. Exit, err = -110, result = 4, disconnect\n\
+          mlx5_core 0000:41:00.0: init_one:1371:(pid 803): mlx5_load_one failed with error code -22\n\
+          mlx5_core: probe of 0000:41:00.0 failed with error -22\n\
+          mlx5_core 0000:41:00.1: init_one:1371:(pid 803): mlx5_load_one failed with error code -22\n\
+          mlx5_core: probe of 0000:41:00.1 failed with error -22\n\
+          pcieport 0000:3a:00.0: AER: subordinate device reset failed\n\
+          pcieport 0000:3a:00.0: AER: device recovery failed\n",
+    );
+    let got: Vec<_> = run(&recs).events.iter().map(summary).map(|s| (s.0, s.3)).collect();
+    let want: Vec<(String, String)> = [
+        ("slot_reset_failed", "mlx5_21"),
+        ("load_failed", "mlx5_6"),
+        ("aer_recovery_failed", "mlx5_10"),
+        // Dedup is per (pattern, card): the bridge's report is an event of its own on card
+        // 41; the bridge's second line is not.
+        ("aer_recovery_failed", "mlx5_6"),
+    ]
+    .iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    assert_eq!(got, want);
+}
+
 #[test]
 fn netdev_messages_attribute_by_ifindex() {
-    let rec = parse_record(b"4,10,20,-;mlx5_core: some netdev text TX timeout detected\n SUBSYSTEM=net\n DEVICE=n9\n");
+    let rec = parse_record(b"4,10,20,-;mlx5_core 0000:ff:00.0 eth9: TX timeout detected\n SUBSYSTEM=net\n DEVICE=n9\n");
     let got: Vec<_> = run(&[rec]).events.iter().map(summary).collect();
     assert_eq!(got[0].3, "mlx5_14");
 }
@@ -574,7 +723,21 @@ fn from_snapshot_uses_the_callers_roles() {
         ],
         ..Default::default()
     };
-    let idx = DeviceIndex::from_snapshot(&snap, |d| d.name != "mlx5_3", &HostLinks::default());
+    let departed = |device: &str, bdf: &str| Departed {
+        device: device.into(),
+        pci_address: Some(bdf.into()),
+        card: Some(bdf[..10].into()),
+    };
+    let links = HostLinks {
+        departed: vec![
+            // Gone from class/infiniband since an earlier poll.
+            departed("mlx5_7", "0000:5e:00.0"),
+            // Back under another name: the snapshot's entry wins.
+            departed("mlx5_9", "0000:3b:00.1"),
+        ],
+        ..Default::default()
+    };
+    let idx = DeviceIndex::from_snapshot(&snap, |d| d.name != "mlx5_3", &links);
     let t = |bdf: &str| match idx.resolve_bdf(bdf) {
         Resolution::Known(v) => v.into_iter().map(|t| t.device).collect::<Vec<_>>(),
         Resolution::Unknown => vec!["?".into()],
@@ -582,6 +745,12 @@ fn from_snapshot_uses_the_callers_roles() {
     assert_eq!(t("0000:3b:00.1"), ["mlx5_1"]);
     assert_eq!(t("0000:3b:00.2"), ["mlx5_0"]);
     assert!(t("0000:c1:00.0").is_empty());
+    assert_eq!(t("0000:5e:00.0"), ["mlx5_7"]);
+    assert_eq!(t("0000:5e:00.1"), ["mlx5_7"]);
+    assert!(idx.entries().iter().all(|e| e.device != "mlx5_9"));
+    // Without the departed list the vanished card is unknown.
+    let bare = DeviceIndex::from_snapshot(&snap, |d| d.name != "mlx5_3", &HostLinks::default());
+    assert_eq!(bare.resolve_bdf("0000:5e:00.0"), Resolution::Unknown);
 }
 
 proptest! {
@@ -600,7 +769,7 @@ proptest! {
     #[test]
     fn kernel_shaped_lines_never_panic(
         bdf in "[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-9]",
-        word in "(timeout\\. Will cause a leak of a command resource|Fatal error 3 detected|BUG: soft lockup - CPU#1 stuck for 9s!| mlx5e_napi_poll\\+0x1|Link down|NETDEV WATCHDOG: \\S+ \\(mlx5_core\\): transmit queue 1 timed out)",
+        word in "(timeout\\. Will cause a leak of a command resource|Fatal error 3 detected|BUG: soft lockup - CPU#1 stuck for 9s!| mlx5e_napi_poll\\+0x1|Link down|NETDEV WATCHDOG: \\S+ \\(mlx5_core\\): transmit queue 1 timed out|probe of 0000:0d:00\\.0 failed with error -5|AER: device recovery failed|mlx5_pci_slot_reset Exit, err = -5, result = 4, disconnect|mlx5_load_one failed with error code -5)",
         noise in ".{0,40}",
         seq in proptest::option::of(any::<u64>()),
         last in proptest::option::of(any::<u64>()),
@@ -630,7 +799,9 @@ fn the_tail_returns_a_record_written_to_dev_kmsg() {
     };
     let marker =
         format!("{}-{}-{}", real_log::MARKER, std::process::id(), OffsetDateTime::now_utc().unix_timestamp_nanos());
-    if let Err(e) = real_log::write_marked(&format!("{marker}: tail round trip")) {
+    // Nothing resembling a driver's message goes into the real kernel log: a marked line
+    // through the guarded writer, which an operator pattern matches instead.
+    if let Err(e) = real_log::write_marked(&format!("{marker}: self-test record about 0000:fe:1f.7")) {
         eprintln!("SKIP the_tail_returns_a_record_written_to_dev_kmsg: cannot write {DEV_KMSG}: {e}");
         return;
     }
@@ -649,16 +820,27 @@ fn the_tail_returns_a_record_written_to_dev_kmsg() {
     };
     assert_eq!(found.level(), Some(6));
     assert!(found.seq.is_some() && found.ts_usec.is_some());
-    // The self-test line itself matches nothing; a record of the device's shape with a
-    // driver's text (never written to the real log) matches like any kernel line.
+    // It matches like any kernel line once a pattern names it (no built-in does), and is
+    // attributed to the card whose address it carries.
     let idx = DeviceIndex::new(vec![pf("mlx5_0", "0000:fe:1f.0", None, true)]);
-    let out = process(&KmsgState::default(), std::slice::from_ref(&found), &idx, &Patterns::builtin(), T0, &stamp());
-    assert!(out.events.is_empty(), "{:?}", out.events);
-    let mut shaped = found.clone();
-    shaped.text = "mlx5_core 0000:fe:1f.7: device's health compromised - reached miss count".into();
-    let out = process(&KmsgState::default(), &[shaped], &idx, &Patterns::builtin(), T0, &stamp());
+    let pats = KmsgConfig {
+        patterns: vec![PatternConfig {
+            name: "self_test".into(),
+            regex: Some(format!("{marker}: self-test record")),
+            fatal: Some(true),
+            action: None,
+            enabled: None,
+            dedup_window_seconds: None,
+            description: None,
+            scope: None,
+        }],
+        ..KmsgConfig::default()
+    }
+    .compile()
+    .unwrap();
+    let out = process(&KmsgState::default(), std::slice::from_ref(&found), &idx, &pats, T0, &stamp());
     assert_eq!(out.events.len(), 1);
-    assert_eq!(out.events[0].error_code, ["health_compromised"]);
+    assert_eq!(out.events[0].error_code, ["self_test"]);
 
     // Resume: a new tail from a cursor just before the record sees it again from the ring.
     tail.stop();

@@ -1,0 +1,528 @@
+//! `InfiniBandCharDeviceCheck`: the `/dev/infiniband` nodes a device's workloads open.
+//!
+//! udev makes `/dev/infiniband/{uverbs,umad,issm}N` from the entries of
+//! `class/infiniband_verbs` and `class/infiniband_mad`, so a missing class entry is a
+//! missing device node: ports ACTIVE/LinkUp, yet pods fail to start. Per monitored device
+//! with an InfiniBand port the check expects one `uverbs` entry, one `umad` per InfiniBand
+//! port and, with `[charDeviceCheck] issm = "always"`, one `issm` per InfiniBand port
+//! (whether issm nodes exist depends on the architecture: opt-in). Each entry is mapped to
+//! its device and port by its own `ibdev`/`port` attributes.
+//!
+//! Pure: `(previous state, snapshot, roles, mode, now) → (events, next state)`.
+//! - expected and missing [`MISSES_BEFORE_REPORT`] polls in a row → one fatal event
+//!   (`REPLACE_VM`, `errorCode = [<kind>]`), latched;
+//! - a latched entry recovers (one healthy event, same error code) only when it is seen
+//!   again; a latched entry no longer expected (its device gone or unreadable) is held;
+//! - a class directory that is absent or unreadable holds the state of every entry it
+//!   serves (no miss counted, nothing reported): an absent `infiniband_mad` is a node
+//!   without `ib_umad`, not a mass failure. The other directory is still evaluated;
+//! - changing the issm mode while entries are latched re-baselines: one check-scoped clear
+//!   (healthy, no entities, 1 s earlier), then the latched entries still expected and
+//!   still missing are reported again; the others are dropped.
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use time::{Duration, OffsetDateTime};
+
+use crate::event::{Check, Entity, HealthEvent, Stamp};
+use crate::model::{CharKind, ClassDir, LinkLayer, Snapshot};
+use crate::roles::Classification;
+
+/// Consecutive polls an expected entry must be missing before it is reported (the device
+/// list and the class directories are read at slightly different instants).
+pub const MISSES_BEFORE_REPORT: u32 = 3;
+
+/// `[charDeviceCheck] issm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IssmMode {
+    /// No issm entry is expected (the default).
+    #[default]
+    Never,
+    /// One issm entry per InfiniBand port.
+    Always,
+}
+
+impl IssmMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IssmMode::Never => "never",
+            IssmMode::Always => "always",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<IssmMode> {
+        match s {
+            "never" => Some(IssmMode::Never),
+            "always" => Some(IssmMode::Always),
+            _ => None,
+        }
+    }
+}
+
+/// One expected character device: `uverbs` of a device (port 0), `umad`/`issm` of a port.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct CharKey {
+    pub kind: CharKind,
+    pub device: String,
+    /// The IB port; 0 for the device-level `uverbs`.
+    pub port: u32,
+}
+
+impl CharKey {
+    /// The state key: `umad/mlx5_0_1`, `uverbs/mlx5_0_0`.
+    pub fn key(&self) -> String {
+        format!("{}/{}_{}", self.kind.name(), self.device, self.port)
+    }
+
+    fn entities(&self) -> Vec<Entity> {
+        match self.kind {
+            CharKind::Uverbs => vec![Entity::nic(self.device.clone())],
+            CharKind::Umad | CharKind::Issm => vec![Entity::nic(self.device.clone()), Entity::port(self.port)],
+        }
+    }
+
+    fn what(&self) -> String {
+        match self.kind {
+            CharKind::Uverbs => format!("Device {}", self.device),
+            CharKind::Umad | CharKind::Issm => format!("Device {} port {}", self.device, self.port),
+        }
+    }
+}
+
+/// What the check carries between polls; persisted in the state file.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CharDevState {
+    /// Consecutive polls each expected, not yet reported entry has been missing.
+    #[serde(default)]
+    pub misses: BTreeMap<String, u32>,
+    /// Entries with a missing-node fatal event outstanding (`missing_char_devices`).
+    #[serde(default)]
+    pub missing_char_devices: BTreeMap<String, CharKey>,
+    /// The issm mode the latches were made under (a change re-baselines).
+    #[serde(default)]
+    pub issm_mode: Option<IssmMode>,
+    /// Class directories whose state is held (absent/unreadable), so that the note is
+    /// logged when this starts, not every poll.
+    #[serde(default)]
+    pub held_dirs: BTreeSet<String>,
+}
+
+/// One expected (or latched) entry as `nicmon check` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    pub kind: CharKind,
+    pub device: String,
+    /// `None` for `uverbs`.
+    pub port: Option<u32>,
+    /// `Some(present)` when its class directory was read; `None` when held.
+    pub present: Option<bool>,
+    /// Consecutive polls missing so far.
+    pub misses: u32,
+    /// A missing-node fatal event is outstanding.
+    pub reported_missing: bool,
+}
+
+/// The check's output for one poll.
+pub struct Outcome {
+    pub events: Vec<HealthEvent>,
+    pub state: CharDevState,
+    pub notes: Vec<String>,
+    pub findings: Vec<Finding>,
+}
+
+/// The entries expected from the monitored PF devices with an InfiniBand port.
+pub fn expected(snap: &Snapshot, roles: &BTreeMap<String, Classification>, mode: IssmMode) -> BTreeSet<CharKey> {
+    let mut out = BTreeSet::new();
+    for d in snap.devices.iter().filter(|d| !d.is_vf() && roles.get(&d.name).is_some_and(|c| c.monitored)) {
+        let ib_ports: Vec<u32> =
+            d.ports.iter().filter(|p| p.link_layer == Some(LinkLayer::InfiniBand)).map(|p| p.number).collect();
+        if ib_ports.is_empty() {
+            continue;
+        }
+        out.insert(CharKey { kind: CharKind::Uverbs, device: d.name.clone(), port: 0 });
+        for p in ib_ports {
+            out.insert(CharKey { kind: CharKind::Umad, device: d.name.clone(), port: p });
+            if mode == IssmMode::Always {
+                out.insert(CharKey { kind: CharKind::Issm, device: d.name.clone(), port: p });
+            }
+        }
+    }
+    out
+}
+
+/// Evaluate one poll.
+pub fn evaluate(
+    prev: &CharDevState,
+    snap: &Snapshot,
+    roles: &BTreeMap<String, Classification>,
+    mode: IssmMode,
+    now: OffsetDateTime,
+    stamp: &Stamp,
+) -> Outcome {
+    let check = Check::InfiniBandCharDeviceCheck;
+    let expected = expected(snap, roles, mode);
+    let mut events = Vec::new();
+    let mut notes = Vec::new();
+    let mut next = CharDevState { issm_mode: Some(mode), ..CharDevState::default() };
+
+    // Which entries each readable directory holds; `None` = the directory is held.
+    let mut present: BTreeMap<CharKind, Option<BTreeSet<(String, u32)>>> = BTreeMap::new();
+    for kind in CharKind::ALL {
+        let seen = match snap.char_devices.dir(kind) {
+            ClassDir::Listed(nodes) => Some(
+                nodes
+                    .iter()
+                    .filter(|n| n.kind == kind)
+                    .filter_map(|n| Some((n.device.clone()?, if kind == CharKind::Uverbs { 0 } else { n.port? })))
+                    .collect(),
+            ),
+            ClassDir::Absent | ClassDir::Unreadable(_) => None,
+        };
+        present.insert(kind, seen);
+    }
+    let needed_dirs: BTreeSet<&str> = expected.iter().map(|k| k.kind.class_dir()).collect();
+    for dir in needed_dirs {
+        let kind = if dir == CharKind::Uverbs.class_dir() { CharKind::Uverbs } else { CharKind::Umad };
+        let why = match snap.char_devices.dir(kind) {
+            ClassDir::Listed(_) => continue,
+            ClassDir::Absent => format!("class/{dir} is absent"),
+            ClassDir::Unreadable(e) => format!("class/{dir} cannot be listed ({e})"),
+        };
+        if !prev.held_dirs.contains(dir) {
+            notes.push(format!(
+                "InfiniBandCharDeviceCheck: {why}: the state of its character devices is held until it can be read"
+            ));
+        }
+        next.held_dirs.insert(dir.to_string());
+    }
+
+    // A changed issm mode with faults latched: clear everything this check reported, then
+    // re-assert what is still missing (an issm latch made under "always" would otherwise be
+    // held forever once issm is no longer expected).
+    let rebaseline = prev.issm_mode.is_some_and(|m| m != mode) && !prev.missing_char_devices.is_empty();
+    if rebaseline {
+        events.push(HealthEvent::new(
+            check,
+            stamp,
+            now - Duration::seconds(1),
+            &format!(
+                "InfiniBand character-device check: charDeviceCheck.issm changed to {}, clearing previous conditions",
+                mode.as_str()
+            ),
+        ));
+    }
+
+    let mut findings = Vec::new();
+    for key in &expected {
+        let k = key.key();
+        let latched = prev.missing_char_devices.contains_key(&k);
+        let misses = prev.misses.get(&k).copied().unwrap_or(0);
+        let seen = present.get(&key.kind).cloned().flatten().map(|s| s.contains(&(key.device.clone(), key.port)));
+        let mut finding = Finding {
+            kind: key.kind,
+            device: key.device.clone(),
+            port: (key.kind != CharKind::Uverbs).then_some(key.port),
+            present: seen,
+            misses,
+            reported_missing: latched,
+        };
+        match seen {
+            // Held: keep whatever was known.
+            None => {
+                if latched {
+                    next.missing_char_devices.insert(k.clone(), key.clone());
+                }
+                if misses > 0 {
+                    next.misses.insert(k, misses);
+                }
+            }
+            Some(true) => {
+                finding.misses = 0;
+                finding.reported_missing = false;
+                if latched && !rebaseline {
+                    events.push(
+                        HealthEvent::new(
+                            check,
+                            stamp,
+                            now,
+                            &format!(
+                                "{}: InfiniBand character device {} is present again in class/{}",
+                                key.what(),
+                                key.kind.name(),
+                                key.kind.class_dir()
+                            ),
+                        )
+                        .error_code(key.kind.name())
+                        .entities(key.entities()),
+                    );
+                }
+            }
+            Some(false) => {
+                if latched {
+                    next.missing_char_devices.insert(k, key.clone());
+                    if rebaseline {
+                        events.push(missing_event(key, stamp, now));
+                    }
+                } else {
+                    let misses = misses + 1;
+                    finding.misses = misses;
+                    if misses >= MISSES_BEFORE_REPORT {
+                        finding.reported_missing = true;
+                        events.push(missing_event(key, stamp, now));
+                        next.missing_char_devices.insert(k, key.clone());
+                    } else {
+                        next.misses.insert(k, misses);
+                    }
+                }
+            }
+        }
+        findings.push(finding);
+    }
+    // Latched entries not expected now (device absent, unreadable, no longer monitored):
+    // absence is no evidence of recovery — held, unless the re-baseline just cleared them.
+    if !rebaseline {
+        for (k, key) in &prev.missing_char_devices {
+            if !expected.contains(key) {
+                next.missing_char_devices.insert(k.clone(), key.clone());
+                findings.push(Finding {
+                    kind: key.kind,
+                    device: key.device.clone(),
+                    port: (key.kind != CharKind::Uverbs).then_some(key.port),
+                    present: None,
+                    misses: 0,
+                    reported_missing: true,
+                });
+            }
+        }
+    }
+    Outcome { events, state: next, notes, findings }
+}
+
+fn missing_event(key: &CharKey, stamp: &Stamp, now: OffsetDateTime) -> HealthEvent {
+    let dev_node = format!("/dev/infiniband/{}*", key.kind.name());
+    let msg = format!(
+        "{}: InfiniBand character device {} missing from class/{} for {MISSES_BEFORE_REPORT} polls - \
+         workloads cannot open {dev_node}",
+        key.what(),
+        key.kind.name(),
+        key.kind.class_dir()
+    );
+    HealthEvent::new(Check::InfiniBandCharDeviceCheck, stamp, now, &msg)
+        .unhealthy(true)
+        .error_code(key.kind.name())
+        .entities(key.entities())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{CharDevices, CharNode, Device, Function, Port};
+    use crate::roles::Role;
+
+    fn device(name: &str, ll: LinkLayer, ports: u32) -> Device {
+        Device {
+            name: name.into(),
+            unsupported: None,
+            pci_address: None,
+            card: None,
+            numa_node: Some(0),
+            hca_type: None,
+            fw_ver: None,
+            board_id: None,
+            driver: Some("mlx5_core".into()),
+            function: Function::Pf,
+            netdev: None,
+            ports: (1..=ports).map(|n| Port { number: n, link_layer: Some(ll.clone()), ..Port::default() }).collect(),
+        }
+    }
+
+    fn roles(names: &[&str]) -> BTreeMap<String, Classification> {
+        names
+            .iter()
+            .map(|n| {
+                (
+                    n.to_string(),
+                    Classification { monitored: true, reason: None, role: Some(Role::Compute), role_reason: None },
+                )
+            })
+            .collect()
+    }
+
+    fn node(kind: CharKind, i: usize, dev: &str, port: Option<u32>) -> CharNode {
+        CharNode { kind, name: format!("{}{i}", kind.name()), device: Some(dev.into()), port }
+    }
+
+    /// Two IB devices (mlx5_0 with 2 ports), one RoCE device; every node present.
+    fn snap() -> Snapshot {
+        Snapshot {
+            devices: vec![
+                device("mlx5_0", LinkLayer::InfiniBand, 2),
+                device("mlx5_1", LinkLayer::InfiniBand, 1),
+                device("mlx5_2", LinkLayer::Ethernet, 1),
+            ],
+            char_devices: CharDevices {
+                verbs: ClassDir::Listed(vec![
+                    node(CharKind::Uverbs, 0, "mlx5_0", None),
+                    node(CharKind::Uverbs, 1, "mlx5_1", None),
+                    node(CharKind::Uverbs, 2, "mlx5_2", None),
+                ]),
+                mad: ClassDir::Listed(vec![
+                    node(CharKind::Umad, 0, "mlx5_0", Some(1)),
+                    node(CharKind::Umad, 1, "mlx5_0", Some(2)),
+                    node(CharKind::Umad, 2, "mlx5_1", Some(1)),
+                    node(CharKind::Issm, 0, "mlx5_0", Some(1)),
+                    node(CharKind::Issm, 1, "mlx5_0", Some(2)),
+                    node(CharKind::Issm, 2, "mlx5_1", Some(1)),
+                ]),
+            },
+            ..Snapshot::default()
+        }
+    }
+
+    fn remove(s: &mut Snapshot, kind: CharKind, dev: &str, port: Option<u32>) {
+        let dir = if kind == CharKind::Uverbs { &mut s.char_devices.verbs } else { &mut s.char_devices.mad };
+        if let ClassDir::Listed(nodes) = dir {
+            nodes.retain(|n| !(n.kind == kind && n.device.as_deref() == Some(dev) && n.port == port));
+        }
+    }
+
+    fn t(s: i64) -> OffsetDateTime {
+        OffsetDateTime::from_unix_timestamp(1_790_000_000 + s).unwrap()
+    }
+
+    fn run(st: &CharDevState, s: &Snapshot, mode: IssmMode, at: i64) -> Outcome {
+        evaluate(st, s, &roles(&["mlx5_0", "mlx5_1", "mlx5_2"]), mode, t(at), &Stamp::default())
+    }
+
+    #[test]
+    fn expectation_per_ib_device_and_port() {
+        let r = roles(&["mlx5_0", "mlx5_1", "mlx5_2"]);
+        let never: Vec<String> = expected(&snap(), &r, IssmMode::Never).iter().map(CharKey::key).collect();
+        assert_eq!(never, ["uverbs/mlx5_0_0", "uverbs/mlx5_1_0", "umad/mlx5_0_1", "umad/mlx5_0_2", "umad/mlx5_1_1"]);
+        assert_eq!(expected(&snap(), &r, IssmMode::Always).len(), 8);
+        // Unmonitored devices expect nothing.
+        assert!(expected(&snap(), &roles(&["mlx5_2"]), IssmMode::Always).is_empty());
+    }
+
+    #[test]
+    fn missing_three_polls_is_fatal_latched_and_recovers_when_seen() {
+        let mut s = snap();
+        let out = run(&CharDevState::default(), &s, IssmMode::Never, 0);
+        assert!(out.events.is_empty() && out.notes.is_empty());
+        remove(&mut s, CharKind::Umad, "mlx5_0", Some(2));
+        let mut st = out.state;
+        for at in 1..=2 {
+            let out = run(&st, &s, IssmMode::Never, at);
+            assert!(out.events.is_empty(), "poll {at}: {:?}", out.events);
+            st = out.state;
+        }
+        let out = run(&st, &s, IssmMode::Never, 3);
+        assert_eq!(out.events.len(), 1);
+        let e = &out.events[0];
+        assert!(e.is_fatal && !e.is_healthy);
+        assert_eq!(e.error_code, ["umad"]);
+        assert_eq!(e.entities_text(), "NIC=mlx5_0 NICPort=2");
+        assert!(e.message.contains("umad missing from class/infiniband_mad"), "{}", e.message);
+        st = out.state;
+        assert!(run(&st, &s, IssmMode::Never, 4).events.is_empty(), "latched: reported once");
+        // Its device drops out of the snapshot: held, not recovered.
+        let mut gone = s.clone();
+        gone.devices.remove(0);
+        let out = run(&st, &gone, IssmMode::Never, 5);
+        assert!(out.events.is_empty());
+        assert!(out.state.missing_char_devices.contains_key("umad/mlx5_0_2"));
+        st = out.state;
+        // Seen again: one healthy event with the same code.
+        let out = run(&st, &snap(), IssmMode::Never, 6);
+        assert_eq!(out.events.len(), 1);
+        assert!(out.events[0].is_healthy);
+        assert_eq!(out.events[0].error_code, ["umad"]);
+        assert!(out.state.missing_char_devices.is_empty());
+    }
+
+    #[test]
+    fn a_blip_shorter_than_three_polls_is_forgotten() {
+        let mut s = snap();
+        remove(&mut s, CharKind::Uverbs, "mlx5_1", None);
+        let st = run(&CharDevState::default(), &s, IssmMode::Never, 0).state;
+        let st = run(&st, &s, IssmMode::Never, 1).state;
+        assert_eq!(st.misses.get("uverbs/mlx5_1_0"), Some(&2));
+        let st = run(&st, &snap(), IssmMode::Never, 2).state;
+        assert!(st.misses.is_empty());
+        let out = run(&st, &s, IssmMode::Never, 3);
+        assert!(out.events.is_empty());
+        assert_eq!(out.state.misses.get("uverbs/mlx5_1_0"), Some(&1));
+    }
+
+    #[test]
+    fn an_absent_or_unreadable_directory_holds_its_entries() {
+        let mut s = snap();
+        remove(&mut s, CharKind::Umad, "mlx5_1", Some(1));
+        let mut st = CharDevState::default();
+        for at in 0..3 {
+            st = run(&st, &s, IssmMode::Never, at).state;
+        }
+        assert!(st.missing_char_devices.contains_key("umad/mlx5_1_1"));
+        // ib_umad unloaded: no recovery, no new misses, one note.
+        s.char_devices.mad = ClassDir::Absent;
+        remove(&mut s, CharKind::Uverbs, "mlx5_0", None);
+        let out = run(&st, &s, IssmMode::Never, 3);
+        assert!(out.events.is_empty());
+        assert_eq!(out.notes.len(), 1, "{:?}", out.notes);
+        assert!(out.state.missing_char_devices.contains_key("umad/mlx5_1_1"));
+        // The verbs directory is still evaluated.
+        assert_eq!(out.state.misses.get("uverbs/mlx5_0_0"), Some(&1));
+        let out = run(&out.state, &s, IssmMode::Never, 4);
+        assert!(out.notes.is_empty(), "noted once");
+        s.char_devices.mad = ClassDir::Unreadable("not a directory".into());
+        let out = run(&out.state, &s, IssmMode::Never, 5);
+        assert!(out.events.iter().all(|e| e.error_code == ["uverbs"]), "{:?}", out.events);
+    }
+
+    #[test]
+    fn issm_mode_change_with_latches_rebaselines() {
+        let mut s = snap();
+        remove(&mut s, CharKind::Issm, "mlx5_0", Some(1));
+        remove(&mut s, CharKind::Umad, "mlx5_1", Some(1));
+        let mut st = CharDevState::default();
+        let mut fired = Vec::new();
+        for at in 0..3 {
+            let out = run(&st, &s, IssmMode::Always, at);
+            fired.extend(out.events);
+            st = out.state;
+        }
+        assert_eq!(fired.len(), 2);
+        // Switching to never: a check-scoped clear first, then the umad fault again; the
+        // issm latch is dropped with the clear.
+        let out = run(&st, &s, IssmMode::Never, 3);
+        assert_eq!(out.events.len(), 2, "{:?}", out.events);
+        assert!(out.events[0].is_healthy && out.events[0].entities_impacted.is_empty());
+        assert!(out.events[0].generated_timestamp < t(3));
+        assert_eq!(out.events[1].error_code, ["umad"]);
+        assert!(out.events[1].is_fatal);
+        assert_eq!(out.state.missing_char_devices.keys().collect::<Vec<_>>(), ["umad/mlx5_1_1"]);
+        assert!(run(&out.state, &s, IssmMode::Never, 4).events.is_empty());
+        // A mode change without latches is quiet.
+        let quiet =
+            run(&CharDevState { issm_mode: Some(IssmMode::Always), ..Default::default() }, &snap(), IssmMode::Never, 0);
+        assert!(quiet.events.is_empty());
+    }
+
+    #[test]
+    fn entries_with_unreadable_attributes_do_not_count() {
+        let mut s = snap();
+        if let ClassDir::Listed(nodes) = &mut s.char_devices.verbs {
+            nodes[0].device = None;
+        }
+        let mut st = CharDevState::default();
+        let mut all = Vec::new();
+        for at in 0..3 {
+            let out = run(&st, &s, IssmMode::Never, at);
+            all.extend(out.events);
+            st = out.state;
+        }
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].entities_text(), "NIC=mlx5_0");
+    }
+}
