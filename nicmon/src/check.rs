@@ -121,22 +121,25 @@ pub fn run_check(args: &CheckArgs) -> Result<String> {
     for n in &poll.notes {
         tracing::info!("{n}");
     }
-    if let Some(p) = &args.state_file {
-        state::save(p, &poll.next).with_context(|| format!("state file {}: cannot write", p.display()))?;
-    }
     let mut report =
         Report::new(&monitor.stamp.node_name, boot_id, &poll.snapshot, &monitor.topology, &poll.roles, poll.events);
     report.char_devices = poll.char_devices;
     if poll.snapshot.devices.is_empty() {
         tracing::warn!("{}", no_devices_note(&monitor.host));
     }
-    if args.json {
-        Ok(serde_json::to_string_pretty(&report).context("serialising the report")? + "\n")
+    let out = if args.json {
+        serde_json::to_string_pretty(&report).context("serialising the report")? + "\n"
     } else if poll.snapshot.devices.is_empty() {
-        Ok(format!("{}\n", no_devices_note(&monitor.host)))
+        format!("{}\n", no_devices_note(&monitor.host))
     } else {
-        Ok(report.table())
+        report.table()
+    };
+    // Act in order: the output (this cycle's events) first, then the state. A cycle whose
+    // output failed is not saved, so the next invocation reports its events again.
+    if let Some(p) = &args.state_file {
+        state::save(p, &poll.next).with_context(|| format!("state file {}: cannot write", p.display()))?;
     }
+    Ok(out)
 }
 
 pub fn run_topology(

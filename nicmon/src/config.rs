@@ -52,6 +52,9 @@ pub struct Config {
     pub warnings: Vec<String>,
 }
 
+/// The largest config file nicmon reads.
+pub const MAX_BYTES: usize = 1 << 20;
+
 impl Default for Config {
     fn default() -> Config {
         Config {
@@ -78,12 +81,16 @@ pub struct ConfigError {
 }
 
 impl Config {
-    /// Load `path`; a missing file gives the defaults.
+    /// Load `path`; a missing file gives the defaults. Only a regular file of at most
+    /// [`MAX_BYTES`] is read (with a deadline); anything else is an error naming the file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let shown = path.display().to_string();
-        match std::fs::read_to_string(path) {
-            Ok(text) => Config::parse(&shown, &text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
+        match crate::host::read_file(path, MAX_BYTES) {
+            Ok(bytes) => match String::from_utf8(bytes) {
+                Ok(text) => Config::parse(&shown, &text),
+                Err(e) => Err(ConfigError { path: shown, message: format!("not UTF-8 text: {e}") }),
+            },
+            Err(crate::host::ReadError::Missing) => Ok(Config::default()),
             Err(e) => Err(ConfigError { path: shown, message: format!("cannot read: {e}") }),
         }
     }
@@ -149,10 +156,7 @@ impl Config {
                     }
                 }
                 "counterDetection" => {
-                    let cd: CounterDetection = value
-                        .clone()
-                        .try_into()
-                        .map_err(|e: toml::de::Error| err(format!("{key}: {}", one_line(e.message()))))?;
+                    let cd: CounterDetection = section(key, value).map_err(err)?;
                     cfg.counter_rules = cd.rules().map_err(|e| err(one_line(&e.to_string())))?;
                 }
                 "charDeviceCheck" => {
@@ -174,10 +178,7 @@ impl Config {
                     }
                 }
                 "kernelLog" => {
-                    let k: KmsgConfig = value
-                        .clone()
-                        .try_into()
-                        .map_err(|e: toml::de::Error| err(format!("kernelLog: {}", one_line(e.message()))))?;
+                    let k: KmsgConfig = section(key, value).map_err(err)?;
                     cfg.patterns = k.compile().map_err(|e| err(one_line(&e.to_string())))?;
                     cfg.kernel_log = k;
                 }
@@ -189,6 +190,26 @@ impl Config {
         }
         Ok(cfg)
     }
+}
+
+/// Deserialize the section `name`; an error names the key at fault (`kernelLog.enabled =
+/// 1: invalid type: ...`), found by deserializing each key on its own.
+fn section<T: serde::de::DeserializeOwned>(name: &str, value: &toml::Value) -> Result<T, String> {
+    let whole = match value.clone().try_into::<T>() {
+        Ok(t) => return Ok(t),
+        Err(e) => one_line(e.message()),
+    };
+    let Some(table) = value.as_table() else {
+        return Err(format!("{name} = {}: expected a table", one_line(&value.to_string())));
+    };
+    for (k, v) in table {
+        let alone = toml::Value::Table(toml::Table::from_iter([(k.clone(), v.clone())]));
+        if let Err(e) = alone.try_into::<T>() {
+            let shown: String = one_line(&v.to_string()).chars().take(60).collect();
+            return Err(format!("{name}.{k} = {shown}: {}", one_line(e.message())));
+        }
+    }
+    Err(format!("{name}: {whole}"))
 }
 
 fn string<'a>(key: &str, v: &'a toml::Value) -> Result<&'a str, String> {
@@ -277,6 +298,25 @@ enabled = true
         assert!(Config::parse("x.toml", "[charDeviceCheck]\nissm = 1").is_err());
         assert!(Config::parse("x.toml", "charDeviceCheck = 1").is_err());
         assert_eq!(Config::parse("x.toml", "[charDeviceCheck]\nfoo = 1").unwrap().warnings.len(), 1);
+    }
+
+    #[test]
+    fn section_errors_name_the_key() {
+        for (text, key) in [
+            ("[kernelLog]\nenabled = 1", "kernelLog.enabled = 1:"),
+            ("[kernelLog]\nenabled = \"yes\"", "kernelLog.enabled = \"yes\":"),
+            ("[kernelLog]\ndedupWindowSeconds = \"x\"", "kernelLog.dedupWindowSeconds = \"x\":"),
+            ("[kernelLog]\ndedupWindowSeconds = -1", "kernelLog.dedupWindowSeconds = -1:"),
+            ("[kernelLog]\npatterns = \"x\"", "kernelLog.patterns = \"x\":"),
+            ("[kernelLog]\nmaxRecords = 3", "kernelLog.maxRecords = 3:"),
+            ("[counterDetection]\nenabled = 1", "counterDetection.enabled = 1:"),
+            ("[counterDetection]\ncounters = \"x\"", "counterDetection.counters = \"x\":"),
+            ("kernelLog = 3", "kernelLog = 3: expected a table"),
+        ] {
+            let e = Config::parse("c.toml", text).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("config c.toml: {key}")), "{text:?} → {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
 
     #[test]

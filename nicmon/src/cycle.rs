@@ -36,6 +36,9 @@ pub struct Poll {
     pub notes: Vec<String>,
     /// Kernel log lines that ask for an immediate poll (`Link down`).
     pub wake_hints: Vec<WakeHint>,
+    /// Host reads abandoned at their deadline so far (cumulative), and those not returned yet.
+    pub reads_abandoned: u64,
+    pub stuck_reads: Vec<(std::path::PathBuf, std::time::Duration)>,
     /// The character devices expected (and those held latched), for the report.
     pub char_devices: Vec<chardev::Finding>,
 }
@@ -45,6 +48,7 @@ impl Monitor {
     /// found: after a reboot, each enabled check first gets one "clear everything" healthy
     /// event with no entities, 1 s before the baselines (lesson 4).
     pub fn poll(&self, prev: &State, loaded: &Loaded, now: OffsetDateTime, kmsg_records: &[Record]) -> Poll {
+        self.host.begin_poll();
         self.host.remember_einval(prev.einval.iter().cloned());
         let plan = ReadPlan {
             counter_paths: self.counter_paths.clone(),
@@ -115,7 +119,9 @@ impl Monitor {
 
         events.retain(|e| e.check().map(|c| self.state_config.checks.contains(&c)).unwrap_or(true));
         next.einval = self.host.einval_paths();
-        Poll { snapshot, roles, events, next, notes, wake_hints, char_devices }
+        let reads_abandoned = self.host.stats.reads_abandoned.load(std::sync::atomic::Ordering::Relaxed);
+        let stuck_reads = self.host.stuck_reads();
+        Poll { snapshot, roles, events, next, notes, wake_hints, reads_abandoned, stuck_reads, char_devices }
     }
 }
 

@@ -34,6 +34,11 @@ use crate::wake::{WakeOptions, WakeSource};
 /// Wake-ups within this window after the first one are served by the same poll.
 pub const COALESCE: Duration = Duration::from_millis(1);
 
+/// How long a signal waits for queued batches to be delivered. With the last poll (at most
+/// [`crate::host::Deadlines::poll`]) and the final save, exit comes within 5 s of SIGTERM
+/// whatever is stuck; what was not delivered stays in the outbox for the next start.
+pub const SHUTDOWN_FLUSH: Duration = Duration::from_secs(2);
+
 /// Everything `nicmon run` needs, resolved from flags.
 pub struct RunOptions {
     pub sysfs: PathBuf,
@@ -256,6 +261,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
 
     // Dispatch.
     let sink = Sink::lazy(&opts.sink, opts.grpc.clone());
+    let queue_bounds = opts.sink.queue_bounds(&opts.grpc);
     let (btx, brx) = mpsc::unbounded_channel::<PendingBatch>();
     let (atx, mut arx) = mpsc::unbounded_channel::<Ack>();
     let pause = opts.grpc.retry.initial_backoff.max(Duration::from_millis(50));
@@ -344,6 +350,19 @@ pub async fn run(opts: RunOptions) -> Result<()> {
             next.next_batch_id += 1;
             new_batches.push(PendingBatch { id: next.next_batch_id, check, events });
         }
+        if let Some(bounds) = queue_bounds
+            && let Err(full) = bounds.admit(&st.outbox, &new_batches)
+        {
+            // Direct publishing's bounded queue: a poll whose events do not fit is not
+            // committed (its state does not advance) and runs again on the next cycle.
+            tracing::warn!("{full}: this poll is not committed and runs again");
+            pending_records.splice(0..0, records);
+            liveness.cycle_completed();
+            if stop {
+                break;
+            }
+            continue;
+        }
         next.outbox.extend(new_batches.iter().cloned());
         save(&opts.state_file, &next);
         for b in new_batches {
@@ -361,7 +380,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
 
     // Flush: give the dispatcher a bounded time to deliver what is queued.
     drop(btx);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_FLUSH;
     while !st.outbox.is_empty() {
         match tokio::time::timeout_at(deadline, arx.recv()).await {
             Ok(Some(a)) => st.outbox.retain(|b| b.id != a.id),
@@ -435,6 +454,7 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
     let monitored = ports.len();
     metrics.set_port_health(ports);
     metrics.set_devices_discovered(Check::InfiniBandStateCheck, monitored);
+    metrics.set_read_health(poll.reads_abandoned, &poll.stuck_reads);
     metrics.kmsg_records_lost(poll.next.kmsg.lost_records);
     let saturated: Vec<(String, u32, String)> = poll
         .next

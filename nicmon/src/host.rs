@@ -3,15 +3,41 @@
 //! Rooted at `--sysfs` / `--procfs` (defaults `/sys`, `/proc`); the real host and the
 //! testbed's fixture trees go through this same code, only the roots differ. It makes no
 //! decisions: it returns bytes, link targets and directory listings, or says why it could
-//! not. One rule lives here because it is about *reading*: a file whose `read()` failed
-//! with `EINVAL` is never opened again for the life of this reader (SPEC §1.1 — reading
-//! restricted counters makes mlx5 log `ACCESS_REG ... failed` on every read). The set is
-//! exported so the state file can carry it across restarts within one boot.
-use std::collections::BTreeSet;
-use std::io;
+//! not. Rules that live here because they are about *reading*:
+//! - a file whose `read()` failed with `EINVAL` is never opened again for the life of this
+//!   reader (SPEC §1.1 — reading restricted counters makes mlx5 log `ACCESS_REG ... failed`
+//!   on every read). The set is exported so the state file can carry it across restarts
+//!   within one boot;
+//! - no read can stall the monitor: every read runs on a reader thread with a deadline (per
+//!   read, and per poll — see [`Host::begin_poll`]). A read past it is abandoned for that
+//!   poll ([`ReadError::Stuck`]); the path is not read again until the abandoned read has
+//!   returned, and at most [`MAX_STUCK`] reader threads may be stuck at once;
+//! - every read is bounded (a sysfs attribute is at most a [`PAGE`]) and only regular files
+//!   are opened: a FIFO, a device (`/dev/zero`) or a directory where an attribute is
+//!   expected is an error, never a read.
+//!
+//! [`read_file`] applies the same rules to the files nicmon reads outside sysfs (state,
+//! config, metadata, `--kmsg`), each with its own size limit.
+//!
+//! For support bundles (`nicmon bundle`, [`crate::bundle`]): a symlink whose target is
+//! [`FAILURE_LINK_PREFIX`]`<why>` reads as the failure a bundle recorded there (`errno=22` is
+//! `EINVAL`, `not-regular:a FIFO` a FIFO), so a replayed tree fails the way the node did; with
+//! an [`AccessLog`] the reader also notes every path it was asked about.
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{self, Read};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, mpsc};
+use std::time::{Duration, Instant};
+
+/// The most a sysfs attribute can hold (`PAGE_SIZE`; `sysfs_emit` writes at most a page).
+pub const PAGE: usize = 4096;
+/// The most nicmon reads of a procfs file (`net/route`: 8192 routes).
+pub const PROC_LIMIT: usize = 1 << 20;
+/// How many reader threads may be stuck in a read at once (per reader). Past that, reads
+/// fail at once instead of starting another thread.
+pub const MAX_STUCK: usize = 8;
 
 /// Why a value could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +48,13 @@ pub enum ReadError {
     Invalid,
     /// Any other I/O error (permission, EIO, ...).
     Io(String),
+    /// Not a regular file where one is expected: a FIFO, a device, a directory, a socket.
+    NotRegular(&'static str),
+    /// Longer than the limit for this kind of file (bytes).
+    TooLarge(usize),
+    /// The read did not return in time and was abandoned, or an earlier read of the same
+    /// path has not returned yet, or too many reads are stuck.
+    Stuck(String),
 }
 
 impl std::fmt::Display for ReadError {
@@ -30,7 +63,98 @@ impl std::fmt::Display for ReadError {
             ReadError::Missing => f.write_str("missing"),
             ReadError::Invalid => f.write_str("read failed with EINVAL"),
             ReadError::Io(e) => f.write_str(e),
+            ReadError::NotRegular(kind) => write!(f, "not a regular file ({kind}): not read"),
+            ReadError::TooLarge(limit) => write!(f, "larger than {limit} bytes: not read"),
+            ReadError::Stuck(why) => write!(f, "stuck read: {why}"),
         }
+    }
+}
+
+impl ReadError {
+    /// The same error as an `io::Error` (for callers whose errors are I/O errors).
+    pub fn into_io(self, path: &Path) -> io::Error {
+        let kind = match &self {
+            ReadError::Missing => io::ErrorKind::NotFound,
+            ReadError::Invalid | ReadError::NotRegular(_) | ReadError::TooLarge(_) => io::ErrorKind::InvalidData,
+            ReadError::Stuck(_) => io::ErrorKind::TimedOut,
+            ReadError::Io(_) => io::ErrorKind::Other,
+        };
+        io::Error::new(kind, format!("{}: {self}", path.display()))
+    }
+}
+
+/// Which tree a path is relative to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Tree {
+    Sys,
+    Proc,
+}
+
+/// One question the reader was asked, for [`AccessLog`].
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Access {
+    /// A file's contents.
+    Read { tree: Tree, rel: String },
+    /// A directory's entry names.
+    List { tree: Tree, rel: String },
+    /// Whether an entry exists, where a link points, whether it resolves.
+    Entry { tree: Tree, rel: String },
+    /// The boot ID file given by `--boot-id-path`.
+    BootIdFile,
+}
+
+/// Every path a [`Host`] was asked about (shared with the caller).
+pub type AccessLog = Arc<Mutex<BTreeSet<Access>>>;
+
+/// The target prefix of a link that stands for a read failure recorded by a support bundle:
+/// `nicmon-bundle:errno=22` (the `read()` failed with that errno), `nicmon-bundle:not-regular:a FIFO`,
+/// `nicmon-bundle:stuck`, `nicmon-bundle:too-large`, `nicmon-bundle:outside-tree`.
+pub const FAILURE_LINK_PREFIX: &str = "nicmon-bundle:";
+
+/// The read error a failure link stands for.
+pub fn failure_link_error(why: &str) -> ReadError {
+    if let Some(n) = why.strip_prefix("errno=").and_then(|n| n.parse::<i32>().ok()) {
+        return classify(&io::Error::from_raw_os_error(n));
+    }
+    if let Some(kind) = why.strip_prefix("not-regular") {
+        let kind = kind.trim_start_matches(':');
+        return ReadError::NotRegular(FILE_KINDS.iter().copied().find(|k| *k == kind).unwrap_or("not a file"));
+    }
+    ReadError::Io(format!("not captured in the support bundle ({why})"))
+}
+
+/// The names [`file_kind`] gives non-regular files.
+const FILE_KINDS: [&str; 6] =
+    ["a directory", "a FIFO", "a character device", "a block device", "a socket", "not a file"];
+
+/// Open a file for reading only if it is a regular file (following links): a FIFO, socket
+/// or device is never opened, so it cannot block the reader. The error for another kind of
+/// file says `not a regular file: <kind>`.
+pub fn open_regular(path: &Path) -> io::Result<std::fs::File> {
+    if let Err(ReadError::NotRegular(kind)) = file_kind(&std::fs::metadata(path)?) {
+        return Err(io::Error::other(format!("{NOT_REGULAR}: {kind}")));
+    }
+    std::fs::File::open(path)
+}
+
+/// The start of [`open_regular`]'s error for a file that is not a regular file.
+pub const NOT_REGULAR: &str = "not a regular file";
+
+/// How long reads may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    /// One read (sysfs attributes normally answer in microseconds; a firmware command
+    /// behind one can take seconds).
+    pub read: Duration,
+    /// All the reads of one poll together: past it, the poll's remaining reads are
+    /// abandoned (unknown), so a cycle always completes.
+    pub poll: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Deadlines {
+        // Well inside /healthz's window (3 poll intervals of at least 1 s) and SIGTERM's 5 s.
+        Deadlines { read: Duration::from_millis(1000), poll: Duration::from_millis(2000) }
     }
 }
 
@@ -39,6 +163,231 @@ impl std::fmt::Display for ReadError {
 pub struct ReadStats {
     pub files_read: AtomicU64,
     pub einval_skipped: AtomicU64,
+    /// Reads abandoned at their deadline.
+    pub reads_abandoned: AtomicU64,
+}
+
+/// What happens to bytes past the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Past {
+    /// The file is too large: an error.
+    Error,
+    /// Only the first bytes are wanted (PCI config space).
+    Ignore,
+}
+
+struct Job {
+    path: PathBuf,
+    limit: usize,
+    past: Past,
+    reply: mpsc::SyncSender<Result<Vec<u8>, ReadError>>,
+}
+
+/// A read that has not returned: which thread is in it, since when.
+#[derive(Debug, Clone)]
+struct Stuck {
+    worker: u64,
+    since: Instant,
+}
+
+#[derive(Default)]
+struct Shared {
+    stuck: Mutex<BTreeMap<PathBuf, Stuck>>,
+}
+
+impl Shared {
+    fn stuck(&self) -> MutexGuard<'_, BTreeMap<PathBuf, Stuck>> {
+        self.stuck.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Reads files on a reader thread, with a deadline. When a read passes its deadline the
+/// thread is left to it (marked stuck, not joined) and the next read starts a new thread.
+pub struct Reader {
+    shared: Arc<Shared>,
+    worker: Mutex<Option<(u64, mpsc::Sender<Job>)>>,
+    next_id: AtomicU64,
+    read_fn: ReadFn,
+}
+
+type ReadFn = fn(&Path, usize, Past) -> Result<Vec<u8>, ReadError>;
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader").field("stuck", &self.stuck_paths()).finish()
+    }
+}
+
+impl Default for Reader {
+    fn default() -> Reader {
+        Reader { shared: Arc::default(), worker: Mutex::new(None), next_id: AtomicU64::new(1), read_fn: read_regular }
+    }
+}
+
+impl Reader {
+    /// Read at most `limit` bytes of the regular file `path`, waiting at most `timeout`.
+    fn read(&self, path: &Path, limit: usize, past: Past, timeout: Duration) -> Result<Vec<u8>, ReadError> {
+        if timeout.is_zero() {
+            return Err(ReadError::Stuck("the poll's read deadline had passed: not read".into()));
+        }
+        {
+            let stuck = self.shared.stuck();
+            if let Some(s) = stuck.get(path) {
+                return Err(ReadError::Stuck(format!(
+                    "an earlier read has not returned ({:.1?} ago): not read again until it does",
+                    s.since.elapsed()
+                )));
+            }
+            if stuck.len() >= MAX_STUCK {
+                return Err(ReadError::Stuck(format!("{} reads are stuck: no reader thread left", stuck.len())));
+            }
+        }
+        let (reply, answer) = mpsc::sync_channel(1);
+        let job = Job { path: path.to_path_buf(), limit, past, reply };
+        let id = self.submit(job)?;
+        match answer.recv_timeout(timeout) {
+            Ok(r) => r,
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(ReadError::Io("the reader thread ended".into())),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let mut stuck = self.shared.stuck();
+                // The thread answers while holding this lock: either it answered before we
+                // took it, or it will find the path marked stuck and end.
+                if let Ok(r) = answer.try_recv() {
+                    return r;
+                }
+                stuck.insert(path.to_path_buf(), Stuck { worker: id, since: Instant::now() });
+                drop(stuck);
+                let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
+                if w.as_ref().is_some_and(|(wid, _)| *wid == id) {
+                    *w = None;
+                }
+                tracing::warn!(
+                    path = %path.display(),
+                    timeout = ?timeout,
+                    "read did not return in time: abandoned for this poll, not retried until it returns"
+                );
+                Err(ReadError::Stuck(format!("no answer within {timeout:.1?}")))
+            }
+        }
+    }
+
+    /// Hand `job` to the current reader thread (starting one if needed); its id.
+    fn submit(&self, job: Job) -> Result<u64, ReadError> {
+        let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
+        let mut job = job;
+        for _ in 0..2 {
+            if w.is_none() {
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                let (tx, rx) = mpsc::channel::<Job>();
+                let shared = Arc::clone(&self.shared);
+                let read_fn = self.read_fn;
+                std::thread::Builder::new()
+                    .name("nicmon-read".into())
+                    .spawn(move || reader_thread(id, &rx, &shared, read_fn))
+                    .map_err(|e| ReadError::Io(format!("cannot start a reader thread: {e}")))?;
+                *w = Some((id, tx));
+            }
+            let (id, tx) = w.as_ref().expect("set above");
+            match tx.send(job) {
+                Ok(()) => return Ok(*id),
+                Err(mpsc::SendError(back)) => {
+                    job = back;
+                    *w = None;
+                }
+            }
+        }
+        Err(ReadError::Io("no reader thread".into()))
+    }
+
+    /// Paths whose read has not returned, with how long ago it started.
+    pub fn stuck_paths(&self) -> Vec<(PathBuf, Duration)> {
+        self.shared.stuck().iter().map(|(p, s)| (p.clone(), s.since.elapsed())).collect()
+    }
+}
+
+fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: ReadFn) {
+    while let Ok(job) = jobs.recv() {
+        let result = read_fn(&job.path, job.limit, job.past);
+        let mut stuck = shared.stuck();
+        let _ = job.reply.send(result);
+        if stuck.get(&job.path).is_some_and(|s| s.worker == id) {
+            let s = stuck.remove(&job.path).expect("checked above");
+            tracing::info!(path = %job.path.display(), after = ?s.since.elapsed(), "a stuck read returned");
+            // Abandoned: a newer thread serves the reader now.
+            return;
+        }
+    }
+}
+
+/// Open `path` only if it is a regular file, and read at most `limit` bytes of it.
+fn read_regular(path: &Path, limit: usize, past: Past) -> Result<Vec<u8>, ReadError> {
+    // Refuse before opening: opening a FIFO blocks, a device may do anything.
+    let md = std::fs::metadata(path).map_err(|e| classify(&e))?;
+    file_kind(&md)?;
+    // A blocking open and read, as the kernel's own readers do (a file that honours
+    // O_NONBLOCK would answer EAGAIN instead of its value). Were the path swapped for a
+    // FIFO since the check above, the open would block: on this reader thread, under the
+    // read's deadline, like any stuck read.
+    let file =
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOCTTY).open(path).map_err(|e| classify(&e))?;
+    file_kind(&file.metadata().map_err(|e| classify(&e))?)?;
+    let cap = limit.saturating_add(1);
+    let mut buf = Vec::with_capacity(cap.min(PAGE + 1));
+    let mut take = file.take(cap as u64);
+    loop {
+        match take.read_to_end(&mut buf) {
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(classify(&e)),
+        }
+    }
+    if buf.len() > limit {
+        match past {
+            Past::Error => return Err(ReadError::TooLarge(limit)),
+            Past::Ignore => buf.truncate(limit),
+        }
+    }
+    Ok(buf)
+}
+
+/// What a non-regular file is (`a FIFO`, `a directory`, ...), or `None` for a regular file.
+pub fn non_regular_kind(md: &std::fs::Metadata) -> Option<&'static str> {
+    match file_kind(md) {
+        Err(ReadError::NotRegular(kind)) => Some(kind),
+        _ => None,
+    }
+}
+
+fn file_kind(md: &std::fs::Metadata) -> Result<(), ReadError> {
+    use std::os::unix::fs::FileTypeExt;
+    let t = md.file_type();
+    if t.is_file() {
+        return Ok(());
+    }
+    Err(ReadError::NotRegular(if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a file"
+    }))
+}
+
+/// How long [`read_file`] waits for one file.
+pub const FILE_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Read a whole file nicmon reads outside sysfs (state, config, metadata, `--kmsg`): only a
+/// regular file, at most `limit` bytes (more is [`ReadError::TooLarge`]), within
+/// [`FILE_READ_TIMEOUT`] — the same rules as sysfs reads, on a shared reader.
+pub fn read_file(path: &Path, limit: usize) -> Result<Vec<u8>, ReadError> {
+    static FILES: OnceLock<Reader> = OnceLock::new();
+    FILES.get_or_init(Reader::default).read(path, limit, Past::Error, FILE_READ_TIMEOUT)
 }
 
 /// A host (or a fixture tree standing in for one).
@@ -48,6 +397,10 @@ pub struct Host {
     procfs: PathBuf,
     boot_id_path: Option<PathBuf>,
     einval: Mutex<BTreeSet<String>>,
+    reader: Reader,
+    deadlines: Deadlines,
+    poll_deadline: Mutex<Option<Instant>>,
+    accesses: Option<AccessLog>,
     pub stats: ReadStats,
 }
 
@@ -58,8 +411,71 @@ impl Host {
             procfs: procfs.into(),
             boot_id_path: None,
             einval: Mutex::new(BTreeSet::new()),
+            reader: Reader::default(),
+            deadlines: Deadlines::default(),
+            poll_deadline: Mutex::new(None),
+            accesses: None,
             stats: ReadStats::default(),
         }
+    }
+
+    /// Note every path this reader is asked about in `log`.
+    pub fn with_access_log(mut self, log: AccessLog) -> Host {
+        self.accesses = Some(log);
+        self
+    }
+
+    fn note(&self, access: impl FnOnce() -> Access) {
+        if let Some(log) = &self.accesses
+            && let Ok(mut l) = log.lock()
+        {
+            l.insert(access());
+        }
+    }
+
+    fn note_sys(&self, rel: &str, make: fn(Tree, String) -> Access) {
+        self.note(|| make(Tree::Sys, rel.to_string()));
+    }
+
+    /// Use these read deadlines instead of the defaults.
+    pub fn with_deadlines(mut self, deadlines: Deadlines) -> Host {
+        self.deadlines = deadlines;
+        self
+    }
+
+    /// Start a poll: its reads together get [`Deadlines::poll`] from now.
+    pub fn begin_poll(&self) {
+        *self.poll_deadline.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + self.deadlines.poll);
+    }
+
+    /// Sysfs/procfs paths whose read has not returned (abandoned at a deadline), with how
+    /// long ago each started: for the log, metrics and `/healthz`.
+    pub fn stuck_reads(&self) -> Vec<(PathBuf, Duration)> {
+        self.reader.stuck_paths()
+    }
+
+    /// The time one read may take now: the read deadline, cut to what is left of the poll's.
+    fn timeout(&self) -> Duration {
+        let poll = *self.poll_deadline.lock().unwrap_or_else(|p| p.into_inner());
+        match poll {
+            Some(end) => self.deadlines.read.min(end.saturating_duration_since(Instant::now())),
+            None => self.deadlines.read,
+        }
+    }
+
+    fn read_bytes(&self, path: &Path, limit: usize, past: Past) -> Result<Vec<u8>, ReadError> {
+        let mut r = self.reader.read(path, limit, past, self.timeout());
+        // A bundle's failure link dangles: replay the failure it records instead.
+        if r == Err(ReadError::Missing)
+            && let Ok(target) = std::fs::read_link(path)
+            && let Some(why) = target.to_str().and_then(|t| t.strip_prefix(FAILURE_LINK_PREFIX))
+        {
+            r = Err(failure_link_error(why));
+        }
+        if matches!(&r, Err(ReadError::Stuck(why)) if why.starts_with("no answer")) {
+            self.stats.reads_abandoned.fetch_add(1, Ordering::Relaxed);
+        }
+        r
     }
 
     /// Read the boot ID from `path` instead of `<procfs>/sys/kernel/random/boot_id`.
@@ -83,39 +499,32 @@ impl Host {
 
     /// Read a sysfs file as text (lossy UTF-8).
     pub fn read_sys(&self, rel: &str) -> Result<String, ReadError> {
-        self.read_at(&self.sys(rel), rel)
+        self.note_sys(rel, |tree, rel| Access::Read { tree, rel });
+        self.read_at(&self.sys(rel), rel, PAGE)
     }
 
     /// Read a procfs file as text.
     pub fn read_proc(&self, rel: &str) -> Result<String, ReadError> {
+        self.note(|| Access::Read { tree: Tree::Proc, rel: rel.to_string() });
         let key = format!("proc:{rel}");
-        self.read_at(&self.procfs.join(rel), &key)
+        // Not an attribute: `net/route` has a line per route (128 bytes each).
+        self.read_at(&self.procfs.join(rel), &key, PROC_LIMIT)
     }
 
     /// Read the first `n` bytes of a sysfs file (PCI config space).
     pub fn read_sys_bytes(&self, rel: &str, n: usize) -> Result<Vec<u8>, ReadError> {
-        use std::io::Read;
-        let path = self.sys(rel);
+        self.note_sys(rel, |tree, rel| Access::Read { tree, rel });
         self.stats.files_read.fetch_add(1, Ordering::Relaxed);
-        let mut f = std::fs::File::open(&path).map_err(|e| classify(&e))?;
-        let mut buf = vec![0u8; n];
-        let mut got = 0;
-        while got < n {
-            match f.read(&mut buf[got..]) {
-                Ok(0) => break,
-                Ok(k) => got += k,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(classify(&e)),
-            }
-        }
-        buf.truncate(got);
-        Ok(buf)
+        self.read_bytes(&self.sys(rel), n, Past::Ignore)
     }
 
     /// The boot ID (`--boot-id-path`, else `<procfs>/sys/kernel/random/boot_id`).
     pub fn boot_id(&self) -> Result<String, ReadError> {
         let raw = match &self.boot_id_path {
-            Some(p) => self.read_at(p, "boot_id")?,
+            Some(p) => {
+                self.note(|| Access::BootIdFile);
+                self.read_at(p, "boot_id", PAGE)?
+            }
             None => self.read_proc("sys/kernel/random/boot_id")?,
         };
         let t = raw.trim();
@@ -124,6 +533,7 @@ impl Host {
 
     /// Names in a sysfs directory, sorted. A missing directory is an empty listing.
     pub fn list_sys(&self, rel: &str) -> Vec<String> {
+        self.note_sys(rel, |tree, rel| Access::List { tree, rel });
         let mut names: Vec<String> = match std::fs::read_dir(self.sys(rel)) {
             Ok(rd) => rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect(),
             Err(_) => Vec::new(),
@@ -135,6 +545,7 @@ impl Host {
     /// Names in a sysfs directory, sorted, or why it could not be listed: `Missing` when
     /// absent, `Io` naming the cause otherwise (a file where a directory should be).
     pub fn list_sys_dir(&self, rel: &str) -> Result<Vec<String>, ReadError> {
+        self.note_sys(rel, |tree, rel| Access::List { tree, rel });
         let rd = std::fs::read_dir(self.sys(rel)).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => ReadError::Missing,
             io::ErrorKind::NotADirectory => ReadError::Io("not a directory".into()),
@@ -148,16 +559,19 @@ impl Host {
 
     /// Whether a sysfs entry exists (a dangling symlink counts: `physfn` is a link).
     pub fn exists_sys(&self, rel: &str) -> bool {
+        self.note_sys(rel, |tree, rel| Access::Entry { tree, rel });
         std::fs::symlink_metadata(self.sys(rel)).is_ok()
     }
 
     /// Whether a sysfs entry exists and resolves (follows links).
     pub fn resolves_sys(&self, rel: &str) -> bool {
+        self.note_sys(rel, |tree, rel| Access::Entry { tree, rel });
         std::fs::metadata(self.sys(rel)).is_ok()
     }
 
     /// The last component of a sysfs symlink's target (`device/driver` → `mlx5_core`).
     pub fn link_name_sys(&self, rel: &str) -> Option<String> {
+        self.note_sys(rel, |tree, rel| Access::Entry { tree, rel });
         let target = std::fs::read_link(self.sys(rel)).ok()?;
         target.file_name().map(|n| n.to_string_lossy().into_owned())
     }
@@ -167,6 +581,7 @@ impl Host {
     /// `["devices", "pci0000:17", "0000:17:01.0", ..., "0000:1a:00.0"]`. Lexical, so a
     /// fixture tree resolves exactly like `/sys` does.
     pub fn link_target_sys(&self, rel: &str) -> Option<Vec<String>> {
+        self.note_sys(rel, |tree, rel| Access::Entry { tree, rel });
         let target = std::fs::read_link(self.sys(rel)).ok()?;
         let base: Vec<String> =
             Path::new(rel).parent().map(|p| p.components().filter_map(comp_name).collect()).unwrap_or_default();
@@ -204,16 +619,15 @@ impl Host {
         }
     }
 
-    fn read_at(&self, path: &Path, key: &str) -> Result<String, ReadError> {
+    fn read_at(&self, path: &Path, key: &str, limit: usize) -> Result<String, ReadError> {
         if self.einval.lock().map(|s| s.contains(key)).unwrap_or(false) {
             self.stats.einval_skipped.fetch_add(1, Ordering::Relaxed);
             return Err(ReadError::Invalid);
         }
         self.stats.files_read.fetch_add(1, Ordering::Relaxed);
-        match std::fs::read(path) {
+        match self.read_bytes(path, limit, Past::Error) {
             Ok(bytes) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
-            Err(e) => {
-                let err = classify(&e);
+            Err(err) => {
                 if err == ReadError::Invalid {
                     if let Ok(mut s) = self.einval.lock() {
                         s.insert(key.to_string());
@@ -272,6 +686,123 @@ mod tests {
         again.remember_einval(host.einval_paths());
         assert_eq!(again.read_sys("x/restricted"), Err(ReadError::Invalid));
         assert_eq!(again.stats.files_read.load(Ordering::Relaxed), 0);
+    }
+
+    fn fixture() -> (tempfile::TempDir, Host) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("sys/p")).unwrap();
+        let host = Host::new(dir.path().join("sys"), dir.path().join("proc"));
+        (dir, host)
+    }
+
+    fn mkfifo(p: &Path) {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", p.display());
+    }
+
+    #[test]
+    fn only_regular_files_are_opened() {
+        let (dir, host) = fixture();
+        let p = dir.path().join("sys/p");
+        mkfifo(&p.join("fifo"));
+        std::os::unix::fs::symlink("/dev/zero", p.join("zero")).unwrap();
+        std::os::unix::fs::symlink("fifo", p.join("to-fifo")).unwrap();
+        std::os::unix::fs::symlink("nowhere", p.join("dangling")).unwrap();
+        std::fs::create_dir(p.join("dir")).unwrap();
+        let started = Instant::now();
+        assert_eq!(host.read_sys("p/fifo"), Err(ReadError::NotRegular("a FIFO")));
+        assert_eq!(host.read_sys("p/to-fifo"), Err(ReadError::NotRegular("a FIFO")));
+        assert_eq!(host.read_sys("p/zero"), Err(ReadError::NotRegular("a character device")));
+        assert_eq!(host.read_sys("p/dir"), Err(ReadError::NotRegular("a directory")));
+        assert_eq!(host.read_sys("p/dangling"), Err(ReadError::Missing));
+        assert_eq!(host.read_sys_bytes("p/zero", 64), Err(ReadError::NotRegular("a character device")));
+        assert!(started.elapsed() < Duration::from_millis(500), "refused without waiting");
+        assert!(host.stuck_reads().is_empty());
+        assert!(read_file(&p.join("fifo"), 10).unwrap_err().to_string().contains("FIFO"));
+    }
+
+    #[test]
+    fn reads_are_bounded() {
+        let (dir, host) = fixture();
+        let p = dir.path().join("sys/p");
+        std::fs::write(p.join("page"), vec![b'1'; PAGE]).unwrap();
+        std::fs::write(p.join("big"), vec![b'1'; PAGE + 1]).unwrap();
+        assert_eq!(host.read_sys("p/page").unwrap().len(), PAGE);
+        assert_eq!(host.read_sys("p/big"), Err(ReadError::TooLarge(PAGE)));
+        assert_eq!(host.read_sys_bytes("p/big", 64).unwrap().len(), 64, "a prefix read is not an error");
+        assert_eq!(read_file(&p.join("big"), 100), Err(ReadError::TooLarge(100)));
+        assert_eq!(read_file(&p.join("page"), PAGE).unwrap().len(), PAGE);
+        assert_eq!(read_file(&p.join("none"), PAGE), Err(ReadError::Missing));
+        let e = read_file(&p.join("big"), 100).unwrap_err().into_io(&p.join("big"));
+        assert!(e.to_string().contains("big: larger than 100 bytes"), "{e}");
+    }
+
+    /// A read that blocks (a FIFO opened the blocking way stands in for a sysfs read stuck
+    /// behind a firmware command).
+    fn blocking_read(path: &Path, _limit: usize, _past: Past) -> Result<Vec<u8>, ReadError> {
+        std::fs::read(path).map_err(|e| classify(&e))
+    }
+
+    #[test]
+    fn a_stuck_read_is_abandoned_and_not_retried_until_it_returns() {
+        let (dir, host) = fixture();
+        let host = Host { reader: Reader { read_fn: blocking_read, ..Reader::default() }, ..host }
+            .with_deadlines(Deadlines { read: Duration::from_millis(100), poll: Duration::from_millis(300) });
+        let p = dir.path().join("sys/p");
+        mkfifo(&p.join("state"));
+        std::fs::write(p.join("rate"), "100 Gb/sec\n").unwrap();
+        host.begin_poll();
+        let started = Instant::now();
+        let e = host.read_sys("p/state").unwrap_err();
+        assert!(matches!(&e, ReadError::Stuck(w) if w.starts_with("no answer")), "{e}");
+        assert!(started.elapsed() < Duration::from_millis(1000));
+        assert_eq!(host.stats.reads_abandoned.load(Ordering::Relaxed), 1);
+        // Other files are read by a new thread; the stuck path is not read again.
+        assert_eq!(host.read_sys("p/rate").as_deref(), Ok("100 Gb/sec\n"));
+        let again = Instant::now();
+        assert!(matches!(host.read_sys("p/state"), Err(ReadError::Stuck(w)) if w.contains("earlier read")));
+        assert!(again.elapsed() < Duration::from_millis(50), "refused at once");
+        assert_eq!(host.stuck_reads().len(), 1);
+        assert_eq!(host.stuck_reads()[0].0, p.join("state"));
+        // The stuck read returns (a writer appears): the path is read again.
+        std::fs::write(p.join("state"), "4: ACTIVE\n").unwrap();
+        let waited = Instant::now();
+        while !host.stuck_reads().is_empty() {
+            assert!(waited.elapsed() < Duration::from_secs(5), "the returned read was not noticed");
+            std::thread::yield_now();
+        }
+        host.begin_poll();
+        std::fs::remove_file(p.join("state")).unwrap();
+        std::fs::write(p.join("state"), "4: ACTIVE\n").unwrap();
+        assert_eq!(host.read_sys("p/state").as_deref(), Ok("4: ACTIVE\n"));
+    }
+
+    #[test]
+    fn stuck_readers_are_bounded_and_the_poll_has_a_deadline() {
+        let (dir, host) = fixture();
+        let host = Host { reader: Reader { read_fn: blocking_read, ..Reader::default() }, ..host }
+            .with_deadlines(Deadlines { read: Duration::from_millis(50), poll: Duration::from_secs(60) });
+        let p = dir.path().join("sys/p");
+        for i in 0..MAX_STUCK + 3 {
+            mkfifo(&p.join(format!("f{i}")));
+        }
+        std::fs::write(p.join("ok"), "1\n").unwrap();
+        host.begin_poll();
+        for i in 0..MAX_STUCK + 3 {
+            assert!(matches!(host.read_sys(&format!("p/f{i}")), Err(ReadError::Stuck(_))));
+        }
+        assert_eq!(host.stuck_reads().len(), MAX_STUCK, "no more threads than the bound");
+        assert_eq!(host.stats.reads_abandoned.load(Ordering::Relaxed), MAX_STUCK as u64);
+        assert!(matches!(host.read_sys("p/ok"), Err(ReadError::Stuck(w)) if w.contains("no reader thread left")));
+        // The poll's deadline: once passed, reads are not even started.
+        let host = host.with_deadlines(Deadlines { read: Duration::from_millis(50), poll: Duration::ZERO });
+        host.begin_poll();
+        assert!(matches!(host.read_sys("p/ok"), Err(ReadError::Stuck(w)) if w.contains("deadline")));
+        // Release the stuck readers (a writer for each FIFO) so the test leaves no thread behind.
+        for i in 0..MAX_STUCK {
+            std::fs::write(p.join(format!("f{i}")), "x").unwrap();
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //!   turn the host into a [`model::Snapshot`];
 //! - **decide** — pure functions of (previous state, snapshot, config, now);
 //! - **act** — dispatch events, then persist state.
+pub mod bundle;
 pub mod chardev;
 pub mod check;
 pub mod config;
@@ -25,4 +26,5 @@ pub mod report;
 pub mod roles;
 pub mod state;
 pub mod topology;
+pub mod upstream;
 pub mod wake;

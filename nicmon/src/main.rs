@@ -1,6 +1,7 @@
 //! The `nicmon` command line.
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -19,7 +20,8 @@ whether a running job will fail because of it, and reports health events to NVSe
 connector (gRPC) or, standalone, as JSON lines and Prometheus metrics.\n\n\
 Start with `nicmon check` to see what nicmon sees on this node, and `nicmon topology` for why each NIC \
 got its role.",
-    after_help = "Exit status: 0 when the command ran (whatever the health found), 2 on bad flags, \
+    after_help = "Flags without a subcommand run the monitor: `nicmon --node-name n1` is `nicmon run --node-name n1`.\n\n\
+Exit status: 0 when the command ran (whatever the health found), 2 on bad flags, \
 config or (with --metadata-required) metadata."
 )]
 struct Cli {
@@ -42,7 +44,8 @@ Examples:\n  nicmon check\n  nicmon check --format json\n  nicmon check --sysfs 
     #[command(long_about = "Run the monitor (the DaemonSet's command). Every --state-polling-interval (and at once \
 on every eBPF/rtnetlink/kernel-log wake-up) it polls sysfs, evaluates the state, counter and kernel-log checks, \
 queues the resulting events in the state file's outbox and sends them to the sink in order. SIGTERM/SIGINT finish \
-the cycle, flush and save.\n\nAccepts the flags of NVSentinel's nic-health-monitor unchanged.\n\nExamples:\n  \
+the cycle, flush and save.\n\nAccepts the flags of NVSentinel's nic-health-monitor unchanged (retired ones with a \
+warning), and `nicmon --flags…` without a subcommand is `nicmon run --flags…`, as upstream's chart invokes it.\n\nExamples:\n  \
 nicmon run --node-name gpu-node-1\n  nicmon run --sink stdout --state-file /tmp/nicmon-state.json --metrics-port 9112")]
     Run(Box<RunCli>),
     /// Trace mode for latency debugging: run the monitor and print every wake-up and poll.
@@ -56,6 +59,17 @@ file:/tmp/nicmon-trace.jsonl")]
     Trace(Box<RunCli>),
     /// Print each NIC's role (compute, storage, management) and why.
     Topology(TopologyCli),
+    /// Capture what nicmon reads on this node into one archive, to replay anywhere.
+    #[command(long_about = "Capture a support bundle: one .tar.gz holding every host file nicmon reads on this \
+node (the class trees, the PCI attributes and links it follows, net/route, boot_id; symlinks kept as symlinks, \
+unreadable and EINVAL files recorded so a replay fails the same way), the metadata file, the config, the state \
+file, the kernel-log records of the last 24 h that a pattern matches or that name a NIC, `nicmon version`, the \
+running daemon's wake-up hook status, and a manifest. Token files are never included. Bounded: a file whose \
+read does not finish within --file-timeout is skipped and listed in the manifest.\n\n\
+Replay it anywhere with `nicmon check --bundle FILE [--now T]` or `nicmon topology --bundle FILE`.\n\n\
+Examples:\n  nicmon bundle\n  kubectl exec -n nvsentinel POD -- nicmon bundle --sysfs /nvsentinel/sys \\\n      \
+--procfs /nvsentinel/proc --state-file /var/lib/nicmon/state.json -o - > node.tar.gz")]
+    Bundle(Box<BundleCli>),
     /// Print the version and whether the eBPF programs are built in.
     Version,
 }
@@ -109,6 +123,53 @@ struct CheckCli {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
+    /// Replay a support bundle (`nicmon bundle`) instead of reading this host: its trees,
+    /// metadata, config and state (on a copy), at --now.
+    #[arg(long, value_name = "FILE", conflicts_with_all = BUNDLE_CONFLICTS)]
+    bundle: Option<PathBuf>,
+    /// With --bundle: also feed the bundle's kernel-log records (as --kmsg would).
+    #[arg(long, requires = "bundle", conflicts_with = "kmsg")]
+    bundle_kmsg: bool,
+}
+
+/// The host-path flags a bundle replaces.
+const BUNDLE_CONFLICTS: [&str; 6] = ["sysfs", "procfs", "metadata", "config", "state_file", "boot_id_path"];
+
+#[derive(clap::Args)]
+struct BundleCli {
+    #[command(flatten)]
+    host: HostArgs,
+    /// State file to include.
+    #[arg(long, value_name = "FILE", default_value = nicmon::state::DEFAULT_PATH)]
+    state_file: PathBuf,
+    /// Boot ID file [default: <procfs>/sys/kernel/random/boot_id].
+    #[arg(long, value_name = "FILE")]
+    boot_id_path: Option<PathBuf>,
+    /// Node name recorded in the bundle [default: $NODE_NAME, else the host name].
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
+    /// Kernel log to take the matched records of (the device, or a file of records).
+    #[arg(long, value_name = "FILE", default_value = "/dev/kmsg")]
+    kmsg_path: PathBuf,
+    /// Do not include kernel log records.
+    #[arg(long)]
+    no_kmsg: bool,
+    /// Port of the running daemon's /metrics on 127.0.0.1, for the wake-up hooks' status.
+    #[arg(long, default_value_t = nicmon::metrics::DEFAULT_PORT, value_name = "PORT")]
+    metrics_port: u16,
+    /// Do not ask the running daemon for its wake-up hooks' status.
+    #[arg(long)]
+    no_metrics: bool,
+    /// Where to write the bundle; `-` writes it to stdout
+    /// [default: /tmp/nicmon-bundle-<node>-<time>.tar.gz].
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Skip a file whose read has not finished after this long (listed in the manifest).
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    file_timeout: std::time::Duration,
+    /// Time budget of the whole capture.
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    timeout: std::time::Duration,
 }
 
 #[derive(clap::Args)]
@@ -121,8 +182,8 @@ struct RunCli {
         default_value = "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck,EFADegradationCheck,InfiniBandCharDeviceCheck,NICKernelLogCheck"
     )]
     checks: String,
-    /// Poll interval (e.g. 1s, 500ms). Counters are evaluated at least every second.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    /// Poll interval (e.g. 1s, 500ms; 50ms to 1h). Counters are evaluated at least every second.
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
     state_polling_interval: std::time::Duration,
     /// Persistent state file (hostPath): port states, counter snapshots, kmsg cursor, outbox.
     #[arg(long, value_name = "FILE", default_value = nicmon::state::DEFAULT_PATH)]
@@ -164,9 +225,49 @@ struct RunCli {
     /// Use it on a rendered DaemonSet's arguments before a roll-out.
     #[arg(long)]
     check_config: bool,
+    /// NVSentinel's poll-stall watchdog deadline (Go duration; 0s disables). Accepted so
+    /// upstream's chart args start nicmon; the NICPollStallCheck itself is not implemented yet
+    /// and the value is ignored with a warning.
+    #[arg(long, value_name = "DURATION", value_parser = nicmon::upstream::go_duration)]
+    poll_stall_deadline: Option<std::time::Duration>,
+    /// Send NICPollStallCheck events as STORE_ONLY (NVSentinel's flag; see --poll-stall-deadline).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = nicmon::upstream::go_bool)]
+    poll_stall_store_only: Option<bool>,
+    /// Retired flag of NVSentinel's older charts: accepted and ignored, with a warning (counters
+    /// are evaluated at least every second).
+    #[arg(long, value_name = "DURATION")]
+    counter_polling_interval: Option<String>,
+    /// Retired flag of NVSentinel's older charts: accepted and ignored, with a warning.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    kata_enabled: Option<String>,
     /// Base of the connector retry backoff (the contract's 2 s); for tests and demos.
-    #[arg(long, hide = true, value_parser = humantime::parse_duration)]
+    #[arg(long, hide = true, value_parser = parse_retry_base)]
     connector_retry_base: Option<std::time::Duration>,
+}
+
+/// A duration flag within `[min, max]` (clap exits 2 with this message otherwise).
+/// A duration flag: Go syntax (upstream's chart: `1s`, `1m30s`), else humantime's (`2 minutes`),
+/// within `min..=max`.
+fn parse_duration_in(s: &str, min: Duration, max: Duration) -> Result<Duration, String> {
+    let d = nicmon::upstream::go_duration(s)
+        .or_else(|_| humantime::parse_duration(s))
+        .map_err(|e| format!("{s:?}: {e} (expected e.g. 1s, 500ms)"))?;
+    if d < min || d > max {
+        return Err(format!(
+            "{s:?} is out of range: expected {} to {}",
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        ));
+    }
+    Ok(d)
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    parse_duration_in(s, Duration::from_millis(50), Duration::from_secs(3600))
+}
+
+fn parse_retry_base(s: &str) -> Result<Duration, String> {
+    parse_duration_in(s, Duration::from_millis(1), Duration::from_secs(60))
 }
 
 fn parse_strategy(s: &str) -> Result<ProcessingStrategy, String> {
@@ -175,16 +276,78 @@ fn parse_strategy(s: &str) -> Result<ProcessingStrategy, String> {
     })
 }
 
+impl RunCli {
+    /// The retired upstream flags given on the command line.
+    fn retired_flags(&self) -> Vec<&'static str> {
+        let mut given = Vec::new();
+        if self.counter_polling_interval.is_some() {
+            given.push("--counter-polling-interval");
+        }
+        if self.kata_enabled.is_some() {
+            given.push("--kata-enabled");
+        }
+        given
+    }
+
+    /// Warnings about flags that are accepted but change nothing.
+    fn flag_warnings(&self) -> Vec<String> {
+        let mut warnings: Vec<String> = nicmon::upstream::retired_warning(&self.retired_flags()).into_iter().collect();
+        if self.poll_stall_deadline.is_some() || self.poll_stall_store_only.is_some() {
+            warnings.push(
+                "--poll-stall-deadline/--poll-stall-store-only accepted but ignored: nicmon has no NICPollStallCheck yet"
+                    .to_string(),
+            );
+        }
+        warnings
+    }
+
+    /// The node name stamped on events. The platform connector files events under it (and
+    /// with token auth rejects a batch for another node), so the gRPC sink needs it given
+    /// (as upstream's monitor does); the JSON-lines sinks fall back to the host name.
+    fn node_name(&self) -> anyhow::Result<String> {
+        match self.node_name.as_deref().map(str::trim).filter(|n| !n.is_empty()) {
+            Some(n) => Ok(n.to_string()),
+            None if matches!(self.dispatch.sink, nicmon::dispatch::SinkSpec::Grpc) => anyhow::bail!(
+                "--node-name (or the NODE_NAME environment variable) is required with --sink grpc: the platform \
+                 connector files every event under the node name (in a DaemonSet set NODE_NAME from spec.nodeName)"
+            ),
+            None => Ok(nicmon::check::node_name(None)),
+        }
+    }
+
+    /// The gRPC sink's settings: the socket flags, or direct publishing when
+    /// HEALTH_PUBLISH_TARGET is set (its companions checked now, as upstream does at start-up).
+    fn grpc_config(&self) -> anyhow::Result<nicmon::dispatch::GrpcConfig> {
+        let mut grpc = self.dispatch.grpc_config();
+        grpc.direct = nicmon::dispatch::DirectConfig::from_process_env()?;
+        if grpc.direct.is_some() && !matches!(self.dispatch.sink, nicmon::dispatch::SinkSpec::Grpc) {
+            tracing::warn!(sink = %self.dispatch.sink, "HEALTH_PUBLISH_TARGET ignored: events go to the --sink given");
+            grpc.direct = None;
+        }
+        if let Some(base) = self.connector_retry_base {
+            grpc.retry.initial_backoff = base;
+            grpc.connect.attempts = grpc.connect.attempts.min(2);
+            if let Some(d) = grpc.direct.as_mut() {
+                d.initial_backoff = base;
+            }
+        }
+        Ok(grpc)
+    }
+}
+
 fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
     if r.check_config {
         return check_config(&r);
     }
-    let mut grpc = r.dispatch.grpc_config();
-    if let Some(base) = r.connector_retry_base {
-        grpc.retry.initial_backoff = base;
-        grpc.connect.attempts = grpc.connect.attempts.min(2);
+    let node = r.node_name()?;
+    for w in r.flag_warnings() {
+        tracing::warn!("{w}");
     }
-    let node = nicmon::check::node_name(r.node_name.as_deref());
+    let grpc = r.grpc_config()?;
+    if let Some(d) = &grpc.direct {
+        let tls = matches!(d.transport, nicmon::dispatch::direct::Transport::Tls { .. });
+        tracing::info!(target = %d.authority, tls, "publishing directly to the deployment platform connector");
+    }
     let (checks, unknown) = nicmon::daemon::parse_checks(&r.checks);
     for name in unknown {
         tracing::warn!(check = name, "unknown check name in --checks: skipped");
@@ -197,7 +360,7 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
         metadata_required: r.host.metadata_required,
         state_file: r.state_file,
         boot_id_path: r.boot_id_path,
-        interval: r.state_polling_interval.max(std::time::Duration::from_millis(50)),
+        interval: r.state_polling_interval,
         checks,
         stamp: Stamp { node_name: node, processing_strategy: r.processing_strategy },
         sink: r.dispatch.sink,
@@ -214,7 +377,11 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
         trace,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(nicmon::daemon::run(opts))?;
+    let result = rt.block_on(nicmon::daemon::run(opts));
+    // A sink write stuck in a blocking thread (a FIFO nobody reads) must not hold the exit:
+    // dropping the runtime would wait for it forever.
+    rt.shutdown_timeout(std::time::Duration::from_millis(300));
+    result?;
     Ok(String::new())
 }
 
@@ -224,7 +391,10 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
 fn check_config(r: &RunCli) -> anyhow::Result<String> {
     use std::fmt::Write as _;
     let config = nicmon::config::Config::load(&r.host.config)?;
-    let mut warnings = config.warnings.clone();
+    let node = r.node_name()?;
+    let grpc = r.grpc_config()?;
+    let mut warnings = r.flag_warnings();
+    warnings.extend(config.warnings.iter().cloned());
     warnings.extend(config.path_warnings(&r.host.sysfs));
     let (checks, unknown) = nicmon::daemon::parse_checks(&r.checks);
     warnings.extend(unknown.iter().map(|name| format!("--checks: unknown check {name:?} would be skipped")));
@@ -245,9 +415,30 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
     let _ = writeln!(out, "metadata:          {} (required: {})", r.host.metadata.display(), r.host.metadata_required);
     let _ = writeln!(out, "state file:        {}", r.state_file.display());
     let _ = writeln!(out, "sink:              {}", r.dispatch.sink);
-    if matches!(r.dispatch.sink, nicmon::dispatch::SinkSpec::Grpc) {
-        let _ = writeln!(out, "connector socket:  {}", r.dispatch.platform_connector_socket);
+    match (&r.dispatch.sink, &grpc.direct) {
+        (nicmon::dispatch::SinkSpec::Grpc, Some(d)) => {
+            let transport = match &d.transport {
+                nicmon::dispatch::direct::Transport::Tls { ca_file, server_name } => {
+                    format!("TLS, CA {}, server name {server_name}", ca_file.display())
+                }
+                nicmon::dispatch::direct::Transport::Insecure => "plaintext (HEALTH_PUBLISH_INSECURE)".to_string(),
+            };
+            let _ = writeln!(out, "direct publish:    {} ({transport})", d.authority);
+            let _ = writeln!(
+                out,
+                "  token / window:  {} / {:?}; queue {} batches / {} bytes",
+                d.token.path().map(|p| p.display().to_string()).unwrap_or_default(),
+                d.retry_window,
+                d.queue.max_batches,
+                d.queue.max_bytes
+            );
+        }
+        (nicmon::dispatch::SinkSpec::Grpc, None) => {
+            let _ = writeln!(out, "connector socket:  {}", r.dispatch.platform_connector_socket);
+        }
+        _ => {}
     }
+    let _ = writeln!(out, "node name:         {node}");
     let _ = writeln!(out, "processing:        {:?}", r.processing_strategy);
     let metrics = match r.no_metrics {
         true => "off".to_string(),
@@ -280,25 +471,98 @@ struct TopologyCli {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
+    /// Replay a support bundle (`nicmon bundle`) instead of reading this host.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["sysfs", "procfs", "metadata", "config"])]
+    bundle: Option<PathBuf>,
+}
+
+fn run_bundle(b: BundleCli) -> anyhow::Result<String> {
+    use anyhow::Context;
+    let args = nicmon::bundle::CaptureArgs {
+        sysfs: b.host.sysfs,
+        procfs: b.host.procfs,
+        metadata: b.host.metadata,
+        config: b.host.config,
+        state_file: Some(b.state_file),
+        boot_id_path: b.boot_id_path,
+        node_name: b.node_name,
+        kmsg: (!b.no_kmsg).then_some(b.kmsg_path),
+        metrics_port: (!b.no_metrics).then_some(b.metrics_port),
+        limits: nicmon::bundle::Limits {
+            per_file: b.file_timeout,
+            total: b.timeout,
+            ..nicmon::bundle::Limits::default()
+        },
+    };
+    let bundle = nicmon::bundle::capture(&args)?;
+    let m = &bundle.manifest;
+    let out = b.output.unwrap_or_else(|| {
+        let stamp = m.captured_at.replace([':', '-'], "");
+        PathBuf::from(format!("/tmp/nicmon-bundle-{}-{stamp}.tar.gz", m.node_name))
+    });
+    let mut summary = String::new();
+    if out.as_os_str() == "-" {
+        use std::io::Write;
+        std::io::stdout().write_all(&bundle.bytes).context("writing the bundle to stdout")?;
+    } else {
+        std::fs::write(&out, &bundle.bytes).with_context(|| format!("{}: cannot write the bundle", out.display()))?;
+        summary.push_str(&format!("wrote {} ({} bytes)\n", out.display(), bundle.bytes.len()));
+    }
+    let counts: Vec<String> = m.entries.iter().map(|(k, v)| format!("{v} {k}")).collect();
+    let note = format!(
+        "bundle of {}: {}; {} kernel log records; {} passes in {} ms{}",
+        m.node_name,
+        counts.join(", "),
+        m.kmsg_records,
+        m.passes,
+        m.elapsed_ms,
+        if m.complete { "" } else { " (INCOMPLETE: a bound cut it short, see manifest.json)" }
+    );
+    for f in &m.failures {
+        tracing::warn!(path = %f.path, why = %f.why, "kept as a failure");
+    }
+    // With `-o -` stdout is the archive: the summary goes to the log.
+    if out.as_os_str() == "-" {
+        tracing::info!("{note}");
+    } else {
+        summary.push_str(&note);
+        summary.push('\n');
+    }
+    Ok(summary)
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Upstream's chart passes flags only: `nicmon --flags…` is `nicmon run --flags…`.
+    let cli = Cli::parse_from(nicmon::upstream::with_default_subcommand(std::env::args_os().collect()));
     nicmon::logging::init(cli.log_json);
     let result = match cli.command {
-        Command::Check(c) => check::run_check(&CheckArgs {
-            sysfs: c.host.sysfs,
-            procfs: c.host.procfs,
-            metadata: Some(c.host.metadata),
-            metadata_required: c.host.metadata_required,
-            config: c.host.config,
-            state_file: c.state_file,
-            boot_id_path: c.boot_id_path,
-            node_name: c.node_name,
-            now: c.now,
-            kmsg: c.kmsg,
-            json: matches!(c.format, Format::Json),
-        }),
+        Command::Check(c) => {
+            let bundle = c.bundle.clone();
+            let bundle_kmsg = c.bundle_kmsg;
+            let args = CheckArgs {
+                sysfs: c.host.sysfs,
+                procfs: c.host.procfs,
+                metadata: Some(c.host.metadata),
+                metadata_required: c.host.metadata_required,
+                config: c.host.config,
+                state_file: c.state_file,
+                boot_id_path: c.boot_id_path,
+                node_name: c.node_name,
+                now: c.now,
+                kmsg: c.kmsg,
+                json: matches!(c.format, Format::Json),
+            };
+            match bundle {
+                Some(b) => nicmon::bundle::replay_check(&b, args, bundle_kmsg),
+                None => check::run_check(&args),
+            }
+        }
+        Command::Topology(t) if t.bundle.is_some() => nicmon::bundle::replay_topology(
+            t.bundle.as_deref().unwrap_or(std::path::Path::new("")),
+            t.host.metadata_required,
+            matches!(t.format, Format::Json),
+        ),
+        Command::Bundle(b) => run_bundle(*b),
         Command::Topology(t) => check::run_topology(
             &t.host.sysfs,
             &t.host.procfs,
@@ -309,15 +573,7 @@ fn main() -> ExitCode {
         ),
         Command::Run(r) => run_daemon(*r, false),
         Command::Trace(r) => run_daemon(*r, true),
-        Command::Version => Ok(format!(
-            "nicmon {}\neBPF programs: {}\n",
-            env!("CARGO_PKG_VERSION"),
-            if nicmon::wake::EBPF_EMBEDDED {
-                "built in"
-            } else {
-                "not built in (polling and rtnetlink only; run `cargo xtask build-ebpf` and rebuild)"
-            }
-        )),
+        Command::Version => Ok(nicmon::bundle::version_text()),
     };
     match result {
         Ok(out) => {
@@ -325,7 +581,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("nicmon: {e}");
+            eprintln!("nicmon: {e:#}");
             ExitCode::from(2)
         }
     }

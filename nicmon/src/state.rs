@@ -147,6 +147,9 @@ pub enum Loaded {
     Rebooted { previous: Option<String> },
 }
 
+/// The largest state file nicmon reads back; a bigger one is treated as corrupt.
+pub const MAX_BYTES: usize = 16 << 20;
+
 /// Parse a state file's bytes; never panics.
 pub fn parse(bytes: &[u8]) -> Result<State, String> {
     let s: State = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
@@ -159,10 +162,11 @@ pub fn parse(bytes: &[u8]) -> Result<State, String> {
 /// Load the state for this boot. Missing/corrupt → fresh; boot change → fresh + `Rebooted`.
 /// The outbox survives a reboot: events not yet delivered are still owed to the platform.
 pub fn load(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
+    remove_stale_temp_files(path);
     let fresh = || State::fresh(boot_id.map(str::to_string));
-    let bytes = match std::fs::read(path) {
+    let bytes = match crate::host::read_file(path, MAX_BYTES) {
         Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (fresh(), Loaded::Missing),
+        Err(crate::host::ReadError::Missing) => return (fresh(), Loaded::Missing),
         Err(e) => {
             return (fresh(), Loaded::Corrupt(format!("state file {}: cannot read: {e}", path.display())));
         }
@@ -179,6 +183,32 @@ pub fn load(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
     }
 }
 
+const TEMP_SUFFIX: &str = ".tmp";
+
+/// Temp files of `save` are `.<state file name>.<random>.tmp` beside the state file.
+fn temp_prefix(path: &Path) -> String {
+    format!(".{}.", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default())
+}
+
+/// Remove temp files a crash during `save` left beside the state file (called at start).
+pub fn remove_stale_temp_files(path: &Path) {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let prefix = temp_prefix(path);
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(&prefix) && name.ends_with(TEMP_SUFFIX) && entry.file_type().is_ok_and(|t| t.is_file()) {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => {
+                    tracing::info!(path = %entry.path().display(), "removed a temp file left by an interrupted save")
+                }
+                Err(e) => tracing::warn!(path = %entry.path().display(), error = %e, "cannot remove a stale temp file"),
+            }
+        }
+    }
+}
+
 /// The bytes nicmon writes for `state`.
 pub fn to_bytes(state: &State) -> Vec<u8> {
     let mut v = serde_json::to_vec_pretty(state).unwrap_or_default();
@@ -191,12 +221,12 @@ pub fn to_bytes(state: &State) -> Vec<u8> {
 /// Returns false when the bytes on disk were already the same (nothing written).
 pub fn save(path: &Path, state: &State) -> std::io::Result<bool> {
     let bytes = to_bytes(state);
-    if std::fs::read(path).map(|old| old == bytes).unwrap_or(false) {
+    if crate::host::read_file(path, MAX_BYTES).map(|old| old == bytes).unwrap_or(false) {
         return Ok(false);
     }
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    let mut tmp = tempfile::Builder::new().prefix(&temp_prefix(path)).suffix(TEMP_SUFFIX).tempfile_in(dir)?;
     tmp.write_all(&bytes)?;
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
@@ -230,6 +260,38 @@ mod tests {
         std::fs::write(&p, "{\"version\":1,").unwrap();
         assert!(matches!(load(&p, Some("b1")).1, Loaded::Corrupt(_)));
         assert_eq!(load(&dir.path().join("none.json"), None).1, Loaded::Missing);
+    }
+
+    #[test]
+    fn stale_temp_files_are_removed_at_load_and_others_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state.json");
+        save(&p, &State::fresh(None)).unwrap();
+        std::fs::write(dir.path().join(".state.json.Ab12Cd.tmp"), "{\"ver").unwrap();
+        std::fs::write(dir.path().join(".other.json.Ab12Cd.tmp"), "x").unwrap();
+        std::fs::write(dir.path().join("notes.tmp"), "x").unwrap();
+        let (_, how) = load(&p, None);
+        assert_eq!(how, Loaded::Resumed);
+        let mut left: Vec<String> =
+            std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
+        left.sort();
+        assert_eq!(left, vec![".other.json.Ab12Cd.tmp", "notes.tmp", "state.json"]);
+    }
+
+    #[test]
+    fn an_unreadable_state_file_is_a_fresh_start_not_a_hang() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state.json");
+        std::os::unix::fs::symlink("/dev/zero", &p).unwrap();
+        let (s, how) = load(&p, Some("b"));
+        assert!(matches!(&how, Loaded::Corrupt(w) if w.contains("not a regular file")), "{how:?}");
+        assert_eq!(s, State::fresh(Some("b".into())));
+        std::fs::remove_file(&p).unwrap();
+        std::fs::write(&p, vec![b' '; MAX_BYTES + 1]).unwrap();
+        assert!(matches!(load(&p, None).1, Loaded::Corrupt(w) if w.contains("larger than")));
+        // Saving replaces whatever is there.
+        assert!(save(&p, &s).unwrap());
+        assert_eq!(load(&p, Some("b")).1, Loaded::Resumed);
     }
 
     proptest! {

@@ -145,11 +145,20 @@ pub fn parse_metadata(path: &str, bytes: &[u8]) -> Result<Metadata, MetadataErro
     Ok(Metadata { gpus, nic_topology })
 }
 
-/// Read the metadata file.
+/// The largest metadata file nicmon reads (a node's is a few KiB).
+pub const METADATA_MAX_BYTES: usize = 4 << 20;
+
+/// Read the metadata file (a regular file of at most [`METADATA_MAX_BYTES`], read with a
+/// deadline: a FIFO or a `/dev/zero` link in its place is unreadable, not a hang).
 pub fn load_metadata(path: &Path) -> Result<Metadata, MetadataError> {
     let shown = path.display().to_string();
-    let bytes =
-        std::fs::read(path).map_err(|e| MetadataError::Unreadable { path: shown.clone(), reason: e.to_string() })?;
+    let bytes = crate::host::read_file(path, METADATA_MAX_BYTES).map_err(|e| MetadataError::Unreadable {
+        path: shown.clone(),
+        reason: match e {
+            crate::host::ReadError::Missing => "No such file or directory".into(),
+            e => e.to_string(),
+        },
+    })?;
     parse_metadata(&shown, &bytes)
 }
 

@@ -94,6 +94,7 @@ fn config(socket: &Path) -> GrpcConfig {
             jitter: 0.1,
             call_timeout: Duration::from_secs(5),
         },
+        direct: None,
     }
 }
 

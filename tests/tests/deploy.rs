@@ -497,6 +497,7 @@ fn the_operator_guide_documents_every_config_key() {
         let out = Command::new(nicmon_bin())
             .args(["run", "--check-config", "--config", f.to_str().unwrap()])
             .args(extra)
+            .env("NODE_NAME", "probe-node")
             .output()
             .unwrap();
         format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))

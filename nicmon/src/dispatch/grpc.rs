@@ -154,6 +154,11 @@ impl TokenSource {
         TokenSource { path: Some(path.into()) }
     }
 
+    /// The token file, if one is configured.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
     /// The `authorization` header value for this call, if a token file is configured.
     pub fn authorization(&self) -> Result<Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>, TokenError> {
         let Some(path) = &self.path else {
@@ -176,6 +181,8 @@ pub struct GrpcConfig {
     pub token: TokenSource,
     pub connect: ConnectPolicy,
     pub retry: RetryPolicy,
+    /// Direct publishing (`HEALTH_PUBLISH_TARGET`): when set, it replaces the socket.
+    pub direct: Option<super::DirectConfig>,
 }
 
 impl GrpcConfig {
@@ -185,6 +192,7 @@ impl GrpcConfig {
             token: TokenSource::none(),
             connect: ConnectPolicy::default(),
             retry: RetryPolicy::default(),
+            direct: None,
         }
     }
 }

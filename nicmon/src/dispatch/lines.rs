@@ -1,7 +1,11 @@
 //! JSON-lines sinks for users without NVSentinel: one event per line in proto3 JSON form
 //! (`serde_json::to_string(&HealthEvent)`), the same form `nicmon check` prints.
-use std::io::Write;
-use std::path::PathBuf;
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use super::SendError;
 use crate::event::HealthEvent;
@@ -57,38 +61,98 @@ impl<W: Write> LineSink<W> {
 
 /// JSON lines appended to a file, which is opened per batch (so it can be rotated
 /// underneath) and fsynced before the batch counts as accepted.
+///
+/// Whole records only: a write that fails part-way (disk full) is rolled back to the
+/// file's previous length before the error is returned, so a retry never appends after a
+/// torn line. A write that does not return within [`WRITE_TIMEOUT`] (a FIFO whose reader
+/// stopped reading) fails the send; no other write starts until it has returned, and the
+/// batch stays queued.
 pub struct FileSink {
     path: PathBuf,
+    busy: Arc<AtomicBool>,
 }
+
+/// How long one batch's write may take before the send fails (and is retried later).
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl FileSink {
     pub fn new(path: PathBuf) -> FileSink {
-        FileSink { path }
+        FileSink { path, busy: Arc::default() }
     }
 
     pub async fn send(&mut self, events: &[HealthEvent]) -> Result<(), SendError> {
         if events.is_empty() {
             return Ok(());
         }
+        let target = self.path.display().to_string();
+        let fail = |source| SendError::Write { target: target.clone(), source };
+        if self.busy.load(Ordering::Acquire) {
+            return Err(fail(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "the previous write has not returned: not writing again until it does",
+            )));
+        }
+        self.busy.store(true, Ordering::Release);
         let bytes = encode(events);
-        let path = self.path.clone();
-        let result = tokio::task::spawn_blocking(move || append_synced(&path, &bytes))
-            .await
-            .unwrap_or_else(|join| Err(std::io::Error::other(join)));
-        result.map_err(|source| SendError::Write { target: self.path.display().to_string(), source })
+        let (path, busy) = (self.path.clone(), Arc::clone(&self.busy));
+        let write = tokio::task::spawn_blocking(move || {
+            let r = append_whole(&path, &bytes, |f, b| f.write_all(b));
+            busy.store(false, Ordering::Release);
+            r
+        });
+        match tokio::time::timeout(WRITE_TIMEOUT, write).await {
+            Ok(joined) => joined.unwrap_or_else(|join| Err(io::Error::other(join))).map_err(fail),
+            Err(_) => Err(fail(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no answer within {WRITE_TIMEOUT:?} (a FIFO nobody reads?): the batch stays queued"),
+            ))),
+        }
     }
 }
 
-fn append_synced(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
-    file.write_all(bytes)?;
-    file.flush()?;
+/// Append `bytes` to `path` as a whole: on a regular file a failed `write` is rolled back
+/// (truncated to the previous length) and the data synced; a FIFO with no reader is an
+/// error at once (`ENXIO`), not a wait.
+fn append_whole(
+    path: &Path,
+    bytes: &[u8],
+    write: impl FnOnce(&mut std::fs::File, &[u8]) -> io::Result<()>,
+) -> io::Result<()> {
+    let mut file =
+        std::fs::OpenOptions::new().create(true).append(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(
+            |e| match e.raw_os_error() {
+                Some(libc::ENXIO) => io::Error::new(e.kind(), "a FIFO with no reader"),
+                _ => e,
+            },
+        )?;
     // Durability is a property of regular files; a FIFO, /dev/null or a tty has nothing
-    // to sync (and answers EINVAL).
-    match file.metadata()?.is_file() {
-        true => file.sync_data(),
-        false => Ok(()),
+    // to sync (and answers EINVAL), nor can a partial write to one be taken back.
+    if !file.metadata()?.is_file() {
+        set_blocking(&file)?;
+        write(&mut file, bytes)?;
+        return file.flush();
     }
+    let before = file.metadata()?.len();
+    if let Err(e) = write(&mut file, bytes).and_then(|()| file.flush()) {
+        return match file.set_len(before) {
+            Ok(()) => Err(e),
+            Err(t) => Err(io::Error::new(e.kind(), format!("{e}; removing the partial record failed too: {t}"))),
+        };
+    }
+    file.sync_data()
+}
+
+/// Clear `O_NONBLOCK` (set only so that opening a FIFO cannot wait for a reader).
+fn set_blocking(file: &std::fs::File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl on a descriptor we own; no memory is passed.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -141,6 +205,68 @@ mod tests {
         assert_eq!(got.len(), 3);
         assert_eq!(got[..2], events()[..]);
         assert_eq!(got[2], events()[0]);
+    }
+
+    #[test]
+    fn a_partial_write_is_rolled_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let first = encode(&events()[..1]);
+        append_whole(&path, &first, |f, b| f.write_all(b)).unwrap();
+        // The disk fills half-way through the next batch.
+        let second = encode(&events());
+        let e = append_whole(&path, &second, |f, b| {
+            f.write_all(&b[..b.len() / 2])?;
+            Err(io::Error::from_raw_os_error(libc::ENOSPC))
+        })
+        .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+        assert_eq!(std::fs::read(&path).unwrap(), first, "the torn record was removed");
+        // The retry appends whole records after whole records.
+        append_whole(&path, &second, |f, b| f.write_all(b)).unwrap();
+        assert_eq!(parse_lines(&std::fs::read_to_string(&path).unwrap()).len(), 3);
+    }
+
+    fn mkfifo(p: &Path) {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    }
+
+    #[tokio::test]
+    async fn a_fifo_without_reader_fails_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fifo");
+        mkfifo(&path);
+        let started = std::time::Instant::now();
+        let e = FileSink::new(path).send(&events()).await.unwrap_err();
+        assert!(e.is_retryable());
+        assert!(e.to_string().contains("no reader"), "{e}");
+        assert!(started.elapsed() < WRITE_TIMEOUT);
+    }
+
+    #[tokio::test]
+    async fn a_stuck_write_times_out_and_blocks_no_second_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fifo");
+        mkfifo(&path);
+        // A reader that opens the FIFO and never reads: a batch larger than the pipe blocks.
+        let reader = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&path).unwrap();
+        let big: Vec<HealthEvent> = (0..2000).flat_map(|_| events()).collect();
+        let mut sink = FileSink::new(path.clone());
+        let started = std::time::Instant::now();
+        let e = sink.send(&big).await.unwrap_err();
+        assert!(e.to_string().contains("no answer within"), "{e}");
+        assert!(started.elapsed() < WRITE_TIMEOUT + Duration::from_secs(1));
+        let e = sink.send(&events()).await.unwrap_err();
+        assert!(e.to_string().contains("previous write has not returned"), "{e}");
+        // The reader goes away: the stuck write fails (EPIPE) and writing is possible again.
+        drop(reader);
+        let waited = std::time::Instant::now();
+        while sink.busy.load(Ordering::Acquire) {
+            assert!(waited.elapsed() < Duration::from_secs(5));
+            tokio::task::yield_now().await;
+        }
     }
 
     #[tokio::test]

@@ -7,15 +7,18 @@
 //! connector is down.
 //!
 //! - [`grpc`]: the NVSentinel platform connector over its unix socket;
+//! - [`direct`]: the deployment platform connector over TCP+TLS (`HEALTH_PUBLISH_TARGET`);
 //! - [`lines`]: JSON lines (proto3 JSON form) on stdout or appended to a file;
 //! - [`convert`]: the event model → the wire messages.
 pub mod convert;
+pub mod direct;
 pub mod grpc;
 pub mod lines;
 
 use std::path::PathBuf;
 use std::str::FromStr;
 
+pub use direct::{DirectConfig, DirectSink, QueueBounds};
 pub use grpc::{
     ConnectPolicy, DEFAULT_SOCKET, GrpcConfig, GrpcSink, RetryPolicy, SocketTarget, TokenError, TokenSource,
 };
@@ -38,6 +41,9 @@ pub enum SendError {
     /// The connector answered with a non-retryable status. Permanent.
     #[error("platform connector rejected the batch: {code:?}: {message}")]
     Rejected { code: tonic::Code, message: String },
+    /// The batch is larger than the connector receives. Permanent.
+    #[error("batch of {bytes} bytes exceeds the connector's {limit}-byte message limit")]
+    TooLarge { bytes: usize, limit: usize },
     /// Writing the JSON lines failed. Retryable (disk full, stdout closed, ...).
     #[error("cannot write events to {target}: {source}")]
     Write { target: String, source: std::io::Error },
@@ -46,7 +52,7 @@ pub enum SendError {
 impl SendError {
     /// Whether the same batch may be accepted by a later send.
     pub fn is_retryable(&self) -> bool {
-        !matches!(self, SendError::Rejected { .. })
+        !matches!(self, SendError::Rejected { .. } | SendError::TooLarge { .. })
     }
 }
 
@@ -82,6 +88,17 @@ impl FromStr for SinkSpec {
     }
 }
 
+impl SinkSpec {
+    /// The bound on queued batches this sink imposes: direct publishing's bounded queue
+    /// (the socket and JSON-lines sinks queue without a bound).
+    pub fn queue_bounds(&self, grpc: &GrpcConfig) -> Option<QueueBounds> {
+        match self {
+            SinkSpec::Grpc => grpc.direct.as_ref().map(|d| d.queue),
+            _ => None,
+        }
+    }
+}
+
 impl std::fmt::Display for SinkSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -99,7 +116,8 @@ pub struct DispatchArgs {
     /// Where events go: grpc (the platform connector), stdout or file:PATH (JSON lines).
     #[arg(long, default_value = "grpc", value_name = "grpc|stdout|file:PATH")]
     pub sink: SinkSpec,
-    /// The platform connector's unix socket.
+    /// The platform connector's unix socket (unless HEALTH_PUBLISH_TARGET selects direct
+    /// publishing to the deployment platform connector over TLS).
     #[arg(long, default_value = DEFAULT_SOCKET, value_name = "unix:///PATH")]
     pub platform_connector_socket: SocketTarget,
     /// File holding a bearer token for the connector; re-read on every call.
@@ -108,7 +126,8 @@ pub struct DispatchArgs {
 }
 
 impl DispatchArgs {
-    /// The gRPC sink's configuration, with the contract's connect and retry timings.
+    /// The gRPC sink's configuration, with the contract's connect and retry timings; socket
+    /// mode (set [`GrpcConfig::direct`] for direct publishing).
     pub fn grpc_config(&self) -> GrpcConfig {
         let mut config = GrpcConfig::new(self.platform_connector_socket.clone());
         if let Some(path) = &self.platform_connector_token_path {
@@ -122,6 +141,7 @@ impl DispatchArgs {
 pub enum Sink {
     // Boxed: the gRPC sink carries its whole configuration.
     Grpc(Box<GrpcSink>),
+    Direct(Box<DirectSink>),
     Stdout(LineSink<std::io::Stdout>),
     File(FileSink),
 }
@@ -131,7 +151,7 @@ impl Sink {
     /// fails once it is exhausted; use [`Sink::lazy`] to connect on the first send instead.
     pub async fn open(spec: &SinkSpec, grpc: GrpcConfig) -> Result<Sink, SendError> {
         Ok(match spec {
-            SinkSpec::Grpc => Sink::Grpc(Box::new(GrpcSink::connect(grpc).await?)),
+            SinkSpec::Grpc if grpc.direct.is_none() => Sink::Grpc(Box::new(GrpcSink::connect(grpc).await?)),
             _ => Sink::lazy(spec, grpc),
         })
     }
@@ -139,7 +159,10 @@ impl Sink {
     /// The sink `spec` names, without connecting yet.
     pub fn lazy(spec: &SinkSpec, grpc: GrpcConfig) -> Sink {
         match spec {
-            SinkSpec::Grpc => Sink::Grpc(Box::new(GrpcSink::new(grpc))),
+            SinkSpec::Grpc => match grpc.direct.clone() {
+                Some(direct) => Sink::Direct(Box::new(DirectSink::new(direct))),
+                None => Sink::Grpc(Box::new(GrpcSink::new(grpc))),
+            },
             SinkSpec::Stdout => Sink::Stdout(LineSink::stdout()),
             SinkSpec::File(path) => Sink::File(FileSink::new(path.clone())),
         }
@@ -149,6 +172,7 @@ impl Sink {
     pub async fn send(&mut self, events: &[HealthEvent]) -> Result<(), SendError> {
         match self {
             Sink::Grpc(s) => s.send(events).await,
+            Sink::Direct(s) => s.send(events).await,
             Sink::Stdout(s) => s.send(events),
             Sink::File(s) => s.send(events).await,
         }

@@ -37,6 +37,11 @@ pub const DEV_KMSG: &str = "/dev/kmsg";
 /// a smaller buffer makes `read()` fail with `EINVAL`.
 const READ_BUF: usize = 16 * 1024;
 
+/// The largest `--kmsg FILE` read by `nicmon check`.
+pub const FILE_MAX_BYTES: usize = 16 << 20;
+/// The most records handed over at once (a flood is handed over in parts).
+const MAX_BATCH: usize = 4096;
+
 /// Where a new tail starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Start {
@@ -79,9 +84,29 @@ impl KmsgTail {
         start: Start,
         mut sink: impl FnMut(Delivery) -> bool + Send + 'static,
     ) -> io::Result<KmsgTail> {
-        use std::os::unix::fs::FileTypeExt;
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
         let path: PathBuf = path.as_ref().to_path_buf();
-        let kind = std::fs::metadata(&path)?.file_type();
+        let md = std::fs::metadata(&path)?;
+        let kind = md.file_type();
+        // The kernel log device is char 1:11 wherever it is mounted; any other device (a
+        // link to /dev/zero) would be read forever.
+        if kind.is_char_device() && (libc::major(md.rdev()), libc::minor(md.rdev())) != (1, 11) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: a character device {}:{}, not the kernel log (1:11)",
+                    path.display(),
+                    libc::major(md.rdev()),
+                    libc::minor(md.rdev())
+                ),
+            ));
+        }
+        if !kind.is_char_device() && !kind.is_fifo() && !kind.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: not the kernel log device nor a FIFO", path.display()),
+            ));
+        }
         if kind.is_file() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -186,13 +211,21 @@ fn tail(
     loop {
         let mut batch = Vec::new();
         let failure = loop {
+            if batch.len() >= MAX_BATCH {
+                break None;
+            }
             match read_one(fd, &mut buf) {
                 Ok(Some(n)) if stream => {
                     partial.extend_from_slice(&buf[..n]);
-                    if let Some(end) = partial.iter().rposition(|b| *b == b'\n') {
-                        let lines: Vec<u8> = partial.drain(..=end).collect();
-                        batch.extend(parse_text(&lines).into_iter().filter(after_cursor));
-                    }
+                    let end = match partial.iter().rposition(|b| *b == b'\n') {
+                        Some(end) => end + 1,
+                        // A line longer than any kernel record: taken as it is, so that a
+                        // writer without newlines cannot grow the buffer without bound.
+                        None if partial.len() >= READ_BUF => partial.len(),
+                        None => continue,
+                    };
+                    let lines: Vec<u8> = partial.drain(..end).collect();
+                    batch.extend(parse_text(&lines).into_iter().filter(after_cursor));
                 }
                 Ok(Some(n)) => {
                     let rec = parse_record(&buf[..n]);
@@ -277,7 +310,7 @@ fn wait(fd: RawFd, stop: RawFd) -> io::Result<bool> {
 /// [`parse_text`]).
 pub fn read_file(path: impl AsRef<Path>) -> io::Result<Vec<Record>> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    let bytes = crate::host::read_file(path, FILE_MAX_BYTES).map_err(|e| e.into_io(path))?;
     Ok(parse_text(&bytes))
 }
 
@@ -391,6 +424,14 @@ mod tests {
         assert_eq!(got[1].text, "plain line");
         // The writer closed: no end of file, no busy loop; the tail still stops cleanly.
         tail.stop();
+    }
+
+    #[test]
+    fn only_the_kernel_log_device_or_a_fifo_is_tailed() {
+        let e = KmsgTail::spawn_channel("/dev/zero", Start::End).err().unwrap();
+        assert!(e.to_string().contains("not the kernel log (1:11)"), "{e}");
+        let e = KmsgTail::spawn_channel("/", Start::End).err().unwrap();
+        assert!(e.to_string().contains("not the kernel log device nor a FIFO"), "{e}");
     }
 
     #[test]

@@ -149,6 +149,12 @@ pub struct Metrics {
     kernel_log_watching: Gauge,
     /// Why the kernel log is not watched (empty while it is).
     kernel_log_reason: std::sync::Mutex<String>,
+    reads_abandoned: Counter,
+    /// The reader's cumulative abandoned-read count last added to `reads_abandoned`.
+    reads_abandoned_seen: std::sync::atomic::AtomicU64,
+    reads_stuck: Gauge,
+    /// The stuck reads as `/healthz` lists them.
+    stuck_reads: std::sync::Mutex<Vec<String>>,
 
     legacy_devices_discovered: Family<NodeCheck, Gauge>,
     legacy_events_sent: Family<NodeCheckFatal, Counter>,
@@ -179,6 +185,10 @@ impl Metrics {
             ebpf_available: Gauge::default(),
             kernel_log_watching: Gauge::default(),
             kernel_log_reason: std::sync::Mutex::new("not started".into()),
+            reads_abandoned: Counter::default(),
+            reads_abandoned_seen: Default::default(),
+            reads_stuck: Gauge::default(),
+            stuck_reads: Default::default(),
             legacy_devices_discovered: Family::default(),
             legacy_events_sent: Family::default(),
             legacy_poll_duration: Family::new_with_constructor(legacy_histogram),
@@ -246,6 +256,16 @@ impl Metrics {
             "nicmon_kernel_log_watching",
             "1 while the kernel log (/dev/kmsg) is watched, 0 when NICKernelLogCheck cannot see it",
             m.kernel_log_watching.clone(),
+        );
+        registry.register(
+            "nicmon_reads_abandoned",
+            "Host reads (sysfs, procfs) abandoned at their deadline; the value read is unknown for that poll",
+            m.reads_abandoned.clone(),
+        );
+        registry.register(
+            "nicmon_reads_stuck",
+            "Host reads abandoned at their deadline that have not returned yet (each holds a reader thread)",
+            m.reads_stuck.clone(),
         );
         registry.register(
             "nic_health_monitor_devices_discovered",
@@ -409,6 +429,24 @@ impl Metrics {
         if total > seen {
             self.kmsg_records_lost.inc_by(total - seen);
         }
+    }
+
+    /// The host reader's health: its cumulative abandoned-read count and the reads that have
+    /// not returned (path, how long ago each started).
+    pub fn set_read_health(&self, abandoned_total: u64, stuck: &[(std::path::PathBuf, std::time::Duration)]) {
+        use std::sync::atomic::Ordering;
+        let seen = self.reads_abandoned_seen.swap(abandoned_total, Ordering::Relaxed);
+        if abandoned_total > seen {
+            self.reads_abandoned.inc_by(abandoned_total - seen);
+        }
+        self.reads_stuck.set(stuck.len() as i64);
+        let lines = stuck.iter().map(|(p, age)| format!("stuck read: {} (for {:.1?})", p.display(), age)).collect();
+        *self.stuck_reads.lock().unwrap_or_else(|p| p.into_inner()) = lines;
+    }
+
+    /// One line per stuck host read, for `/healthz`'s body.
+    pub fn stuck_reads(&self) -> Vec<String> {
+        self.stuck_reads.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// A state-check error event for `device` port `port` (the existing monitor's metric).

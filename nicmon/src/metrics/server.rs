@@ -49,7 +49,8 @@ impl Liveness {
     }
 
     pub fn is_alive_at(&self, now: Instant) -> bool {
-        self.age_at(now) <= self.interval * STALL_INTERVALS
+        // Checked: the interval comes from a flag (a huge one means "never stalled").
+        self.interval.checked_mul(STALL_INTERVALS).is_none_or(|window| self.age_at(now) <= window)
     }
 
     pub fn is_alive(&self) -> bool {
@@ -112,13 +113,21 @@ fn respond(req: &Request<Incoming>, metrics: &Metrics, liveness: &Liveness) -> R
             .expect("static headers are valid"),
         "/healthz" => {
             let age = liveness.age_at(Instant::now());
-            let (status, head) = match liveness.is_alive() {
-                true => (StatusCode::OK, "ok".to_string()),
-                false => {
-                    (StatusCode::SERVICE_UNAVAILABLE, format!("poll loop stalled: last cycle completed {age:.1?} ago"))
-                }
+            // Stuck host reads do not stall the loop (they are abandoned at their
+            // deadline): the status stays 200 and the body names them, after the kernel
+            // log's line.
+            let mut body = if liveness.is_alive() {
+                "ok\n".to_string()
+            } else {
+                format!("poll loop stalled: last cycle completed {age:.1?} ago\n")
             };
-            text(status, format!("{head}\n{}", kernel_log_line(metrics)))
+            body.push_str(&kernel_log_line(metrics));
+            for line in metrics.stuck_reads() {
+                body.push_str(&line);
+                body.push('\n');
+            }
+            let status = if liveness.is_alive() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            text(status, body)
         }
         _ => text(StatusCode::NOT_FOUND, "not found: try /metrics or /healthz\n".into()),
     }
@@ -163,5 +172,14 @@ mod tests {
         assert!(!l.is_alive_at(now + Duration::from_millis(3001)));
         l.cycle_completed_at(now + Duration::from_secs(10));
         assert!(l.is_alive_at(now + Duration::from_secs(11)));
+    }
+
+    #[test]
+    fn a_huge_interval_does_not_overflow() {
+        let now = Instant::now();
+        let l = Liveness::since(Duration::MAX, now);
+        assert!(l.is_alive_at(now + Duration::from_secs(86_400)));
+        let l = Liveness::since(Duration::from_secs(u64::MAX / 2), now);
+        assert!(l.is_alive_at(now + Duration::from_secs(86_400)));
     }
 }

@@ -1,0 +1,368 @@
+//! NVSentinel drop-in at the binary's edge (issue #20): upstream's chart arguments start
+//! nicmon without a subcommand, older charts' retired flags are accepted with one warning,
+//! and direct publishing (`HEALTH_PUBLISH_TARGET`) reaches a real TLS gRPC server with a
+//! generated CA, a bearer token and per-batch idempotency keys.
+//!
+//! Waits are condition-based (woken by each arrival), bounded by timeouts.
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use nicmon_proto::datamodels::HealthEvent;
+use nicmon_tests::connector::{Connector, Received, TestPki};
+use nicmon_tests::platforms::Platform;
+use nicmon_tests::{Node, nicmon_bin};
+use tonic::Code;
+
+const WAIT: Duration = Duration::from_secs(30);
+const NODE: &str = "gpu-node-7";
+/// Upstream's current checks (`--checks` as its chart renders it).
+const UPSTREAM_CHECKS: &str =
+    "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The args upstream's current chart renders (flags only, `--flag=value`), with the paths
+/// pointed at the testbed node and its temporary directory.
+fn current_chart_args(node: &Node, socket: &str) -> Vec<String> {
+    let root = node.root();
+    vec![
+        format!("--checks={UPSTREAM_CHECKS}"),
+        format!("--platform-connector-socket={socket}"),
+        "--state-polling-interval=1s".into(),
+        format!("--metrics-port={}", free_port()),
+        format!("--config={}", root.join("etc/nic-health-monitor/config.toml").display()),
+        format!("--metadata-path={}", node.metadata_path().display()),
+        format!("--state-file={}", root.join("state.json").display()),
+        format!("--boot-id-path={}", node.proc().join("sys/kernel/random/boot_id").display()),
+        "--processing-strategy=EXECUTE_REMEDIATION".into(),
+        "--poll-stall-deadline=10s".into(),
+        "--poll-stall-store-only=true".into(),
+    ]
+}
+
+/// The testbed's host trees (nicmon's own flags; the host paths from the ConfigMap are
+/// another part of the drop-in) and no wake-up sources, to keep the test light.
+fn testbed_args(node: &Node) -> Vec<String> {
+    vec![
+        format!("--sysfs={}", node.sys().display()),
+        format!("--procfs={}", node.proc().display()),
+        "--no-kmsg".into(),
+        "--no-wake".into(),
+    ]
+}
+
+struct Daemon(Child);
+
+impl Daemon {
+    fn spawn(mut cmd: Command) -> Daemon {
+        Daemon(cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn nicmon"))
+    }
+
+    /// SIGTERM, wait, and return the exit status and what it logged.
+    fn stop(mut self) -> (std::process::ExitStatus, String) {
+        let _ = Command::new("kill").arg("-TERM").arg(self.0.id().to_string()).status();
+        let status = self.0.wait().unwrap();
+        let mut log = String::new();
+        if let Some(mut e) = self.0.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut log);
+        }
+        (status, log)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn nicmon(args: &[String]) -> Command {
+    let mut cmd = Command::new(nicmon_bin());
+    cmd.args(args).env("RUST_LOG", "warn,nicmon=info");
+    for var in ["NODE_NAME", "HEALTH_PUBLISH_TARGET", "HEALTH_PUBLISH_TOKEN_PATH", "HEALTH_PUBLISH_TLS_CA_FILE"] {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+fn is_port_event(e: &HealthEvent, dev: &str, healthy: bool) -> bool {
+    e.check_name == "InfiniBandStateCheck"
+        && e.is_healthy == healthy
+        && e.entities_impacted.iter().any(|x| x.entity_type == "NIC" && x.entity_value == dev)
+}
+
+fn baselines(ev: &[HealthEvent]) -> bool {
+    ev.iter().filter(|e| e.is_healthy && e.check_name == "InfiniBandStateCheck").count() >= 16
+}
+
+/// Poll the state file (written by the daemon after each acknowledgement) until `pred`.
+fn wait_for_outbox(node: &Node, pred: impl Fn(usize) -> bool) -> bool {
+    let deadline = std::time::Instant::now() + WAIT;
+    while std::time::Instant::now() < deadline {
+        if pred(outbox_len(node)) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+fn outbox_len(node: &Node) -> usize {
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(node.root().join("state.json")).unwrap_or_default()).unwrap_or_default();
+    v["outbox"].as_array().map(Vec::len).unwrap_or(0)
+}
+
+/// A testbed node, the direct-publishing environment for a TLS connector and a token file.
+struct Direct {
+    node: Node,
+    pki: TestPki,
+    conn: Connector,
+    token: std::path::PathBuf,
+}
+
+impl Direct {
+    fn new() -> Direct {
+        let node = Platform::H100Oci.build();
+        let pki = TestPki::generate(&node.root().join("pki"));
+        let conn = Connector::start_tls(&pki);
+        let token = node.root().join("token");
+        std::fs::write(&token, "projected-sa-token-1\n").unwrap();
+        Direct { node, pki, conn, token }
+    }
+
+    fn command(&self, extra: &[&str]) -> Command {
+        let mut args = current_chart_args(&self.node, "unix:///nonexistent/nvsentinel.sock");
+        args.extend(testbed_args(&self.node));
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut cmd = nicmon(&args);
+        cmd.env("NODE_NAME", NODE)
+            .env("HEALTH_PUBLISH_TARGET", self.conn.address.unwrap().to_string())
+            .env("HEALTH_PUBLISH_TOKEN_PATH", &self.token)
+            .env("HEALTH_PUBLISH_TLS_CA_FILE", &self.pki.ca_file);
+        cmd
+    }
+}
+
+#[test]
+fn upstream_chart_args_publish_directly_over_tls_with_token_and_idempotency_keys() {
+    let t = Direct::new();
+    let d = Daemon::spawn(t.command(&[]));
+    assert!(t.conn.wait_until(WAIT, baselines), "baselines over TLS: {:?}", t.conn.received().len());
+    t.node.pull_cable("mlx5_3", 1);
+    assert!(t.conn.wait_until(WAIT, |ev| ev.iter().any(|e| is_port_event(e, "mlx5_3", false))), "cable pull");
+    let (status, log) = d.stop();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(log.contains("publishing directly to the deployment platform connector"), "{log}");
+    // The poll-stall flags are upstream's current ones: accepted, said to be ignored.
+    assert!(log.contains("--poll-stall-deadline/--poll-stall-store-only accepted but ignored"), "{log}");
+
+    let calls = t.conn.received();
+    assert!(calls.iter().all(|c| c.refused.is_none()), "every call accepted");
+    for c in &calls {
+        assert_eq!(c.authorization.as_deref(), Some("Bearer projected-sa-token-1"), "bearer token on every call");
+        let key = c.idempotency_key.as_deref().expect("idempotency-key on every call");
+        assert!(key.len() <= 128 && key.chars().all(|ch| ch.is_ascii_alphanumeric() || "._:-".contains(ch)), "{key}");
+        assert!(c.batch.events.iter().all(|e| e.node_name == NODE));
+    }
+    let mut keys: Vec<&str> = calls.iter().filter_map(|c| c.idempotency_key.as_deref()).collect();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), calls.len(), "one key per batch");
+    assert_eq!(outbox_len(&t.node), 0, "every batch acknowledged");
+}
+
+#[test]
+fn a_retryable_failure_is_resent_with_the_same_key_and_a_permanent_rejection_is_dropped() {
+    let t = Direct::new();
+    // The first batch (the baselines of one check): Unavailable twice, then stored.
+    t.conn.refuse_next(&[Code::Unavailable, Code::Unavailable]);
+    let d = Daemon::spawn(t.command(&["--connector-retry-base=100ms"]));
+    assert!(t.conn.wait_for_calls(WAIT, |c| c.iter().filter(|c| c.refused.is_none()).count() >= 1), "delivered");
+    let calls = t.conn.received();
+    assert_eq!(calls[0].refused, Some(Code::Unavailable));
+    assert_eq!(calls[1].refused, Some(Code::Unavailable));
+    assert_eq!(calls[2].refused, None);
+    assert_eq!(calls[0].idempotency_key, calls[2].idempotency_key, "a retry carries the batch's key");
+    assert_eq!(calls[0].batch, calls[2].batch, "and the same batch");
+
+    // Wait for the baselines, then refuse the cable pull's batch for good.
+    assert!(t.conn.wait_until(WAIT, baselines), "baselines");
+    assert!(wait_for_outbox(&t.node, |n| n == 0), "start-up batches all delivered");
+    let before = t.conn.received().len();
+    t.conn.refuse_next(&[Code::PermissionDenied]);
+    t.node.pull_cable("mlx5_3", 1);
+    assert!(t.conn.wait_for_calls(WAIT, |c| c.len() > before), "the pull's batch is offered");
+    let rejected: Received = t.conn.received()[before].clone();
+    assert_eq!(rejected.refused, Some(Code::PermissionDenied));
+    assert!(rejected.batch.events.iter().any(|e| is_port_event(e, "mlx5_3", false)), "{rejected:?}");
+
+    // Dropped, not retried: the next fault's batch is the next call, and no call repeats
+    // the rejected key.
+    t.node.pull_cable("mlx5_5", 1);
+    assert!(t.conn.wait_until(WAIT, |ev| ev.iter().any(|e| is_port_event(e, "mlx5_5", false))), "later batches flow");
+    let (status, log) = d.stop();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(log.contains("rejected permanently"), "{log}");
+    let again = t.conn.received().iter().filter(|c| c.idempotency_key == rejected.idempotency_key).count();
+    assert_eq!(again, 1, "a permanently rejected batch is not sent again");
+    assert!(!t.conn.events().iter().any(|e| is_port_event(e, "mlx5_3", false)));
+    assert_eq!(outbox_len(&t.node), 0);
+}
+
+#[test]
+fn direct_publishing_settings_are_checked_at_start() {
+    let t = Direct::new();
+    let out = t.command(&["--check-config"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let addr = t.conn.address.unwrap().to_string();
+    assert!(text.contains(&format!("direct publish:    {addr} (TLS, CA {}", t.pki.ca_file.display())), "{text}");
+    assert!(text.contains("queue 1024 batches / 67108864 bytes"), "{text}");
+
+    // Without a token path, a CA (and no insecure switch), or with a bad window: exit 2
+    // naming the variable, for the daemon as for --check-config.
+    for (unset, set, named) in [
+        ("HEALTH_PUBLISH_TOKEN_PATH", None, "HEALTH_PUBLISH_TOKEN_PATH"),
+        ("HEALTH_PUBLISH_TLS_CA_FILE", None, "HEALTH_PUBLISH_TLS_CA_FILE"),
+        ("", Some(("HEALTH_PUBLISH_RETRY_WINDOW", "soon")), "HEALTH_PUBLISH_RETRY_WINDOW=\"soon\""),
+    ] {
+        for extra in [&["--check-config"][..], &[][..]] {
+            let mut cmd = t.command(extra);
+            if !unset.is_empty() {
+                cmd.env_remove(unset);
+            }
+            if let Some((k, v)) = set {
+                cmd.env(k, v);
+            }
+            let out = cmd.output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{named}: {err}");
+            assert!(err.contains(named), "{named}: {err}");
+        }
+    }
+}
+
+fn check_config(args: &[String], node_name: Option<&str>) -> (Option<i32>, String) {
+    let mut cmd = nicmon(args);
+    if let Some(n) = node_name {
+        cmd.env("NODE_NAME", n);
+    }
+    let out = cmd.output().unwrap();
+    (out.status.code(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+#[test]
+fn invocation_without_a_subcommand_and_its_errors() {
+    let node = Platform::H100Oci.build();
+    let mut args = current_chart_args(&node, "unix:///var/run/nvsentinel.sock");
+    args.push("--check-config".into());
+
+    let (code, out) = check_config(&args, Some(NODE));
+    assert_eq!(code, Some(0), "{out}");
+    let checks = out.lines().find_map(|l| l.strip_prefix("checks:")).unwrap_or_default().trim();
+    let mut checks: Vec<&str> = checks.split(',').collect();
+    checks.sort();
+    let mut want: Vec<&str> = UPSTREAM_CHECKS.split(',').collect();
+    want.sort();
+    assert_eq!(checks, want, "{out}");
+    assert!(out.contains(&format!("node name:         {NODE}")), "{out}");
+
+    // The gRPC sink needs the node name (upstream refuses to start without it).
+    let (code, out) = check_config(&args, None);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("--node-name (or the NODE_NAME environment variable) is required"), "{out}");
+    let (code, out) = check_config(&args, Some(""));
+    assert_eq!(code, Some(2), "an empty NODE_NAME is none: {out}");
+    let mut with_flag = args.clone();
+    with_flag.push("--node-name=gpu-node-9".into());
+    let (code, out) = check_config(&with_flag, None);
+    assert_eq!((code, out.contains("node name:         gpu-node-9")), (Some(0), true), "{out}");
+    // The daemon itself refuses too, before touching the host.
+    let (code, out) = check_config(&args[..args.len() - 1], None);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("NODE_NAME"), "{out}");
+
+    // JSON-lines sinks keep the host-name fallback.
+    let mut stdout_sink = args.clone();
+    stdout_sink.push("--sink=stdout".into());
+    let (code, out) = check_config(&stdout_sink, None);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(!out.contains("node name:         \n"), "{out}");
+
+    // Unknown flags still exit 2, with or without the subcommand.
+    for bad in [vec!["--no-such-flag".to_string()], vec!["run".into(), "--no-such-flag".into()]] {
+        let (code, out) = check_config(&bad, Some(NODE));
+        assert_eq!(code, Some(2), "{out}");
+        assert!(out.contains("unexpected argument '--no-such-flag'"), "{out}");
+    }
+    // A bad Go value names the flag.
+    let (code, out) = check_config(&["--poll-stall-store-only=maybe".into()], Some(NODE));
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("--poll-stall-store-only"), "{out}");
+    // The top-level help and version are not taken for `run`.
+    let (code, out) = check_config(&["--version".into()], None);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.starts_with("nicmon "), "{out}");
+}
+
+/// The args of upstream's Kata-era chart (`_helpers.tpl`), flag and value as separate args,
+/// `--config …/config.yaml` (a TOML file despite its name).
+fn kata_chart_args(node: &Node, socket: &str, config: &Path) -> Vec<String> {
+    let port = free_port().to_string();
+    let meta = node.metadata_path().display().to_string();
+    let mut args: Vec<String> = [
+        "--state-polling-interval",
+        "1s",
+        "--counter-polling-interval",
+        "5s",
+        "--metrics-port",
+        &port,
+        "--kata-enabled",
+        "false",
+        "--checks",
+        "InfiniBandStateCheck,EthernetStateCheck",
+        "--metadata-path",
+        &meta,
+        "--processing-strategy",
+        "EXECUTE_REMEDIATION",
+        "--config",
+        config.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    // Paths the old chart left at their defaults, pointed at the testbed.
+    args.push(format!("--platform-connector-socket={socket}"));
+    args.push(format!("--state-file={}", node.root().join("state.json").display()));
+    args.extend(testbed_args(node));
+    args
+}
+
+#[test]
+fn an_older_charts_args_run_with_one_warning_for_the_retired_flags() {
+    let node = Platform::H100Oci.build();
+    let config = node.root().join("etc/nic-health-monitor/config.yaml");
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    std::fs::write(&config, "nicExclusionRegex = \"\"\nnicInclusionRegexOverride = \"\"\n").unwrap();
+    let conn = Connector::start(&node.root().join("nvsentinel.sock"));
+    let mut cmd = nicmon(&kata_chart_args(&node, &conn.target(), &config));
+    cmd.env("NODE_NAME", NODE);
+    let d = Daemon::spawn(cmd);
+    assert!(conn.wait_until(WAIT, baselines), "baselines from the old chart's args");
+    node.pull_cable("mlx5_3", 1);
+    assert!(conn.wait_until(WAIT, |ev| ev.iter().any(|e| is_port_event(e, "mlx5_3", false))), "cable pull");
+    let (status, log) = d.stop();
+    assert_eq!(status.code(), Some(0), "{log}");
+    let warnings: Vec<&str> = log.lines().filter(|l| l.contains("retired")).collect();
+    assert_eq!(warnings.len(), 1, "one warning: {log}");
+    assert!(
+        warnings[0].contains("ignored retired NVSentinel flag(s) --counter-polling-interval, --kata-enabled"),
+        "{log}"
+    );
+    assert!(!log.contains("ERROR"), "{log}");
+}
