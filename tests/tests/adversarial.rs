@@ -358,7 +358,11 @@ fn broken_state_config_metadata_and_kmsg_files_never_hang() {
         apply(&cfg, bad);
         let what = format!("config as {bad:?}");
         let out =
-            bounded_output(Command::new(nicmon_bin()).args(["run", "--check-config", "--config"]).arg(&cfg), &what);
+            // (NODE_NAME: the gRPC sink requires a node name; this case is about the file.)
+            bounded_output(
+                Command::new(nicmon_bin()).args(["run", "--check-config", "--config"]).arg(&cfg).env("NODE_NAME", "n1"),
+                &what,
+            );
         match bad {
             Bad::Dangling | Bad::Empty => assert!(out.status.success(), "{what}"),
             _ => {
