@@ -24,12 +24,19 @@ use crate::event::{Check, HealthEvent};
 /// Default of `--metrics-port`.
 pub const DEFAULT_PORT: u16 = 2112;
 
-/// `--metrics-port`, for `#[command(flatten)]`.
+/// Default of `--metrics-bind-address`.
+pub const DEFAULT_BIND: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+
+/// `--metrics-port` and `--metrics-bind-address`, for `#[command(flatten)]`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MetricsArgs {
     /// Port of the Prometheus `/metrics` and `/healthz` endpoint.
     #[arg(long, default_value_t = DEFAULT_PORT, value_name = "PORT")]
     pub metrics_port: u16,
+    /// Address the endpoint listens on (0.0.0.0: every interface; the chart passes the
+    /// node's IP, 127.0.0.1 keeps it local).
+    #[arg(long, default_value_t = DEFAULT_BIND, value_name = "IP")]
+    pub metrics_bind_address: std::net::IpAddr,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -139,6 +146,9 @@ pub struct Metrics {
     kmsg_lost_seen: std::sync::atomic::AtomicU64,
     ebpf_embedded: Gauge,
     ebpf_available: Gauge,
+    kernel_log_watching: Gauge,
+    /// Why the kernel log is not watched (empty while it is).
+    kernel_log_reason: std::sync::Mutex<String>,
     reads_abandoned: Counter,
     /// The reader's cumulative abandoned-read count last added to `reads_abandoned`.
     reads_abandoned_seen: std::sync::atomic::AtomicU64,
@@ -173,6 +183,8 @@ impl Metrics {
             kmsg_lost_seen: Default::default(),
             ebpf_embedded: Gauge::default(),
             ebpf_available: Gauge::default(),
+            kernel_log_watching: Gauge::default(),
+            kernel_log_reason: std::sync::Mutex::new("not started".into()),
             reads_abandoned: Counter::default(),
             reads_abandoned_seen: Default::default(),
             reads_stuck: Gauge::default(),
@@ -239,6 +251,11 @@ impl Metrics {
             "nicmon_ebpf_available",
             "1 when the eBPF programs loaded and at least one hook is attached",
             m.ebpf_available.clone(),
+        );
+        registry.register(
+            "nicmon_kernel_log_watching",
+            "1 while the kernel log (/dev/kmsg) is watched, 0 when NICKernelLogCheck cannot see it",
+            m.kernel_log_watching.clone(),
         );
         registry.register(
             "nicmon_reads_abandoned",
@@ -374,6 +391,19 @@ impl Metrics {
         self.ebpf_available.set(i64::from(available));
     }
 
+    /// Whether the kernel log is watched; `why_not` says why it is not (ignored when it is).
+    pub fn set_kernel_log_watching(&self, watching: bool, why_not: &str) {
+        self.kernel_log_watching.set(i64::from(watching));
+        let mut reason = self.kernel_log_reason.lock().unwrap_or_else(|p| p.into_inner());
+        *reason = if watching { String::new() } else { why_not.to_string() };
+    }
+
+    /// Whether the kernel log is watched, and why not when it is not.
+    pub fn kernel_log_watching(&self) -> (bool, String) {
+        let reason = self.kernel_log_reason.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        (self.kernel_log_watching.get() == 1, reason)
+    }
+
     /// Where the roles came from this cycle: `metadata`, `sysfs` or `none`.
     pub fn set_topology_source(&self, source: &str) {
         self.topology_source.clear();
@@ -471,6 +501,9 @@ mod tests {
         m.set_ebpf_hook_attached("qdisc_reset", true);
         m.set_ebpf_hook_attached("netif_carrier_off", false);
         m.set_ebpf(true, true);
+        assert_eq!(m.kernel_log_watching(), (false, "not started".to_string()));
+        m.set_kernel_log_watching(true, "");
+        assert_eq!(m.kernel_log_watching(), (true, String::new()));
         m.set_topology_source("metadata");
         m.set_topology_source("sysfs");
         m.set_saturated_counters([("mlx5_0", 1, "port_rcv_errors")]);
@@ -498,6 +531,7 @@ mod tests {
             "nicmon_kmsg_records_lost_total 5",
             "nicmon_ebpf_embedded 1",
             "nicmon_ebpf_available 1",
+            "nicmon_kernel_log_watching 1",
             r#"nic_health_monitor_devices_discovered{node="gpu-node-1",check="InfiniBandStateCheck"} 10"#,
             r#"nic_health_monitor_health_events_sent_total{node="gpu-node-1",check="InfiniBandStateCheck",is_fatal="true"} 1"#,
             r#"nic_health_monitor_health_events_sent_total{node="gpu-node-1",check="EthernetStateCheck",is_fatal="false"} 0"#,
