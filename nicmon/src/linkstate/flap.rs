@@ -9,6 +9,11 @@
 //! counted in `nicmon_port_flap_transitions_total` and logged), and a healthy port is
 //! reported healthy only once it has stayed healthy for `flapSettle` (default 60 s).
 //!
+//! Hold-down (upstream's `portStateHoldDown`): a blip that recovers within the hold-down
+//! publishes nothing on its own, but it is still an unhealthy transition of the port; the
+//! hold-down step is meant to count it here ([`FlapState::unhealthy_transition`]), so that a
+//! port blipping repeatedly is reported as flapping instead of staying silent.
+//!
 //! Everything here is pure and lives in the port's record ([`FlapState`]), so a restart in
 //! the middle of a storm resumes the hold instead of starting the storm again.
 use serde::{Deserialize, Serialize};
