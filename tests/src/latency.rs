@@ -265,8 +265,11 @@ pub fn flap_storm(
     let sink: PathBuf = node.root().join("events.jsonl");
     let log = node.root().join("nicmon.log");
     let config = node.root().join("nicmon.toml");
-    std::fs::write(&config, format!("[stateCheck]\nflapThreshold = 3\nflapWindow = \"60s\"\nflapSettle = {settle:?}\n"))
-        .map_err(|e| e.to_string())?;
+    std::fs::write(
+        &config,
+        format!("[stateCheck]\nflapThreshold = 3\nflapWindow = \"60s\"\nflapSettle = {settle:?}\n"),
+    )
+    .map_err(|e| e.to_string())?;
     let mut child = spawn_daemon(bin, &node, &config, &sink, &log, mode)?;
     let state = node.sys().join(&node.info["mlx5_0"].ib_dir).join("ports/1");
     let result = (|| {

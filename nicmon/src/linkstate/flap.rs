@@ -195,10 +195,7 @@ mod tests {
         assert_eq!(f.shown_transitions(), 4);
         assert_eq!(f.healthy(&cfg, at(7)), Settle::Settling);
         assert_eq!(f.healthy(&cfg, at(66)), Settle::Settling, "59 s healthy is not enough");
-        assert_eq!(
-            f.healthy(&cfg, at(67)),
-            Settle::Settled { transitions: 4, stable_for: Duration::seconds(60) }
-        );
+        assert_eq!(f.healthy(&cfg, at(67)), Settle::Settled { transitions: 4, stable_for: Duration::seconds(60) });
         assert!(f.is_quiet());
     }
 
