@@ -278,6 +278,7 @@ impl<'a> Daemon<'a> {
         for n in &poll.notes {
             tracing::info!("{n}");
         }
+        log_flaps(&poll.flaps);
         if self.opts.trace {
             print_trace(woke, woke_at, &poll, elapsed);
             let end = crate::wake::monotonic_ns();
@@ -424,6 +425,24 @@ fn log_event(e: &crate::event::HealthEvent) {
     );
 }
 
+/// One line per unhealthy transition flap damping counted: those it held publish nothing,
+/// so this line (and the metric) is where they show.
+fn log_flaps(flaps: &[crate::linkstate::FlapTransition]) {
+    for f in flaps {
+        if f.flapping && !f.published {
+            tracing::info!(
+                device = %f.device, port = f.port, check = %f.check, transitions = f.transitions,
+                "port held as flapping: unhealthy transition not published"
+            );
+        } else if f.flapping {
+            tracing::warn!(
+                device = %f.device, port = f.port, check = %f.check, transitions = f.transitions,
+                "port flapping: one fatal event sent, further transitions held until it settles"
+            );
+        }
+    }
+}
+
 fn update_metrics(metrics: &Metrics, poll: &Poll) {
     let mut by_role: std::collections::BTreeMap<&str, usize> = Default::default();
     for c in poll.roles.values() {
@@ -446,6 +465,12 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
     metrics.set_read_health(poll.reads_abandoned, &poll.stuck_reads);
     metrics.kmsg_records_lost(poll.next.kmsg.lost_records);
     metrics.set_saturated_counters(poll.next.counters.saturated());
+    for f in &poll.flaps {
+        metrics.port_flap_transition(&f.device, f.port);
+    }
+    metrics.set_flapping_ports(
+        poll.next.links.port_states.values().filter(|r| r.flap.is_flapping()).map(|r| (r.device.as_str(), r.port)),
+    );
     for e in poll.events.iter().filter(|e| !e.is_healthy) {
         let dev = e.entities_impacted.iter().find(|x| x.entity_type == "NIC").map(|x| x.entity_value.as_str());
         let port = e
@@ -502,6 +527,13 @@ fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapse
             out,
             "  event {} healthy={} fatal={} [{}] {}",
             e.check_name, e.is_healthy, e.is_fatal, ents, e.message
+        );
+    }
+    for f in poll.flaps.iter().filter(|f| !f.published) {
+        let _ = writeln!(
+            out,
+            "  held {} [NIC={} NICPort={}] unhealthy transition while flapping ({} since the hold began): not published",
+            f.check, f.device, f.port, f.transitions
         );
     }
 }

@@ -134,6 +134,8 @@ pub struct Metrics {
 
     devices: Family<RoleLabels, Gauge>,
     port_healthy: Family<PortLabels, Gauge>,
+    port_flap_transitions: Family<PortLabels, Counter>,
+    port_flapping: Family<PortLabels, Gauge>,
     events_sent: Family<CheckLabels, Counter>,
     events_failed: Family<FailedLabels, Counter>,
     poll_duration: Histogram,
@@ -172,6 +174,8 @@ impl Metrics {
             node: node.to_string(),
             devices: Family::default(),
             port_healthy: Family::default(),
+            port_flap_transitions: Family::default(),
+            port_flapping: Family::default(),
             events_sent: Family::default(),
             events_failed: Family::default(),
             poll_duration: Histogram::new(POLL_BUCKETS),
@@ -205,6 +209,16 @@ impl Metrics {
             "nicmon_port_healthy",
             "1 while a monitored port is healthy, 0 while it is not",
             m.port_healthy.clone(),
+        );
+        registry.register(
+            "nicmon_port_flap_transitions",
+            "Unhealthy transitions (healthy to unhealthy) of a monitored port, reported or held by flap damping",
+            m.port_flap_transitions.clone(),
+        );
+        registry.register(
+            "nicmon_port_flapping",
+            "1 while a port is held as flapping (one fatal event sent, further transitions not published)",
+            m.port_flapping.clone(),
         );
         registry.register("nicmon_events_sent", "Health events accepted by the sink, by check", m.events_sent.clone());
         registry.register(
@@ -336,6 +350,19 @@ impl Metrics {
         self.port_healthy.clear();
         for (device, port, healthy) in ports {
             self.port_healthy.get_or_create(&PortLabels { device: device.into(), port }).set(i64::from(healthy));
+        }
+    }
+
+    /// An unhealthy transition of `device` port `port` (flap damping counted it).
+    pub fn port_flap_transition(&self, device: &str, port: u32) {
+        self.port_flap_transitions.get_or_create(&PortLabels { device: device.into(), port }).inc();
+    }
+
+    /// The ports held as flapping `(device, port)`, replacing the previous set.
+    pub fn set_flapping_ports<'a>(&self, ports: impl IntoIterator<Item = (&'a str, u32)>) {
+        self.port_flapping.clear();
+        for (device, port) in ports {
+            self.port_flapping.get_or_create(&PortLabels { device: device.into(), port }).set(1);
         }
     }
 
@@ -490,6 +517,10 @@ mod tests {
         m.set_devices_by_role([("compute", 8), ("storage", 2)]);
         m.set_devices_discovered(Check::InfiniBandStateCheck, 10);
         m.set_port_health([("mlx5_0", 1, true), ("mlx5_3", 1, false)]);
+        m.port_flap_transition("mlx5_3", 1);
+        m.port_flap_transition("mlx5_3", 1);
+        m.set_flapping_ports([("mlx5_0", 1)]);
+        m.set_flapping_ports([("mlx5_3", 1)]);
         let ev =
             HealthEvent::new(Check::InfiniBandStateCheck, &Stamp::default(), time::OffsetDateTime::UNIX_EPOCH, "down")
                 .unhealthy(true);
@@ -519,6 +550,8 @@ mod tests {
             r#"nicmon_devices{role="storage"} 2"#,
             r#"nicmon_port_healthy{device="mlx5_0",port="1"} 1"#,
             r#"nicmon_port_healthy{device="mlx5_3",port="1"} 0"#,
+            r#"nicmon_port_flap_transitions_total{device="mlx5_3",port="1"} 2"#,
+            r#"nicmon_port_flapping{device="mlx5_3",port="1"} 1"#,
             r#"nicmon_events_sent_total{check="InfiniBandStateCheck"} 1"#,
             r#"nicmon_events_sent_total{check="NICKernelLogCheck"} 0"#,
             r#"nicmon_events_failed_total{check="EthernetStateCheck",kind="retryable"} 2"#,
@@ -543,6 +576,7 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
         }
         assert!(!text.contains(r#"source="metadata""#), "old source kept:\n{text}");
+        assert!(!text.contains(r#"nicmon_port_flapping{device="mlx5_0""#), "settled port kept:\n{text}");
         assert!(text.ends_with("# EOF\n"));
     }
 }
