@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use crate::cycle::{Monitor, MonitorOptions, Poll};
 use crate::dispatch::{GrpcConfig, Sink, SinkSpec};
 use crate::event::Check;
-use crate::kmsg::{Delivery, KmsgTail, Record, Start};
+use crate::kmsg::{self, Delivery, KmsgTail, Record, Start};
 use crate::metrics::Metrics;
 use crate::metrics::server::{self as metrics_server, Liveness, MetricsServer};
 use crate::outbox::Courier;
@@ -34,6 +34,9 @@ pub const COALESCE: Duration = Duration::from_millis(1);
 /// [`crate::host::Deadlines::poll`]) and the final save, exit comes within 5 s of SIGTERM
 /// whatever is stuck; what was not delivered stays in the outbox for the next start.
 pub const SHUTDOWN_FLUSH: Duration = Duration::from_secs(2);
+/// Kernel log batches handed over but not yet taken by the loop (each at most
+/// [`kmsg::reader::MAX_BATCH_BYTES`] of text).
+const KMSG_CHANNEL_BATCHES: usize = 2;
 
 /// Everything `nicmon run` needs, resolved from flags.
 pub struct RunOptions {
@@ -101,7 +104,9 @@ pub struct Daemon<'a> {
     liveness: Liveness,
     _server: Option<MetricsServer>,
     wakes: Option<WakeSource>,
-    kmsg: mpsc::UnboundedReceiver<Delivery>,
+    /// Declared before `_tail`, so dropped first: a tail thread blocked on a full channel
+    /// then ends, and dropping the tail (which joins it) cannot wait for ever.
+    kmsg: mpsc::Receiver<Delivery>,
     _tail: Option<KmsgTail>,
     courier: Courier,
     sigterm: Signal,
@@ -150,7 +155,9 @@ impl<'a> Daemon<'a> {
             None => None,
         };
         let wakes = if opts.no_wake { None } else { Some(start_wakes(&opts.wake, &metrics)) };
-        let (kmsg_tx, kmsg) = mpsc::unbounded_channel::<Delivery>();
+        // Bounded: a kernel log flood (or a huge file at --kmsg-path) waits in the kernel's
+        // ring or the file, not in the daemon's memory.
+        let (kmsg_tx, kmsg) = mpsc::channel::<Delivery>(KMSG_CHANNEL_BATCHES);
         let kmsg_wanted = opts.monitor.checks.contains(&Check::NICKernelLogCheck) && monitor.config.kernel_log.enabled;
         let tail = match &opts.kmsg_path {
             Some(p) if kmsg_wanted => start_kmsg(p, state.checks.kmsg.last_seq, kmsg_tx, &metrics),
@@ -267,6 +274,17 @@ impl<'a> Daemon<'a> {
             if let Delivery::Records(r) = d {
                 self.pending_records.extend(r);
             }
+            if self.pending_records.len() >= kmsg::MAX_PENDING_RECORDS {
+                break;
+            }
+        }
+        let dropped = kmsg::keep_newest(&mut self.pending_records);
+        if dropped > 0 {
+            tracing::warn!(
+                dropped,
+                "kernel log records waiting for a committed poll exceed the bound: the oldest are dropped \
+                 (counted as lost records by their sequence gap)"
+            );
         }
         let woke_at = Instant::now();
         let records = std::mem::take(&mut self.pending_records);
@@ -364,10 +382,11 @@ fn start_wakes(opts: &WakeOptions, metrics: &Metrics) -> WakeSource {
 fn start_kmsg(
     path: &std::path::Path,
     last_seq: Option<u64>,
-    tx: mpsc::UnboundedSender<Delivery>,
+    tx: mpsc::Sender<Delivery>,
     metrics: &Metrics,
 ) -> Option<KmsgTail> {
-    match KmsgTail::spawn(path, Start::from_cursor(last_seq), move |d| tx.send(d).is_ok()) {
+    // The tail is a plain thread: it may block on the bounded channel.
+    match KmsgTail::spawn(path, Start::from_cursor(last_seq), move |d| tx.blocking_send(d).is_ok()) {
         Ok(t) => {
             tracing::info!(path = %path.display(), "kernel log watched");
             metrics.set_kernel_log_watching(true, "");
