@@ -506,11 +506,14 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
             Check::InfiniBandStateCheck | Check::EthernetStateCheck | Check::InfiniBandCharDeviceCheck => {
                 metrics.state_check_error(check, dev.unwrap_or(""), port)
             }
-            Check::InfiniBandDegradationCheck | Check::EthernetDegradationCheck | Check::EFADegradationCheck
-                if !e.message.contains("CounterSaturated") =>
-            {
+            Check::InfiniBandDegradationCheck | Check::EthernetDegradationCheck | Check::EFADegradationCheck => {
+                // The counter rule is the event's error code; a saturated counter's event is
+                // not a threshold breach (no thresholds are evaluated while it is saturated).
                 let counter = e.error_code.first().map(String::as_str).unwrap_or("");
-                metrics.counter_threshold_breach(counter, dev.unwrap_or(""), port, e.is_fatal)
+                let dev = dev.unwrap_or("");
+                if !poll.next.counters.is_saturated(dev, port, counter) {
+                    metrics.counter_threshold_breach(counter, dev, port, e.is_fatal)
+                }
             }
             _ => {}
         }
@@ -557,5 +560,52 @@ fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapse
             "  held {} [NIC={} NICPort={}] unhealthy transition while flapping ({} since the hold began): not published",
             f.check, f.device, f.port, f.transitions
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::counters::eval::Saturation;
+    use crate::event::{Entity, HealthEvent, Stamp};
+
+    fn degradation(counter: &str, fatal: bool) -> HealthEvent {
+        HealthEvent::new(Check::InfiniBandDegradationCheck, &Stamp::default(), OffsetDateTime::UNIX_EPOCH, "x")
+            .entities(vec![Entity::nic("mlx5_0".to_string()), Entity::port(1)])
+            .error_code(counter)
+            .unhealthy(fatal)
+    }
+
+    /// The breach metric comes from the event's typed fields and the counters' state: a
+    /// saturated counter's event is not a breach, whatever its message says.
+    #[test]
+    fn breaches_are_counted_from_typed_fields_saturation_excluded() {
+        let mut next = crate::state::CheckState::default();
+        next.counters.saturation_flags.insert(
+            crate::counters::counter_key("mlx5_0", 1, "link_downed"),
+            Saturation {
+                check_name: Check::InfiniBandDegradationCheck.as_str().into(),
+                value: 255,
+                since: OffsetDateTime::UNIX_EPOCH,
+            },
+        );
+        let poll = Poll {
+            snapshot: Default::default(),
+            roles: Default::default(),
+            events: vec![degradation("symbol_error", true), degradation("link_downed", false)],
+            next,
+            notes: Vec::new(),
+            reads_abandoned: 0,
+            stuck_reads: Vec::new(),
+            char_devices: Vec::new(),
+            flaps: Vec::new(),
+        };
+        let metrics = Metrics::new("n");
+        update_metrics(&metrics, &poll);
+        let text = metrics.encode();
+        let breaches: Vec<&str> =
+            text.lines().filter(|l| l.starts_with("nic_health_monitor_counter_threshold_breaches_total{")).collect();
+        assert_eq!(breaches.len(), 1, "{breaches:#?}");
+        assert!(breaches[0].contains("symbol_error") && breaches[0].ends_with(" 1"), "{}", breaches[0]);
     }
 }

@@ -30,6 +30,15 @@ impl PortState {
             PortState::Unknown(s) => s,
         }
     }
+
+    /// The state named `name` as [`PortState::name`] prints it; any other name is kept as
+    /// `Unknown`.
+    pub fn from_name(name: &str) -> PortState {
+        [PortState::Nop, PortState::Down, PortState::Init, PortState::Armed, PortState::Active, PortState::ActiveDefer]
+            .into_iter()
+            .find(|s| s.name() == name)
+            .unwrap_or_else(|| PortState::Unknown(name.to_string()))
+    }
 }
 
 /// Physical port state, `ports/<n>/phys_state` (`"5: LinkUp"`).
@@ -59,6 +68,23 @@ impl PhysState {
         }
     }
 
+    /// The state named `name` as [`PhysState::name`] prints it; any other name is kept as
+    /// `Unknown`.
+    pub fn from_name(name: &str) -> PhysState {
+        [
+            PhysState::Sleep,
+            PhysState::Polling,
+            PhysState::Disabled,
+            PhysState::PortConfigurationTraining,
+            PhysState::LinkUp,
+            PhysState::LinkErrorRecovery,
+            PhysState::PhyTest,
+        ]
+        .into_iter()
+        .find(|s| s.name() == name)
+        .unwrap_or_else(|| PhysState::Unknown(name.to_string()))
+    }
+
     /// The link is training: what a pulled cable and a brief retrain both look like.
     pub fn is_training(&self) -> bool {
         matches!(self, PhysState::Polling | PhysState::LinkErrorRecovery | PhysState::PortConfigurationTraining)
@@ -83,6 +109,15 @@ impl LinkLayer {
             LinkLayer::Efa => "EFA",
             LinkLayer::Unknown(s) => s,
         }
+    }
+
+    /// The link layer named `name` as [`LinkLayer::name`] prints it; any other name is kept
+    /// as `Unknown`.
+    pub fn from_name(name: &str) -> LinkLayer {
+        [LinkLayer::InfiniBand, LinkLayer::Ethernet, LinkLayer::Efa]
+            .into_iter()
+            .find(|l| l.name() == name)
+            .unwrap_or_else(|| LinkLayer::Unknown(name.to_string()))
     }
 }
 

@@ -63,11 +63,10 @@ pub fn with_known_link_layers(prev: &LinkState, mut snap: Snapshot) -> Snapshot 
             let last = prev
                 .port_states
                 .get(&port_key(&d.name, p.number))
-                .map(|r| r.link_layer.as_str())
-                .or_else(|| prev.known_devices.get(&d.name).map(|k| k.link_layer.as_str()));
+                .map(|r| r.link_layer.clone())
+                .or_else(|| prev.known_devices.get(&d.name).map(|k| LinkLayer::from_name(&k.link_layer)));
             let ll = match last {
-                Some("InfiniBand") => LinkLayer::InfiniBand,
-                Some("Ethernet") => LinkLayer::Ethernet,
+                Some(ll @ (LinkLayer::InfiniBand | LinkLayer::Ethernet)) => ll,
                 _ => continue,
             };
             let why = p.unknown.get("link_layer").cloned().unwrap_or_else(|| "unknown".to_string());
