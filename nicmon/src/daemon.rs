@@ -474,15 +474,23 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
     }
     metrics.set_devices_by_role(by_role);
     let mut ports = Vec::new();
+    let mut unknown = Vec::new();
+    let mut monitored = 0;
     for d in &poll.snapshot.devices {
         if poll.roles.get(&d.name).map(|c| c.monitored).unwrap_or(false) {
             for p in &d.ports {
-                ports.push((d.name.as_str(), p.number, p.is_healthy()));
+                monitored += 1;
+                unknown.extend(p.unknown.keys().map(|a| (d.name.as_str(), p.number, a.as_str())));
+                // Unknown is not a value: a port whose state is unknown is neither healthy
+                // nor unhealthy, so it is left out of the health gauge.
+                if p.unknown_state().is_none() {
+                    ports.push((d.name.as_str(), p.number, p.is_healthy()));
+                }
             }
         }
     }
-    let monitored = ports.len();
     metrics.set_port_health(ports);
+    metrics.set_unknown_attributes(unknown);
     metrics.set_devices_discovered(Check::InfiniBandStateCheck, monitored);
     metrics.set_read_health(poll.reads_abandoned, &poll.stuck_reads);
     metrics.kmsg_records_lost(poll.next.kmsg.lost_records);
@@ -607,5 +615,53 @@ mod tests {
             text.lines().filter(|l| l.starts_with("nic_health_monitor_counter_threshold_breaches_total{")).collect();
         assert_eq!(breaches.len(), 1, "{breaches:#?}");
         assert!(breaches[0].contains("symbol_error") && breaches[0].ends_with(" 1"), "{}", breaches[0]);
+    }
+
+    /// A port whose state is unknown is neither healthy nor unhealthy in the metrics: it is
+    /// left out of `nicmon_port_healthy` and shown by `nicmon_port_attribute_unknown`.
+    #[test]
+    fn an_unknown_port_is_not_exported_as_unhealthy() {
+        use crate::model::{Device, Function, PhysState, Port, PortState};
+        let port = |n: u32, state: Option<PortState>| Port {
+            number: n,
+            state: state.clone(),
+            phys_state: Some(PhysState::LinkUp),
+            unknown: state.is_none().then(|| [("state".to_string(), "empty".to_string())].into()).unwrap_or_default(),
+            ..Port::default()
+        };
+        let dev = Device {
+            name: "mlx5_0".into(),
+            unsupported: None,
+            pci_address: None,
+            card: None,
+            numa_node: None,
+            hca_type: None,
+            fw_ver: None,
+            board_id: None,
+            driver: None,
+            function: Function::Pf,
+            netdev: None,
+            ports: vec![port(1, Some(PortState::Active)), port(2, None)],
+            unknown: Default::default(),
+        };
+        let classification =
+            crate::roles::Classification { monitored: true, reason: None, role: None, role_reason: None };
+        let poll = Poll {
+            snapshot: crate::model::Snapshot { devices: vec![dev], ..Default::default() },
+            roles: [("mlx5_0".to_string(), classification)].into(),
+            events: Vec::new(),
+            next: Default::default(),
+            notes: Vec::new(),
+            reads_abandoned: 0,
+            stuck_reads: Vec::new(),
+            char_devices: Vec::new(),
+            flaps: Vec::new(),
+        };
+        let metrics = Metrics::new("n");
+        update_metrics(&metrics, &poll);
+        let text = metrics.encode();
+        assert!(text.contains(r#"nicmon_port_healthy{device="mlx5_0",port="1"} 1"#), "{text}");
+        assert!(!text.contains(r#"nicmon_port_healthy{device="mlx5_0",port="2"}"#), "{text}");
+        assert!(text.contains(r#"nicmon_port_attribute_unknown{device="mlx5_0",port="2",attribute="state"} 1"#), "{text}");
     }
 }
