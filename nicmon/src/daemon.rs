@@ -626,7 +626,11 @@ mod tests {
             number: n,
             state: state.clone(),
             phys_state: Some(PhysState::LinkUp),
-            unknown: state.is_none().then(|| [("state".to_string(), "empty".to_string())].into()).unwrap_or_default(),
+            unknown: if state.is_none() {
+                [("state".to_string(), "empty".to_string())].into()
+            } else {
+                Default::default()
+            },
             ..Port::default()
         };
         let dev = Device {
@@ -662,6 +666,9 @@ mod tests {
         let text = metrics.encode();
         assert!(text.contains(r#"nicmon_port_healthy{device="mlx5_0",port="1"} 1"#), "{text}");
         assert!(!text.contains(r#"nicmon_port_healthy{device="mlx5_0",port="2"}"#), "{text}");
-        assert!(text.contains(r#"nicmon_port_attribute_unknown{device="mlx5_0",port="2",attribute="state"} 1"#), "{text}");
+        assert!(
+            text.contains(r#"nicmon_port_attribute_unknown{device="mlx5_0",port="2",attribute="state"} 1"#),
+            "{text}"
+        );
     }
 }

@@ -104,7 +104,7 @@ fn efa_counters_reading_na_are_unknown_and_siblings_are_still_evaluated() {
 fn an_efa_port_with_unreadable_state_files_is_unknown_and_no_decision() {
     let node = Platform::AwsP4d.build();
     let r = node.check_json(&[]);
-    let with_netdev = efa_devices(&r).iter().find(|d| !d["netdev"].is_null()).map(|d| d.clone().clone()).unwrap();
+    let with_netdev = efa_devices(&r).into_iter().find(|d| !d["netdev"].is_null()).cloned().unwrap();
     let dev = with_netdev["name"].as_str().unwrap().to_string();
     let nd = with_netdev["netdev"].as_str().unwrap().to_string();
     let tl = Timeline::new(&node);
