@@ -12,18 +12,20 @@ use crate::roles::{self, NicFilters};
 
 /// The top-level keys, and those of `[stateDetection]` (the other sections' keys are their
 /// structs' fields). Named in the warning about an unknown key.
-pub const TOP_LEVEL_KEYS: [&str; 8] = [
+pub const TOP_LEVEL_KEYS: [&str; 9] = [
     "nicExclusionRegex",
     "nicInclusionRegexOverride",
     "sysClassInfinibandPath",
     "sysClassNetPath",
     "stateDetection",
+    "stateCheck",
     "counterDetection",
     "kernelLog",
     "charDeviceCheck",
 ];
 pub const STATE_DETECTION_KEYS: [&str; 2] = ["escalationGraceSeconds", "speedDegradationFatal"];
 pub const CHAR_DEVICE_CHECK_KEYS: [&str; 1] = ["issm"];
+pub const STATE_CHECK_KEYS: [&str; 1] = ["portStateHoldDown"];
 
 /// Default location of the config file in the DaemonSet.
 pub const DEFAULT_PATH: &str = "/etc/nic-health-monitor/config.toml";
@@ -40,6 +42,9 @@ pub struct Config {
     pub escalation_grace_secs: u64,
     /// `[stateDetection] speedDegradationFatal`: make `LinkSpeedDegraded` fatal.
     pub speed_degradation_fatal: bool,
+    /// `[stateCheck] portStateHoldDown` (Go duration): how long a port that was reported
+    /// healthy may be unhealthy before it is reported; shorter is a blip (0: off).
+    pub port_state_hold_down: std::time::Duration,
     /// `[counterDetection]`: the merged, validated counter rules (001 §10); empty when
     /// `enabled = false`.
     pub counter_rules: Vec<CounterRule>,
@@ -63,6 +68,7 @@ impl Default for Config {
             sys_class_net_path: None,
             escalation_grace_secs: 30,
             speed_degradation_fatal: false,
+            port_state_hold_down: std::time::Duration::ZERO,
             counter_rules: CounterDetection::default().rules().unwrap_or_default(),
             issm: IssmMode::default(),
             kernel_log: KmsgConfig::default(),
@@ -175,6 +181,25 @@ impl Config {
                             _ => cfg.warnings.push(format!(
                                 "config {path}: unknown key {full} ignored (known keys: {})",
                                 STATE_DETECTION_KEYS.join(", ")
+                            )),
+                        }
+                    }
+                }
+                "stateCheck" => {
+                    let t = value.as_table().ok_or_else(|| err(format!("{key}: expected a table")))?;
+                    for (k, v) in t {
+                        let full = format!("stateCheck.{k}");
+                        match k.as_str() {
+                            "portStateHoldDown" => {
+                                cfg.port_state_hold_down = v
+                                    .as_str()
+                                    .ok_or_else(|| "expected a string".to_string())
+                                    .and_then(crate::upstream::go_duration)
+                                    .map_err(|e| err(format!("{full} = {v}: {e}")))?
+                            }
+                            _ => cfg.warnings.push(format!(
+                                "config {path}: unknown key {full} ignored (known keys: {})",
+                                STATE_CHECK_KEYS.join(", ")
                             )),
                         }
                     }
@@ -304,7 +329,8 @@ enabled = true
         assert!(known.ends_with(&format!("(known keys: {})", TOP_LEVEL_KEYS.join(", "))), "{known}");
         let all = "nicExclusionRegex = \"^lo$\"\nnicInclusionRegexOverride = \"\"\nsysClassInfinibandPath = \"/a\"\n\
                    sysClassNetPath = \"/b\"\n[stateDetection]\nescalationGraceSeconds = 5\nspeedDegradationFatal = true\n\
-                   [counterDetection]\n[kernelLog]\n[charDeviceCheck]\nissm = \"always\"\n";
+                   [counterDetection]\n[kernelLog]\n[charDeviceCheck]\nissm = \"always\"\n\
+                   [stateCheck]\nportStateHoldDown = \"2s\"\n";
         let c = Config::parse("x.toml", all).unwrap();
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
         assert!(TOP_LEVEL_KEYS.iter().all(|k| all.contains(&format!("{k} =")) || all.contains(&format!("[{k}]"))));
@@ -317,6 +343,14 @@ enabled = true
     fn issm_mode() {
         assert_eq!(Config::parse("x.toml", "").unwrap().issm, IssmMode::Never);
         assert_eq!(Config::parse("x.toml", "[charDeviceCheck]\nissm = \"never\"").unwrap().issm, IssmMode::Never);
+        let hd = |v: &str| Config::parse("x.toml", &format!("[stateCheck]\nportStateHoldDown = {v}"));
+        assert_eq!(hd("\"1m30s\"").unwrap().port_state_hold_down, std::time::Duration::from_secs(90));
+        assert_eq!(hd("\"0\"").unwrap().port_state_hold_down, std::time::Duration::ZERO);
+        assert_eq!(Config::default().port_state_hold_down, std::time::Duration::ZERO);
+        for bad in ["\"soon\"", "5", "\"-1s\""] {
+            let e = hd(bad).unwrap_err().to_string();
+            assert!(e.contains("x.toml") && e.contains(&format!("stateCheck.portStateHoldDown = {bad}")), "{e}");
+        }
         let e = Config::parse("x.toml", "[charDeviceCheck]\nissm = \"auto\"").unwrap_err().to_string();
         assert!(e.contains("charDeviceCheck.issm = \"auto\"") && e.contains("never"), "{e}");
         assert!(Config::parse("x.toml", "[charDeviceCheck]\nissm = 1").is_err());

@@ -1,11 +1,11 @@
 //! Card homogeneity (000 §4.3): within a role group `(role, link layer)` the cards should
-//! have the same number of active ports. A card below the group's mode makes its escalating
-//! ports fatal at once (see [`super::escalation`]); a shortfall that no port-level event
-//! explains is reported as a card-level event, and its end as a healthy one.
+//! have the same number of active ports. A card below the group's mode makes its unhealthy
+//! ports fatal at once (see [`super::escalation`]) and is reported as a card-level event
+//! (alongside any port events), and its end as a healthy one.
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::health::state_check;
-use super::state::{LinkState, Reported, port_key};
+use super::state::LinkState;
 use super::{Ctx, Emitted};
 use crate::event::{Entity, HealthEvent};
 use crate::model::LinkLayer;
@@ -83,25 +83,13 @@ pub(super) fn compare_cards(ctx: &Ctx<'_>, missing_cards: &BTreeSet<String>) -> 
     Cards { views, below_mode }
 }
 
-/// Card-level events: a card below its peers with an unhealthy port that no port-level
-/// event explains is reported once; a reported card back at its peers' count recovers.
+/// Card-level events: a card below its peers' mode is reported once, whether or not port
+/// events also cover it (SPEC §1.3, upstream); a reported card back at its peers' count
+/// recovers.
 pub(super) fn card_events(ctx: &Ctx<'_>, cards: &Cards, st: &mut LinkState, out: &mut Emitted) {
     let mut still_below = BTreeSet::new();
     for (card, mode) in &cards.below_mode {
         let view = &cards.views[card];
-        let unexplained = ctx.monitored.iter().filter(|d| d.card.as_deref() == Some(card.as_str())).any(|d| {
-            d.ports.iter().any(|p| {
-                !p.is_healthy()
-                    && st
-                        .port_states
-                        .get(&port_key(&d.name, p.number))
-                        .map(|r| !matches!(r.reported, Reported::NonFatal | Reported::Fatal))
-                        .unwrap_or(true)
-            })
-        });
-        if !unexplained {
-            continue;
-        }
         still_below.insert(card.to_string());
         let Some(check) = state_check(&view.group.1) else {
             continue;

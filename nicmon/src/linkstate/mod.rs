@@ -1,15 +1,18 @@
-//! Link state checks (SPEC §1.3, 000 §3–§9; `InfiniBandStateCheck`, `EthernetStateCheck`).
+//! Link state checks (SPEC §1.3, 000 §3–§9; `InfiniBandStateCheck`, `EthernetStateCheck`,
+//! `EFAStateCheck`).
 //!
 //! Pure: `(previous LinkState, snapshot, roles, config, now) → (events, next LinkState)`.
 //! No clock, no I/O, and only the state checks' own memory ([`LinkState`]) in and out.
 //! [`evaluate`] runs these named steps, in this order, each in its own file:
+//! 0. what the steps see: [`efa`] — EFA ports' state from their netdev; then [`holddown`] —
+//!    a port held after a healthy→unhealthy edge keeps its last healthy snapshot;
 //! 1. [`disappearance`] — known devices missing for 3 polls (with the PCI probe's verdict),
 //!    and their return;
 //! 2. [`homogeneity`] — active ports per card against its role group's mode;
 //! 3. per port: [`ports`] — health boundary crossings, deferral of never-healthy ports, and
 //!    [`escalation`] of non-fatal ports to fatal (the 30 s grace, or at once by peers);
 //!    then [`subnet_manager`] — LID / SM LID changes while ACTIVE;
-//! 4. [`homogeneity::card_events`] — card-level events no port event explains;
+//! 4. [`homogeneity::card_events`] — a card below its group's mode, and its return;
 //! 5. [`speed`] — link speed below the group's rate mode.
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -20,8 +23,10 @@ use crate::model::{Device, Snapshot};
 use crate::roles::{Classification, Role, device_link_layer};
 
 pub mod disappearance;
+pub mod efa;
 pub mod escalation;
 pub mod health;
+pub mod holddown;
 pub mod homogeneity;
 pub mod ports;
 pub mod speed;
@@ -30,6 +35,7 @@ pub mod subnet_manager;
 
 pub use disappearance::MISSES_BEFORE_REPORT;
 pub use health::{PortHealth, port_health, state_check};
+pub use holddown::{Blip, Held, Holds};
 pub use ports::MAX_DEFERRED_POLLS;
 pub use state::{KnownDevice, LinkState, PortRecord, Reported, port_key};
 
@@ -39,6 +45,8 @@ pub struct StateConfig {
     /// A non-fatal port that was healthy in this boot escalates to fatal after this long.
     pub escalation_grace: Duration,
     pub speed_degradation_fatal: bool,
+    /// `[stateCheck] portStateHoldDown`: how long a healthy→unhealthy edge is held (0: off).
+    pub port_state_hold_down: Duration,
     /// Checks enabled (`--checks`).
     pub checks: BTreeSet<Check>,
 }
@@ -48,6 +56,7 @@ impl Default for StateConfig {
         StateConfig {
             escalation_grace: Duration::seconds(30),
             speed_degradation_fatal: false,
+            port_state_hold_down: Duration::ZERO,
             checks: Check::ALL.into_iter().collect(),
         }
     }
@@ -59,6 +68,8 @@ pub struct Outcome {
     pub state: LinkState,
     /// Things worth a log line (deferred ports, settled uncabled ports).
     pub notes: Vec<String>,
+    /// Ports held by the hold-down this poll, and held transitions that ended as blips.
+    pub holds: Holds,
 }
 
 /// What every step reads: this poll's inputs.
@@ -110,14 +121,17 @@ pub fn evaluate(
     now: OffsetDateTime,
     stamp: &Stamp,
 ) -> Outcome {
+    let mut st = prev.clone();
+    let (snap, efa_notes) = efa::fold_netdev(snap);
+    let (snap, holds) = holddown::hold(snap, &mut st, roles, cfg, first_poll, now);
+    let snap = snap.as_ref();
     let monitored = snap
         .devices
         .iter()
         .filter(|d| roles.get(&d.name).map(|c| c.monitored).unwrap_or(false) && !d.is_vf())
         .collect();
     let ctx = Ctx { snap, roles, monitored, cfg, now, stamp, first_poll };
-    let mut st = prev.clone();
-    let mut out = Emitted::default();
+    let mut out = Emitted { notes: efa_notes, ..Emitted::default() };
 
     let missing_cards = disappearance::missing_devices(&ctx, &mut st, &mut out);
     disappearance::present_devices(&ctx, &mut st, &mut out);
@@ -144,5 +158,5 @@ pub fn evaluate(
     homogeneity::card_events(&ctx, &cards, &mut st, &mut out);
     speed::speed(&ctx, &mut st, &mut out);
 
-    Outcome { events: out.events, state: st, notes: out.notes }
+    Outcome { events: out.events, state: st, notes: out.notes, holds }
 }

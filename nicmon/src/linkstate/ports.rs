@@ -46,6 +46,7 @@ impl PortView<'_> {
             speed_degraded: false,
             lid: None,
             sm_lid: None,
+            held_since: None,
         }
     }
 }

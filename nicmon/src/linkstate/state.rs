@@ -40,6 +40,9 @@ pub struct PortRecord {
     pub lid: Option<u32>,
     #[serde(default)]
     pub sm_lid: Option<u32>,
+    /// Since when a healthy→unhealthy transition has been held (`portStateHoldDown`).
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub held_since: Option<OffsetDateTime>,
 }
 
 /// A monitored device seen in this boot (disappearance detection across restarts).
