@@ -277,7 +277,19 @@ impl<'a> Daemon<'a> {
 
         let path = &self.opts.state_file;
         match self.courier.commit(&mut self.state, poll.next, &poll.events, |state| save(path, state)) {
-            Ok(()) => self.loaded = Loaded::Resumed,
+            Ok(()) => {
+                self.loaded = Loaded::Resumed;
+                // Counted once committed: a poll that runs again finds the same blip.
+                for b in &poll.holds.blips {
+                    tracing::info!(
+                        check = %b.check,
+                        device = %b.device,
+                        port = b.port,
+                        "port recovered within portStateHoldDown: blip, not reported"
+                    );
+                    self.metrics.port_state_blip(b.check, &b.device, b.port);
+                }
+            }
             Err(full) => {
                 // Direct publishing's bounded queue: a poll whose events do not fit is not
                 // committed (its state does not advance) and runs again on the next cycle.
@@ -411,9 +423,30 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
             }
         }
     }
-    let monitored = ports.len();
     metrics.set_port_health(ports);
-    metrics.set_devices_discovered(Check::InfiniBandStateCheck, monitored);
+    // Monitored PFs per state check (by link layer); InfiniBand ones for the char-device check.
+    let mut discovered: std::collections::BTreeMap<Check, usize> = Default::default();
+    for d in poll.snapshot.devices.iter().filter(|d| !d.is_vf()) {
+        if !poll.roles.get(&d.name).map(|c| c.monitored).unwrap_or(false) {
+            continue;
+        }
+        let ll = crate::roles::device_link_layer(d);
+        if let Some(check) = ll.and_then(crate::linkstate::state_check) {
+            *discovered.entry(check).or_default() += 1;
+        }
+        if ll == Some(&crate::model::LinkLayer::InfiniBand) {
+            *discovered.entry(Check::InfiniBandCharDeviceCheck).or_default() += 1;
+        }
+    }
+    for check in [
+        Check::InfiniBandStateCheck,
+        Check::EthernetStateCheck,
+        Check::EFAStateCheck,
+        Check::InfiniBandCharDeviceCheck,
+    ] {
+        metrics.set_devices_discovered(check, discovered.get(&check).copied().unwrap_or(0));
+    }
+
     metrics.set_read_health(poll.reads_abandoned, &poll.stuck_reads);
     metrics.kmsg_records_lost(poll.next.kmsg.lost_records);
     metrics.set_saturated_counters(poll.next.counters.saturated());
@@ -427,7 +460,10 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
             .unwrap_or(0);
         let Some(check) = e.check() else { continue };
         match check {
-            Check::InfiniBandStateCheck | Check::EthernetStateCheck | Check::InfiniBandCharDeviceCheck => {
+            Check::InfiniBandStateCheck
+            | Check::EthernetStateCheck
+            | Check::EFAStateCheck
+            | Check::InfiniBandCharDeviceCheck => {
                 metrics.state_check_error(check, dev.unwrap_or(""), port)
             }
             Check::InfiniBandDegradationCheck | Check::EthernetDegradationCheck | Check::EFADegradationCheck
@@ -473,6 +509,24 @@ fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapse
             out,
             "  event {} healthy={} fatal={} [{}] {}",
             e.check_name, e.is_healthy, e.is_fatal, ents, e.message
+        );
+    }
+    for h in &poll.holds.held {
+        let _ = writeln!(
+            out,
+            "  held {} [NIC={} NICPort={}] {} - reported in {:.3} s unless it recovers (portStateHoldDown)",
+            h.check,
+            h.device,
+            h.port,
+            h.state,
+            h.left_ms as f64 / 1e3
+        );
+    }
+    for b in &poll.holds.blips {
+        let _ = writeln!(
+            out,
+            "  blip {} [NIC={} NICPort={}] recovered within portStateHoldDown: not reported",
+            b.check, b.device, b.port
         );
     }
 }
