@@ -23,22 +23,22 @@ use crate::model::{Device, PhysState, PortState, Snapshot};
 use crate::roles::{Classification, device_link_layer};
 
 /// A held transition that ended healthy before the hold-down: published nothing.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Blip {
     pub check: Check,
     pub device: String,
     pub port: u32,
 }
 
-/// A port held this poll (trace and log lines).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A port held this poll (trace, `check` report).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Held {
     pub check: Check,
     pub device: String,
     pub port: u32,
     /// The state as read (`DOWN/Disabled`), which the evaluation does not see yet.
     pub state: String,
-    /// Seconds left before it is reported (0 < left ≤ hold-down).
+    /// Milliseconds left before it is reported (0 < left ≤ hold-down).
     pub left_ms: i64,
 }
 
