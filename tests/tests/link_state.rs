@@ -7,6 +7,14 @@ fn unhealthy(events: &[serde_json::Value]) -> Vec<(String, bool, bool, String, S
     events.iter().map(brief).filter(|b| !b.1).collect()
 }
 
+/// A card-level event (entity `NIC=<card>` only) of `check`: (healthy, fatal).
+fn card_event(e: &serde_json::Value, check: &str) -> (bool, bool) {
+    let b = brief(e);
+    assert_eq!(b.0, check, "{e:#}");
+    assert!(b.3.starts_with("NIC=") && !b.3.contains("NICPort") && b.3.contains(':'), "card entity: {e:#}");
+    (b.1, b.2)
+}
+
 /// Fresh start: one healthy baseline per monitored PF port, nothing else.
 fn baseline(tl: &Timeline, expected_ports: usize) {
     let ev = tl.poll(0);
@@ -21,10 +29,14 @@ fn cable_pull_repair_and_transitions_on_h100() {
     baseline(&tl, 18);
     assert!(tl.poll(1).is_empty());
 
-    // Cable pull on a compute port: DOWN/Polling, its card below its peers → one fatal.
+    // Cable pull on a compute port: DOWN/Polling, its card below its peers → one fatal
+    // port event, and the card's own event alongside it (SPEC §1.3, upstream: the card
+    // event is no longer dropped when a port event covers the card).
     node.pull_cable("mlx5_3", 1);
     let ev = tl.poll(2);
-    assert_eq!(ev.len(), 1, "{ev:#?}");
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    assert_eq!(card_event(&ev[1], "InfiniBandStateCheck"), (false, true));
+    assert!(ev[1]["message"].as_str().unwrap().contains("active ports, expected 1"), "{}", ev[1]["message"]);
     let e = &ev[0];
     assert_eq!(brief(e), ("InfiniBandStateCheck".into(), false, true, "NIC=mlx5_3 NICPort=1".into(), String::new()));
     assert_eq!(e["recommendedAction"], "REPLACE_VM");
@@ -43,10 +55,11 @@ fn cable_pull_repair_and_transitions_on_h100() {
     node.set_port("mlx5_3", 1, "1: DOWN", "2: Polling");
     assert!(tl.poll(5).is_empty());
 
-    // Repair → one healthy event.
+    // Repair → one healthy port event, and the card's.
     node.repair("mlx5_3", 1);
     let ev = tl.poll(6);
-    assert_eq!(ev.len(), 1, "{ev:#?}");
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    assert_eq!(card_event(&ev[1], "InfiniBandStateCheck"), (true, false));
     assert_eq!(
         brief(&ev[0]),
         ("InfiniBandStateCheck".into(), true, false, "NIC=mlx5_3 NICPort=1".into(), String::new())
@@ -122,7 +135,9 @@ fn roce_port_down_is_fatal_with_operstate() {
     node.set_port("mlx5_2", 1, "1: DOWN", "3: Disabled");
     node.set_operstate("rdma2", "down");
     let ev = tl.poll(1);
-    assert_eq!(ev.len(), 1, "{ev:#?}");
+    // The port event, and its card's (below its storage peers) alongside it.
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    assert_eq!(card_event(&ev[1], "EthernetStateCheck"), (false, true));
     assert_eq!(brief(&ev[0]), ("EthernetStateCheck".into(), false, true, "NIC=mlx5_2 NICPort=1".into(), String::new()));
     assert_eq!(ev[0]["message"], "RoCE port mlx5_2 port 1: state DOWN, phys_state Disabled, operstate down");
 }
@@ -226,11 +241,13 @@ fn restart_recovery_reboot_and_corrupt_state() {
     let tl = Timeline::new(&node);
     baseline(&tl, 18);
     node.set_port("mlx5_9", 1, "1: DOWN", "3: Disabled");
-    assert_eq!(unhealthy(&tl.poll(1)).len(), 1);
+    // The port event and its card's (below its peers).
+    assert_eq!(unhealthy(&tl.poll(1)).len(), 2);
     // nicmon stops; the port is repaired meanwhile; nicmon restarts (same boot, state file).
     node.repair("mlx5_9", 1);
     let ev = tl.poll(30);
-    assert_eq!(ev.len(), 1);
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    assert_eq!(card_event(&ev[1], "InfiniBandStateCheck"), (true, false));
     assert_eq!(
         brief(&ev[0]),
         ("InfiniBandStateCheck".into(), true, false, "NIC=mlx5_9 NICPort=1".into(), String::new())
