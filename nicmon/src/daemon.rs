@@ -438,12 +438,9 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
             *discovered.entry(Check::InfiniBandCharDeviceCheck).or_default() += 1;
         }
     }
-    for check in [
-        Check::InfiniBandStateCheck,
-        Check::EthernetStateCheck,
-        Check::EFAStateCheck,
-        Check::InfiniBandCharDeviceCheck,
-    ] {
+    for check in
+        [Check::InfiniBandStateCheck, Check::EthernetStateCheck, Check::EFAStateCheck, Check::InfiniBandCharDeviceCheck]
+    {
         metrics.set_devices_discovered(check, discovered.get(&check).copied().unwrap_or(0));
     }
 
@@ -463,9 +460,7 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
             Check::InfiniBandStateCheck
             | Check::EthernetStateCheck
             | Check::EFAStateCheck
-            | Check::InfiniBandCharDeviceCheck => {
-                metrics.state_check_error(check, dev.unwrap_or(""), port)
-            }
+            | Check::InfiniBandCharDeviceCheck => metrics.state_check_error(check, dev.unwrap_or(""), port),
             Check::InfiniBandDegradationCheck | Check::EthernetDegradationCheck | Check::EFADegradationCheck
                 if !e.message.contains("CounterSaturated") =>
             {

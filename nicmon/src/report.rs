@@ -200,7 +200,11 @@ impl Report {
             );
         }
         for b in &self.blips {
-            let _ = writeln!(out, "blip: {} port {} ({}) recovered within portStateHoldDown: not reported", b.device, b.port, b.check);
+            let _ = writeln!(
+                out,
+                "blip: {} port {} ({}) recovered within portStateHoldDown: not reported",
+                b.device, b.port, b.check
+            );
         }
         let _ = writeln!(out, "topology source: {}", self.topology_source);
         for n in &self.topology_notes {

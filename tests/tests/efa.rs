@@ -133,7 +133,8 @@ fn efa_netdev_down_is_fatal_with_its_card_and_up_recovers() {
     let node = Platform::AwsP5.build();
     let (dev, nd) = efa_with_netdev(&node).remove(0);
     let r = node.check_json(&[]);
-    let card = efa_devices(&r).iter().find(|d| d["name"] == dev.as_str()).unwrap()["card"].as_str().unwrap().to_string();
+    let card =
+        efa_devices(&r).iter().find(|d| d["name"] == dev.as_str()).unwrap()["card"].as_str().unwrap().to_string();
     let tl = Timeline::new(&node);
     assert!(tl.poll(0).iter().all(|e| e["isHealthy"] == true && e["checkName"] == "EFAStateCheck"));
     node.efa_netdev_down(&dev);
@@ -201,10 +202,7 @@ fn a_non_numeric_carrier_leaves_the_port_unknown_with_a_note_and_siblings_monito
     node.efa_netdev_down(&sib);
     let (r, err) = poll_logged(&tl, 1);
     assert!(!err.contains("panicked"), "{err}");
-    assert!(
-        err.contains(&format!("EFA port {odd} port 1: netdev {odd_nd} carrier is unreadable or not 0/1")),
-        "{err}"
-    );
+    assert!(err.contains(&format!("EFA port {odd} port 1: netdev {odd_nd} carrier is unreadable or not 0/1")), "{err}");
     let b: Vec<_> = r["events"].as_array().unwrap().iter().map(brief).filter(|b| b.3.contains("NICPort")).collect();
     assert_eq!(b, vec![("EFAStateCheck".into(), false, true, format!("NIC={sib} NICPort=1"), String::new())]);
     // Readable again and up: the port was never reported unhealthy, nothing to say.

@@ -36,7 +36,11 @@ fn cable_pull_repair_and_transitions_on_h100() {
     let ev = tl.poll(2);
     assert_eq!(ev.len(), 2, "{ev:#?}");
     assert_eq!(card_event(&ev[1], "InfiniBandStateCheck"), (false, true));
-    assert!(ev[1]["message"].as_str().unwrap().contains("active ports, expected 1"), "{}", ev[1]["message"]);
+    assert!(
+        ev[1]["message"].as_str().unwrap().contains("has 1 active ports, expected 2 (peer mode)"),
+        "{}",
+        ev[1]["message"]
+    );
     let e = &ev[0];
     assert_eq!(brief(e), ("InfiniBandStateCheck".into(), false, true, "NIC=mlx5_3 NICPort=1".into(), String::new()));
     assert_eq!(e["recommendedAction"], "REPLACE_VM");
@@ -265,6 +269,7 @@ fn restart_recovery_reboot_and_corrupt_state() {
         [
             "InfiniBandStateCheck",
             "EthernetStateCheck",
+            "EFAStateCheck",
             "InfiniBandDegradationCheck",
             "EthernetDegradationCheck",
             "EFADegradationCheck",
