@@ -382,3 +382,60 @@ fn a_kill_during_the_state_write_never_leaves_a_half_written_file() {
         assert!(leftovers.iter().all(|e| e.path() != state));
     }
 }
+
+#[test]
+fn hold_down_blip_publishes_nothing_and_a_long_outage_is_reported_once_after_it() {
+    let node = Platform::H100Oci.build();
+    let cfg = node.root().join("hold.toml");
+    std::fs::write(&cfg, "[stateCheck]\nportStateHoldDown = \"10s\"\n").unwrap();
+    let mut tl = Timeline::new(&node);
+    tl.extra = vec!["--config".into(), cfg.to_str().unwrap().into()];
+    baseline(&tl, 18);
+
+    // A blip: down at t=1, still held at t=5, up at t=8 → nothing published, one blip.
+    node.set_port("mlx5_9", 1, "1: DOWN", "3: Disabled");
+    for t in [1, 5] {
+        let r = tl.report(t);
+        assert!(r["events"].as_array().unwrap().is_empty(), "held: neither port nor card event {r:#}");
+        let held = r["held_ports"].as_array().unwrap();
+        assert_eq!(held.len(), 1, "{held:#?}");
+        assert_eq!((held[0]["device"].as_str(), held[0]["port"].as_u64()), (Some("mlx5_9"), Some(1)));
+        assert_eq!(held[0]["state"], "DOWN/Disabled");
+    }
+    node.repair("mlx5_9", 1);
+    let r = tl.report(8);
+    assert!(r["events"].as_array().unwrap().is_empty(), "{r:#}");
+    let blips = r["blips"].as_array().unwrap();
+    assert_eq!(blips.len(), 1);
+    assert_eq!(
+        (blips[0]["check"].as_str(), blips[0]["device"].as_str()),
+        (Some("InfiniBandStateCheck"), Some("mlx5_9"))
+    );
+    assert!(tl.report(9)["blips"].as_array().unwrap().is_empty(), "staying healthy is no blip");
+
+    // A long outage: down at t=20, held until t=30, then the port and its card once.
+    node.set_port("mlx5_9", 1, "1: DOWN", "3: Disabled");
+    assert!(tl.poll(20).is_empty());
+    assert!(tl.poll(29).is_empty(), "one second short of the hold-down");
+    let ev = tl.poll(30);
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    assert_eq!(
+        brief(&ev[0]),
+        ("InfiniBandStateCheck".into(), false, true, "NIC=mlx5_9 NICPort=1".into(), String::new())
+    );
+    assert_eq!(card_event(&ev[1], "InfiniBandStateCheck"), (false, true));
+    assert!(tl.poll(31).is_empty(), "reported once");
+    // The recovery is not held.
+    node.repair("mlx5_9", 1);
+    let ev = tl.poll(32);
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    assert!(ev.iter().all(|e| e["isHealthy"] == true));
+
+    // A bad value: exit 2, naming the key.
+    std::fs::write(&cfg, "[stateCheck]\nportStateHoldDown = \"soon\"\n").unwrap();
+    let meta = node.metadata_path();
+    let out = node.nicmon("check", &["--config", cfg.to_str().unwrap(), "--metadata", meta.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("stateCheck.portStateHoldDown = \"soon\""), "{err}");
+}
