@@ -80,10 +80,9 @@ pub(super) fn hold<'a>(
                 continue;
             };
             match port_health(port, ll) {
-                PortHealth::Healthy => {
-                    if r.held_since.take().is_some() {
-                        holds.blips.push(Blip { check, device: d.name.clone(), port: port.number });
-                    }
+                PortHealth::Healthy if r.held_since.is_some() => {
+                    r.held_since = None;
+                    holds.blips.push(Blip { check, device: d.name.clone(), port: port.number });
                 }
                 PortHealth::Fatal | PortHealth::NonFatal { .. } if r.reported == Reported::Healthy => {
                     let since = *r.held_since.get_or_insert(now);
