@@ -440,6 +440,7 @@ fn the_operator_guide_documents_every_config_key() {
     let sections = [
         ("", "zzUnknown = 1\n"),
         ("stateDetection.", "[stateDetection]\nzzUnknown = 1\n"),
+        ("stateCheck.", "[stateCheck]\nzzUnknown = 1\n"),
         ("counterDetection.", "[counterDetection]\nzzUnknown = 1\n"),
         ("counterDetection.counters[].", "[[counterDetection.counters]]\nname = \"x\"\nzzUnknown = 1\n"),
         ("kernelLog.", "[kernelLog]\nzzUnknown = 1\n"),
