@@ -82,6 +82,8 @@ pub struct Poll {
     pub char_devices: Vec<chardev::Finding>,
     /// Ports held by `portStateHoldDown` this poll, and held transitions that were blips.
     pub holds: linkstate::Holds,
+    /// Unhealthy port transitions flap damping counted this poll (published or held).
+    pub flaps: Vec<linkstate::FlapTransition>,
 }
 
 impl Monitor {
@@ -117,6 +119,7 @@ impl Monitor {
                 escalation_grace: Duration::seconds(config.escalation_grace_secs as i64),
                 speed_degradation_fatal: config.speed_degradation_fatal,
                 port_state_hold_down: Duration::try_from(config.port_state_hold_down).unwrap_or(Duration::MAX),
+                flap: config.flap,
                 checks,
             },
             counter_paths: counters::read_paths(&config.counter_rules),
@@ -194,6 +197,7 @@ impl Monitor {
         events.extend(out.events);
         let mut notes = out.notes;
         let holds = out.holds;
+        let flaps = out.flaps;
 
         // Counters of monitored PF ports only: management NICs and VFs are never evaluated.
         let monitored = |name: &str| roles.get(name).map(|c| c.monitored).unwrap_or(false);
@@ -238,7 +242,7 @@ impl Monitor {
             char_devices: char_state,
             einval,
         };
-        Poll { snapshot, roles, events, next, notes, reads_abandoned, stuck_reads, char_devices, holds }
+        Poll { snapshot, roles, events, next, notes, reads_abandoned, stuck_reads, char_devices, holds, flaps }
     }
 }
 

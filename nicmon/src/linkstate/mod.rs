@@ -11,6 +11,7 @@
 //! 2. [`homogeneity`] — active ports per card against its role group's mode;
 //! 3. per port: [`ports`] — health boundary crossings, deferral of never-healthy ports, and
 //!    [`escalation`] of non-fatal ports to fatal (the 30 s grace, or at once by peers);
+//!    with [`flap`] damping (a flapping port is one fatal event, held until it settles);
 //!    then [`subnet_manager`] — LID / SM LID changes while ACTIVE;
 //! 4. [`homogeneity::card_events`] — a card below its group's mode, and its return;
 //! 5. [`speed`] — link speed below the group's rate mode.
@@ -25,6 +26,7 @@ use crate::roles::{Classification, Role, device_link_layer};
 pub mod disappearance;
 pub mod efa;
 pub mod escalation;
+pub mod flap;
 pub mod health;
 pub mod holddown;
 pub mod homogeneity;
@@ -34,6 +36,7 @@ pub mod state;
 pub mod subnet_manager;
 
 pub use disappearance::MISSES_BEFORE_REPORT;
+pub use flap::{FlapConfig, FlapState};
 pub use health::{PortHealth, port_health, state_check};
 pub use holddown::{Blip, Held, Holds};
 pub use ports::MAX_DEFERRED_POLLS;
@@ -47,6 +50,8 @@ pub struct StateConfig {
     pub speed_degradation_fatal: bool,
     /// `[stateCheck] portStateHoldDown`: how long a healthy→unhealthy edge is held (0: off).
     pub port_state_hold_down: Duration,
+    /// Flap damping (`[stateCheck] flapThreshold`, `flapWindow`, `flapSettle`).
+    pub flap: FlapConfig,
     /// Checks enabled (`--checks`).
     pub checks: BTreeSet<Check>,
 }
@@ -57,6 +62,7 @@ impl Default for StateConfig {
             escalation_grace: Duration::seconds(30),
             speed_degradation_fatal: false,
             port_state_hold_down: Duration::ZERO,
+            flap: FlapConfig::default(),
             checks: Check::ALL.into_iter().collect(),
         }
     }
@@ -70,6 +76,22 @@ pub struct Outcome {
     pub notes: Vec<String>,
     /// Ports held by the hold-down this poll, and held transitions that ended as blips.
     pub holds: Holds,
+    /// The unhealthy transitions of ports this poll that flap damping counted.
+    pub flaps: Vec<FlapTransition>,
+}
+
+/// One unhealthy transition counted by flap damping (for its metric and log line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlapTransition {
+    pub device: String,
+    pub port: u32,
+    pub check: Check,
+    /// An event went out for it (below the threshold, or the "port flapping" event).
+    pub published: bool,
+    /// The port is held as flapping after it.
+    pub flapping: bool,
+    /// Transitions counted so far (in the window, or since the hold began).
+    pub transitions: u64,
 }
 
 /// What every step reads: this poll's inputs.
@@ -100,6 +122,7 @@ impl Ctx<'_> {
 pub(crate) struct Emitted {
     pub events: Vec<HealthEvent>,
     pub notes: Vec<String>,
+    pub flaps: Vec<FlapTransition>,
 }
 
 impl Emitted {
@@ -158,5 +181,5 @@ pub fn evaluate(
     homogeneity::card_events(&ctx, &cards, &mut st, &mut out);
     speed::speed(&ctx, &mut st, &mut out);
 
-    Outcome { events: out.events, state: st, notes: out.notes, holds }
+    Outcome { events: out.events, state: st, notes: out.notes, holds, flaps: out.flaps }
 }

@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
+use super::flap::FlapState;
+
 /// What was last reported to the platform for a port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -43,6 +45,9 @@ pub struct PortRecord {
     /// Since when a healthy→unhealthy transition has been held (`portStateHoldDown`).
     #[serde(default, with = "time::serde::rfc3339::option")]
     pub held_since: Option<OffsetDateTime>,
+    /// Flap damping: recent unhealthy transitions, the hold and its settle clock.
+    #[serde(default, skip_serializing_if = "FlapState::is_quiet")]
+    pub flap: FlapState,
 }
 
 /// A monitored device seen in this boot (disappearance detection across restarts).
