@@ -106,6 +106,9 @@ pub struct Daemon<'a> {
     courier: Courier,
     sigterm: Signal,
     tick: tokio::time::Interval,
+    /// When the earliest port held by `portStateHoldDown` is due: a poll then reports it
+    /// (or finds it recovered) without waiting for the next tick.
+    hold_due: Option<tokio::time::Instant>,
     pending_records: Vec<Record>,
     trace_latencies: BTreeMap<&'static str, Vec<f64>>,
 }
@@ -185,6 +188,7 @@ impl<'a> Daemon<'a> {
             courier,
             sigterm,
             tick,
+            hold_due: None,
             pending_records: Vec::new(),
             trace_latencies: BTreeMap::new(),
         })
@@ -233,8 +237,12 @@ impl<'a> Daemon<'a> {
         let (wakes, kmsg, courier) = (&mut self.wakes, &mut self.kmsg, &mut self.courier);
         let metrics = &self.metrics;
         let (tick, sigterm, records) = (&mut self.tick, &mut self.sigterm, &mut self.pending_records);
+        let hold_due = self.hold_due;
         tokio::select! {
             _ = tick.tick() => Wakeup::Poll(Vec::new()),
+            _ = async { match hold_due { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
+                Wakeup::Poll(Vec::new())
+            }
             Some(w) = async { match wakes.as_mut() { Some(w) => w.recv().await, None => std::future::pending().await } } => {
                 let mut woke = vec![w];
                 // Coalesce a burst into one poll.
@@ -295,6 +303,15 @@ impl<'a> Daemon<'a> {
             }
         }
 
+        // The earliest held port's due time (rounded up; measured from after the poll, whose
+        // clock reading was earlier, so the poll then finds it due).
+        self.hold_due = poll
+            .holds
+            .held
+            .iter()
+            .map(|h| h.left_ms.max(0) as u64 + 1)
+            .min()
+            .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
         let path = &self.opts.state_file;
         match self.courier.commit(&mut self.state, poll.next, &poll.events, |state| save(path, state)) {
             Ok(()) => {
@@ -572,13 +589,22 @@ fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapse
         );
     }
     for b in &poll.holds.blips {
+        let flap = poll.flaps.iter().find(|f| f.device == b.device && f.port == b.port);
+        let counted = match flap {
+            Some(f) if f.flapping && f.published => {
+                format!("; counted for flap damping ({} transitions): port flapping", f.transitions)
+            }
+            Some(f) if f.flapping => format!("; the port is held as flapping ({} transitions)", f.transitions),
+            Some(f) => format!("; counted for flap damping ({} in the window)", f.transitions),
+            None => String::new(),
+        };
         let _ = writeln!(
             out,
-            "  blip {} [NIC={} NICPort={}] recovered within portStateHoldDown: not reported",
+            "  blip {} [NIC={} NICPort={}] recovered within portStateHoldDown: not reported{counted}",
             b.check, b.device, b.port
         );
     }
-    for f in poll.flaps.iter().filter(|f| !f.published) {
+    for f in poll.flaps.iter().filter(|f| !f.published && f.flapping) {
         let _ = writeln!(
             out,
             "  held {} [NIC={} NICPort={}] unhealthy transition while flapping ({} since the hold began): not published",

@@ -1,11 +1,13 @@
 //! Card homogeneity (000 §4.3): within a role group `(role, link layer)` the cards should
 //! have the same number of active ports. A card below the group's mode makes its unhealthy
 //! ports fatal at once (see [`super::escalation`]) and is reported as a card-level event
-//! (alongside any port events), and its end as a healthy one.
+//! (alongside any port events), and its end as a healthy one. While a port of the card is
+//! held as flapping ([`super::flap`]) the card stays as reported when it went below: its
+//! flapping port does not make it recover and fall again with every transition.
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::health::state_check;
-use super::state::LinkState;
+use super::state::{LinkState, port_key};
 use super::{Ctx, Emitted};
 use crate::event::{Entity, HealthEvent};
 use crate::model::LinkLayer;
@@ -85,9 +87,21 @@ pub(super) fn compare_cards(ctx: &Ctx<'_>, missing_cards: &BTreeSet<String>) -> 
 
 /// Card-level events: a card below its peers' mode is reported once, whether or not port
 /// events also cover it (SPEC §1.3, upstream); a reported card back at its peers' count
-/// recovers.
+/// recovers, unless one of its ports is held as flapping (then it stays below until that
+/// port has settled, as its port event does).
 pub(super) fn card_events(ctx: &Ctx<'_>, cards: &Cards, st: &mut LinkState, out: &mut Emitted) {
-    let mut still_below = BTreeSet::new();
+    let flapping_cards: BTreeSet<&str> = ctx
+        .monitored
+        .iter()
+        .filter(|d| {
+            d.ports.iter().any(|p| {
+                st.port_states.get(&port_key(&d.name, p.number)).map(|r| r.flap.is_flapping()).unwrap_or(false)
+            })
+        })
+        .filter_map(|d| d.card.as_deref())
+        .collect();
+    let mut still_below: BTreeSet<String> =
+        st.cards_below_mode.iter().filter(|c| flapping_cards.contains(c.as_str())).cloned().collect();
     for (card, mode) in &cards.below_mode {
         let view = &cards.views[card];
         still_below.insert(card.to_string());

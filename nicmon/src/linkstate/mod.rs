@@ -172,7 +172,8 @@ pub fn evaluate(
             let known = st.port_states.get(&key).cloned();
             let is_known = known.is_some();
             let mut r = known.unwrap_or_else(|| pv.new_record());
-            ports::transition(&ctx, &pv, &cards, &mut r, is_known, &mut out);
+            let blip = holds.blips.iter().any(|b| b.device == d.name && b.port == port.number);
+            ports::transition(&ctx, &pv, &cards, &mut r, is_known, blip, &mut out);
             subnet_manager::lid_changes(&ctx, &pv, &r, &mut out);
             ports::remember(port, &mut r);
             st.port_states.insert(key, r);
