@@ -228,3 +228,81 @@ fn an_invalid_flap_setting_stops_with_the_key_named() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("stateCheck.flapWindow = \"forever\""), "{err}");
 }
+
+/// Hold-down and flap damping together: each blip shorter than `portStateHoldDown` publishes
+/// nothing on its own but counts as an unhealthy transition, so a port blipping again and
+/// again is still reported as flapping; once held as flapping, its edges (short or long)
+/// publish nothing until it has settled.
+#[test]
+fn blips_under_the_hold_down_still_count_as_flapping() {
+    let node = Platform::L40sOci.build();
+    let cfg = node.root().join("nicmon.toml");
+    std::fs::write(&cfg, "[stateCheck]\nportStateHoldDown = \"10s\"\n").unwrap();
+    let mut tl = Timeline::new(&node);
+    tl.extra = vec!["--config".into(), cfg.to_str().unwrap().into()];
+    assert_eq!(tl.poll(0).len(), 6);
+
+    // Two blips: held, then healthy again within 10 s → nothing published, each counted.
+    for (i, t) in [1, 5].into_iter().enumerate() {
+        down(&node, 0);
+        let r = tl.report(t);
+        assert!(r["events"].as_array().unwrap().is_empty(), "held: {r:#}");
+        assert_eq!(r["held_ports"].as_array().unwrap().len(), 1, "{r:#}");
+        up(&node);
+        let r = tl.report(t + 2);
+        assert!(r["events"].as_array().unwrap().is_empty(), "a blip publishes nothing: {r:#}");
+        assert_eq!(r["blips"].as_array().unwrap().len(), 1, "{r:#}");
+        let p = port_report(&r);
+        assert_eq!((p["flapping"].as_bool(), p["flap_transitions"].as_u64()), (Some(false), Some(i as u64 + 1)));
+    }
+
+    // The third blip within the window: one fatal "port flapping" event (the port is up, so
+    // its card is not below and sends nothing).
+    down(&node, 0);
+    assert!(tl.poll(9).is_empty(), "held");
+    up(&node);
+    let ev = tl.poll(11);
+    assert_eq!(
+        briefs(&ev),
+        vec![("EthernetStateCheck".into(), false, true, PORT.into(), "PortFlapping".into())],
+        "{ev:#?}"
+    );
+    assert_eq!(
+        ev[0]["message"],
+        "RoCE port mlx5_2 port 1 - port flapping: 3 transitions in 60 s (each recovered within portStateHoldDown), \
+         held until healthy for 60 s"
+    );
+    assert_eq!(port_report(&tl.report(12))["flapping"], true);
+
+    // Held as flapping: a DOWN longer than the hold-down publishes nothing, neither the
+    // port's event nor its card's, and it is not held by the hold-down either.
+    down(&node, 0);
+    for t in [13, 20, 30] {
+        let r = tl.report(t);
+        assert!(r["events"].as_array().unwrap().is_empty(), "t={t}: {r:#}");
+        assert!(r["held_ports"].as_array().unwrap().is_empty(), "t={t}: {r:#}");
+    }
+    // A short one while held is no blip and publishes nothing.
+    up(&node);
+    assert!(tl.poll(31).is_empty());
+    down(&node, 0);
+    assert!(tl.poll(32).is_empty());
+    up(&node);
+    let r = tl.report(33);
+    assert!(r["events"].as_array().unwrap().is_empty(), "{r:#}");
+    assert_eq!(port_report(&r)["flap_transitions"], 5);
+
+    // Settled 60 s after the last DOWN: the port's healthy event only (its card never fell).
+    assert!(tl.poll(92).is_empty(), "59 s healthy");
+    let ev = tl.poll(93);
+    assert_eq!(briefs(&ev), vec![("EthernetStateCheck".into(), true, false, PORT.into(), String::new())], "{ev:#?}");
+    assert!(ev[0]["message"].as_str().unwrap().contains("after flapping (5 transitions)"), "{ev:#?}");
+
+    // Afterwards a blip is a blip again.
+    down(&node, 0);
+    assert!(tl.poll(100).is_empty());
+    up(&node);
+    let r = tl.report(101);
+    assert!(r["events"].as_array().unwrap().is_empty(), "{r:#}");
+    assert_eq!(r["blips"].as_array().unwrap().len(), 1);
+}

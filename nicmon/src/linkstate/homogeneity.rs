@@ -2,8 +2,9 @@
 //! have the same number of active ports. A card below the group's mode makes its unhealthy
 //! ports fatal at once (see [`super::escalation`]) and is reported as a card-level event
 //! (alongside any port events), and its end as a healthy one. While a port of the card is
-//! held as flapping ([`super::flap`]) the card stays as reported when it went below: its
-//! flapping port does not make it recover and fall again with every transition.
+//! held as flapping ([`super::flap`]), from the poll after its "port flapping" event until it
+//! has settled, the card stays as it was reported: the flapping port does not make it fall
+//! and recover again with every transition.
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::health::state_check;
@@ -87,22 +88,25 @@ pub(super) fn compare_cards(ctx: &Ctx<'_>, missing_cards: &BTreeSet<String>) -> 
 
 /// Card-level events: a card below its peers' mode is reported once, whether or not port
 /// events also cover it (SPEC §1.3, upstream); a reported card back at its peers' count
-/// recovers, unless one of its ports is held as flapping (then it stays below until that
-/// port has settled, as its port event does).
+/// recovers. A card with a port held as flapping since an earlier poll is left as it was
+/// reported until that port has settled.
 pub(super) fn card_events(ctx: &Ctx<'_>, cards: &Cards, st: &mut LinkState, out: &mut Emitted) {
-    let flapping_cards: BTreeSet<&str> = ctx
+    let frozen: BTreeSet<&str> = ctx
         .monitored
         .iter()
         .filter(|d| {
             d.ports.iter().any(|p| {
-                st.port_states.get(&port_key(&d.name, p.number)).map(|r| r.flap.is_flapping()).unwrap_or(false)
+                st.port_states
+                    .get(&port_key(&d.name, p.number))
+                    .and_then(|r| r.flap.flapping_since)
+                    .is_some_and(|since| since < ctx.now)
             })
         })
         .filter_map(|d| d.card.as_deref())
         .collect();
     let mut still_below: BTreeSet<String> =
-        st.cards_below_mode.iter().filter(|c| flapping_cards.contains(c.as_str())).cloned().collect();
-    for (card, mode) in &cards.below_mode {
+        st.cards_below_mode.iter().filter(|c| frozen.contains(c.as_str())).cloned().collect();
+    for (card, mode) in cards.below_mode.iter().filter(|(c, _)| !frozen.contains(c.as_str())) {
         let view = &cards.views[card];
         still_below.insert(card.to_string());
         let Some(check) = state_check(&view.group.1) else {
