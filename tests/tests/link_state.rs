@@ -439,3 +439,43 @@ fn hold_down_blip_publishes_nothing_and_a_long_outage_is_reported_once_after_it(
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("stateCheck.portStateHoldDown = \"soon\""), "{err}");
 }
+
+/// SPEC §1.3: a non-escalating unhealthy state (`ACTIVE` + `LinkErrorRecovery`) stays
+/// non-fatal on a card with no peer evidence, but on a card below its peers' mode it is
+/// fatal at once, with the card's own event alongside.
+#[test]
+fn non_escalating_state_is_fatal_on_a_card_below_its_peers_only() {
+    // Alone: non-fatal, and never escalated by time.
+    let node = lone_card();
+    let tl = Timeline::new(&node);
+    baseline(&tl, 2);
+    node.set_port("mlx5_0", 1, "4: ACTIVE", "6: LinkErrorRecovery");
+    let ev = tl.poll(1);
+    assert_eq!(
+        unhealthy(&ev),
+        vec![("InfiniBandStateCheck".into(), false, false, "NIC=mlx5_0 NICPort=1".into(), String::new())]
+    );
+    assert_eq!(ev.len(), 1, "{ev:#?}");
+    assert!(tl.poll(40).is_empty(), "not an escalating state: no fatal after the grace");
+    assert!(tl.poll(400).is_empty());
+
+    // Below its peers (H100: the card has 1 active port, its peers 2): fatal at once.
+    let node = Platform::H100Oci.build();
+    let tl = Timeline::new(&node);
+    baseline(&tl, 18);
+    node.set_port("mlx5_3", 1, "4: ACTIVE", "6: LinkErrorRecovery");
+    let ev = tl.poll(1);
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    assert_eq!(brief(&ev[0]), ("InfiniBandStateCheck".into(), false, true, "NIC=mlx5_3 NICPort=1".into(), String::new()));
+    assert!(
+        ev[0]["message"].as_str().unwrap().ends_with("has 1 active ports, its peers 2"),
+        "{}",
+        ev[0]["message"]
+    );
+    assert_eq!(card_event(&ev[1], "InfiniBandStateCheck"), (false, true));
+    assert!(tl.poll(2).is_empty());
+    node.repair("mlx5_3", 1);
+    let ev = tl.poll(3);
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    assert!(ev.iter().all(|e| e["isHealthy"] == true));
+}
