@@ -26,8 +26,7 @@ pub const TOP_LEVEL_KEYS: [&str; 9] = [
     "charDeviceCheck",
 ];
 pub const STATE_DETECTION_KEYS: [&str; 2] = ["escalationGraceSeconds", "speedDegradationFatal"];
-pub const STATE_CHECK_KEYS: [&str; 4] =
-    ["portStateHoldDown", "flapThreshold", "flapWindow", "flapSettle"];
+pub const STATE_CHECK_KEYS: [&str; 4] = ["portStateHoldDown", "flapThreshold", "flapWindow", "flapSettle"];
 pub const CHAR_DEVICE_CHECK_KEYS: [&str; 1] = ["issm"];
 
 /// Default location of the config file in the DaemonSet.

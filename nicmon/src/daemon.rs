@@ -595,8 +595,8 @@ fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapse
                 format!("; counted for flap damping ({} transitions): port flapping", f.transitions)
             }
             Some(f) if f.flapping => format!("; the port is held as flapping ({} transitions)", f.transitions),
-            Some(f) => format!("; counted for flap damping ({} in the window)", f.transitions),
-            None => String::new(),
+            Some(f) if f.transitions > 0 => format!("; counted for flap damping ({} in the window)", f.transitions),
+            _ => String::new(),
         };
         let _ = writeln!(
             out,

@@ -175,8 +175,7 @@ fn blip_transition(ctx: &Ctx<'_>, pv: &PortView<'_>, r: &mut PortRecord, out: &m
                 ctx.cfg.flap.window.whole_seconds(),
                 ctx.cfg.flap.settle.whole_seconds()
             );
-            let ev =
-                HealthEvent::new(pv.check, ctx.stamp, ctx.now, &msg).unhealthy(true).error_code(flap::ERROR_CODE);
+            let ev = HealthEvent::new(pv.check, ctx.stamp, ctx.now, &msg).unhealthy(true).error_code(flap::ERROR_CODE);
             pv.emit(ctx, out, ev);
             r.reported = Reported::Fatal;
             flap_counted(pv, r, true, out);
