@@ -207,9 +207,17 @@ impl Monitor {
             .filter(|d| monitored(&d.name) && !d.is_vf())
             .flat_map(|d| d.ports.iter().map(move |p| CounterPort::new(&d.name, p)))
             .collect();
-        let (counter_events, counter_state) =
+        let (counter_events, mut counter_state) =
             counters::evaluate(&prev.counters, &ports, &self.config.counter_rules, now, reboot, &self.stamp);
         events.extend(counter_events);
+        for (device, port, rule) in
+            counters::went_unreadable(&prev.counters, &mut counter_state, &ports, &self.config.counter_rules)
+        {
+            notes.push(format!(
+                "counter {rule} on {device} port {port}: unreadable (file gone, or not a number such as N/A): \
+                 not evaluated until it reads a number again"
+            ));
+        }
         let mut char_devices = Vec::new();
         let mut char_state = prev.char_devices.clone();
         if self.state_config.checks.contains(&Check::InfiniBandCharDeviceCheck) {

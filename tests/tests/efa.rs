@@ -78,7 +78,13 @@ fn efa_counters_reading_na_are_unknown_and_siblings_are_still_evaluated() {
     node.write_device_file(odd, "hw_counters/no_completion_cmds", "N/A\n");
     node.write_port_file(odd, 1, "hw_counters/rx_drops", "N/A (no PMA)\n");
     node.write_device_file(sibling, "hw_counters/no_completion_cmds", "1\n");
-    let r = tl.report(1);
+    let (r, log) = poll_logged(&tl, 1);
+    for rule in ["efa_no_completion_cmds", "efa_rx_drops"] {
+        let note = format!(
+            "counter {rule} on {odd} port 1: unreadable (file gone, or not a number such as N/A): not evaluated"
+        );
+        assert_eq!(log.matches(&note).count(), 1, "a clear note per counter: {log}");
+    }
     let ev: Vec<_> = r["events"].as_array().unwrap().iter().map(brief).collect();
     assert_eq!(
         ev,
@@ -94,9 +100,11 @@ fn efa_counters_reading_na_are_unknown_and_siblings_are_still_evaluated() {
     let counters = d["ports"][0]["counters"].as_object().unwrap();
     assert!(!counters.contains_key("no_completion_cmds") && !counters.contains_key("rx_drops"), "{counters:?}");
     assert_eq!(counters["retrans_timeout_events"], 0, "the other counters are still read");
+    let (_, log) = poll_logged(&tl, 2);
+    assert!(!log.contains("unreadable"), "said once per episode: {log}");
     // Readable again: a value below nothing is a fresh baseline, not a breach.
     node.write_device_file(odd, "hw_counters/no_completion_cmds", "0\n");
-    assert!(tl.poll(2).is_empty());
+    assert!(tl.poll(3).is_empty());
 }
 
 /// The EFA devices of a node that have a netdev, with it.
