@@ -34,6 +34,8 @@ pub mod ports;
 pub mod speed;
 pub mod state;
 pub mod subnet_manager;
+#[cfg(test)]
+mod tests;
 
 pub use disappearance::MISSES_BEFORE_REPORT;
 pub use flap::{FlapConfig, FlapState};
