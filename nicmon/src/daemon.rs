@@ -106,6 +106,9 @@ pub struct Daemon<'a> {
     courier: Courier,
     sigterm: Signal,
     tick: tokio::time::Interval,
+    /// When the earliest port held by `portStateHoldDown` is due: a poll then reports it
+    /// (or finds it recovered) without waiting for the next tick.
+    hold_due: Option<tokio::time::Instant>,
     pending_records: Vec<Record>,
     trace_latencies: BTreeMap<&'static str, Vec<f64>>,
 }
@@ -185,6 +188,7 @@ impl<'a> Daemon<'a> {
             courier,
             sigterm,
             tick,
+            hold_due: None,
             pending_records: Vec::new(),
             trace_latencies: BTreeMap::new(),
         })
@@ -233,8 +237,12 @@ impl<'a> Daemon<'a> {
         let (wakes, kmsg, courier) = (&mut self.wakes, &mut self.kmsg, &mut self.courier);
         let metrics = &self.metrics;
         let (tick, sigterm, records) = (&mut self.tick, &mut self.sigterm, &mut self.pending_records);
+        let hold_due = self.hold_due;
         tokio::select! {
             _ = tick.tick() => Wakeup::Poll(Vec::new()),
+            _ = async { match hold_due { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
+                Wakeup::Poll(Vec::new())
+            }
             Some(w) = async { match wakes.as_mut() { Some(w) => w.recv().await, None => std::future::pending().await } } => {
                 let mut woke = vec![w];
                 // Coalesce a burst into one poll.
@@ -295,9 +303,30 @@ impl<'a> Daemon<'a> {
             }
         }
 
+        // The earliest held port's due time (rounded up; measured from after the poll, whose
+        // clock reading was earlier, so the poll then finds it due).
+        self.hold_due = poll
+            .holds
+            .held
+            .iter()
+            .map(|h| h.left_ms.max(0) as u64 + 1)
+            .min()
+            .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
         let path = &self.opts.state_file;
         match self.courier.commit(&mut self.state, poll.next, &poll.events, |state| save(path, state)) {
-            Ok(()) => self.loaded = Loaded::Resumed,
+            Ok(()) => {
+                self.loaded = Loaded::Resumed;
+                // Counted once committed: a poll that runs again finds the same blip.
+                for b in &poll.holds.blips {
+                    tracing::info!(
+                        check = %b.check,
+                        device = %b.device,
+                        port = b.port,
+                        "port recovered within portStateHoldDown: blip, not reported"
+                    );
+                    self.metrics.port_state_blip(b.check, &b.device, b.port);
+                }
+            }
             Err(full) => {
                 // Direct publishing's bounded queue: a poll whose events do not fit is not
                 // committed (its state does not advance) and runs again on the next cycle.
@@ -459,9 +488,27 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
             }
         }
     }
-    let monitored = ports.len();
     metrics.set_port_health(ports);
-    metrics.set_devices_discovered(Check::InfiniBandStateCheck, monitored);
+    // Monitored PFs per state check (by link layer); InfiniBand ones for the char-device check.
+    let mut discovered: std::collections::BTreeMap<Check, usize> = Default::default();
+    for d in poll.snapshot.devices.iter().filter(|d| !d.is_vf()) {
+        if !poll.roles.get(&d.name).map(|c| c.monitored).unwrap_or(false) {
+            continue;
+        }
+        let ll = crate::roles::device_link_layer(d);
+        if let Some(check) = ll.and_then(crate::linkstate::state_check) {
+            *discovered.entry(check).or_default() += 1;
+        }
+        if ll == Some(&crate::model::LinkLayer::InfiniBand) {
+            *discovered.entry(Check::InfiniBandCharDeviceCheck).or_default() += 1;
+        }
+    }
+    for check in
+        [Check::InfiniBandStateCheck, Check::EthernetStateCheck, Check::EFAStateCheck, Check::InfiniBandCharDeviceCheck]
+    {
+        metrics.set_devices_discovered(check, discovered.get(&check).copied().unwrap_or(0));
+    }
+
     metrics.set_read_health(poll.reads_abandoned, &poll.stuck_reads);
     metrics.kmsg_records_lost(poll.next.kmsg.lost_records);
     metrics.set_saturated_counters(poll.next.counters.saturated());
@@ -481,9 +528,10 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
             .unwrap_or(0);
         let Some(check) = e.check() else { continue };
         match check {
-            Check::InfiniBandStateCheck | Check::EthernetStateCheck | Check::InfiniBandCharDeviceCheck => {
-                metrics.state_check_error(check, dev.unwrap_or(""), port)
-            }
+            Check::InfiniBandStateCheck
+            | Check::EthernetStateCheck
+            | Check::EFAStateCheck
+            | Check::InfiniBandCharDeviceCheck => metrics.state_check_error(check, dev.unwrap_or(""), port),
             Check::InfiniBandDegradationCheck | Check::EthernetDegradationCheck | Check::EFADegradationCheck
                 if !e.message.contains("CounterSaturated") =>
             {
@@ -529,7 +577,34 @@ fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapse
             e.check_name, e.is_healthy, e.is_fatal, ents, e.message
         );
     }
-    for f in poll.flaps.iter().filter(|f| !f.published) {
+    for h in &poll.holds.held {
+        let _ = writeln!(
+            out,
+            "  held {} [NIC={} NICPort={}] {} - reported in {:.3} s unless it recovers (portStateHoldDown)",
+            h.check,
+            h.device,
+            h.port,
+            h.state,
+            h.left_ms as f64 / 1e3
+        );
+    }
+    for b in &poll.holds.blips {
+        let flap = poll.flaps.iter().find(|f| f.device == b.device && f.port == b.port);
+        let counted = match flap {
+            Some(f) if f.flapping && f.published => {
+                format!("; counted for flap damping ({} transitions): port flapping", f.transitions)
+            }
+            Some(f) if f.flapping => format!("; the port is held as flapping ({} transitions)", f.transitions),
+            Some(f) if f.transitions > 0 => format!("; counted for flap damping ({} in the window)", f.transitions),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "  blip {} [NIC={} NICPort={}] recovered within portStateHoldDown: not reported{counted}",
+            b.check, b.device, b.port
+        );
+    }
+    for f in poll.flaps.iter().filter(|f| !f.published && f.flapping) {
         let _ = writeln!(
             out,
             "  held {} [NIC={} NICPort={}] unhealthy transition while flapping ({} since the hold began): not published",

@@ -103,7 +103,7 @@ struct HostArgs {
 }
 
 /// The default of `--checks`: every check.
-const ALL_CHECKS: &str = "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck,EFADegradationCheck,InfiniBandCharDeviceCheck,NICKernelLogCheck";
+const ALL_CHECKS: &str = "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck,EFAStateCheck,EFADegradationCheck,InfiniBandCharDeviceCheck,NICKernelLogCheck";
 
 #[derive(clap::Args)]
 struct CheckCli {

@@ -42,6 +42,9 @@ pub struct PortRecord {
     pub lid: Option<u32>,
     #[serde(default)]
     pub sm_lid: Option<u32>,
+    /// Since when a healthy→unhealthy transition has been held (`portStateHoldDown`).
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub held_since: Option<OffsetDateTime>,
     /// Flap damping: recent unhealthy transitions, the hold and its settle clock.
     #[serde(default, skip_serializing_if = "FlapState::is_quiet")]
     pub flap: FlapState,
