@@ -88,7 +88,7 @@ impl Monitor {
     /// topology once (its notes are logged).
     pub fn open(opts: &MonitorOptions) -> Result<Monitor> {
         let config = Config::load(&opts.config)?;
-        for w in config.warnings.iter().chain(&config.path_warnings(&opts.sysfs)) {
+        for w in &config.warnings {
             tracing::warn!("{w}");
         }
         let host = Host::new(&opts.sysfs, &opts.procfs).with_boot_id_path(opts.boot_id_path.clone());

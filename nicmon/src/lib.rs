@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod model;
 pub mod outbox;
 pub mod parse;
+pub mod paths;
 pub mod report;
 pub mod roles;
 pub mod state;
