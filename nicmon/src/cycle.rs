@@ -181,7 +181,7 @@ impl Monitor {
         let Observation { snapshot, links, einval, reads_abandoned, stuck_reads } = obs;
         let roles = roles::classify(&snapshot, &self.topology, &self.config.filters);
         let first_poll = prev.polls == 0;
-        let reboot = matches!(loaded, Loaded::Rebooted { .. }) && first_poll;
+        let reboot = loaded.owes_baselines() && first_poll;
 
         let mut events = Vec::new();
         if reboot {
