@@ -466,7 +466,7 @@ fn upstream_chart_configmap_and_v2_state_file_run_unchanged() {
     let ev = conn.events();
     assert!(ev.iter().all(|e| e.is_healthy), "{ev:#?}");
     let degradation = |e: &&HealthEvent| e.check_name == "InfiniBandDegradationCheck";
-    let first = ev.iter().filter(degradation).next().unwrap();
+    let first = ev.iter().find(degradation).unwrap();
     assert!(first.entities_impacted.is_empty(), "the check's clear comes before its baselines: {ev:#?}");
     node.pull_cable("mlx5_3", 1);
     assert!(conn.wait_until(WAIT, |ev| ev.iter().any(|e| is_port_event(e, "mlx5_3", false))), "cable pull");
