@@ -35,8 +35,8 @@ pub const DEFAULT_PATH: &str = "/etc/nic-health-monitor/config.toml";
 #[derive(Debug, Clone)]
 pub struct Config {
     pub filters: NicFilters,
-    /// `sysClassInfinibandPath` / `sysClassNetPath`, when set (informational: nicmon reads
-    /// everything under one `--sysfs` root; see [`Config::path_warnings`]).
+    /// `sysClassInfinibandPath` / `sysClassNetPath`, when set: without `--sysfs` they decide
+    /// the sysfs root ([`crate::paths`]).
     pub sys_class_infiniband_path: Option<String>,
     pub sys_class_net_path: Option<String>,
     /// `[stateDetection] escalationGraceSeconds`: a port that was healthy and is still in a
@@ -126,25 +126,6 @@ impl Config {
             Err(crate::host::ReadError::Missing) => Ok(Config::default()),
             Err(e) => Err(ConfigError { path: shown, kind: ConfigErrorKind::Read(e.to_string()) }),
         }
-    }
-
-    /// Warnings for `sysClass*Path` values that are not where nicmon reads, under `sysfs`
-    /// (the NVSentinel keys name the two directories; nicmon takes one `--sysfs` root).
-    pub fn path_warnings(&self, sysfs: &Path) -> Vec<String> {
-        let pairs = [
-            ("sysClassInfinibandPath", &self.sys_class_infiniband_path, "class/infiniband"),
-            ("sysClassNetPath", &self.sys_class_net_path, "class/net"),
-        ];
-        pairs
-            .into_iter()
-            .filter_map(|(key, value, rel)| {
-                let value = value.as_deref()?;
-                let read = sysfs.join(rel);
-                (Path::new(value.trim_end_matches('/')) != read).then(|| {
-                    format!("config: {key} = {value:?} is not used: nicmon reads {} (set --sysfs)", read.display())
-                })
-            })
-            .collect()
     }
 
     /// Parse the file's text. Never panics.
@@ -341,8 +322,8 @@ enabled = true
             "[counterDetection]\n[[counterDetection.counters]]\nname = \"port_xmit_wait\"\nenabled = false\n",
         )
         .unwrap();
-        assert!(!c.counter_rules.iter().any(|r| r.name == "port_xmit_wait"));
-        assert!(c.counter_rules.iter().any(|r| r.name == "link_downed"));
+        // Replace, not merge: a list whose one entry is disabled watches nothing.
+        assert!(c.counter_rules.is_empty(), "{:?}", c.counter_rules);
         let e = Config::parse("c.toml", "[[kernelLog.patterns]]\nname = \"x\"\nregex = \"(\"\n").unwrap_err();
         assert!(e.to_string().contains("regex"), "{e}");
     }
@@ -455,19 +436,6 @@ enabled = true
         assert!(matches!(kind("[[kernelLog.patterns]]\nname = \"x\"\nregex = \"(\"\n"), ConfigErrorKind::KernelLog(_)));
         let dir = tempfile::tempdir().unwrap();
         assert!(matches!(Config::load(dir.path()).unwrap_err().kind, ConfigErrorKind::Read(_)));
-    }
-
-    #[test]
-    fn sys_class_paths_that_disagree_with_sysfs_are_warned_about() {
-        let c = Config::parse(
-            "c",
-            "sysClassInfinibandPath = \"/nvsentinel/sys/class/infiniband/\"\nsysClassNetPath = \"/sys/class/net\"",
-        )
-        .unwrap();
-        assert!(c.path_warnings(Path::new("/nvsentinel/sys")).len() == 1);
-        let w = c.path_warnings(Path::new("/nvsentinel/sys")).remove(0);
-        assert!(w.contains("sysClassNetPath") && w.contains("/nvsentinel/sys/class/net"), "{w}");
-        assert!(Config::default().path_warnings(Path::new("/sys")).is_empty());
     }
 
     proptest! {

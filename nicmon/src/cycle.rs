@@ -92,7 +92,7 @@ impl Monitor {
     /// topology once (its notes are logged).
     pub fn open(opts: &MonitorOptions) -> Result<Monitor> {
         let config = Config::load(&opts.config)?;
-        for w in config.warnings.iter().chain(&config.path_warnings(&opts.sysfs)) {
+        for w in &config.warnings {
             tracing::warn!("{w}");
         }
         let host = Host::new(&opts.sysfs, &opts.procfs).with_boot_id_path(opts.boot_id_path.clone());
@@ -187,7 +187,7 @@ impl Monitor {
         let Observation { snapshot, links, einval, reads_abandoned, stuck_reads } = obs;
         let roles = roles::classify(&snapshot, &self.topology, &self.config.filters);
         let first_poll = prev.polls == 0;
-        let reboot = matches!(loaded, Loaded::Rebooted { .. }) && first_poll;
+        let reboot = loaded.owes_baselines() && first_poll;
 
         let mut events = Vec::new();
         if reboot {

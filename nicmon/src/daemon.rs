@@ -350,6 +350,9 @@ fn load_state(path: &std::path::Path, boot_id: Option<&str>) -> (State, Loaded) 
         Loaded::Rebooted { .. } => tracing::info!("boot ID changed: state from the previous boot cleared"),
         Loaded::Missing => tracing::info!(path = %path.display(), "no state file: first start"),
         Loaded::Resumed => tracing::info!(pending = st.outbox.len(), "resuming from the state file"),
+        Loaded::Imported { baselines_owed } => {
+            tracing::info!(baselines_owed, "imported NVSentinel's schema-v2 state file of this boot")
+        }
     }
     (st, loaded)
 }

@@ -289,7 +289,7 @@ fn restart_recovery_reboot_and_corrupt_state() {
     assert!(counter_baselines > 0, "counter baselines after the reboot");
     assert!(ev[..5].iter().all(|e| e["entitiesImpacted"].as_array().unwrap().is_empty()), "clear-all first");
 
-    // Corrupt state file: fresh start with a warning, no crash.
+    // Corrupt state file: reboot semantics (clear-all, then baselines) with a warning, no crash.
     std::fs::write(&tl.state_file, "{\"version\": 1, \"port_states\": [tru").unwrap();
     let out = node.nicmon(
         "check",
@@ -307,7 +307,11 @@ fn restart_recovery_reboot_and_corrupt_state() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("starting fresh"));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["events"].as_array().unwrap().len(), 18);
+    let ev = v["events"].as_array().unwrap();
+    let clears = ev.iter().take_while(|e| e["entitiesImpacted"].as_array().unwrap().is_empty()).count();
+    assert!(clears > 0 && ev[..clears].iter().all(|e| e["isHealthy"] == true), "clear-all first: {ev:#?}");
+    let ports = ev[clears..].iter().filter(|e| e["checkName"].as_str().unwrap().ends_with("StateCheck")).count();
+    assert_eq!(ports, 18, "{ev:#?}");
 }
 
 #[test]
