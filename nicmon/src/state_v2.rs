@@ -112,6 +112,7 @@ pub fn import(bytes: &[u8]) -> Result<Imported, String> {
                 speed_degraded: false,
                 lid: None,
                 sm_lid: None,
+                held_since: None,
                 flap: Default::default(),
             },
         );
