@@ -111,6 +111,9 @@ pub struct Daemon<'a> {
     courier: Courier,
     sigterm: Signal,
     tick: tokio::time::Interval,
+    /// When the earliest port held by `portStateHoldDown` is due: a poll then reports it
+    /// (or finds it recovered) without waiting for the next tick.
+    hold_due: Option<tokio::time::Instant>,
     pending_records: Vec<Record>,
     trace_latencies: BTreeMap<&'static str, Vec<f64>>,
 }
@@ -193,6 +196,7 @@ impl<'a> Daemon<'a> {
             courier,
             sigterm,
             tick,
+            hold_due: None,
             pending_records: Vec::new(),
             trace_latencies: BTreeMap::new(),
         })
@@ -241,8 +245,12 @@ impl<'a> Daemon<'a> {
         let (wakes, kmsg, courier) = (&mut self.wakes, &mut self.kmsg, &mut self.courier);
         let metrics = &self.metrics;
         let (tick, sigterm, records) = (&mut self.tick, &mut self.sigterm, &mut self.pending_records);
+        let hold_due = self.hold_due;
         tokio::select! {
             _ = tick.tick() => Wakeup::Poll(Vec::new()),
+            _ = async { match hold_due { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
+                Wakeup::Poll(Vec::new())
+            }
             Some(w) = async { match wakes.as_mut() { Some(w) => w.recv().await, None => std::future::pending().await } } => {
                 let mut woke = vec![w];
                 // Coalesce a burst into one poll.
@@ -314,9 +322,30 @@ impl<'a> Daemon<'a> {
             }
         }
 
+        // The earliest held port's due time (rounded up; measured from after the poll, whose
+        // clock reading was earlier, so the poll then finds it due).
+        self.hold_due = poll
+            .holds
+            .held
+            .iter()
+            .map(|h| h.left_ms.max(0) as u64 + 1)
+            .min()
+            .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
         let path = &self.opts.state_file;
         match self.courier.commit(&mut self.state, poll.next, &poll.events, |state| save(path, state)) {
-            Ok(()) => self.loaded = Loaded::Resumed,
+            Ok(()) => {
+                self.loaded = Loaded::Resumed;
+                // Counted once committed: a poll that runs again finds the same blip.
+                for b in &poll.holds.blips {
+                    tracing::info!(
+                        check = %b.check,
+                        device = %b.device,
+                        port = b.port,
+                        "port recovered within portStateHoldDown: blip, not reported"
+                    );
+                    self.metrics.port_state_blip(b.check, &b.device, b.port);
+                }
+            }
             Err(full) => {
                 // The bounded outbox: a poll whose events do not fit is not committed (its
                 // state does not advance) and runs again on the next cycle. So nothing queued
@@ -342,6 +371,9 @@ fn load_state(path: &std::path::Path, boot_id: Option<&str>) -> (State, Loaded) 
         Loaded::Rebooted { .. } => tracing::info!("boot ID changed: state from the previous boot cleared"),
         Loaded::Missing => tracing::info!(path = %path.display(), "no state file: first start"),
         Loaded::Resumed => tracing::info!(pending = st.outbox.len(), "resuming from the state file"),
+        Loaded::Imported { baselines_owed } => {
+            tracing::info!(baselines_owed, "imported NVSentinel's schema-v2 state file of this boot")
+        }
     }
     (st, loaded)
 }
@@ -475,11 +507,9 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
     metrics.set_devices_by_role(by_role);
     let mut ports = Vec::new();
     let mut unknown = Vec::new();
-    let mut monitored = 0;
     for d in &poll.snapshot.devices {
         if poll.roles.get(&d.name).map(|c| c.monitored).unwrap_or(false) {
             for p in &d.ports {
-                monitored += 1;
                 unknown.extend(p.unknown.keys().map(|a| (d.name.as_str(), p.number, a.as_str())));
                 // Unknown is not a value: a port whose state is unknown is neither healthy
                 // nor unhealthy, so it is left out of the health gauge.
@@ -491,7 +521,25 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
     }
     metrics.set_port_health(ports);
     metrics.set_unknown_attributes(unknown);
-    metrics.set_devices_discovered(Check::InfiniBandStateCheck, monitored);
+    // Monitored PFs per state check (by link layer); InfiniBand ones for the char-device check.
+    let mut discovered: std::collections::BTreeMap<Check, usize> = Default::default();
+    for d in poll.snapshot.devices.iter().filter(|d| !d.is_vf()) {
+        if !poll.roles.get(&d.name).map(|c| c.monitored).unwrap_or(false) {
+            continue;
+        }
+        let ll = crate::roles::device_link_layer(d);
+        if let Some(check) = ll.and_then(crate::linkstate::state_check) {
+            *discovered.entry(check).or_default() += 1;
+        }
+        if ll == Some(&crate::model::LinkLayer::InfiniBand) {
+            *discovered.entry(Check::InfiniBandCharDeviceCheck).or_default() += 1;
+        }
+    }
+    for check in
+        [Check::InfiniBandStateCheck, Check::EthernetStateCheck, Check::EFAStateCheck, Check::InfiniBandCharDeviceCheck]
+    {
+        metrics.set_devices_discovered(check, discovered.get(&check).copied().unwrap_or(0));
+    }
     metrics.set_read_health(poll.reads_abandoned, &poll.stuck_reads);
     metrics.kmsg_records_lost(poll.next.kmsg.lost_records);
     metrics.set_saturated_counters(poll.next.counters.saturated());
@@ -511,9 +559,10 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
             .unwrap_or(0);
         let Some(check) = e.check() else { continue };
         match check {
-            Check::InfiniBandStateCheck | Check::EthernetStateCheck | Check::InfiniBandCharDeviceCheck => {
-                metrics.state_check_error(check, dev.unwrap_or(""), port)
-            }
+            Check::InfiniBandStateCheck
+            | Check::EthernetStateCheck
+            | Check::EFAStateCheck
+            | Check::InfiniBandCharDeviceCheck => metrics.state_check_error(check, dev.unwrap_or(""), port),
             Check::InfiniBandDegradationCheck | Check::EthernetDegradationCheck | Check::EFADegradationCheck => {
                 // The counter rule is the event's error code; a saturated counter's event is
                 // not a threshold breach (no thresholds are evaluated while it is saturated).
@@ -562,7 +611,34 @@ fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapse
             e.check_name, e.is_healthy, e.is_fatal, ents, e.message
         );
     }
-    for f in poll.flaps.iter().filter(|f| !f.published) {
+    for h in &poll.holds.held {
+        let _ = writeln!(
+            out,
+            "  held {} [NIC={} NICPort={}] {} - reported in {:.3} s unless it recovers (portStateHoldDown)",
+            h.check,
+            h.device,
+            h.port,
+            h.state,
+            h.left_ms as f64 / 1e3
+        );
+    }
+    for b in &poll.holds.blips {
+        let flap = poll.flaps.iter().find(|f| f.device == b.device && f.port == b.port);
+        let counted = match flap {
+            Some(f) if f.flapping && f.published => {
+                format!("; counted for flap damping ({} transitions): port flapping", f.transitions)
+            }
+            Some(f) if f.flapping => format!("; the port is held as flapping ({} transitions)", f.transitions),
+            Some(f) if f.transitions > 0 => format!("; counted for flap damping ({} in the window)", f.transitions),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "  blip {} [NIC={} NICPort={}] recovered within portStateHoldDown: not reported{counted}",
+            b.check, b.device, b.port
+        );
+    }
+    for f in poll.flaps.iter().filter(|f| !f.published && f.flapping) {
         let _ = writeln!(
             out,
             "  held {} [NIC={} NICPort={}] unhealthy transition while flapping ({} since the hold began): not published",

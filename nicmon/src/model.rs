@@ -51,6 +51,9 @@ pub enum PhysState {
     LinkUp,
     LinkErrorRecovery,
     PhyTest,
+    /// An EFA port whose netdev is down (`linkstate::efa`): no kernel `phys_state` file
+    /// says this, the efa driver hard-codes `LinkUp` there.
+    LinkDown,
     Unknown(String),
 }
 
@@ -64,6 +67,7 @@ impl PhysState {
             PhysState::LinkUp => "LinkUp",
             PhysState::LinkErrorRecovery => "LinkErrorRecovery",
             PhysState::PhyTest => "Phy Test",
+            PhysState::LinkDown => "LinkDown",
             PhysState::Unknown(s) => s,
         }
     }
@@ -79,6 +83,7 @@ impl PhysState {
             PhysState::LinkUp,
             PhysState::LinkErrorRecovery,
             PhysState::PhyTest,
+            PhysState::LinkDown,
         ]
         .into_iter()
         .find(|s| s.name() == name)

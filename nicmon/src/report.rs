@@ -22,6 +22,10 @@ pub struct Report {
     /// The InfiniBand character devices expected this poll (and latched ones still held):
     /// present or not, misses so far, whether a missing-node event is outstanding.
     pub char_devices: Vec<Finding>,
+    /// Ports whose healthy→unhealthy transition `[stateCheck] portStateHoldDown` holds this
+    /// poll, and held transitions that recovered in time (blips: nothing published).
+    pub held_ports: Vec<crate::linkstate::Held>,
+    pub blips: Vec<crate::linkstate::Blip>,
     pub events: Vec<HealthEvent>,
 }
 
@@ -141,6 +145,8 @@ impl Report {
             topology_source: topo.source.as_str(),
             topology_notes: topo.notes.clone(),
             char_devices: Vec::new(),
+            held_ports: Vec::new(),
+            blips: Vec::new(),
             events,
         }
     }
@@ -223,6 +229,24 @@ impl Report {
                 _ => "not readable: held".to_string(),
             };
             let _ = writeln!(out, "char device {} of {}{at}: {status}", c.kind.name(), c.device);
+        }
+        for h in &self.held_ports {
+            let _ = writeln!(
+                out,
+                "held: {} port {} {} ({}) - reported in {:.3} s unless it recovers (portStateHoldDown)",
+                h.device,
+                h.port,
+                h.state,
+                h.check,
+                h.left_ms as f64 / 1e3
+            );
+        }
+        for b in &self.blips {
+            let _ = writeln!(
+                out,
+                "blip: {} port {} ({}) recovered within portStateHoldDown: not reported",
+                b.device, b.port, b.check
+            );
         }
         let _ = writeln!(out, "topology source: {}", self.topology_source);
         for n in &self.topology_notes {

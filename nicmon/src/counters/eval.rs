@@ -163,6 +163,29 @@ pub fn evaluate(
     (events, next)
 }
 
+/// Counters read at the previous poll that are unreadable at this one (the file gone, or
+/// not a number, such as EFA's `N/A`): `(device, port, rule name)`. They are not evaluated
+/// this poll; their last value is forgotten in `next`, so each episode is said once and the
+/// next number read is compared with the window's snapshot (a lower one is a reset).
+pub fn went_unreadable(
+    prev: &CounterState,
+    next: &mut CounterState,
+    ports: &[CounterPort<'_>],
+    rules: &[CounterRule],
+) -> Vec<(String, u32, String)> {
+    let mut out = Vec::new();
+    for p in ports {
+        for rule in rules.iter().filter(|r| r.enabled && r.layers.covers(p.link_layer)) {
+            let key = counter_key(p.device, p.port, &rule.name);
+            if !p.counters.contains_key(&rule.path) && prev.last_values.contains_key(&key) {
+                next.last_values.remove(&key);
+                out.push((p.device.to_owned(), p.port, rule.name.clone()));
+            }
+        }
+    }
+    out
+}
+
 struct Reading<'a> {
     port: &'a CounterPort<'a>,
     rule: &'a CounterRule,

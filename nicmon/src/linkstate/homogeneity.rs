@@ -1,11 +1,14 @@
 //! Card homogeneity (000 §4.3): within a role group `(role, link layer)` the cards should
-//! have the same number of active ports. A card below the group's mode makes its escalating
-//! ports fatal at once (see [`super::escalation`]); a shortfall that no port-level event
-//! explains is reported as a card-level event, and its end as a healthy one.
+//! have the same number of active ports. A card below the group's mode makes its unhealthy
+//! ports fatal at once (see [`super::escalation`]) and is reported as a card-level event
+//! (alongside any port events), and its end as a healthy one. While a port of the card is
+//! held as flapping ([`super::flap`]), from the poll after its "port flapping" event until it
+//! has settled, the card stays as it was reported: the flapping port does not make it fall
+//! and recover again with every transition.
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::health::state_check;
-use super::state::{LinkState, Reported, port_key};
+use super::state::{LinkState, port_key};
 use super::{Ctx, Emitted};
 use crate::event::{Entity, HealthEvent};
 use crate::model::LinkLayer;
@@ -98,25 +101,28 @@ pub(super) fn compare_cards(ctx: &Ctx<'_>, missing_cards: &BTreeSet<String>) -> 
     Cards { views, below_mode, undecided }
 }
 
-/// Card-level events: a card below its peers with an unhealthy port that no port-level
-/// event explains is reported once; a reported card back at its peers' count recovers.
+/// Card-level events: a card below its peers' mode is reported once, whether or not port
+/// events also cover it (SPEC §1.3, upstream); a reported card back at its peers' count
+/// recovers. A card with a port held as flapping since an earlier poll is left as it was
+/// reported until that port has settled.
 pub(super) fn card_events(ctx: &Ctx<'_>, cards: &Cards, st: &mut LinkState, out: &mut Emitted) {
-    let mut still_below = BTreeSet::new();
-    for (card, mode) in &cards.below_mode {
-        let view = &cards.views[card];
-        let unexplained = ctx.monitored.iter().filter(|d| d.card.as_deref() == Some(card.as_str())).any(|d| {
+    let frozen: BTreeSet<&str> = ctx
+        .monitored
+        .iter()
+        .filter(|d| {
             d.ports.iter().any(|p| {
-                !p.is_healthy()
-                    && st
-                        .port_states
-                        .get(&port_key(&d.name, p.number))
-                        .map(|r| !matches!(r.reported, Reported::NonFatal | Reported::Fatal))
-                        .unwrap_or(true)
+                st.port_states
+                    .get(&port_key(&d.name, p.number))
+                    .and_then(|r| r.flap.flapping_since)
+                    .is_some_and(|since| since < ctx.now)
             })
-        });
-        if !unexplained {
-            continue;
-        }
+        })
+        .filter_map(|d| d.card.as_deref())
+        .collect();
+    let mut still_below: BTreeSet<String> =
+        st.cards_below_mode.iter().filter(|c| frozen.contains(c.as_str())).cloned().collect();
+    for (card, mode) in cards.below_mode.iter().filter(|(c, _)| !frozen.contains(c.as_str())) {
+        let view = &cards.views[card];
         still_below.insert(card.to_string());
         let Some(check) = state_check(&view.group.1) else {
             continue;

@@ -55,6 +55,9 @@ pub struct PortRecord {
     /// a healthy one).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unknown_reported: bool,
+    /// Since when a healthy→unhealthy transition has been held (`portStateHoldDown`).
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub held_since: Option<OffsetDateTime>,
     /// Flap damping: recent unhealthy transitions, the hold and its settle clock.
     #[serde(default, skip_serializing_if = "FlapState::is_quiet")]
     pub flap: FlapState,

@@ -170,6 +170,7 @@ pub struct Metrics {
     legacy_events_sent: Family<NodeCheckFatal, Counter>,
     legacy_poll_duration: HistogramFamily<NodeCategory>,
     legacy_state_check_errors: Family<NodeCheckDevicePort, Counter>,
+    port_state_blips: Family<NodeCheckDevicePort, Counter>,
     legacy_breaches: Family<NodeCounterDevicePortFatal, Counter>,
 }
 
@@ -206,6 +207,7 @@ impl Metrics {
             legacy_events_sent: Family::default(),
             legacy_poll_duration: Family::new_with_constructor(legacy_histogram),
             legacy_state_check_errors: Family::default(),
+            port_state_blips: Family::default(),
             legacy_breaches: Family::default(),
         };
         // Counters get a `_total` suffix from the encoder: registered without it.
@@ -314,6 +316,11 @@ impl Metrics {
             "nic_health_monitor_state_check_errors",
             "Total number of state check error events",
             m.legacy_state_check_errors.clone(),
+        );
+        registry.register(
+            "nic_health_monitor_port_state_blips",
+            "Total number of port state transitions that recovered within the hold-down (not reported)",
+            m.port_state_blips.clone(),
         );
         registry.register(
             "nic_health_monitor_counter_threshold_breaches",
@@ -513,6 +520,18 @@ impl Metrics {
             .inc();
     }
 
+    /// A held port transition that recovered within `portStateHoldDown` (published nothing).
+    pub fn port_state_blip(&self, check: Check, device: &str, port: u32) {
+        self.port_state_blips
+            .get_or_create(&NodeCheckDevicePort {
+                node: self.node.clone(),
+                check: check.to_string(),
+                device: device.into(),
+                port,
+            })
+            .inc();
+    }
+
     /// A counter threshold breach (the existing monitor's metric).
     pub fn counter_threshold_breach(&self, counter: &str, device: &str, port: u32, fatal: bool) {
         self.legacy_breaches
@@ -569,6 +588,8 @@ mod tests {
         m.kmsg_records_lost(5);
         m.state_check_error(Check::InfiniBandStateCheck, "mlx5_3", 1);
         m.counter_threshold_breach("symbol_error", "mlx5_0", 1, false);
+        m.port_state_blip(Check::InfiniBandStateCheck, "mlx5_0", 1);
+        m.port_state_blip(Check::InfiniBandStateCheck, "mlx5_0", 1);
 
         let text = m.encode();
         let expect = [
@@ -599,6 +620,7 @@ mod tests {
             r#"nic_health_monitor_poll_cycle_duration_seconds_count{node="gpu-node-1",category="cycle"} 1"#,
             r#"nic_health_monitor_state_check_errors_total{node="gpu-node-1",check="InfiniBandStateCheck",device="mlx5_3",port="1"} 1"#,
             r#"nic_health_monitor_counter_threshold_breaches_total{node="gpu-node-1",counter="symbol_error",device="mlx5_0",port="1",is_fatal="false"} 1"#,
+            r#"nic_health_monitor_port_state_blips_total{node="gpu-node-1",check="InfiniBandStateCheck",device="mlx5_0",port="1"} 2"#,
         ];
         for line in expect {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
