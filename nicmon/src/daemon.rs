@@ -683,6 +683,7 @@ mod tests {
             stuck_reads: Vec::new(),
             char_devices: Vec::new(),
             flaps: Vec::new(),
+            holds: Default::default(),
         };
         let metrics = Metrics::new("n");
         update_metrics(&metrics, &poll);
@@ -736,6 +737,7 @@ mod tests {
             stuck_reads: Vec::new(),
             char_devices: Vec::new(),
             flaps: Vec::new(),
+            holds: Default::default(),
         };
         let metrics = Metrics::new("n");
         update_metrics(&metrics, &poll);

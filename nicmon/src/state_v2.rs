@@ -188,7 +188,7 @@ mod tests {
         let ports = &i.state.checks.links.port_states;
         assert_eq!(ports["mlx5_0_1"].reported, Reported::Healthy);
         assert_eq!(ports["mlx5_1_1"].reported, Reported::Fatal);
-        assert_eq!(ports["mlx5_1_1"].state.as_deref(), Some("DOWN"));
+        assert_eq!(ports["mlx5_1_1"].state, Some(PortState::Down));
         let c = &i.state.checks.counters;
         assert_eq!(c.counter_snapshots["mlx5_0:1:link_downed"].value, 3);
         assert!(c.is_breached("mlx5_0:1:link_downed"));

@@ -165,7 +165,7 @@ mod tests {
     /// A record as the state file has held it since its first version.
     const OLD: &str = r#"{"device":"mlx5_0","port":1,"link_layer":"InfiniBand","state":"ACTIVE",
         "phys_state":"LinkUp","reported":"healthy","was_healthy":true,"unhealthy_since":null,
-        "deferred_polls":0,"speed_degraded":false,"lid":null,"sm_lid":null}"#;
+        "deferred_polls":0,"speed_degraded":false,"lid":null,"sm_lid":null,"held_since":null}"#;
 
     #[test]
     fn typed_records_keep_the_persisted_strings() {
