@@ -344,6 +344,7 @@ mod tests {
             function: Function::Pf,
             netdev: None,
             ports: (1..=ports).map(|n| Port { number: n, link_layer: Some(ll.clone()), ..Port::default() }).collect(),
+            unknown: Default::default(),
         }
     }
 

@@ -185,6 +185,8 @@ impl Monitor {
         kmsg_records: &[Record],
     ) -> Poll {
         let Observation { snapshot, links, einval, reads_abandoned, stuck_reads } = obs;
+        // A port whose link layer is unreadable is judged with its last known one.
+        let snapshot = linkstate::with_known_link_layers(&prev.links, snapshot);
         let roles = roles::classify(&snapshot, &self.topology, &self.config.filters);
         let first_poll = prev.polls == 0;
         let reboot = loaded.owes_baselines() && first_poll;

@@ -45,6 +45,9 @@ pub struct DeviceReport {
     pub role: Option<Role>,
     pub role_reason: Option<String>,
     pub ports: Vec<PortReport>,
+    /// Device attributes that were unknown (`numa_node`), and why.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub unknown: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -62,6 +65,9 @@ pub struct PortReport {
     pub sm_lid: Option<u32>,
     /// Counter file name → value; unreadable ones absent.
     pub counters: BTreeMap<String, u64>,
+    /// Attributes that were unknown (`state`, `phys_state`, `link_layer`), and why.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub unknown: BTreeMap<String, String>,
     /// Held as flapping (flap damping): one fatal event sent, transitions not published.
     pub flapping: bool,
     /// Unhealthy transitions: since the hold began while flapping, else those in the window.
@@ -122,11 +128,13 @@ impl Report {
                                 .iter()
                                 .map(|(k, v)| (counter_display_name(k).to_string(), *v))
                                 .collect(),
+                            unknown: p.unknown.clone(),
                             flapping: false,
                             flap_transitions: 0,
                             flapping_since: None,
                         })
                         .collect(),
+                    unknown: d.unknown.clone(),
                 }
             })
             .collect();

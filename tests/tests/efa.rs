@@ -218,3 +218,39 @@ fn a_non_numeric_carrier_leaves_the_port_unknown_with_a_note_and_siblings_monito
     let (r, _) = poll_logged(&tl, 2);
     assert!(!r["events"].as_array().unwrap().iter().any(|e| brief(e).3.contains(&odd)), "{r:#}");
 }
+
+/// Unknown is not a value on EFA too: an EFA port whose netdev `operstate` is a FIFO and
+/// whose `carrier`, `state` and `phys_state` are unreadable or empty gets no decision — no
+/// event over a timeline past the escalation grace, no card event for its card — and the
+/// report says why; its counters are still evaluated.
+#[test]
+fn an_efa_port_with_unreadable_state_files_is_unknown_and_no_decision() {
+    let node = Platform::AwsP4d.build();
+    let r = node.check_json(&[]);
+    let with_netdev = efa_devices(&r).into_iter().find(|d| !d["netdev"].is_null()).cloned().unwrap();
+    let dev = with_netdev["name"].as_str().unwrap().to_string();
+    let nd = with_netdev["netdev"].as_str().unwrap().to_string();
+    let tl = Timeline::new(&node);
+    assert!(tl.poll(0).is_empty());
+    let operstate = node.sys().join(format!("class/net/{nd}/operstate"));
+    std::fs::remove_file(&operstate).unwrap();
+    let made = std::process::Command::new("mkfifo").arg(&operstate).status().unwrap();
+    assert!(made.success());
+    std::fs::write(node.sys().join(format!("class/net/{nd}/carrier")), "").unwrap();
+    node.write_port_file(&dev, 1, "state", "");
+    node.write_port_file(&dev, 1, "phys_state", "N/A (no PMA)\n");
+    for t in [1, 10, 40, 80] {
+        let r = tl.report(t);
+        assert!(r["events"].as_array().unwrap().is_empty(), "t={t}: {:#}", r["events"]);
+        let d = efa_devices(&r).into_iter().find(|d| d["name"] == dev.as_str()).unwrap().clone();
+        let port = &d["ports"][0];
+        assert!(port["operstate"].is_null() && port["carrier"].is_null(), "{port:#}");
+        assert_eq!(port["unknown"]["state"], "empty", "{port:#}");
+        assert_eq!(d["monitored"], true);
+    }
+    // Its counters are still judged.
+    node.set_counter(&dev, 1, "hw_counters/rx_drops", 500);
+    let ev = tl.poll(82);
+    assert_eq!(ev.len(), 1, "{ev:#?}");
+    assert_eq!(ev[0]["checkName"], "EFADegradationCheck");
+}

@@ -123,6 +123,12 @@ impl CounterState {
         self.saturation_flags.len()
     }
 
+    /// Whether this counter is saturated now. While it is, its thresholds are not evaluated:
+    /// an unhealthy event about it this poll is its saturation event, not a breach.
+    pub fn is_saturated(&self, device: &str, port: u32, rule_name: &str) -> bool {
+        self.saturation_flags.contains_key(&counter_key(device, port, rule_name))
+    }
+
     /// The (device, port, rule name) of every counter saturated now.
     pub fn saturated(&self) -> impl Iterator<Item = (&str, u32, &str)> {
         self.saturation_flags.keys().filter_map(|k| parse_counter_key(k))

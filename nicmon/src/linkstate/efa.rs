@@ -10,9 +10,6 @@ use std::borrow::Cow;
 use crate::model::{LinkLayer, OperState, PhysState, Port, PortState, Snapshot};
 use crate::roles::device_link_layer;
 
-/// The physical state an EFA port is given when its netdev is down.
-pub const EFA_LINK_DOWN: &str = "LinkDown";
-
 /// What the netdev says of an EFA port.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NetdevVerdict {
@@ -56,7 +53,7 @@ pub(super) fn fold_netdev(snap: &Snapshot) -> (Cow<'_, Snapshot>, Vec<String>) {
                 NetdevVerdict::Up => {}
                 NetdevVerdict::Down => {
                     p.state = Some(PortState::Down);
-                    p.phys_state = Some(PhysState::Unknown(EFA_LINK_DOWN.into()));
+                    p.phys_state = Some(PhysState::LinkDown);
                 }
                 NetdevVerdict::Unknown => {
                     notes.push(format!(
@@ -66,6 +63,13 @@ pub(super) fn fold_netdev(snap: &Snapshot) -> (Cow<'_, Snapshot>, Vec<String>) {
                         p.number,
                         p.operstate.as_ref().map(|o| o.name()).unwrap_or("unreadable")
                     ));
+                    // Unknown is not a value (issue #14): the reason goes where the
+                    // unknown step finds it (its note, and its event after the grace).
+                    let why = format!(
+                        "netdev {nd} carrier unreadable or not 0/1, operstate {}",
+                        p.operstate.as_ref().map(|o| o.name()).unwrap_or("unreadable")
+                    );
+                    p.unknown.insert("state".to_string(), why);
                     p.state = None;
                     p.phys_state = None;
                 }

@@ -45,14 +45,16 @@ pub(super) fn state_check_named(link_layer: &str) -> Check {
 
 /// Classify a port's state (000 §3, SPEC §1.3).
 pub fn port_health(port: &Port, ll: &LinkLayer) -> PortHealth {
+    // Unknown is not a value: an unreadable, empty or unparsable state or phys_state is no
+    // decision (issue #14), never DOWN and never an escalating "other" state.
     let (Some(state), Some(phys)) = (&port.state, &port.phys_state) else {
         return PortHealth::Unknown;
     };
+    if port.unknown_state().is_some() {
+        return PortHealth::Unknown;
+    }
     if port.is_healthy() {
         return PortHealth::Healthy;
-    }
-    if matches!(state, PortState::Unknown(_)) && matches!(phys, PhysState::Unknown(_)) {
-        return PortHealth::Unknown;
     }
     if *phys == PhysState::Disabled {
         return PortHealth::Fatal;
@@ -154,8 +156,16 @@ mod tests {
         assert_eq!(port_health(&port("1: DOWN", "2: Polling"), &eth), PortHealth::Fatal);
         assert_eq!(port_health(&port("2: INIT", "5: LinkUp"), &eth), PortHealth::Quiet);
         assert_eq!(port_health(&port("", "5: LinkUp"), &ib), PortHealth::Unknown);
+        // Unparsable on one side only is still no decision (it used to escalate).
+        assert_eq!(port_health(&port("N/A (no PMA)", "5: LinkUp"), &ib), PortHealth::Unknown);
+        assert_eq!(port_health(&port("-1", "5: LinkUp"), &ib), PortHealth::Unknown);
+        assert_eq!(port_health(&port("1: DOWN", "\u{1}\u{2}"), &ib), PortHealth::Unknown);
+        assert_eq!(port_health(&port("4: ACTIVE", "4: ACTIVE"), &ib), PortHealth::Unknown);
         let efa = LinkLayer::Efa;
-        assert_eq!(port_health(&port("1: DOWN", "LinkDown"), &efa), PortHealth::Fatal);
+        let efa_down = Port { phys_state: Some(PhysState::LinkDown), ..port("1: DOWN", "") };
+        assert_eq!(port_health(&efa_down, &efa), PortHealth::Fatal);
+        // From a sysfs file "LinkDown" is no phys_state name: unknown, no decision.
+        assert_eq!(port_health(&port("1: DOWN", "LinkDown"), &efa), PortHealth::Unknown);
         assert_eq!(port_health(&port("4: ACTIVE", "5: LinkUp"), &efa), PortHealth::Healthy);
         assert_eq!(state_check(&efa), Some(Check::EFAStateCheck));
         assert_eq!(state_check_named("EFA"), Check::EFAStateCheck);

@@ -27,6 +27,9 @@ pub(super) struct Cards {
     pub views: BTreeMap<String, CardView>,
     /// Card → its group's mode, for cards below it.
     pub below_mode: BTreeMap<String, usize>,
+    /// Cards with a port whose state is unknown this poll: left out of the comparison (no
+    /// decision for them, and not counted in their group's mode).
+    pub undecided: BTreeSet<String>,
 }
 
 impl Cards {
@@ -58,19 +61,31 @@ pub(super) fn unique_mode<T: Ord + Copy>(values: impl IntoIterator<Item = T>) ->
     modes.next().is_none().then_some(m)
 }
 
-/// Active ports per card, the mode per group (cards with a missing device left out).
+/// Active ports per card, the mode per group (cards with a missing device, and cards with a
+/// port whose state is unknown, left out: unknown is neither active nor inactive).
 pub(super) fn compare_cards(ctx: &Ctx<'_>, missing_cards: &BTreeSet<String>) -> Cards {
     let mut views: BTreeMap<String, CardView> = BTreeMap::new();
+    let mut undecided = BTreeSet::new();
     for d in &ctx.monitored {
-        let (Some(role), Some(ll), Some(card)) = (ctx.role_of(d), device_link_layer(d), d.card.as_ref()) else {
+        let Some(card) = d.card.as_ref() else {
+            continue;
+        };
+        // A device whose link layer or a port's state is unknown (and not judged with a last
+        // known one) cannot be counted: its card is undecided, not short of active ports.
+        let ll = device_link_layer(d).filter(|l| !matches!(l, LinkLayer::Unknown(_)));
+        if ll.is_none() || d.ports.iter().any(|p| p.unknown_state().is_some()) {
+            undecided.insert(card.clone());
+        }
+        let (Some(role), Some(ll)) = (ctx.role_of(d), ll) else {
             continue;
         };
         let view = views.entry(card.clone()).or_insert(CardView { group: (role, ll.clone()), active: 0 });
         view.active += d.ports.iter().filter(|p| p.is_healthy()).count();
     }
+    let left_out = |card: &String| missing_cards.contains(card) || undecided.contains(card);
     let mut group_counts: BTreeMap<Group, Vec<usize>> = BTreeMap::new();
     for (card, v) in &views {
-        if !missing_cards.contains(card) {
+        if !left_out(card) {
             group_counts.entry(v.group.clone()).or_default().push(v.active);
         }
     }
@@ -80,10 +95,10 @@ pub(super) fn compare_cards(ctx: &Ctx<'_>, missing_cards: &BTreeSet<String>) -> 
         .collect();
     let below_mode = views
         .iter()
-        .filter(|(card, _)| !missing_cards.contains(*card))
+        .filter(|(card, _)| !left_out(card))
         .filter_map(|(card, v)| group_mode.get(&v.group).filter(|m| v.active < **m).map(|m| (card.clone(), *m)))
         .collect();
-    Cards { views, below_mode }
+    Cards { views, below_mode, undecided }
 }
 
 /// Card-level events: a card below its peers' mode is reported once, whether or not port
@@ -130,6 +145,11 @@ pub(super) fn card_events(ctx: &Ctx<'_>, cards: &Cards, st: &mut LinkState, out:
     }
     for card in &st.cards_below_mode {
         if still_below.contains(card) {
+            continue;
+        }
+        if cards.undecided.contains(card) {
+            // No decision this poll: a card event outstanding stays outstanding.
+            still_below.insert(card.clone());
             continue;
         }
         if let Some(view) = cards.views.get(card)

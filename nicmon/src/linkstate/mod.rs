@@ -9,7 +9,8 @@
 //! 1. [`disappearance`] — known devices missing for 3 polls (with the PCI probe's verdict),
 //!    and their return;
 //! 2. [`homogeneity`] — active ports per card against its role group's mode;
-//! 3. per port: [`ports`] — health boundary crossings, deferral of never-healthy ports, and
+//! 3. per port: [`unknown`] — a state that is unknown is no decision, said once after the
+//!    grace and cleared when readable; [`ports`] — health boundary crossings, deferral of never-healthy ports, and
 //!    [`escalation`] of non-fatal ports to fatal (the 30 s grace, or at once by peers);
 //!    with [`flap`] damping (a flapping port is one fatal event, held until it settles);
 //!    then [`subnet_manager`] — LID / SM LID changes while ACTIVE;
@@ -36,6 +37,7 @@ pub mod state;
 pub mod subnet_manager;
 #[cfg(test)]
 mod tests;
+pub mod unknown;
 
 pub use disappearance::MISSES_BEFORE_REPORT;
 pub use flap::{FlapConfig, FlapState};
@@ -43,6 +45,7 @@ pub use health::{PortHealth, port_health, state_check};
 pub use holddown::{Blip, Held, Holds};
 pub use ports::MAX_DEFERRED_POLLS;
 pub use state::{KnownDevice, LinkState, PortRecord, Reported, port_key};
+pub use unknown::with_known_link_layers;
 
 /// The knobs of the state checks.
 #[derive(Debug, Clone)]
@@ -174,6 +177,7 @@ pub fn evaluate(
             let known = st.port_states.get(&key).cloned();
             let is_known = known.is_some();
             let mut r = known.unwrap_or_else(|| pv.new_record());
+            unknown::unknown_state(&ctx, &pv, &mut r, &mut out);
             let blip = holds.blips.iter().any(|b| b.device == d.name && b.port == port.number);
             ports::transition(&ctx, &pv, &cards, &mut r, is_known, blip, &mut out);
             subnet_manager::lid_changes(&ctx, &pv, &r, &mut out);

@@ -37,7 +37,7 @@ impl PortView<'_> {
         PortRecord {
             device: self.device.name.clone(),
             port: self.port.number,
-            link_layer: self.ll.name().to_string(),
+            link_layer: self.ll.clone(),
             state: None,
             phys_state: None,
             reported: Reported::Nothing,
@@ -47,6 +47,8 @@ impl PortView<'_> {
             speed_degraded: false,
             lid: None,
             sm_lid: None,
+            unknown_since: None,
+            unknown_reported: false,
             held_since: None,
             flap: FlapState::default(),
         }
@@ -206,8 +208,8 @@ fn flap_counted(pv: &PortView<'_>, r: &PortRecord, published: bool, out: &mut Em
 
 /// Remember what was seen of the port this poll.
 pub(super) fn remember(port: &Port, r: &mut PortRecord) {
-    r.state = port.state.as_ref().map(|s| s.name().to_string());
-    r.phys_state = port.phys_state.as_ref().map(|s| s.name().to_string());
+    r.state = port.state.clone();
+    r.phys_state = port.phys_state.clone();
     r.lid = port.lid.or(r.lid);
     r.sm_lid = port.sm_lid.or(r.sm_lid);
 }

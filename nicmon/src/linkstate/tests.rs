@@ -34,6 +34,7 @@ fn snapshot(up: bool) -> Snapshot {
             phys_state: Some(if up { PhysState::LinkUp } else { PhysState::Disabled }),
             ..Port::default()
         }],
+        unknown: Default::default(),
     };
     Snapshot { devices: vec![dev(0, up), dev(1, true), dev(2, true)], ..Snapshot::default() }
 }

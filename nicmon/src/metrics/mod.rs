@@ -51,6 +51,13 @@ struct PortLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AttributeLabels {
+    device: String,
+    port: u32,
+    attribute: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CheckLabels {
     check: String,
 }
@@ -136,6 +143,7 @@ pub struct Metrics {
     port_healthy: Family<PortLabels, Gauge>,
     port_flap_transitions: Family<PortLabels, Counter>,
     port_flapping: Family<PortLabels, Gauge>,
+    port_attribute_unknown: Family<AttributeLabels, Gauge>,
     events_sent: Family<CheckLabels, Counter>,
     events_failed: Family<FailedLabels, Counter>,
     poll_duration: Histogram,
@@ -177,6 +185,7 @@ impl Metrics {
             port_healthy: Family::default(),
             port_flap_transitions: Family::default(),
             port_flapping: Family::default(),
+            port_attribute_unknown: Family::default(),
             events_sent: Family::default(),
             events_failed: Family::default(),
             poll_duration: Histogram::new(POLL_BUCKETS),
@@ -209,7 +218,7 @@ impl Metrics {
         );
         registry.register(
             "nicmon_port_healthy",
-            "1 while a monitored port is healthy, 0 while it is not",
+            "1 while a monitored port is healthy, 0 while it is not; absent while its state is unknown",
             m.port_healthy.clone(),
         );
         registry.register(
@@ -221,6 +230,11 @@ impl Metrics {
             "nicmon_port_flapping",
             "1 while a port is held as flapping (one fatal event sent, further transitions not published)",
             m.port_flapping.clone(),
+        );
+        registry.register(
+            "nicmon_port_attribute_unknown",
+            "1 while a monitored port's attribute (state, phys_state, link_layer) is unknown: unreadable, stuck, empty or unparsable",
+            m.port_attribute_unknown.clone(),
         );
         registry.register("nicmon_events_sent", "Health events accepted by the sink, by check", m.events_sent.clone());
         registry.register(
@@ -357,6 +371,17 @@ impl Metrics {
         self.port_healthy.clear();
         for (device, port, healthy) in ports {
             self.port_healthy.get_or_create(&PortLabels { device: device.into(), port }).set(i64::from(healthy));
+        }
+    }
+
+    /// The unknown attributes of monitored ports `(device, port, attribute)`, replacing the
+    /// previous cycle's set.
+    pub fn set_unknown_attributes<'a>(&self, unknown: impl IntoIterator<Item = (&'a str, u32, &'a str)>) {
+        self.port_attribute_unknown.clear();
+        for (device, port, attribute) in unknown {
+            self.port_attribute_unknown
+                .get_or_create(&AttributeLabels { device: device.into(), port, attribute: attribute.into() })
+                .set(1);
         }
     }
 
@@ -557,6 +582,7 @@ mod tests {
         m.set_topology_source("metadata");
         m.set_topology_source("sysfs");
         m.set_saturated_counters([("mlx5_0", 1, "port_rcv_errors")]);
+        m.set_unknown_attributes([("mlx5_9", 1, "state"), ("mlx5_9", 1, "link_layer")]);
         m.kmsg_records_lost(3); // cumulative totals, one per cycle
         m.kmsg_records_lost(3);
         m.kmsg_records_lost(5);
@@ -573,6 +599,8 @@ mod tests {
             r#"nicmon_port_healthy{device="mlx5_3",port="1"} 0"#,
             r#"nicmon_port_flap_transitions_total{device="mlx5_3",port="1"} 2"#,
             r#"nicmon_port_flapping{device="mlx5_3",port="1"} 1"#,
+            r#"nicmon_port_attribute_unknown{device="mlx5_9",port="1",attribute="state"} 1"#,
+            r#"nicmon_port_attribute_unknown{device="mlx5_9",port="1",attribute="link_layer"} 1"#,
             r#"nicmon_events_sent_total{check="InfiniBandStateCheck"} 1"#,
             r#"nicmon_events_sent_total{check="NICKernelLogCheck"} 0"#,
             r#"nicmon_events_failed_total{check="EthernetStateCheck",kind="retryable"} 2"#,
