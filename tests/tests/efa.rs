@@ -220,37 +220,57 @@ fn a_non_numeric_carrier_leaves_the_port_unknown_with_a_note_and_siblings_monito
 }
 
 /// Unknown is not a value on EFA too: an EFA port whose netdev `operstate` is a FIFO and
-/// whose `carrier`, `state` and `phys_state` are unreadable or empty gets no decision — no
-/// event over a timeline past the escalation grace, no card event for its card — and the
-/// report says why; its counters are still evaluated.
+/// whose `carrier` is empty (and its hard-coded `state`/`phys_state` files unreadable) gets
+/// no decision — no DOWN, no card event; past the escalation grace one non-fatal
+/// `EFAStateCheck` event says why, and readable again clears it. Its counters are still
+/// evaluated throughout.
 #[test]
-fn an_efa_port_with_unreadable_state_files_is_unknown_and_no_decision() {
+fn an_efa_port_with_unreadable_netdev_files_is_unknown_and_no_decision() {
     let node = Platform::AwsP4d.build();
-    let r = node.check_json(&[]);
-    let with_netdev = efa_devices(&r).into_iter().find(|d| !d["netdev"].is_null()).cloned().unwrap();
-    let dev = with_netdev["name"].as_str().unwrap().to_string();
-    let nd = with_netdev["netdev"].as_str().unwrap().to_string();
+    let (dev, nd) = efa_with_netdev(&node).remove(0);
     let tl = Timeline::new(&node);
-    assert!(tl.poll(0).is_empty());
+    assert!(tl.poll(0).iter().all(|e| e["isHealthy"] == true), "baselines only");
     let operstate = node.sys().join(format!("class/net/{nd}/operstate"));
     std::fs::remove_file(&operstate).unwrap();
     let made = std::process::Command::new("mkfifo").arg(&operstate).status().unwrap();
     assert!(made.success());
-    std::fs::write(node.sys().join(format!("class/net/{nd}/carrier")), "").unwrap();
+    node.set_carrier(&nd, "");
     node.write_port_file(&dev, 1, "state", "");
     node.write_port_file(&dev, 1, "phys_state", "N/A (no PMA)\n");
-    for t in [1, 10, 40, 80] {
+    for t in [1, 10, 20] {
         let r = tl.report(t);
         assert!(r["events"].as_array().unwrap().is_empty(), "t={t}: {:#}", r["events"]);
         let d = efa_devices(&r).into_iter().find(|d| d["name"] == dev.as_str()).unwrap().clone();
         let port = &d["ports"][0];
         assert!(port["operstate"].is_null() && port["carrier"].is_null(), "{port:#}");
-        assert_eq!(port["unknown"]["state"], "empty", "{port:#}");
         assert_eq!(d["monitored"], true);
     }
+    // Past the grace: one non-fatal event naming the reason, then nothing more.
+    let ev = tl.poll(40);
+    let b: Vec<_> = ev.iter().map(brief).collect();
+    assert_eq!(
+        b,
+        vec![("EFAStateCheck".into(), false, false, format!("NIC={dev} NICPort=1"), String::new())],
+        "{ev:#?}"
+    );
+    let msg = ev[0]["message"].as_str().unwrap();
+    assert!(msg.contains("state unknown") && msg.contains(&format!("netdev {nd} carrier unreadable")), "{msg}");
+    assert!(tl.poll(60).is_empty());
     // Its counters are still judged.
     node.set_counter(&dev, 1, "hw_counters/rx_drops", 500);
-    let ev = tl.poll(82);
-    assert_eq!(ev.len(), 1, "{ev:#?}");
-    assert_eq!(ev[0]["checkName"], "EFADegradationCheck");
+    let ev = tl.poll(62);
+    assert_eq!(ev.iter().map(|e| e["checkName"].as_str().unwrap()).collect::<Vec<_>>(), ["EFADegradationCheck"]);
+    // Readable again and up: the unknown episode is cleared by one healthy event.
+    std::fs::remove_file(&operstate).unwrap();
+    std::fs::write(&operstate, "up\n").unwrap();
+    node.set_carrier(&nd, "1");
+    node.write_port_file(&dev, 1, "state", "4: ACTIVE\n");
+    node.write_port_file(&dev, 1, "phys_state", "5: LinkUp\n");
+    let ev = tl.poll(63);
+    let b: Vec<_> = ev.iter().map(brief).filter(|b| b.0 == "EFAStateCheck").collect();
+    assert_eq!(
+        b,
+        vec![("EFAStateCheck".into(), true, false, format!("NIC={dev} NICPort=1"), String::new())],
+        "{ev:#?}"
+    );
 }
