@@ -352,8 +352,13 @@ fn an_older_charts_args_run_with_one_warning_for_the_retired_flags() {
     let conn = Connector::start(&node.root().join("nvsentinel.sock"));
     let mut cmd = nicmon(&kata_chart_args(&node, &conn.target(), &config));
     cmd.env("NODE_NAME", NODE);
+    assert!(!node.root().join("state.json").exists());
     let d = Daemon::spawn(cmd);
     assert!(conn.wait_until(WAIT, baselines), "baselines from the old chart's args");
+    // No state file is a reboot (upstream's rule): each check's clear-all comes first.
+    let ev = conn.events();
+    let first_state = ev.iter().find(|e| e.check_name == "InfiniBandStateCheck").unwrap();
+    assert!(first_state.is_healthy && first_state.entities_impacted.is_empty(), "clear-all first: {ev:#?}");
     node.pull_cable("mlx5_3", 1);
     assert!(conn.wait_until(WAIT, |ev| ev.iter().any(|e| is_port_event(e, "mlx5_3", false))), "cable pull");
     let (status, log) = d.stop();
@@ -365,6 +370,7 @@ fn an_older_charts_args_run_with_one_warning_for_the_retired_flags() {
         "{log}"
     );
     assert!(!log.contains("ERROR"), "{log}");
+    assert!(log.contains("no state file: treated as a reboot"), "{log}");
 }
 
 /// Upstream's ConfigMap (`config.toml`) as its chart renders it, with the host class
