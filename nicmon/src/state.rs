@@ -45,6 +45,10 @@ pub struct CheckState {
     /// sysfs files whose read failed with EINVAL in this boot: never read again.
     #[serde(default)]
     pub einval: BTreeSet<String>,
+    /// The discovery scope the state checks' memory was made under (upstream's fingerprint
+    /// `incl=<nicInclusionRegexOverride>;excl=<nicExclusionRegex>`). `None`: not recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
 }
 
 /// Everything persisted. Field names are the file's JSON keys; the flattened parts keep

@@ -547,3 +547,60 @@ fn upstream_configmap_errors_exit_2_and_a_truncated_v2_file_is_a_reboot() {
     assert_eq!(saved["version"], 1);
     assert_eq!(saved["counters"]["breach_flags"]["mlx5_3:1:link_downed"]["breached"], true, "{saved:#}");
 }
+
+/// Upstream's scope fingerprint: an edited `nicExclusionRegex` re-baselines the state checks
+/// (their clear, then healthy events) while counter snapshots and latched breaches are kept;
+/// the unchanged scope (also the one recorded in an imported v2 file) clears nothing.
+#[test]
+fn a_scope_change_rebaselines_the_state_checks_and_keeps_counters_and_latches() {
+    let node = Platform::H100Oci.build();
+    let config = write_configmap(&node);
+    let state = node.root().join("state.json");
+    std::fs::write(&state, upstream_v2_state("00000000-0000-4000-8000-000000000001")).unwrap();
+    let check = || -> Vec<serde_json::Value> {
+        let out = node.nicmon(
+            "check",
+            &["--format", "json", "--config", config.to_str().unwrap(), "--state-file", state.to_str().unwrap()],
+        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["events"].as_array().unwrap().clone()
+    };
+    let entityless = |ev: &[serde_json::Value]| -> Vec<String> {
+        ev.iter()
+            .filter(|e| e["entitiesImpacted"].as_array().unwrap().is_empty())
+            .map(|e| e["checkName"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let saved = || -> serde_json::Value { serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap() };
+
+    // The v2 file's scope is the ConfigMap's: resumed, nothing cleared.
+    assert!(entityless(&check()).is_empty());
+    let before = saved();
+    assert_eq!(before["scope"], "incl=;excl=^veth.*,^docker.*,^br-.*,^lo$");
+
+    std::fs::write(&config, upstream_configmap(&node).replace("^lo$\"", "^lo$,^eth9$\"")).unwrap();
+    let ev = check();
+    assert_eq!(entityless(&ev), ["InfiniBandStateCheck", "EthernetStateCheck"], "{ev:#?}");
+    assert!(ev[0]["message"].as_str().unwrap().contains("Discovery scope changed"), "{ev:#?}");
+    let baselines = ev
+        .iter()
+        .filter(|e| {
+            e["checkName"] == "InfiniBandStateCheck"
+                && e["isHealthy"] == true
+                && !e["entitiesImpacted"].as_array().unwrap().is_empty()
+        })
+        .count();
+    assert!(baselines >= 8, "healthy baselines of the state checks: {ev:#?}");
+    assert!(!ev.iter().any(|e| e["checkName"] == "InfiniBandDegradationCheck"), "counters not re-baselined: {ev:#?}");
+    let after = saved();
+    assert_eq!(after["scope"], "incl=;excl=^veth.*,^docker.*,^br-.*,^lo$,^eth9$");
+    assert_eq!(after["counters"]["breach_flags"]["mlx5_3:1:link_downed"]["breached"], true, "latch kept: {after:#}");
+    let keys = |v: &serde_json::Value| -> Vec<String> {
+        v["counters"]["counter_snapshots"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default()
+    };
+    assert!(!keys(&before).is_empty() && keys(&after) == keys(&before), "counter snapshots kept: {after:#}");
+
+    // The new scope recorded: the next poll resumes.
+    assert!(entityless(&check()).is_empty());
+}
