@@ -54,21 +54,27 @@ fn testbed_args(node: &Node) -> Vec<String> {
     ]
 }
 
-struct Daemon(Child);
+/// A running daemon. Its log is read as it is written (a pipe nobody drains blocks the
+/// daemon once it fills: a reboot's baselines on a 16-port node log more than 64 KiB).
+struct Daemon(Child, Option<std::thread::JoinHandle<String>>);
 
 impl Daemon {
     fn spawn(mut cmd: Command) -> Daemon {
-        Daemon(cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn nicmon"))
+        let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn nicmon");
+        let mut err = child.stderr.take().expect("piped stderr");
+        let reader = std::thread::spawn(move || {
+            let mut log = String::new();
+            let _ = std::io::Read::read_to_string(&mut err, &mut log);
+            log
+        });
+        Daemon(child, Some(reader))
     }
 
     /// SIGTERM, wait, and return the exit status and what it logged.
     fn stop(mut self) -> (std::process::ExitStatus, String) {
         let _ = Command::new("kill").arg("-TERM").arg(self.0.id().to_string()).status();
         let status = self.0.wait().unwrap();
-        let mut log = String::new();
-        if let Some(mut e) = self.0.stderr.take() {
-            let _ = std::io::Read::read_to_string(&mut e, &mut log);
-        }
+        let log = self.1.take().map(|r| r.join().unwrap_or_default()).unwrap_or_default();
         (status, log)
     }
 }
@@ -152,7 +158,11 @@ impl Direct {
 fn upstream_chart_args_publish_directly_over_tls_with_token_and_idempotency_keys() {
     let t = Direct::new();
     let d = Daemon::spawn(t.command(&[]));
-    assert!(t.conn.wait_until(WAIT, baselines), "baselines over TLS: {:?}", t.conn.received().len());
+    if !t.conn.wait_until(WAIT, baselines) {
+        let calls = t.conn.received().len();
+        let (_, log) = d.stop();
+        panic!("baselines over TLS: {calls} calls\n{log}");
+    }
     t.node.pull_cable("mlx5_3", 1);
     assert!(t.conn.wait_until(WAIT, |ev| ev.iter().any(|e| is_port_event(e, "mlx5_3", false))), "cable pull");
     let (status, log) = d.stop();
