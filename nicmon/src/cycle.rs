@@ -80,6 +80,8 @@ pub struct Poll {
     pub stuck_reads: Vec<(std::path::PathBuf, std::time::Duration)>,
     /// The character devices expected (and those held latched), for the report.
     pub char_devices: Vec<chardev::Finding>,
+    /// Ports held by `portStateHoldDown` this poll, and held transitions that were blips.
+    pub holds: linkstate::Holds,
     /// Unhealthy port transitions flap damping counted this poll (published or held).
     pub flaps: Vec<linkstate::FlapTransition>,
 }
@@ -116,6 +118,7 @@ impl Monitor {
             state_config: StateConfig {
                 escalation_grace: Duration::seconds(config.escalation_grace_secs as i64),
                 speed_degradation_fatal: config.speed_degradation_fatal,
+                port_state_hold_down: Duration::try_from(config.port_state_hold_down).unwrap_or(Duration::MAX),
                 flap: config.flap,
                 checks,
             },
@@ -182,6 +185,8 @@ impl Monitor {
         kmsg_records: &[Record],
     ) -> Poll {
         let Observation { snapshot, links, einval, reads_abandoned, stuck_reads } = obs;
+        // A port whose link layer is unreadable is judged with its last known one.
+        let snapshot = linkstate::with_known_link_layers(&prev.links, snapshot);
         let roles = roles::classify(&snapshot, &self.topology, &self.config.filters);
         let first_poll = prev.polls == 0;
         let reboot = loaded.owes_baselines() && first_poll;
@@ -210,6 +215,7 @@ impl Monitor {
         );
         events.extend(out.events);
         let mut notes = out.notes;
+        let holds = out.holds;
         let flaps = out.flaps;
 
         // Counters of monitored PF ports only: management NICs and VFs are never evaluated.
@@ -220,9 +226,17 @@ impl Monitor {
             .filter(|d| monitored(&d.name) && !d.is_vf())
             .flat_map(|d| d.ports.iter().map(move |p| CounterPort::new(&d.name, p)))
             .collect();
-        let (counter_events, counter_state) =
+        let (counter_events, mut counter_state) =
             counters::evaluate(&prev.counters, &ports, &self.config.counter_rules, now, reboot, &self.stamp);
         events.extend(counter_events);
+        for (device, port, rule) in
+            counters::went_unreadable(&prev.counters, &mut counter_state, &ports, &self.config.counter_rules)
+        {
+            notes.push(format!(
+                "counter {rule} on {device} port {port}: unreadable (file gone, or not a number such as N/A): \
+                 not evaluated until it reads a number again"
+            ));
+        }
         let mut char_devices = Vec::new();
         let mut char_state = prev.char_devices.clone();
         if self.state_config.checks.contains(&Check::InfiniBandCharDeviceCheck) {
@@ -256,7 +270,7 @@ impl Monitor {
             einval,
             scope: Some(scope),
         };
-        Poll { snapshot, roles, events, next, notes, reads_abandoned, stuck_reads, char_devices, flaps }
+        Poll { snapshot, roles, events, next, notes, reads_abandoned, stuck_reads, char_devices, holds, flaps }
     }
 }
 
@@ -276,7 +290,7 @@ fn missing_counter_notes(ports: &[CounterPort<'_>], rules: &[counters::CounterRu
 /// After a discovery-scope change: one entity-less healthy event per enabled state check
 /// (the port and device conditions made under the old scope), before its baselines.
 pub fn clear_scope(cfg: &StateConfig, stamp: &Stamp, at: OffsetDateTime) -> Vec<HealthEvent> {
-    [Check::InfiniBandStateCheck, Check::EthernetStateCheck]
+    [Check::InfiniBandStateCheck, Check::EthernetStateCheck, Check::EFAStateCheck]
         .into_iter()
         .filter(|c| cfg.checks.contains(c))
         .map(|c| {

@@ -106,7 +106,7 @@ struct HostArgs {
 }
 
 /// The default of `--checks`: every check.
-const ALL_CHECKS: &str = "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck,EFADegradationCheck,InfiniBandCharDeviceCheck,NICKernelLogCheck";
+const ALL_CHECKS: &str = "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck,EFAStateCheck,EFADegradationCheck,InfiniBandCharDeviceCheck,NICKernelLogCheck";
 
 #[derive(clap::Args)]
 struct CheckCli {
@@ -211,8 +211,9 @@ struct RunCli {
     /// Do not serve /metrics and /healthz.
     #[arg(long)]
     no_metrics: bool,
-    /// Kernel log device to watch. A FIFO is also followed (records or plain lines written
-    /// into it, to replay a log into a running daemon); a regular file is not.
+    /// Kernel log device to watch. A FIFO or a regular file of records or plain lines is
+    /// also followed (replays, or a log another agent writes): a file from its end, like
+    /// `tail -F`.
     #[arg(long, value_name = "FILE", default_value = "/dev/kmsg")]
     kmsg_path: PathBuf,
     /// Do not watch the kernel log.

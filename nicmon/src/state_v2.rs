@@ -12,6 +12,7 @@ use time::format_description::well_known::Rfc3339;
 
 use crate::counters::eval::{Breach, CounterSnapshot};
 use crate::linkstate::{PortRecord, Reported};
+use crate::model::{LinkLayer, PhysState, PortState};
 use crate::state::{CheckState, State, VERSION};
 
 /// The schema version upstream writes.
@@ -77,6 +78,14 @@ fn name_of(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_string())
 }
 
+/// Upstream's link layer name, matched without regard to case (`ethernet`, `InfiniBand`).
+fn link_layer_named(s: &str) -> LinkLayer {
+    [LinkLayer::InfiniBand, LinkLayer::Ethernet, LinkLayer::Efa]
+        .into_iter()
+        .find(|l| l.name().eq_ignore_ascii_case(s))
+        .unwrap_or_else(|| LinkLayer::from_name(s))
+}
+
 fn when(s: &str) -> Option<OffsetDateTime> {
     OffsetDateTime::parse(s, &Rfc3339).ok()
 }
@@ -104,9 +113,9 @@ pub fn import(bytes: &[u8]) -> Result<Imported, String> {
             PortRecord {
                 device: p.device,
                 port: p.port,
-                link_layer: p.link_layer,
-                state,
-                phys_state,
+                link_layer: link_layer_named(&p.link_layer),
+                state: state.as_deref().map(PortState::from_name),
+                phys_state: phys_state.as_deref().map(PhysState::from_name),
                 reported,
                 was_healthy: healthy,
                 unhealthy_since: None,
@@ -114,6 +123,9 @@ pub fn import(bytes: &[u8]) -> Result<Imported, String> {
                 speed_degraded: false,
                 lid: None,
                 sm_lid: None,
+                held_since: None,
+                unknown_since: None,
+                unknown_reported: false,
                 flap: Default::default(),
             },
         );
@@ -178,7 +190,7 @@ mod tests {
         let ports = &i.state.checks.links.port_states;
         assert_eq!(ports["mlx5_0_1"].reported, Reported::Healthy);
         assert_eq!(ports["mlx5_1_1"].reported, Reported::Fatal);
-        assert_eq!(ports["mlx5_1_1"].state.as_deref(), Some("DOWN"));
+        assert_eq!(ports["mlx5_1_1"].state, Some(PortState::Down));
         let c = &i.state.checks.counters;
         assert_eq!(c.counter_snapshots["mlx5_0:1:link_downed"].value, 3);
         assert!(c.is_breached("mlx5_0:1:link_downed"));

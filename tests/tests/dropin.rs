@@ -591,7 +591,7 @@ fn a_scope_change_rebaselines_the_state_checks_and_keeps_counters_and_latches() 
 
     std::fs::write(&config, upstream_configmap(&node).replace("^lo$\"", "^lo$,^eth9$\"")).unwrap();
     let ev = check();
-    assert_eq!(entityless(&ev), ["InfiniBandStateCheck", "EthernetStateCheck"], "{ev:#?}");
+    assert_eq!(entityless(&ev), ["InfiniBandStateCheck", "EthernetStateCheck", "EFAStateCheck"], "{ev:#?}");
     assert!(ev[0]["message"].as_str().unwrap().contains("Discovery scope changed"), "{ev:#?}");
     let baselines = ev
         .iter()
