@@ -294,7 +294,12 @@ pub fn clear_scope(cfg: &StateConfig, stamp: &Stamp, at: OffsetDateTime) -> Vec<
         .into_iter()
         .filter(|c| cfg.checks.contains(c))
         .map(|c| {
-            HealthEvent::new(c, stamp, at, "Discovery scope changed: clearing port and device conditions, re-baselining")
+            HealthEvent::new(
+                c,
+                stamp,
+                at,
+                "Discovery scope changed: clearing port and device conditions, re-baselining",
+            )
         })
         .collect()
 }

@@ -559,15 +559,9 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
             (Check::InfiniBandStateCheck, LinkLayer::InfiniBand),
             (Check::EthernetStateCheck, LinkLayer::Ethernet),
             (Check::EFAStateCheck, LinkLayer::Efa),
-        ]
-        {
-            let deferred = poll
-                .next
-                .links
-                .port_states
-                .values()
-                .filter(|r| r.deferred_polls > 0 && r.link_layer == layer)
-                .count();
+        ] {
+            let deferred =
+                poll.next.links.port_states.values().filter(|r| r.deferred_polls > 0 && r.link_layer == layer).count();
             metrics.first_poll_deferred(check, deferred as u64);
         }
     }

@@ -331,8 +331,12 @@ fn nvsentinel_values_render_upstreams_daemonset_shape() {
     assert_eq!(configmap(&objects)["metadata"]["name"], "nic-health-monitor");
     let pod = &ds["spec"]["template"]["spec"];
     assert_eq!(pod["nodeSelector"], json!({"nvsentinel.dgxc.nvidia.com/driver.installed": "true"}));
-    let mounts: Vec<&str> =
-        pod["containers"][0]["volumeMounts"].as_array().unwrap().iter().map(|m| m["mountPath"].as_str().unwrap()).collect();
+    let mounts: Vec<&str> = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["mountPath"].as_str().unwrap())
+        .collect();
     for at in ["/nvsentinel/sys", "/nvsentinel/proc", "/etc/nic-health-monitor", "/var/run/nic_health_monitor"] {
         assert!(mounts.contains(&at), "{at} not in {mounts:?}");
     }
@@ -409,16 +413,21 @@ fn nvsentinel_values_render_upstreams_daemonset_shape() {
         "global.platformConnectorDeployment.tls.mode=insecureDevelopmentMode",
     ]);
     let c = &daemonset(&insecure)["spec"]["template"]["spec"]["containers"][0];
-    assert!(c["env"].as_array().unwrap().iter().any(|e| e["name"] == "HEALTH_PUBLISH_INSECURE" && e["value"] == "true"));
+    assert!(
+        c["env"].as_array().unwrap().iter().any(|e| e["name"] == "HEALTH_PUBLISH_INSECURE" && e["value"] == "true")
+    );
 
     // Values the chart cannot honour are refused at render time, naming them.
-    for (set, named) in [
-        ("publishTo=queue", "publishTo=queue"),
-        ("publishTo=deployment", "platformConnector.deployment.caSecret"),
-    ] {
+    for (set, named) in
+        [("publishTo=queue", "publishTo=queue"), ("publishTo=deployment", "platformConnector.deployment.caSecret")]
+    {
         let out = k8s(&python(), &["render", CHART, "nicmon", "nvsentinel", NVSENTINEL, set]).output().unwrap();
         assert!(!out.status.success(), "{set}");
-        assert!(String::from_utf8_lossy(&out.stderr).contains(named), "{set}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(named),
+            "{set}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 

@@ -347,7 +347,9 @@ impl Metrics {
         // Series of change-gated counters exist at 0 from the start, so that rate() and
         // alerts see them before the first event.
         for check in [Check::InfiniBandStateCheck, Check::EthernetStateCheck, Check::EFAStateCheck] {
-            let _ = m.legacy_first_poll_deferred.get_or_create(&NodeCheck { node: m.node.clone(), check: check.to_string() });
+            let _ = m
+                .legacy_first_poll_deferred
+                .get_or_create(&NodeCheck { node: m.node.clone(), check: check.to_string() });
         }
         for check in Check::ALL {
             let _ = m.events_sent.get_or_create(&check_labels(check));
