@@ -512,6 +512,7 @@ fn upstream_configmap_errors_exit_2_and_a_truncated_v2_file_is_a_reboot() {
         (good.replace("^lo$", "^lo($"), "nicExclusionRegex"),
         (good.replace("issm = \"never\"", "issm = \"sometimes\""), "charDeviceCheck.issm = \"sometimes\""),
         (good.replace("/class/net\"", "/net\""), "sysClassNetPath"),
+        (format!("{good}\n[stateCheck]\nportStateHoldDown = \"-1s\"\n"), "stateCheck.portStateHoldDown = \"-1s\""),
     ];
     for (text, named) in cases {
         std::fs::write(&config, text).unwrap();
