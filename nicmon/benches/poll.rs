@@ -22,7 +22,7 @@ fn main() {
     let monitor = Monitor::new(host, config, topo, stamp, Check::ALL.into_iter().collect(), Some("bench".into()));
     let files_before = monitor.host.stats.files_read.load(std::sync::atomic::Ordering::Relaxed);
     let mut state = CheckState::default();
-    let mut loaded = Loaded::Missing;
+    let mut loaded = Loaded::Missing { reboot: false };
     let mut t = time::OffsetDateTime::now_utc();
     // Warm-up (first poll emits baselines).
     for _ in 0..20 {

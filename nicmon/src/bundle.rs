@@ -672,7 +672,7 @@ fn reads_of(replay: &Replay) -> BTreeSet<Access> {
     let boot_id = host.boot_id().ok();
     let (prev, loaded) = match replay.state_file() {
         Some(p) => state::load(&p, boot_id.as_deref()),
-        None => (State::fresh(boot_id.clone()), Loaded::Missing),
+        None => (State::fresh(boot_id.clone()), Loaded::Missing { reboot: false }),
     };
     let snapshot0 = discovery::discover(&host, &ReadPlan::default());
     // Both topologies: the replay may be asked either way (--metadata-required, or not).

@@ -70,7 +70,7 @@ pub fn run_check(args: &CheckArgs) -> Result<String> {
     let boot_id = monitor.boot_id.clone();
     let (prev, loaded) = match &args.state_file {
         Some(p) => state::load(p, boot_id.as_deref()),
-        None => (State::fresh(boot_id.clone()), Loaded::Missing),
+        None => (State::fresh(boot_id.clone()), Loaded::Missing { reboot: false }),
     };
     match &loaded {
         Loaded::Corrupt(why) => tracing::warn!("{why}: starting fresh"),

@@ -190,12 +190,29 @@ impl Monitor {
         let roles = roles::classify(&snapshot, &self.topology, &self.config.filters);
         let first_poll = prev.polls == 0;
         let reboot = loaded.owes_baselines() && first_poll;
+        // The discovery scope changed since the state was made (nicExclusionRegex or
+        // nicInclusionRegexOverride edited): the state checks forget their ports and devices
+        // and re-baseline (their clear, then healthy events); counters and latches are kept.
+        let scope = self.config.filters.fingerprint();
+        let rescope = !first_poll && prev.scope.as_ref().is_some_and(|s| *s != scope);
+        let no_links = linkstate::LinkState::default();
+        let prev_links = if rescope { &no_links } else { &prev.links };
 
         let mut events = Vec::new();
         if reboot {
             events.extend(clear_all(&self.state_config, &self.stamp, now - Duration::seconds(1)));
+        } else if rescope {
+            events.extend(clear_scope(&self.state_config, &self.stamp, now - Duration::seconds(1)));
         }
-        let out = linkstate::evaluate(&prev.links, first_poll, &snapshot, &roles, &self.state_config, now, &self.stamp);
+        let out = linkstate::evaluate(
+            prev_links,
+            first_poll || rescope,
+            &snapshot,
+            &roles,
+            &self.state_config,
+            now,
+            &self.stamp,
+        );
         events.extend(out.events);
         let mut notes = out.notes;
         let holds = out.holds;
@@ -251,6 +268,7 @@ impl Monitor {
             kmsg: kmsg_state,
             char_devices: char_state,
             einval,
+            scope: Some(scope),
         };
         Poll { snapshot, roles, events, next, notes, reads_abandoned, stuck_reads, char_devices, holds, flaps }
     }
@@ -266,6 +284,23 @@ fn missing_counter_notes(ports: &[CounterPort<'_>], rules: &[counters::CounterRu
     by_rule
         .into_iter()
         .map(|(rule, at)| format!("counter {rule} absent on {}: not evaluated there", at.join(", ")))
+        .collect()
+}
+
+/// After a discovery-scope change: one entity-less healthy event per enabled state check
+/// (the port and device conditions made under the old scope), before its baselines.
+pub fn clear_scope(cfg: &StateConfig, stamp: &Stamp, at: OffsetDateTime) -> Vec<HealthEvent> {
+    [Check::InfiniBandStateCheck, Check::EthernetStateCheck, Check::EFAStateCheck]
+        .into_iter()
+        .filter(|c| cfg.checks.contains(c))
+        .map(|c| {
+            HealthEvent::new(
+                c,
+                stamp,
+                at,
+                "Discovery scope changed: clearing port and device conditions, re-baselining",
+            )
+        })
         .collect()
 }
 

@@ -298,7 +298,11 @@ impl<'a> Daemon<'a> {
         let records = std::mem::take(&mut self.pending_records);
         let poll = self.monitor.poll(&self.state.checks, &self.loaded, OffsetDateTime::now_utc(), &records);
         let elapsed = woke_at.elapsed();
-        self.metrics.observe_poll(elapsed);
+        let completed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or_default();
+        self.metrics.observe_poll(elapsed, completed);
         for w in woke {
             self.metrics.wakeup(w.hook.name());
         }
@@ -365,11 +369,18 @@ impl<'a> Daemon<'a> {
 
 /// Load the state file for this boot, saying how it was found.
 fn load_state(path: &std::path::Path, boot_id: Option<&str>) -> (State, Loaded) {
-    let (st, loaded) = state::load(path, boot_id);
+    let (st, mut loaded) = state::load(path, boot_id);
+    if let Loaded::Missing { reboot } = &mut loaded {
+        // Upstream's rule: a missing file is a reboot (state on tmpfs, or a deleted file):
+        // the first poll clears what the platform may hold and sends the baselines.
+        *reboot = true;
+    }
     match &loaded {
         Loaded::Corrupt(why) => tracing::warn!("{why}: starting fresh"),
         Loaded::Rebooted { .. } => tracing::info!("boot ID changed: state from the previous boot cleared"),
-        Loaded::Missing => tracing::info!(path = %path.display(), "no state file: first start"),
+        Loaded::Missing { .. } => {
+            tracing::info!(path = %path.display(), "no state file: treated as a reboot (clear-all, then baselines)")
+        }
         Loaded::Resumed => tracing::info!(pending = st.outbox.len(), "resuming from the state file"),
         Loaded::Imported { baselines_owed } => {
             tracing::info!(baselines_owed, "imported NVSentinel's schema-v2 state file of this boot")
@@ -539,6 +550,20 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
         [Check::InfiniBandStateCheck, Check::EthernetStateCheck, Check::EFAStateCheck, Check::InfiniBandCharDeviceCheck]
     {
         metrics.set_devices_discovered(check, discovered.get(&check).copied().unwrap_or(0));
+    }
+    if poll.next.polls == 1 {
+        // The first poll of this boot's state: ports whose verdict it deferred (unhealthy and
+        // never seen healthy, decided within MAX_DEFERRED_POLLS polls).
+        use crate::model::LinkLayer;
+        for (check, layer) in [
+            (Check::InfiniBandStateCheck, LinkLayer::InfiniBand),
+            (Check::EthernetStateCheck, LinkLayer::Ethernet),
+            (Check::EFAStateCheck, LinkLayer::Efa),
+        ] {
+            let deferred =
+                poll.next.links.port_states.values().filter(|r| r.deferred_polls > 0 && r.link_layer == layer).count();
+            metrics.first_poll_deferred(check, deferred as u64);
+        }
     }
     metrics.set_read_health(poll.reads_abandoned, &poll.stuck_reads);
     metrics.kmsg_records_lost(poll.next.kmsg.lost_records);

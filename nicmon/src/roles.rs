@@ -38,6 +38,15 @@ pub struct NicFilters {
     pub include_override: Vec<Regex>,
 }
 
+impl NicFilters {
+    /// The discovery-scope fingerprint, upstream's format: `incl=<override>;excl=<exclusion>`
+    /// (each the comma-joined patterns). A change re-baselines the state checks.
+    pub fn fingerprint(&self) -> String {
+        let join = |v: &[Regex]| v.iter().map(Regex::as_str).collect::<Vec<_>>().join(",");
+        format!("incl={};excl={}", join(&self.include_override), join(&self.exclude))
+    }
+}
+
 /// The decision for one device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Classification {

@@ -45,6 +45,10 @@ pub struct CheckState {
     /// sysfs files whose read failed with EINVAL in this boot: never read again.
     #[serde(default)]
     pub einval: BTreeSet<String>,
+    /// The discovery scope the state checks' memory was made under (upstream's fingerprint
+    /// `incl=<nicInclusionRegexOverride>;excl=<nicExclusionRegex>`). `None`: not recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
 }
 
 /// Everything persisted. Field names are the file's JSON keys; the flattened parts keep
@@ -71,8 +75,10 @@ impl State {
 pub enum Loaded {
     /// Same boot: resume with full context.
     Resumed,
-    /// No file: first start on this node.
-    Missing,
+    /// No file. `reboot`: treated as a reboot (the daemon, as upstream NVSentinel does: a
+    /// node whose state lived on tmpfs has lost what the platform still holds, so the first
+    /// poll sends the clear-all and baselines); `false`: a plain first start (`nicmon check`).
+    Missing { reboot: bool },
     /// The file was unusable: fresh start (the reason is logged).
     Corrupt(String),
     /// The boot ID changed: the host rebooted. State from the previous boot is discarded.
@@ -85,10 +91,16 @@ pub enum Loaded {
 
 impl Loaded {
     /// Whether the first poll runs the reboot baseline (clear-all, then healthy baselines):
-    /// after a reboot, a corrupt file (nothing is known of what the platform holds, as
+    /// after a reboot, a missing file in the daemon, a corrupt file (nothing is known of what the platform holds, as
     /// upstream does) and baselines an imported upstream file still owed.
     pub fn owes_baselines(&self) -> bool {
-        matches!(self, Loaded::Rebooted { .. } | Loaded::Corrupt(_) | Loaded::Imported { baselines_owed: true })
+        matches!(
+            self,
+            Loaded::Rebooted { .. }
+                | Loaded::Corrupt(_)
+                | Loaded::Imported { baselines_owed: true }
+                | Loaded::Missing { reboot: true }
+        )
     }
 }
 
@@ -111,7 +123,7 @@ pub fn load(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
     let fresh = || State::fresh(boot_id.map(str::to_string));
     let bytes = match crate::host::read_file(path, MAX_BYTES) {
         Ok(b) => b,
-        Err(crate::host::ReadError::Missing) => return (fresh(), Loaded::Missing),
+        Err(crate::host::ReadError::Missing) => return (fresh(), Loaded::Missing { reboot: false }),
         Err(e) => {
             return (fresh(), Loaded::Corrupt(format!("state file {}: cannot read: {e}", path.display())));
         }
@@ -227,7 +239,7 @@ mod tests {
         assert!(l.checks.einval.is_empty());
         std::fs::write(&p, "{\"version\":1,").unwrap();
         assert!(matches!(load(&p, Some("b1")).1, Loaded::Corrupt(_)));
-        assert_eq!(load(&dir.path().join("none.json"), None).1, Loaded::Missing);
+        assert_eq!(load(&dir.path().join("none.json"), None).1, Loaded::Missing { reboot: false });
     }
 
     #[test]

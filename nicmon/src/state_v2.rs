@@ -31,6 +31,8 @@ struct V2 {
     breach_flags: BTreeMap<String, V2Breach>,
     #[serde(default)]
     pending_baselines: BTreeMap<String, bool>,
+    #[serde(default)]
+    scope: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -94,7 +96,7 @@ pub fn import(bytes: &[u8]) -> Result<Imported, String> {
     if v.version != UPSTREAM_VERSION {
         return Err(format!("unsupported state file version {}", v.version));
     }
-    let mut checks = CheckState { polls: 1, ..CheckState::default() };
+    let mut checks = CheckState { polls: 1, scope: v.scope.clone(), ..CheckState::default() };
     let mut skipped = Vec::new();
     for (key, p) in v.port_states {
         let state = name_of(&p.state);

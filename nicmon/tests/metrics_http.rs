@@ -29,7 +29,7 @@ async fn start(metrics: Arc<Metrics>, liveness: Liveness) -> server::MetricsServ
 async fn metrics_lists_the_dashboard_names() {
     let metrics = Arc::new(Metrics::new("gpu-node-1"));
     metrics.set_devices_discovered(Check::InfiniBandStateCheck, 8);
-    metrics.observe_poll(Duration::from_millis(3));
+    metrics.observe_poll(Duration::from_millis(3), 1_790_000_000.0);
     metrics.state_check_error(Check::InfiniBandStateCheck, "mlx5_3", 1);
     metrics.counter_threshold_breach("symbol_error", "mlx5_0", 1, true);
     metrics.set_ebpf(true, false);
@@ -41,6 +41,8 @@ async fn metrics_lists_the_dashboard_names() {
         "nic_health_monitor_devices_discovered",
         "nic_health_monitor_health_events_sent_total",
         "nic_health_monitor_poll_cycle_duration_seconds_bucket",
+        "nic_health_monitor_poll_cycle_last_completed_timestamp_seconds{node=\"gpu-node-1\",category=\"state\"} 1790000000.0",
+        "nic_health_monitor_first_poll_deferred_total{node=\"gpu-node-1\",check=\"InfiniBandStateCheck\"} 0",
         "nic_health_monitor_state_check_errors_total",
         "nic_health_monitor_counter_threshold_breaches_total",
         "nicmon_events_sent_total",

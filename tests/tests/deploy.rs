@@ -75,11 +75,16 @@ fn flag(ds: &Value, name: &str) -> Option<String> {
 }
 
 const STANDALONE: &str = "deploy/helm/nicmon/values-standalone.yaml";
+/// Upstream NVSentinel's nic-health-monitor DaemonSet shape (issue #20).
+const NVSENTINEL: &str = "deploy/helm/nicmon/values-nvsentinel.yaml";
 
 /// The renderings every check runs on: (what, objects).
 fn renderings() -> Vec<(String, Vec<Value>)> {
-    let mut all =
-        vec![("default values".to_string(), render(&[])), ("standalone values".into(), render(&[STANDALONE]))];
+    let mut all = vec![
+        ("default values".to_string(), render(&[])),
+        ("standalone values".into(), render(&[STANDALONE])),
+        ("nvsentinel values".into(), render(&[NVSENTINEL])),
+    ];
     for m in &MANIFESTS {
         all.push((format!("deploy/manifests/{}", m.file), load(&format!("deploy/manifests/{}", m.file))));
     }
@@ -255,7 +260,9 @@ fn the_daemonset_has_the_mounts_capabilities_and_probes_the_agent_needs() {
         assert_eq!(c["readinessProbe"]["httpGet"], json!({"path": "/metrics", "port": "metrics"}), "{what}");
 
         // Resources cover the measured footprint (27 MiB start-up peak, `cargo xtask bench`).
-        assert_eq!(c["resources"]["limits"]["memory"], "64Mi", "{what}");
+        // (The NVSentinel values keep upstream's own requests and limits.)
+        let limit = if what.starts_with("nvsentinel") { "512Mi" } else { "64Mi" };
+        assert_eq!(c["resources"]["limits"]["memory"], limit, "{what}");
         assert!(pod["nodeSelector"].is_object() && pod["tolerations"].is_array(), "{what}");
     }
 
@@ -311,6 +318,117 @@ fn kernel_log_bind_address_and_order_decisions_render_as_documented() {
     }
     let standalone = load("deploy/manifests/nicmon-standalone.yaml");
     assert_eq!(kinds(&standalone)[..2], ["Namespace", "ServiceAccount"], "the namespace and account come first");
+}
+
+/// The NVSentinel values render upstream's DaemonSet shape: names, ConfigMap key, mounts
+/// under /nvsentinel, nodeSelector, probes, state directory, globals, token audience and
+/// `publishTo` — and the binary accepts the result with upstream's whole counter list.
+#[test]
+fn nvsentinel_values_render_upstreams_daemonset_shape() {
+    let objects = render(&[NVSENTINEL]);
+    let ds = daemonset(&objects);
+    assert_eq!(ds["metadata"]["name"], "nic-health-monitor");
+    assert_eq!(configmap(&objects)["metadata"]["name"], "nic-health-monitor");
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["nodeSelector"], json!({"nvsentinel.dgxc.nvidia.com/driver.installed": "true"}));
+    let mounts: Vec<&str> = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["mountPath"].as_str().unwrap())
+        .collect();
+    for at in ["/nvsentinel/sys", "/nvsentinel/proc", "/etc/nic-health-monitor", "/var/run/nic_health_monitor"] {
+        assert!(mounts.contains(&at), "{at} not in {mounts:?}");
+    }
+    assert_eq!(flag(ds, "--state-file").as_deref(), Some("/var/run/nic_health_monitor/state.json"));
+    assert_eq!(flag(ds, "--metadata-path").as_deref(), Some("/var/lib/nvsentinel/gpu_metadata.json"));
+    let (code, out) = check_config(&objects, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("counter rules:     18"), "upstream's default list is the set: {out}");
+    assert!(out.contains("sysfs root:        /nvsentinel/sys"), "{out}");
+
+    // Upstream's globals win: metrics port, metadata file, image tag, pull secrets.
+    let g = render(&[
+        NVSENTINEL,
+        "global.metricsPort=9300",
+        "global.metadataPath=/var/lib/nvsentinel-meta/gpu.json",
+        "global.image.tag=v9",
+        "global.imagePullSecrets[0].name=regcred",
+    ]);
+    let ds = daemonset(&g);
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(flag(ds, "--metrics-port").as_deref(), Some("9300"));
+    assert_eq!(c["ports"][0]["containerPort"], 9300);
+    assert_eq!(flag(ds, "--metadata-path").as_deref(), Some("/var/lib/nvsentinel-meta/gpu.json"));
+    let vols = ds["spec"]["template"]["spec"]["volumes"].as_array().unwrap();
+    assert!(vols.iter().any(|v| v["hostPath"]["path"] == "/var/lib/nvsentinel-meta"), "{vols:?}");
+    assert!(c["image"].as_str().unwrap().ends_with(":v9"));
+    assert_eq!(ds["spec"]["template"]["spec"]["imagePullSecrets"], json!([{"name": "regcred"}]));
+    validate(&g, "1.30").unwrap();
+
+    // Connector auth from the global: a projected token with upstream's audience.
+    let auth = render(&[NVSENTINEL, "global.platformConnectorAuth.enabled=true"]);
+    let ds = daemonset(&auth);
+    let vols = ds["spec"]["template"]["spec"]["volumes"].as_array().unwrap();
+    let token = vols.iter().find(|v| v["name"] == "connector-token").expect("token volume");
+    assert_eq!(
+        token["projected"]["sources"][0]["serviceAccountToken"]["audience"],
+        "platform-connector.nvsentinel.nvidia.com"
+    );
+    assert!(flag(ds, "--platform-connector-token-path").is_some());
+    validate(&auth, "1.30").unwrap();
+
+    // publishTo: deployment → HEALTH_PUBLISH_* with the deployment audience and the CA Secret.
+    let direct = render(&[
+        NVSENTINEL,
+        "publishTo=deployment",
+        "platformConnector.deployment.caSecret=pcd-ca",
+        "global.platformConnectorDeployment.auth.audience=platform-connector-deployment.nvsentinel.nvidia.com",
+    ]);
+    let ds = daemonset(&direct);
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    let env = |name: &str| c["env"].as_array().unwrap().iter().find(|e| e["name"] == name).map(|e| e["value"].clone());
+    assert_eq!(
+        env("HEALTH_PUBLISH_TARGET"),
+        Some(json!("platform-connector-deployment.nvsentinel.svc.cluster.local:50051"))
+    );
+    let token_path = env("HEALTH_PUBLISH_TOKEN_PATH").unwrap();
+    let ca = env("HEALTH_PUBLISH_TLS_CA_FILE").unwrap();
+    let vols = ds["spec"]["template"]["spec"]["volumes"].as_array().unwrap();
+    let token = vols.iter().find(|v| v["name"] == "connector-token").expect("token volume");
+    assert_eq!(
+        token["projected"]["sources"][0]["serviceAccountToken"]["audience"],
+        "platform-connector-deployment.nvsentinel.nvidia.com"
+    );
+    assert!(vols.iter().any(|v| v["secret"]["secretName"] == "pcd-ca"));
+    let mounts = c["volumeMounts"].as_array().unwrap();
+    for file in [token_path.as_str().unwrap(), ca.as_str().unwrap()] {
+        assert!(mounts.iter().any(|m| file.starts_with(m["mountPath"].as_str().unwrap())), "{file} on no mount");
+    }
+    assert!(flag(ds, "--platform-connector-token-path").is_none(), "direct mode takes the token from the env");
+    validate(&direct, "1.30").unwrap();
+    let insecure = render(&[
+        NVSENTINEL,
+        "publishTo=deployment",
+        "global.platformConnectorDeployment.tls.mode=insecureDevelopmentMode",
+    ]);
+    let c = &daemonset(&insecure)["spec"]["template"]["spec"]["containers"][0];
+    assert!(
+        c["env"].as_array().unwrap().iter().any(|e| e["name"] == "HEALTH_PUBLISH_INSECURE" && e["value"] == "true")
+    );
+
+    // Values the chart cannot honour are refused at render time, naming them.
+    for (set, named) in
+        [("publishTo=queue", "publishTo=queue"), ("publishTo=deployment", "platformConnector.deployment.caSecret")]
+    {
+        let out = k8s(&python(), &["render", CHART, "nicmon", "nvsentinel", NVSENTINEL, set]).output().unwrap();
+        assert!(!out.status.success(), "{set}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(named),
+            "{set}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// `nicmon run <the rendered args> --check-config`, with the rendered ConfigMap as the

@@ -54,21 +54,27 @@ fn testbed_args(node: &Node) -> Vec<String> {
     ]
 }
 
-struct Daemon(Child);
+/// A running daemon. Its log is read as it is written (a pipe nobody drains blocks the
+/// daemon once it fills: a reboot's baselines on a 16-port node log more than 64 KiB).
+struct Daemon(Child, Option<std::thread::JoinHandle<String>>);
 
 impl Daemon {
     fn spawn(mut cmd: Command) -> Daemon {
-        Daemon(cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn nicmon"))
+        let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn nicmon");
+        let mut err = child.stderr.take().expect("piped stderr");
+        let reader = std::thread::spawn(move || {
+            let mut log = String::new();
+            let _ = std::io::Read::read_to_string(&mut err, &mut log);
+            log
+        });
+        Daemon(child, Some(reader))
     }
 
     /// SIGTERM, wait, and return the exit status and what it logged.
     fn stop(mut self) -> (std::process::ExitStatus, String) {
         let _ = Command::new("kill").arg("-TERM").arg(self.0.id().to_string()).status();
         let status = self.0.wait().unwrap();
-        let mut log = String::new();
-        if let Some(mut e) = self.0.stderr.take() {
-            let _ = std::io::Read::read_to_string(&mut e, &mut log);
-        }
+        let log = self.1.take().map(|r| r.join().unwrap_or_default()).unwrap_or_default();
         (status, log)
     }
 }
@@ -152,7 +158,11 @@ impl Direct {
 fn upstream_chart_args_publish_directly_over_tls_with_token_and_idempotency_keys() {
     let t = Direct::new();
     let d = Daemon::spawn(t.command(&[]));
-    assert!(t.conn.wait_until(WAIT, baselines), "baselines over TLS: {:?}", t.conn.received().len());
+    if !t.conn.wait_until(WAIT, baselines) {
+        let calls = t.conn.received().len();
+        let (_, log) = d.stop();
+        panic!("baselines over TLS: {calls} calls\n{log}");
+    }
     t.node.pull_cable("mlx5_3", 1);
     assert!(t.conn.wait_until(WAIT, |ev| ev.iter().any(|e| is_port_event(e, "mlx5_3", false))), "cable pull");
     let (status, log) = d.stop();
@@ -352,8 +362,13 @@ fn an_older_charts_args_run_with_one_warning_for_the_retired_flags() {
     let conn = Connector::start(&node.root().join("nvsentinel.sock"));
     let mut cmd = nicmon(&kata_chart_args(&node, &conn.target(), &config));
     cmd.env("NODE_NAME", NODE);
+    assert!(!node.root().join("state.json").exists());
     let d = Daemon::spawn(cmd);
     assert!(conn.wait_until(WAIT, baselines), "baselines from the old chart's args");
+    // No state file is a reboot (upstream's rule): each check's clear-all comes first.
+    let ev = conn.events();
+    let first_state = ev.iter().find(|e| e.check_name == "InfiniBandStateCheck").unwrap();
+    assert!(first_state.is_healthy && first_state.entities_impacted.is_empty(), "clear-all first: {ev:#?}");
     node.pull_cable("mlx5_3", 1);
     assert!(conn.wait_until(WAIT, |ev| ev.iter().any(|e| is_port_event(e, "mlx5_3", false))), "cable pull");
     let (status, log) = d.stop();
@@ -365,6 +380,7 @@ fn an_older_charts_args_run_with_one_warning_for_the_retired_flags() {
         "{log}"
     );
     assert!(!log.contains("ERROR"), "{log}");
+    assert!(log.contains("no state file: treated as a reboot"), "{log}");
 }
 
 /// Upstream's ConfigMap (`config.toml`) as its chart renders it, with the host class
@@ -496,6 +512,7 @@ fn upstream_configmap_errors_exit_2_and_a_truncated_v2_file_is_a_reboot() {
         (good.replace("^lo$", "^lo($"), "nicExclusionRegex"),
         (good.replace("issm = \"never\"", "issm = \"sometimes\""), "charDeviceCheck.issm = \"sometimes\""),
         (good.replace("/class/net\"", "/net\""), "sysClassNetPath"),
+        (format!("{good}\n[stateCheck]\nportStateHoldDown = \"-1s\"\n"), "stateCheck.portStateHoldDown = \"-1s\""),
     ];
     for (text, named) in cases {
         std::fs::write(&config, text).unwrap();
@@ -540,4 +557,61 @@ fn upstream_configmap_errors_exit_2_and_a_truncated_v2_file_is_a_reboot() {
     let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
     assert_eq!(saved["version"], 1);
     assert_eq!(saved["counters"]["breach_flags"]["mlx5_3:1:link_downed"]["breached"], true, "{saved:#}");
+}
+
+/// Upstream's scope fingerprint: an edited `nicExclusionRegex` re-baselines the state checks
+/// (their clear, then healthy events) while counter snapshots and latched breaches are kept;
+/// the unchanged scope (also the one recorded in an imported v2 file) clears nothing.
+#[test]
+fn a_scope_change_rebaselines_the_state_checks_and_keeps_counters_and_latches() {
+    let node = Platform::H100Oci.build();
+    let config = write_configmap(&node);
+    let state = node.root().join("state.json");
+    std::fs::write(&state, upstream_v2_state("00000000-0000-4000-8000-000000000001")).unwrap();
+    let check = || -> Vec<serde_json::Value> {
+        let out = node.nicmon(
+            "check",
+            &["--format", "json", "--config", config.to_str().unwrap(), "--state-file", state.to_str().unwrap()],
+        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["events"].as_array().unwrap().clone()
+    };
+    let entityless = |ev: &[serde_json::Value]| -> Vec<String> {
+        ev.iter()
+            .filter(|e| e["entitiesImpacted"].as_array().unwrap().is_empty())
+            .map(|e| e["checkName"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let saved = || -> serde_json::Value { serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap() };
+
+    // The v2 file's scope is the ConfigMap's: resumed, nothing cleared.
+    assert!(entityless(&check()).is_empty());
+    let before = saved();
+    assert_eq!(before["scope"], "incl=;excl=^veth.*,^docker.*,^br-.*,^lo$");
+
+    std::fs::write(&config, upstream_configmap(&node).replace("^lo$\"", "^lo$,^eth9$\"")).unwrap();
+    let ev = check();
+    assert_eq!(entityless(&ev), ["InfiniBandStateCheck", "EthernetStateCheck", "EFAStateCheck"], "{ev:#?}");
+    assert!(ev[0]["message"].as_str().unwrap().contains("Discovery scope changed"), "{ev:#?}");
+    let baselines = ev
+        .iter()
+        .filter(|e| {
+            e["checkName"] == "InfiniBandStateCheck"
+                && e["isHealthy"] == true
+                && !e["entitiesImpacted"].as_array().unwrap().is_empty()
+        })
+        .count();
+    assert!(baselines >= 8, "healthy baselines of the state checks: {ev:#?}");
+    assert!(!ev.iter().any(|e| e["checkName"] == "InfiniBandDegradationCheck"), "counters not re-baselined: {ev:#?}");
+    let after = saved();
+    assert_eq!(after["scope"], "incl=;excl=^veth.*,^docker.*,^br-.*,^lo$,^eth9$");
+    assert_eq!(after["counters"]["breach_flags"]["mlx5_3:1:link_downed"]["breached"], true, "latch kept: {after:#}");
+    let keys = |v: &serde_json::Value| -> Vec<String> {
+        v["counters"]["counter_snapshots"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default()
+    };
+    assert!(!keys(&before).is_empty() && keys(&after) == keys(&before), "counter snapshots kept: {after:#}");
+
+    // The new scope recorded: the next poll resumes.
+    assert!(entityless(&check()).is_empty());
 }

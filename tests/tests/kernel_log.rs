@@ -799,7 +799,8 @@ fn the_daemon_reports_the_new_patterns_once_per_card() {
 
     let kernel = |ev: &[nicmon_proto::datamodels::HealthEvent]| -> Vec<(String, bool, i32, String)> {
         ev.iter()
-            .filter(|e| e.check_name == "NICKernelLogCheck")
+            // (A start without a state file is a reboot: the check's entity-less clear comes first.)
+            .filter(|e| e.check_name == "NICKernelLogCheck" && !e.entities_impacted.is_empty())
             .map(|e| {
                 let ents: Vec<String> =
                     e.entities_impacted.iter().map(|x| format!("{}={}", x.entity_type, x.entity_value)).collect();
@@ -825,7 +826,7 @@ fn the_daemon_reports_the_new_patterns_once_per_card() {
     .collect();
     let events = conn.events();
     assert_eq!(kernel(&events), want);
-    for e in events.iter().filter(|e| e.check_name == "NICKernelLogCheck") {
+    for e in events.iter().filter(|e| e.check_name == "NICKernelLogCheck" && !e.entities_impacted.is_empty()) {
         assert!(!e.is_healthy && e.agent == "nic-health-monitor" && e.node_name == "gpu-node-7", "{e:?}");
     }
 }
@@ -883,7 +884,8 @@ fn the_daemon_follows_a_regular_kmsg_file() {
     std::io::Write::write_all(&mut w, rest.as_bytes()).unwrap();
     let codes = |ev: &[nicmon_proto::datamodels::HealthEvent]| -> Vec<(String, String)> {
         ev.iter()
-            .filter(|e| e.check_name == "NICKernelLogCheck")
+            // (A start without a state file is a reboot: the check's entity-less clear comes first.)
+            .filter(|e| e.check_name == "NICKernelLogCheck" && !e.entities_impacted.is_empty())
             .map(|e| {
                 let ents: Vec<String> =
                     e.entities_impacted.iter().map(|x| format!("{}={}", x.entity_type, x.entity_value)).collect();

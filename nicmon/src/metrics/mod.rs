@@ -130,6 +130,9 @@ const LEGACY_BUCKETS: [f64; 11] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 /// A poll of a full node takes ~2 ms (SPEC §3): finer buckets at the bottom.
 const POLL_BUCKETS: [f64; 12] = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
 
+/// The existing monitor's poll categories (`category` label).
+const POLL_CATEGORIES: [&str; 2] = ["state", "counter"];
+
 fn legacy_histogram() -> Histogram {
     Histogram::new(LEGACY_BUCKETS)
 }
@@ -172,6 +175,8 @@ pub struct Metrics {
     legacy_state_check_errors: Family<NodeCheckDevicePort, Counter>,
     port_state_blips: Family<NodeCheckDevicePort, Counter>,
     legacy_breaches: Family<NodeCounterDevicePortFatal, Counter>,
+    legacy_last_completed: Family<NodeCategory, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    legacy_first_poll_deferred: Family<NodeCheck, Counter>,
 }
 
 impl Metrics {
@@ -209,6 +214,8 @@ impl Metrics {
             legacy_state_check_errors: Family::default(),
             port_state_blips: Family::default(),
             legacy_breaches: Family::default(),
+            legacy_last_completed: Family::default(),
+            legacy_first_poll_deferred: Family::default(),
         };
         // Counters get a `_total` suffix from the encoder: registered without it.
         registry.register(
@@ -327,8 +334,23 @@ impl Metrics {
             "Total number of counter threshold breaches detected",
             m.legacy_breaches.clone(),
         );
+        registry.register(
+            "nic_health_monitor_poll_cycle_last_completed_timestamp_seconds",
+            "Unix time at which the last poll cycle of the category completed",
+            m.legacy_last_completed.clone(),
+        );
+        registry.register(
+            "nic_health_monitor_first_poll_deferred",
+            "Ports whose first-poll verdict was deferred (unhealthy, never healthy in this boot), by state check",
+            m.legacy_first_poll_deferred.clone(),
+        );
         // Series of change-gated counters exist at 0 from the start, so that rate() and
         // alerts see them before the first event.
+        for check in [Check::InfiniBandStateCheck, Check::EthernetStateCheck, Check::EFAStateCheck] {
+            let _ = m
+                .legacy_first_poll_deferred
+                .get_or_create(&NodeCheck { node: m.node.clone(), check: check.to_string() });
+        }
         for check in Check::ALL {
             let _ = m.events_sent.get_or_create(&check_labels(check));
             for is_fatal in [false, true] {
@@ -425,13 +447,24 @@ impl Metrics {
         }
     }
 
-    /// One poll cycle took `d`.
-    pub fn observe_poll(&self, d: Duration) {
+    /// One poll cycle took `d` and completed at `completed` (Unix seconds). nicmon reads the
+    /// state and the counters in the same cycle: the existing monitor's two categories
+    /// (`state`, `counter`) both observe it.
+    pub fn observe_poll(&self, d: Duration, completed: f64) {
         let secs = d.as_secs_f64();
         self.poll_duration.observe(secs);
-        self.legacy_poll_duration
-            .get_or_create(&NodeCategory { node: self.node.clone(), category: "cycle".into() })
-            .observe(secs);
+        for category in POLL_CATEGORIES {
+            let labels = NodeCategory { node: self.node.clone(), category: category.into() };
+            self.legacy_poll_duration.get_or_create(&labels).observe(secs);
+            self.legacy_last_completed.get_or_create(&labels).set(completed);
+        }
+    }
+
+    /// The first poll of a boot deferred the verdict on `ports` ports of `check`.
+    pub fn first_poll_deferred(&self, check: Check, ports: u64) {
+        self.legacy_first_poll_deferred
+            .get_or_create(&NodeCheck { node: self.node.clone(), check: check.to_string() })
+            .inc_by(ports);
     }
 
     /// A wake-up from `hook` (an eBPF hook name, `rtnetlink`, ...) triggered a poll.
@@ -571,7 +604,8 @@ mod tests {
         m.record_dispatch(Check::InfiniBandStateCheck, std::slice::from_ref(&ev), &Ok(()));
         let down = Err(SendError::Unavailable { target: "unix:///x".into(), attempts: 5, last: "gone".into() });
         m.record_dispatch(Check::EthernetStateCheck, &[ev.clone(), ev], &down);
-        m.observe_poll(Duration::from_millis(2));
+        m.observe_poll(Duration::from_millis(2), 1_790_000_000.5);
+        m.first_poll_deferred(Check::InfiniBandStateCheck, 2);
         m.wakeup("qdisc_reset");
         m.set_ebpf_hook_attached("qdisc_reset", true);
         m.set_ebpf_hook_attached("netif_carrier_off", false);
@@ -617,7 +651,12 @@ mod tests {
             r#"nic_health_monitor_devices_discovered{node="gpu-node-1",check="InfiniBandStateCheck"} 10"#,
             r#"nic_health_monitor_health_events_sent_total{node="gpu-node-1",check="InfiniBandStateCheck",is_fatal="true"} 1"#,
             r#"nic_health_monitor_health_events_sent_total{node="gpu-node-1",check="EthernetStateCheck",is_fatal="false"} 0"#,
-            r#"nic_health_monitor_poll_cycle_duration_seconds_count{node="gpu-node-1",category="cycle"} 1"#,
+            r#"nic_health_monitor_poll_cycle_duration_seconds_count{node="gpu-node-1",category="state"} 1"#,
+            r#"nic_health_monitor_poll_cycle_duration_seconds_count{node="gpu-node-1",category="counter"} 1"#,
+            r#"nic_health_monitor_poll_cycle_last_completed_timestamp_seconds{node="gpu-node-1",category="state"} 1790000000.5"#,
+            r#"nic_health_monitor_poll_cycle_last_completed_timestamp_seconds{node="gpu-node-1",category="counter"} 1790000000.5"#,
+            r#"nic_health_monitor_first_poll_deferred_total{node="gpu-node-1",check="InfiniBandStateCheck"} 2"#,
+            r#"nic_health_monitor_first_poll_deferred_total{node="gpu-node-1",check="EthernetStateCheck"} 0"#,
             r#"nic_health_monitor_state_check_errors_total{node="gpu-node-1",check="InfiniBandStateCheck",device="mlx5_3",port="1"} 1"#,
             r#"nic_health_monitor_counter_threshold_breaches_total{node="gpu-node-1",counter="symbol_error",device="mlx5_0",port="1",is_fatal="false"} 1"#,
             r#"nic_health_monitor_port_state_blips_total{node="gpu-node-1",check="InfiniBandStateCheck",device="mlx5_0",port="1"} 2"#,

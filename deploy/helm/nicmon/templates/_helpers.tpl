@@ -39,6 +39,37 @@ app.kubernetes.io/part-of: nicmon
 {{- define "nicmon.hostProc" -}}/nvsentinel/proc{{- end -}}
 {{- define "nicmon.configDir" -}}/etc/nic-health-monitor{{- end -}}
 {{- define "nicmon.tokenDir" -}}/var/run/secrets/nicmon{{- end -}}
+{{- define "nicmon.publishCaDir" -}}/etc/nicmon/publish-ca{{- end -}}
+
+{{/* NVSentinel's umbrella-chart globals (global.*), where set, win over this chart's own values. */}}
+{{- define "nicmon.metricsPort" -}}
+{{- (.Values.global | default dict).metricsPort | default .Values.metrics.port -}}
+{{- end -}}
+{{- define "nicmon.metadataPath" -}}
+{{- (.Values.global | default dict).metadataPath | default (printf "%s/%s" .Values.metadata.hostDir .Values.metadata.file) -}}
+{{- end -}}
+{{- define "nicmon.imageTag" -}}
+{{- .Values.image.tag | default (dig "image" "tag" "" (.Values.global | default dict)) | default .Chart.AppVersion -}}
+{{- end -}}
+{{/* Direct publishing to the deployment platform connector (publishTo: deployment). */}}
+{{- define "nicmon.direct" -}}
+{{- if eq (toString .Values.publishTo) "deployment" -}}true{{- end -}}
+{{- end -}}
+{{/* A projected service-account token is mounted: connector auth on, or direct publishing. */}}
+{{- define "nicmon.token" -}}
+{{- if or .Values.platformConnector.token.enabled (dig "platformConnectorAuth" "enabled" false (.Values.global | default dict)) (include "nicmon.direct" .) -}}true{{- end -}}
+{{- end -}}
+{{- define "nicmon.tokenAudience" -}}
+{{- $g := .Values.global | default dict -}}
+{{- if include "nicmon.direct" . -}}
+{{- dig "platformConnectorDeployment" "auth" "audience" .Values.platformConnector.token.audience $g -}}
+{{- else -}}
+{{- dig "platformConnectorAuth" "audience" .Values.platformConnector.token.audience $g -}}
+{{- end -}}
+{{- end -}}
+{{- define "nicmon.tokenExpiration" -}}
+{{- dig "platformConnectorAuth" "tokenExpirationSeconds" .Values.platformConnector.token.expirationSeconds (.Values.global | default dict) -}}
+{{- end -}}
 
 {{- define "nicmon.grpc" -}}
 {{- if eq (toString .Values.sink) "grpc" -}}true{{- end -}}
@@ -53,7 +84,7 @@ app.kubernetes.io/part-of: nicmon
 - --sysfs={{ include "nicmon.hostSys" . }}
 - --procfs={{ include "nicmon.hostProc" . }}
 - --config={{ include "nicmon.configDir" . }}/config.toml
-- --metadata-path={{ .Values.metadata.hostDir }}/{{ .Values.metadata.file }}
+- --metadata-path={{ include "nicmon.metadataPath" . }}
 {{- if .Values.metadata.required }}
 - --metadata-required
 {{- end }}
@@ -63,13 +94,13 @@ app.kubernetes.io/part-of: nicmon
 - --sink={{ .Values.sink }}
 {{- if include "nicmon.grpc" . }}
 - --platform-connector-socket=unix://{{ .Values.platformConnector.hostDir }}/{{ .Values.platformConnector.socketName }}
-{{- if .Values.platformConnector.token.enabled }}
+{{- if and (include "nicmon.token" .) (not (include "nicmon.direct" .)) }}
 - --platform-connector-token-path={{ include "nicmon.tokenDir" . }}/token
 {{- end }}
 {{- end }}
 - --processing-strategy={{ .Values.processingStrategy }}
 {{- if .Values.metrics.enabled }}
-- --metrics-port={{ .Values.metrics.port }}
+- --metrics-port={{ include "nicmon.metricsPort" . }}
 - --metrics-bind-address={{ .Values.metrics.bindAddress | default "$(HOST_IP)" }}
 {{- else }}
 - --no-metrics
