@@ -105,6 +105,7 @@ pub struct Daemon<'a> {
     sigterm: Signal,
     tick: tokio::time::Interval,
     pending_records: Vec<Record>,
+    writer: state::Writer,
     trace_latencies: BTreeMap<&'static str, Vec<f64>>,
 }
 
@@ -171,6 +172,7 @@ impl<'a> Daemon<'a> {
             sigterm,
             tick,
             pending_records: Vec::new(),
+            writer: state::Writer::new(&opts.state_file),
             trace_latencies: BTreeMap::new(),
         })
     }
@@ -201,7 +203,7 @@ impl<'a> Daemon<'a> {
     pub async fn shutdown(&mut self) {
         let deadline = tokio::time::Instant::now() + SHUTDOWN_FLUSH;
         self.courier.flush(&mut self.state.outbox, deadline).await;
-        self.save();
+        self.writer.flush(&self.state, Instant::now());
         if !self.state.outbox.is_empty() {
             tracing::warn!(
                 pending = self.state.outbox.len(),
@@ -275,8 +277,9 @@ impl<'a> Daemon<'a> {
             }
         }
 
-        let path = &self.opts.state_file;
-        match self.courier.commit(&mut self.state, poll.next, &poll.events, |state| save(path, state)) {
+        let writer = &mut self.writer;
+        match self.courier.commit(&mut self.state, poll.next, &poll.events, |state| writer.save(state, Instant::now()))
+        {
             Ok(()) => self.loaded = Loaded::Resumed,
             Err(full) => {
                 // Direct publishing's bounded queue: a poll whose events do not fit is not
@@ -288,8 +291,8 @@ impl<'a> Daemon<'a> {
         self.liveness.cycle_completed();
     }
 
-    fn save(&self) {
-        save(&self.opts.state_file, &self.state);
+    fn save(&mut self) {
+        self.writer.save(&self.state, Instant::now());
     }
 }
 
@@ -352,12 +355,6 @@ fn start_kmsg(path: &std::path::Path, last_seq: Option<u64>, tx: mpsc::Unbounded
             tracing::warn!(path = %path.display(), error = %e, "kernel log watcher not started{hint}");
             None
         }
-    }
-}
-
-fn save(path: &std::path::Path, state: &State) {
-    if let Err(e) = state::save(path, state) {
-        tracing::warn!(path = %path.display(), error = %e, "cannot write the state file");
     }
 }
 

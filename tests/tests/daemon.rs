@@ -198,6 +198,57 @@ fn kill_9_at_random_instants_loses_nothing() {
     assert_eq!(d.stop().code(), Some(0));
 }
 
+/// SPEC §1.6: the state file is written only on change. A steady node polled every 100 ms
+/// for 5 s (50 polls) gets no write at all once its baselines are acknowledged (volatile
+/// parts are refreshed once a minute); a fault is written at once.
+#[test]
+fn a_steady_daemon_does_not_rewrite_its_state_file() {
+    use std::os::unix::fs::MetadataExt;
+    let node = Platform::H100Oci.build();
+    let events = node.root().join("events.jsonl");
+    let log = std::fs::File::create(node.root().join("nicmon.log")).unwrap();
+    let mut child = node
+        .run_command(&nicmon_bin(), "state.json", "gpu-node-7")
+        .args(["--no-kmsg", "--no-wake", "--no-metrics", "--state-polling-interval", "100ms"])
+        .arg("--sink")
+        .arg(format!("file:{}", events.display()))
+        .env("RUST_LOG", "warn,nicmon::state=debug")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn nicmon run");
+    let writes = || {
+        std::fs::read_to_string(node.root().join("nicmon.log"))
+            .unwrap_or_default()
+            .matches("state file written")
+            .count()
+    };
+    // Settled: baselines delivered and acknowledged (the outbox is empty on disk), and the
+    // first polls' deferred decisions made (a file written at poll 3 or later).
+    let deadline = std::time::Instant::now() + WAIT;
+    while !(std::fs::read_to_string(&events).map(|t| t.lines().count() >= 18).unwrap_or(false)
+        && state(&node)["polls"].as_u64().is_some_and(|p| p >= 3)
+        && outbox_len(&node) == 0)
+    {
+        assert!(std::time::Instant::now() < deadline, "baselines not delivered and acknowledged in time");
+        std::thread::sleep(Duration::from_millis(20)); // polling files another process writes
+    }
+    let (w0, ino0) = (writes(), std::fs::metadata(node.root().join("state.json")).unwrap().ino());
+    let before = state(&node);
+    std::thread::sleep(Duration::from_secs(5)); // the measured steady window (about 50 polls)
+    let (w1, ino1) = (writes(), std::fs::metadata(node.root().join("state.json")).unwrap().ino());
+    assert!(w0 >= 1, "the log counts writes");
+    assert_eq!(w1 - w0, 0, "no write in a steady 5 s window at 100 ms polls:\nbefore {before}\nafter {}", state(&node));
+    assert_eq!(ino0, ino1, "the file was not replaced");
+    // A fault is a change: written at once.
+    node.set_port("mlx5_3", 1, "1: DOWN", "3: Disabled");
+    wait_for_state(&node, "mlx5_3");
+    assert!(writes() > w1);
+    let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
 fn state(node: &Node) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(node.root().join("state.json")).unwrap_or_default())
         .unwrap_or(serde_json::Value::Null)
