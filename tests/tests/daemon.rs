@@ -224,15 +224,24 @@ fn a_steady_daemon_does_not_rewrite_its_state_file() {
             .matches("state file written")
             .count()
     };
-    // Settled: baselines delivered and acknowledged (the outbox is empty on disk), and the
-    // first polls' deferred decisions made (a file written at poll 3 or later).
+    // Settled: baselines delivered and acknowledged (the outbox is empty on disk), then the
+    // first polls' deferred decisions made (ports "maybe uncabled" are decided by poll 3):
+    // no write for 1 s (10 polls).
     let deadline = std::time::Instant::now() + WAIT;
     while !(std::fs::read_to_string(&events).map(|t| t.lines().count() >= 18).unwrap_or(false)
-        && state(&node)["polls"].as_u64().is_some_and(|p| p >= 3)
+        && state(&node)["polls"].as_u64().is_some()
         && outbox_len(&node) == 0)
     {
         assert!(std::time::Instant::now() < deadline, "baselines not delivered and acknowledged in time");
         std::thread::sleep(Duration::from_millis(20)); // polling files another process writes
+    }
+    let mut quiet = (writes(), std::time::Instant::now());
+    while quiet.1.elapsed() < Duration::from_secs(1) {
+        assert!(std::time::Instant::now() < deadline + WAIT, "the state file never stopped changing");
+        std::thread::sleep(Duration::from_millis(20)); // polling a log another process writes
+        if writes() != quiet.0 {
+            quiet = (writes(), std::time::Instant::now());
+        }
     }
     let (w0, ino0) = (writes(), std::fs::metadata(node.root().join("state.json")).unwrap().ino());
     let before = state(&node);
