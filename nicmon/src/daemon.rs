@@ -27,8 +27,12 @@ use crate::outbox::Courier;
 use crate::state::{self, Loaded, State};
 use crate::wake::{Wake, WakeOptions, WakeSource};
 
-/// Wake-ups within this window after the first one are served by the same poll.
-pub const COALESCE: Duration = Duration::from_millis(1);
+/// The shortest gap between the starts of two wake-driven polls. A wake-up after a quiet
+/// spell is polled at once (no coalescing sleep); wake-ups arriving within this gap of the
+/// previous wake-driven poll wait for its end and are all served by one poll — so a flood
+/// (a flapping link, a tracepoint hit thousands of times a second) costs at most
+/// 1 s / `WAKE_POLL_GAP` polls a second on top of the interval's.
+pub const WAKE_POLL_GAP: Duration = Duration::from_millis(50);
 
 /// How long a signal waits for queued batches to be delivered. With the last poll (at most
 /// [`crate::host::Deadlines::poll`]) and the final save, exit comes within 5 s of SIGTERM
@@ -105,6 +109,8 @@ pub struct Daemon<'a> {
     sigterm: Signal,
     tick: tokio::time::Interval,
     pending_records: Vec<Record>,
+    /// When the last wake-driven poll started (the rate limit's reference).
+    last_wake_poll: Option<tokio::time::Instant>,
     writer: state::Writer,
     trace_latencies: BTreeMap<&'static str, Vec<f64>>,
 }
@@ -172,6 +178,7 @@ impl<'a> Daemon<'a> {
             sigterm,
             tick,
             pending_records: Vec::new(),
+            last_wake_poll: None,
             writer: state::Writer::new(&opts.state_file),
             trace_latencies: BTreeMap::new(),
         })
@@ -188,7 +195,12 @@ impl<'a> Daemon<'a> {
                     self.save();
                     continue;
                 }
-                Wakeup::Poll(woke) => woke,
+                Wakeup::Poll(woke) => {
+                    if !woke.is_empty() {
+                        self.last_wake_poll = Some(tokio::time::Instant::now());
+                    }
+                    woke
+                }
                 Wakeup::Stop => {
                     self.cycle(&[]);
                     tracing::info!("signal received: flushing and exiting");
@@ -219,12 +231,16 @@ impl<'a> Daemon<'a> {
     async fn wait(&mut self) -> Wakeup {
         let (wakes, kmsg, courier) = (&mut self.wakes, &mut self.kmsg, &mut self.courier);
         let (tick, sigterm, records) = (&mut self.tick, &mut self.sigterm, &mut self.pending_records);
+        let rate_limit_until = self.last_wake_poll.map(|t| t + WAKE_POLL_GAP);
         tokio::select! {
             _ = tick.tick() => Wakeup::Poll(Vec::new()),
             Some(w) = async { match wakes.as_mut() { Some(w) => w.recv().await, None => std::future::pending().await } } => {
                 let mut woke = vec![w];
-                // Coalesce a burst into one poll.
-                tokio::time::sleep(COALESCE).await;
+                // Rate limit: within the gap after the previous wake-driven poll, wait for
+                // its end; everything that arrived by then is served by this one poll.
+                if let Some(until) = rate_limit_until.filter(|u| *u > tokio::time::Instant::now()) {
+                    tokio::time::sleep_until(until).await;
+                }
                 if let Some(ws) = wakes.as_mut() {
                     while let Some(w) = ws.try_recv() { woke.push(w); }
                 }
