@@ -51,6 +51,8 @@ pub struct Monitor {
     pub counter_paths: Vec<String>,
     /// The boot ID read at start-up (`None`: unreadable).
     pub boot_id: Option<String>,
+    /// Static device attributes kept between polls ([`discovery::StaticCache`]).
+    pub statics: std::sync::Arc<discovery::StaticCache>,
 }
 
 /// Everything one cycle reads from the host, read once before anything is decided.
@@ -122,6 +124,7 @@ impl Monitor {
             topology,
             stamp,
             boot_id,
+            statics: Default::default(),
         }
     }
 
@@ -135,6 +138,7 @@ impl Monitor {
                 .iter()
                 .filter_map(|(n, k)| k.pci_address.clone().map(|p| (n.clone(), p)))
                 .collect(),
+            statics: Some(self.statics.clone()),
         };
         self.host.begin_poll();
         // The memo goes into the reader for this read and comes back out with it.

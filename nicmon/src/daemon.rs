@@ -111,6 +111,8 @@ pub struct Daemon<'a> {
     pending_records: Vec<Record>,
     /// When the last wake-driven poll started (the rate limit's reference).
     last_wake_poll: Option<tokio::time::Instant>,
+    /// (device, netdev, PCI address) of the last poll: what a wake-up's hint can name.
+    last_devices: Vec<(String, Option<String>, Option<String>)>,
     writer: state::Writer,
     trace_latencies: BTreeMap<&'static str, Vec<f64>>,
 }
@@ -179,6 +181,7 @@ impl<'a> Daemon<'a> {
             tick,
             pending_records: Vec::new(),
             last_wake_poll: None,
+            last_devices: Vec::new(),
             writer: state::Writer::new(&opts.state_file),
             trace_latencies: BTreeMap::new(),
         })
@@ -267,10 +270,23 @@ impl<'a> Daemon<'a> {
             }
         }
         let woke_at = Instant::now();
+        // A wake-up naming a device (by its name, its netdev or its PCI address): its
+        // static attributes are read again in this poll.
+        for w in woke {
+            if let crate::wake::Hint::Name(n) = &w.hint {
+                for (dev, netdev, pci) in &self.last_devices {
+                    if dev == n || netdev.as_ref() == Some(n) || pci.as_ref() == Some(n) {
+                        self.monitor.statics.invalidate(dev);
+                    }
+                }
+            }
+        }
         let records = std::mem::take(&mut self.pending_records);
         let poll = self.monitor.poll(&self.state.checks, &self.loaded, OffsetDateTime::now_utc(), &records);
         let elapsed = woke_at.elapsed();
         self.metrics.observe_poll(elapsed);
+        self.last_devices =
+            poll.snapshot.devices.iter().map(|d| (d.name.clone(), d.netdev.clone(), d.pci_address.clone())).collect();
         for w in woke {
             self.metrics.wakeup(w.hook.name());
         }
