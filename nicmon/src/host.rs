@@ -20,6 +20,11 @@
 //!
 //! [`read_file`] applies the same rules to the files nicmon reads outside sysfs (state,
 //! config, metadata, `--kmsg`), each with its own size limit.
+//!
+//! For support bundles (`nicmon bundle`, [`crate::bundle`]): a symlink whose target is
+//! [`FAILURE_LINK_PREFIX`]`<why>` reads as the failure a bundle recorded there (`errno=22` is
+//! `EINVAL`, `not-regular:a FIFO` a FIFO), so a replayed tree fails the way the node did; with
+//! an [`AccessLog`] the reader also notes every path it was asked about.
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
@@ -79,6 +84,63 @@ impl ReadError {
         io::Error::new(kind, format!("{}: {self}", path.display()))
     }
 }
+
+/// Which tree a path is relative to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Tree {
+    Sys,
+    Proc,
+}
+
+/// One question the reader was asked, for [`AccessLog`].
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Access {
+    /// A file's contents.
+    Read { tree: Tree, rel: String },
+    /// A directory's entry names.
+    List { tree: Tree, rel: String },
+    /// Whether an entry exists, where a link points, whether it resolves.
+    Entry { tree: Tree, rel: String },
+    /// The boot ID file given by `--boot-id-path`.
+    BootIdFile,
+}
+
+/// Every path a [`Host`] was asked about (shared with the caller).
+pub type AccessLog = Arc<Mutex<BTreeSet<Access>>>;
+
+/// The target prefix of a link that stands for a read failure recorded by a support bundle:
+/// `nicmon-bundle:errno=22` (the `read()` failed with that errno), `nicmon-bundle:not-regular:a FIFO`,
+/// `nicmon-bundle:stuck`, `nicmon-bundle:too-large`, `nicmon-bundle:outside-tree`.
+pub const FAILURE_LINK_PREFIX: &str = "nicmon-bundle:";
+
+/// The read error a failure link stands for.
+pub fn failure_link_error(why: &str) -> ReadError {
+    if let Some(n) = why.strip_prefix("errno=").and_then(|n| n.parse::<i32>().ok()) {
+        return classify(&io::Error::from_raw_os_error(n));
+    }
+    if let Some(kind) = why.strip_prefix("not-regular") {
+        let kind = kind.trim_start_matches(':');
+        return ReadError::NotRegular(FILE_KINDS.iter().copied().find(|k| *k == kind).unwrap_or("not a file"));
+    }
+    ReadError::Io(format!("not captured in the support bundle ({why})"))
+}
+
+/// The names [`file_kind`] gives non-regular files.
+const FILE_KINDS: [&str; 6] =
+    ["a directory", "a FIFO", "a character device", "a block device", "a socket", "not a file"];
+
+/// Open a file for reading only if it is a regular file (following links): a FIFO, socket
+/// or device is never opened, so it cannot block the reader. The error for another kind of
+/// file says `not a regular file: <kind>`.
+pub fn open_regular(path: &Path) -> io::Result<std::fs::File> {
+    if let Err(ReadError::NotRegular(kind)) = file_kind(&std::fs::metadata(path)?) {
+        return Err(io::Error::other(format!("{NOT_REGULAR}: {kind}")));
+    }
+    std::fs::File::open(path)
+}
+
+/// The start of [`open_regular`]'s error for a file that is not a regular file.
+pub const NOT_REGULAR: &str = "not a regular file";
 
 /// How long reads may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -303,6 +365,14 @@ fn read_regular(path: &Path, limit: usize, past: Past) -> Result<Vec<u8>, ReadEr
     Ok(buf)
 }
 
+/// What a non-regular file is (`a FIFO`, `a directory`, ...), or `None` for a regular file.
+pub fn non_regular_kind(md: &std::fs::Metadata) -> Option<&'static str> {
+    match file_kind(md) {
+        Err(ReadError::NotRegular(kind)) => Some(kind),
+        _ => None,
+    }
+}
+
 fn file_kind(md: &std::fs::Metadata) -> Result<(), ReadError> {
     use std::os::unix::fs::FileTypeExt;
     let t = md.file_type();
@@ -345,6 +415,7 @@ pub struct Host {
     reader: Reader,
     deadlines: Deadlines,
     poll_deadline: Mutex<Option<Instant>>,
+    accesses: Option<AccessLog>,
     pub stats: ReadStats,
 }
 
@@ -358,8 +429,27 @@ impl Host {
             reader: Reader::default(),
             deadlines: Deadlines::default(),
             poll_deadline: Mutex::new(None),
+            accesses: None,
             stats: ReadStats::default(),
         }
+    }
+
+    /// Note every path this reader is asked about in `log`.
+    pub fn with_access_log(mut self, log: AccessLog) -> Host {
+        self.accesses = Some(log);
+        self
+    }
+
+    fn note(&self, access: impl FnOnce() -> Access) {
+        if let Some(log) = &self.accesses
+            && let Ok(mut l) = log.lock()
+        {
+            l.insert(access());
+        }
+    }
+
+    fn note_sys(&self, rel: &str, make: fn(Tree, String) -> Access) {
+        self.note(|| make(Tree::Sys, rel.to_string()));
     }
 
     /// Use these read deadlines instead of the defaults.
@@ -389,7 +479,14 @@ impl Host {
     }
 
     fn read_bytes(&self, path: &Path, limit: usize, past: Past) -> Result<Vec<u8>, ReadError> {
-        let r = self.reader.read(path, limit, past, self.timeout());
+        let mut r = self.reader.read(path, limit, past, self.timeout());
+        // A bundle's failure link dangles: replay the failure it records instead.
+        if r == Err(ReadError::Missing)
+            && let Ok(target) = std::fs::read_link(path)
+            && let Some(why) = target.to_str().and_then(|t| t.strip_prefix(FAILURE_LINK_PREFIX))
+        {
+            r = Err(failure_link_error(why));
+        }
         if matches!(&r, Err(ReadError::Stuck(why)) if why.starts_with("no answer")) {
             self.stats.reads_abandoned.fetch_add(1, Ordering::Relaxed);
         }
@@ -417,11 +514,13 @@ impl Host {
 
     /// Read a sysfs file as text (lossy UTF-8).
     pub fn read_sys(&self, rel: &str) -> Result<String, ReadError> {
+        self.note_sys(rel, |tree, rel| Access::Read { tree, rel });
         self.read_at(&self.sys(rel), rel, PAGE)
     }
 
     /// Read a procfs file as text.
     pub fn read_proc(&self, rel: &str) -> Result<String, ReadError> {
+        self.note(|| Access::Read { tree: Tree::Proc, rel: rel.to_string() });
         let key = format!("proc:{rel}");
         // Not an attribute: `net/route` has a line per route (128 bytes each).
         self.read_at(&self.procfs.join(rel), &key, PROC_LIMIT)
@@ -429,6 +528,7 @@ impl Host {
 
     /// Read the first `n` bytes of a sysfs file (PCI config space).
     pub fn read_sys_bytes(&self, rel: &str, n: usize) -> Result<Vec<u8>, ReadError> {
+        self.note_sys(rel, |tree, rel| Access::Read { tree, rel });
         self.stats.files_read.fetch_add(1, Ordering::Relaxed);
         self.stats.record(&self.sys(rel));
         self.read_bytes(&self.sys(rel), n, Past::Ignore)
@@ -437,7 +537,10 @@ impl Host {
     /// The boot ID (`--boot-id-path`, else `<procfs>/sys/kernel/random/boot_id`).
     pub fn boot_id(&self) -> Result<String, ReadError> {
         let raw = match &self.boot_id_path {
-            Some(p) => self.read_at(p, "boot_id", PAGE)?,
+            Some(p) => {
+                self.note(|| Access::BootIdFile);
+                self.read_at(p, "boot_id", PAGE)?
+            }
             None => self.read_proc("sys/kernel/random/boot_id")?,
         };
         let t = raw.trim();
@@ -446,6 +549,7 @@ impl Host {
 
     /// Names in a sysfs directory, sorted. A missing directory is an empty listing.
     pub fn list_sys(&self, rel: &str) -> Vec<String> {
+        self.note_sys(rel, |tree, rel| Access::List { tree, rel });
         let mut names: Vec<String> = match std::fs::read_dir(self.sys(rel)) {
             Ok(rd) => rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect(),
             Err(_) => Vec::new(),
@@ -457,6 +561,7 @@ impl Host {
     /// Names in a sysfs directory, sorted, or why it could not be listed: `Missing` when
     /// absent, `Io` naming the cause otherwise (a file where a directory should be).
     pub fn list_sys_dir(&self, rel: &str) -> Result<Vec<String>, ReadError> {
+        self.note_sys(rel, |tree, rel| Access::List { tree, rel });
         let rd = std::fs::read_dir(self.sys(rel)).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => ReadError::Missing,
             io::ErrorKind::NotADirectory => ReadError::Io("not a directory".into()),
@@ -470,16 +575,19 @@ impl Host {
 
     /// Whether a sysfs entry exists (a dangling symlink counts: `physfn` is a link).
     pub fn exists_sys(&self, rel: &str) -> bool {
+        self.note_sys(rel, |tree, rel| Access::Entry { tree, rel });
         std::fs::symlink_metadata(self.sys(rel)).is_ok()
     }
 
     /// Whether a sysfs entry exists and resolves (follows links).
     pub fn resolves_sys(&self, rel: &str) -> bool {
+        self.note_sys(rel, |tree, rel| Access::Entry { tree, rel });
         std::fs::metadata(self.sys(rel)).is_ok()
     }
 
     /// The last component of a sysfs symlink's target (`device/driver` → `mlx5_core`).
     pub fn link_name_sys(&self, rel: &str) -> Option<String> {
+        self.note_sys(rel, |tree, rel| Access::Entry { tree, rel });
         let target = std::fs::read_link(self.sys(rel)).ok()?;
         target.file_name().map(|n| n.to_string_lossy().into_owned())
     }
@@ -489,6 +597,7 @@ impl Host {
     /// `["devices", "pci0000:17", "0000:17:01.0", ..., "0000:1a:00.0"]`. Lexical, so a
     /// fixture tree resolves exactly like `/sys` does.
     pub fn link_target_sys(&self, rel: &str) -> Option<Vec<String>> {
+        self.note_sys(rel, |tree, rel| Access::Entry { tree, rel });
         let target = std::fs::read_link(self.sys(rel)).ok()?;
         let base: Vec<String> =
             Path::new(rel).parent().map(|p| p.components().filter_map(comp_name).collect()).unwrap_or_default();

@@ -5,6 +5,7 @@
 //!   turn the host into a [`model::Snapshot`];
 //! - **decide** — pure functions of (previous state, snapshot, config, now);
 //! - **act** — dispatch events, then persist state.
+pub mod bundle;
 pub mod chardev;
 pub mod check;
 pub mod config;

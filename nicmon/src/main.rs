@@ -60,6 +60,17 @@ file:/tmp/nicmon-trace.jsonl")]
     Trace(Box<RunCli>),
     /// Print each NIC's role (compute, storage, management) and why.
     Topology(TopologyCli),
+    /// Capture what nicmon reads on this node into one archive, to replay anywhere.
+    #[command(long_about = "Capture a support bundle: one .tar.gz holding every host file nicmon reads on this \
+node (the class trees, the PCI attributes and links it follows, net/route, boot_id; symlinks kept as symlinks, \
+unreadable and EINVAL files recorded so a replay fails the same way), the metadata file, the config, the state \
+file, the kernel-log records of the last 24 h that a pattern matches or that name a NIC, `nicmon version`, the \
+running daemon's wake-up hook status, and a manifest. Token files are never included. Bounded: a file whose \
+read does not finish within --file-timeout is skipped and listed in the manifest.\n\n\
+Replay it anywhere with `nicmon check --bundle FILE [--now T]` or `nicmon topology --bundle FILE`.\n\n\
+Examples:\n  nicmon bundle\n  kubectl exec -n nvsentinel POD -- nicmon bundle --sysfs /nvsentinel/sys \\\n      \
+--procfs /nvsentinel/proc --state-file /var/lib/nicmon/state.json -o - > node.tar.gz")]
+    Bundle(Box<BundleCli>),
     /// Print the version and whether the eBPF programs are built in.
     Version,
 }
@@ -119,6 +130,53 @@ struct CheckCli {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
+    /// Replay a support bundle (`nicmon bundle`) instead of reading this host: its trees,
+    /// metadata, config and state (on a copy), at --now.
+    #[arg(long, value_name = "FILE", conflicts_with_all = BUNDLE_CONFLICTS)]
+    bundle: Option<PathBuf>,
+    /// With --bundle: also feed the bundle's kernel-log records (as --kmsg would).
+    #[arg(long, requires = "bundle", conflicts_with = "kmsg")]
+    bundle_kmsg: bool,
+}
+
+/// The host-path flags a bundle replaces.
+const BUNDLE_CONFLICTS: [&str; 6] = ["sysfs", "procfs", "metadata", "config", "state_file", "boot_id_path"];
+
+#[derive(clap::Args)]
+struct BundleCli {
+    #[command(flatten)]
+    host: HostArgs,
+    /// State file to include.
+    #[arg(long, value_name = "FILE", default_value = nicmon::state::DEFAULT_PATH)]
+    state_file: PathBuf,
+    /// Boot ID file [default: <procfs>/sys/kernel/random/boot_id].
+    #[arg(long, value_name = "FILE")]
+    boot_id_path: Option<PathBuf>,
+    /// Node name recorded in the bundle [default: $NODE_NAME, else the host name].
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
+    /// Kernel log to take the matched records of (the device, or a file of records).
+    #[arg(long, value_name = "FILE", default_value = "/dev/kmsg")]
+    kmsg_path: PathBuf,
+    /// Do not include kernel log records.
+    #[arg(long)]
+    no_kmsg: bool,
+    /// Port of the running daemon's /metrics on 127.0.0.1, for the wake-up hooks' status.
+    #[arg(long, default_value_t = nicmon::metrics::DEFAULT_PORT, value_name = "PORT")]
+    metrics_port: u16,
+    /// Do not ask the running daemon for its wake-up hooks' status.
+    #[arg(long)]
+    no_metrics: bool,
+    /// Where to write the bundle; `-` writes it to stdout
+    /// [default: /tmp/nicmon-bundle-<node>-<time>.tar.gz].
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Skip a file whose read has not finished after this long (listed in the manifest).
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    file_timeout: std::time::Duration,
+    /// Time budget of the whole capture.
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    timeout: std::time::Duration,
 }
 
 #[derive(clap::Args)]
@@ -428,6 +486,64 @@ struct TopologyCli {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
+    /// Replay a support bundle (`nicmon bundle`) instead of reading this host.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["sysfs", "procfs", "metadata", "config"])]
+    bundle: Option<PathBuf>,
+}
+
+fn run_bundle(b: BundleCli) -> anyhow::Result<String> {
+    use anyhow::Context;
+    let args = nicmon::bundle::CaptureArgs {
+        sysfs: b.host.sysfs,
+        procfs: b.host.procfs,
+        metadata: b.host.metadata,
+        config: b.host.config,
+        state_file: Some(b.state_file),
+        boot_id_path: b.boot_id_path,
+        node_name: b.node_name,
+        kmsg: (!b.no_kmsg).then_some(b.kmsg_path),
+        metrics_port: (!b.no_metrics).then_some(b.metrics_port),
+        limits: nicmon::bundle::Limits {
+            per_file: b.file_timeout,
+            total: b.timeout,
+            ..nicmon::bundle::Limits::default()
+        },
+    };
+    let bundle = nicmon::bundle::capture(&args)?;
+    let m = &bundle.manifest;
+    let out = b.output.unwrap_or_else(|| {
+        let stamp = m.captured_at.replace([':', '-'], "");
+        PathBuf::from(format!("/tmp/nicmon-bundle-{}-{stamp}.tar.gz", m.node_name))
+    });
+    let mut summary = String::new();
+    if out.as_os_str() == "-" {
+        use std::io::Write;
+        std::io::stdout().write_all(&bundle.bytes).context("writing the bundle to stdout")?;
+    } else {
+        std::fs::write(&out, &bundle.bytes).with_context(|| format!("{}: cannot write the bundle", out.display()))?;
+        summary.push_str(&format!("wrote {} ({} bytes)\n", out.display(), bundle.bytes.len()));
+    }
+    let counts: Vec<String> = m.entries.iter().map(|(k, v)| format!("{v} {k}")).collect();
+    let note = format!(
+        "bundle of {}: {}; {} kernel log records; {} passes in {} ms{}",
+        m.node_name,
+        counts.join(", "),
+        m.kmsg_records,
+        m.passes,
+        m.elapsed_ms,
+        if m.complete { "" } else { " (INCOMPLETE: a bound cut it short, see manifest.json)" }
+    );
+    for f in &m.failures {
+        tracing::warn!(path = %f.path, why = %f.why, "kept as a failure");
+    }
+    // With `-o -` stdout is the archive: the summary goes to the log.
+    if out.as_os_str() == "-" {
+        tracing::info!("{note}");
+    } else {
+        summary.push_str(&note);
+        summary.push('\n');
+    }
+    Ok(summary)
 }
 
 fn main() -> ExitCode {
@@ -435,18 +551,36 @@ fn main() -> ExitCode {
     let cli = Cli::parse_from(nicmon::upstream::with_default_subcommand(std::env::args_os().collect()));
     nicmon::logging::init(cli.log_json);
     let result = match cli.command {
-        Command::Check(c) => check::run_check(&CheckArgs {
-            monitor: monitor_options(
-                c.host,
-                &c.checks,
-                c.boot_id_path,
-                Stamp { node_name: check::node_name(c.node_name.as_deref()), processing_strategy: Default::default() },
-            ),
-            state_file: c.state_file,
-            now: c.now,
-            kmsg: c.kmsg,
-            json: matches!(c.format, Format::Json),
-        }),
+        Command::Check(c) => {
+            let bundle = c.bundle.clone();
+            let bundle_kmsg = c.bundle_kmsg;
+            let node_flag_given = c.node_name.is_some();
+            let args = CheckArgs {
+                monitor: monitor_options(
+                    c.host,
+                    &c.checks,
+                    c.boot_id_path,
+                    Stamp {
+                        node_name: check::node_name(c.node_name.as_deref()),
+                        processing_strategy: Default::default(),
+                    },
+                ),
+                state_file: c.state_file,
+                now: c.now,
+                kmsg: c.kmsg,
+                json: matches!(c.format, Format::Json),
+            };
+            match bundle {
+                Some(b) => nicmon::bundle::replay_check(&b, args, node_flag_given, bundle_kmsg),
+                None => check::run_check(&args),
+            }
+        }
+        Command::Topology(t) if t.bundle.is_some() => nicmon::bundle::replay_topology(
+            t.bundle.as_deref().unwrap_or(std::path::Path::new("")),
+            t.host.metadata_required,
+            matches!(t.format, Format::Json),
+        ),
+        Command::Bundle(b) => run_bundle(*b),
         Command::Topology(t) => check::run_topology(
             &t.host.sysfs,
             &t.host.procfs,
@@ -457,15 +591,7 @@ fn main() -> ExitCode {
         ),
         Command::Run(r) => run_daemon(*r, false),
         Command::Trace(r) => run_daemon(*r, true),
-        Command::Version => Ok(format!(
-            "nicmon {}\neBPF programs: {}\n",
-            env!("CARGO_PKG_VERSION"),
-            if nicmon::wake::EBPF_EMBEDDED {
-                "built in"
-            } else {
-                "not built in (polling and rtnetlink only; run `cargo xtask build-ebpf` and rebuild)"
-            }
-        )),
+        Command::Version => Ok(nicmon::bundle::version_text()),
     };
     match result {
         Ok(out) => {

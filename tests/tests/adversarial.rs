@@ -358,7 +358,8 @@ fn broken_state_config_metadata_and_kmsg_files_never_hang() {
         apply(&cfg, bad);
         let what = format!("config as {bad:?}");
         let out =
-            bounded_output(Command::new(nicmon_bin()).args(["run", "--check-config", "--config"]).arg(&cfg), &what);
+            // `--node-name`: `--check-config` also checks that the gRPC sink has a node name.
+            bounded_output(Command::new(nicmon_bin()).args(["run", "--check-config", "--node-name", "n", "--config"]).arg(&cfg), &what);
         match bad {
             Bad::Dangling | Bad::Empty => assert!(out.status.success(), "{what}"),
             _ => {

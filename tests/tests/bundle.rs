@@ -1,0 +1,228 @@
+//! Support bundles (issue #19): `nicmon bundle` on a node, `nicmon check --bundle` anywhere,
+//! the same output as the live run at the same `--now`.
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use nicmon_tests::platforms::Platform;
+use nicmon_tests::{Node, nicmon_bin};
+
+const NODE: &str = "gpu-node-7";
+
+fn ok(out: Output, what: &str) -> Output {
+    assert!(out.status.success(), "{what} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// The host-path flags of `check` and `bundle` on this node.
+fn host_flags(node: &Node, state: &Path) -> Vec<String> {
+    let p = |p: PathBuf| p.to_str().unwrap().to_string();
+    vec![
+        "--sysfs".into(),
+        p(node.sys()),
+        "--procfs".into(),
+        p(node.proc()),
+        "--metadata".into(),
+        p(node.metadata_path()),
+        "--config".into(),
+        "/nonexistent/nicmon.toml".into(),
+        "--state-file".into(),
+        p(state.to_path_buf()),
+    ]
+}
+
+fn nicmon(args: &[String]) -> Command {
+    let mut cmd = Command::new(nicmon_bin());
+    cmd.args(args).env_remove("NODE_NAME").env("RUST_LOG", "info").arg("--log-json");
+    cmd
+}
+
+/// `nicmon bundle` of the node, bounded by `timeout` so a hang fails the test.
+fn bundle(node: &Node, state: &Path, out: &Path) -> Output {
+    let mut args: Vec<String> = vec!["bundle".into()];
+    args.extend(host_flags(node, state));
+    args.extend(["--node-name", NODE, "--no-kmsg", "--no-metrics", "-o"].map(String::from));
+    args.push(out.to_str().unwrap().into());
+    let out = Command::new("timeout")
+        .arg("120")
+        .arg(nicmon_bin())
+        .args(&args)
+        .env_remove("NODE_NAME")
+        .output()
+        .expect("running nicmon bundle");
+    ok(out, "nicmon bundle")
+}
+
+fn live_check(node: &Node, state: &Path, now: &str) -> Output {
+    let mut args: Vec<String> = vec!["check".into()];
+    args.extend(host_flags(node, state));
+    args.extend(["--node-name", NODE, "--format", "json", "--now", now].map(String::from));
+    ok(nicmon(&args).output().unwrap(), "live nicmon check")
+}
+
+fn replay_check(file: &Path, now: &str) -> Output {
+    let args: Vec<String> =
+        ["check", "--bundle", file.to_str().unwrap(), "--format", "json", "--now", now].map(String::from).to_vec();
+    ok(nicmon(&args).output().unwrap(), "nicmon check --bundle")
+}
+
+/// The messages a run logged (poll notes, topology notes), without timestamps or paths.
+fn messages(out: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["fields"]["message"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// A file of the bundle archive.
+fn bundle_file(file: &Path, name: &str) -> Option<Vec<u8>> {
+    let f = std::fs::File::open(file).unwrap();
+    let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(f));
+    for e in ar.entries().unwrap() {
+        let mut e = e.unwrap();
+        if e.path().unwrap().to_str() == Some(name) {
+            let mut v = Vec::new();
+            e.read_to_end(&mut v).unwrap();
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// Replay log messages name the bundle's temporary tree where the live run named the node's
+/// files (the printed report names the node's): map one to the other.
+fn as_node(messages: Vec<String>, node: &Node) -> Vec<String> {
+    let meta = format!("{}:", node.metadata_path().display());
+    messages
+        .into_iter()
+        .map(|m| {
+            m.split(' ')
+                .map(|w| if w.contains("nicmon-bundle-") && w.ends_with("/metadata.json:") { meta.as_str() } else { w })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect()
+}
+
+fn assert_same(node: &Node, live: &Output, replay: &Output, what: &str) {
+    if live.stdout != replay.stdout {
+        let dir = std::env::temp_dir();
+        std::fs::write(dir.join("bundle-live.json"), &live.stdout).unwrap();
+        std::fs::write(dir.join("bundle-replay.json"), &replay.stdout).unwrap();
+        panic!("{what}: replay differs from the live run (see {}/bundle-{{live,replay}}.json)", dir.display());
+    }
+    assert_eq!(messages(live), as_node(messages(replay), node), "{what}: logged notes differ");
+}
+
+#[test]
+fn every_platform_replays_byte_identical_to_the_live_run() {
+    for p in Platform::ALL {
+        let node = p.build();
+        let state = node.root().join("state.json");
+        let file = node.root().join("bundle.tar.gz");
+
+        // First cycle: no state file yet.
+        bundle(&node, &state, &file);
+        let t0 = "2026-03-01T10:00:00Z";
+        let live = live_check(&node, &state, t0);
+        let replay = replay_check(&file, t0);
+        assert_same(&node, &live, &replay, &format!("{} first cycle", p.name()));
+        let report: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
+        assert_eq!(report["node_name"], NODE);
+        assert!(!report["devices"].as_array().unwrap().is_empty(), "{}", p.name());
+
+        // Second cycle, state included, after a fault: the replay decides the same events.
+        let pf = node.pfs().into_iter().next().unwrap();
+        node.pull_cable(&pf, 1);
+        bundle(&node, &state, &file);
+        let t1 = "2026-03-01T10:00:05Z";
+        let live = live_check(&node, &state, t1);
+        let replay = replay_check(&file, t1);
+        assert_same(&node, &live, &replay, &format!("{} after pulling {pf}'s cable", p.name()));
+        let report: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
+        let dev = report["devices"].as_array().unwrap().iter().find(|d| d["name"] == pf.as_str()).unwrap();
+        assert_eq!(dev["ports"][0]["healthy"], false, "{}: the pulled cable is not in the replay", p.name());
+
+        // Without the metadata file: the sysfs fallback, and its note naming the node's path.
+        node.remove_metadata();
+        bundle(&node, &state, &file);
+        let topo_live = {
+            let mut a: Vec<String> = vec!["topology".into()];
+            a.extend(host_flags(&node, &state)[..8].iter().cloned());
+            a.extend(["--format", "json"].map(String::from));
+            ok(nicmon(&a).output().unwrap(), "live topology")
+        };
+        let topo_replay = ok(
+            nicmon(&["topology", "--bundle", file.to_str().unwrap(), "--format", "json"].map(String::from))
+                .output()
+                .unwrap(),
+            "topology --bundle",
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&topo_live.stdout),
+            String::from_utf8_lossy(&topo_replay.stdout),
+            "{} topology",
+            p.name()
+        );
+        let t2 = "2026-03-01T10:00:10Z";
+        let live = live_check(&node, &state, t2);
+        let replay = replay_check(&file, t2);
+        assert_same(&node, &live, &replay, &format!("{} without metadata", p.name()));
+        let report: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
+        assert_eq!(report["topology_source"], "sysfs", "{}", p.name());
+
+        let size = std::fs::metadata(&file).unwrap().len();
+        eprintln!("{}: bundle {size} bytes", p.name());
+        if p == Platform::DgxH100 {
+            assert!(size < 1 << 20, "the DGX-H100 bundle is {size} bytes, over 1 MiB");
+        }
+    }
+}
+
+#[test]
+fn dangling_link_einval_counter_and_fifo_replay_with_the_same_notes() {
+    let node = Platform::H100Oci.build();
+    // A dangling symlink where a counter should be.
+    let ib = node.sys().join(&node.info["mlx5_4"].ib_dir);
+    let dangling = ib.join("ports/1/counters/port_rcv_errors");
+    std::fs::remove_file(&dangling).unwrap();
+    std::os::unix::fs::symlink("../../../nonexistent/target", &dangling).unwrap();
+    // A FIFO: a read that would block forever without O_NONBLOCK.
+    let fifo = node.sys().join(&node.info["mlx5_2"].ib_dir).join("ports/1/counters/link_downed");
+    std::fs::remove_file(&fifo).unwrap();
+    // mkfifo(3) through the `mkfifo` command keeps this test crate free of unsafe code.
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success(), "mkfifo {}", fifo.display());
+    let einval = node.make_einval("mlx5_0", 1, "counters/symbol_error");
+    if !einval {
+        eprintln!("no EINVAL file on this host (/sys/class/net/lo/speed): the EINVAL part is not covered");
+    }
+    let state = node.root().join("state.json");
+    let file = node.root().join("bundle.tar.gz");
+    bundle(&node, &state, &file);
+
+    let t = "2026-03-01T10:00:00Z";
+    let live = live_check(&node, &state, t);
+    let replay = replay_check(&file, t);
+    assert_same(&node, &live, &replay, "faulty tree");
+    let notes = messages(&replay);
+    for c in ["link_downed", "port_rcv_errors"] {
+        assert!(notes.iter().any(|n| n.contains(&format!("counter {c} absent on"))), "no note for {c}: {notes:?}");
+    }
+    let manifest: serde_json::Value = serde_json::from_slice(&bundle_file(&file, "manifest.json").unwrap()).unwrap();
+    let failures = manifest["failures"].as_array().unwrap();
+    let why = |path: &Path| {
+        failures.iter().find(|f| f["path"] == path.to_str().unwrap()).map(|f| f["why"].as_str().unwrap().to_string())
+    };
+    assert_eq!(why(&fifo).as_deref(), Some("not-regular:a FIFO"), "{failures:?}");
+    if einval {
+        assert!(notes.iter().any(|n| n.contains("counter symbol_error absent on")), "{notes:?}");
+        let p = node.sys().join(&node.info["mlx5_0"].ib_dir).join("ports/1/counters/symbol_error");
+        assert_eq!(why(&p).as_deref(), Some("errno=22"), "{failures:?}");
+        // The next cycle remembers it (the state file's EINVAL memo) in both.
+        let t = "2026-03-01T10:00:01Z";
+        bundle(&node, &state, &file);
+        assert_same(&node, &live_check(&node, &state, t), &replay_check(&file, t), "faulty tree, second cycle");
+    }
+    assert_eq!(manifest["complete"], true);
+}
