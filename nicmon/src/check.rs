@@ -91,7 +91,8 @@ pub fn run_check(args: &CheckArgs) -> Result<String> {
         tracing::info!("{n}");
     }
     let mut report =
-        Report::new(&monitor.stamp.node_name, boot_id, &poll.snapshot, &monitor.topology, &poll.roles, poll.events);
+        Report::new(&monitor.stamp.node_name, boot_id, &poll.snapshot, &monitor.topology, &poll.roles, poll.events)
+            .with_flaps(&poll.next.links);
     report.char_devices = poll.char_devices;
     if poll.snapshot.devices.is_empty() {
         tracing::warn!("{}", no_devices_note(&monitor.host));

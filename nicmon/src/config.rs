@@ -8,21 +8,25 @@ use std::path::Path;
 use crate::chardev::IssmMode;
 use crate::counters::{CounterDetection, CounterRule};
 use crate::kmsg::{self, KmsgConfig, Patterns};
+use crate::linkstate::FlapConfig;
+use crate::linkstate::flap::MAX_THRESHOLD;
 use crate::roles::{self, NicFilters};
 
 /// The top-level keys, and those of `[stateDetection]` (the other sections' keys are their
 /// structs' fields). Named in the warning about an unknown key.
-pub const TOP_LEVEL_KEYS: [&str; 8] = [
+pub const TOP_LEVEL_KEYS: [&str; 9] = [
     "nicExclusionRegex",
     "nicInclusionRegexOverride",
     "sysClassInfinibandPath",
     "sysClassNetPath",
     "stateDetection",
+    "stateCheck",
     "counterDetection",
     "kernelLog",
     "charDeviceCheck",
 ];
 pub const STATE_DETECTION_KEYS: [&str; 2] = ["escalationGraceSeconds", "speedDegradationFatal"];
+pub const STATE_CHECK_KEYS: [&str; 3] = ["flapThreshold", "flapWindow", "flapSettle"];
 pub const CHAR_DEVICE_CHECK_KEYS: [&str; 1] = ["issm"];
 
 /// Default location of the config file in the DaemonSet.
@@ -40,6 +44,8 @@ pub struct Config {
     pub escalation_grace_secs: u64,
     /// `[stateDetection] speedDegradationFatal`: make `LinkSpeedDegraded` fatal.
     pub speed_degradation_fatal: bool,
+    /// `[stateCheck] flapThreshold`, `flapWindow`, `flapSettle`: flap damping (SPEC §1.3).
+    pub flap: FlapConfig,
     /// `[counterDetection]`: the merged, validated counter rules (001 §10); empty when
     /// `enabled = false`.
     pub counter_rules: Vec<CounterRule>,
@@ -63,6 +69,7 @@ impl Default for Config {
             sys_class_net_path: None,
             escalation_grace_secs: 30,
             speed_degradation_fatal: false,
+            flap: FlapConfig::default(),
             counter_rules: CounterDetection::default().rules().unwrap_or_default(),
             issm: IssmMode::default(),
             kernel_log: KmsgConfig::default(),
@@ -179,6 +186,31 @@ impl Config {
                         }
                     }
                 }
+                "stateCheck" => {
+                    let t = value.as_table().ok_or_else(|| err(format!("{key}: expected a table")))?;
+                    for (k, v) in t {
+                        let full = format!("stateCheck.{k}");
+                        match k.as_str() {
+                            "flapThreshold" => {
+                                cfg.flap.threshold = v
+                                    .as_integer()
+                                    .and_then(|i| u32::try_from(i).ok())
+                                    .filter(|n| *n != 1 && *n <= MAX_THRESHOLD)
+                                    .ok_or_else(|| {
+                                        err(format!(
+                                            "{full} = {v}: expected 0 (off) or a whole number from 2 to {MAX_THRESHOLD}"
+                                        ))
+                                    })?
+                            }
+                            "flapWindow" => cfg.flap.window = flap_duration(&full, v).map_err(err)?,
+                            "flapSettle" => cfg.flap.settle = flap_duration(&full, v).map_err(err)?,
+                            _ => cfg.warnings.push(format!(
+                                "config {path}: unknown key {full} ignored (known keys: {})",
+                                STATE_CHECK_KEYS.join(", ")
+                            )),
+                        }
+                    }
+                }
                 "counterDetection" => {
                     let cd: CounterDetection = section(key, value).map_err(err)?;
                     cfg.counter_rules = cd.rules().map_err(|e| err(one_line(&e.to_string())))?;
@@ -234,6 +266,21 @@ fn section<T: serde::de::DeserializeOwned>(name: &str, value: &toml::Value) -> R
         }
     }
     Err(format!("{name}: {whole}"))
+}
+
+/// The longest `flapWindow` / `flapSettle` accepted.
+const MAX_FLAP_DURATION: time::Duration = time::Duration::hours(24);
+
+/// A flap damping duration: whole seconds (`60`) or a Go duration string (`"60s"`, `"2m"`),
+/// at most a day.
+fn flap_duration(key: &str, v: &toml::Value) -> Result<time::Duration, String> {
+    let expected = || format!("{key} = {v}: expected seconds (60) or a duration (\"60s\", \"2m\") of at most 24h");
+    let d = match v {
+        toml::Value::Integer(i) => u32::try_from(*i).ok().map(|s| time::Duration::seconds(i64::from(s))),
+        toml::Value::String(s) => crate::upstream::go_duration(s).ok().and_then(|d| time::Duration::try_from(d).ok()),
+        _ => None,
+    };
+    d.filter(|d| *d <= MAX_FLAP_DURATION).ok_or_else(expected)
 }
 
 fn string<'a>(key: &str, v: &'a toml::Value) -> Result<&'a str, String> {
@@ -304,13 +351,45 @@ enabled = true
         assert!(known.ends_with(&format!("(known keys: {})", TOP_LEVEL_KEYS.join(", "))), "{known}");
         let all = "nicExclusionRegex = \"^lo$\"\nnicInclusionRegexOverride = \"\"\nsysClassInfinibandPath = \"/a\"\n\
                    sysClassNetPath = \"/b\"\n[stateDetection]\nescalationGraceSeconds = 5\nspeedDegradationFatal = true\n\
+                   [stateCheck]\nflapThreshold = 4\nflapWindow = \"2m\"\nflapSettle = 30\n\
                    [counterDetection]\n[kernelLog]\n[charDeviceCheck]\nissm = \"always\"\n";
         let c = Config::parse("x.toml", all).unwrap();
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
         assert!(TOP_LEVEL_KEYS.iter().all(|k| all.contains(&format!("{k} =")) || all.contains(&format!("[{k}]"))));
         assert!(STATE_DETECTION_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
         assert!(CHAR_DEVICE_CHECK_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
+        assert!(STATE_CHECK_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
         assert_eq!(c.issm, IssmMode::Always);
+        assert_eq!(
+            c.flap,
+            FlapConfig { threshold: 4, window: time::Duration::minutes(2), settle: time::Duration::seconds(30) }
+        );
+    }
+
+    #[test]
+    fn flap_damping_keys() {
+        assert_eq!(Config::parse("x.toml", "").unwrap().flap, FlapConfig::default());
+        let c = Config::parse("x.toml", "[stateCheck]\nflapThreshold = 0").unwrap();
+        assert!(!c.flap.enabled());
+        let c = Config::parse("x.toml", "[stateCheck]\nflapWindow = \"1m30s\"\nflapSettle = \"0\"").unwrap();
+        assert_eq!((c.flap.window, c.flap.settle), (time::Duration::seconds(90), time::Duration::ZERO));
+        for (text, key) in [
+            ("[stateCheck]\nflapThreshold = 1", "stateCheck.flapThreshold = 1:"),
+            ("[stateCheck]\nflapThreshold = -2", "stateCheck.flapThreshold = -2:"),
+            ("[stateCheck]\nflapThreshold = 100000", "stateCheck.flapThreshold = 100000:"),
+            ("[stateCheck]\nflapThreshold = \"3\"", "stateCheck.flapThreshold = \"3\":"),
+            ("[stateCheck]\nflapWindow = -1", "stateCheck.flapWindow = -1:"),
+            ("[stateCheck]\nflapWindow = \"soon\"", "stateCheck.flapWindow = \"soon\":"),
+            ("[stateCheck]\nflapSettle = \"25h\"", "stateCheck.flapSettle = \"25h\":"),
+            ("[stateCheck]\nflapSettle = 1.5", "stateCheck.flapSettle = 1.5:"),
+            ("stateCheck = 3", "stateCheck: expected a table"),
+        ] {
+            let e = Config::parse("c.toml", text).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("config c.toml: {key}")), "{text:?} → {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+        let w = Config::parse("x.toml", "[stateCheck]\nflapz = 1").unwrap().warnings;
+        assert!(w.len() == 1 && w[0].contains("stateCheck.flapz"), "{w:?}");
     }
 
     #[test]

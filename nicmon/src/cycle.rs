@@ -82,6 +82,8 @@ pub struct Poll {
     pub stuck_reads: Vec<(std::path::PathBuf, std::time::Duration)>,
     /// The character devices expected (and those held latched), for the report.
     pub char_devices: Vec<chardev::Finding>,
+    /// Unhealthy port transitions flap damping counted this poll (published or held).
+    pub flaps: Vec<linkstate::FlapTransition>,
 }
 
 impl Monitor {
@@ -116,6 +118,7 @@ impl Monitor {
             state_config: StateConfig {
                 escalation_grace: Duration::seconds(config.escalation_grace_secs as i64),
                 speed_degradation_fatal: config.speed_degradation_fatal,
+                flap: config.flap,
                 checks,
             },
             counter_paths: counters::read_paths(&config.counter_rules),
@@ -194,6 +197,7 @@ impl Monitor {
         let out = linkstate::evaluate(&prev.links, first_poll, &snapshot, &roles, &self.state_config, now, &self.stamp);
         events.extend(out.events);
         let mut notes = out.notes;
+        let flaps = out.flaps;
 
         // Counters of monitored PF ports only: management NICs and VFs are never evaluated.
         let monitored = |name: &str| roles.get(name).map(|c| c.monitored).unwrap_or(false);
@@ -238,7 +242,7 @@ impl Monitor {
             char_devices: char_state,
             einval,
         };
-        Poll { snapshot, roles, events, next, notes, reads_abandoned, stuck_reads, char_devices }
+        Poll { snapshot, roles, events, next, notes, reads_abandoned, stuck_reads, char_devices, flaps }
     }
 }
 

@@ -49,6 +49,8 @@ pub struct RunOptions {
     pub grpc: GrpcConfig,
     /// `None` disables the HTTP endpoint.
     pub metrics_port: Option<u16>,
+    /// `--metrics-bind-address`.
+    pub metrics_bind_address: std::net::IpAddr,
     /// `None` disables the kernel log watcher.
     pub kmsg_path: Option<PathBuf>,
     pub wake: WakeOptions,
@@ -145,9 +147,14 @@ impl<'a> Daemon<'a> {
         let liveness = Liveness::new(opts.interval.max(Duration::from_secs(1)));
         let server = match opts.metrics_port {
             Some(port) => Some(
-                metrics_server::start(port, metrics.clone(), liveness.clone())
+                metrics_server::start((opts.metrics_bind_address, port).into(), metrics.clone(), liveness.clone())
                     .await
-                    .with_context(|| format!("--metrics-port {port}: cannot listen"))?,
+                    .with_context(|| {
+                        format!(
+                            "--metrics-bind-address {} --metrics-port {port}: cannot listen",
+                            opts.metrics_bind_address
+                        )
+                    })?,
             ),
             None => None,
         };
@@ -155,8 +162,16 @@ impl<'a> Daemon<'a> {
         let (kmsg_tx, kmsg) = mpsc::unbounded_channel::<Delivery>();
         let kmsg_wanted = opts.monitor.checks.contains(&Check::NICKernelLogCheck) && monitor.config.kernel_log.enabled;
         let tail = match &opts.kmsg_path {
-            Some(p) if kmsg_wanted => start_kmsg(p, state.checks.kmsg.last_seq, kmsg_tx),
-            _ => None,
+            Some(p) if kmsg_wanted => start_kmsg(p, state.checks.kmsg.last_seq, kmsg_tx, &metrics),
+            _ => {
+                let why = match &opts.kmsg_path {
+                    None => "--no-kmsg",
+                    Some(_) if !monitor.config.kernel_log.enabled => "[kernelLog] enabled = false",
+                    Some(_) => "NICKernelLogCheck not in --checks",
+                };
+                metrics.set_kernel_log_watching(false, &format!("off: {why}"));
+                None
+            }
         };
         let sink = Sink::lazy(&opts.sink, opts.grpc.clone());
         let pause = opts.grpc.retry.initial_backoff.max(Duration::from_millis(50));
@@ -233,6 +248,7 @@ impl<'a> Daemon<'a> {
     /// Wait for the next reason to act. Kernel log records are collected on the way.
     async fn wait(&mut self) -> Wakeup {
         let (wakes, kmsg, courier) = (&mut self.wakes, &mut self.kmsg, &mut self.courier);
+        let metrics = &self.metrics;
         let (tick, sigterm, records) = (&mut self.tick, &mut self.sigterm, &mut self.pending_records);
         let rate_limit_until = self.last_wake_poll.map(|t| t + WAKE_POLL_GAP);
         tokio::select! {
@@ -252,7 +268,10 @@ impl<'a> Daemon<'a> {
             Some(d) = kmsg.recv() => {
                 match d {
                     Delivery::Records(r) => records.extend(r),
-                    Delivery::Failed(e) => tracing::warn!(error = %e, "kernel log watcher stopped"),
+                    Delivery::Failed(e) => {
+                        tracing::warn!(error = %e, "kernel log watcher stopped");
+                        metrics.set_kernel_log_watching(false, &format!("watcher stopped: {e}"));
+                    }
                 }
                 Wakeup::Poll(Vec::new())
             }
@@ -293,6 +312,7 @@ impl<'a> Daemon<'a> {
         for n in &poll.notes {
             tracing::info!("{n}");
         }
+        log_flaps(&poll.flaps);
         if self.opts.trace {
             print_trace(woke, woke_at, &poll, elapsed);
             let end = crate::wake::monotonic_ns();
@@ -373,10 +393,20 @@ fn start_wakes(opts: &WakeOptions, metrics: &Metrics) -> WakeSource {
 }
 
 /// Start the kernel log watcher: after the persisted cursor (same boot), else at the end.
-fn start_kmsg(path: &std::path::Path, last_seq: Option<u64>, tx: mpsc::UnboundedSender<Delivery>) -> Option<KmsgTail> {
+fn start_kmsg(
+    path: &std::path::Path,
+    last_seq: Option<u64>,
+    tx: mpsc::UnboundedSender<Delivery>,
+    metrics: &Metrics,
+) -> Option<KmsgTail> {
     match KmsgTail::spawn(path, Start::from_cursor(last_seq), move |d| tx.send(d).is_ok()) {
-        Ok(t) => Some(t),
+        Ok(t) => {
+            tracing::info!(path = %path.display(), "kernel log watched");
+            metrics.set_kernel_log_watching(true, "");
+            Some(t)
+        }
         Err(e) => {
+            metrics.set_kernel_log_watching(false, &format!("{}: {e}", path.display()));
             let hint = match e.kind() {
                 std::io::ErrorKind::PermissionDenied => {
                     "; reading it needs CAP_SYSLOG and, in a container, a device cgroup that allows \
@@ -424,6 +454,24 @@ fn log_event(e: &crate::event::HealthEvent) {
     );
 }
 
+/// One line per unhealthy transition flap damping counted: those it held publish nothing,
+/// so this line (and the metric) is where they show.
+fn log_flaps(flaps: &[crate::linkstate::FlapTransition]) {
+    for f in flaps {
+        if f.flapping && !f.published {
+            tracing::info!(
+                device = %f.device, port = f.port, check = %f.check, transitions = f.transitions,
+                "port held as flapping: unhealthy transition not published"
+            );
+        } else if f.flapping {
+            tracing::warn!(
+                device = %f.device, port = f.port, check = %f.check, transitions = f.transitions,
+                "port flapping: one fatal event sent, further transitions held until it settles"
+            );
+        }
+    }
+}
+
 fn update_metrics(metrics: &Metrics, poll: &Poll) {
     let mut by_role: std::collections::BTreeMap<&str, usize> = Default::default();
     for c in poll.roles.values() {
@@ -446,6 +494,12 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
     metrics.set_read_health(poll.reads_abandoned, &poll.stuck_reads);
     metrics.kmsg_records_lost(poll.next.kmsg.lost_records);
     metrics.set_saturated_counters(poll.next.counters.saturated());
+    for f in &poll.flaps {
+        metrics.port_flap_transition(&f.device, f.port);
+    }
+    metrics.set_flapping_ports(
+        poll.next.links.port_states.values().filter(|r| r.flap.is_flapping()).map(|r| (r.device.as_str(), r.port)),
+    );
     for e in poll.events.iter().filter(|e| !e.is_healthy) {
         let dev = e.entities_impacted.iter().find(|x| x.entity_type == "NIC").map(|x| x.entity_value.as_str());
         let port = e
@@ -502,6 +556,13 @@ fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapse
             out,
             "  event {} healthy={} fatal={} [{}] {}",
             e.check_name, e.is_healthy, e.is_fatal, ents, e.message
+        );
+    }
+    for f in poll.flaps.iter().filter(|f| !f.published) {
+        let _ = writeln!(
+            out,
+            "  held {} [NIC={} NICPort={}] unhealthy transition while flapping ({} since the hold began): not published",
+            f.check, f.device, f.port, f.transitions
         );
     }
 }

@@ -364,6 +364,7 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
         sink: r.dispatch.sink,
         grpc,
         metrics_port: (!r.no_metrics).then_some(r.metrics.metrics_port),
+        metrics_bind_address: r.metrics.metrics_bind_address,
         kmsg_path: (!r.no_kmsg).then_some(r.kmsg_path),
         wake: WakeOptions {
             object: if r.no_ebpf { None } else { nicmon::wake::EMBEDDED_OBJECT },
@@ -457,7 +458,7 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
     let _ = writeln!(out, "processing:        {:?}", r.processing_strategy);
     let metrics = match r.no_metrics {
         true => "off".to_string(),
-        false => format!(":{}", r.metrics.metrics_port),
+        false => std::net::SocketAddr::from((r.metrics.metrics_bind_address, r.metrics.metrics_port)).to_string(),
     };
     let _ = writeln!(out, "metrics:           {metrics}");
     let kmsg = match r.no_kmsg || !config.kernel_log.enabled {

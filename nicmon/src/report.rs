@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::chardev::Finding;
 use crate::event::HealthEvent;
+use crate::linkstate::{LinkState, port_key};
 use crate::model::Snapshot;
 use crate::roles::{Classification, Role};
 use crate::topology::Topology;
@@ -57,6 +58,12 @@ pub struct PortReport {
     pub sm_lid: Option<u32>,
     /// Counter file name → value; unreadable ones absent.
     pub counters: BTreeMap<String, u64>,
+    /// Held as flapping (flap damping): one fatal event sent, transitions not published.
+    pub flapping: bool,
+    /// Unhealthy transitions: since the hold began while flapping, else those in the window.
+    pub flap_transitions: u64,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub flapping_since: Option<time::OffsetDateTime>,
 }
 
 /// The display name of a configured counter path: its file name.
@@ -111,6 +118,9 @@ impl Report {
                                 .iter()
                                 .map(|(k, v)| (counter_display_name(k).to_string(), *v))
                                 .collect(),
+                            flapping: false,
+                            flap_transitions: 0,
+                            flapping_since: None,
                         })
                         .collect(),
                 }
@@ -125,6 +135,20 @@ impl Report {
             char_devices: Vec::new(),
             events,
         }
+    }
+
+    /// Fill in each port's flap damping state from the state checks' memory after the poll.
+    pub fn with_flaps(mut self, links: &LinkState) -> Report {
+        for d in &mut self.devices {
+            for p in &mut d.ports {
+                if let Some(r) = links.port_states.get(&port_key(&d.name, p.port)) {
+                    p.flapping = r.flap.is_flapping();
+                    p.flap_transitions = r.flap.shown_transitions();
+                    p.flapping_since = r.flap.flapping_since;
+                }
+            }
+        }
+        self
     }
 
     /// One line per port: role, health, rate — then the events.
@@ -152,12 +176,22 @@ impl Report {
             for p in &d.ports {
                 let health = if !d.monitored {
                     "-"
+                } else if p.flapping {
+                    "FLAPPING"
                 } else if p.healthy {
                     "healthy"
                 } else {
                     "UNHEALTHY"
                 };
                 let rate = p.rate_gbps.map(|r| format!("{r}")).unwrap_or_else(|| "?".into());
+                let note = match p.flapping_since {
+                    Some(since) if p.flapping => format!(
+                        "flapping since {}: {} transitions, held until stable; {note}",
+                        since.format(&time::format_description::well_known::Rfc3339).unwrap_or_default(),
+                        p.flap_transitions
+                    ),
+                    _ => note.clone(),
+                };
                 let _ = writeln!(
                     out,
                     "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} {}",

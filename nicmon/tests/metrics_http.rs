@@ -68,6 +68,7 @@ async fn healthz_follows_the_poll_loop() {
     assert!(body.contains("stalled"), "{body}");
 
     liveness.cycle_completed();
-    assert_eq!(get(srv.addr, "/healthz").await, (200, "ok\n".to_string()));
+    // The second line: whether the kernel log is watched (not yet, in this test).
+    assert_eq!(get(srv.addr, "/healthz").await, (200, "ok\nkernel_log_watching 0 (not started)\n".to_string()));
     srv.task.abort();
 }

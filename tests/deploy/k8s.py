@@ -48,13 +48,36 @@ def deep_merge(base, over):
     return out
 
 
+# Helm's install order (pkg/release/util/kind_sorter.go), for the kinds this chart has and
+# their neighbours: a plain `kubectl apply -f` of the manifests creates the Namespace and the
+# ServiceAccount before the objects that live in or use them.
+INSTALL_ORDER = [
+    "PriorityClass", "Namespace", "NetworkPolicy", "ResourceQuota", "LimitRange",
+    "PodSecurityPolicy", "PodDisruptionBudget", "ServiceAccount", "Secret", "SecretList",
+    "ConfigMap", "StorageClass", "PersistentVolume", "PersistentVolumeClaim",
+    "CustomResourceDefinition", "ClusterRole", "ClusterRoleList", "ClusterRoleBinding",
+    "ClusterRoleBindingList", "Role", "RoleList", "RoleBinding", "RoleBindingList", "Service",
+    "DaemonSet", "Pod", "ReplicationController", "ReplicaSet", "Deployment",
+    "HorizontalPodAutoscaler", "StatefulSet", "Job", "CronJob", "IngressClass", "Ingress",
+    "APIService",
+]
+
+
+def install_rank(text):
+    kinds = [d.get("kind") for d in yaml.safe_load_all(text) if d]
+    ranks = [INSTALL_ORDER.index(k) if k in INSTALL_ORDER else len(INSTALL_ORDER) for k in kinds]
+    return min(ranks) if ranks else len(INSTALL_ORDER)
+
+
 def render(chart, name, namespace, value_files):
-    """The chart's rendered templates, in template-name order, as (template, YAML text)."""
+    """The chart's rendered templates as (template, YAML text), in Helm's install order
+    (by kind, then template name)."""
     import helm_python as helm
 
     with helm.Chart.load(chart) as c:
         out = c.render(merged_values(value_files), name=name, namespace=namespace)
-    return sorted((k, v) for k, v in out.items() if k.endswith(".yaml") and v.strip())
+    docs = [(k, v) for k, v in out.items() if k.endswith(".yaml") and v.strip()]
+    return sorted(docs, key=lambda kv: (install_rank(kv[1]), kv[0]))
 
 
 def objects_of(text, where):

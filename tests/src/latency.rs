@@ -155,6 +155,10 @@ pub fn measure(bin: &Path, mode: Mode, reps: usize, interval: &str, tag: &str) -
     node.use_host_netdev(&veth.a);
     let sink: PathBuf = node.root().join("events.jsonl");
     let log = node.root().join("nicmon.log");
+    // Every rep is a DOWN and an UP of the same port: flap damping would hold them all after
+    // the third, so it is off here (the flap test measures the damped path).
+    let config = node.root().join("nicmon.toml");
+    std::fs::write(&config, "[stateCheck]\nflapThreshold = 0\n").map_err(|e| e.to_string())?;
     let mut child = Command::new(bin)
         .arg("run")
         .arg("--sysfs")
@@ -163,7 +167,9 @@ pub fn measure(bin: &Path, mode: Mode, reps: usize, interval: &str, tag: &str) -
         .arg(node.proc())
         .arg("--state-file")
         .arg(node.root().join("state.json"))
-        .args(["--config", "/nonexistent.toml", "--metadata", "/nonexistent.json", "--node-name", "lat"])
+        .arg("--config")
+        .arg(&config)
+        .args(["--metadata", "/nonexistent.json", "--node-name", "lat"])
         .args(["--no-kmsg", "--no-metrics", "--state-polling-interval", interval])
         .arg("--sink")
         .arg(format!("file:{}", sink.display()))
@@ -269,4 +275,132 @@ pub fn storm(bin: &Path, mode: Mode, seconds: u64, tag: &str) -> Result<Storm, S
     let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
     let _ = child.wait();
     result
+}
+
+/// What a flap storm on the veth-backed port produced.
+#[derive(Debug)]
+pub struct Storm {
+    /// Every event for `mlx5_0` the sink received, in order.
+    pub events: Vec<serde_json::Value>,
+    /// The first DOWN → the first fatal event's timestamp, in milliseconds.
+    pub first_fatal_ms: f64,
+    /// Unhealthy transitions made (DOWNs).
+    pub downs: usize,
+    /// How many events the sink held for `mlx5_0` when the storm ended, and after the
+    /// final healthy event plus `quiet` (nothing may follow it).
+    pub at_storm_end: usize,
+    pub log: String,
+}
+
+fn spawn_daemon(bin: &Path, node: &Node, config: &Path, sink: &Path, log: &Path, mode: Mode) -> Result<Child, String> {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(|e| e.to_string())?;
+    Command::new(bin)
+        .arg("run")
+        .arg("--sysfs")
+        .arg(node.sys())
+        .arg("--procfs")
+        .arg(node.proc())
+        .arg("--state-file")
+        .arg(node.root().join("state.json"))
+        .arg("--config")
+        .arg(config)
+        .args(["--metadata", "/nonexistent.json", "--node-name", "flap"])
+        .args(["--no-kmsg", "--no-metrics", "--state-polling-interval", "5s"])
+        .arg("--sink")
+        .arg(format!("file:{}", sink.display()))
+        .args(mode.flags())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .map_err(|e| format!("spawn nicmon: {e}"))
+}
+
+fn port_events(sink: &Path) -> Vec<serde_json::Value> {
+    events(sink)
+        .into_iter()
+        .filter(|e| e["entitiesImpacted"].as_array().is_some_and(|a| a.iter().any(|x| x["entityValue"] == "mlx5_0")))
+        .collect()
+}
+
+/// Flap the veth-backed RoCE port `mlx5_0` (DOWN `half_period`, UP `half_period`) for
+/// `storm`, killing the daemon with SIGKILL and starting it again half-way; then leave it
+/// up until the final healthy event, and `quiet` longer. Flap damping: the default
+/// threshold and window, `settle` as given. Poll interval 5 s: a first fatal within a
+/// fraction of it came through the wake path.
+pub fn flap_storm(
+    bin: &Path,
+    mode: Mode,
+    tag: &str,
+    storm: Duration,
+    half_period: Duration,
+    settle: &str,
+    quiet: Duration,
+) -> Result<Storm, String> {
+    let mut veth = Veth::create(tag)?;
+    let mut node = Node::new(&format!("flap-{}", mode.name()));
+    let rc = node.root_complex(0, 0);
+    let rp = node.root_port(&rc, 1);
+    node.card(&rp, 0, vec![NicSpec::eth("mlx5_0", &veth.a)]);
+    let rp2 = node.root_port(&rc, 2);
+    node.card(&rp2, 0, vec![NicSpec::eth("mlx5_1", "fixture1")]);
+    node.use_host_netdev(&veth.a);
+    let sink: PathBuf = node.root().join("events.jsonl");
+    let log = node.root().join("nicmon.log");
+    let config = node.root().join("nicmon.toml");
+    std::fs::write(
+        &config,
+        format!("[stateCheck]\nflapThreshold = 3\nflapWindow = \"60s\"\nflapSettle = {settle:?}\n"),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut child = spawn_daemon(bin, &node, &config, &sink, &log, mode)?;
+    let state = node.sys().join(&node.info["mlx5_0"].ib_dir).join("ports/1");
+    let result = (|| {
+        wait_event(&sink, true, 0, Duration::from_secs(30)).ok_or("no baseline event from nicmon")?;
+        let set = |s: &str, p: &str| -> Result<(), String> {
+            std::fs::write(state.join("state"), s).map_err(|e| e.to_string())?;
+            std::fs::write(state.join("phys_state"), p).map_err(|e| e.to_string())
+        };
+        let start = Instant::now();
+        let first_down = SystemTime::now();
+        let mut downs = 0;
+        let mut restarted = false;
+        while start.elapsed() < storm {
+            set("1: DOWN\n", "3: Disabled\n")?;
+            veth.ip(&format!("link set {} down", veth.a));
+            downs += 1;
+            std::thread::sleep(half_period); // the flap's own rhythm, not synchronisation
+            set("4: ACTIVE\n", "5: LinkUp\n")?;
+            veth.ip(&format!("link set {} up", veth.a));
+            std::thread::sleep(half_period);
+            if !restarted && start.elapsed() >= storm / 2 {
+                // A crash mid-storm: the hold must survive it.
+                let _ = child.kill();
+                let _ = child.wait();
+                child = spawn_daemon(bin, &node, &config, &sink, &log, mode)?;
+                restarted = true;
+            }
+        }
+        let at_storm_end = port_events(&sink).len();
+        let first_fatal = wait_event(&sink, false, 0, Duration::from_secs(1)).ok_or("no fatal event at all")?;
+        let at = ts_of(&first_fatal).ok_or("event without a timestamp")?;
+        let first_fatal_ms = at.duration_since(first_down).unwrap_or_default().as_secs_f64() * 1e3;
+        // The final healthy event: after the settle time and at most one poll interval.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while port_events(&sink).last().is_none_or(|e| e["isHealthy"] != true || e["checkName"] != "EthernetStateCheck")
+            || port_events(&sink).len() == at_storm_end
+        {
+            if Instant::now() > deadline {
+                return Err(format!("no healthy event after the storm: {:#?}", port_events(&sink)));
+            }
+            std::thread::sleep(Duration::from_millis(20)); // reading a file another process appends to
+        }
+        std::thread::sleep(quiet); // nothing may follow the final healthy event
+        Ok::<_, String>((first_fatal_ms, downs, at_storm_end))
+    })();
+    let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    let (first_fatal_ms, downs, at_storm_end) = result.map_err(|e| format!("{e}\n{log}"))?;
+    Ok(Storm { events: port_events(&sink), first_fatal_ms, downs, at_storm_end, log })
 }

@@ -15,6 +15,7 @@ use std::sync::OnceLock;
 
 pub mod connector;
 pub mod deploy;
+pub mod kernel_log;
 pub mod latency;
 pub mod platforms;
 
@@ -775,6 +776,18 @@ impl Node {
         if let Some(nd) = self.info[dev].netdev.clone() {
             self.set_operstate(&nd, "up");
         }
+    }
+
+    /// Give `dev`'s netdev another name (before [`Node::use_host_netdev`], to back a NIC
+    /// of a ready-made platform with a veth of that name).
+    pub fn rename_netdev(&mut self, dev: &str, new: &str) {
+        let info = self.info.get_mut(dev).unwrap_or_else(|| panic!("no device {dev}"));
+        let old = info.netdev.replace(new.to_string()).unwrap_or_else(|| panic!("{dev} has no netdev"));
+        let net = self.root.join("sys").join(&info.pci_dir).join("net");
+        fs::rename(net.join(&old), net.join(new)).unwrap_or_else(|e| panic!("rename netdev {old}: {e}"));
+        let _ = fs::remove_file(self.sys().join(format!("class/net/{old}")));
+        let net_dir = format!("{}/net/{new}", self.info[dev].pci_dir);
+        link(&format!("{}{net_dir}", up("class/net")), &self.sys().join(format!("class/net/{new}")));
     }
 
     /// A port blip: DOWN/Polling (netdev down) while `during` runs (a poll), then repaired.

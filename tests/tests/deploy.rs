@@ -105,7 +105,7 @@ fn chart_and_plain_manifests_validate_against_the_kubernetes_schemas() {
         "createNamespace=true",
         "metrics.enabled=false",
     ]);
-    assert_eq!(kinds(&extra), ["ConfigMap", "DaemonSet", "Namespace", "ServiceAccount"]);
+    assert_eq!(kinds(&extra), ["Namespace", "ServiceAccount", "ConfigMap", "DaemonSet"]);
     validate(&extra, "1.30").unwrap();
 }
 
@@ -182,8 +182,13 @@ fn the_daemonset_has_the_mounts_capabilities_and_probes_the_agent_needs() {
         let (proc_, ro, _) = mounted("/proc");
         assert!(ro);
         assert_eq!(flag(ds, "--procfs").as_deref(), Some(proc_.as_str()), "{what}");
-        assert_eq!(mounted("/dev/kmsg"), ("/dev/kmsg".into(), true, "CharDevice".into()), "{what}");
-        assert_eq!(mounted("/sys/kernel/btf").0, "/sys/kernel/btf", "{what}: kernel BTF where aya reads it");
+        // The kernel log is off by default (a non-privileged container cannot open /dev/kmsg):
+        // no device mount, and the daemon is told so.
+        assert!(!host.iter().any(|(_, p, _)| p == "/dev/kmsg"), "{what}: /dev/kmsg mounted while kernelLog is off");
+        assert!(args(ds).contains(&"--no-kmsg".to_string()), "{what}");
+        // No hostPath that blocks the pod's start on a kernel without BTF: the container's
+        // own sysfs has /sys/kernel/btf where the kernel has it.
+        assert!(!host.iter().any(|(_, p, _)| p.starts_with("/sys/kernel/btf")), "{what}: BTF hostPath");
         assert_eq!(mounted("/sys/kernel/tracing").0, "/sys/kernel/tracing", "{what}: tracefs where nicmon looks");
 
         // Every file the flags name lies on a mount; the state directory is a writable
@@ -240,6 +245,10 @@ fn the_daemonset_has_the_mounts_capabilities_and_probes_the_agent_needs() {
         let node = env.iter().find(|e| e["name"] == "NODE_NAME").expect("NODE_NAME");
         assert_eq!(node["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
         let port = flag(ds, "--metrics-port").expect("metrics on");
+        // The endpoint listens on the node's IP only, not on every host interface.
+        assert_eq!(flag(ds, "--metrics-bind-address").as_deref(), Some("$(HOST_IP)"), "{what}");
+        let host_ip = env.iter().find(|e| e["name"] == "HOST_IP").expect("HOST_IP");
+        assert_eq!(host_ip["valueFrom"]["fieldRef"]["fieldPath"], "status.hostIP", "{what}");
         let named = c["ports"].as_array().unwrap().iter().find(|p| p["name"] == "metrics").unwrap();
         assert_eq!(named["containerPort"].to_string(), port);
         assert_eq!(c["livenessProbe"]["httpGet"], json!({"path": "/healthz", "port": "metrics"}), "{what}");
@@ -257,6 +266,53 @@ fn the_daemonset_has_the_mounts_capabilities_and_probes_the_agent_needs() {
     assert!(sc.get("allowPrivilegeEscalation").is_none(), "Kubernetes rejects privileged without escalation");
 }
 
+/// Helm values about the kernel log, the metrics address and the manifests' order.
+#[test]
+fn kernel_log_bind_address_and_order_decisions_render_as_documented() {
+    // The kernel log needs privilege: enabled with it, the device is mounted and watched;
+    // enabled without it, the chart refuses to render (the pod could never read it).
+    let on = render(&["kernelLog.enabled=true", "securityContext.privileged=true"]);
+    let ds = daemonset(&on);
+    assert!(!args(ds).contains(&"--no-kmsg".to_string()));
+    let vols = ds["spec"]["template"]["spec"]["volumes"].as_array().unwrap();
+    let kmsg = vols.iter().find(|v| v["hostPath"]["path"] == "/dev/kmsg").expect("kmsg volume");
+    assert_eq!(kmsg["hostPath"]["type"], "CharDevice");
+    validate(&on, "1.30").unwrap();
+    let refused =
+        k8s(&python(), &["render", CHART, "nicmon", "nvsentinel", "kernelLog.enabled=true"]).output().unwrap();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("kernelLog.enabled=true needs securityContext.privileged=true"), "{err}");
+
+    // An explicit bind address replaces the node IP (and the HOST_IP variable goes away).
+    for addr in ["127.0.0.1", "0.0.0.0"] {
+        let objects = render(&[&format!("metrics.bindAddress={addr}")]);
+        let ds = daemonset(&objects);
+        assert_eq!(flag(ds, "--metrics-bind-address").as_deref(), Some(addr));
+        let env = ds["spec"]["template"]["spec"]["containers"][0]["env"].as_array().unwrap();
+        assert!(!env.iter().any(|e| e["name"] == "HOST_IP"));
+        assert_eq!(check_config(&objects, &[]).0, 0, "{addr}");
+    }
+
+    // One `kubectl apply -f` works: every object comes after the objects it needs (Helm's
+    // install order), in the chart's renderings and in the plain manifests.
+    let rank =
+        |k: &str| ["Namespace", "ServiceAccount", "ConfigMap", "Service", "DaemonSet"].iter().position(|x| *x == k);
+    let mut all = renderings();
+    all.push((
+        "every optional object".into(),
+        render(&["createNamespace=true", "metrics.service.enabled=true", "platformConnector.token.enabled=true"]),
+    ));
+    for (what, objects) in all {
+        let ks = kinds(&objects);
+        let ranks: Vec<usize> =
+            ks.iter().map(|k| rank(k).unwrap_or_else(|| panic!("{what}: unexpected kind {k}"))).collect();
+        assert!(ranks.windows(2).all(|w| w[0] <= w[1]), "{what}: apply order {ks:?}");
+    }
+    let standalone = load("deploy/manifests/nicmon-standalone.yaml");
+    assert_eq!(kinds(&standalone)[..2], ["Namespace", "ServiceAccount"], "the namespace and account come first");
+}
+
 /// `nicmon run <the rendered args> --check-config`, with the rendered ConfigMap as the
 /// config file: exit code and output.
 fn check_config(objects: &[Value], extra: &[&str]) -> (i32, String) {
@@ -264,8 +320,21 @@ fn check_config(objects: &[Value], extra: &[&str]) -> (i32, String) {
     let cfg = dir.path().join("config.toml");
     std::fs::write(&cfg, configmap(objects)["data"]["config.toml"].as_str().unwrap()).unwrap();
     let ds = daemonset(objects);
+    // `$(VAR)` in args expands as kubelet does, from the container's downward-API env.
+    let env = ds["spec"]["template"]["spec"]["containers"][0]["env"].as_array().unwrap().clone();
+    let expand = |a: String| -> String {
+        env.iter().fold(a, |a, e| {
+            let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("status.hostIP") => "10.0.0.7",
+                Some("spec.nodeName") => "gpu-node-1",
+                _ => return a,
+            };
+            a.replace(&format!("$({})", e["name"].as_str().unwrap()), value)
+        })
+    };
     let mut argv: Vec<String> = args(ds)
         .into_iter()
+        .map(expand)
         .map(|a| match a.starts_with("--config=") {
             true => format!("--config={}", cfg.display()),
             false => a,
@@ -358,6 +427,18 @@ fn the_container_build_file_builds_what_the_chart_runs() {
         .unwrap();
     assert!(st.status.success(), "Cargo.lock is stale: {}", String::from_utf8_lossy(&st.stderr));
 
+    // The eBPF build's nightly is the dated one xtask pins (bpf-linker is built against its LLVM).
+    let xtask = std::fs::read_to_string(root.join("xtask/src/build_ebpf.rs")).unwrap();
+    let pinned = xtask
+        .lines()
+        .find_map(|l| l.strip_prefix("pub const TOOLCHAIN: &str = \"")?.strip_suffix("\";"))
+        .expect("TOOLCHAIN in xtask/src/build_ebpf.rs");
+    assert!(pinned.len() == "nightly-YYYY-MM-DD".len() && pinned.starts_with("nightly-2"), "a dated nightly: {pinned}");
+    assert!(lines.contains(&format!("ARG EBPF_NIGHTLY={pinned}").as_str()), "deploy/Dockerfile pins {pinned}");
+    assert!(run.contains("rustup toolchain install ${EBPF_NIGHTLY}"), "{run}");
+    let toolchain_file = std::fs::read_to_string(root.join("nicmon-ebpf/rust-toolchain.toml")).unwrap();
+    assert!(toolchain_file.contains(&format!("channel = \"{pinned}\"")), "nicmon-ebpf/rust-toolchain.toml");
+
     let ignore = std::fs::read_to_string(root.join("deploy/Dockerfile.dockerignore")).unwrap();
     for dir in ["target/", ".tools/", ".git/"] {
         assert!(ignore.lines().any(|l| l.trim() == dir), "build context keeps {dir}");
@@ -440,6 +521,7 @@ fn the_operator_guide_documents_every_config_key() {
     let sections = [
         ("", "zzUnknown = 1\n"),
         ("stateDetection.", "[stateDetection]\nzzUnknown = 1\n"),
+        ("stateCheck.", "[stateCheck]\nzzUnknown = 1\n"),
         ("counterDetection.", "[counterDetection]\nzzUnknown = 1\n"),
         ("counterDetection.counters[].", "[[counterDetection.counters]]\nname = \"x\"\nzzUnknown = 1\n"),
         ("kernelLog.", "[kernelLog]\nzzUnknown = 1\n"),

@@ -2,8 +2,8 @@
 //! kernel programs into [`OBJECT`] (relative to the repository root), where the agent's
 //! build script picks it up.
 //!
-//! Provisioning (TOOLCHAIN.md): the `nightly` toolchain with `rust-src` (for
-//! `-Z build-std=core`), and `bpf-linker` built against the nightly sysroot's own
+//! Provisioning (TOOLCHAIN.md): the pinned nightly toolchain [`TOOLCHAIN`] with `rust-src`
+//! (for `-Z build-std=core`), and `bpf-linker` built against the nightly sysroot's own
 //! libLLVM, installed into `.tools/`. A stamp file records what the linker was built
 //! against; a toolchain whose LLVM changed triggers a rebuild, anything else is reused.
 use anyhow::{Context, Result, bail, ensure};
@@ -14,9 +14,13 @@ use std::process::{Command, Stdio};
 
 /// Where the built object lands, relative to the repository root.
 pub const OBJECT: &str = "target/ebpf/nicmon-ebpf.o";
-const TOOLCHAIN: &str = "nightly";
+/// The dated nightly the kernel programs are built with (also `nicmon-ebpf/rust-toolchain.toml`
+/// and `deploy/Dockerfile`; a test keeps the three equal). Pinned because bpf-linker
+/// [`BPF_LINKER_VERSION`] supports a fixed range of LLVM majors (this one is LLVM 22.1):
+/// a floating `nightly` breaks the build the day its LLVM moves. Move both together.
+pub const TOOLCHAIN: &str = "nightly-2026-05-20";
 const BPF_TARGET: &str = "bpfel-unknown-none";
-const BPF_LINKER_VERSION: &str = "0.13.0";
+pub const BPF_LINKER_VERSION: &str = "0.13.0";
 
 #[derive(clap::Args, Default)]
 pub struct Options {
@@ -75,20 +79,32 @@ fn rustup() -> Command {
     c
 }
 
+/// The pinned toolchain's components: `rust-src` for `-Z build-std=core`, `clippy` for
+/// `cargo xtask test`'s lint of the eBPF crate.
+const COMPONENTS: [&str; 2] = ["rust-src", "clippy"];
+
 fn ensure_toolchain() -> Result<()> {
     let list = output(rustup().args(["toolchain", "list"]))
         .context("rustup is required to provision the nightly toolchain (https://rustup.rs)")?;
     if !list.lines().any(|l| l.starts_with(&format!("{TOOLCHAIN}-"))) {
-        step(format!("installing the {TOOLCHAIN} toolchain with rust-src"));
-        status(rustup().args(["toolchain", "install", TOOLCHAIN, "--profile", "minimal", "--component", "rust-src"]))?;
+        step(format!("installing the {TOOLCHAIN} toolchain with {}", COMPONENTS.join(", ")));
+        let mut cmd = rustup();
+        cmd.args(["toolchain", "install", TOOLCHAIN, "--profile", "minimal"]);
+        for c in COMPONENTS {
+            cmd.args(["--component", c]);
+        }
+        status(&mut cmd)?;
         return Ok(());
     }
-    let comps = output(rustup().args(["component", "list", "--installed", "--toolchain", TOOLCHAIN]))?;
-    if comps.lines().any(|l| l.trim() == "rust-src") {
-        step(format!("{TOOLCHAIN} toolchain with rust-src: present"));
-    } else {
-        step(format!("adding rust-src to the {TOOLCHAIN} toolchain"));
-        status(rustup().args(["component", "add", "rust-src", "--toolchain", TOOLCHAIN]))?;
+    let installed = output(rustup().args(["component", "list", "--installed", "--toolchain", TOOLCHAIN]))?;
+    for c in COMPONENTS {
+        // Listed as `rust-src`, or with the host triple: `clippy-x86_64-unknown-linux-gnu`.
+        if installed.lines().map(str::trim).any(|l| l == c || l.starts_with(&format!("{c}-"))) {
+            step(format!("{TOOLCHAIN} toolchain with {c}: present"));
+        } else {
+            step(format!("adding {c} to the {TOOLCHAIN} toolchain"));
+            status(rustup().args(["component", "add", c, "--toolchain", TOOLCHAIN]))?;
+        }
     }
     Ok(())
 }

@@ -5,7 +5,10 @@
 //! 2. provision the offline Kubernetes tools for the deployment tests (`deploy-tools`);
 //! 3. `cargo test --workspace` (unit, property, scenario and integration tests);
 //! 4. `cargo fmt --check` and `cargo clippy -D warnings` (host crates, then the eBPF crate
-//!    on its own, as a workspace-wide run would unify features).
+//!    on its own, as a workspace-wide run would unify features);
+//! 5. the host's real kernel log gained no mlx5/AER/NVRM/Xid line while the tests ran
+//!    (where it can be read): nothing the suite does may look like a fault to another
+//!    monitor on the machine.
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
@@ -33,6 +36,7 @@ fn step(name: &str, cmd: &mut Command) -> Result<()> {
 }
 
 pub fn run(opts: &Options) -> Result<()> {
+    let mut real_log = nicmon_tests::kernel_log::KernelLogWatch::start();
     let root = crate::build_ebpf::repo_root()?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     if !opts.no_ebpf {
@@ -59,17 +63,32 @@ pub fn run(opts: &Options) -> Result<()> {
         if !opts.no_ebpf {
             step(
                 "cargo clippy (nicmon-ebpf)",
-                // Through the rustup proxy with the nightly toolchain, as build-ebpf builds it
+                // Through the rustup proxy with the pinned nightly toolchain, as build-ebpf builds it
                 // ($CARGO is the stable cargo binary itself, which would ignore the toolchain).
                 Command::new("cargo")
                     .current_dir(root.join("nicmon-ebpf"))
-                    .env("RUSTUP_TOOLCHAIN", "nightly")
+                    .env("RUSTUP_TOOLCHAIN", crate::build_ebpf::TOOLCHAIN)
                     .env_remove("CARGO_TARGET_DIR")
                     .env_remove("RUSTFLAGS")
                     .env_remove("CARGO_ENCODED_RUSTFLAGS")
                     .args(["clippy", "--release", "--", "-D", "warnings"]),
             )?;
         }
+    }
+    eprintln!("==> the host's kernel log");
+    match real_log.as_mut() {
+        Ok(w) => {
+            let lines = w.watched_lines();
+            if !lines.is_empty() {
+                bail!(
+                    "the host's kernel log gained {} mlx5/AER/NVRM/Xid line(s) while the tests ran \
+                     (a test, or another process on this machine, wrote them): {lines:?}",
+                    lines.len()
+                );
+            }
+            eprintln!("no new mlx5/AER/NVRM/Xid line in /dev/kmsg while the tests ran");
+        }
+        Err(e) => eprintln!("SKIP the kernel log check: {e}"),
     }
     eprintln!("==> all checks passed");
     Ok(())

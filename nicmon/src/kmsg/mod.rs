@@ -5,11 +5,14 @@
 //! - [`attribution`] — which monitored NIC (card) a line is about;
 //! - [`matcher`] — [`process`]: (state, records, index, patterns, now) → (events, next
 //!   state, wake hints), with the soft lockup rule, per-card dedup and the resume cursor;
-//! - [`reader`] — the thin imperative part: a `/dev/kmsg` tail thread and `--kmsg FILE`.
+//! - [`reader`] — the thin imperative part: a `/dev/kmsg` tail thread and `--kmsg FILE`;
+//! - [`real_log`] — the only writer into the real `/dev/kmsg`: self-test lines that no
+//!   kernel-log monitor can mistake for a fault.
 pub mod attribution;
 pub mod matcher;
 pub mod pattern;
 pub mod reader;
+pub mod real_log;
 pub mod record;
 
 pub use attribution::{Departed, DeviceIndex, HostLinks, IndexEntry, Resolution, Target};

@@ -8,6 +8,7 @@
 //! 2. [`homogeneity`] — active ports per card against its role group's mode;
 //! 3. per port: [`ports`] — health boundary crossings, deferral of never-healthy ports, and
 //!    [`escalation`] of non-fatal ports to fatal (the 30 s grace, or at once by peers);
+//!    with [`flap`] damping (a flapping port is one fatal event, held until it settles);
 //!    then [`subnet_manager`] — LID / SM LID changes while ACTIVE;
 //! 4. [`homogeneity::card_events`] — card-level events no port event explains;
 //! 5. [`speed`] — link speed below the group's rate mode.
@@ -21,6 +22,7 @@ use crate::roles::{Classification, Role, device_link_layer};
 
 pub mod disappearance;
 pub mod escalation;
+pub mod flap;
 pub mod health;
 pub mod homogeneity;
 pub mod ports;
@@ -29,6 +31,7 @@ pub mod state;
 pub mod subnet_manager;
 
 pub use disappearance::MISSES_BEFORE_REPORT;
+pub use flap::{FlapConfig, FlapState};
 pub use health::{PortHealth, port_health, state_check};
 pub use ports::MAX_DEFERRED_POLLS;
 pub use state::{KnownDevice, LinkState, PortRecord, Reported, port_key};
@@ -39,6 +42,8 @@ pub struct StateConfig {
     /// A non-fatal port that was healthy in this boot escalates to fatal after this long.
     pub escalation_grace: Duration,
     pub speed_degradation_fatal: bool,
+    /// Flap damping (`[stateCheck] flapThreshold`, `flapWindow`, `flapSettle`).
+    pub flap: FlapConfig,
     /// Checks enabled (`--checks`).
     pub checks: BTreeSet<Check>,
 }
@@ -48,6 +53,7 @@ impl Default for StateConfig {
         StateConfig {
             escalation_grace: Duration::seconds(30),
             speed_degradation_fatal: false,
+            flap: FlapConfig::default(),
             checks: Check::ALL.into_iter().collect(),
         }
     }
@@ -59,6 +65,22 @@ pub struct Outcome {
     pub state: LinkState,
     /// Things worth a log line (deferred ports, settled uncabled ports).
     pub notes: Vec<String>,
+    /// The unhealthy transitions of ports this poll that flap damping counted.
+    pub flaps: Vec<FlapTransition>,
+}
+
+/// One unhealthy transition counted by flap damping (for its metric and log line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlapTransition {
+    pub device: String,
+    pub port: u32,
+    pub check: Check,
+    /// An event went out for it (below the threshold, or the "port flapping" event).
+    pub published: bool,
+    /// The port is held as flapping after it.
+    pub flapping: bool,
+    /// Transitions counted so far (in the window, or since the hold began).
+    pub transitions: u64,
 }
 
 /// What every step reads: this poll's inputs.
@@ -89,6 +111,7 @@ impl Ctx<'_> {
 pub(crate) struct Emitted {
     pub events: Vec<HealthEvent>,
     pub notes: Vec<String>,
+    pub flaps: Vec<FlapTransition>,
 }
 
 impl Emitted {
@@ -144,5 +167,5 @@ pub fn evaluate(
     homogeneity::card_events(&ctx, &cards, &mut st, &mut out);
     speed::speed(&ctx, &mut st, &mut out);
 
-    Outcome { events: out.events, state: st, notes: out.notes }
+    Outcome { events: out.events, state: st, notes: out.notes, flaps: out.flaps }
 }

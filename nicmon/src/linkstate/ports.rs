@@ -3,10 +3,11 @@
 //! healthy in this boot is deferred as "maybe uncabled" for up to [`MAX_DEFERRED_POLLS`]
 //! polls and reported only through its card (lesson 1, lesson 11).
 use super::escalation::escalate;
+use super::flap::{self, FlapState, Settle, Transition};
 use super::health::{PortHealth, healthy_text, port_health, state_text};
 use super::homogeneity::Cards;
 use super::state::{PortRecord, Reported};
-use super::{Ctx, Emitted};
+use super::{Ctx, Emitted, FlapTransition};
 use crate::event::{Check, Entity, HealthEvent};
 use crate::model::{Device, LinkLayer, Port};
 
@@ -46,6 +47,7 @@ impl PortView<'_> {
             speed_degraded: false,
             lid: None,
             sm_lid: None,
+            flap: FlapState::default(),
         }
     }
 }
@@ -66,8 +68,25 @@ pub(super) fn transition(
     match health {
         PortHealth::Unknown | PortHealth::Quiet => {}
         PortHealth::Healthy => {
-            if r.reported != Reported::Healthy {
-                pv.emit(ctx, out, HealthEvent::new(pv.check, ctx.stamp, ctx.now, &healthy_text(&d.name, port, ll)));
+            match r.flap.healthy(&ctx.cfg.flap, ctx.now) {
+                // Held as flapping: healthy is reported only once it has settled.
+                Settle::Settling => {
+                    r.was_healthy = true;
+                    r.unhealthy_since = None;
+                    return;
+                }
+                Settle::Settled { transitions, stable_for } => {
+                    let msg = format!(
+                        "{} - stable for {} s after flapping ({transitions} transitions)",
+                        healthy_text(&d.name, port, ll),
+                        stable_for.whole_seconds()
+                    );
+                    pv.emit(ctx, out, HealthEvent::new(pv.check, ctx.stamp, ctx.now, &msg));
+                }
+                Settle::NotHeld if r.reported != Reported::Healthy => {
+                    pv.emit(ctx, out, HealthEvent::new(pv.check, ctx.stamp, ctx.now, &healthy_text(&d.name, port, ll)));
+                }
+                Settle::NotHeld => {}
             }
             r.reported = Reported::Healthy;
             r.was_healthy = true;
@@ -91,6 +110,34 @@ pub(super) fn transition(
         PortHealth::Fatal | PortHealth::NonFatal { .. } => {
             let since = r.unhealthy_since.unwrap_or(ctx.now);
             r.unhealthy_since = Some(since);
+            // Healthy at the previous poll (held or not): this poll is an unhealthy transition.
+            if r.reported == Reported::Healthy || r.flap.held_and_healthy() {
+                match r.flap.unhealthy_transition(&ctx.cfg.flap, ctx.now) {
+                    Transition::Report => flap_counted(pv, r, true, out),
+                    Transition::StartsFlapping { transitions } => {
+                        let msg = format!(
+                            "{} - port flapping: {transitions} transitions in {} s, held until healthy for {} s",
+                            state_text(&d.name, port, ll),
+                            ctx.cfg.flap.window.whole_seconds(),
+                            ctx.cfg.flap.settle.whole_seconds()
+                        );
+                        let ev = HealthEvent::new(pv.check, ctx.stamp, ctx.now, &msg)
+                            .unhealthy(true)
+                            .error_code(flap::ERROR_CODE);
+                        pv.emit(ctx, out, ev);
+                        r.reported = Reported::Fatal;
+                        flap_counted(pv, r, true, out);
+                        return;
+                    }
+                    Transition::Held => {
+                        flap_counted(pv, r, false, out);
+                        return;
+                    }
+                }
+            }
+            if r.flap.is_flapping() {
+                return;
+            }
             let (fatal, why) = escalate(health, d.card.as_deref(), cards, since, ctx.now, ctx.cfg.escalation_grace);
             let now_reported = if fatal { Reported::Fatal } else { Reported::NonFatal };
             let crosses = match r.reported {
@@ -105,6 +152,18 @@ pub(super) fn transition(
             }
         }
     }
+}
+
+/// Say that flap damping counted an unhealthy transition of this port (metric, log line).
+fn flap_counted(pv: &PortView<'_>, r: &PortRecord, published: bool, out: &mut Emitted) {
+    out.flaps.push(FlapTransition {
+        device: pv.device.name.clone(),
+        port: pv.port.number,
+        check: pv.check,
+        published,
+        flapping: r.flap.is_flapping(),
+        transitions: r.flap.shown_transitions(),
+    });
 }
 
 /// Remember what was seen of the port this poll.

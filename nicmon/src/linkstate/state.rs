@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
+use super::flap::FlapState;
+
 /// What was last reported to the platform for a port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -40,6 +42,9 @@ pub struct PortRecord {
     pub lid: Option<u32>,
     #[serde(default)]
     pub sm_lid: Option<u32>,
+    /// Flap damping: recent unhealthy transitions, the hold and its settle clock.
+    #[serde(default, skip_serializing_if = "FlapState::is_quiet")]
+    pub flap: FlapState,
 }
 
 /// A monitored device seen in this boot (disappearance detection across restarts).

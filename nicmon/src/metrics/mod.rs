@@ -24,12 +24,19 @@ use crate::event::{Check, HealthEvent};
 /// Default of `--metrics-port`.
 pub const DEFAULT_PORT: u16 = 2112;
 
-/// `--metrics-port`, for `#[command(flatten)]`.
+/// Default of `--metrics-bind-address`.
+pub const DEFAULT_BIND: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+
+/// `--metrics-port` and `--metrics-bind-address`, for `#[command(flatten)]`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MetricsArgs {
     /// Port of the Prometheus `/metrics` and `/healthz` endpoint.
     #[arg(long, default_value_t = DEFAULT_PORT, value_name = "PORT")]
     pub metrics_port: u16,
+    /// Address the endpoint listens on (0.0.0.0: every interface; the chart passes the
+    /// node's IP, 127.0.0.1 keeps it local).
+    #[arg(long, default_value_t = DEFAULT_BIND, value_name = "IP")]
+    pub metrics_bind_address: std::net::IpAddr,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -127,6 +134,8 @@ pub struct Metrics {
 
     devices: Family<RoleLabels, Gauge>,
     port_healthy: Family<PortLabels, Gauge>,
+    port_flap_transitions: Family<PortLabels, Counter>,
+    port_flapping: Family<PortLabels, Gauge>,
     events_sent: Family<CheckLabels, Counter>,
     events_failed: Family<FailedLabels, Counter>,
     poll_duration: Histogram,
@@ -139,6 +148,9 @@ pub struct Metrics {
     kmsg_lost_seen: std::sync::atomic::AtomicU64,
     ebpf_embedded: Gauge,
     ebpf_available: Gauge,
+    kernel_log_watching: Gauge,
+    /// Why the kernel log is not watched (empty while it is).
+    kernel_log_reason: std::sync::Mutex<String>,
     reads_abandoned: Counter,
     /// The reader's cumulative abandoned-read count last added to `reads_abandoned`.
     reads_abandoned_seen: std::sync::atomic::AtomicU64,
@@ -162,6 +174,8 @@ impl Metrics {
             node: node.to_string(),
             devices: Family::default(),
             port_healthy: Family::default(),
+            port_flap_transitions: Family::default(),
+            port_flapping: Family::default(),
             events_sent: Family::default(),
             events_failed: Family::default(),
             poll_duration: Histogram::new(POLL_BUCKETS),
@@ -173,6 +187,8 @@ impl Metrics {
             kmsg_lost_seen: Default::default(),
             ebpf_embedded: Gauge::default(),
             ebpf_available: Gauge::default(),
+            kernel_log_watching: Gauge::default(),
+            kernel_log_reason: std::sync::Mutex::new("not started".into()),
             reads_abandoned: Counter::default(),
             reads_abandoned_seen: Default::default(),
             reads_stuck: Gauge::default(),
@@ -193,6 +209,16 @@ impl Metrics {
             "nicmon_port_healthy",
             "1 while a monitored port is healthy, 0 while it is not",
             m.port_healthy.clone(),
+        );
+        registry.register(
+            "nicmon_port_flap_transitions",
+            "Unhealthy transitions (healthy to unhealthy) of a monitored port, reported or held by flap damping",
+            m.port_flap_transitions.clone(),
+        );
+        registry.register(
+            "nicmon_port_flapping",
+            "1 while a port is held as flapping (one fatal event sent, further transitions not published)",
+            m.port_flapping.clone(),
         );
         registry.register("nicmon_events_sent", "Health events accepted by the sink, by check", m.events_sent.clone());
         registry.register(
@@ -239,6 +265,11 @@ impl Metrics {
             "nicmon_ebpf_available",
             "1 when the eBPF programs loaded and at least one hook is attached",
             m.ebpf_available.clone(),
+        );
+        registry.register(
+            "nicmon_kernel_log_watching",
+            "1 while the kernel log (/dev/kmsg) is watched, 0 when NICKernelLogCheck cannot see it",
+            m.kernel_log_watching.clone(),
         );
         registry.register(
             "nicmon_reads_abandoned",
@@ -322,6 +353,19 @@ impl Metrics {
         }
     }
 
+    /// An unhealthy transition of `device` port `port` (flap damping counted it).
+    pub fn port_flap_transition(&self, device: &str, port: u32) {
+        self.port_flap_transitions.get_or_create(&PortLabels { device: device.into(), port }).inc();
+    }
+
+    /// The ports held as flapping `(device, port)`, replacing the previous set.
+    pub fn set_flapping_ports<'a>(&self, ports: impl IntoIterator<Item = (&'a str, u32)>) {
+        self.port_flapping.clear();
+        for (device, port) in ports {
+            self.port_flapping.get_or_create(&PortLabels { device: device.into(), port }).set(1);
+        }
+    }
+
     /// Count the outcome of one `Sink::send` of `events` (one check's batch).
     pub fn record_dispatch(&self, check: Check, events: &[HealthEvent], result: &Result<(), SendError>) {
         if events.is_empty() {
@@ -372,6 +416,19 @@ impl Metrics {
     pub fn set_ebpf(&self, embedded: bool, available: bool) {
         self.ebpf_embedded.set(i64::from(embedded));
         self.ebpf_available.set(i64::from(available));
+    }
+
+    /// Whether the kernel log is watched; `why_not` says why it is not (ignored when it is).
+    pub fn set_kernel_log_watching(&self, watching: bool, why_not: &str) {
+        self.kernel_log_watching.set(i64::from(watching));
+        let mut reason = self.kernel_log_reason.lock().unwrap_or_else(|p| p.into_inner());
+        *reason = if watching { String::new() } else { why_not.to_string() };
+    }
+
+    /// Whether the kernel log is watched, and why not when it is not.
+    pub fn kernel_log_watching(&self) -> (bool, String) {
+        let reason = self.kernel_log_reason.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        (self.kernel_log_watching.get() == 1, reason)
     }
 
     /// Where the roles came from this cycle: `metadata`, `sysfs` or `none`.
@@ -460,6 +517,10 @@ mod tests {
         m.set_devices_by_role([("compute", 8), ("storage", 2)]);
         m.set_devices_discovered(Check::InfiniBandStateCheck, 10);
         m.set_port_health([("mlx5_0", 1, true), ("mlx5_3", 1, false)]);
+        m.port_flap_transition("mlx5_3", 1);
+        m.port_flap_transition("mlx5_3", 1);
+        m.set_flapping_ports([("mlx5_0", 1)]);
+        m.set_flapping_ports([("mlx5_3", 1)]);
         let ev =
             HealthEvent::new(Check::InfiniBandStateCheck, &Stamp::default(), time::OffsetDateTime::UNIX_EPOCH, "down")
                 .unhealthy(true);
@@ -471,6 +532,9 @@ mod tests {
         m.set_ebpf_hook_attached("qdisc_reset", true);
         m.set_ebpf_hook_attached("netif_carrier_off", false);
         m.set_ebpf(true, true);
+        assert_eq!(m.kernel_log_watching(), (false, "not started".to_string()));
+        m.set_kernel_log_watching(true, "");
+        assert_eq!(m.kernel_log_watching(), (true, String::new()));
         m.set_topology_source("metadata");
         m.set_topology_source("sysfs");
         m.set_saturated_counters([("mlx5_0", 1, "port_rcv_errors")]);
@@ -486,6 +550,8 @@ mod tests {
             r#"nicmon_devices{role="storage"} 2"#,
             r#"nicmon_port_healthy{device="mlx5_0",port="1"} 1"#,
             r#"nicmon_port_healthy{device="mlx5_3",port="1"} 0"#,
+            r#"nicmon_port_flap_transitions_total{device="mlx5_3",port="1"} 2"#,
+            r#"nicmon_port_flapping{device="mlx5_3",port="1"} 1"#,
             r#"nicmon_events_sent_total{check="InfiniBandStateCheck"} 1"#,
             r#"nicmon_events_sent_total{check="NICKernelLogCheck"} 0"#,
             r#"nicmon_events_failed_total{check="EthernetStateCheck",kind="retryable"} 2"#,
@@ -498,6 +564,7 @@ mod tests {
             "nicmon_kmsg_records_lost_total 5",
             "nicmon_ebpf_embedded 1",
             "nicmon_ebpf_available 1",
+            "nicmon_kernel_log_watching 1",
             r#"nic_health_monitor_devices_discovered{node="gpu-node-1",check="InfiniBandStateCheck"} 10"#,
             r#"nic_health_monitor_health_events_sent_total{node="gpu-node-1",check="InfiniBandStateCheck",is_fatal="true"} 1"#,
             r#"nic_health_monitor_health_events_sent_total{node="gpu-node-1",check="EthernetStateCheck",is_fatal="false"} 0"#,
@@ -509,6 +576,7 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
         }
         assert!(!text.contains(r#"source="metadata""#), "old source kept:\n{text}");
+        assert!(!text.contains(r#"nicmon_port_flapping{device="mlx5_0""#), "settled port kept:\n{text}");
         assert!(text.ends_with("# EOF\n"));
     }
 }

@@ -64,9 +64,9 @@ pub struct MetricsServer {
     pub task: JoinHandle<()>,
 }
 
-/// Listen on `0.0.0.0:port` (`--metrics-port`) and serve in a background task.
-pub async fn start(port: u16, metrics: Arc<Metrics>, liveness: Liveness) -> std::io::Result<MetricsServer> {
-    let listener = TcpListener::bind(("0.0.0.0", port)).await?;
+/// Listen on `addr` (`--metrics-bind-address`, `--metrics-port`) and serve in a background task.
+pub async fn start(addr: SocketAddr, metrics: Arc<Metrics>, liveness: Liveness) -> std::io::Result<MetricsServer> {
+    let listener = TcpListener::bind(addr).await?;
     Ok(serve(listener, metrics, liveness))
 }
 
@@ -114,12 +114,14 @@ fn respond(req: &Request<Incoming>, metrics: &Metrics, liveness: &Liveness) -> R
         "/healthz" => {
             let age = liveness.age_at(Instant::now());
             // Stuck host reads do not stall the loop (they are abandoned at their
-            // deadline): the status stays 200 and the body names them.
+            // deadline): the status stays 200 and the body names them, after the kernel
+            // log's line.
             let mut body = if liveness.is_alive() {
                 "ok\n".to_string()
             } else {
                 format!("poll loop stalled: last cycle completed {age:.1?} ago\n")
             };
+            body.push_str(&kernel_log_line(metrics));
             for line in metrics.stuck_reads() {
                 body.push_str(&line);
                 body.push('\n');
@@ -128,6 +130,16 @@ fn respond(req: &Request<Incoming>, metrics: &Metrics, liveness: &Liveness) -> R
             text(status, body)
         }
         _ => text(StatusCode::NOT_FOUND, "not found: try /metrics or /healthz\n".into()),
+    }
+}
+
+/// `/healthz`'s second line: `nicmon_kernel_log_watching` and, at 0, why. A kernel log
+/// that cannot be read does not fail liveness (a restart would not fix it), but it is
+/// said where the probe and an operator look.
+fn kernel_log_line(metrics: &Metrics) -> String {
+    match metrics.kernel_log_watching() {
+        (true, _) => "kernel_log_watching 1\n".into(),
+        (false, why) => format!("kernel_log_watching 0 ({why})\n"),
     }
 }
 
@@ -142,6 +154,15 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn healthz_says_whether_the_kernel_log_is_watched() {
+        let m = Metrics::new("n");
+        m.set_kernel_log_watching(false, "/dev/kmsg: Operation not permitted");
+        assert_eq!(kernel_log_line(&m), "kernel_log_watching 0 (/dev/kmsg: Operation not permitted)\n");
+        m.set_kernel_log_watching(true, "");
+        assert_eq!(kernel_log_line(&m), "kernel_log_watching 1\n");
+    }
 
     #[test]
     fn liveness_window_is_three_intervals() {

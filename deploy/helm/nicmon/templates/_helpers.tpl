@@ -70,6 +70,7 @@ app.kubernetes.io/part-of: nicmon
 - --processing-strategy={{ .Values.processingStrategy }}
 {{- if .Values.metrics.enabled }}
 - --metrics-port={{ .Values.metrics.port }}
+- --metrics-bind-address={{ .Values.metrics.bindAddress | default "$(HOST_IP)" }}
 {{- else }}
 - --no-metrics
 {{- end }}
