@@ -208,9 +208,9 @@ pub fn measure(bin: &Path, mode: Mode, reps: usize, interval: &str, tag: &str) -
     Ok(Samples { mode, ms, delivered_ms, hooks_log })
 }
 
-/// What [`storm`] measured.
+/// What [`cpu_storm`] measured.
 #[derive(Debug, Clone)]
-pub struct Storm {
+pub struct CpuStorm {
     /// Carrier changes made.
     pub toggles: u64,
     pub seconds: f64,
@@ -227,7 +227,7 @@ fn cpu_ticks(pid: u32) -> Result<u64, String> {
 
 /// Run the daemon `bin` in `mode` and flap a veth it watches as fast as `ip -batch` can for
 /// `seconds`; returns the daemon's CPU share over that time.
-pub fn storm(bin: &Path, mode: Mode, seconds: u64, tag: &str) -> Result<Storm, String> {
+pub fn cpu_storm(bin: &Path, mode: Mode, seconds: u64, tag: &str) -> Result<CpuStorm, String> {
     let mut veth = Veth::create(tag)?;
     let mut node = Node::new(&format!("storm-{}", mode.name()));
     let rc = node.root_complex(0, 0);
@@ -270,7 +270,7 @@ pub fn storm(bin: &Path, mode: Mode, seconds: u64, tag: &str) -> Result<Storm, S
         }
         let wall = t0.elapsed().as_secs_f64();
         let c1 = cpu_ticks(pid)?;
-        Ok::<_, String>(Storm { toggles, seconds: wall, cpu_pct: (c1 - c0) as f64 / 100.0 / wall * 100.0 })
+        Ok::<_, String>(CpuStorm { toggles, seconds: wall, cpu_pct: (c1 - c0) as f64 / 100.0 / wall * 100.0 })
     })();
     let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
     let _ = child.wait();

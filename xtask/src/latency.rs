@@ -6,7 +6,7 @@
 use std::process::Command;
 
 use anyhow::{Result, bail};
-use nicmon_tests::latency::{Mode, measure, storm};
+use nicmon_tests::latency::{Mode, cpu_storm, measure};
 
 #[derive(clap::Args)]
 pub struct Options {
@@ -80,7 +80,7 @@ pub fn run(opts: &Options) -> Result<()> {
         eprintln!("==> wake storm: a veth flapped as fast as possible for {} s (eBPF path)", opts.storm_seconds);
         let tag = format!("nms{}", std::process::id() % 10000);
         let mode = if rows.iter().any(|r| r.0 == Mode::Ebpf) { Mode::Ebpf } else { Mode::Rtnetlink };
-        match storm(&bin, mode, opts.storm_seconds, &tag) {
+        match cpu_storm(&bin, mode, opts.storm_seconds, &tag) {
             Ok(s) => println!(
                 "wake storm ({}): {} carrier changes in {:.0} s ({:.0}/s): daemon CPU {:.2} % of one core [bar < 5 %]: {}",
                 mode.name(),
