@@ -18,6 +18,7 @@ use tokio::signal::unix::{Signal, SignalKind};
 use tokio::sync::mpsc;
 
 use crate::cycle::{Monitor, MonitorOptions, Poll};
+use crate::discovery;
 use crate::dispatch::{GrpcConfig, Sink, SinkSpec};
 use crate::event::Check;
 use crate::kmsg::{Delivery, KmsgTail, Record, Start};
@@ -113,8 +114,9 @@ pub struct Daemon<'a> {
     pending_records: Vec<Record>,
     /// When the last wake-driven poll started (the rate limit's reference).
     last_wake_poll: Option<tokio::time::Instant>,
-    /// (device, netdev, PCI address) of the last poll: what a wake-up's hint can name.
-    last_devices: Vec<(String, Option<String>, Option<String>)>,
+    /// The last full poll's snapshot: what a wake-up's hint can name, and the base of a
+    /// targeted poll.
+    last_snapshot: Option<crate::model::Snapshot>,
     writer: state::Writer,
     trace_latencies: BTreeMap<&'static str, Vec<f64>>,
 }
@@ -196,7 +198,7 @@ impl<'a> Daemon<'a> {
             tick,
             pending_records: Vec::new(),
             last_wake_poll: None,
-            last_devices: Vec::new(),
+            last_snapshot: None,
             writer: state::Writer::new(&opts.state_file),
             trace_latencies: BTreeMap::new(),
         })
@@ -282,6 +284,8 @@ impl<'a> Daemon<'a> {
     }
 
     /// One cycle: read → decide, then act — metrics, logs, trace, and the outbox's commit.
+    /// Wake-ups whose hints name devices first get a targeted poll of those devices (its
+    /// events are dispatched first), then the full poll follows (SPEC §1.8).
     fn cycle(&mut self, woke: &[Wake]) {
         while let Ok(d) = self.kmsg.try_recv() {
             if let Delivery::Records(r) = d {
@@ -289,36 +293,70 @@ impl<'a> Daemon<'a> {
             }
         }
         let woke_at = Instant::now();
-        // A wake-up naming a device (by its name, its netdev or its PCI address): its
-        // static attributes are read again in this poll.
-        for w in woke {
-            if let crate::wake::Hint::Name(n) = &w.hint {
-                for (dev, netdev, pci) in &self.last_devices {
-                    if dev == n || netdev.as_ref() == Some(n) || pci.as_ref() == Some(n) {
-                        self.monitor.statics.invalidate(dev);
+        let mut targets: Vec<String> = Vec::new();
+        if let Some(last) = &self.last_snapshot {
+            for w in woke {
+                if let crate::wake::Hint::Name(n) = &w.hint {
+                    for dev in discovery::devices_named(&self.monitor.host, last, n) {
+                        if !targets.contains(&dev) {
+                            targets.push(dev);
+                        }
                     }
                 }
             }
         }
+        // A wake-up naming a device: its static attributes are read again now.
+        for dev in &targets {
+            self.monitor.statics.invalidate(dev);
+        }
+        let mut traced = false;
+        if let Some(base) = self.last_snapshot.as_ref().filter(|_| !targets.is_empty()) {
+            if let Some(obs) = self.monitor.observe_targeted(&self.state.checks, base, &targets) {
+                let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, OffsetDateTime::now_utc(), &[]);
+                let elapsed = woke_at.elapsed();
+                let kind = PollKind::Targeted(&targets);
+                self.act(poll, woke, woke_at, elapsed, kind, Vec::new());
+                traced = true;
+            }
+        }
+        let started = Instant::now();
         let records = std::mem::take(&mut self.pending_records);
         let poll = self.monitor.poll(&self.state.checks, &self.loaded, OffsetDateTime::now_utc(), &records);
-        let elapsed = woke_at.elapsed();
+        let elapsed = started.elapsed();
         self.metrics.observe_poll(elapsed);
-        self.last_devices =
-            poll.snapshot.devices.iter().map(|d| (d.name.clone(), d.netdev.clone(), d.pci_address.clone())).collect();
+        self.last_snapshot = Some(poll.snapshot.clone());
         for w in woke {
             self.metrics.wakeup(w.hook.name());
         }
+        let kind = if traced { PollKind::FullAfterTargeted } else { PollKind::Full };
+        self.act(poll, woke, if traced { started } else { woke_at }, elapsed, kind, records);
+    }
+
+    /// Act on one poll's result: notes, logs, trace, metrics, then the outbox's commit.
+    /// `records`: the kernel log records the poll consumed (kept for the next poll when
+    /// the commit is refused).
+    fn act(
+        &mut self,
+        poll: Poll,
+        woke: &[Wake],
+        woke_at: Instant,
+        elapsed: Duration,
+        kind: PollKind<'_>,
+        records: Vec<Record>,
+    ) {
         for n in &poll.notes {
             tracing::info!("{n}");
         }
         log_flaps(&poll.flaps);
         if self.opts.trace {
-            print_trace(woke, woke_at, &poll, elapsed);
-            let end = crate::wake::monotonic_ns();
-            for w in woke {
-                if let Some(k) = w.kernel_ts_ns {
-                    self.trace_latencies.entry(w.hook.name()).or_default().push(end.saturating_sub(k) as f64 / 1e6);
+            print_trace(woke, woke_at, &poll, elapsed, &kind);
+            // Kernel → the end of the first poll that served the wake-up.
+            if !matches!(kind, PollKind::FullAfterTargeted) {
+                let end = crate::wake::monotonic_ns();
+                for w in woke {
+                    if let Some(k) = w.kernel_ts_ns {
+                        self.trace_latencies.entry(w.hook.name()).or_default().push(end.saturating_sub(k) as f64 / 1e6);
+                    }
                 }
             }
         }
@@ -340,7 +378,9 @@ impl<'a> Daemon<'a> {
                 self.pending_records.splice(0..0, records);
             }
         }
-        self.liveness.cycle_completed();
+        if !matches!(kind, PollKind::Targeted(_)) {
+            self.liveness.cycle_completed();
+        }
     }
 
     fn save(&mut self) {
@@ -524,9 +564,28 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
     }
 }
 
+/// Which poll of a cycle (`nicmon trace` says it).
+enum PollKind<'a> {
+    /// Only these devices, read for a wake-up naming them.
+    Targeted(&'a [String]),
+    /// The full poll of a cycle without a targeted one.
+    Full,
+    /// The full poll following a targeted one.
+    FullAfterTargeted,
+}
+
+impl std::fmt::Display for PollKind<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PollKind::Targeted(d) => write!(f, "targeted({})", d.join(",")),
+            PollKind::Full | PollKind::FullAfterTargeted => f.write_str("full"),
+        }
+    }
+}
+
 /// One trace line per wake-up and poll: the hook, the kernel timestamp, when the agent
 /// woke, when the poll ended, the events it produced and the latencies between them.
-fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapsed: Duration) {
+fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapsed: Duration, kind: &PollKind<'_>) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     let poll_end_ns = crate::wake::monotonic_ns();
@@ -539,7 +598,7 @@ fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapse
             .unwrap_or_else(|| "-".into());
         let _ = writeln!(
             out,
-            "wake hook={} kernel_ns={} hint={:?} kernel->agent_ms={} coalesce_wait_ms={:.3} poll_ms={:.3} kernel->poll_end_ms={} events={}",
+            "wake hook={} poll={kind} kernel_ns={} hint={:?} kernel->agent_ms={} coalesce_wait_ms={:.3} poll_ms={:.3} kernel->poll_end_ms={} events={}",
             w.hook.name(),
             kernel,
             w.hint,

@@ -142,6 +142,42 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
 
 /// The InfiniBand character-device class directories, each entry mapped to its device and
 /// port through its own `ibdev` and `port` attributes (never through its number).
+/// The targeted read of a hinted wake-up (SPEC §1.8): `base` (the previous full poll's
+/// snapshot) with only the devices in `names` read again, by the same code as a full poll.
+/// `None` when the device set is not `base`'s any more (a full poll must see that).
+pub fn rediscover(host: &Host, plan: &ReadPlan, base: &Snapshot, names: &[String]) -> Option<Snapshot> {
+    let listed = host.list_sys("class/infiniband");
+    if listed.len() != base.devices.len() || !base.devices.iter().all(|d| listed.contains(&d.name)) {
+        return None;
+    }
+    let mut s = base.clone();
+    for d in s.devices.iter_mut().filter(|d| names.contains(&d.name)) {
+        *d = read_device(host, &d.name, plan);
+    }
+    Some(s)
+}
+
+/// The devices a wake-up hint names in `snapshot`: a device by its name, its netdev or its
+/// PCI address (of the function, or the card's `dddd:bb:dd`); failing those, a netdev
+/// whose `device/infiniband` lists devices (a second port's netdev).
+pub fn devices_named(host: &Host, snapshot: &Snapshot, hint: &str) -> Vec<String> {
+    let named: Vec<String> = snapshot
+        .devices
+        .iter()
+        .filter(|d| {
+            d.name == hint
+                || d.netdev.as_deref() == Some(hint)
+                || d.pci_address.as_deref() == Some(hint)
+                || d.card.as_deref() == Some(hint)
+        })
+        .map(|d| d.name.clone())
+        .collect();
+    if !named.is_empty() || hint.contains('/') || hint.starts_with('.') {
+        return named;
+    }
+    ib_devices_of_iface(host, hint).into_iter().filter(|n| snapshot.devices.iter().any(|d| &d.name == n)).collect()
+}
+
 pub fn char_devices(host: &Host) -> CharDevices {
     let read_dir = |dir: &str, kinds: &[CharKind]| -> ClassDir {
         let rel = format!("class/{dir}");
