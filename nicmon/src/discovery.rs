@@ -64,6 +64,9 @@ struct CacheInner {
     /// The device listing the entries were read under.
     names: Vec<String>,
     by_device: BTreeMap<String, Statics>,
+    /// Per device: files found absent (`ENOENT`) in this incarnation, not tried again until
+    /// the device's static attributes are read again.
+    absent: BTreeMap<String, std::collections::BTreeSet<String>>,
     /// Static attribute sets read so far (one per device read from the host).
     reads: u64,
 }
@@ -73,6 +76,20 @@ impl StaticCache {
     pub fn invalidate(&self, device: &str) {
         if let Ok(mut c) = self.inner.lock() {
             c.by_device.remove(device);
+            c.absent.remove(device);
+        }
+    }
+
+    /// Whether `rel` was found absent on `device` in this incarnation.
+    fn is_absent(&self, device: &str, rel: &str) -> bool {
+        self.inner.lock().map(|c| c.absent.get(device).is_some_and(|a| a.contains(rel))).unwrap_or(false)
+    }
+
+    fn mark_absent(&self, device: &str, rel: &str) {
+        if let Ok(mut c) = self.inner.lock()
+            && c.by_device.contains_key(device)
+        {
+            c.absent.entry(device.to_string()).or_default().insert(rel.to_string());
         }
     }
 
@@ -88,6 +105,7 @@ impl StaticCache {
         {
             c.names = names.to_vec();
             c.by_device.clear();
+            c.absent.clear();
         }
     }
 
@@ -100,6 +118,7 @@ impl StaticCache {
         if let Ok(mut c) = self.inner.lock() {
             c.reads += 1;
             c.by_device.insert(device.to_string(), statics);
+            c.absent.remove(device);
         }
     }
 }
@@ -332,8 +351,22 @@ fn read_port(host: &Host, dev: &str, n: u32, netdev: Option<&str>, plan: Option<
                 Some(rel) => rel,
                 None => continue,
             };
-            if let Some(v) = host.read_sys(&rel).ok().and_then(|raw| parse::counter(&raw)) {
-                counters.insert(path.clone(), v);
+            let cache = plan.statics.as_deref();
+            if cache.is_some_and(|c| c.is_absent(dev, &rel)) {
+                continue;
+            }
+            match host.read_sys(&rel) {
+                Ok(raw) => {
+                    if let Some(v) = parse::counter(&raw) {
+                        counters.insert(path.clone(), v);
+                    }
+                }
+                Err(ReadError::Missing) => {
+                    if let Some(c) = cache {
+                        c.mark_absent(dev, &rel);
+                    }
+                }
+                Err(_) => {}
             }
         }
     }
@@ -460,6 +493,35 @@ mod tests {
 
     fn fw_of(s: &Snapshot, dev: &str) -> Option<String> {
         s.devices.iter().find(|d| d.name == dev).and_then(|d| d.fw_ver.clone())
+    }
+
+    fn counter_of(s: &Snapshot, dev: &str, path: &str) -> Option<u64> {
+        s.devices.iter().find(|d| d.name == dev).and_then(|d| d.ports[0].counters.get(path).copied())
+    }
+
+    #[test]
+    fn absent_counters_are_remembered_per_device_incarnation() {
+        let node = Platform::H100Oci.build();
+        let host = Host::new(node.sys(), node.proc());
+        let cache = Arc::new(StaticCache::default());
+        let path = "hw_counters/not_on_this_card";
+        let plan = ReadPlan { statics: Some(cache.clone()), counter_paths: vec![path.into()], ..ReadPlan::default() };
+        let first = discover(&host, &plan);
+        assert_eq!(counter_of(&first, "mlx5_0", path), None);
+        let file = node.sys().join(&node.info["mlx5_0"].ib_dir).join("ports/1").join(path);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, "7\n").unwrap();
+        // Same incarnation: the absent file is not tried again.
+        assert_eq!(counter_of(&discover(&host, &plan), "mlx5_0", path), None);
+        // A wake-up naming the device (or a new incarnation, or the 60 s refresh): tried again.
+        cache.invalidate("mlx5_0");
+        assert_eq!(counter_of(&discover(&host, &plan), "mlx5_0", path), Some(7));
+        // Without a cache every poll tries every file.
+        std::fs::remove_file(&file).unwrap();
+        let plain = ReadPlan { counter_paths: vec![path.into()], ..ReadPlan::default() };
+        assert_eq!(counter_of(&discover(&host, &plain), "mlx5_0", path), None);
+        std::fs::write(&file, "8\n").unwrap();
+        assert_eq!(counter_of(&discover(&host, &plain), "mlx5_0", path), Some(8));
     }
 
     #[test]
