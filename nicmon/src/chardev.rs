@@ -13,9 +13,10 @@
 //!   (`REPLACE_VM`, `errorCode = [<kind>]`), latched;
 //! - a latched entry recovers (one healthy event, same error code) only when it is seen
 //!   again; a latched entry no longer expected (its device gone or unreadable) is held;
-//! - a class directory that is absent or unreadable holds the state of every entry it
-//!   serves (no miss counted, nothing reported): an absent `infiniband_mad` is a node
-//!   without `ib_umad`, not a mass failure. The other directory is still evaluated;
+//! - a class directory that is needed and absent or unreadable holds the whole check's
+//!   state for that poll (no miss counted, nothing reported or recovered, for the entries
+//!   of both directories): an absent `infiniband_mad` is a node without `ib_umad`, not a
+//!   mass failure, and a half-listed class tree is no evidence either (upstream's rule);
 //! - changing the issm mode while entries are latched re-baselines: one check-scoped clear
 //!   (healthy, no entities, 1 s earlier), then the latched entries still expected and
 //!   still missing are reported again; the others are dropped.
@@ -191,11 +192,12 @@ pub fn evaluate(
         };
         if !prev.held_dirs.contains(dir) {
             notes.push(format!(
-                "InfiniBandCharDeviceCheck: {why}: the state of its character devices is held until it can be read"
+                "InfiniBandCharDeviceCheck: {why}: the state of every character device is held until it can be read"
             ));
         }
         next.held_dirs.insert(dir.to_string());
     }
+    let hold_all = !next.held_dirs.is_empty();
 
     // A changed issm mode with faults latched: clear everything this check reported, then
     // re-assert what is still missing (an issm latch made under "always" would otherwise be
@@ -218,7 +220,12 @@ pub fn evaluate(
         let k = key.key();
         let latched = prev.missing_char_devices.contains_key(&k);
         let misses = prev.misses.get(&k).copied().unwrap_or(0);
-        let seen = present.get(&key.kind).cloned().flatten().map(|s| s.contains(&(key.device.clone(), key.port)));
+        let seen = present
+            .get(&key.kind)
+            .cloned()
+            .flatten()
+            .filter(|_| !hold_all)
+            .map(|s| s.contains(&(key.device.clone(), key.port)));
         let mut finding = Finding {
             kind: key.kind,
             device: key.device.clone(),
@@ -232,6 +239,9 @@ pub fn evaluate(
             None => {
                 if latched {
                     next.missing_char_devices.insert(k.clone(), key.clone());
+                    if rebaseline {
+                        events.push(missing_event(key, stamp, now));
+                    }
                 }
                 if misses > 0 {
                     next.misses.insert(k, misses);
@@ -334,6 +344,7 @@ mod tests {
             function: Function::Pf,
             netdev: None,
             ports: (1..=ports).map(|n| Port { number: n, link_layer: Some(ll.clone()), ..Port::default() }).collect(),
+            unknown: Default::default(),
         }
     }
 
@@ -456,7 +467,7 @@ mod tests {
     }
 
     #[test]
-    fn an_absent_or_unreadable_directory_holds_its_entries() {
+    fn an_absent_or_unreadable_directory_holds_the_whole_check() {
         let mut s = snap();
         remove(&mut s, CharKind::Umad, "mlx5_1", Some(1));
         let mut st = CharDevState::default();
@@ -464,20 +475,32 @@ mod tests {
             st = run(&st, &s, IssmMode::Never, at).state;
         }
         assert!(st.missing_char_devices.contains_key("umad/mlx5_1_1"));
-        // ib_umad unloaded: no recovery, no new misses, one note.
+        // ib_umad unloaded: no recovery, no new misses (the verbs entries included), one note.
         s.char_devices.mad = ClassDir::Absent;
         remove(&mut s, CharKind::Uverbs, "mlx5_0", None);
         let out = run(&st, &s, IssmMode::Never, 3);
         assert!(out.events.is_empty());
         assert_eq!(out.notes.len(), 1, "{:?}", out.notes);
+        assert!(out.notes[0].contains("class/infiniband_mad is absent"), "{:?}", out.notes);
         assert!(out.state.missing_char_devices.contains_key("umad/mlx5_1_1"));
-        // The verbs directory is still evaluated.
-        assert_eq!(out.state.misses.get("uverbs/mlx5_0_0"), Some(&1));
-        let out = run(&out.state, &s, IssmMode::Never, 4);
-        assert!(out.notes.is_empty(), "noted once");
+        assert!(out.state.misses.is_empty(), "the verbs directory's entries are held too: {:?}", out.state.misses);
+        assert!(out.findings.iter().all(|f| f.present.is_none()));
+        let mut st = out.state;
+        for at in 4..8 {
+            let out = run(&st, &s, IssmMode::Never, at);
+            assert!(out.notes.is_empty(), "noted once");
+            assert!(out.events.is_empty(), "{:?}", out.events);
+            st = out.state;
+        }
         s.char_devices.mad = ClassDir::Unreadable("not a directory".into());
-        let out = run(&out.state, &s, IssmMode::Never, 5);
-        assert!(out.events.iter().all(|e| e.error_code == ["uverbs"]), "{:?}", out.events);
+        assert!(run(&st, &s, IssmMode::Never, 8).events.is_empty());
+        // Readable again: the uverbs loss now counts from its first miss.
+        let mut s2 = snap();
+        remove(&mut s2, CharKind::Umad, "mlx5_1", Some(1));
+        remove(&mut s2, CharKind::Uverbs, "mlx5_0", None);
+        let out = run(&st, &s2, IssmMode::Never, 9);
+        assert!(out.events.is_empty());
+        assert_eq!(out.state.misses.get("uverbs/mlx5_0_0"), Some(&1));
     }
 
     #[test]

@@ -94,6 +94,8 @@ pub fn run_check(args: &CheckArgs) -> Result<String> {
         Report::new(&monitor.stamp.node_name, boot_id, &poll.snapshot, &monitor.topology, &poll.roles, poll.events)
             .with_flaps(&poll.next.links);
     report.char_devices = poll.char_devices;
+    report.held_ports = poll.holds.held;
+    report.blips = poll.holds.blips;
     if poll.snapshot.devices.is_empty() {
         tracing::warn!("{}", no_devices_note(&monitor.host));
     }

@@ -26,7 +26,7 @@ pub const TOP_LEVEL_KEYS: [&str; 9] = [
     "charDeviceCheck",
 ];
 pub const STATE_DETECTION_KEYS: [&str; 2] = ["escalationGraceSeconds", "speedDegradationFatal"];
-pub const STATE_CHECK_KEYS: [&str; 3] = ["flapThreshold", "flapWindow", "flapSettle"];
+pub const STATE_CHECK_KEYS: [&str; 4] = ["portStateHoldDown", "flapThreshold", "flapWindow", "flapSettle"];
 pub const CHAR_DEVICE_CHECK_KEYS: [&str; 1] = ["issm"];
 
 /// Default location of the config file in the DaemonSet.
@@ -35,8 +35,8 @@ pub const DEFAULT_PATH: &str = "/etc/nic-health-monitor/config.toml";
 #[derive(Debug, Clone)]
 pub struct Config {
     pub filters: NicFilters,
-    /// `sysClassInfinibandPath` / `sysClassNetPath`, when set (informational: nicmon reads
-    /// everything under one `--sysfs` root; see [`Config::path_warnings`]).
+    /// `sysClassInfinibandPath` / `sysClassNetPath`, when set: without `--sysfs` they decide
+    /// the sysfs root ([`crate::paths`]).
     pub sys_class_infiniband_path: Option<String>,
     pub sys_class_net_path: Option<String>,
     /// `[stateDetection] escalationGraceSeconds`: a port that was healthy and is still in a
@@ -44,6 +44,9 @@ pub struct Config {
     pub escalation_grace_secs: u64,
     /// `[stateDetection] speedDegradationFatal`: make `LinkSpeedDegraded` fatal.
     pub speed_degradation_fatal: bool,
+    /// `[stateCheck] portStateHoldDown` (Go duration): how long a port that was reported
+    /// healthy may be unhealthy before it is reported; shorter is a blip (0: off).
+    pub port_state_hold_down: std::time::Duration,
     /// `[stateCheck] flapThreshold`, `flapWindow`, `flapSettle`: flap damping (SPEC §1.3).
     pub flap: FlapConfig,
     /// `[counterDetection]`: the merged, validated counter rules (001 §10); empty when
@@ -69,6 +72,7 @@ impl Default for Config {
             sys_class_net_path: None,
             escalation_grace_secs: 30,
             speed_degradation_fatal: false,
+            port_state_hold_down: std::time::Duration::ZERO,
             flap: FlapConfig::default(),
             counter_rules: CounterDetection::default().rules().unwrap_or_default(),
             issm: IssmMode::default(),
@@ -124,25 +128,6 @@ impl Config {
         }
     }
 
-    /// Warnings for `sysClass*Path` values that are not where nicmon reads, under `sysfs`
-    /// (the NVSentinel keys name the two directories; nicmon takes one `--sysfs` root).
-    pub fn path_warnings(&self, sysfs: &Path) -> Vec<String> {
-        let pairs = [
-            ("sysClassInfinibandPath", &self.sys_class_infiniband_path, "class/infiniband"),
-            ("sysClassNetPath", &self.sys_class_net_path, "class/net"),
-        ];
-        pairs
-            .into_iter()
-            .filter_map(|(key, value, rel)| {
-                let value = value.as_deref()?;
-                let read = sysfs.join(rel);
-                (Path::new(value.trim_end_matches('/')) != read).then(|| {
-                    format!("config: {key} = {value:?} is not used: nicmon reads {} (set --sysfs)", read.display())
-                })
-            })
-            .collect()
-    }
-
     /// Parse the file's text. Never panics.
     pub fn parse(path: &str, text: &str) -> Result<Config, ConfigError> {
         let fail = |kind: ConfigErrorKind| ConfigError { path: path.to_string(), kind };
@@ -191,6 +176,13 @@ impl Config {
                     for (k, v) in t {
                         let full = format!("stateCheck.{k}");
                         match k.as_str() {
+                            "portStateHoldDown" => {
+                                cfg.port_state_hold_down = v
+                                    .as_str()
+                                    .ok_or_else(|| "expected a string".to_string())
+                                    .and_then(crate::upstream::go_duration)
+                                    .map_err(|e| err(format!("{full} = {v}: {e}")))?
+                            }
                             "flapThreshold" => {
                                 cfg.flap.threshold = v
                                     .as_integer()
@@ -330,8 +322,8 @@ enabled = true
             "[counterDetection]\n[[counterDetection.counters]]\nname = \"port_xmit_wait\"\nenabled = false\n",
         )
         .unwrap();
-        assert!(!c.counter_rules.iter().any(|r| r.name == "port_xmit_wait"));
-        assert!(c.counter_rules.iter().any(|r| r.name == "link_downed"));
+        // Replace, not merge: a list whose one entry is disabled watches nothing.
+        assert!(c.counter_rules.is_empty(), "{:?}", c.counter_rules);
         let e = Config::parse("c.toml", "[[kernelLog.patterns]]\nname = \"x\"\nregex = \"(\"\n").unwrap_err();
         assert!(e.to_string().contains("regex"), "{e}");
     }
@@ -351,8 +343,8 @@ enabled = true
         assert!(known.ends_with(&format!("(known keys: {})", TOP_LEVEL_KEYS.join(", "))), "{known}");
         let all = "nicExclusionRegex = \"^lo$\"\nnicInclusionRegexOverride = \"\"\nsysClassInfinibandPath = \"/a\"\n\
                    sysClassNetPath = \"/b\"\n[stateDetection]\nescalationGraceSeconds = 5\nspeedDegradationFatal = true\n\
-                   [stateCheck]\nflapThreshold = 4\nflapWindow = \"2m\"\nflapSettle = 30\n\
-                   [counterDetection]\n[kernelLog]\n[charDeviceCheck]\nissm = \"always\"\n";
+                   [counterDetection]\n[kernelLog]\n[charDeviceCheck]\nissm = \"always\"\n\
+                   [stateCheck]\nportStateHoldDown = \"2s\"\nflapThreshold = 4\nflapWindow = \"2m\"\nflapSettle = 30\n";
         let c = Config::parse("x.toml", all).unwrap();
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
         assert!(TOP_LEVEL_KEYS.iter().all(|k| all.contains(&format!("{k} =")) || all.contains(&format!("[{k}]"))));
@@ -396,6 +388,14 @@ enabled = true
     fn issm_mode() {
         assert_eq!(Config::parse("x.toml", "").unwrap().issm, IssmMode::Never);
         assert_eq!(Config::parse("x.toml", "[charDeviceCheck]\nissm = \"never\"").unwrap().issm, IssmMode::Never);
+        let hd = |v: &str| Config::parse("x.toml", &format!("[stateCheck]\nportStateHoldDown = {v}"));
+        assert_eq!(hd("\"1m30s\"").unwrap().port_state_hold_down, std::time::Duration::from_secs(90));
+        assert_eq!(hd("\"0\"").unwrap().port_state_hold_down, std::time::Duration::ZERO);
+        assert_eq!(Config::default().port_state_hold_down, std::time::Duration::ZERO);
+        for bad in ["\"soon\"", "5", "\"-1s\""] {
+            let e = hd(bad).unwrap_err().to_string();
+            assert!(e.contains("x.toml") && e.contains(&format!("stateCheck.portStateHoldDown = {bad}")), "{e}");
+        }
         let e = Config::parse("x.toml", "[charDeviceCheck]\nissm = \"auto\"").unwrap_err().to_string();
         assert!(e.contains("charDeviceCheck.issm = \"auto\"") && e.contains("never"), "{e}");
         assert!(Config::parse("x.toml", "[charDeviceCheck]\nissm = 1").is_err());
@@ -436,19 +436,6 @@ enabled = true
         assert!(matches!(kind("[[kernelLog.patterns]]\nname = \"x\"\nregex = \"(\"\n"), ConfigErrorKind::KernelLog(_)));
         let dir = tempfile::tempdir().unwrap();
         assert!(matches!(Config::load(dir.path()).unwrap_err().kind, ConfigErrorKind::Read(_)));
-    }
-
-    #[test]
-    fn sys_class_paths_that_disagree_with_sysfs_are_warned_about() {
-        let c = Config::parse(
-            "c",
-            "sysClassInfinibandPath = \"/nvsentinel/sys/class/infiniband/\"\nsysClassNetPath = \"/sys/class/net\"",
-        )
-        .unwrap();
-        assert!(c.path_warnings(Path::new("/nvsentinel/sys")).len() == 1);
-        let w = c.path_warnings(Path::new("/nvsentinel/sys")).remove(0);
-        assert!(w.contains("sysClassNetPath") && w.contains("/nvsentinel/sys/class/net"), "{w}");
-        assert!(Config::default().path_warnings(Path::new("/sys")).is_empty());
     }
 
     proptest! {

@@ -85,6 +85,8 @@ pub struct Poll {
     pub stuck_reads: Vec<(std::path::PathBuf, std::time::Duration)>,
     /// The character devices expected (and those held latched), for the report.
     pub char_devices: Vec<chardev::Finding>,
+    /// Ports held by `portStateHoldDown` this poll, and held transitions that were blips.
+    pub holds: linkstate::Holds,
     /// Unhealthy port transitions flap damping counted this poll (published or held).
     pub flaps: Vec<linkstate::FlapTransition>,
 }
@@ -95,7 +97,7 @@ impl Monitor {
     /// topology once (its notes are logged).
     pub fn open(opts: &MonitorOptions) -> Result<Monitor> {
         let config = Config::load(&opts.config)?;
-        for w in config.warnings.iter().chain(&config.path_warnings(&opts.sysfs)) {
+        for w in &config.warnings {
             tracing::warn!("{w}");
         }
         let host = Host::new(&opts.sysfs, &opts.procfs).with_boot_id_path(opts.boot_id_path.clone());
@@ -121,6 +123,7 @@ impl Monitor {
             state_config: StateConfig {
                 escalation_grace: Duration::seconds(config.escalation_grace_secs as i64),
                 speed_degradation_fatal: config.speed_degradation_fatal,
+                port_state_hold_down: Duration::try_from(config.port_state_hold_down).unwrap_or(Duration::MAX),
                 flap: config.flap,
                 checks,
             },
@@ -220,9 +223,11 @@ impl Monitor {
         // values are the previous poll's, at an earlier instant); the character devices and
         // kernel log records wait for the full poll that follows.
         let read_now = |name: &str| targeted.as_ref().is_none_or(|t| t.iter().any(|n| n == name));
+        // A port whose link layer is unreadable is judged with its last known one.
+        let snapshot = linkstate::with_known_link_layers(&prev.links, snapshot);
         let roles = roles::classify(&snapshot, &self.topology, &self.config.filters);
         let first_poll = prev.polls == 0;
-        let reboot = matches!(loaded, Loaded::Rebooted { .. }) && first_poll;
+        let reboot = loaded.owes_baselines() && first_poll;
 
         let mut events = Vec::new();
         if reboot {
@@ -231,6 +236,7 @@ impl Monitor {
         let out = linkstate::evaluate(&prev.links, first_poll, &snapshot, &roles, &self.state_config, now, &self.stamp);
         events.extend(out.events);
         let mut notes = out.notes;
+        let holds = out.holds;
         let flaps = out.flaps;
 
         // Counters of monitored PF ports only: management NICs and VFs are never evaluated.
@@ -241,9 +247,17 @@ impl Monitor {
             .filter(|d| monitored(&d.name) && !d.is_vf() && read_now(&d.name))
             .flat_map(|d| d.ports.iter().map(move |p| CounterPort::new(&d.name, p)))
             .collect();
-        let (counter_events, counter_state) =
+        let (counter_events, mut counter_state) =
             counters::evaluate(&prev.counters, &ports, &self.config.counter_rules, now, reboot, &self.stamp);
         events.extend(counter_events);
+        for (device, port, rule) in
+            counters::went_unreadable(&prev.counters, &mut counter_state, &ports, &self.config.counter_rules)
+        {
+            notes.push(format!(
+                "counter {rule} on {device} port {port}: unreadable (file gone, or not a number such as N/A): \
+                 not evaluated until it reads a number again"
+            ));
+        }
         let mut char_devices = Vec::new();
         let mut char_state = prev.char_devices.clone();
         if self.state_config.checks.contains(&Check::InfiniBandCharDeviceCheck) && targeted.is_none() {
@@ -276,7 +290,7 @@ impl Monitor {
             char_devices: char_state,
             einval,
         };
-        Poll { snapshot, roles, events, next, notes, reads_abandoned, stuck_reads, char_devices, flaps }
+        Poll { snapshot, roles, events, next, notes, reads_abandoned, stuck_reads, char_devices, holds, flaps }
     }
 }
 

@@ -21,7 +21,7 @@ use crate::cycle::{Monitor, MonitorOptions, Poll};
 use crate::discovery;
 use crate::dispatch::{GrpcConfig, Sink, SinkSpec};
 use crate::event::Check;
-use crate::kmsg::{Delivery, KmsgTail, Record, Start};
+use crate::kmsg::{self, Delivery, KmsgTail, Record, Start};
 use crate::metrics::Metrics;
 use crate::metrics::server::{self as metrics_server, Liveness, MetricsServer};
 use crate::outbox::Courier;
@@ -39,6 +39,9 @@ pub const WAKE_POLL_GAP: Duration = Duration::from_millis(50);
 /// [`crate::host::Deadlines::poll`]) and the final save, exit comes within 5 s of SIGTERM
 /// whatever is stuck; what was not delivered stays in the outbox for the next start.
 pub const SHUTDOWN_FLUSH: Duration = Duration::from_secs(2);
+/// Kernel log batches handed over but not yet taken by the loop (each at most
+/// [`kmsg::reader::MAX_BATCH_BYTES`] of text).
+const KMSG_CHANNEL_BATCHES: usize = 2;
 
 /// Everything `nicmon run` needs, resolved from flags.
 pub struct RunOptions {
@@ -106,11 +109,16 @@ pub struct Daemon<'a> {
     liveness: Liveness,
     _server: Option<MetricsServer>,
     wakes: Option<WakeSource>,
-    kmsg: mpsc::UnboundedReceiver<Delivery>,
+    /// Declared before `_tail`, so dropped first: a tail thread blocked on a full channel
+    /// then ends, and dropping the tail (which joins it) cannot wait for ever.
+    kmsg: mpsc::Receiver<Delivery>,
     _tail: Option<KmsgTail>,
     courier: Courier,
     sigterm: Signal,
     tick: tokio::time::Interval,
+    /// When the earliest port held by `portStateHoldDown` is due: a poll then reports it
+    /// (or finds it recovered) without waiting for the next tick.
+    hold_due: Option<tokio::time::Instant>,
     pending_records: Vec<Record>,
     /// When the last wake-driven poll started (the rate limit's reference).
     last_wake_poll: Option<tokio::time::Instant>,
@@ -161,7 +169,9 @@ impl<'a> Daemon<'a> {
             None => None,
         };
         let wakes = if opts.no_wake { None } else { Some(start_wakes(&opts.wake, &metrics)) };
-        let (kmsg_tx, kmsg) = mpsc::unbounded_channel::<Delivery>();
+        // Bounded: a kernel log flood (or a huge file at --kmsg-path) waits in the kernel's
+        // ring or the file, not in the daemon's memory.
+        let (kmsg_tx, kmsg) = mpsc::channel::<Delivery>(KMSG_CHANNEL_BATCHES);
         let kmsg_wanted = opts.monitor.checks.contains(&Check::NICKernelLogCheck) && monitor.config.kernel_log.enabled;
         let tail = match &opts.kmsg_path {
             Some(p) if kmsg_wanted => start_kmsg(p, state.checks.kmsg.last_seq, kmsg_tx, &metrics),
@@ -177,7 +187,8 @@ impl<'a> Daemon<'a> {
         };
         let sink = Sink::lazy(&opts.sink, opts.grpc.clone());
         let pause = opts.grpc.retry.initial_backoff.max(Duration::from_millis(50));
-        let courier = Courier::start(sink, &state.outbox, opts.sink.queue_bounds(&opts.grpc), metrics.clone(), pause);
+        let courier =
+            Courier::start(sink, &state.outbox, Some(opts.sink.queue_bounds(&opts.grpc)), metrics.clone(), pause);
         let sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
         let mut tick = tokio::time::interval(opts.interval.min(Duration::from_secs(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -196,6 +207,7 @@ impl<'a> Daemon<'a> {
             courier,
             sigterm,
             tick,
+            hold_due: None,
             pending_records: Vec::new(),
             last_wake_poll: None,
             last_snapshot: None,
@@ -253,8 +265,12 @@ impl<'a> Daemon<'a> {
         let metrics = &self.metrics;
         let (tick, sigterm, records) = (&mut self.tick, &mut self.sigterm, &mut self.pending_records);
         let rate_limit_until = self.last_wake_poll.map(|t| t + WAKE_POLL_GAP);
+        let hold_due = self.hold_due;
         tokio::select! {
             _ = tick.tick() => Wakeup::Poll(Vec::new()),
+            _ = async { match hold_due { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
+                Wakeup::Poll(Vec::new())
+            }
             Some(w) = async { match wakes.as_mut() { Some(w) => w.recv().await, None => std::future::pending().await } } => {
                 let mut woke = vec![w];
                 // Rate limit: within the gap after the previous wake-driven poll, wait for
@@ -291,6 +307,17 @@ impl<'a> Daemon<'a> {
             if let Delivery::Records(r) = d {
                 self.pending_records.extend(r);
             }
+            if self.pending_records.len() >= kmsg::MAX_PENDING_RECORDS {
+                break;
+            }
+        }
+        let dropped = kmsg::keep_newest(&mut self.pending_records);
+        if dropped > 0 {
+            tracing::warn!(
+                dropped,
+                "kernel log records waiting for a committed poll exceed the bound: the oldest are dropped \
+                 (counted as lost records by their sequence gap)"
+            );
         }
         let woke_at = Instant::now();
         let mut targets: Vec<String> = Vec::new();
@@ -367,13 +394,36 @@ impl<'a> Daemon<'a> {
             }
         }
 
+        // The earliest held port's due time (rounded up; measured from after the poll, whose
+        // clock reading was earlier, so the poll then finds it due).
+        self.hold_due = poll
+            .holds
+            .held
+            .iter()
+            .map(|h| h.left_ms.max(0) as u64 + 1)
+            .min()
+            .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
         let writer = &mut self.writer;
         match self.courier.commit(&mut self.state, poll.next, &poll.events, |state| writer.save(state, Instant::now()))
         {
-            Ok(()) => self.loaded = Loaded::Resumed,
+            Ok(()) => {
+                self.loaded = Loaded::Resumed;
+                // Counted once committed: a poll that runs again finds the same blip.
+                for b in &poll.holds.blips {
+                    tracing::info!(
+                        check = %b.check,
+                        device = %b.device,
+                        port = b.port,
+                        "port recovered within portStateHoldDown: blip, not reported"
+                    );
+                    self.metrics.port_state_blip(b.check, &b.device, b.port);
+                }
+            }
             Err(full) => {
-                // Direct publishing's bounded queue: a poll whose events do not fit is not
-                // committed (its state does not advance) and runs again on the next cycle.
+                // The bounded outbox: a poll whose events do not fit is not committed (its
+                // state does not advance) and runs again on the next cycle. So nothing queued
+                // is dropped, and once there is room the poll queues the newest state of every
+                // (check, entity) against what was last committed.
                 tracing::warn!("{full}: this poll is not committed and runs again");
                 self.pending_records.splice(0..0, records);
             }
@@ -396,6 +446,9 @@ fn load_state(path: &std::path::Path, boot_id: Option<&str>) -> (State, Loaded) 
         Loaded::Rebooted { .. } => tracing::info!("boot ID changed: state from the previous boot cleared"),
         Loaded::Missing => tracing::info!(path = %path.display(), "no state file: first start"),
         Loaded::Resumed => tracing::info!(pending = st.outbox.len(), "resuming from the state file"),
+        Loaded::Imported { baselines_owed } => {
+            tracing::info!(baselines_owed, "imported NVSentinel's schema-v2 state file of this boot")
+        }
     }
     (st, loaded)
 }
@@ -436,10 +489,11 @@ fn start_wakes(opts: &WakeOptions, metrics: &Metrics) -> WakeSource {
 fn start_kmsg(
     path: &std::path::Path,
     last_seq: Option<u64>,
-    tx: mpsc::UnboundedSender<Delivery>,
+    tx: mpsc::Sender<Delivery>,
     metrics: &Metrics,
 ) -> Option<KmsgTail> {
-    match KmsgTail::spawn(path, Start::from_cursor(last_seq), move |d| tx.send(d).is_ok()) {
+    // The tail is a plain thread: it may block on the bounded channel.
+    match KmsgTail::spawn(path, Start::from_cursor(last_seq), move |d| tx.blocking_send(d).is_ok()) {
         Ok(t) => {
             tracing::info!(path = %path.display(), "kernel log watched");
             metrics.set_kernel_log_watching(true, "");
@@ -521,16 +575,40 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
     }
     metrics.set_devices_by_role(by_role);
     let mut ports = Vec::new();
+    let mut unknown = Vec::new();
     for d in &poll.snapshot.devices {
         if poll.roles.get(&d.name).map(|c| c.monitored).unwrap_or(false) {
             for p in &d.ports {
-                ports.push((d.name.as_str(), p.number, p.is_healthy()));
+                unknown.extend(p.unknown.keys().map(|a| (d.name.as_str(), p.number, a.as_str())));
+                // Unknown is not a value: a port whose state is unknown is neither healthy
+                // nor unhealthy, so it is left out of the health gauge.
+                if p.unknown_state().is_none() {
+                    ports.push((d.name.as_str(), p.number, p.is_healthy()));
+                }
             }
         }
     }
-    let monitored = ports.len();
     metrics.set_port_health(ports);
-    metrics.set_devices_discovered(Check::InfiniBandStateCheck, monitored);
+    metrics.set_unknown_attributes(unknown);
+    // Monitored PFs per state check (by link layer); InfiniBand ones for the char-device check.
+    let mut discovered: std::collections::BTreeMap<Check, usize> = Default::default();
+    for d in poll.snapshot.devices.iter().filter(|d| !d.is_vf()) {
+        if !poll.roles.get(&d.name).map(|c| c.monitored).unwrap_or(false) {
+            continue;
+        }
+        let ll = crate::roles::device_link_layer(d);
+        if let Some(check) = ll.and_then(crate::linkstate::state_check) {
+            *discovered.entry(check).or_default() += 1;
+        }
+        if ll == Some(&crate::model::LinkLayer::InfiniBand) {
+            *discovered.entry(Check::InfiniBandCharDeviceCheck).or_default() += 1;
+        }
+    }
+    for check in
+        [Check::InfiniBandStateCheck, Check::EthernetStateCheck, Check::EFAStateCheck, Check::InfiniBandCharDeviceCheck]
+    {
+        metrics.set_devices_discovered(check, discovered.get(&check).copied().unwrap_or(0));
+    }
     metrics.set_read_health(poll.reads_abandoned, &poll.stuck_reads);
     metrics.kmsg_records_lost(poll.next.kmsg.lost_records);
     metrics.set_saturated_counters(poll.next.counters.saturated());
@@ -550,14 +628,18 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
             .unwrap_or(0);
         let Some(check) = e.check() else { continue };
         match check {
-            Check::InfiniBandStateCheck | Check::EthernetStateCheck | Check::InfiniBandCharDeviceCheck => {
-                metrics.state_check_error(check, dev.unwrap_or(""), port)
-            }
-            Check::InfiniBandDegradationCheck | Check::EthernetDegradationCheck | Check::EFADegradationCheck
-                if !e.message.contains("CounterSaturated") =>
-            {
+            Check::InfiniBandStateCheck
+            | Check::EthernetStateCheck
+            | Check::EFAStateCheck
+            | Check::InfiniBandCharDeviceCheck => metrics.state_check_error(check, dev.unwrap_or(""), port),
+            Check::InfiniBandDegradationCheck | Check::EthernetDegradationCheck | Check::EFADegradationCheck => {
+                // The counter rule is the event's error code; a saturated counter's event is
+                // not a threshold breach (no thresholds are evaluated while it is saturated).
                 let counter = e.error_code.first().map(String::as_str).unwrap_or("");
-                metrics.counter_threshold_breach(counter, dev.unwrap_or(""), port, e.is_fatal)
+                let dev = dev.unwrap_or("");
+                if !poll.next.counters.is_saturated(dev, port, counter) {
+                    metrics.counter_threshold_breach(counter, dev, port, e.is_fatal)
+                }
             }
             _ => {}
         }
@@ -617,11 +699,142 @@ fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapse
             e.check_name, e.is_healthy, e.is_fatal, ents, e.message
         );
     }
-    for f in poll.flaps.iter().filter(|f| !f.published) {
+    for h in &poll.holds.held {
+        let _ = writeln!(
+            out,
+            "  held {} [NIC={} NICPort={}] {} - reported in {:.3} s unless it recovers (portStateHoldDown)",
+            h.check,
+            h.device,
+            h.port,
+            h.state,
+            h.left_ms as f64 / 1e3
+        );
+    }
+    for b in &poll.holds.blips {
+        let flap = poll.flaps.iter().find(|f| f.device == b.device && f.port == b.port);
+        let counted = match flap {
+            Some(f) if f.flapping && f.published => {
+                format!("; counted for flap damping ({} transitions): port flapping", f.transitions)
+            }
+            Some(f) if f.flapping => format!("; the port is held as flapping ({} transitions)", f.transitions),
+            Some(f) if f.transitions > 0 => format!("; counted for flap damping ({} in the window)", f.transitions),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "  blip {} [NIC={} NICPort={}] recovered within portStateHoldDown: not reported{counted}",
+            b.check, b.device, b.port
+        );
+    }
+    for f in poll.flaps.iter().filter(|f| !f.published && f.flapping) {
         let _ = writeln!(
             out,
             "  held {} [NIC={} NICPort={}] unhealthy transition while flapping ({} since the hold began): not published",
             f.check, f.device, f.port, f.transitions
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::counters::eval::Saturation;
+    use crate::event::{Entity, HealthEvent, Stamp};
+
+    fn degradation(counter: &str, fatal: bool) -> HealthEvent {
+        HealthEvent::new(Check::InfiniBandDegradationCheck, &Stamp::default(), OffsetDateTime::UNIX_EPOCH, "x")
+            .entities(vec![Entity::nic("mlx5_0".to_string()), Entity::port(1)])
+            .error_code(counter)
+            .unhealthy(fatal)
+    }
+
+    /// The breach metric comes from the event's typed fields and the counters' state: a
+    /// saturated counter's event is not a breach, whatever its message says.
+    #[test]
+    fn breaches_are_counted_from_typed_fields_saturation_excluded() {
+        let mut next = crate::state::CheckState::default();
+        next.counters.saturation_flags.insert(
+            crate::counters::counter_key("mlx5_0", 1, "link_downed"),
+            Saturation {
+                check_name: Check::InfiniBandDegradationCheck.as_str().into(),
+                value: 255,
+                since: OffsetDateTime::UNIX_EPOCH,
+            },
+        );
+        let poll = Poll {
+            snapshot: Default::default(),
+            roles: Default::default(),
+            events: vec![degradation("symbol_error", true), degradation("link_downed", false)],
+            next,
+            notes: Vec::new(),
+            reads_abandoned: 0,
+            stuck_reads: Vec::new(),
+            char_devices: Vec::new(),
+            flaps: Vec::new(),
+            holds: Default::default(),
+        };
+        let metrics = Metrics::new("n");
+        update_metrics(&metrics, &poll);
+        let text = metrics.encode();
+        let breaches: Vec<&str> =
+            text.lines().filter(|l| l.starts_with("nic_health_monitor_counter_threshold_breaches_total{")).collect();
+        assert_eq!(breaches.len(), 1, "{breaches:#?}");
+        assert!(breaches[0].contains("symbol_error") && breaches[0].ends_with(" 1"), "{}", breaches[0]);
+    }
+
+    /// A port whose state is unknown is neither healthy nor unhealthy in the metrics: it is
+    /// left out of `nicmon_port_healthy` and shown by `nicmon_port_attribute_unknown`.
+    #[test]
+    fn an_unknown_port_is_not_exported_as_unhealthy() {
+        use crate::model::{Device, Function, PhysState, Port, PortState};
+        let port = |n: u32, state: Option<PortState>| Port {
+            number: n,
+            state: state.clone(),
+            phys_state: Some(PhysState::LinkUp),
+            unknown: if state.is_none() {
+                [("state".to_string(), "empty".to_string())].into()
+            } else {
+                Default::default()
+            },
+            ..Port::default()
+        };
+        let dev = Device {
+            name: "mlx5_0".into(),
+            unsupported: None,
+            pci_address: None,
+            card: None,
+            numa_node: None,
+            hca_type: None,
+            fw_ver: None,
+            board_id: None,
+            driver: None,
+            function: Function::Pf,
+            netdev: None,
+            ports: vec![port(1, Some(PortState::Active)), port(2, None)],
+            unknown: Default::default(),
+        };
+        let classification =
+            crate::roles::Classification { monitored: true, reason: None, role: None, role_reason: None };
+        let poll = Poll {
+            snapshot: crate::model::Snapshot { devices: vec![dev], ..Default::default() },
+            roles: [("mlx5_0".to_string(), classification)].into(),
+            events: Vec::new(),
+            next: Default::default(),
+            notes: Vec::new(),
+            reads_abandoned: 0,
+            stuck_reads: Vec::new(),
+            char_devices: Vec::new(),
+            flaps: Vec::new(),
+            holds: Default::default(),
+        };
+        let metrics = Metrics::new("n");
+        update_metrics(&metrics, &poll);
+        let text = metrics.encode();
+        assert!(text.contains(r#"nicmon_port_healthy{device="mlx5_0",port="1"} 1"#), "{text}");
+        assert!(!text.contains(r#"nicmon_port_healthy{device="mlx5_0",port="2"}"#), "{text}");
+        assert!(
+            text.contains(r#"nicmon_port_attribute_unknown{device="mlx5_0",port="2",attribute="state"} 1"#),
+            "{text}"
         );
     }
 }

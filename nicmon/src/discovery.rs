@@ -10,7 +10,8 @@ use regex::Regex;
 
 use crate::host::{Host, ReadError};
 use crate::model::{
-    CharDevices, CharKind, CharNode, ClassDir, Device, Function, LinkLayer, PciGpu, PciPresence, Port, Snapshot,
+    CharDevices, CharKind, CharNode, ClassDir, Device, Function, LinkLayer, PciGpu, PciPresence, PhysState, Port,
+    PortState, Snapshot,
 };
 use crate::parse;
 
@@ -41,7 +42,8 @@ struct Statics {
     driver: Option<String>,
     vendor: Option<u32>,
     function: Function,
-    numa_node: Option<i32>,
+    /// The value (`-1` included), and why it is unknown when it is.
+    numa_node: (Option<i32>, Option<String>),
     hca_type: Option<String>,
     fw_ver: Option<String>,
     board_id: Option<String>,
@@ -230,6 +232,32 @@ fn opt(r: Result<String, ReadError>) -> Option<String> {
     r.ok().and_then(|s| parse::text(&s).map(str::to_string))
 }
 
+/// An attribute read and parsed, or why it is unknown: the read failed, it was empty, or
+/// `known` says the parsed value is not one nicmon can judge (an `Unknown` variant).
+fn attribute<T>(
+    r: Result<String, ReadError>,
+    parse: impl Fn(&str) -> Option<T>,
+    known: impl Fn(&T) -> bool,
+) -> (Option<T>, Option<String>) {
+    match r {
+        Err(e) => (None, Some(e.to_string())),
+        Ok(raw) => match (parse(&raw), parse::text(&raw)) {
+            (_, None) => (None, Some("empty".to_string())),
+            (Some(v), _) if known(&v) => (Some(v), None),
+            (v, Some(t)) => (v, Some(format!("unparsable value {:?}", clip(t)))),
+        },
+    }
+}
+
+/// At most 64 characters of a value, for a message.
+fn clip(t: &str) -> String {
+    let mut out: String = t.chars().take(64).collect();
+    if out.len() < t.len() {
+        out.push('…');
+    }
+    out
+}
+
 /// Read the static attributes of device `name` (see [`StaticCache`]).
 fn read_statics(host: &Host, base: &str, link: Option<String>) -> Statics {
     let pci_address = host
@@ -250,7 +278,12 @@ fn read_statics(host: &Host, base: &str, link: Option<String>) -> Statics {
         driver: host.link_name_sys(&format!("{base}/device/driver")),
         vendor: host.read_sys(&format!("{base}/device/vendor")).ok().and_then(|v| parse::hex_u32(&v)),
         function,
-        numa_node: host.read_sys(&format!("{base}/device/numa_node")).ok().and_then(|v| parse::numa_node(&v)),
+        // `-1` is a value (no NUMA affinity); unreadable or garbage is unknown.
+        numa_node: attribute(
+            host.read_sys(&format!("{base}/device/numa_node")),
+            |v| parse::text(v).and_then(|t| t.parse::<i32>().ok()),
+            |n| *n >= -1,
+        ),
         hca_type: opt(host.read_sys(&format!("{base}/hca_type"))),
         fw_ver: opt(host.read_sys(&format!("{base}/fw_ver"))),
         board_id: opt(host.read_sys(&format!("{base}/board_id"))),
@@ -304,17 +337,23 @@ fn read_device(host: &Host, name: &str, plan: &ReadPlan) -> Device {
             if efa {
                 // The efa driver reports an unspecified link layer (`Unknown`).
                 port.link_layer = Some(LinkLayer::Efa);
+                port.unknown.remove("link_layer");
             }
             port
         })
         .collect();
 
+    let (numa_node, numa_unknown) = numa_node;
+    let mut unknown = BTreeMap::new();
+    if let Some(why) = numa_unknown {
+        unknown.insert("numa_node".to_string(), why);
+    }
     Device {
         name: name.to_string(),
         unsupported,
         pci_address,
         card,
-        numa_node,
+        numa_node: numa_node.filter(|n| *n >= 0),
         hca_type,
         fw_ver,
         board_id,
@@ -322,6 +361,7 @@ fn read_device(host: &Host, name: &str, plan: &ReadPlan) -> Device {
         function,
         netdev,
         ports,
+        unknown,
     }
 }
 
@@ -344,6 +384,24 @@ fn port_netdev(host: &Host, base: &str, netdevs: &[String], n: u32) -> Option<St
 fn read_port(host: &Host, dev: &str, n: u32, netdev: Option<&str>, plan: Option<&ReadPlan>) -> Port {
     let dir = format!("class/infiniband/{dev}/ports/{n}");
     let read = |f: &str| host.read_sys(&format!("{dir}/{f}")).ok();
+    let mut unknown = BTreeMap::new();
+    let (link_layer, why) = attribute(host.read_sys(&format!("{dir}/link_layer")), parse::link_layer, |l| {
+        !matches!(l, LinkLayer::Unknown(_))
+    });
+    if let Some(why) = why {
+        unknown.insert("link_layer".to_string(), why);
+    }
+    let (state, why) =
+        attribute(host.read_sys(&format!("{dir}/state")), parse::port_state, |s| !matches!(s, PortState::Unknown(_)));
+    if let Some(why) = why {
+        unknown.insert("state".to_string(), why);
+    }
+    let (phys_state, why) = attribute(host.read_sys(&format!("{dir}/phys_state")), parse::phys_state, |s| {
+        !matches!(s, PhysState::Unknown(_))
+    });
+    if let Some(why) = why {
+        unknown.insert("phys_state".to_string(), why);
+    }
     let mut counters = BTreeMap::new();
     if let Some(plan) = plan {
         for path in &plan.counter_paths {
@@ -372,9 +430,9 @@ fn read_port(host: &Host, dev: &str, n: u32, netdev: Option<&str>, plan: Option<
     }
     Port {
         number: n,
-        link_layer: read("link_layer").and_then(|v| parse::link_layer(&v)),
-        state: read("state").and_then(|v| parse::port_state(&v)),
-        phys_state: read("phys_state").and_then(|v| parse::phys_state(&v)),
+        link_layer,
+        state,
+        phys_state,
         rate: read("rate").and_then(|v| parse::rate(&v)),
         lid: read("lid").and_then(|v| parse::hex_u32(&v)),
         sm_lid: read("sm_lid").and_then(|v| parse::hex_u32(&v)),
@@ -385,6 +443,7 @@ fn read_port(host: &Host, dev: &str, n: u32, netdev: Option<&str>, plan: Option<
             .and_then(|nd| host.read_sys(&format!("class/net/{nd}/carrier")).ok())
             .and_then(|v| parse::carrier(&v)),
         counters,
+        unknown,
     }
 }
 

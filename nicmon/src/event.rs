@@ -18,6 +18,7 @@ pub const COMPONENT_CLASS: &str = "NIC";
 pub enum Check {
     InfiniBandStateCheck,
     EthernetStateCheck,
+    EFAStateCheck,
     InfiniBandDegradationCheck,
     EthernetDegradationCheck,
     EFADegradationCheck,
@@ -26,9 +27,10 @@ pub enum Check {
 }
 
 impl Check {
-    pub const ALL: [Check; 7] = [
+    pub const ALL: [Check; 8] = [
         Check::InfiniBandStateCheck,
         Check::EthernetStateCheck,
+        Check::EFAStateCheck,
         Check::InfiniBandDegradationCheck,
         Check::EthernetDegradationCheck,
         Check::EFADegradationCheck,
@@ -40,6 +42,7 @@ impl Check {
         match self {
             Check::InfiniBandStateCheck => "InfiniBandStateCheck",
             Check::EthernetStateCheck => "EthernetStateCheck",
+            Check::EFAStateCheck => "EFAStateCheck",
             Check::InfiniBandDegradationCheck => "InfiniBandDegradationCheck",
             Check::EthernetDegradationCheck => "EthernetDegradationCheck",
             Check::EFADegradationCheck => "EFADegradationCheck",

@@ -345,7 +345,13 @@ fn read_regular(path: &Path, limit: usize, past: Past) -> Result<Vec<u8>, ReadEr
     // read's deadline, like any stuck read.
     let file =
         std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOCTTY).open(path).map_err(|e| classify(&e))?;
-    file_kind(&file.metadata().map_err(|e| classify(&e))?)?;
+    let opened = file.metadata().map_err(|e| classify(&e))?;
+    file_kind(&opened)?;
+    // A file that says it is bigger than the limit is refused unread (sysfs and procfs
+    // files give a page or 0 as their size, so they are read and measured instead).
+    if past == Past::Error && opened.len() > limit as u64 {
+        return Err(ReadError::TooLarge(limit));
+    }
     let cap = limit.saturating_add(1);
     let mut buf = Vec::with_capacity(cap.min(PAGE + 1));
     let mut take = file.take(cap as u64);

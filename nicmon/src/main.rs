@@ -9,6 +9,7 @@ use nicmon::check::{self, CheckArgs};
 use nicmon::cycle::MonitorOptions;
 use nicmon::daemon::RunOptions;
 use nicmon::event::{ProcessingStrategy, Stamp};
+use nicmon::paths::{HostPaths, PathInputs};
 use nicmon::wake::WakeOptions;
 
 #[derive(Parser)]
@@ -83,12 +84,14 @@ enum Format {
 
 #[derive(clap::Args)]
 struct HostArgs {
-    /// Root of sysfs: class/infiniband, class/net, bus/pci/devices are read under it.
-    #[arg(long, value_name = "DIR", default_value = "/sys")]
-    sysfs: PathBuf,
-    /// Root of procfs: net/route and sys/kernel/random/boot_id are read under it.
-    #[arg(long, value_name = "DIR", default_value = "/proc")]
-    procfs: PathBuf,
+    /// Root of sysfs: class/infiniband, class/net, bus/pci/devices are read under it
+    /// [default: the root above the config's sysClassInfinibandPath/sysClassNetPath, else /sys].
+    #[arg(long, value_name = "DIR")]
+    sysfs: Option<PathBuf>,
+    /// Root of procfs: net/route and sys/kernel/random/boot_id are read under it [default: the
+    /// --boot-id-path prefix (…/proc/sys/kernel/random/boot_id), else /nvsentinel/proc if present, else /proc].
+    #[arg(long, value_name = "DIR")]
+    procfs: Option<PathBuf>,
     /// GPU metadata written by NVSentinel's metadata collector. Missing, unreadable or
     /// empty → the topology is derived from sysfs (with a warning).
     #[arg(long, alias = "metadata-path", value_name = "FILE", default_value = nicmon::check::DEFAULT_METADATA_PATH)]
@@ -103,7 +106,7 @@ struct HostArgs {
 }
 
 /// The default of `--checks`: every check.
-const ALL_CHECKS: &str = "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck,EFADegradationCheck,InfiniBandCharDeviceCheck,NICKernelLogCheck";
+const ALL_CHECKS: &str = "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck,EFAStateCheck,EFADegradationCheck,InfiniBandCharDeviceCheck,NICKernelLogCheck";
 
 #[derive(clap::Args)]
 struct CheckCli {
@@ -208,8 +211,9 @@ struct RunCli {
     /// Do not serve /metrics and /healthz.
     #[arg(long)]
     no_metrics: bool,
-    /// Kernel log device to watch. A FIFO is also followed (records or plain lines written
-    /// into it, to replay a log into a running daemon); a regular file is not.
+    /// Kernel log device to watch. A FIFO or a regular file of records or plain lines is
+    /// also followed (replays, or a log another agent writes): a file from its end, like
+    /// `tail -F`.
     #[arg(long, value_name = "FILE", default_value = "/dev/kmsg")]
     kmsg_path: PathBuf,
     /// Do not watch the kernel log.
@@ -358,7 +362,7 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
             &r.checks,
             r.boot_id_path,
             Stamp { node_name: node, processing_strategy: r.processing_strategy },
-        ),
+        )?,
         state_file: r.state_file,
         interval: r.state_polling_interval,
         sink: r.dispatch.sink,
@@ -383,15 +387,51 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
     Ok(String::new())
 }
 
+/// The host paths from the flags and the config's `sysClass*Path` keys (SPEC §1.9). The
+/// config is read here only for those keys; an invalid one is the error.
+fn host_paths(host: &HostArgs, boot_id_path: Option<&std::path::Path>) -> anyhow::Result<HostPaths> {
+    let config = nicmon::config::Config::load(&host.config)?;
+    let inputs = PathInputs {
+        sysfs: host.sysfs.as_deref(),
+        procfs: host.procfs.as_deref(),
+        boot_id_path,
+        sys_class_infiniband: config.sys_class_infiniband_path.as_deref(),
+        sys_class_net: config.sys_class_net_path.as_deref(),
+    };
+    nicmon::paths::resolve(&inputs, |p| p.is_dir()).map_err(|e| anyhow::anyhow!("{}: {e}", host.config.display()))
+}
+
 /// What `check`, `run` and `trace` share; unknown `--checks` names are logged and skipped.
-fn monitor_options(host: HostArgs, checks: &str, boot_id_path: Option<PathBuf>, stamp: Stamp) -> MonitorOptions {
+fn monitor_options(
+    host: HostArgs,
+    checks: &str,
+    boot_id_path: Option<PathBuf>,
+    stamp: Stamp,
+) -> anyhow::Result<MonitorOptions> {
+    let paths = host_paths(&host, boot_id_path.as_deref())?;
+    for w in &paths.warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(monitor_options_at(host, checks, boot_id_path, stamp, Some((paths.sysfs.path, paths.procfs.path))))
+}
+
+/// [`monitor_options`] with the sysfs/procfs roots already decided (`None`: the defaults,
+/// for a caller that sets them itself, such as a bundle replay).
+fn monitor_options_at(
+    host: HostArgs,
+    checks: &str,
+    boot_id_path: Option<PathBuf>,
+    stamp: Stamp,
+    roots: Option<(PathBuf, PathBuf)>,
+) -> MonitorOptions {
     let (checks, unknown) = nicmon::daemon::parse_checks(checks);
     for name in unknown {
         tracing::warn!(check = name, "unknown check name in --checks: skipped");
     }
+    let (sysfs, procfs) = roots.unwrap_or_else(|| ("/sys".into(), "/proc".into()));
     MonitorOptions {
-        sysfs: host.sysfs,
-        procfs: host.procfs,
+        sysfs,
+        procfs,
         config: host.config,
         metadata: Some(host.metadata),
         metadata_required: host.metadata_required,
@@ -411,7 +451,8 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
     let grpc = r.grpc_config()?;
     let mut warnings = r.flag_warnings();
     warnings.extend(config.warnings.iter().cloned());
-    warnings.extend(config.path_warnings(&r.host.sysfs));
+    let paths = host_paths(&r.host, r.boot_id_path.as_deref())?;
+    warnings.extend(paths.warnings.iter().cloned());
     let (checks, unknown) = nicmon::daemon::parse_checks(&r.checks);
     warnings.extend(unknown.iter().map(|name| format!("--checks: unknown check {name:?} would be skipped")));
     if checks.is_empty() {
@@ -427,7 +468,7 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
     let names: Vec<&str> = checks.iter().map(|c| c.as_str()).collect();
     let _ = writeln!(out, "checks:            {}", names.join(","));
     let _ = writeln!(out, "poll interval:     {:?}", r.state_polling_interval);
-    let _ = writeln!(out, "sysfs / procfs:    {} / {}", r.host.sysfs.display(), r.host.procfs.display());
+    out.push_str(&paths.describe());
     let _ = writeln!(out, "metadata:          {} (required: {})", r.host.metadata.display(), r.host.metadata_required);
     let _ = writeln!(out, "state file:        {}", r.state_file.display());
     let _ = writeln!(out, "sink:              {}", r.dispatch.sink);
@@ -494,9 +535,11 @@ struct TopologyCli {
 
 fn run_bundle(b: BundleCli) -> anyhow::Result<String> {
     use anyhow::Context;
+    // The same roots the daemon reads: --sysfs/--procfs, else the config's sysClass*Path keys.
+    let paths = host_paths(&b.host, b.boot_id_path.as_deref())?;
     let args = nicmon::bundle::CaptureArgs {
-        sysfs: b.host.sysfs,
-        procfs: b.host.procfs,
+        sysfs: paths.sysfs.path,
+        procfs: paths.procfs.path,
         metadata: b.host.metadata,
         config: b.host.config,
         state_file: Some(b.state_file),
@@ -556,25 +599,26 @@ fn main() -> ExitCode {
             let bundle = c.bundle.clone();
             let bundle_kmsg = c.bundle_kmsg;
             let node_flag_given = c.node_name.is_some();
-            let args = CheckArgs {
-                monitor: monitor_options(
-                    c.host,
-                    &c.checks,
-                    c.boot_id_path,
-                    Stamp {
-                        node_name: check::node_name(c.node_name.as_deref()),
-                        processing_strategy: Default::default(),
-                    },
-                ),
-                state_file: c.state_file,
-                now: c.now,
-                kmsg: c.kmsg,
-                json: matches!(c.format, Format::Json),
+            let stamp =
+                Stamp { node_name: check::node_name(c.node_name.as_deref()), processing_strategy: Default::default() };
+            // A replay reads the bundle's trees and config (set by replay_check), not this
+            // host's paths: nothing here is resolved against the local config.
+            let monitor = match &bundle {
+                Some(_) => Ok(monitor_options_at(c.host, &c.checks, c.boot_id_path, stamp, None)),
+                None => monitor_options(c.host, &c.checks, c.boot_id_path, stamp),
             };
-            match bundle {
-                Some(b) => nicmon::bundle::replay_check(&b, args, node_flag_given, bundle_kmsg),
-                None => check::run_check(&args),
-            }
+            monitor
+                .map(|monitor| CheckArgs {
+                    monitor,
+                    state_file: c.state_file,
+                    now: c.now,
+                    kmsg: c.kmsg,
+                    json: matches!(c.format, Format::Json),
+                })
+                .and_then(|args| match bundle {
+                    Some(b) => nicmon::bundle::replay_check(&b, args, node_flag_given, bundle_kmsg),
+                    None => check::run_check(&args),
+                })
         }
         Command::Topology(t) if t.bundle.is_some() => nicmon::bundle::replay_topology(
             t.bundle.as_deref().unwrap_or(std::path::Path::new("")),
@@ -582,14 +626,16 @@ fn main() -> ExitCode {
             matches!(t.format, Format::Json),
         ),
         Command::Bundle(b) => run_bundle(*b),
-        Command::Topology(t) => check::run_topology(
-            &t.host.sysfs,
-            &t.host.procfs,
-            &t.host.metadata,
-            t.host.metadata_required,
-            &t.host.config,
-            matches!(t.format, Format::Json),
-        ),
+        Command::Topology(t) => host_paths(&t.host, None).and_then(|paths| {
+            check::run_topology(
+                &paths.sysfs.path,
+                &paths.procfs.path,
+                &t.host.metadata,
+                t.host.metadata_required,
+                &t.host.config,
+                matches!(t.format, Format::Json),
+            )
+        }),
         Command::Run(r) => run_daemon(*r, false),
         Command::Trace(r) => run_daemon(*r, true),
         Command::Version => Ok(nicmon::bundle::version_text()),

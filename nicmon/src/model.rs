@@ -30,6 +30,15 @@ impl PortState {
             PortState::Unknown(s) => s,
         }
     }
+
+    /// The state named `name` as [`PortState::name`] prints it; any other name is kept as
+    /// `Unknown`.
+    pub fn from_name(name: &str) -> PortState {
+        [PortState::Nop, PortState::Down, PortState::Init, PortState::Armed, PortState::Active, PortState::ActiveDefer]
+            .into_iter()
+            .find(|s| s.name() == name)
+            .unwrap_or_else(|| PortState::Unknown(name.to_string()))
+    }
 }
 
 /// Physical port state, `ports/<n>/phys_state` (`"5: LinkUp"`).
@@ -42,6 +51,9 @@ pub enum PhysState {
     LinkUp,
     LinkErrorRecovery,
     PhyTest,
+    /// An EFA port whose netdev is down (`linkstate::efa`): no kernel `phys_state` file
+    /// says this, the efa driver hard-codes `LinkUp` there.
+    LinkDown,
     Unknown(String),
 }
 
@@ -55,8 +67,27 @@ impl PhysState {
             PhysState::LinkUp => "LinkUp",
             PhysState::LinkErrorRecovery => "LinkErrorRecovery",
             PhysState::PhyTest => "Phy Test",
+            PhysState::LinkDown => "LinkDown",
             PhysState::Unknown(s) => s,
         }
+    }
+
+    /// The state named `name` as [`PhysState::name`] prints it; any other name is kept as
+    /// `Unknown`.
+    pub fn from_name(name: &str) -> PhysState {
+        [
+            PhysState::Sleep,
+            PhysState::Polling,
+            PhysState::Disabled,
+            PhysState::PortConfigurationTraining,
+            PhysState::LinkUp,
+            PhysState::LinkErrorRecovery,
+            PhysState::PhyTest,
+            PhysState::LinkDown,
+        ]
+        .into_iter()
+        .find(|s| s.name() == name)
+        .unwrap_or_else(|| PhysState::Unknown(name.to_string()))
     }
 
     /// The link is training: what a pulled cable and a brief retrain both look like.
@@ -83,6 +114,15 @@ impl LinkLayer {
             LinkLayer::Efa => "EFA",
             LinkLayer::Unknown(s) => s,
         }
+    }
+
+    /// The link layer named `name` as [`LinkLayer::name`] prints it; any other name is kept
+    /// as `Unknown`.
+    pub fn from_name(name: &str) -> LinkLayer {
+        [LinkLayer::InfiniBand, LinkLayer::Ethernet, LinkLayer::Efa]
+            .into_iter()
+            .find(|l| l.name() == name)
+            .unwrap_or_else(|| LinkLayer::Unknown(name.to_string()))
     }
 }
 
@@ -144,12 +184,38 @@ pub struct Port {
     /// (`counters/link_downed`, `hw_counters/rnr_nak_retry_err`,
     /// `/sys/class/net/{interface}/carrier_changes`). Unreadable ones are absent.
     pub counters: BTreeMap<String, u64>,
+    /// Attributes read as "unknown", and why (`state` → `"not a regular file (fifo): not
+    /// read"`, `phys_state` → `"unparsable value \"N/A (no PMA)\""`). An unknown value is no
+    /// value: the decide layer makes no decision from it (issue #14).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unknown: BTreeMap<String, String>,
 }
 
 impl Port {
     /// Healthy = `ACTIVE` and `LinkUp` (000 §3.4).
     pub fn is_healthy(&self) -> bool {
         self.state == Some(PortState::Active) && self.phys_state == Some(PhysState::LinkUp)
+    }
+
+    /// The first of `state`, `phys_state` that is unknown (unreadable, empty or unparsable),
+    /// with why: such a port gets no state decision this poll.
+    pub fn unknown_state(&self) -> Option<(&'static str, String)> {
+        let why = |attr: &str, raw: Option<&str>| {
+            self.unknown.get(attr).cloned().unwrap_or_else(|| match raw {
+                Some(t) => format!("unparsable value {:?}", t),
+                None => "unreadable".to_string(),
+            })
+        };
+        match &self.state {
+            None => return Some(("state", why("state", None))),
+            Some(PortState::Unknown(t)) => return Some(("state", why("state", Some(t)))),
+            Some(_) => {}
+        }
+        match &self.phys_state {
+            None => Some(("phys_state", why("phys_state", None))),
+            Some(PhysState::Unknown(t)) => Some(("phys_state", why("phys_state", Some(t)))),
+            Some(_) => None,
+        }
     }
 }
 
@@ -179,6 +245,9 @@ pub struct Device {
     pub function: Function,
     pub netdev: Option<String>,
     pub ports: Vec<Port>,
+    /// Device attributes read as "unknown", and why (`numa_node`); see [`Port::unknown`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unknown: BTreeMap<String, String>,
 }
 
 impl Device {

@@ -288,6 +288,91 @@ mod tests {
         assert_eq!(state, State::fresh(None));
     }
 
+    /// A long outage producing many events against a small bound: the outbox never grows
+    /// past it, nothing queued is dropped, and once the connector is back the platform ends
+    /// with the newest state of every entity — fatal ones included.
+    #[tokio::test]
+    async fn a_long_outage_stays_bounded_and_the_platform_ends_correct() {
+        use crate::event::Entity;
+        use std::collections::BTreeMap;
+        // No connector listens here: every send fails and is retried.
+        let sink = Sink::lazy(
+            &crate::dispatch::SinkSpec::Grpc,
+            crate::dispatch::GrpcConfig::new("unix:///nonexistent/nicmon-outage.sock".parse().unwrap()),
+        );
+        let bounds = QueueBounds { max_batches: 4, max_bytes: usize::MAX };
+        let mut state = State::fresh(None);
+        let courier =
+            Courier::start(sink, &state.outbox, Some(bounds), Arc::new(Metrics::new("n")), Duration::from_secs(3600));
+        // The node: 10 entities, each healthy, non-fatal or fatal. The checks' memory is what
+        // was last committed; a cycle emits the difference (as the state checks do).
+        let mut world: BTreeMap<u32, (bool, bool)> = (0..10).map(|e| (e, (true, false))).collect();
+        let mut committed = world.clone();
+        let event = |e: u32, (healthy, fatal): (bool, bool)| {
+            let ev =
+                HealthEvent::new(Check::InfiniBandStateCheck, &Stamp::default(), time::OffsetDateTime::UNIX_EPOCH, "x")
+                    .entities(vec![Entity::nic(format!("mlx5_{e}"))]);
+            if healthy { ev } else { ev.unhealthy(fatal) }
+        };
+        let mut delivered: Vec<HealthEvent> = Vec::new();
+        let mut polls = 0u64;
+        let mut refused = 0;
+        let mut cycle =
+            |world: &BTreeMap<u32, (bool, bool)>, committed: &mut BTreeMap<u32, (bool, bool)>, state: &mut State| {
+                let events: Vec<HealthEvent> =
+                    world.iter().filter(|(e, s)| committed.get(e) != Some(s)).map(|(e, s)| event(*e, *s)).collect();
+                polls += 1;
+                let checks = CheckState { polls, ..CheckState::default() };
+                let ok = courier.commit(state, checks, &events, |_| {}).is_ok();
+                if ok {
+                    *committed = world.clone();
+                }
+                assert!(state.outbox.len() <= bounds.max_batches, "the outbox stays within its bound");
+                ok
+            };
+        for i in 0..500u32 {
+            // Entities flap through every state; some end fatal.
+            let e = i % 10;
+            world.insert(
+                e,
+                match (i / 10) % 3 {
+                    0 => (false, true),
+                    1 => (true, false),
+                    _ => (false, false),
+                },
+            );
+            if !cycle(&world, &mut committed, &mut state) {
+                refused += 1;
+            }
+        }
+        assert!(refused > 0, "the outage filled the outbox");
+        // A fatal event queued during the outage is still there (nothing queued is dropped).
+        let queued_fatal = state.outbox.pending().iter().flat_map(|b| &b.events).filter(|e| e.is_fatal).count();
+        assert!(queued_fatal > 0);
+        // The connector is back: deliver in order, acknowledging; each cycle queues the rest.
+        for _ in 0..20 {
+            let ids: Vec<u64> = state.outbox.pending().iter().map(|b| b.id).collect();
+            for b in state.outbox.pending() {
+                delivered.extend(b.events.iter().cloned());
+            }
+            for id in ids {
+                state.outbox.ack(id);
+            }
+            let _ = cycle(&world, &mut committed, &mut state);
+        }
+        assert!(state.outbox.is_empty());
+        // The platform's view: the last event per entity.
+        let mut platform: BTreeMap<String, (bool, bool)> = BTreeMap::new();
+        for e in &delivered {
+            platform.insert(e.entities_text(), (e.is_healthy, e.is_fatal));
+        }
+        for (e, s) in &world {
+            let key = event(*e, *s).entities_text();
+            let seen = platform.get(&key).copied().unwrap_or((true, false));
+            assert_eq!(seen, *s, "{key}: the platform ends with the node's newest state");
+        }
+    }
+
     #[tokio::test]
     async fn sent_without_waiting_for_the_save() {
         let dir = tempfile::tempdir().unwrap();

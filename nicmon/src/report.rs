@@ -22,6 +22,10 @@ pub struct Report {
     /// The InfiniBand character devices expected this poll (and latched ones still held):
     /// present or not, misses so far, whether a missing-node event is outstanding.
     pub char_devices: Vec<Finding>,
+    /// Ports whose healthy→unhealthy transition `[stateCheck] portStateHoldDown` holds this
+    /// poll, and held transitions that recovered in time (blips: nothing published).
+    pub held_ports: Vec<crate::linkstate::Held>,
+    pub blips: Vec<crate::linkstate::Blip>,
     pub events: Vec<HealthEvent>,
 }
 
@@ -41,6 +45,9 @@ pub struct DeviceReport {
     pub role: Option<Role>,
     pub role_reason: Option<String>,
     pub ports: Vec<PortReport>,
+    /// Device attributes that were unknown (`numa_node`), and why.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub unknown: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -58,6 +65,9 @@ pub struct PortReport {
     pub sm_lid: Option<u32>,
     /// Counter file name → value; unreadable ones absent.
     pub counters: BTreeMap<String, u64>,
+    /// Attributes that were unknown (`state`, `phys_state`, `link_layer`), and why.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub unknown: BTreeMap<String, String>,
     /// Held as flapping (flap damping): one fatal event sent, transitions not published.
     pub flapping: bool,
     /// Unhealthy transitions: since the hold began while flapping, else those in the window.
@@ -118,11 +128,13 @@ impl Report {
                                 .iter()
                                 .map(|(k, v)| (counter_display_name(k).to_string(), *v))
                                 .collect(),
+                            unknown: p.unknown.clone(),
                             flapping: false,
                             flap_transitions: 0,
                             flapping_since: None,
                         })
                         .collect(),
+                    unknown: d.unknown.clone(),
                 }
             })
             .collect();
@@ -133,6 +145,8 @@ impl Report {
             topology_source: topo.source.as_str(),
             topology_notes: topo.notes.clone(),
             char_devices: Vec::new(),
+            held_ports: Vec::new(),
+            blips: Vec::new(),
             events,
         }
     }
@@ -215,6 +229,24 @@ impl Report {
                 _ => "not readable: held".to_string(),
             };
             let _ = writeln!(out, "char device {} of {}{at}: {status}", c.kind.name(), c.device);
+        }
+        for h in &self.held_ports {
+            let _ = writeln!(
+                out,
+                "held: {} port {} {} ({}) - reported in {:.3} s unless it recovers (portStateHoldDown)",
+                h.device,
+                h.port,
+                h.state,
+                h.check,
+                h.left_ms as f64 / 1e3
+            );
+        }
+        for b in &self.blips {
+            let _ = writeln!(
+                out,
+                "blip: {} port {} ({}) recovered within portStateHoldDown: not reported",
+                b.device, b.port, b.check
+            );
         }
         let _ = writeln!(out, "topology source: {}", self.topology_source);
         for n in &self.topology_notes {

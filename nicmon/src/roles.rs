@@ -100,8 +100,10 @@ fn classify_one(dev: &Device, snapshot: &Snapshot, topo: &Topology, filters: &Ni
     if snapshot.default_route_devices.contains(&dev.name) {
         return Classification::role(Role::Management, "carries the host's default route".into());
     }
-    // 2. The NUMA gate. Skipped when no GPU has a known NUMA node: it could not tell.
-    if !topo.gpu_numa.is_empty() {
+    // 2. The NUMA gate. Skipped when no GPU has a known NUMA node: it could not tell; and
+    // when this NIC's `numa_node` is unknown (unreadable, garbage): unknown is not a value,
+    // the other evidence decides. A readable `-1` (no NUMA affinity) is a value.
+    if !topo.gpu_numa.is_empty() && !dev.unknown.contains_key("numa_node") {
         match dev.numa_node {
             None => return Classification::role(Role::Management, "NUMA node unknown (-1)".into()),
             Some(n) if !topo.gpu_numa.contains(&n) => {

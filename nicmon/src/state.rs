@@ -77,6 +77,19 @@ pub enum Loaded {
     Corrupt(String),
     /// The boot ID changed: the host rebooted. State from the previous boot is discarded.
     Rebooted { previous: Option<String> },
+    /// Upstream NVSentinel's schema-v2 file of this boot was imported (port states, counter
+    /// snapshots, latched breaches). `baselines_owed`: upstream had not committed a baseline
+    /// run (`pending_baselines`), so the clear-all and baselines are sent now.
+    Imported { baselines_owed: bool },
+}
+
+impl Loaded {
+    /// Whether the first poll runs the reboot baseline (clear-all, then healthy baselines):
+    /// after a reboot, a corrupt file (nothing is known of what the platform holds, as
+    /// upstream does) and baselines an imported upstream file still owed.
+    pub fn owes_baselines(&self) -> bool {
+        matches!(self, Loaded::Rebooted { .. } | Loaded::Corrupt(_) | Loaded::Imported { baselines_owed: true })
+    }
 }
 
 /// The largest state file nicmon reads back; a bigger one is treated as corrupt.
@@ -103,14 +116,38 @@ pub fn load(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
             return (fresh(), Loaded::Corrupt(format!("state file {}: cannot read: {e}", path.display())));
         }
     };
-    match parse(&bytes) {
+    let parsed = parse(&bytes).map(|s| (s, None)).or_else(|e| match crate::state_v2::import(&bytes) {
+        Ok(i) => {
+            for s in &i.skipped {
+                tracing::info!(entry = %s, "upstream state file: entry with no nicmon counterpart not imported");
+            }
+            Ok((i.state, Some(!i.pending_baselines.is_empty())))
+        }
+        // Not a v2 file either: say what is wrong with it as nicmon's own format, unless it
+        // says it is version 2.
+        Err(v2) if bytes.windows(12).any(|w| w == b"\"version\": 2" || w.starts_with(b"\"version\":2")) => Err(v2),
+        Err(_) => Err(e),
+    });
+    match parsed {
         Err(e) => (fresh(), Loaded::Corrupt(format!("state file {}: {e}", path.display()))),
-        Ok(prev) if prev.boot_id.as_deref() != boot_id => {
+        Ok((prev, _)) if prev.boot_id.as_deref() != boot_id => {
             let mut s = fresh();
             s.outbox = prev.outbox;
             (s, Loaded::Rebooted { previous: prev.boot_id })
         }
-        Ok(prev) => (prev, Loaded::Resumed),
+        Ok((prev, Some(baselines_owed))) => {
+            let fresh_owed = || {
+                let mut s = fresh();
+                s.checks = CheckState { counters: prev.checks.counters.clone(), ..CheckState::default() };
+                s
+            };
+            match baselines_owed {
+                // Owed baselines: start the state checks over (they baseline), keep the counters.
+                true => (fresh_owed(), Loaded::Imported { baselines_owed }),
+                false => (prev, Loaded::Imported { baselines_owed }),
+            }
+        }
+        Ok((prev, None)) => (prev, Loaded::Resumed),
     }
 }
 

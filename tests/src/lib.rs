@@ -751,7 +751,8 @@ impl Node {
 
     // ---- mutation helpers ----
 
-    fn port_file(&self, dev: &str, port: u32, file: &str) -> PathBuf {
+    /// The path of a port attribute (`state`, `link_layer`, ...).
+    pub fn port_file(&self, dev: &str, port: u32, file: &str) -> PathBuf {
         let info = self.info.get(dev).unwrap_or_else(|| panic!("no device {dev} on node {}", self.name));
         self.sys().join(&info.ib_dir).join(format!("ports/{port}/{file}"))
     }

@@ -144,7 +144,7 @@ fn issm_is_expected_only_when_configured_always() {
 }
 
 #[test]
-fn a_class_directory_that_is_a_file_holds_its_entries_and_siblings_are_monitored() {
+fn a_class_directory_that_is_a_file_holds_the_check_and_siblings_are_monitored() {
     let node = Platform::H100Oci.build();
     let tl = Timeline::new(&node);
     cycle(&tl, 0, None);
@@ -165,17 +165,25 @@ fn a_class_directory_that_is_a_file_holds_its_entries_and_siblings_are_monitored
         fired.extend(char_events(r["events"].as_array().unwrap()).into_iter().map(|b| (t, b)));
     }
     assert_eq!(notes, 1, "one clear note when the hold starts");
-    // The verbs directory is still read: the uverbs loss is reported; no umad is.
-    assert_eq!(fired, vec![(3, fatal("NIC=mlx5_1", "uverbs"))]);
+    // An unusable class directory holds the whole check: the uverbs loss is not counted
+    // while infiniband_mad is a file.
+    assert!(fired.is_empty(), "{fired:?}");
     // Port monitoring goes on.
     node.pull_cable("mlx5_5", 1);
     let ev = tl.poll(5);
-    assert_eq!(ev.iter().map(brief).filter(|b| b.0 == "InfiniBandStateCheck" && !b.1).count(), 1, "{ev:#?}");
+    assert_eq!(
+        ev.iter().map(brief).filter(|b| b.0 == "InfiniBandStateCheck" && !b.1 && b.3.contains("NICPort")).count(),
+        1,
+        "{ev:#?}"
+    );
 
-    // The directory comes back with every umad: nothing to recover, nothing reported.
+    // The directory comes back with every umad: nothing to recover; the uverbs loss is now
+    // counted from its first miss and reported after three polls.
     node.restore_class_dir("infiniband_mad");
     node.repair("mlx5_5", 1);
     assert!(char_events(&tl.poll(6)).is_empty());
+    assert!(char_events(&tl.poll(7)).is_empty());
+    assert_eq!(char_events(&tl.poll(8)), vec![fatal("NIC=mlx5_1", "uverbs")]);
 }
 
 #[test]

@@ -366,3 +366,178 @@ fn an_older_charts_args_run_with_one_warning_for_the_retired_flags() {
     );
     assert!(!log.contains("ERROR"), "{log}");
 }
+
+/// Upstream's ConfigMap (`config.toml`) as its chart renders it, with the host class
+/// directories under the testbed's `/nvsentinel`-like prefix (its `sys/` and `proc/`).
+fn upstream_configmap(node: &Node) -> String {
+    format!(
+        r#"nicExclusionRegex = "^veth.*,^docker.*,^br-.*,^lo$"
+nicInclusionRegexOverride = ""
+sysClassNetPath = "{sys}/class/net"
+sysClassInfinibandPath = "{sys}/class/infiniband"
+
+[charDeviceCheck]
+issm = "never"
+
+[counterDetection]
+enabled = true
+
+[[counterDetection.counters]]
+name = "link_downed"
+enabled = true
+thresholdType = "delta"
+threshold = 0
+
+[[counterDetection.counters]]
+name = "efa_no_completion_cmds"
+enabled = true
+thresholdType = "delta"
+threshold = 0
+
+[[counterDetection.counters]]
+name = "symbol_error"
+enabled = true
+thresholdType = "velocity"
+threshold = 10
+velocityUnit = "second"
+"#,
+        sys = node.sys().display()
+    )
+}
+
+/// An upstream schema-v2 state file of an earlier boot with `link_downed` latched on
+/// mlx5_3 port 1 (outstanding on the platform).
+fn upstream_v2_state(boot_id: &str) -> String {
+    format!(
+        r#"{{"version": 2, "boot_id": "{boot_id}", "scope": "incl=;excl=^veth.*,^docker.*,^br-.*,^lo$",
+  "known_devices": ["mlx5_3"], "chardev_issm_mode": "never",
+  "port_states": {{"mlx5_3_1": {{"device": "mlx5_3", "port": 1, "state": "ACTIVE", "physical_state": "LinkUp", "link_layer": "InfiniBand"}}}},
+  "counter_snapshots": {{"mlx5_3:1:link_downed": {{"value": 0, "timestamp": "2026-01-01T00:00:00Z"}}}},
+  "breach_flags": {{"mlx5_3:1:link_downed": {{"breached": true, "check_name": "InfiniBandDegradationCheck", "is_fatal": true, "since": "2026-01-01T00:00:00Z", "device": "mlx5_3", "port": 1}}}},
+  "pending_baselines": {{}}}}"#
+    )
+}
+
+fn write_configmap(node: &Node) -> std::path::PathBuf {
+    let config = node.root().join("etc/nic-health-monitor/config.toml");
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    std::fs::write(&config, upstream_configmap(node)).unwrap();
+    config
+}
+
+/// The whole drop-in: upstream's current chart args (no --sysfs/--procfs: the ConfigMap's
+/// class paths and the --boot-id-path prefix place the host trees), its ConfigMap, and its
+/// v2 state file of the previous boot; a real gRPC connector receives the clear of the
+/// latched counter, the baselines and a cable pull.
+#[test]
+fn upstream_chart_configmap_and_v2_state_file_run_unchanged() {
+    let node = Platform::H100Oci.build();
+    write_configmap(&node);
+    std::fs::write(node.root().join("state.json"), upstream_v2_state("boot-before-the-migration")).unwrap();
+    let conn = Connector::start(&node.root().join("nvsentinel.sock"));
+    let mut args = current_chart_args(&node, &conn.target());
+    // Light on the test machine: no eBPF or kernel log (polling finds the same changes).
+    args.extend(["--no-kmsg".to_string(), "--no-wake".to_string()]);
+
+    let mut probe = args.clone();
+    probe.push("--check-config".into());
+    let (code, out) = check_config(&probe, Some(NODE));
+    assert_eq!(code, Some(0), "{out}");
+    let sys = node.sys().display().to_string();
+    let proc = node.proc().display().to_string();
+    assert!(
+        out.contains(&format!("sysfs root:        {sys} (config sysClassInfinibandPath, sysClassNetPath)")),
+        "{out}"
+    );
+    assert!(out.contains(&format!("procfs root:       {proc} (--boot-id-path prefix)")), "{out}");
+    assert!(out.contains("counter rules:     3"), "the listed counters are the set: {out}");
+
+    let mut cmd = nicmon(&args);
+    cmd.env("NODE_NAME", NODE);
+    let d = Daemon::spawn(cmd);
+    let cleared = |ev: &[HealthEvent]| {
+        ev.iter()
+            .any(|e| e.check_name == "InfiniBandDegradationCheck" && e.is_healthy && e.entities_impacted.is_empty())
+    };
+    assert!(
+        conn.wait_until(WAIT, |ev| cleared(ev) && baselines(ev)),
+        "clear-all after the boot change, then baselines"
+    );
+    let ev = conn.events();
+    assert!(ev.iter().all(|e| e.is_healthy), "{ev:#?}");
+    let degradation = |e: &&HealthEvent| e.check_name == "InfiniBandDegradationCheck";
+    let first = ev.iter().find(degradation).unwrap();
+    assert!(first.entities_impacted.is_empty(), "the check's clear comes before its baselines: {ev:#?}");
+    node.pull_cable("mlx5_3", 1);
+    assert!(conn.wait_until(WAIT, |ev| ev.iter().any(|e| is_port_event(e, "mlx5_3", false))), "cable pull");
+    let (status, log) = d.stop();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(!log.contains("ERROR"), "{log}");
+    assert!(log.contains("boot ID changed"), "{log}");
+}
+
+/// Bad input stops start-up with exit 2 naming the key; a truncated v2 file is a reboot.
+#[test]
+fn upstream_configmap_errors_exit_2_and_a_truncated_v2_file_is_a_reboot() {
+    let node = Platform::H100Oci.build();
+    let config = write_configmap(&node);
+    let good = upstream_configmap(&node);
+    let mut args = current_chart_args(&node, "unix:///var/run/nvsentinel.sock");
+    args.push("--check-config".into());
+    let cases = [
+        (
+            good.replace("name = \"symbol_error\"", "name = \"symbol_errors\""),
+            "counterDetection.counters[2] (name \"symbol_errors\"): name = \"symbol_errors\": not a known counter",
+        ),
+        (
+            good.replace("name = \"symbol_error\"", "name = \"link_downed\""),
+            "counterDetection.counters[2] (name \"link_downed\"): name = \"link_downed\": duplicate of counterDetection.counters[0]",
+        ),
+        (good.replace("^lo$", "^lo($"), "nicExclusionRegex"),
+        (good.replace("issm = \"never\"", "issm = \"sometimes\""), "charDeviceCheck.issm = \"sometimes\""),
+        (good.replace("/class/net\"", "/net\""), "sysClassNetPath"),
+    ];
+    for (text, named) in cases {
+        std::fs::write(&config, text).unwrap();
+        let (code, out) = check_config(&args, Some(NODE));
+        assert_eq!(code, Some(2), "{named}: {out}");
+        assert!(out.contains(named), "{named}: {out}");
+        assert!(out.contains(config.to_str().unwrap()), "names the file: {out}");
+    }
+    std::fs::write(&config, good).unwrap();
+
+    // A truncated v2 file: reboot semantics (clear-all, then baselines), no crash.
+    let state = node.root().join("state.json");
+    let v2 = upstream_v2_state("00000000-0000-4000-8000-000000000001");
+    std::fs::write(&state, &v2[..v2.len() / 2]).unwrap();
+    let out = node.nicmon(
+        "check",
+        &["--format", "json", "--config", config.to_str().unwrap(), "--state-file", state.to_str().unwrap()],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("starting fresh"), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ev = v["events"].as_array().unwrap();
+    assert!(
+        ev.iter()
+            .any(|e| e["checkName"] == "InfiniBandDegradationCheck"
+                && e["entitiesImpacted"].as_array().unwrap().is_empty()),
+        "{ev:#?}"
+    );
+    // The whole v2 file of this boot: imported, the latch kept (nothing cleared, no baseline).
+    std::fs::write(&state, &v2).unwrap();
+    let out = node.nicmon(
+        "check",
+        &["--format", "json", "--config", config.to_str().unwrap(), "--state-file", state.to_str().unwrap()],
+    );
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["events"].as_array().unwrap().iter().all(|e| !e["entitiesImpacted"].as_array().unwrap().is_empty()),
+        "{v:#}"
+    );
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    assert_eq!(saved["version"], 1);
+    assert_eq!(saved["counters"]["breach_flags"]["mlx5_3:1:link_downed"]["breached"], true, "{saved:#}");
+}

@@ -6,6 +6,9 @@ use nicmon_tests::platforms::Platform;
 use nicmon_tests::{Node, Timeline, brief};
 
 const PORT: &str = "NIC=mlx5_2 NICPort=1";
+/// mlx5_2's card: below its storage peers while the port is down, so each reported DOWN and
+/// recovery of the port comes with the card's event (SPEC §1.3).
+const CARD: &str = "NIC=0000:0c:00";
 
 fn down(node: &Node, link_downed: u64) {
     node.set_port("mlx5_2", 1, "1: DOWN", "3: Disabled");
@@ -34,20 +37,28 @@ fn thirty_seconds_of_flapping_is_three_transitions_one_flapping_event_and_one_he
     let tl = Timeline::new(&node);
     assert_eq!(tl.poll(0).len(), 6, "baseline: one healthy event per monitored port");
 
-    // The first DOWN is reported at once, as without damping (and link_downed breaches once).
+    // The first DOWN is reported at once, as without damping (and link_downed breaches once),
+    // with its card's event.
     down(&node, 1);
     let ev = tl.poll(1);
     assert_eq!(
         briefs(&ev),
         vec![
             ("EthernetStateCheck".into(), false, true, PORT.into(), String::new()),
+            ("EthernetStateCheck".into(), false, true, CARD.into(), String::new()),
             ("EthernetDegradationCheck".into(), false, true, PORT.into(), "link_downed".into()),
         ],
         "{ev:#?}"
     );
     assert_eq!(ev[0]["message"], "RoCE port mlx5_2 port 1: state DOWN, phys_state Disabled, operstate down");
     up(&node);
-    assert_eq!(briefs(&tl.poll(2)), vec![("EthernetStateCheck".into(), true, false, PORT.into(), String::new())]);
+    assert_eq!(
+        briefs(&tl.poll(2)),
+        vec![
+            ("EthernetStateCheck".into(), true, false, PORT.into(), String::new()),
+            ("EthernetStateCheck".into(), true, false, CARD.into(), String::new()),
+        ]
+    );
     let report = tl.report(3);
     assert_eq!(report["events"].as_array().unwrap().len(), 0);
     assert_eq!(port_report(&report)["flapping"], false);
@@ -55,16 +66,26 @@ fn thirty_seconds_of_flapping_is_three_transitions_one_flapping_event_and_one_he
 
     // Second transition: still below the threshold (3 in 60 s).
     down(&node, 2);
-    assert_eq!(briefs(&tl.poll(4)), vec![("EthernetStateCheck".into(), false, true, PORT.into(), String::new())]);
+    assert_eq!(
+        briefs(&tl.poll(4)),
+        vec![
+            ("EthernetStateCheck".into(), false, true, PORT.into(), String::new()),
+            ("EthernetStateCheck".into(), false, true, CARD.into(), String::new()),
+        ]
+    );
     up(&node);
-    assert_eq!(tl.poll(5).len(), 1);
+    assert_eq!(tl.poll(5).len(), 2);
 
-    // The third reaches it: one fatal "port flapping" event instead of a plain one.
+    // The third reaches it: one fatal "port flapping" event instead of a plain one (and the
+    // card's, which then stays below until the port has settled).
     down(&node, 3);
     let ev = tl.poll(6);
     assert_eq!(
         briefs(&ev),
-        vec![("EthernetStateCheck".into(), false, true, PORT.into(), "PortFlapping".into())],
+        vec![
+            ("EthernetStateCheck".into(), false, true, PORT.into(), "PortFlapping".into()),
+            ("EthernetStateCheck".into(), false, true, CARD.into(), String::new()),
+        ],
         "{ev:#?}"
     );
     assert_eq!(ev[0]["recommendedAction"], "REPLACE_VM");
@@ -120,7 +141,13 @@ fn thirty_seconds_of_flapping_is_three_transitions_one_flapping_event_and_one_he
     assert!(tl.poll(60).is_empty());
     assert!(tl.poll(94).is_empty(), "59 s healthy is not settled");
     let ev = tl.poll(95);
-    assert_eq!(briefs(&ev), vec![("EthernetStateCheck".into(), true, false, PORT.into(), String::new())]);
+    assert_eq!(
+        briefs(&ev),
+        vec![
+            ("EthernetStateCheck".into(), true, false, PORT.into(), String::new()),
+            ("EthernetStateCheck".into(), true, false, CARD.into(), String::new()),
+        ]
+    );
     assert_eq!(
         ev[0]["message"],
         "RoCE port mlx5_2 port 1: healthy (ACTIVE, LinkUp, operstate up) - stable for 60 s after flapping \
@@ -131,7 +158,13 @@ fn thirty_seconds_of_flapping_is_three_transitions_one_flapping_event_and_one_he
     // Nothing fatal after settling; a later single fault is reported as usual.
     assert!(tl.poll(200).is_empty());
     down(&node, link_downed);
-    assert_eq!(briefs(&tl.poll(201)), vec![("EthernetStateCheck".into(), false, true, PORT.into(), String::new())]);
+    assert_eq!(
+        briefs(&tl.poll(201)),
+        vec![
+            ("EthernetStateCheck".into(), false, true, PORT.into(), String::new()),
+            ("EthernetStateCheck".into(), false, true, CARD.into(), String::new()),
+        ]
+    );
 }
 
 #[test]
@@ -152,7 +185,13 @@ fn a_relapse_while_settling_restarts_the_settle_clock_and_publishes_nothing() {
     up(&node);
     assert!(tl.poll(61).is_empty());
     assert!(tl.poll(120).is_empty(), "59 s since the relapse");
-    assert_eq!(briefs(&tl.poll(121)), vec![("EthernetStateCheck".into(), true, false, PORT.into(), String::new())]);
+    assert_eq!(
+        briefs(&tl.poll(121)),
+        vec![
+            ("EthernetStateCheck".into(), true, false, PORT.into(), String::new()),
+            ("EthernetStateCheck".into(), true, false, CARD.into(), String::new()),
+        ]
+    );
 }
 
 #[test]
@@ -166,9 +205,15 @@ fn damping_off_reports_every_transition() {
     for i in 0..5 {
         down(&node, 0);
         let ev = tl.poll(1 + 2 * i);
-        assert_eq!(briefs(&ev), vec![("EthernetStateCheck".into(), false, true, PORT.into(), String::new())]);
+        assert_eq!(
+            briefs(&ev),
+            vec![
+                ("EthernetStateCheck".into(), false, true, PORT.into(), String::new()),
+                ("EthernetStateCheck".into(), false, true, CARD.into(), String::new()),
+            ]
+        );
         up(&node);
-        assert_eq!(tl.poll(2 + 2 * i).len(), 1);
+        assert_eq!(tl.poll(2 + 2 * i).len(), 2);
     }
     assert_eq!(port_report(&tl.report(20))["flapping"], false);
 }
@@ -182,4 +227,82 @@ fn an_invalid_flap_setting_stops_with_the_key_named() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("stateCheck.flapWindow = \"forever\""), "{err}");
+}
+
+/// Hold-down and flap damping together: each blip shorter than `portStateHoldDown` publishes
+/// nothing on its own but counts as an unhealthy transition, so a port blipping again and
+/// again is still reported as flapping; once held as flapping, its edges (short or long)
+/// publish nothing until it has settled.
+#[test]
+fn blips_under_the_hold_down_still_count_as_flapping() {
+    let node = Platform::L40sOci.build();
+    let cfg = node.root().join("nicmon.toml");
+    std::fs::write(&cfg, "[stateCheck]\nportStateHoldDown = \"10s\"\n").unwrap();
+    let mut tl = Timeline::new(&node);
+    tl.extra = vec!["--config".into(), cfg.to_str().unwrap().into()];
+    assert_eq!(tl.poll(0).len(), 6);
+
+    // Two blips: held, then healthy again within 10 s → nothing published, each counted.
+    for (i, t) in [1, 5].into_iter().enumerate() {
+        down(&node, 0);
+        let r = tl.report(t);
+        assert!(r["events"].as_array().unwrap().is_empty(), "held: {r:#}");
+        assert_eq!(r["held_ports"].as_array().unwrap().len(), 1, "{r:#}");
+        up(&node);
+        let r = tl.report(t + 2);
+        assert!(r["events"].as_array().unwrap().is_empty(), "a blip publishes nothing: {r:#}");
+        assert_eq!(r["blips"].as_array().unwrap().len(), 1, "{r:#}");
+        let p = port_report(&r);
+        assert_eq!((p["flapping"].as_bool(), p["flap_transitions"].as_u64()), (Some(false), Some(i as u64 + 1)));
+    }
+
+    // The third blip within the window: one fatal "port flapping" event (the port is up, so
+    // its card is not below and sends nothing).
+    down(&node, 0);
+    assert!(tl.poll(9).is_empty(), "held");
+    up(&node);
+    let ev = tl.poll(11);
+    assert_eq!(
+        briefs(&ev),
+        vec![("EthernetStateCheck".into(), false, true, PORT.into(), "PortFlapping".into())],
+        "{ev:#?}"
+    );
+    assert_eq!(
+        ev[0]["message"],
+        "RoCE port mlx5_2 port 1 - port flapping: 3 transitions in 60 s (each recovered within portStateHoldDown), \
+         held until healthy for 60 s"
+    );
+    assert_eq!(port_report(&tl.report(12))["flapping"], true);
+
+    // Held as flapping: a DOWN longer than the hold-down publishes nothing, neither the
+    // port's event nor its card's, and it is not held by the hold-down either.
+    down(&node, 0);
+    for t in [13, 20, 30] {
+        let r = tl.report(t);
+        assert!(r["events"].as_array().unwrap().is_empty(), "t={t}: {r:#}");
+        assert!(r["held_ports"].as_array().unwrap().is_empty(), "t={t}: {r:#}");
+    }
+    // A short one while held is no blip and publishes nothing.
+    up(&node);
+    assert!(tl.poll(31).is_empty());
+    down(&node, 0);
+    assert!(tl.poll(32).is_empty());
+    up(&node);
+    let r = tl.report(33);
+    assert!(r["events"].as_array().unwrap().is_empty(), "{r:#}");
+    assert_eq!(port_report(&r)["flap_transitions"], 5);
+
+    // Settled 60 s after the last DOWN: the port's healthy event only (its card never fell).
+    assert!(tl.poll(92).is_empty(), "59 s healthy");
+    let ev = tl.poll(93);
+    assert_eq!(briefs(&ev), vec![("EthernetStateCheck".into(), true, false, PORT.into(), String::new())], "{ev:#?}");
+    assert!(ev[0]["message"].as_str().unwrap().contains("after flapping (5 transitions)"), "{ev:#?}");
+
+    // Afterwards a blip is a blip again.
+    down(&node, 0);
+    assert!(tl.poll(100).is_empty());
+    up(&node);
+    let r = tl.report(101);
+    assert!(r["events"].as_array().unwrap().is_empty(), "{r:#}");
+    assert_eq!(r["blips"].as_array().unwrap().len(), 1);
 }

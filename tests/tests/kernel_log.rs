@@ -829,3 +829,77 @@ fn the_daemon_reports_the_new_patterns_once_per_card() {
         assert!(!e.is_healthy && e.agent == "nic-health-monitor" && e.node_name == "gpu-node-7", "{e:?}");
     }
 }
+
+/// CPU time (clock ticks) used so far by the `kmsg-tail` thread of process `pid`.
+fn tail_thread_ticks(pid: u32) -> u64 {
+    let mut ticks = 0;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        if std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "kmsg-tail")
+            && let Ok(stat) = std::fs::read_to_string(t.path().join("stat"))
+            && let Some((_, after)) = stat.rsplit_once(") ")
+        {
+            let f: Vec<&str> = after.split(' ').collect();
+            ticks += f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+        }
+    }
+    ticks
+}
+
+/// `--kmsg-path` on a regular file (a private file; nothing is written to the real
+/// `/dev/kmsg`): followed from its end like `tail -F`, every record of an append parsed
+/// (several in one write, continuation lines, one split over two writes), and no busy
+/// loop while nothing is written.
+#[test]
+fn the_daemon_follows_a_regular_kmsg_file() {
+    let node = switch_node();
+    let file = node.root().join("kmsg.log");
+    let bdf = |d: &str| node.info[d].bdf.clone();
+    let (a0, b1, c1) = (bdf("mlx5_0"), bdf("mlx5_3"), bdf("mlx5_5"));
+    // Already in the file at start (no cursor): from before the daemon, not reported.
+    let before = format!("mlx5_core {b1}: mlx5_function_setup:1120:(pid 1): PCI slot 3 is unavailable");
+    std::fs::write(&file, kmsg_text(&node, Format::Kmsg, &[(100, 10, before.as_str())])).unwrap();
+    let conn = Connector::start(&node.root().join("nvsentinel.sock"));
+    let d = Daemon(
+        node.run_command(&nicmon_bin(), "state.json", "gpu-node-7")
+            .args(["--no-wake", "--no-metrics", "--kmsg-path", file.to_str().unwrap()])
+            .args(["--platform-connector-socket", &conn.target(), "--connector-retry-base", "100ms"])
+            .args(["--state-polling-interval", "200ms"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn nicmon run"),
+    );
+    const WAIT: Duration = Duration::from_secs(30);
+    assert!(conn.wait_until(WAIT, |ev| ev.iter().filter(|e| e.is_healthy).count() >= 6), "baselines");
+
+    let fatal = format!("mlx5_core {a0}: poll_health:795:(pid 0): Fatal error detected");
+    let compromised =
+        format!("mlx5_core {c1}: poll_health:801:(pid 0): device's health compromised - reached miss count");
+    let text = kmsg_text(&node, Format::Kmsg, &[(101, 50, fatal.as_str()), (102, 50, compromised.as_str())]);
+    let (first, rest) = text.split_at(text.len() - 10);
+    let mut w = std::fs::OpenOptions::new().append(true).open(&file).unwrap();
+    std::io::Write::write_all(&mut w, first.as_bytes()).unwrap();
+    std::io::Write::write_all(&mut w, rest.as_bytes()).unwrap();
+    let codes = |ev: &[nicmon_proto::datamodels::HealthEvent]| -> Vec<(String, String)> {
+        ev.iter()
+            .filter(|e| e.check_name == "NICKernelLogCheck")
+            .map(|e| {
+                let ents: Vec<String> =
+                    e.entities_impacted.iter().map(|x| format!("{}={}", x.entity_type, x.entity_value)).collect();
+                (e.error_code.join(","), ents.join(" "))
+            })
+            .collect()
+    };
+    assert!(conn.wait_until(WAIT, |ev| codes(ev).len() >= 2), "kernel log events: {:#?}", codes(&conn.events()));
+    assert_eq!(
+        codes(&conn.events()),
+        [("fw_fatal_error".to_string(), "NIC=mlx5_0".to_string()), ("health_compromised".into(), "NIC=mlx5_4".into())]
+    );
+
+    // Nothing written for 2 s: the tail thread sleeps (a busy loop uses ~200 ticks at 100 Hz).
+    let t0 = tail_thread_ticks(d.0.id());
+    assert!(!conn.wait_until(Duration::from_secs(2), |ev| codes(ev).len() > 2), "no new kernel log event");
+    let used = tail_thread_ticks(d.0.id()) - t0;
+    assert!(used < 20, "the kmsg-tail thread used {used} ticks while the file was idle");
+}

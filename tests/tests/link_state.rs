@@ -7,6 +7,14 @@ fn unhealthy(events: &[serde_json::Value]) -> Vec<(String, bool, bool, String, S
     events.iter().map(brief).filter(|b| !b.1).collect()
 }
 
+/// A card-level event (entity `NIC=<card>` only) of `check`: (healthy, fatal).
+fn card_event(e: &serde_json::Value, check: &str) -> (bool, bool) {
+    let b = brief(e);
+    assert_eq!(b.0, check, "{e:#}");
+    assert!(b.3.starts_with("NIC=") && !b.3.contains("NICPort") && b.3.contains(':'), "card entity: {e:#}");
+    (b.1, b.2)
+}
+
 /// Fresh start: one healthy baseline per monitored PF port, nothing else.
 fn baseline(tl: &Timeline, expected_ports: usize) {
     let ev = tl.poll(0);
@@ -21,10 +29,18 @@ fn cable_pull_repair_and_transitions_on_h100() {
     baseline(&tl, 18);
     assert!(tl.poll(1).is_empty());
 
-    // Cable pull on a compute port: DOWN/Polling, its card below its peers → one fatal.
+    // Cable pull on a compute port: DOWN/Polling, its card below its peers → one fatal
+    // port event, and the card's own event alongside it (SPEC §1.3, upstream: the card
+    // event is no longer dropped when a port event covers the card).
     node.pull_cable("mlx5_3", 1);
     let ev = tl.poll(2);
-    assert_eq!(ev.len(), 1, "{ev:#?}");
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    assert_eq!(card_event(&ev[1], "InfiniBandStateCheck"), (false, true));
+    assert!(
+        ev[1]["message"].as_str().unwrap().contains("has 1 active ports, expected 2 (peer mode)"),
+        "{}",
+        ev[1]["message"]
+    );
     let e = &ev[0];
     assert_eq!(brief(e), ("InfiniBandStateCheck".into(), false, true, "NIC=mlx5_3 NICPort=1".into(), String::new()));
     assert_eq!(e["recommendedAction"], "REPLACE_VM");
@@ -43,10 +59,11 @@ fn cable_pull_repair_and_transitions_on_h100() {
     node.set_port("mlx5_3", 1, "1: DOWN", "2: Polling");
     assert!(tl.poll(5).is_empty());
 
-    // Repair → one healthy event.
+    // Repair → one healthy port event, and the card's.
     node.repair("mlx5_3", 1);
     let ev = tl.poll(6);
-    assert_eq!(ev.len(), 1, "{ev:#?}");
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    assert_eq!(card_event(&ev[1], "InfiniBandStateCheck"), (true, false));
     assert_eq!(
         brief(&ev[0]),
         ("InfiniBandStateCheck".into(), true, false, "NIC=mlx5_3 NICPort=1".into(), String::new())
@@ -122,7 +139,9 @@ fn roce_port_down_is_fatal_with_operstate() {
     node.set_port("mlx5_2", 1, "1: DOWN", "3: Disabled");
     node.set_operstate("rdma2", "down");
     let ev = tl.poll(1);
-    assert_eq!(ev.len(), 1, "{ev:#?}");
+    // The port event, and its card's (below its storage peers) alongside it.
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    assert_eq!(card_event(&ev[1], "EthernetStateCheck"), (false, true));
     assert_eq!(brief(&ev[0]), ("EthernetStateCheck".into(), false, true, "NIC=mlx5_2 NICPort=1".into(), String::new()));
     assert_eq!(ev[0]["message"], "RoCE port mlx5_2 port 1: state DOWN, phys_state Disabled, operstate down");
 }
@@ -226,11 +245,13 @@ fn restart_recovery_reboot_and_corrupt_state() {
     let tl = Timeline::new(&node);
     baseline(&tl, 18);
     node.set_port("mlx5_9", 1, "1: DOWN", "3: Disabled");
-    assert_eq!(unhealthy(&tl.poll(1)).len(), 1);
+    // The port event and its card's (below its peers).
+    assert_eq!(unhealthy(&tl.poll(1)).len(), 2);
     // nicmon stops; the port is repaired meanwhile; nicmon restarts (same boot, state file).
     node.repair("mlx5_9", 1);
     let ev = tl.poll(30);
-    assert_eq!(ev.len(), 1);
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    assert_eq!(card_event(&ev[1], "InfiniBandStateCheck"), (true, false));
     assert_eq!(
         brief(&ev[0]),
         ("InfiniBandStateCheck".into(), true, false, "NIC=mlx5_9 NICPort=1".into(), String::new())
@@ -248,6 +269,7 @@ fn restart_recovery_reboot_and_corrupt_state() {
         [
             "InfiniBandStateCheck",
             "EthernetStateCheck",
+            "EFAStateCheck",
             "InfiniBandDegradationCheck",
             "EthernetDegradationCheck",
             "EFADegradationCheck",
@@ -267,7 +289,7 @@ fn restart_recovery_reboot_and_corrupt_state() {
     assert!(counter_baselines > 0, "counter baselines after the reboot");
     assert!(ev[..5].iter().all(|e| e["entitiesImpacted"].as_array().unwrap().is_empty()), "clear-all first");
 
-    // Corrupt state file: fresh start with a warning, no crash.
+    // Corrupt state file: reboot semantics (clear-all, then baselines) with a warning, no crash.
     std::fs::write(&tl.state_file, "{\"version\": 1, \"port_states\": [tru").unwrap();
     let out = node.nicmon(
         "check",
@@ -285,7 +307,11 @@ fn restart_recovery_reboot_and_corrupt_state() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("starting fresh"));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["events"].as_array().unwrap().len(), 18);
+    let ev = v["events"].as_array().unwrap();
+    let clears = ev.iter().take_while(|e| e["entitiesImpacted"].as_array().unwrap().is_empty()).count();
+    assert!(clears > 0 && ev[..clears].iter().all(|e| e["isHealthy"] == true), "clear-all first: {ev:#?}");
+    let ports = ev[clears..].iter().filter(|e| e["checkName"].as_str().unwrap().ends_with("StateCheck")).count();
+    assert_eq!(ports, 18, "{ev:#?}");
 }
 
 #[test]
@@ -359,4 +385,100 @@ fn a_kill_during_the_state_write_never_leaves_a_half_written_file() {
         // A temp file may remain after a kill; it is never the state file itself.
         assert!(leftovers.iter().all(|e| e.path() != state));
     }
+}
+
+#[test]
+fn hold_down_blip_publishes_nothing_and_a_long_outage_is_reported_once_after_it() {
+    let node = Platform::H100Oci.build();
+    let cfg = node.root().join("hold.toml");
+    std::fs::write(&cfg, "[stateCheck]\nportStateHoldDown = \"10s\"\n").unwrap();
+    let mut tl = Timeline::new(&node);
+    tl.extra = vec!["--config".into(), cfg.to_str().unwrap().into()];
+    baseline(&tl, 18);
+
+    // A blip: down at t=1, still held at t=5, up at t=8 → nothing published, one blip.
+    node.set_port("mlx5_9", 1, "1: DOWN", "3: Disabled");
+    for t in [1, 5] {
+        let r = tl.report(t);
+        assert!(r["events"].as_array().unwrap().is_empty(), "held: neither port nor card event {r:#}");
+        let held = r["held_ports"].as_array().unwrap();
+        assert_eq!(held.len(), 1, "{held:#?}");
+        assert_eq!((held[0]["device"].as_str(), held[0]["port"].as_u64()), (Some("mlx5_9"), Some(1)));
+        assert_eq!(held[0]["state"], "DOWN/Disabled");
+    }
+    node.repair("mlx5_9", 1);
+    let r = tl.report(8);
+    assert!(r["events"].as_array().unwrap().is_empty(), "{r:#}");
+    let blips = r["blips"].as_array().unwrap();
+    assert_eq!(blips.len(), 1);
+    assert_eq!(
+        (blips[0]["check"].as_str(), blips[0]["device"].as_str()),
+        (Some("InfiniBandStateCheck"), Some("mlx5_9"))
+    );
+    assert!(tl.report(9)["blips"].as_array().unwrap().is_empty(), "staying healthy is no blip");
+
+    // A long outage: down at t=20, held until t=30, then the port and its card once.
+    node.set_port("mlx5_9", 1, "1: DOWN", "3: Disabled");
+    assert!(tl.poll(20).is_empty());
+    assert!(tl.poll(29).is_empty(), "one second short of the hold-down");
+    let ev = tl.poll(30);
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    assert_eq!(
+        brief(&ev[0]),
+        ("InfiniBandStateCheck".into(), false, true, "NIC=mlx5_9 NICPort=1".into(), String::new())
+    );
+    assert_eq!(card_event(&ev[1], "InfiniBandStateCheck"), (false, true));
+    assert!(tl.poll(31).is_empty(), "reported once");
+    // The recovery is not held.
+    node.repair("mlx5_9", 1);
+    let ev = tl.poll(32);
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    assert!(ev.iter().all(|e| e["isHealthy"] == true));
+
+    // A bad value: exit 2, naming the key.
+    std::fs::write(&cfg, "[stateCheck]\nportStateHoldDown = \"soon\"\n").unwrap();
+    let meta = node.metadata_path();
+    let out = node.nicmon("check", &["--config", cfg.to_str().unwrap(), "--metadata", meta.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("stateCheck.portStateHoldDown = \"soon\""), "{err}");
+}
+
+/// SPEC §1.3: a non-escalating unhealthy state (`ACTIVE` + `LinkErrorRecovery`) stays
+/// non-fatal on a card with no peer evidence, but on a card below its peers' mode it is
+/// fatal at once, with the card's own event alongside.
+#[test]
+fn non_escalating_state_is_fatal_on_a_card_below_its_peers_only() {
+    // Alone: non-fatal, and never escalated by time.
+    let node = lone_card();
+    let tl = Timeline::new(&node);
+    baseline(&tl, 2);
+    node.set_port("mlx5_0", 1, "4: ACTIVE", "6: LinkErrorRecovery");
+    let ev = tl.poll(1);
+    assert_eq!(
+        unhealthy(&ev),
+        vec![("InfiniBandStateCheck".into(), false, false, "NIC=mlx5_0 NICPort=1".into(), String::new())]
+    );
+    assert_eq!(ev.len(), 1, "{ev:#?}");
+    assert!(tl.poll(40).is_empty(), "not an escalating state: no fatal after the grace");
+    assert!(tl.poll(400).is_empty());
+
+    // Below its peers (H100: the card has 1 active port, its peers 2): fatal at once.
+    let node = Platform::H100Oci.build();
+    let tl = Timeline::new(&node);
+    baseline(&tl, 18);
+    node.set_port("mlx5_3", 1, "4: ACTIVE", "6: LinkErrorRecovery");
+    let ev = tl.poll(1);
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    assert_eq!(
+        brief(&ev[0]),
+        ("InfiniBandStateCheck".into(), false, true, "NIC=mlx5_3 NICPort=1".into(), String::new())
+    );
+    assert!(ev[0]["message"].as_str().unwrap().ends_with("has 1 active ports, its peers 2"), "{}", ev[0]["message"]);
+    assert_eq!(card_event(&ev[1], "InfiniBandStateCheck"), (false, true));
+    assert!(tl.poll(2).is_empty());
+    node.repair("mlx5_3", 1);
+    let ev = tl.poll(3);
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    assert!(ev.iter().all(|e| e["isHealthy"] == true));
 }

@@ -1,11 +1,15 @@
 //! Counter rules: the `[counterDetection]` section of the config file (001 §10).
 //!
-//! The operator's `[[counterDetection.counters]]` entries are merged by `name` with the
-//! defaults of 001 §10.2 ([`super::defaults`]): a known name overrides only the keys it gives (so
-//! `{ name = "port_xmit_wait", enabled = false }` only disables), an unknown name adds a
-//! counter and must then give `path`, `thresholdType` and `threshold`. Any invalid value
-//! stops startup with an error that names the entry, the key and the value (lesson 2: an
-//! invalid config must never silently disable monitoring).
+//! Upstream NVSentinel's semantics (`reference/nvsentinel-upstream.md` §2): a section that
+//! lists counters monitors exactly the listed entries that are enabled (replace, not merge);
+//! no list keeps the defaults of 001 §10.2 ([`super::defaults`]). Every counter of upstream's
+//! allow-list is known by name, with its path, severity, description and link layers owned by
+//! the code, so an entry may give only a name (its threshold is then nicmon's default for that
+//! counter) and overrides only the keys it gives. A name outside the list is nicmon's
+//! extension: it must give `path`, `thresholdType` and `threshold`. Any invalid value — an
+//! unknown name without a path, a duplicate — stops startup with an error that names the
+//! entry, the key and the value (lesson 2: an invalid config must never silently disable
+//! monitoring).
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -317,14 +321,27 @@ impl CounterEntry {
 }
 
 impl CounterDetection {
-    /// The rules to evaluate: the defaults merged with the operator's entries, validated.
+    /// The rules to evaluate: the defaults when no counter is listed, else exactly the listed
+    /// entries (each over its built-in rule, if any), validated.
     ///
     /// Disabled rules are left out, and everything is left out when the section is
     /// disabled; the entries are validated in either case.
     pub fn rules(&self) -> Result<Vec<CounterRule>, CounterConfigError> {
-        let rules = merge(&default_rules(), &self.counters)?;
+        let mut rules = merge(&default_rules(), &self.counters)?;
         if !self.enabled {
             return Ok(Vec::new());
+        }
+        if !self.counters.is_empty() {
+            // Replace, not merge: the listed names in file order; a listed name is watched
+            // unless its entry says `enabled = false` (an allow-listed counter nicmon does not
+            // watch by default is enabled by being listed).
+            let listed = self.counters.iter().filter_map(|e| {
+                let name = e.name.as_deref()?;
+                let mut rule = rules.iter().find(|r| r.name == name)?.clone();
+                rule.enabled = e.enabled.unwrap_or(true);
+                Some(rule)
+            });
+            rules = listed.collect();
         }
         Ok(rules.into_iter().filter(|r| r.enabled).collect())
     }
@@ -385,6 +402,18 @@ pub fn merge(defaults: &[CounterRule], entries: &[CounterEntry]) -> Result<Vec<C
         let rule = match rules.iter().position(|r| r.name == n) {
             Some(k) => &mut rules[k],
             None => {
+                if e.path.is_none() {
+                    let known: Vec<String> = default_rules().into_iter().map(|r| r.name).collect();
+                    return Err(err(
+                        i,
+                        name,
+                        format!(
+                            "name = {n:?}: not a known counter (known: {}); to watch another counter give its \
+                             path, thresholdType and threshold",
+                            known.join(", ")
+                        ),
+                    ));
+                }
                 let missing: Vec<&str> = [
                     ("path", e.path.is_none()),
                     ("thresholdType", e.threshold_type.is_none()),
@@ -397,7 +426,7 @@ pub fn merge(defaults: &[CounterRule], entries: &[CounterEntry]) -> Result<Vec<C
                     return Err(err(
                         i,
                         name,
-                        format!("{}: missing (required for a counter that is not a default one)", missing.join(", ")),
+                        format!("{}: missing (required for a counter that is not a known one)", missing.join(", ")),
                     ));
                 }
                 rules.push(CounterRule {
@@ -507,9 +536,10 @@ mod tests {
     #[test]
     fn defaults_are_001_section_10_2() {
         let r = rules("").unwrap();
-        // 14 mlx5/netdev rules, 6 of the 13 EFA rules (upstream chart's defaults).
+        // 14 mlx5/netdev rules, 6 of the 13 EFA rules (upstream chart's defaults); the rest
+        // of upstream's allow-list (38 names) is known but not watched by default.
         assert_eq!(r.len(), 20);
-        assert_eq!(default_rules().len(), 27);
+        assert_eq!(default_rules().len(), 38);
         assert_eq!(r, default_rules().into_iter().filter(|r| r.enabled).collect::<Vec<_>>());
         let fatal: Vec<&str> = r.iter().filter(|r| r.is_fatal).map(|r| r.name.as_str()).collect();
         assert_eq!(
@@ -526,7 +556,8 @@ mod tests {
         // Layers are the code's: mlx5 counters on IB/RoCE ports, efa_* on EFA ports only.
         for r in default_rules() {
             let want = match r.name.as_str() {
-                "carrier_changes" => Layers::All,
+                "carrier_changes" | "rx_crc_errors" | "rx_errors" | "rx_missed_errors" | "tx_carrier_errors"
+                | "tx_errors" => Layers::All,
                 n if n.starts_with("efa_") => Layers::Efa,
                 _ => Layers::Rdma,
             };
@@ -570,13 +601,19 @@ mod tests {
         let r = rules(
             r#"
             [[counterDetection.counters]]
+            name = "symbol_error"
+            [[counterDetection.counters]]
+            name = "symbol_error_fatal"
+            [[counterDetection.counters]]
+            name = "carrier_changes"
+            [[counterDetection.counters]]
             name = "port_xmit_wait"
             enabled = false
             "#,
         )
         .unwrap();
         let p = read_paths(&r);
-        assert_eq!(p.len(), 18); // 13 enabled mlx5/netdev rules (symbol_error read once) + 6 EFA
+        assert_eq!(p.len(), 2); // symbol_error read once, carrier_changes
         assert_eq!(p.iter().filter(|p| *p == "counters/symbol_error").count(), 1);
         assert!(!p.contains(&"counters/port_xmit_wait".to_string()));
         assert!(p.contains(&"/sys/class/net/{interface}/carrier_changes".to_string()));
@@ -614,8 +651,8 @@ mod tests {
             "#,
         )
         .unwrap();
-        // 20 enabled defaults - port_xmit_wait + custom_vendor_error
-        assert_eq!(r.len(), 20);
+        // Replace, not merge: the two enabled entries, in file order.
+        assert_eq!(r.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["symbol_error", "custom_vendor_error"]);
         let se = find(&r, "symbol_error");
         assert!(se.is_fatal);
         assert_eq!(se.velocity_unit, Some(VelocityUnit::Hour));
@@ -626,6 +663,102 @@ mod tests {
         assert_eq!((c.threshold_type, c.threshold), (ThresholdType::Delta, 100.0));
         assert_eq!(c.layers, Layers::All, "an operator's counter is read wherever its file is");
         assert!(r.iter().all(|r| r.name != "port_xmit_wait"));
+    }
+
+    #[test]
+    fn an_upstream_list_is_the_set_with_code_owned_paths() {
+        // Upstream's ConfigMap shape: name, enabled, thresholdType, threshold (no path, no
+        // severity); plus a name-only entry and an allow-listed counter nicmon does not watch
+        // by default.
+        let r = rules(
+            r#"
+            [counterDetection]
+            enabled = true
+            [[counterDetection.counters]]
+            name = "link_downed"
+            enabled = true
+            thresholdType = "delta"
+            threshold = 0
+            [[counterDetection.counters]]
+            name = "efa_no_completion_cmds"
+            [[counterDetection.counters]]
+            name = "req_transport_retries_exceeded"
+            enabled = true
+            thresholdType = "delta"
+            threshold = 0
+            [[counterDetection.counters]]
+            name = "rx_crc_errors"
+            enabled = true
+            thresholdType = "velocity"
+            threshold = 5
+            velocityUnit = "minute"
+            [[counterDetection.counters]]
+            name = "symbol_error"
+            enabled = false
+            thresholdType = "velocity"
+            threshold = 10
+            velocityUnit = "second"
+            "#,
+        )
+        .unwrap();
+        let names: Vec<&str> = r.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["link_downed", "efa_no_completion_cmds", "req_transport_retries_exceeded", "rx_crc_errors"]);
+        let nc = find(&r, "efa_no_completion_cmds");
+        assert_eq!((nc.is_fatal, nc.layers), (true, Layers::Efa));
+        assert_eq!(nc.path, "/sys/class/infiniband/{device}/hw_counters/no_completion_cmds");
+        let rt = find(&r, "req_transport_retries_exceeded");
+        assert_eq!(
+            (rt.path.as_str(), rt.is_fatal, rt.layers),
+            ("hw_counters/req_transport_retries_exceeded", true, Layers::Rdma)
+        );
+        let crc = find(&r, "rx_crc_errors");
+        assert_eq!(crc.path, "/sys/class/net/{interface}/statistics/rx_crc_errors");
+        assert_eq!((crc.threshold, crc.velocity_unit, crc.layers), (5.0, Some(VelocityUnit::Minute), Layers::All));
+        // Every name of upstream's allow-list is known.
+        let known: Vec<String> = default_rules().into_iter().map(|r| r.name).collect();
+        for n in [
+            "excessive_buffer_overrun_errors",
+            "link_downed",
+            "link_error_recovery",
+            "local_link_integrity_errors",
+            "port_rcv_discards",
+            "port_rcv_errors",
+            "port_rcv_remote_physical_errors",
+            "port_rcv_switch_relay_errors",
+            "port_xmit_discards",
+            "port_xmit_wait",
+            "symbol_error",
+            "symbol_error_fatal",
+            "implied_nak_seq_err",
+            "local_ack_timeout_err",
+            "out_of_sequence",
+            "packet_seq_err",
+            "req_transport_retries_exceeded",
+            "rnr_nak_retry_err",
+            "roce_slow_restart",
+            "efa_rx_drops",
+            "efa_rdma_read_wr_err",
+            "efa_rdma_write_wr_err",
+            "efa_retrans_timeout_events",
+            "efa_unresponsive_remote_events",
+            "efa_impaired_remote_conn_events",
+            "efa_no_completion_cmds",
+            "efa_cmds_err",
+            "efa_keep_alive_rcvd",
+            "efa_reg_mr_err",
+            "efa_create_qp_err",
+            "efa_create_cq_err",
+            "efa_create_ah_err",
+            "carrier_changes",
+            "rx_crc_errors",
+            "rx_errors",
+            "rx_missed_errors",
+            "tx_carrier_errors",
+            "tx_errors",
+        ] {
+            assert!(known.iter().any(|k| k == n), "{n}");
+        }
+        assert_eq!(known.len(), 38);
     }
 
     #[test]
@@ -738,8 +871,14 @@ mod tests {
             ),
             (
                 r#"name = "x"
+                   path = "counters/x"
                    thresholdType = "delta""#,
-                r#"counterDetection.counters[0] (name "x"): path, threshold: missing"#,
+                r#"counterDetection.counters[0] (name "x"): threshold: missing"#,
+            ),
+            (
+                r#"name = "x"
+                   thresholdType = "delta""#,
+                r#"counterDetection.counters[0] (name "x"): name = "x": not a known counter (known: link_downed,"#,
             ),
             (
                 r#"name = "link_downed"

@@ -27,6 +27,7 @@ pub fn default_rules() -> Vec<CounterRule> {
     };
     let efa = |r: CounterRule| CounterRule { layers: Layers::Efa, ..r };
     let off = |r: CounterRule| CounterRule { enabled: false, ..r };
+    let netdev = |r: CounterRule| CounterRule { layers: Layers::All, ..r };
     vec![
         rule(
             "link_downed",
@@ -268,6 +269,107 @@ pub fn default_rules() -> Vec<CounterRule> {
             0.0,
             None,
             "EFA address handle creation errors",
+        ))),
+        // The rest of upstream's allow-list: known by name (a config may list them), not
+        // watched unless listed.
+        off(rule(
+            "port_rcv_discards",
+            "counters/port_rcv_discards",
+            false,
+            Velocity,
+            100.0,
+            Some(Second),
+            "RX discards due to congestion or buffer pressure",
+        )),
+        off(rule(
+            "port_rcv_remote_physical_errors",
+            "counters/port_rcv_remote_physical_errors",
+            false,
+            Velocity,
+            10.0,
+            Some(Second),
+            "Remote physical-layer errors received on this port",
+        )),
+        off(rule(
+            "port_rcv_switch_relay_errors",
+            "counters/port_rcv_switch_relay_errors",
+            false,
+            Velocity,
+            10.0,
+            Some(Second),
+            "Packets discarded because switch relay forwarding failed",
+        )),
+        off(rule(
+            "implied_nak_seq_err",
+            "hw_counters/implied_nak_seq_err",
+            false,
+            Velocity,
+            10.0,
+            Some(Second),
+            "Implied NAK sequence errors - retransmission pressure",
+        )),
+        off(rule(
+            "packet_seq_err",
+            "hw_counters/packet_seq_err",
+            false,
+            Velocity,
+            10.0,
+            Some(Second),
+            "Packet sequence errors - retransmission pressure",
+        )),
+        off(rule(
+            "req_transport_retries_exceeded",
+            "hw_counters/req_transport_retries_exceeded",
+            true,
+            Delta,
+            0.0,
+            None,
+            "Requester transport retry limit exceeded",
+        )),
+        off(netdev(rule(
+            "rx_crc_errors",
+            "/sys/class/net/{interface}/statistics/rx_crc_errors",
+            false,
+            Velocity,
+            10.0,
+            Some(Second),
+            "RX packets with CRC/FCS errors",
+        ))),
+        off(netdev(rule(
+            "rx_errors",
+            "/sys/class/net/{interface}/statistics/rx_errors",
+            false,
+            Velocity,
+            10.0,
+            Some(Second),
+            "Aggregate RX packet errors",
+        ))),
+        off(netdev(rule(
+            "rx_missed_errors",
+            "/sys/class/net/{interface}/statistics/rx_missed_errors",
+            false,
+            Velocity,
+            100.0,
+            Some(Second),
+            "RX packets missed due to receive-side capacity pressure",
+        ))),
+        off(netdev(rule(
+            "tx_carrier_errors",
+            "/sys/class/net/{interface}/statistics/tx_carrier_errors",
+            false,
+            Velocity,
+            10.0,
+            Some(Second),
+            "TX carrier-sense errors",
+        ))),
+        off(netdev(rule(
+            "tx_errors",
+            "/sys/class/net/{interface}/statistics/tx_errors",
+            false,
+            Velocity,
+            10.0,
+            Some(Second),
+            "Aggregate TX packet errors",
         ))),
     ]
 }

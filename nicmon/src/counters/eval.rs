@@ -123,6 +123,12 @@ impl CounterState {
         self.saturation_flags.len()
     }
 
+    /// Whether this counter is saturated now. While it is, its thresholds are not evaluated:
+    /// an unhealthy event about it this poll is its saturation event, not a breach.
+    pub fn is_saturated(&self, device: &str, port: u32, rule_name: &str) -> bool {
+        self.saturation_flags.contains_key(&counter_key(device, port, rule_name))
+    }
+
     /// The (device, port, rule name) of every counter saturated now.
     pub fn saturated(&self) -> impl Iterator<Item = (&str, u32, &str)> {
         self.saturation_flags.keys().filter_map(|k| parse_counter_key(k))
@@ -155,6 +161,29 @@ pub fn evaluate(
         }
     }
     (events, next)
+}
+
+/// Counters read at the previous poll that are unreadable at this one (the file gone, or
+/// not a number, such as EFA's `N/A`): `(device, port, rule name)`. They are not evaluated
+/// this poll; their last value is forgotten in `next`, so each episode is said once and the
+/// next number read is compared with the window's snapshot (a lower one is a reset).
+pub fn went_unreadable(
+    prev: &CounterState,
+    next: &mut CounterState,
+    ports: &[CounterPort<'_>],
+    rules: &[CounterRule],
+) -> Vec<(String, u32, String)> {
+    let mut out = Vec::new();
+    for p in ports {
+        for rule in rules.iter().filter(|r| r.enabled && r.layers.covers(p.link_layer)) {
+            let key = counter_key(p.device, p.port, &rule.name);
+            if !p.counters.contains_key(&rule.path) && prev.last_values.contains_key(&key) {
+                next.last_values.remove(&key);
+                out.push((p.device.to_owned(), p.port, rule.name.clone()));
+            }
+        }
+    }
+    out
 }
 
 struct Reading<'a> {

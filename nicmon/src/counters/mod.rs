@@ -15,4 +15,4 @@ mod tests;
 pub use config::{
     CounterConfigError, CounterDetection, CounterEntry, CounterRule, Layers, ThresholdType, VelocityUnit, read_paths,
 };
-pub use eval::{CounterPort, CounterState, counter_key, evaluate, missing, parse_counter_key};
+pub use eval::{CounterPort, CounterState, counter_key, evaluate, missing, parse_counter_key, went_unreadable};

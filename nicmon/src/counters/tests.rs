@@ -650,3 +650,25 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_counter_that_goes_unreadable_is_said_once_per_episode() {
+    let mut n = Node::ib();
+    n.poll(0, &[(LINK_DOWNED, 0), (SYMBOL_ERROR, 0)]);
+    let empty = BTreeMap::new();
+    let readable: BTreeMap<String, u64> = [(SYMBOL_ERROR.to_string(), 0)].into();
+    let unreadable = |n: &mut Node, counters: &BTreeMap<String, u64>| {
+        let ports = [CounterPort { device: n.device, port: n.port, link_layer: Some(&n.link_layer), counters }];
+        let prev = n.state.clone();
+        let gone = went_unreadable(&prev, &mut n.state, &ports, &n.rules);
+        gone.into_iter().map(|(d, p, r)| format!("{d}:{p}:{r}")).collect::<Vec<_>>()
+    };
+    // link_downed reads N/A: said once (one rule reads it), the others stay quiet.
+    assert_eq!(unreadable(&mut n, &readable), vec!["mlx5_0:1:link_downed"]);
+    assert!(unreadable(&mut n, &readable).is_empty(), "said once per episode");
+    // Readable again, then everything unreadable: each readable rule said once.
+    n.poll(2, &[(LINK_DOWNED, 0), (SYMBOL_ERROR, 0)]);
+    let all = unreadable(&mut n, &empty);
+    assert!(all.contains(&"mlx5_0:1:link_downed".to_string()) && all.iter().any(|k| k.ends_with("symbol_error")));
+    assert!(n.poll(3, &[(LINK_DOWNED, 0)]).is_empty(), "readable again at its old value: no event");
+}

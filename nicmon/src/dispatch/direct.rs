@@ -75,7 +75,7 @@ impl Default for QueueBounds {
 /// The queue cannot take a poll's batches.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "direct publish queue full: {queued_batches} batch(es) / {queued_bytes} bytes queued, {new_batches} more \
+    "outbox full: {queued_batches} batch(es) / {queued_bytes} bytes queued, {new_batches} more \
      would exceed {} batches / {} bytes",
     bounds.max_batches,
     bounds.max_bytes
@@ -574,7 +574,7 @@ mod tests {
         assert_eq!(bounds.admit(&queued, &[]), Ok(()));
         let e = bounds.admit(&queued, &[batch(3, "x"), batch(4, "x")]).unwrap_err();
         assert_eq!((e.queued_batches, e.new_batches), (2, 2));
-        assert!(e.to_string().starts_with("direct publish queue full: 2 batch(es)"), "{e}");
+        assert!(e.to_string().starts_with("outbox full: 2 batch(es)"), "{e}");
         let tight = QueueBounds { max_batches: 100, max_bytes: 2 * one };
         assert!(tight.admit(&queued, &[batch(3, "x")]).is_err());
     }

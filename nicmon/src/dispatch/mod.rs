@@ -19,6 +19,12 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 pub use direct::{DirectConfig, DirectSink, QueueBounds};
+
+/// The most serialized bytes the outbox holds, whatever the sink.
+pub const OUTBOX_MAX_BYTES: usize = 4 * 1024 * 1024;
+/// The outbox's bound for the socket and JSON-lines sinks: upstream's 1024 batches, and
+/// [`OUTBOX_MAX_BYTES`].
+pub const OUTBOX_BOUNDS: QueueBounds = QueueBounds { max_batches: 1024, max_bytes: OUTBOX_MAX_BYTES };
 pub use grpc::{
     ConnectPolicy, DEFAULT_SOCKET, GrpcConfig, GrpcSink, RetryPolicy, SocketTarget, TokenError, TokenSource,
 };
@@ -89,13 +95,16 @@ impl FromStr for SinkSpec {
 }
 
 impl SinkSpec {
-    /// The bound on queued batches this sink imposes: direct publishing's bounded queue
-    /// (the socket and JSON-lines sinks queue without a bound).
-    pub fn queue_bounds(&self, grpc: &GrpcConfig) -> Option<QueueBounds> {
-        match self {
-            SinkSpec::Grpc => grpc.direct.as_ref().map(|d| d.queue),
-            _ => None,
-        }
+    /// The bound on the outbox: direct publishing's bounded queue (`HEALTH_PUBLISH_QUEUE_*`,
+    /// upstream's 1024 batches / 64 MiB) with its bytes capped at [`OUTBOX_MAX_BYTES`];
+    /// every other sink [`OUTBOX_BOUNDS`]. The outbox lives in the state file (read up to
+    /// 16 MiB) and in the daemon's memory (peak RSS ≤ 32 MiB), hence the cap.
+    pub fn queue_bounds(&self, grpc: &GrpcConfig) -> QueueBounds {
+        let b = match (self, &grpc.direct) {
+            (SinkSpec::Grpc, Some(d)) => d.queue,
+            _ => OUTBOX_BOUNDS,
+        };
+        QueueBounds { max_batches: b.max_batches, max_bytes: b.max_bytes.min(OUTBOX_MAX_BYTES) }
     }
 }
 

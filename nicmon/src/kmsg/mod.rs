@@ -5,7 +5,8 @@
 //! - [`attribution`] — which monitored NIC (card) a line is about;
 //! - [`matcher`] — [`process`]: (state, records, index, patterns, now) → (events, next
 //!   state, wake hints), with the soft lockup rule, per-card dedup and the resume cursor;
-//! - [`reader`] — the thin imperative part: a `/dev/kmsg` tail thread and `--kmsg FILE`;
+//! - [`reader`] — the thin imperative part: a tail thread on `/dev/kmsg`, a FIFO or a
+//!   followed regular file, and `--kmsg FILE`;
 //! - [`real_log`] — the only writer into the real `/dev/kmsg`: self-test lines that no
 //!   kernel-log monitor can mistake for a fault.
 pub mod attribution;
@@ -18,7 +19,7 @@ pub mod record;
 pub use attribution::{Departed, DeviceIndex, HostLinks, IndexEntry, Resolution, Target};
 pub use matcher::{DedupEntry, KmsgState, PendingLockup, Processed, WakeHint, process};
 pub use pattern::{ConfigError, KmsgConfig, Outcome, Pattern, PatternConfig, Patterns, Scope};
-pub use reader::{DEV_KMSG, Delivery, KmsgTail, Start, read_file};
+pub use reader::{DEV_KMSG, Delivery, KmsgTail, MAX_PENDING_BYTES, MAX_PENDING_RECORDS, Start, keep_newest, read_file};
 pub use record::{DeviceRef, Record, parse_record, parse_text};
 
 #[cfg(test)]

@@ -87,6 +87,28 @@ pub fn parse_record(buf: &[u8]) -> Record {
     rec
 }
 
+/// Parse what one `read()` of the kernel log device returned: normally one record, but
+/// every record is kept when a read holds several (a record starts at each line that does
+/// not begin with a space; those that do are its continuation lines).
+pub fn parse_records(buf: &[u8]) -> Vec<Record> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut at = 0;
+    for line in buf.split_inclusive(|&b| b == b'\n') {
+        if at > start && !line.starts_with(b" ") {
+            if buf[start..at].iter().any(|b| !b.is_ascii_whitespace()) {
+                out.push(parse_record(&buf[start..at]));
+            }
+            start = at;
+        }
+        at += line.len();
+    }
+    if buf[start..].iter().any(|b| !b.is_ascii_whitespace()) {
+        out.push(parse_record(&buf[start..]));
+    }
+    out
+}
+
 /// Parse a file of kernel log text: `/dev/kmsg` records (header line + ` KEY=VALUE`
 /// continuation lines) and plain text lines, mixed freely; the format is decided per
 /// line. Empty lines are skipped.
@@ -331,11 +353,29 @@ mod tests {
         assert_eq!(recs[1].text, " DEVICE=+pci:0000:01:00.0");
     }
 
+    #[test]
+    fn a_read_holding_several_records_gives_each() {
+        let recs = parse_records(b"3,7,1,-;one\n DEVICE=+pci:0000:01:00.0\n6,8,2,-;two\n\n6,9,3,-;three");
+        let seqs: Vec<_> = recs.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, [Some(7), Some(8), Some(9)]);
+        assert_eq!(recs[0].device.as_ref().and_then(|d| d.pci()), Some("0000:01:00.0"));
+        assert_eq!(recs[1].text, "two");
+        assert_eq!(
+            parse_records(b"3,7,1,-;only\n SUBSYSTEM=pci\n"),
+            vec![parse_record(b"3,7,1,-;only\n SUBSYSTEM=pci\n")]
+        );
+        assert!(parse_records(b"").is_empty());
+        assert!(parse_records(b"\n").is_empty());
+    }
+
     proptest! {
         #[test]
         fn record_parser_is_total(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             let _ = parse_record(&bytes);
             let _ = parse_text(&bytes);
+            // Every record of a read is kept: no more records than lines.
+            let lines = bytes.split(|&b| b == b'\n').count();
+            prop_assert!(parse_records(&bytes).len() <= lines);
         }
 
         #[test]
@@ -352,6 +392,15 @@ mod tests {
                 prop_assert_eq!(r.seq, Some(s));
                 prop_assert_eq!(r.ts_usec, Some(t));
             }
+        }
+
+        #[test]
+        fn a_read_of_several_records_parses_as_each_alone(
+            recs in proptest::collection::vec(("[0-7]", 0u64..1000, "[a-z ;,]{0,30}", "( (SUBSYSTEM|DEVICE)=[a-z0-9:+.]{0,12}\n){0,2}"), 1..6),
+        ) {
+            let bufs: Vec<String> = recs.iter().map(|(p, s, t, c)| format!("{p},{s},1,-;{t}\n{c}")).collect();
+            let alone: Vec<Record> = bufs.iter().map(|b| parse_record(b.as_bytes())).collect();
+            prop_assert_eq!(parse_records(bufs.concat().as_bytes()), alone);
         }
 
         #[test]

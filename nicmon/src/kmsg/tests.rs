@@ -713,6 +713,7 @@ fn from_snapshot_uses_the_callers_roles() {
         function,
         netdev: None,
         ports: vec![],
+        unknown: Default::default(),
     };
     let snap = Snapshot {
         devices: vec![

@@ -1,11 +1,12 @@
 //! Escalation (SPEC §1.3, 000 §3.4): when a non-fatal port becomes fatal.
 //!
 //! Only a port that was healthy earlier in this boot gets here (a port never healthy is
-//! deferred as uncabled, see [`super::ports`]). A port whose health is `NonFatal {
-//! escalates: true }` — logical DOWN while training, INIT, ARMED — is fatal
+//! deferred as uncabled, see [`super::ports`]). A non-fatal port is fatal
 //! - **at once** when its card has fewer active ports than its role group's mode (peer
-//!   evidence: the card, not the cable, is at fault), else
-//! - **after the grace** (`[stateDetection] escalationGraceSeconds`, default 30 s) of being
+//!   evidence: the card, not the cable, is at fault) — whatever its non-fatal state
+//!   (`ACTIVE` + `LinkErrorRecovery` too), else
+//! - **after the grace**, for the escalating states only (logical DOWN while training, INIT,
+//!   ARMED; `[stateDetection] escalationGraceSeconds`, default 30 s) of being
 //!   continuously unhealthy, counted from the first unhealthy poll.
 //!
 //! The suffix returned goes at the end of the event's message and says which rule fired.
@@ -27,10 +28,10 @@ pub(super) fn escalate(
     match health {
         PortHealth::Fatal => (true, String::new()),
         PortHealth::NonFatal { escalates } => {
-            if escalates && let Some(mode) = cards.below(card) {
+            if let Some(mode) = cards.below(card) {
                 let active = cards.active(card);
                 (true, format!(" - card {} has {active} active ports, its peers {mode}", card.unwrap_or("?")))
-            } else if now - since >= grace {
+            } else if escalates && now - since >= grace {
                 (true, format!(" - still unhealthy after {} s", (now - since).whole_seconds()))
             } else {
                 (false, String::new())

@@ -1,11 +1,14 @@
 //! Card homogeneity (000 §4.3): within a role group `(role, link layer)` the cards should
-//! have the same number of active ports. A card below the group's mode makes its escalating
-//! ports fatal at once (see [`super::escalation`]); a shortfall that no port-level event
-//! explains is reported as a card-level event, and its end as a healthy one.
+//! have the same number of active ports. A card below the group's mode makes its unhealthy
+//! ports fatal at once (see [`super::escalation`]) and is reported as a card-level event
+//! (alongside any port events), and its end as a healthy one. While a port of the card is
+//! held as flapping ([`super::flap`]), from the poll after its "port flapping" event until it
+//! has settled, the card stays as it was reported: the flapping port does not make it fall
+//! and recover again with every transition.
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::health::state_check;
-use super::state::{LinkState, Reported, port_key};
+use super::state::{LinkState, port_key};
 use super::{Ctx, Emitted};
 use crate::event::{Entity, HealthEvent};
 use crate::model::LinkLayer;
@@ -24,6 +27,9 @@ pub(super) struct Cards {
     pub views: BTreeMap<String, CardView>,
     /// Card → its group's mode, for cards below it.
     pub below_mode: BTreeMap<String, usize>,
+    /// Cards with a port whose state is unknown this poll: left out of the comparison (no
+    /// decision for them, and not counted in their group's mode).
+    pub undecided: BTreeSet<String>,
 }
 
 impl Cards {
@@ -55,19 +61,31 @@ pub(super) fn unique_mode<T: Ord + Copy>(values: impl IntoIterator<Item = T>) ->
     modes.next().is_none().then_some(m)
 }
 
-/// Active ports per card, the mode per group (cards with a missing device left out).
+/// Active ports per card, the mode per group (cards with a missing device, and cards with a
+/// port whose state is unknown, left out: unknown is neither active nor inactive).
 pub(super) fn compare_cards(ctx: &Ctx<'_>, missing_cards: &BTreeSet<String>) -> Cards {
     let mut views: BTreeMap<String, CardView> = BTreeMap::new();
+    let mut undecided = BTreeSet::new();
     for d in &ctx.monitored {
-        let (Some(role), Some(ll), Some(card)) = (ctx.role_of(d), device_link_layer(d), d.card.as_ref()) else {
+        let Some(card) = d.card.as_ref() else {
+            continue;
+        };
+        // A device whose link layer or a port's state is unknown (and not judged with a last
+        // known one) cannot be counted: its card is undecided, not short of active ports.
+        let ll = device_link_layer(d).filter(|l| !matches!(l, LinkLayer::Unknown(_)));
+        if ll.is_none() || d.ports.iter().any(|p| p.unknown_state().is_some()) {
+            undecided.insert(card.clone());
+        }
+        let (Some(role), Some(ll)) = (ctx.role_of(d), ll) else {
             continue;
         };
         let view = views.entry(card.clone()).or_insert(CardView { group: (role, ll.clone()), active: 0 });
         view.active += d.ports.iter().filter(|p| p.is_healthy()).count();
     }
+    let left_out = |card: &String| missing_cards.contains(card) || undecided.contains(card);
     let mut group_counts: BTreeMap<Group, Vec<usize>> = BTreeMap::new();
     for (card, v) in &views {
-        if !missing_cards.contains(card) {
+        if !left_out(card) {
             group_counts.entry(v.group.clone()).or_default().push(v.active);
         }
     }
@@ -77,31 +95,34 @@ pub(super) fn compare_cards(ctx: &Ctx<'_>, missing_cards: &BTreeSet<String>) -> 
         .collect();
     let below_mode = views
         .iter()
-        .filter(|(card, _)| !missing_cards.contains(*card))
+        .filter(|(card, _)| !left_out(card))
         .filter_map(|(card, v)| group_mode.get(&v.group).filter(|m| v.active < **m).map(|m| (card.clone(), *m)))
         .collect();
-    Cards { views, below_mode }
+    Cards { views, below_mode, undecided }
 }
 
-/// Card-level events: a card below its peers with an unhealthy port that no port-level
-/// event explains is reported once; a reported card back at its peers' count recovers.
+/// Card-level events: a card below its peers' mode is reported once, whether or not port
+/// events also cover it (SPEC §1.3, upstream); a reported card back at its peers' count
+/// recovers. A card with a port held as flapping since an earlier poll is left as it was
+/// reported until that port has settled.
 pub(super) fn card_events(ctx: &Ctx<'_>, cards: &Cards, st: &mut LinkState, out: &mut Emitted) {
-    let mut still_below = BTreeSet::new();
-    for (card, mode) in &cards.below_mode {
-        let view = &cards.views[card];
-        let unexplained = ctx.monitored.iter().filter(|d| d.card.as_deref() == Some(card.as_str())).any(|d| {
+    let frozen: BTreeSet<&str> = ctx
+        .monitored
+        .iter()
+        .filter(|d| {
             d.ports.iter().any(|p| {
-                !p.is_healthy()
-                    && st
-                        .port_states
-                        .get(&port_key(&d.name, p.number))
-                        .map(|r| !matches!(r.reported, Reported::NonFatal | Reported::Fatal))
-                        .unwrap_or(true)
+                st.port_states
+                    .get(&port_key(&d.name, p.number))
+                    .and_then(|r| r.flap.flapping_since)
+                    .is_some_and(|since| since < ctx.now)
             })
-        });
-        if !unexplained {
-            continue;
-        }
+        })
+        .filter_map(|d| d.card.as_deref())
+        .collect();
+    let mut still_below: BTreeSet<String> =
+        st.cards_below_mode.iter().filter(|c| frozen.contains(c.as_str())).cloned().collect();
+    for (card, mode) in cards.below_mode.iter().filter(|(c, _)| !frozen.contains(c.as_str())) {
+        let view = &cards.views[card];
         still_below.insert(card.to_string());
         let Some(check) = state_check(&view.group.1) else {
             continue;
@@ -124,6 +145,11 @@ pub(super) fn card_events(ctx: &Ctx<'_>, cards: &Cards, st: &mut LinkState, out:
     }
     for card in &st.cards_below_mode {
         if still_below.contains(card) {
+            continue;
+        }
+        if cards.undecided.contains(card) {
+            // No decision this poll: a card event outstanding stays outstanding.
+            still_below.insert(card.clone());
             continue;
         }
         if let Some(view) = cards.views.get(card)

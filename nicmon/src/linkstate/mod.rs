@@ -1,16 +1,20 @@
-//! Link state checks (SPEC §1.3, 000 §3–§9; `InfiniBandStateCheck`, `EthernetStateCheck`).
+//! Link state checks (SPEC §1.3, 000 §3–§9; `InfiniBandStateCheck`, `EthernetStateCheck`,
+//! `EFAStateCheck`).
 //!
 //! Pure: `(previous LinkState, snapshot, roles, config, now) → (events, next LinkState)`.
 //! No clock, no I/O, and only the state checks' own memory ([`LinkState`]) in and out.
 //! [`evaluate`] runs these named steps, in this order, each in its own file:
+//! 0. what the steps see: [`efa`] — EFA ports' state from their netdev; then [`holddown`] —
+//!    a port held after a healthy→unhealthy edge keeps its last healthy snapshot;
 //! 1. [`disappearance`] — known devices missing for 3 polls (with the PCI probe's verdict),
 //!    and their return;
 //! 2. [`homogeneity`] — active ports per card against its role group's mode;
-//! 3. per port: [`ports`] — health boundary crossings, deferral of never-healthy ports, and
+//! 3. per port: [`unknown`] — a state that is unknown is no decision, said once after the
+//!    grace and cleared when readable; [`ports`] — health boundary crossings, deferral of never-healthy ports, and
 //!    [`escalation`] of non-fatal ports to fatal (the 30 s grace, or at once by peers);
 //!    with [`flap`] damping (a flapping port is one fatal event, held until it settles);
 //!    then [`subnet_manager`] — LID / SM LID changes while ACTIVE;
-//! 4. [`homogeneity::card_events`] — card-level events no port event explains;
+//! 4. [`homogeneity::card_events`] — a card below its group's mode, and its return;
 //! 5. [`speed`] — link speed below the group's rate mode.
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -21,20 +25,27 @@ use crate::model::{Device, Snapshot};
 use crate::roles::{Classification, Role, device_link_layer};
 
 pub mod disappearance;
+pub mod efa;
 pub mod escalation;
 pub mod flap;
 pub mod health;
+pub mod holddown;
 pub mod homogeneity;
 pub mod ports;
 pub mod speed;
 pub mod state;
 pub mod subnet_manager;
+#[cfg(test)]
+mod tests;
+pub mod unknown;
 
 pub use disappearance::MISSES_BEFORE_REPORT;
 pub use flap::{FlapConfig, FlapState};
 pub use health::{PortHealth, port_health, state_check};
+pub use holddown::{Blip, Held, Holds};
 pub use ports::MAX_DEFERRED_POLLS;
 pub use state::{KnownDevice, LinkState, PortRecord, Reported, port_key};
+pub use unknown::with_known_link_layers;
 
 /// The knobs of the state checks.
 #[derive(Debug, Clone)]
@@ -42,6 +53,8 @@ pub struct StateConfig {
     /// A non-fatal port that was healthy in this boot escalates to fatal after this long.
     pub escalation_grace: Duration,
     pub speed_degradation_fatal: bool,
+    /// `[stateCheck] portStateHoldDown`: how long a healthy→unhealthy edge is held (0: off).
+    pub port_state_hold_down: Duration,
     /// Flap damping (`[stateCheck] flapThreshold`, `flapWindow`, `flapSettle`).
     pub flap: FlapConfig,
     /// Checks enabled (`--checks`).
@@ -53,6 +66,7 @@ impl Default for StateConfig {
         StateConfig {
             escalation_grace: Duration::seconds(30),
             speed_degradation_fatal: false,
+            port_state_hold_down: Duration::ZERO,
             flap: FlapConfig::default(),
             checks: Check::ALL.into_iter().collect(),
         }
@@ -65,6 +79,8 @@ pub struct Outcome {
     pub state: LinkState,
     /// Things worth a log line (deferred ports, settled uncabled ports).
     pub notes: Vec<String>,
+    /// Ports held by the hold-down this poll, and held transitions that ended as blips.
+    pub holds: Holds,
     /// The unhealthy transitions of ports this poll that flap damping counted.
     pub flaps: Vec<FlapTransition>,
 }
@@ -133,14 +149,17 @@ pub fn evaluate(
     now: OffsetDateTime,
     stamp: &Stamp,
 ) -> Outcome {
+    let mut st = prev.clone();
+    let (snap, efa_notes) = efa::fold_netdev(snap);
+    let (snap, holds) = holddown::hold(snap, &mut st, roles, cfg, first_poll, now);
+    let snap = snap.as_ref();
     let monitored = snap
         .devices
         .iter()
         .filter(|d| roles.get(&d.name).map(|c| c.monitored).unwrap_or(false) && !d.is_vf())
         .collect();
     let ctx = Ctx { snap, roles, monitored, cfg, now, stamp, first_poll };
-    let mut st = prev.clone();
-    let mut out = Emitted::default();
+    let mut out = Emitted { notes: efa_notes, ..Emitted::default() };
 
     let missing_cards = disappearance::missing_devices(&ctx, &mut st, &mut out);
     disappearance::present_devices(&ctx, &mut st, &mut out);
@@ -158,7 +177,9 @@ pub fn evaluate(
             let known = st.port_states.get(&key).cloned();
             let is_known = known.is_some();
             let mut r = known.unwrap_or_else(|| pv.new_record());
-            ports::transition(&ctx, &pv, &cards, &mut r, is_known, &mut out);
+            unknown::unknown_state(&ctx, &pv, &mut r, &mut out);
+            let blip = holds.blips.iter().any(|b| b.device == d.name && b.port == port.number);
+            ports::transition(&ctx, &pv, &cards, &mut r, is_known, blip, &mut out);
             subnet_manager::lid_changes(&ctx, &pv, &r, &mut out);
             ports::remember(port, &mut r);
             st.port_states.insert(key, r);
@@ -167,5 +188,5 @@ pub fn evaluate(
     homogeneity::card_events(&ctx, &cards, &mut st, &mut out);
     speed::speed(&ctx, &mut st, &mut out);
 
-    Outcome { events: out.events, state: st, notes: out.notes, flaps: out.flaps }
+    Outcome { events: out.events, state: st, notes: out.notes, holds, flaps: out.flaps }
 }

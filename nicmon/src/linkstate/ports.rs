@@ -37,7 +37,7 @@ impl PortView<'_> {
         PortRecord {
             device: self.device.name.clone(),
             port: self.port.number,
-            link_layer: self.ll.name().to_string(),
+            link_layer: self.ll.clone(),
             state: None,
             phys_state: None,
             reported: Reported::Nothing,
@@ -47,19 +47,24 @@ impl PortView<'_> {
             speed_degraded: false,
             lid: None,
             sm_lid: None,
+            unknown_since: None,
+            unknown_reported: false,
+            held_since: None,
             flap: FlapState::default(),
         }
     }
 }
 
 /// Decide this port's health against its record `r`; `known`: the record existed before
-/// this poll.
+/// this poll; `blip`: the hold-down step found a held transition of this port healthy again
+/// this poll ([`super::holddown`]).
 pub(super) fn transition(
     ctx: &Ctx<'_>,
     pv: &PortView<'_>,
     cards: &Cards,
     r: &mut PortRecord,
     known: bool,
+    blip: bool,
     out: &mut Emitted,
 ) {
     let (d, port, ll) = (pv.device, pv.port, pv.ll);
@@ -68,6 +73,9 @@ pub(super) fn transition(
     match health {
         PortHealth::Unknown | PortHealth::Quiet => {}
         PortHealth::Healthy => {
+            if blip {
+                blip_transition(ctx, pv, r, out);
+            }
             match r.flap.healthy(&ctx.cfg.flap, ctx.now) {
                 // Held as flapping: healthy is reported only once it has settled.
                 Settle::Settling => {
@@ -154,6 +162,38 @@ pub(super) fn transition(
     }
 }
 
+/// A blip (a transition held by `portStateHoldDown` that recovered in time) publishes
+/// nothing on its own, but it is an unhealthy transition of the port for flap damping: a
+/// port blipping again and again is reported as flapping, and the blip of a port already
+/// held as flapping restarts its settle clock.
+fn blip_transition(ctx: &Ctx<'_>, pv: &PortView<'_>, r: &mut PortRecord, out: &mut Emitted) {
+    match r.flap.unhealthy_transition(&ctx.cfg.flap, ctx.now) {
+        Transition::Report | Transition::Held => flap_counted(pv, r, false, out),
+        Transition::StartsFlapping { transitions } => {
+            let msg = format!(
+                "{} - port flapping: {transitions} transitions in {} s (each recovered within \
+                 portStateHoldDown), held until healthy for {} s",
+                port_text(pv),
+                ctx.cfg.flap.window.whole_seconds(),
+                ctx.cfg.flap.settle.whole_seconds()
+            );
+            let ev = HealthEvent::new(pv.check, ctx.stamp, ctx.now, &msg).unhealthy(true).error_code(flap::ERROR_CODE);
+            pv.emit(ctx, out, ev);
+            r.reported = Reported::Fatal;
+            flap_counted(pv, r, true, out);
+        }
+    }
+}
+
+/// The port, named as its events name it (`RoCE port mlx5_2 port 1`).
+fn port_text(pv: &PortView<'_>) -> String {
+    let text = state_text(&pv.device.name, pv.port, pv.ll);
+    match text.split_once(':') {
+        Some((name, _)) => name.to_string(),
+        None => text,
+    }
+}
+
 /// Say that flap damping counted an unhealthy transition of this port (metric, log line).
 fn flap_counted(pv: &PortView<'_>, r: &PortRecord, published: bool, out: &mut Emitted) {
     out.flaps.push(FlapTransition {
@@ -168,8 +208,8 @@ fn flap_counted(pv: &PortView<'_>, r: &PortRecord, published: bool, out: &mut Em
 
 /// Remember what was seen of the port this poll.
 pub(super) fn remember(port: &Port, r: &mut PortRecord) {
-    r.state = port.state.as_ref().map(|s| s.name().to_string());
-    r.phys_state = port.phys_state.as_ref().map(|s| s.name().to_string());
+    r.state = port.state.clone();
+    r.phys_state = port.phys_state.clone();
     r.lid = port.lid.or(r.lid);
     r.sm_lid = port.sm_lid.or(r.sm_lid);
 }

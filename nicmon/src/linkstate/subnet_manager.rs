@@ -10,7 +10,7 @@ use crate::model::{LinkLayer, PortState};
 pub(super) fn lid_changes(ctx: &Ctx<'_>, pv: &PortView<'_>, r: &PortRecord, out: &mut Emitted) {
     let port = pv.port;
     let active_now = port.state == Some(PortState::Active);
-    let was_active = r.state.as_deref() == Some("ACTIVE");
+    let was_active = r.state == Some(crate::model::PortState::Active);
     if !(active_now && was_active && *pv.ll == LinkLayer::InfiniBand) {
         return;
     }

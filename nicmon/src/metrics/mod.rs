@@ -51,6 +51,13 @@ struct PortLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AttributeLabels {
+    device: String,
+    port: u32,
+    attribute: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CheckLabels {
     check: String,
 }
@@ -136,6 +143,7 @@ pub struct Metrics {
     port_healthy: Family<PortLabels, Gauge>,
     port_flap_transitions: Family<PortLabels, Counter>,
     port_flapping: Family<PortLabels, Gauge>,
+    port_attribute_unknown: Family<AttributeLabels, Gauge>,
     events_sent: Family<CheckLabels, Counter>,
     events_failed: Family<FailedLabels, Counter>,
     poll_duration: Histogram,
@@ -162,6 +170,7 @@ pub struct Metrics {
     legacy_events_sent: Family<NodeCheckFatal, Counter>,
     legacy_poll_duration: HistogramFamily<NodeCategory>,
     legacy_state_check_errors: Family<NodeCheckDevicePort, Counter>,
+    port_state_blips: Family<NodeCheckDevicePort, Counter>,
     legacy_breaches: Family<NodeCounterDevicePortFatal, Counter>,
 }
 
@@ -176,6 +185,7 @@ impl Metrics {
             port_healthy: Family::default(),
             port_flap_transitions: Family::default(),
             port_flapping: Family::default(),
+            port_attribute_unknown: Family::default(),
             events_sent: Family::default(),
             events_failed: Family::default(),
             poll_duration: Histogram::new(POLL_BUCKETS),
@@ -197,6 +207,7 @@ impl Metrics {
             legacy_events_sent: Family::default(),
             legacy_poll_duration: Family::new_with_constructor(legacy_histogram),
             legacy_state_check_errors: Family::default(),
+            port_state_blips: Family::default(),
             legacy_breaches: Family::default(),
         };
         // Counters get a `_total` suffix from the encoder: registered without it.
@@ -207,7 +218,7 @@ impl Metrics {
         );
         registry.register(
             "nicmon_port_healthy",
-            "1 while a monitored port is healthy, 0 while it is not",
+            "1 while a monitored port is healthy, 0 while it is not; absent while its state is unknown",
             m.port_healthy.clone(),
         );
         registry.register(
@@ -219,6 +230,11 @@ impl Metrics {
             "nicmon_port_flapping",
             "1 while a port is held as flapping (one fatal event sent, further transitions not published)",
             m.port_flapping.clone(),
+        );
+        registry.register(
+            "nicmon_port_attribute_unknown",
+            "1 while a monitored port's attribute (state, phys_state, link_layer) is unknown: unreadable, stuck, empty or unparsable",
+            m.port_attribute_unknown.clone(),
         );
         registry.register("nicmon_events_sent", "Health events accepted by the sink, by check", m.events_sent.clone());
         registry.register(
@@ -302,6 +318,11 @@ impl Metrics {
             m.legacy_state_check_errors.clone(),
         );
         registry.register(
+            "nic_health_monitor_port_state_blips",
+            "Total number of port state transitions that recovered within the hold-down (not reported)",
+            m.port_state_blips.clone(),
+        );
+        registry.register(
             "nic_health_monitor_counter_threshold_breaches",
             "Total number of counter threshold breaches detected",
             m.legacy_breaches.clone(),
@@ -350,6 +371,17 @@ impl Metrics {
         self.port_healthy.clear();
         for (device, port, healthy) in ports {
             self.port_healthy.get_or_create(&PortLabels { device: device.into(), port }).set(i64::from(healthy));
+        }
+    }
+
+    /// The unknown attributes of monitored ports `(device, port, attribute)`, replacing the
+    /// previous cycle's set.
+    pub fn set_unknown_attributes<'a>(&self, unknown: impl IntoIterator<Item = (&'a str, u32, &'a str)>) {
+        self.port_attribute_unknown.clear();
+        for (device, port, attribute) in unknown {
+            self.port_attribute_unknown
+                .get_or_create(&AttributeLabels { device: device.into(), port, attribute: attribute.into() })
+                .set(1);
         }
     }
 
@@ -488,6 +520,18 @@ impl Metrics {
             .inc();
     }
 
+    /// A held port transition that recovered within `portStateHoldDown` (published nothing).
+    pub fn port_state_blip(&self, check: Check, device: &str, port: u32) {
+        self.port_state_blips
+            .get_or_create(&NodeCheckDevicePort {
+                node: self.node.clone(),
+                check: check.to_string(),
+                device: device.into(),
+                port,
+            })
+            .inc();
+    }
+
     /// A counter threshold breach (the existing monitor's metric).
     pub fn counter_threshold_breach(&self, counter: &str, device: &str, port: u32, fatal: bool) {
         self.legacy_breaches
@@ -538,11 +582,14 @@ mod tests {
         m.set_topology_source("metadata");
         m.set_topology_source("sysfs");
         m.set_saturated_counters([("mlx5_0", 1, "port_rcv_errors")]);
+        m.set_unknown_attributes([("mlx5_9", 1, "state"), ("mlx5_9", 1, "link_layer")]);
         m.kmsg_records_lost(3); // cumulative totals, one per cycle
         m.kmsg_records_lost(3);
         m.kmsg_records_lost(5);
         m.state_check_error(Check::InfiniBandStateCheck, "mlx5_3", 1);
         m.counter_threshold_breach("symbol_error", "mlx5_0", 1, false);
+        m.port_state_blip(Check::InfiniBandStateCheck, "mlx5_0", 1);
+        m.port_state_blip(Check::InfiniBandStateCheck, "mlx5_0", 1);
 
         let text = m.encode();
         let expect = [
@@ -552,6 +599,8 @@ mod tests {
             r#"nicmon_port_healthy{device="mlx5_3",port="1"} 0"#,
             r#"nicmon_port_flap_transitions_total{device="mlx5_3",port="1"} 2"#,
             r#"nicmon_port_flapping{device="mlx5_3",port="1"} 1"#,
+            r#"nicmon_port_attribute_unknown{device="mlx5_9",port="1",attribute="state"} 1"#,
+            r#"nicmon_port_attribute_unknown{device="mlx5_9",port="1",attribute="link_layer"} 1"#,
             r#"nicmon_events_sent_total{check="InfiniBandStateCheck"} 1"#,
             r#"nicmon_events_sent_total{check="NICKernelLogCheck"} 0"#,
             r#"nicmon_events_failed_total{check="EthernetStateCheck",kind="retryable"} 2"#,
@@ -571,6 +620,7 @@ mod tests {
             r#"nic_health_monitor_poll_cycle_duration_seconds_count{node="gpu-node-1",category="cycle"} 1"#,
             r#"nic_health_monitor_state_check_errors_total{node="gpu-node-1",check="InfiniBandStateCheck",device="mlx5_3",port="1"} 1"#,
             r#"nic_health_monitor_counter_threshold_breaches_total{node="gpu-node-1",counter="symbol_error",device="mlx5_0",port="1",is_fatal="false"} 1"#,
+            r#"nic_health_monitor_port_state_blips_total{node="gpu-node-1",check="InfiniBandStateCheck",device="mlx5_0",port="1"} 2"#,
         ];
         for line in expect {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
