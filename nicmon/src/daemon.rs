@@ -337,14 +337,14 @@ impl<'a> Daemon<'a> {
             self.monitor.statics.invalidate(dev);
         }
         let mut traced = false;
-        if let Some(base) = self.last_snapshot.as_ref().filter(|_| !targets.is_empty()) {
-            if let Some(obs) = self.monitor.observe_targeted(&self.state.checks, base, &targets) {
-                let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, OffsetDateTime::now_utc(), &[]);
-                let elapsed = woke_at.elapsed();
-                let kind = PollKind::Targeted(&targets);
-                self.act(poll, woke, woke_at, elapsed, kind, Vec::new());
-                traced = true;
-            }
+        if let Some(base) = self.last_snapshot.as_ref().filter(|_| !targets.is_empty())
+            && let Some(obs) = self.monitor.observe_targeted(&self.state.checks, base, &targets)
+        {
+            let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, OffsetDateTime::now_utc(), &[]);
+            let elapsed = woke_at.elapsed();
+            let kind = PollKind::Targeted(&targets);
+            self.act(poll, woke, woke_at, elapsed, kind, Vec::new());
+            traced = true;
         }
         let started = Instant::now();
         let records = std::mem::take(&mut self.pending_records);
