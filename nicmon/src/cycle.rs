@@ -379,11 +379,15 @@ mod tests {
         let obs = monitor.observe_targeted(&state, &base.snapshot, std::slice::from_ref(a)).expect("same device set");
         let targeted = monitor.decide(&state, &Loaded::Resumed, obs, t0 + Duration::seconds(1), &[]);
         let first = fatal_on(&targeted);
-        assert!(!first.is_empty() && first.iter().all(|e| e.contains(a.as_str())), "only {a}: {first:?}");
+        let about = |e: &String, dev: &str| {
+            let card = base.snapshot.devices.iter().find(|d| d.name == dev).and_then(|d| d.card.clone());
+            e.contains(&format!("NIC={dev} ")) || card.is_some_and(|c| e.contains(&format!("NIC={c}")))
+        };
+        assert!(!first.is_empty() && first.iter().all(|e| about(e, a)), "only {a}: {first:?}");
 
         let full = monitor.poll(&targeted.next, &Loaded::Resumed, t0 + Duration::seconds(1), &[]);
         let second = fatal_on(&full);
-        assert!(!second.is_empty() && second.iter().all(|e| e.contains(b.as_str())), "only {b}: {second:?}");
+        assert!(!second.is_empty() && second.iter().all(|e| about(e, b)), "only {b}: {second:?}");
         for e in &second {
             assert!(!first.contains(e), "{e} reported twice");
         }
