@@ -12,7 +12,7 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::BPF_RB_FORCE_WAKEUP,
-    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes},
     macros::{fentry, kprobe, map, tracepoint},
     maps::RingBuf,
     programs::{FEntryContext, ProbeContext, TracePointContext},
@@ -29,6 +29,12 @@ static WAKES: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
 /// at load time from `/sys/kernel/tracing/events/<system>/<event>/format`.
 #[unsafe(no_mangle)]
 static HINT_LOC: [u32; HOOK_SLOTS] = [0; HOOK_SLOTS];
+
+/// The agent's own process (tgid), written by the agent at load time; 0 = unknown. A
+/// firmware command that fails while the agent reads a counter fires `mlx5:mlx5_cmd` in the
+/// agent's context: that record would wake the agent to read again, so it is dropped here.
+#[unsafe(no_mangle)]
+static SELF_TGID: u32 = 0;
 
 /// Upper bound of a sane `__data_loc` offset: records are small.
 const MAX_DATA_OFFSET: usize = 4096;
@@ -158,8 +164,22 @@ pub fn tp_devlink_hwerr(ctx: TracePointContext) -> u32 {
     wake_tracepoint(&ctx, Hook::DevlinkHwerr)
 }
 
+/// Whether the current task belongs to the agent. Only for hooks that run in the context of
+/// the task that caused them (a firmware command is issued by its caller): an interrupt
+/// that happens to land while the agent runs carries the agent's tgid too, so hooks that
+/// can fire from interrupt context (carrier, qdisc) never use this.
+#[inline(always)]
+fn from_self() -> bool {
+    // SAFETY: reading our own read-only global.
+    let own = unsafe { core::ptr::read_volatile(&SELF_TGID) };
+    own != 0 && (bpf_get_current_pid_tgid() >> 32) as u32 == own
+}
+
 #[tracepoint]
 pub fn tp_mlx5_cmd(ctx: TracePointContext) -> u32 {
+    if from_self() {
+        return 0;
+    }
     wake_tracepoint(&ctx, Hook::Mlx5Cmd)
 }
 

@@ -1,5 +1,7 @@
 //! One full poll (read the host tree + evaluate every check) on the DGX-H100-like testbed
-//! node: median and p99 wall time. Run with `cargo bench -p nicmon --bench poll`.
+//! node: median and p99 wall time, and in the same run the floor: open/read/close of every
+//! file a cold poll reads (the files a naive poller reads each time), and the ratio.
+//! Run with `cargo bench -p nicmon --bench poll`.
 use std::time::Instant;
 
 use nicmon::config::Config;
@@ -24,8 +26,13 @@ fn main() {
     let mut state = CheckState::default();
     let mut loaded = Loaded::Missing { reboot: false };
     let mut t = time::OffsetDateTime::now_utc();
-    // Warm-up (first poll emits baselines).
-    for _ in 0..20 {
+    // Warm-up (first poll emits baselines); the first poll is cold: record what it reads.
+    *monitor.host.stats.recorded.lock().unwrap() = Some(Vec::new());
+    let mut cold = Vec::new();
+    for i in 0..20 {
+        if i == 1 {
+            cold = monitor.host.stats.recorded.lock().unwrap().take().unwrap_or_default();
+        }
         let p = monitor.poll(&state, &loaded, t, &[]);
         state = p.next;
         loaded = Loaded::Resumed;
@@ -41,6 +48,21 @@ fn main() {
     }
     let files = (monitor.host.stats.files_read.load(std::sync::atomic::Ordering::Relaxed) - files_before) as f64
         / (polls + 20) as f64;
+    // The floor, in the same run: open/read/close of each file the cold poll read, in one
+    // thread, nothing parsed or decided.
+    let mut floor_us = Vec::with_capacity(polls);
+    let mut buf = vec![0u8; 8192];
+    for _ in 0..polls.min(1000) {
+        let start = Instant::now();
+        for path in &cold {
+            if let Ok(mut f) = std::fs::File::open(path) {
+                let _ = std::io::Read::read(&mut f, &mut buf);
+            }
+        }
+        floor_us.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    floor_us.sort_by(|a, b| a.total_cmp(b));
+    let floor = floor_us[floor_us.len() / 2];
     us.sort_by(|a, b| a.total_cmp(b));
     let pct = |p: f64| us[((us.len() as f64 - 1.0) * p).round() as usize];
     println!(
@@ -49,5 +71,11 @@ fn main() {
         pct(0.5) / 1000.0,
         pct(0.99) / 1000.0,
         us[us.len() - 1] / 1000.0
+    );
+    println!(
+        "floor: open/read/close of the {} files a cold poll reads: median {:.3} ms; poll / floor = {:.2}x   [bar: <= 0.5x]",
+        cold.len(),
+        floor / 1000.0,
+        pct(0.5) / floor
     );
 }

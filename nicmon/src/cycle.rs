@@ -51,6 +51,8 @@ pub struct Monitor {
     pub counter_paths: Vec<String>,
     /// The boot ID read at start-up (`None`: unreadable).
     pub boot_id: Option<String>,
+    /// Static device attributes kept between polls ([`discovery::StaticCache`]).
+    pub statics: std::sync::Arc<discovery::StaticCache>,
 }
 
 /// Everything one cycle reads from the host, read once before anything is decided.
@@ -65,6 +67,9 @@ pub struct Observation {
     /// Host reads abandoned at their deadline so far (cumulative), and those not returned yet.
     pub reads_abandoned: u64,
     pub stuck_reads: Vec<(std::path::PathBuf, std::time::Duration)>,
+    /// A targeted read ([`Monitor::observe_targeted`]): only these devices were read now,
+    /// the rest of the snapshot is the previous full poll's. `None`: a full read.
+    pub targeted: Option<Vec<String>>,
 }
 
 /// The result of one poll.
@@ -128,6 +133,7 @@ impl Monitor {
             topology,
             stamp,
             boot_id,
+            statics: Default::default(),
         }
     }
 
@@ -141,6 +147,7 @@ impl Monitor {
                 .iter()
                 .filter_map(|(n, k)| k.pci_address.clone().map(|p| (n.clone(), p)))
                 .collect(),
+            statics: Some(self.statics.clone()),
         };
         self.host.begin_poll();
         // The memo goes into the reader for this read and comes back out with it.
@@ -164,7 +171,34 @@ impl Monitor {
         let einval = self.host.take_einval();
         let reads_abandoned = self.host.stats.reads_abandoned.load(std::sync::atomic::Ordering::Relaxed);
         let stuck_reads = self.host.stuck_reads();
-        Observation { snapshot, links, einval, reads_abandoned, stuck_reads }
+        Observation { snapshot, links, einval, reads_abandoned, stuck_reads, targeted: None }
+    }
+
+    /// The targeted read of a hinted wake-up (SPEC §1.8): `devices` read again now, by the
+    /// same code as [`Monitor::observe`], on top of `base`, the previous full poll's
+    /// snapshot. `None` when the device set changed since `base` (only a full poll may
+    /// decide about devices that came or went).
+    pub fn observe_targeted(&self, prev: &CheckState, base: &Snapshot, devices: &[String]) -> Option<Observation> {
+        let plan = ReadPlan {
+            counter_paths: self.counter_paths.clone(),
+            known: Vec::new(),
+            statics: Some(self.statics.clone()),
+        };
+        self.host.begin_poll();
+        self.host.remember_einval(prev.einval.iter().cloned());
+        let snapshot = discovery::rediscover(&self.host, &plan, base, devices);
+        let einval = self.host.take_einval();
+        let snapshot = snapshot?;
+        let reads_abandoned = self.host.stats.reads_abandoned.load(std::sync::atomic::Ordering::Relaxed);
+        let stuck_reads = self.host.stuck_reads();
+        Some(Observation {
+            snapshot,
+            links: None,
+            einval,
+            reads_abandoned,
+            stuck_reads,
+            targeted: Some(devices.to_vec()),
+        })
     }
 
     /// Read the host and evaluate every check against `prev`.
@@ -184,7 +218,11 @@ impl Monitor {
         now: OffsetDateTime,
         kmsg_records: &[Record],
     ) -> Poll {
-        let Observation { snapshot, links, einval, reads_abandoned, stuck_reads } = obs;
+        let Observation { snapshot, links, einval, reads_abandoned, stuck_reads, targeted } = obs;
+        // A targeted read: counters are evaluated for the devices read now only (the others'
+        // values are the previous poll's, at an earlier instant); the character devices and
+        // kernel log records wait for the full poll that follows.
+        let read_now = |name: &str| targeted.as_ref().is_none_or(|t| t.iter().any(|n| n == name));
         // A port whose link layer is unreadable is judged with its last known one.
         let snapshot = linkstate::with_known_link_layers(&prev.links, snapshot);
         let roles = roles::classify(&snapshot, &self.topology, &self.config.filters);
@@ -223,7 +261,7 @@ impl Monitor {
         let ports: Vec<CounterPort> = snapshot
             .devices
             .iter()
-            .filter(|d| monitored(&d.name) && !d.is_vf())
+            .filter(|d| monitored(&d.name) && !d.is_vf() && read_now(&d.name))
             .flat_map(|d| d.ports.iter().map(move |p| CounterPort::new(&d.name, p)))
             .collect();
         let (counter_events, mut counter_state) =
@@ -239,20 +277,20 @@ impl Monitor {
         }
         let mut char_devices = Vec::new();
         let mut char_state = prev.char_devices.clone();
-        if self.state_config.checks.contains(&Check::InfiniBandCharDeviceCheck) {
+        if self.state_config.checks.contains(&Check::InfiniBandCharDeviceCheck) && targeted.is_none() {
             let cd = chardev::evaluate(&prev.char_devices, &snapshot, &roles, self.config.issm, now, &self.stamp);
             events.extend(cd.events);
             notes.extend(cd.notes);
             char_state = cd.state;
             char_devices = cd.findings;
         }
-        if first_poll {
+        if first_poll && targeted.is_none() {
             notes.extend(missing_counter_notes(&ports, &self.config.counter_rules));
         }
 
         // The kernel log records that arrived since the previous poll.
         let mut kmsg_state = prev.kmsg.clone();
-        if !kmsg_records.is_empty() {
+        if !kmsg_records.is_empty() && targeted.is_none() {
             let links = links.unwrap_or_default();
             let index = DeviceIndex::from_snapshot(&snapshot, |d| monitored(&d.name), &links);
             let processed = kmsg::process(&prev.kmsg, kmsg_records, &index, &self.config.patterns, now, &self.stamp);
@@ -311,4 +349,88 @@ pub fn clear_all(cfg: &StateConfig, stamp: &Stamp, at: OffsetDateTime) -> Vec<He
         .filter(|c| cfg.checks.contains(c))
         .map(|c| HealthEvent::new(c, stamp, at, "Host rebooted: clearing all conditions from the previous boot"))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nicmon_tests::platforms::Platform;
+
+    fn options(node: &nicmon_tests::Node) -> MonitorOptions {
+        MonitorOptions {
+            sysfs: node.sys().to_path_buf(),
+            procfs: node.proc().to_path_buf(),
+            config: node.root().join("absent.toml"),
+            metadata: None,
+            metadata_required: false,
+            boot_id_path: None,
+            checks: Check::ALL.into_iter().collect(),
+            stamp: Stamp { node_name: "n1".into(), ..Stamp::default() },
+        }
+    }
+
+    fn fatal_on(poll: &Poll) -> Vec<String> {
+        let mut v: Vec<String> = poll
+            .events
+            .iter()
+            .filter(|e| !e.is_healthy)
+            .map(|e| format!("{} {}", e.check_name, e.entities_text()))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// A targeted poll reports the named device's change, not another device's; the full
+    /// poll that follows reports the other one, and neither reports an event twice.
+    #[test]
+    fn targeted_then_full_poll_never_repeats_an_event() {
+        let node = Platform::H100Oci.build();
+        let monitor = Monitor::open(&options(&node)).unwrap();
+        let t0 = OffsetDateTime::now_utc();
+        let base = monitor.poll(&CheckState::default(), &Loaded::Missing { reboot: false }, t0, &[]);
+        assert!(fatal_on(&base).is_empty(), "a healthy node: {:?}", fatal_on(&base));
+        let monitored: Vec<String> = base
+            .snapshot
+            .devices
+            .iter()
+            .filter(|d| base.roles.get(&d.name).is_some_and(|c| c.monitored) && !d.ports.is_empty())
+            .map(|d| d.name.clone())
+            .collect();
+        let (a, b) = (&monitored[0], &monitored[1]);
+        let state = base.next.clone();
+        node.pull_cable(a, 1);
+        node.pull_cable(b, 1);
+
+        // The hint resolves by name, netdev and PCI address.
+        let dev_a = base.snapshot.devices.iter().find(|d| &d.name == a).unwrap();
+        assert_eq!(discovery::devices_named(&monitor.host, &base.snapshot, a), vec![a.clone()]);
+        if let Some(nd) = &dev_a.netdev {
+            assert_eq!(discovery::devices_named(&monitor.host, &base.snapshot, nd), vec![a.clone()]);
+        }
+        let pci = dev_a.pci_address.clone().unwrap();
+        assert_eq!(discovery::devices_named(&monitor.host, &base.snapshot, &pci), vec![a.clone()]);
+        assert!(discovery::devices_named(&monitor.host, &base.snapshot, "nosuchdev").is_empty());
+
+        let obs = monitor.observe_targeted(&state, &base.snapshot, std::slice::from_ref(a)).expect("same device set");
+        let targeted = monitor.decide(&state, &Loaded::Resumed, obs, t0 + Duration::seconds(1), &[]);
+        let first = fatal_on(&targeted);
+        let about = |e: &String, dev: &str| {
+            let card = base.snapshot.devices.iter().find(|d| d.name == dev).and_then(|d| d.card.clone());
+            e.contains(&format!("NIC={dev} ")) || card.is_some_and(|c| e.contains(&format!("NIC={c}")))
+        };
+        assert!(!first.is_empty() && first.iter().all(|e| about(e, a)), "only {a}: {first:?}");
+
+        let full = monitor.poll(&targeted.next, &Loaded::Resumed, t0 + Duration::seconds(1), &[]);
+        let second = fatal_on(&full);
+        assert!(!second.is_empty() && second.iter().all(|e| about(e, b)), "only {b}: {second:?}");
+        for e in &second {
+            assert!(!first.contains(e), "{e} reported twice");
+        }
+        let again = monitor.poll(&full.next, &Loaded::Resumed, t0 + Duration::seconds(2), &[]);
+        assert!(again.events.is_empty(), "nothing new: {:?}", fatal_on(&again));
+
+        // A device set that changed since the base: no targeted read.
+        node.remove_device(b);
+        assert!(monitor.observe_targeted(&again.next, &full.snapshot, std::slice::from_ref(a)).is_none());
+    }
 }

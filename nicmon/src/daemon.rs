@@ -18,6 +18,7 @@ use tokio::signal::unix::{Signal, SignalKind};
 use tokio::sync::mpsc;
 
 use crate::cycle::{Monitor, MonitorOptions, Poll};
+use crate::discovery;
 use crate::dispatch::{GrpcConfig, Sink, SinkSpec};
 use crate::event::Check;
 use crate::kmsg::{self, Delivery, KmsgTail, Record, Start};
@@ -27,8 +28,12 @@ use crate::outbox::Courier;
 use crate::state::{self, Loaded, State};
 use crate::wake::{Wake, WakeOptions, WakeSource};
 
-/// Wake-ups within this window after the first one are served by the same poll.
-pub const COALESCE: Duration = Duration::from_millis(1);
+/// The shortest gap between the starts of two wake-driven polls. A wake-up after a quiet
+/// spell is polled at once (no coalescing sleep); wake-ups arriving within this gap of the
+/// previous wake-driven poll wait for its end and are all served by one poll — so a flood
+/// (a flapping link, a tracepoint hit thousands of times a second) costs at most
+/// 1 s / `WAKE_POLL_GAP` polls a second on top of the interval's.
+pub const WAKE_POLL_GAP: Duration = Duration::from_millis(50);
 
 /// How long a signal waits for queued batches to be delivered. With the last poll (at most
 /// [`crate::host::Deadlines::poll`]) and the final save, exit comes within 5 s of SIGTERM
@@ -115,6 +120,12 @@ pub struct Daemon<'a> {
     /// (or finds it recovered) without waiting for the next tick.
     hold_due: Option<tokio::time::Instant>,
     pending_records: Vec<Record>,
+    /// When the last wake-driven poll started (the rate limit's reference).
+    last_wake_poll: Option<tokio::time::Instant>,
+    /// The last full poll's snapshot: what a wake-up's hint can name, and the base of a
+    /// targeted poll.
+    last_snapshot: Option<crate::model::Snapshot>,
+    writer: state::Writer,
     trace_latencies: BTreeMap<&'static str, Vec<f64>>,
 }
 
@@ -198,6 +209,9 @@ impl<'a> Daemon<'a> {
             tick,
             hold_due: None,
             pending_records: Vec::new(),
+            last_wake_poll: None,
+            last_snapshot: None,
+            writer: state::Writer::new(&opts.state_file),
             trace_latencies: BTreeMap::new(),
         })
     }
@@ -213,7 +227,12 @@ impl<'a> Daemon<'a> {
                     self.save();
                     continue;
                 }
-                Wakeup::Poll(woke) => woke,
+                Wakeup::Poll(woke) => {
+                    if !woke.is_empty() {
+                        self.last_wake_poll = Some(tokio::time::Instant::now());
+                    }
+                    woke
+                }
                 Wakeup::Stop => {
                     self.cycle(&[]);
                     tracing::info!("signal received: flushing and exiting");
@@ -228,7 +247,7 @@ impl<'a> Daemon<'a> {
     pub async fn shutdown(&mut self) {
         let deadline = tokio::time::Instant::now() + SHUTDOWN_FLUSH;
         self.courier.flush(&mut self.state.outbox, deadline).await;
-        self.save();
+        self.writer.flush(&self.state, Instant::now());
         if !self.state.outbox.is_empty() {
             tracing::warn!(
                 pending = self.state.outbox.len(),
@@ -245,6 +264,7 @@ impl<'a> Daemon<'a> {
         let (wakes, kmsg, courier) = (&mut self.wakes, &mut self.kmsg, &mut self.courier);
         let metrics = &self.metrics;
         let (tick, sigterm, records) = (&mut self.tick, &mut self.sigterm, &mut self.pending_records);
+        let rate_limit_until = self.last_wake_poll.map(|t| t + WAKE_POLL_GAP);
         let hold_due = self.hold_due;
         tokio::select! {
             _ = tick.tick() => Wakeup::Poll(Vec::new()),
@@ -253,8 +273,11 @@ impl<'a> Daemon<'a> {
             }
             Some(w) = async { match wakes.as_mut() { Some(w) => w.recv().await, None => std::future::pending().await } } => {
                 let mut woke = vec![w];
-                // Coalesce a burst into one poll.
-                tokio::time::sleep(COALESCE).await;
+                // Rate limit: within the gap after the previous wake-driven poll, wait for
+                // its end; everything that arrived by then is served by this one poll.
+                if let Some(until) = rate_limit_until.filter(|u| *u > tokio::time::Instant::now()) {
+                    tokio::time::sleep_until(until).await;
+                }
                 if let Some(ws) = wakes.as_mut() {
                     while let Some(w) = ws.try_recv() { woke.push(w); }
                 }
@@ -277,6 +300,8 @@ impl<'a> Daemon<'a> {
     }
 
     /// One cycle: read → decide, then act — metrics, logs, trace, and the outbox's commit.
+    /// Wake-ups whose hints name devices first get a targeted poll of those devices (its
+    /// events are dispatched first), then the full poll follows (SPEC §1.8).
     fn cycle(&mut self, woke: &[Wake]) {
         while let Ok(d) = self.kmsg.try_recv() {
             if let Delivery::Records(r) = d {
@@ -295,27 +320,74 @@ impl<'a> Daemon<'a> {
             );
         }
         let woke_at = Instant::now();
+        let mut targets: Vec<String> = Vec::new();
+        if let Some(last) = &self.last_snapshot {
+            for w in woke {
+                if let crate::wake::Hint::Name(n) = &w.hint {
+                    for dev in discovery::devices_named(&self.monitor.host, last, n) {
+                        if !targets.contains(&dev) {
+                            targets.push(dev);
+                        }
+                    }
+                }
+            }
+        }
+        // A wake-up naming a device: its static attributes are read again now.
+        for dev in &targets {
+            self.monitor.statics.invalidate(dev);
+        }
+        let mut traced = false;
+        if let Some(base) = self.last_snapshot.as_ref().filter(|_| !targets.is_empty())
+            && let Some(obs) = self.monitor.observe_targeted(&self.state.checks, base, &targets)
+        {
+            let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, OffsetDateTime::now_utc(), &[]);
+            let elapsed = woke_at.elapsed();
+            let kind = PollKind::Targeted(&targets);
+            self.act(poll, woke, woke_at, elapsed, kind, Vec::new());
+            traced = true;
+        }
+        let started = Instant::now();
         let records = std::mem::take(&mut self.pending_records);
         let poll = self.monitor.poll(&self.state.checks, &self.loaded, OffsetDateTime::now_utc(), &records);
-        let elapsed = woke_at.elapsed();
+        let elapsed = started.elapsed();
         let completed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
             .unwrap_or_default();
         self.metrics.observe_poll(elapsed, completed);
+        self.last_snapshot = Some(poll.snapshot.clone());
         for w in woke {
             self.metrics.wakeup(w.hook.name());
         }
+        let kind = if traced { PollKind::FullAfterTargeted } else { PollKind::Full };
+        self.act(poll, woke, if traced { started } else { woke_at }, elapsed, kind, records);
+    }
+
+    /// Act on one poll's result: notes, logs, trace, metrics, then the outbox's commit.
+    /// `records`: the kernel log records the poll consumed (kept for the next poll when
+    /// the commit is refused).
+    fn act(
+        &mut self,
+        poll: Poll,
+        woke: &[Wake],
+        woke_at: Instant,
+        elapsed: Duration,
+        kind: PollKind<'_>,
+        records: Vec<Record>,
+    ) {
         for n in &poll.notes {
             tracing::info!("{n}");
         }
         log_flaps(&poll.flaps);
         if self.opts.trace {
-            print_trace(woke, woke_at, &poll, elapsed);
-            let end = crate::wake::monotonic_ns();
-            for w in woke {
-                if let Some(k) = w.kernel_ts_ns {
-                    self.trace_latencies.entry(w.hook.name()).or_default().push(end.saturating_sub(k) as f64 / 1e6);
+            print_trace(woke, woke_at, &poll, elapsed, &kind);
+            // Kernel → the end of the first poll that served the wake-up.
+            if !matches!(kind, PollKind::FullAfterTargeted) {
+                let end = crate::wake::monotonic_ns();
+                for w in woke {
+                    if let Some(k) = w.kernel_ts_ns {
+                        self.trace_latencies.entry(w.hook.name()).or_default().push(end.saturating_sub(k) as f64 / 1e6);
+                    }
                 }
             }
         }
@@ -335,8 +407,9 @@ impl<'a> Daemon<'a> {
             .map(|h| h.left_ms.max(0) as u64 + 1)
             .min()
             .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
-        let path = &self.opts.state_file;
-        match self.courier.commit(&mut self.state, poll.next, &poll.events, |state| save(path, state)) {
+        let writer = &mut self.writer;
+        match self.courier.commit(&mut self.state, poll.next, &poll.events, |state| writer.save(state, Instant::now()))
+        {
             Ok(()) => {
                 self.loaded = Loaded::Resumed;
                 // Counted once committed: a poll that runs again finds the same blip.
@@ -359,11 +432,13 @@ impl<'a> Daemon<'a> {
                 self.pending_records.splice(0..0, records);
             }
         }
-        self.liveness.cycle_completed();
+        if !matches!(kind, PollKind::Targeted(_)) {
+            self.liveness.cycle_completed();
+        }
     }
 
-    fn save(&self) {
-        save(&self.opts.state_file, &self.state);
+    fn save(&mut self) {
+        self.writer.save(&self.state, Instant::now());
     }
 }
 
@@ -447,12 +522,6 @@ fn start_kmsg(
             tracing::warn!(path = %path.display(), error = %e, "kernel log watcher not started{hint}");
             None
         }
-    }
-}
-
-fn save(path: &std::path::Path, state: &State) {
-    if let Err(e) = state::save(path, state) {
-        tracing::warn!(path = %path.display(), error = %e, "cannot write the state file");
     }
 }
 
@@ -602,9 +671,28 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
     }
 }
 
+/// Which poll of a cycle (`nicmon trace` says it).
+enum PollKind<'a> {
+    /// Only these devices, read for a wake-up naming them.
+    Targeted(&'a [String]),
+    /// The full poll of a cycle without a targeted one.
+    Full,
+    /// The full poll following a targeted one.
+    FullAfterTargeted,
+}
+
+impl std::fmt::Display for PollKind<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PollKind::Targeted(d) => write!(f, "targeted({})", d.join(",")),
+            PollKind::Full | PollKind::FullAfterTargeted => f.write_str("full"),
+        }
+    }
+}
+
 /// One trace line per wake-up and poll: the hook, the kernel timestamp, when the agent
 /// woke, when the poll ended, the events it produced and the latencies between them.
-fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapsed: Duration) {
+fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapsed: Duration, kind: &PollKind<'_>) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     let poll_end_ns = crate::wake::monotonic_ns();
@@ -617,7 +705,7 @@ fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapse
             .unwrap_or_else(|| "-".into());
         let _ = writeln!(
             out,
-            "wake hook={} kernel_ns={} hint={:?} kernel->agent_ms={} coalesce_wait_ms={:.3} poll_ms={:.3} kernel->poll_end_ms={} events={}",
+            "wake hook={} poll={kind} kernel_ns={} hint={:?} kernel->agent_ms={} coalesce_wait_ms={:.3} poll_ms={:.3} kernel->poll_end_ms={} events={}",
             w.hook.name(),
             kernel,
             w.hint,

@@ -3,9 +3,10 @@
 //! Reads only; decides nothing except what a value *is* (parsing). A bad file never
 //! aborts a poll: it makes that one value unknown.
 use std::collections::BTreeMap;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
 use regex::Regex;
-use std::sync::LazyLock;
 
 use crate::host::{Host, ReadError};
 use crate::model::{
@@ -23,6 +24,105 @@ pub struct ReadPlan {
     /// Devices (name, PCI address) known from earlier polls: when one is missing from
     /// `class/infiniband`, its PCI function is probed (002 §5.9).
     pub known: Vec<(String, String)>,
+    /// Where the static attributes of each device incarnation are kept between reads;
+    /// `None`: read everything every time.
+    pub statics: Option<Arc<StaticCache>>,
+}
+
+/// How long the static attributes of a device are trusted without a re-read.
+pub const STATIC_REFRESH: Duration = Duration::from_secs(60);
+
+/// The attributes of an RDMA device that cannot change while it exists: its PCI identity,
+/// driver, vendor, function kind, NUMA node, HCA type, firmware version and board id.
+#[derive(Debug, Clone)]
+struct Statics {
+    /// The `device` link's target name when read: a different one is a new incarnation.
+    link: Option<String>,
+    pci_address: Option<String>,
+    driver: Option<String>,
+    vendor: Option<u32>,
+    function: Function,
+    /// The value (`-1` included), and why it is unknown when it is.
+    numa_node: (Option<i32>, Option<String>),
+    hca_type: Option<String>,
+    fw_ver: Option<String>,
+    board_id: Option<String>,
+    read_at: Instant,
+}
+
+/// The static attributes of each device incarnation, read once (SPEC §1.1, the read path).
+/// They are read again when the device set changes (a device came or went: every entry is
+/// dropped), when the device's PCI identity (its `device` link) differs, after
+/// [`StaticCache::invalidate`] (a wake-up naming the device) and at least every
+/// [`STATIC_REFRESH`]. Everything that can change (port state, rate, counters, netdev
+/// state, the netdev and port listings) is read on every poll.
+#[derive(Debug, Default)]
+pub struct StaticCache {
+    inner: Mutex<CacheInner>,
+}
+
+#[derive(Debug, Default)]
+struct CacheInner {
+    /// The device listing the entries were read under.
+    names: Vec<String>,
+    by_device: BTreeMap<String, Statics>,
+    /// Per device: files found absent (`ENOENT`) in this incarnation, not tried again until
+    /// the device's static attributes are read again.
+    absent: BTreeMap<String, std::collections::BTreeSet<String>>,
+    /// Static attribute sets read so far (one per device read from the host).
+    reads: u64,
+}
+
+impl StaticCache {
+    /// Forget `device`'s static attributes: the next poll reads them again.
+    pub fn invalidate(&self, device: &str) {
+        if let Ok(mut c) = self.inner.lock() {
+            c.by_device.remove(device);
+            c.absent.remove(device);
+        }
+    }
+
+    /// Whether `rel` was found absent on `device` in this incarnation.
+    fn is_absent(&self, device: &str, rel: &str) -> bool {
+        self.inner.lock().map(|c| c.absent.get(device).is_some_and(|a| a.contains(rel))).unwrap_or(false)
+    }
+
+    fn mark_absent(&self, device: &str, rel: &str) {
+        if let Ok(mut c) = self.inner.lock()
+            && c.by_device.contains_key(device)
+        {
+            c.absent.entry(device.to_string()).or_default().insert(rel.to_string());
+        }
+    }
+
+    /// Static attribute sets read from the host so far.
+    pub fn reads(&self) -> u64 {
+        self.inner.lock().map(|c| c.reads).unwrap_or(0)
+    }
+
+    /// A new listing: when the set of devices differs from the last one, drop everything.
+    fn listing(&self, names: &[String]) {
+        if let Ok(mut c) = self.inner.lock()
+            && c.names != names
+        {
+            c.names = names.to_vec();
+            c.by_device.clear();
+            c.absent.clear();
+        }
+    }
+
+    fn get(&self, device: &str, link: &Option<String>, now: Instant) -> Option<Statics> {
+        let c = self.inner.lock().ok()?;
+        c.by_device.get(device).filter(|s| &s.link == link && now.duration_since(s.read_at) < STATIC_REFRESH).cloned()
+    }
+
+    fn put(&self, device: &str, statics: Statics) {
+        if let Ok(mut c) = self.inner.lock() {
+            c.reads += 1;
+            c.by_device.insert(device.to_string(), statics);
+            c.absent.remove(device);
+        }
+    }
 }
 
 static MLX5_NAME: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^mlx5_(bond_)?\d+$").expect("static regex"));
@@ -35,6 +135,9 @@ const AMAZON_VENDOR: u32 = 0x1d0f;
 /// Read every RDMA device, its ports and counters, the default route and the PCI probes.
 pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
     let names = host.list_sys("class/infiniband");
+    if let Some(cache) = &plan.statics {
+        cache.listing(&names);
+    }
     let devices: Vec<Device> = names.iter().map(|n| read_device(host, n, plan)).collect();
 
     let default_route_ifaces =
@@ -60,6 +163,42 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
 
 /// The InfiniBand character-device class directories, each entry mapped to its device and
 /// port through its own `ibdev` and `port` attributes (never through its number).
+/// The targeted read of a hinted wake-up (SPEC §1.8): `base` (the previous full poll's
+/// snapshot) with only the devices in `names` read again, by the same code as a full poll.
+/// `None` when the device set is not `base`'s any more (a full poll must see that).
+pub fn rediscover(host: &Host, plan: &ReadPlan, base: &Snapshot, names: &[String]) -> Option<Snapshot> {
+    let listed = host.list_sys("class/infiniband");
+    if listed.len() != base.devices.len() || !base.devices.iter().all(|d| listed.contains(&d.name)) {
+        return None;
+    }
+    let mut s = base.clone();
+    for d in s.devices.iter_mut().filter(|d| names.contains(&d.name)) {
+        *d = read_device(host, &d.name, plan);
+    }
+    Some(s)
+}
+
+/// The devices a wake-up hint names in `snapshot`: a device by its name, its netdev or its
+/// PCI address (of the function, or the card's `dddd:bb:dd`); failing those, a netdev
+/// whose `device/infiniband` lists devices (a second port's netdev).
+pub fn devices_named(host: &Host, snapshot: &Snapshot, hint: &str) -> Vec<String> {
+    let named: Vec<String> = snapshot
+        .devices
+        .iter()
+        .filter(|d| {
+            d.name == hint
+                || d.netdev.as_deref() == Some(hint)
+                || d.pci_address.as_deref() == Some(hint)
+                || d.card.as_deref() == Some(hint)
+        })
+        .map(|d| d.name.clone())
+        .collect();
+    if !named.is_empty() || hint.contains('/') || hint.starts_with('.') {
+        return named;
+    }
+    ib_devices_of_iface(host, hint).into_iter().filter(|n| snapshot.devices.iter().any(|d| &d.name == n)).collect()
+}
+
 pub fn char_devices(host: &Host) -> CharDevices {
     let read_dir = |dir: &str, kinds: &[CharKind]| -> ClassDir {
         let rel = format!("class/{dir}");
@@ -119,16 +258,52 @@ fn clip(t: &str) -> String {
     out
 }
 
-fn read_device(host: &Host, name: &str, plan: &ReadPlan) -> Device {
-    let base = format!("class/infiniband/{name}");
+/// Read the static attributes of device `name` (see [`StaticCache`]).
+fn read_statics(host: &Host, base: &str, link: Option<String>) -> Statics {
     let pci_address = host
         .read_sys(&format!("{base}/device/uevent"))
         .ok()
         .and_then(|u| parse::uevent_pci_slot(&u))
-        .or_else(|| host.link_name_sys(&format!("{base}/device")).and_then(|n| parse::pci_address(&n)));
+        .or_else(|| link.as_deref().and_then(parse::pci_address));
+    let function = if host.exists_sys(&format!("{base}/device/physfn")) {
+        Function::Vf
+    } else if host.exists_sys(&format!("{base}/device/sriov_totalvfs")) {
+        Function::Pf
+    } else {
+        Function::Unknown
+    };
+    Statics {
+        link,
+        pci_address,
+        driver: host.link_name_sys(&format!("{base}/device/driver")),
+        vendor: host.read_sys(&format!("{base}/device/vendor")).ok().and_then(|v| parse::hex_u32(&v)),
+        function,
+        // `-1` is a value (no NUMA affinity); unreadable or garbage is unknown.
+        numa_node: attribute(
+            host.read_sys(&format!("{base}/device/numa_node")),
+            |v| parse::text(v).and_then(|t| t.parse::<i32>().ok()),
+            |n| *n >= -1,
+        ),
+        hca_type: opt(host.read_sys(&format!("{base}/hca_type"))),
+        fw_ver: opt(host.read_sys(&format!("{base}/fw_ver"))),
+        board_id: opt(host.read_sys(&format!("{base}/board_id"))),
+        read_at: Instant::now(),
+    }
+}
+
+fn read_device(host: &Host, name: &str, plan: &ReadPlan) -> Device {
+    let base = format!("class/infiniband/{name}");
+    let link = host.link_name_sys(&format!("{base}/device"));
+    let statics = match &plan.statics {
+        Some(cache) => cache.get(name, &link, Instant::now()).unwrap_or_else(|| {
+            let s = read_statics(host, &base, link);
+            cache.put(name, s.clone());
+            s
+        }),
+        None => read_statics(host, &base, link),
+    };
+    let Statics { pci_address, driver, vendor, function, numa_node, hca_type, fw_ver, board_id, .. } = statics;
     let card = pci_address.as_deref().and_then(parse::card_of);
-    let driver = host.link_name_sys(&format!("{base}/device/driver"));
-    let vendor = host.read_sys(&format!("{base}/device/vendor")).ok().and_then(|v| parse::hex_u32(&v));
 
     // AWS EFA: bound to `efa`; by the Amazon vendor only when the driver is unknown (an
     // Amazon function bound to another driver is not an EFA).
@@ -145,14 +320,6 @@ fn read_device(host: &Host, name: &str, plan: &ReadPlan) -> Device {
             vendor.map(|v| format!("{v:#06x}")).unwrap_or_else(|| "unknown".into())
         )
     });
-
-    let function = if host.exists_sys(&format!("{base}/device/physfn")) {
-        Function::Vf
-    } else if host.exists_sys(&format!("{base}/device/sriov_totalvfs")) {
-        Function::Pf
-    } else {
-        Function::Unknown
-    };
 
     let netdevs = host.list_sys(&format!("{base}/device/net"));
     let netdev = netdevs.first().cloned();
@@ -176,12 +343,7 @@ fn read_device(host: &Host, name: &str, plan: &ReadPlan) -> Device {
         })
         .collect();
 
-    // `-1` is a value (no NUMA affinity); unreadable or garbage is unknown.
-    let (numa_node, numa_unknown) = attribute(
-        host.read_sys(&format!("{base}/device/numa_node")),
-        |v| parse::text(v).and_then(|t| t.parse::<i32>().ok()),
-        |n| *n >= -1,
-    );
+    let (numa_node, numa_unknown) = numa_node;
     let mut unknown = BTreeMap::new();
     if let Some(why) = numa_unknown {
         unknown.insert("numa_node".to_string(), why);
@@ -192,9 +354,9 @@ fn read_device(host: &Host, name: &str, plan: &ReadPlan) -> Device {
         pci_address,
         card,
         numa_node: numa_node.filter(|n| *n >= 0),
-        hca_type: opt(host.read_sys(&format!("{base}/hca_type"))),
-        fw_ver: opt(host.read_sys(&format!("{base}/fw_ver"))),
-        board_id: opt(host.read_sys(&format!("{base}/board_id"))),
+        hca_type,
+        fw_ver,
+        board_id,
         driver,
         function,
         netdev,
@@ -247,8 +409,22 @@ fn read_port(host: &Host, dev: &str, n: u32, netdev: Option<&str>, plan: Option<
                 Some(rel) => rel,
                 None => continue,
             };
-            if let Some(v) = host.read_sys(&rel).ok().and_then(|raw| parse::counter(&raw)) {
-                counters.insert(path.clone(), v);
+            let cache = plan.statics.as_deref();
+            if cache.is_some_and(|c| c.is_absent(dev, &rel)) {
+                continue;
+            }
+            match host.read_sys(&rel) {
+                Ok(raw) => {
+                    if let Some(v) = parse::counter(&raw) {
+                        counters.insert(path.clone(), v);
+                    }
+                }
+                Err(ReadError::Missing) => {
+                    if let Some(c) = cache {
+                        c.mark_absent(dev, &rel);
+                    }
+                }
+                Err(_) => {}
             }
         }
     }
@@ -367,4 +543,86 @@ pub fn pci_node(host: &Host, address: &str) -> Option<PciNode> {
         .and_then(|rp| host.read_sys(&format!("bus/pci/devices/{rp}/vendor")).ok())
         .and_then(|v| parse::hex_u32(&v));
     Some(PciNode { address: address.to_string(), path, numa_node, root_port_vendor })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nicmon_tests::platforms::Platform;
+
+    fn fw_of(s: &Snapshot, dev: &str) -> Option<String> {
+        s.devices.iter().find(|d| d.name == dev).and_then(|d| d.fw_ver.clone())
+    }
+
+    fn counter_of(s: &Snapshot, dev: &str, path: &str) -> Option<u64> {
+        s.devices.iter().find(|d| d.name == dev).and_then(|d| d.ports[0].counters.get(path).copied())
+    }
+
+    #[test]
+    fn absent_counters_are_remembered_per_device_incarnation() {
+        let node = Platform::H100Oci.build();
+        let host = Host::new(node.sys(), node.proc());
+        let cache = Arc::new(StaticCache::default());
+        let path = "hw_counters/not_on_this_card";
+        let plan = ReadPlan { statics: Some(cache.clone()), counter_paths: vec![path.into()], ..ReadPlan::default() };
+        let first = discover(&host, &plan);
+        assert_eq!(counter_of(&first, "mlx5_0", path), None);
+        let file = node.sys().join(&node.info["mlx5_0"].ib_dir).join("ports/1").join(path);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, "7\n").unwrap();
+        // Same incarnation: the absent file is not tried again.
+        assert_eq!(counter_of(&discover(&host, &plan), "mlx5_0", path), None);
+        // A wake-up naming the device (or a new incarnation, or the 60 s refresh): tried again.
+        cache.invalidate("mlx5_0");
+        assert_eq!(counter_of(&discover(&host, &plan), "mlx5_0", path), Some(7));
+        // Without a cache every poll tries every file.
+        std::fs::remove_file(&file).unwrap();
+        let plain = ReadPlan { counter_paths: vec![path.into()], ..ReadPlan::default() };
+        assert_eq!(counter_of(&discover(&host, &plain), "mlx5_0", path), None);
+        std::fs::write(&file, "8\n").unwrap();
+        assert_eq!(counter_of(&discover(&host, &plain), "mlx5_0", path), Some(8));
+    }
+
+    #[test]
+    fn static_attributes_are_read_once_per_device_incarnation() {
+        let node = Platform::H100Oci.build();
+        let host = Host::new(node.sys(), node.proc());
+        let cache = Arc::new(StaticCache::default());
+        let plan = ReadPlan { statics: Some(cache.clone()), ..ReadPlan::default() };
+        let first = discover(&host, &plan);
+        let n = first.devices.len() as u64;
+        assert!(n >= 2);
+        assert_eq!(cache.reads(), n, "one read of the static attributes per device");
+        let fw_file = node.sys().join(&node.info["mlx5_0"].ib_dir).join("fw_ver");
+        let old = fw_of(&first, "mlx5_0").expect("fw_ver");
+
+        // Same incarnation: not read again (a changed file is not even looked at).
+        std::fs::write(&fw_file, "99.99.9999\n").unwrap();
+        let again = discover(&host, &plan);
+        assert_eq!(cache.reads(), n);
+        assert_eq!(fw_of(&again, "mlx5_0"), Some(old.clone()));
+        assert_eq!(again.devices, first.devices, "the same snapshot from the cache");
+
+        // Removed, then re-added with new firmware: a new incarnation, read again.
+        node.remove_device("mlx5_0");
+        let gone = discover(&host, &plan);
+        assert!(gone.devices.iter().all(|d| d.name != "mlx5_0"));
+        node.restore_device("mlx5_0");
+        std::fs::write(&fw_file, "28.40.1000\n").unwrap();
+        let back = discover(&host, &plan);
+        assert_eq!(fw_of(&back, "mlx5_0").as_deref(), Some("28.40.1000"));
+        assert!(cache.reads() > n, "read again after the device set changed");
+
+        // A wake-up naming the device: read again.
+        std::fs::write(&fw_file, "28.41.1000\n").unwrap();
+        let before = cache.reads();
+        cache.invalidate("mlx5_0");
+        let woken = discover(&host, &plan);
+        assert_eq!(fw_of(&woken, "mlx5_0").as_deref(), Some("28.41.1000"));
+        assert_eq!(cache.reads(), before + 1, "only the named device");
+
+        // Without a cache every read is fresh.
+        std::fs::write(&fw_file, "28.42.1000\n").unwrap();
+        assert_eq!(fw_of(&discover(&host, &ReadPlan::default()), "mlx5_0").as_deref(), Some("28.42.1000"));
+    }
 }

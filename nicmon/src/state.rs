@@ -216,6 +216,72 @@ pub fn save(path: &Path, state: &State) -> std::io::Result<bool> {
     Ok(true)
 }
 
+/// How long a change confined to the state's volatile parts (the poll count past the first
+/// poll, the timestamps of counter snapshots whose value did not move) may stay unwritten.
+pub const VOLATILE_REFRESH: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// When the daemon writes the state file (SPEC §1.6: only on change). A change to anything
+/// the checks decide on or the outbox holds is written at once; a change only to the
+/// volatile parts (see [`VOLATILE_REFRESH`]) at most once per refresh period — so a steady
+/// node writes at most once a minute, not once a poll. Losing a volatile part in a crash
+/// changes no detection: the first poll is still told from later ones, and a counter
+/// snapshot kept with its value only measures its next window from an earlier instant.
+pub struct Writer {
+    path: std::path::PathBuf,
+    /// What was last written, with the volatile parts settled ([`settled`]).
+    written: Option<State>,
+    written_at: Option<std::time::Instant>,
+    /// Files written by this writer.
+    pub writes: u64,
+}
+
+/// `state` without its volatile parts: the poll count capped at 1, counter snapshot
+/// timestamps cleared (their values stay: a moved value is a change).
+fn settled(state: &State) -> State {
+    let mut s = state.clone();
+    s.checks.polls = s.checks.polls.min(1);
+    for snap in s.checks.counters.counter_snapshots.values_mut() {
+        snap.timestamp = time::OffsetDateTime::UNIX_EPOCH;
+    }
+    s
+}
+
+impl Writer {
+    pub fn new(path: &Path) -> Writer {
+        Writer { path: path.to_path_buf(), written: None, written_at: None, writes: 0 }
+    }
+
+    /// Write `state` if it changed (volatile-only changes: once per [`VOLATILE_REFRESH`]).
+    /// `now`: the caller's clock.
+    pub fn save(&mut self, state: &State, now: std::time::Instant) {
+        let settled = settled(state);
+        let stale = self.written_at.is_none_or(|t| now.duration_since(t) >= VOLATILE_REFRESH);
+        if self.written.as_ref() == Some(&settled) && !stale {
+            return;
+        }
+        self.write(state, settled, now);
+    }
+
+    /// Write `state` unless it is exactly what is on disk (shutdown).
+    pub fn flush(&mut self, state: &State, now: std::time::Instant) {
+        self.write(state, settled(state), now);
+    }
+
+    fn write(&mut self, state: &State, settled: State, now: std::time::Instant) {
+        match save(&self.path, state) {
+            Ok(wrote) => {
+                if wrote {
+                    self.writes += 1;
+                    tracing::debug!(path = %self.path.display(), writes = self.writes, "state file written");
+                }
+                self.written = Some(settled);
+                self.written_at = Some(now);
+            }
+            Err(e) => tracing::warn!(path = %self.path.display(), error = %e, "cannot write the state file"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,6 +360,52 @@ mod tests {
         // Saving replaces whatever is there.
         assert!(save(&p, &s).unwrap());
         assert_eq!(load(&p, Some("b")).1, Loaded::Resumed);
+    }
+
+    #[test]
+    fn volatile_changes_are_written_once_a_minute_and_real_changes_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state.json");
+        let mut w = Writer::new(&p);
+        let t0 = std::time::Instant::now();
+        let mut s = State::fresh(Some("b".into()));
+        let key = "mlx5_0_1_symbol_error".to_string();
+        let snap = |v, secs| crate::counters::eval::CounterSnapshot {
+            value: v,
+            timestamp: time::OffsetDateTime::UNIX_EPOCH + time::Duration::seconds(secs),
+        };
+        s.checks.polls = 1;
+        s.checks.counters.counter_snapshots.insert(key.clone(), snap(5, 1));
+        w.save(&s, t0);
+        assert_eq!(w.writes, 1, "the first save writes");
+        // Polls go by: the count and the snapshot's timestamp move, nothing else.
+        for i in 1..59 {
+            s.checks.polls = i + 1;
+            s.checks.counters.counter_snapshots.insert(key.clone(), snap(5, 1 + i as i64));
+            w.save(&s, t0 + std::time::Duration::from_secs(i));
+        }
+        assert_eq!(w.writes, 1, "volatile changes wait for the refresh period");
+        s.checks.polls = 60;
+        w.save(&s, t0 + VOLATILE_REFRESH);
+        assert_eq!(w.writes, 2, "and are written once it has passed");
+        assert_eq!(load(&p, Some("b")).0.checks.polls, 60);
+        // A moved counter value is a change: written at once.
+        s.checks.counters.counter_snapshots.insert(key.clone(), snap(6, 61));
+        w.save(&s, t0 + VOLATILE_REFRESH + std::time::Duration::from_secs(1));
+        assert_eq!(w.writes, 3);
+        // So is the outbox.
+        s.outbox.enqueue(&[crate::event::HealthEvent::new(
+            crate::event::Check::InfiniBandStateCheck,
+            &crate::event::Stamp::default(),
+            time::OffsetDateTime::UNIX_EPOCH,
+            "x",
+        )]);
+        w.save(&s, t0 + VOLATILE_REFRESH + std::time::Duration::from_secs(2));
+        assert_eq!(w.writes, 4);
+        // Shutdown writes the exact state, volatile parts included.
+        s.checks.polls = 99;
+        w.flush(&s, t0 + VOLATILE_REFRESH + std::time::Duration::from_secs(3));
+        assert_eq!(load(&p, Some("b")).0, s);
     }
 
     proptest! {

@@ -1,7 +1,9 @@
 //! Detection latency harness: a testbed RoCE NIC whose netdev is a real veth on this host.
 //! At time T the harness sets the fixture port to `DOWN` and takes the veth's carrier down;
-//! the latency is T → the event's `generatedTimestamp` (the poll that produced it), for the
-//! three wake paths: eBPF, rtnetlink only, polling only.
+//! the latency is T → the event's `generatedTimestamp` (the poll that produced it) and
+//! T → the event's line seen in the file sink (delivered), for the three wake paths: eBPF,
+//! rtnetlink only, polling only. [`storm`]: the daemon's CPU while a veth flaps as fast as
+//! the kernel allows.
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -89,16 +91,26 @@ impl Drop for Veth {
 #[derive(Debug, Clone)]
 pub struct Samples {
     pub mode: Mode,
+    /// Fault → the event's `generatedTimestamp`.
     pub ms: Vec<f64>,
+    /// Fault → the event's line seen in the sink (an upper bound by the 100 µs watch step).
+    pub delivered_ms: Vec<f64>,
     pub hooks_log: String,
 }
 
 impl Samples {
     pub fn percentile(&self, p: f64) -> f64 {
-        let mut v = self.ms.clone();
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[((v.len() as f64 - 1.0) * p).round() as usize]
+        percentile(&self.ms, p)
     }
+    pub fn delivered_percentile(&self, p: f64) -> f64 {
+        percentile(&self.delivered_ms, p)
+    }
+}
+
+fn percentile(v: &[f64], p: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(((v.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(f64::NAN)
 }
 
 fn events(sink: &Path) -> Vec<serde_json::Value> {
@@ -119,7 +131,7 @@ fn wait_event(sink: &Path, healthy: bool, seen: usize, timeout: Duration) -> Opt
         if ev.len() > seen {
             return ev.into_iter().nth(seen);
         }
-        std::thread::sleep(Duration::from_micros(500)); // reading a file another process appends to
+        std::thread::sleep(Duration::from_micros(100)); // reading a file another process appends to
     }
     None
 }
@@ -170,7 +182,7 @@ pub fn measure(bin: &Path, mode: Mode, reps: usize, interval: &str, tag: &str) -
     let result = (|| {
         wait_event(&sink, true, 0, Duration::from_secs(30)).ok_or("no baseline event from nicmon")?;
         let state = node.sys().join(&node.info["mlx5_0"].ib_dir).join("ports/1");
-        let mut ms = Vec::new();
+        let (mut ms, mut delivered) = (Vec::new(), Vec::new());
         for i in 0..reps {
             // Spread the fault over the poll phase (pacing, not synchronisation).
             std::thread::sleep(Duration::from_millis(150 + (i as u64 * 397) % 850));
@@ -179,6 +191,7 @@ pub fn measure(bin: &Path, mode: Mode, reps: usize, interval: &str, tag: &str) -
             std::fs::write(state.join("phys_state"), "3: Disabled\n").map_err(|e| e.to_string())?;
             veth.ip(&format!("link set {} down", veth.a));
             let ev = wait_event(&sink, false, i, Duration::from_secs(10)).ok_or(format!("rep {i}: no fatal event"))?;
+            delivered.push(t.elapsed().unwrap_or_default().as_secs_f64() * 1e3);
             let at = ts_of(&ev).ok_or("event without a timestamp")?;
             ms.push(at.duration_since(t).unwrap_or_default().as_secs_f64() * 1e3);
             std::fs::write(state.join("state"), "4: ACTIVE\n").map_err(|e| e.to_string())?;
@@ -186,12 +199,82 @@ pub fn measure(bin: &Path, mode: Mode, reps: usize, interval: &str, tag: &str) -
             veth.ip(&format!("link set {} up", veth.a));
             wait_event(&sink, true, i + 1, Duration::from_secs(10)).ok_or(format!("rep {i}: no recovery event"))?;
         }
-        Ok::<Vec<f64>, String>(ms)
+        Ok::<_, String>((ms, delivered))
     })();
     let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
     let _ = child.wait();
     let hooks_log = std::fs::read_to_string(&log).unwrap_or_default();
-    Ok(Samples { mode, ms: result?, hooks_log })
+    let (ms, delivered_ms) = result?;
+    Ok(Samples { mode, ms, delivered_ms, hooks_log })
+}
+
+/// What [`cpu_storm`] measured.
+#[derive(Debug, Clone)]
+pub struct CpuStorm {
+    /// Carrier changes made.
+    pub toggles: u64,
+    pub seconds: f64,
+    /// The daemon's CPU over the storm, % of one core.
+    pub cpu_pct: f64,
+}
+
+fn cpu_ticks(pid: u32) -> Result<u64, String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| e.to_string())?;
+    let f: Vec<&str> = stat.rsplit_once(')').ok_or("bad stat")?.1.split_whitespace().collect();
+    let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).ok_or("bad stat field");
+    Ok(n(11)? + n(12)?)
+}
+
+/// Run the daemon `bin` in `mode` and flap a veth it watches as fast as `ip -batch` can for
+/// `seconds`; returns the daemon's CPU share over that time.
+pub fn cpu_storm(bin: &Path, mode: Mode, seconds: u64, tag: &str) -> Result<CpuStorm, String> {
+    let mut veth = Veth::create(tag)?;
+    let mut node = Node::new(&format!("storm-{}", mode.name()));
+    let rc = node.root_complex(0, 0);
+    let rp = node.root_port(&rc, 1);
+    node.card(&rp, 0, vec![NicSpec::eth("mlx5_0", &veth.a)]);
+    node.use_host_netdev(&veth.a);
+    let sink: PathBuf = node.root().join("events.jsonl");
+    let mut child = Command::new(bin)
+        .arg("run")
+        .arg("--sysfs")
+        .arg(node.sys())
+        .arg("--procfs")
+        .arg(node.proc())
+        .arg("--state-file")
+        .arg(node.root().join("state.json"))
+        .args(["--config", "/nonexistent.toml", "--metadata", "/nonexistent.json", "--node-name", "storm"])
+        .args(["--no-kmsg", "--no-metrics", "--state-polling-interval", "1s"])
+        .arg("--sink")
+        .arg(format!("file:{}", sink.display()))
+        .args(mode.flags())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("spawn nicmon: {e}"))?;
+    let result = (|| {
+        wait_event(&sink, true, 0, Duration::from_secs(30)).ok_or("no baseline event from nicmon")?;
+        let pid = child.id();
+        let c0 = cpu_ticks(pid)?;
+        let t0 = Instant::now();
+        let mut toggles = 0u64;
+        while t0.elapsed() < Duration::from_secs(seconds) {
+            // Queue a few hundred changes at a time: `ip -batch` applies them back to back.
+            for _ in 0..200 {
+                veth.ip(&format!("link set {} down", veth.a));
+                veth.ip(&format!("link set {} up", veth.a));
+                toggles += 2;
+            }
+            std::thread::sleep(Duration::from_millis(20)); // keeps the pipe from filling up
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        let c1 = cpu_ticks(pid)?;
+        Ok::<_, String>(CpuStorm { toggles, seconds: wall, cpu_pct: (c1 - c0) as f64 / 100.0 / wall * 100.0 })
+    })();
+    let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+    let _ = child.wait();
+    result
 }
 
 /// What a flap storm on the veth-backed port produced.

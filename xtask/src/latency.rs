@@ -1,15 +1,21 @@
 //! `cargo xtask bench-latency`: detection latency, veth carrier loss → event emitted, for
-//! the eBPF wake path, rtnetlink only and polling only, in one run (SPEC §3).
+//! the eBPF wake path, rtnetlink only and polling only, in one run (SPEC §3): fault →
+//! detected (the event's generatedTimestamp) and fault → delivered (its line in the file
+//! sink); then a wake storm (a veth flapped as fast as the kernel allows) and the daemon's
+//! CPU meanwhile.
 use std::process::Command;
 
 use anyhow::{Result, bail};
-use nicmon_tests::latency::{Mode, measure};
+use nicmon_tests::latency::{Mode, cpu_storm, measure};
 
 #[derive(clap::Args)]
 pub struct Options {
     /// Faults per mode.
     #[arg(long, default_value_t = 50)]
     reps: usize,
+    /// Seconds of the wake storm (0: skip it).
+    #[arg(long, default_value_t = 30)]
+    storm_seconds: u64,
 }
 
 pub fn run(opts: &Options) -> Result<()> {
@@ -41,19 +47,51 @@ pub fn run(opts: &Options) -> Result<()> {
                         eprintln!("   {}", l.split("nicmon::daemon: ").nth(1).unwrap_or(l));
                     }
                 }
-                rows.push((mode, s.percentile(0.5), s.percentile(0.99), s.ms.len()));
+                rows.push((
+                    mode,
+                    s.percentile(0.5),
+                    s.percentile(0.99),
+                    s.delivered_percentile(0.5),
+                    s.delivered_percentile(0.99),
+                    s.ms.len(),
+                ));
             }
             Err(e) => bail!("{}: {e}", mode.name()),
         }
     }
-    println!("{:<10} {:>8} {:>10} {:>10}", "mode", "faults", "p50 ms", "p99 ms");
-    for (mode, p50, p99, n) in &rows {
-        println!("{:<10} {:>8} {:>10.2} {:>10.2}", mode.name(), n, p50, p99);
-    }
-    let (_, p50, p99, _) = rows[0];
     println!(
-        "eBPF path: p50 {p50:.2} ms [bar <= 5], p99 {p99:.2} ms [bar <= 25]: {}",
-        if p50 <= 5.0 && p99 <= 25.0 { "met" } else { "NOT met" }
+        "{:<10} {:>7} {:>14} {:>14} {:>15} {:>15}",
+        "mode", "faults", "detected p50", "detected p99", "delivered p50", "delivered p99"
     );
+    for (mode, p50, p99, d50, d99, n) in &rows {
+        println!("{:<10} {:>7} {:>11.3} ms {:>11.3} ms {:>12.3} ms {:>12.3} ms", mode.name(), n, p50, p99, d50, d99);
+    }
+    let (_, _, _, d50, d99, _) = rows[0];
+    let polling_d50 = rows[2].3;
+    println!(
+        "eBPF path, delivered: p50 {d50:.3} ms [bar <= 1], p99 {d99:.3} ms [bar <= 5]: {}",
+        if d50 <= 1.0 && d99 <= 5.0 { "met" } else { "NOT met" }
+    );
+    println!(
+        "polling only / eBPF at the median (delivered): {:.0}x [bar >= 300x]",
+        polling_d50 / d50.max(f64::MIN_POSITIVE)
+    );
+    if opts.storm_seconds > 0 {
+        eprintln!("==> wake storm: a veth flapped as fast as possible for {} s (eBPF path)", opts.storm_seconds);
+        let tag = format!("nms{}", std::process::id() % 10000);
+        let mode = if rows.iter().any(|r| r.0 == Mode::Ebpf) { Mode::Ebpf } else { Mode::Rtnetlink };
+        match cpu_storm(&bin, mode, opts.storm_seconds, &tag) {
+            Ok(s) => println!(
+                "wake storm ({}): {} carrier changes in {:.0} s ({:.0}/s): daemon CPU {:.2} % of one core [bar < 5 %]: {}",
+                mode.name(),
+                s.toggles,
+                s.seconds,
+                s.toggles as f64 / s.seconds,
+                s.cpu_pct,
+                if s.cpu_pct < 5.0 { "met" } else { "NOT met" }
+            ),
+            Err(e) => bail!("wake storm: {e}"),
+        }
+    }
     Ok(())
 }

@@ -17,6 +17,9 @@ use tokio::task::JoinHandle;
 /// Name of the ring buffer map and of the hint-offset global in the object.
 const RING_MAP: &str = "WAKES";
 const HINT_GLOBAL: &str = "HINT_LOC";
+/// The kernel programs' copy of the agent's tgid: `mlx5:mlx5_cmd` records caused by the
+/// agent's own reads are dropped in the kernel (no wake storm from a failing counter read).
+const SELF_GLOBAL: &str = "SELF_TGID";
 
 /// How one hook attaches. Program names are the function names in `nicmon-ebpf`.
 struct Attach {
@@ -169,6 +172,7 @@ impl EbpfWakes {
         let mut ebpf = EbpfLoader::new()
             .btf(None)
             .override_global(HINT_GLOBAL, &hint_loc, true)
+            .override_global(SELF_GLOBAL, &std::process::id(), true)
             .load(object)
             .map_err(|e| LoadError::Object(Box::new(e)))?;
         let ring = ebpf.take_map(RING_MAP).ok_or(LoadError::NoRingBuffer)?;
