@@ -133,6 +133,9 @@ impl<'a> Daemon<'a> {
     /// Start-up: everything before the first poll. Fails only on what must stop the
     /// daemon (invalid config, unusable required metadata, an unusable metrics port).
     pub async fn start(opts: &'a RunOptions) -> Result<Daemon<'a>> {
+        // First: a SIGTERM that arrives while the daemon starts is kept and handled by the
+        // loop (one last poll, flush, exit 0) instead of killing it half-started.
+        let sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
         let monitor = Monitor::open(&opts.monitor)?;
         if monitor.boot_id.is_none() {
             tracing::warn!("boot ID unreadable: reboots cannot be told from restarts");
@@ -189,7 +192,6 @@ impl<'a> Daemon<'a> {
         let pause = opts.grpc.retry.initial_backoff.max(Duration::from_millis(50));
         let courier =
             Courier::start(sink, &state.outbox, Some(opts.sink.queue_bounds(&opts.grpc)), metrics.clone(), pause);
-        let sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
         let mut tick = tokio::time::interval(opts.interval.min(Duration::from_secs(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tracing::info!(node = %monitor.stamp.node_name, interval = ?opts.interval, "nicmon running");
