@@ -73,6 +73,7 @@ pub struct Observation {
 }
 
 /// The result of one poll.
+#[derive(Default)]
 pub struct Poll {
     pub snapshot: Snapshot,
     pub roles: BTreeMap<String, Classification>,

@@ -789,16 +789,9 @@ mod tests {
             },
         );
         let poll = Poll {
-            snapshot: Default::default(),
-            roles: Default::default(),
             events: vec![degradation("symbol_error", true), degradation("link_downed", false)],
             next,
-            notes: Vec::new(),
-            reads_abandoned: 0,
-            stuck_reads: Vec::new(),
-            char_devices: Vec::new(),
-            flaps: Vec::new(),
-            holds: Default::default(),
+            ..Default::default()
         };
         let metrics = Metrics::new("n");
         update_metrics(&metrics, &poll);
@@ -845,14 +838,7 @@ mod tests {
         let poll = Poll {
             snapshot: crate::model::Snapshot { devices: vec![dev], ..Default::default() },
             roles: [("mlx5_0".to_string(), classification)].into(),
-            events: Vec::new(),
-            next: Default::default(),
-            notes: Vec::new(),
-            reads_abandoned: 0,
-            stuck_reads: Vec::new(),
-            char_devices: Vec::new(),
-            flaps: Vec::new(),
-            holds: Default::default(),
+            ..Default::default()
         };
         let metrics = Metrics::new("n");
         update_metrics(&metrics, &poll);
