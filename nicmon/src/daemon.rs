@@ -62,6 +62,16 @@ pub struct RunOptions {
     pub no_wake: bool,
     /// Trace mode: print each wake-up and the poll it caused.
     pub trace: bool,
+    /// `--poll-stall-deadline` (zero: no watchdog) and the strategy its events carry.
+    pub poll_stall: PollStall,
+}
+
+/// The poll-stall watchdog's settings ([`crate::stall`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PollStall {
+    /// Zero disables the watchdog.
+    pub deadline: Duration,
+    pub store_only: bool,
 }
 
 /// Parse `--checks`: comma-separated names. Unknown names are returned, to be logged and
@@ -127,6 +137,8 @@ pub struct Daemon<'a> {
     last_snapshot: Option<crate::model::Snapshot>,
     writer: state::Writer,
     trace_latencies: BTreeMap<&'static str, Vec<f64>>,
+    /// The poll-stall watchdog (`None`: `--poll-stall-deadline=0s`).
+    stall: Option<crate::stall::Watchdog>,
 }
 
 impl<'a> Daemon<'a> {
@@ -192,6 +204,22 @@ impl<'a> Daemon<'a> {
         let pause = opts.grpc.retry.initial_backoff.max(Duration::from_millis(50));
         let courier =
             Courier::start(sink, &state.outbox, Some(opts.sink.queue_bounds(&opts.grpc)), metrics.clone(), pause);
+        let stall = if opts.poll_stall.deadline.is_zero() {
+            tracing::info!("NIC poll stall detection off (--poll-stall-deadline=0s)");
+            None
+        } else {
+            let stamp = crate::event::Stamp {
+                node_name: monitor.stamp.node_name.clone(),
+                processing_strategy: crate::stall::strategy(
+                    opts.poll_stall.store_only,
+                    monitor.stamp.processing_strategy,
+                ),
+            };
+            Some(
+                crate::stall::Watchdog::start(opts.poll_stall.deadline, stamp, &opts.sink, opts.grpc.clone())
+                    .context("cannot start the poll stall watchdog")?,
+            )
+        };
         let mut tick = tokio::time::interval(opts.interval.min(Duration::from_secs(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tracing::info!(node = %monitor.stamp.node_name, interval = ?opts.interval, "nicmon running");
@@ -215,6 +243,7 @@ impl<'a> Daemon<'a> {
             last_snapshot: None,
             writer: state::Writer::new(&opts.state_file),
             trace_latencies: BTreeMap::new(),
+            stall,
         })
     }
 
@@ -305,6 +334,16 @@ impl<'a> Daemon<'a> {
     /// Wake-ups whose hints name devices first get a targeted poll of those devices (its
     /// events are dispatched first), then the full poll follows (SPEC §1.8).
     fn cycle(&mut self, woke: &[Wake]) {
+        if let Some(s) = &self.stall {
+            s.begin();
+        }
+        self.cycle_watched(woke);
+        if let Some(s) = &self.stall {
+            s.end();
+        }
+    }
+
+    fn cycle_watched(&mut self, woke: &[Wake]) {
         while let Ok(d) = self.kmsg.try_recv() {
             if let Delivery::Records(r) = d {
                 self.pending_records.extend(r);
