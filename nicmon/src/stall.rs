@@ -101,10 +101,7 @@ pub fn check_interval(deadline: Duration) -> Duration {
 pub fn event(due: Due, stamp: &Stamp, now: OffsetDateTime) -> Option<HealthEvent> {
     let (message, healthy) = match due {
         Due::Nothing => return None,
-        Due::Stalled(d) => (
-            format!("NIC state cannot be observed: poll in flight for {}s", (d.as_millis() as f64 / 1000.0).round()),
-            false,
-        ),
+        Due::Stalled(d) => (format!("NIC state cannot be observed: poll in flight for {}", in_flight_text(d)), false),
         Due::Healthy => ("NIC polls are completing".to_string(), true),
     };
     // Built as any event, then filed under the watchdog's own check name.
@@ -114,6 +111,15 @@ pub fn event(due: Due, stamp: &Stamp, now: OffsetDateTime) -> Option<HealthEvent
         e = e.unhealthy(false).action(RecommendedAction::NONE);
     }
     Some(e)
+}
+
+/// Whole seconds (as upstream writes them), milliseconds below a second.
+fn in_flight_text(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{}s", (d.as_millis() as f64 / 1000.0).round())
+    }
 }
 
 /// The strategy stall events carry.
@@ -294,7 +300,10 @@ mod tests {
 
     #[test]
     fn events_are_node_level_non_fatal_with_action_none() {
-        let stamp = Stamp { node_name: "n1".into(), processing_strategy: strategy(true, ProcessingStrategy::EXECUTE_REMEDIATION) };
+        let stamp = Stamp {
+            node_name: "n1".into(),
+            processing_strategy: strategy(true, ProcessingStrategy::EXECUTE_REMEDIATION),
+        };
         let now = OffsetDateTime::UNIX_EPOCH;
         let e = event(Due::Stalled(Duration::from_millis(10_400)), &stamp, now).unwrap();
         assert_eq!(e.check_name, CHECK_NAME);
@@ -306,6 +315,8 @@ mod tests {
         let h = event(Due::Healthy, &stamp, now).unwrap();
         assert!(h.is_healthy && !h.is_fatal && h.check_name == CHECK_NAME);
         assert!(event(Due::Nothing, &stamp, now).is_none());
+        let short = event(Due::Stalled(Duration::from_millis(312)), &stamp, now).unwrap();
+        assert_eq!(short.message, "NIC state cannot be observed: poll in flight for 312ms");
         assert_eq!(strategy(false, ProcessingStrategy::STORE_AND_ANALYSE), ProcessingStrategy::STORE_AND_ANALYSE);
     }
 
