@@ -168,8 +168,9 @@ fn upstream_chart_args_publish_directly_over_tls_with_token_and_idempotency_keys
     let (status, log) = d.stop();
     assert_eq!(status.code(), Some(0), "{log}");
     assert!(log.contains("publishing directly to the deployment platform connector"), "{log}");
-    // The poll-stall flags are upstream's current ones: accepted, said to be ignored.
-    assert!(log.contains("--poll-stall-deadline/--poll-stall-store-only accepted but ignored"), "{log}");
+    // Upstream's chart's poll-stall flags start the watchdog (10s, store-only).
+    assert!(log.contains("NIC poll stall detection enabled deadline=10s processing_strategy=STORE_ONLY"), "{log}");
+    assert!(!log.contains("accepted but ignored"), "{log}");
 
     let calls = t.conn.received();
     assert!(calls.iter().all(|c| c.refused.is_none()), "every call accepted");
@@ -467,6 +468,7 @@ fn upstream_chart_configmap_and_v2_state_file_run_unchanged() {
     );
     assert!(out.contains(&format!("procfs root:       {proc} (--boot-id-path prefix)")), "{out}");
     assert!(out.contains("counter rules:     3"), "the listed counters are the set: {out}");
+    assert!(out.contains("poll stall:        10s, events STORE_ONLY"), "{out}");
 
     let mut cmd = nicmon(&args);
     cmd.env("NODE_NAME", NODE);
