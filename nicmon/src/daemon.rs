@@ -148,7 +148,8 @@ impl<'a> Daemon<'a> {
         // First: a SIGTERM that arrives while the daemon starts is kept and handled by the
         // loop (one last poll, flush, exit 0) instead of killing it half-started.
         let sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
-        let monitor = Monitor::open(&opts.monitor)?;
+        let mut monitor = Monitor::open(&opts.monitor)?;
+        monitor.defer_first_poll = true;
         if monitor.boot_id.is_none() {
             tracing::warn!("boot ID unreadable: reboots cannot be told from restarts");
         }
@@ -448,11 +449,16 @@ impl<'a> Daemon<'a> {
             .map(|h| h.left_ms.max(0) as u64 + 1)
             .min()
             .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
+        let deferred = !poll.deferred.is_empty();
         let writer = &mut self.writer;
         match self.courier.commit(&mut self.state, poll.next, &poll.events, |state| writer.save(state, Instant::now()))
         {
             Ok(()) => {
-                self.loaded = Loaded::Resumed;
+                // A deferred first poll ran nothing: the first poll (and the baselines a reboot
+                // owes) is still to come.
+                if !deferred {
+                    self.loaded = Loaded::Resumed;
+                }
                 // Counted once committed: a poll that runs again finds the same blip.
                 for b in &poll.holds.blips {
                     tracing::info!(
@@ -661,19 +667,8 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
     {
         metrics.set_devices_discovered(check, discovered.get(&check).copied().unwrap_or(0));
     }
-    if poll.next.polls == 1 {
-        // The first poll of this boot's state: ports whose verdict it deferred (unhealthy and
-        // never seen healthy, decided within MAX_DEFERRED_POLLS polls).
-        use crate::model::LinkLayer;
-        for (check, layer) in [
-            (Check::InfiniBandStateCheck, LinkLayer::InfiniBand),
-            (Check::EthernetStateCheck, LinkLayer::Ethernet),
-            (Check::EFAStateCheck, LinkLayer::Efa),
-        ] {
-            let deferred =
-                poll.next.links.port_states.values().filter(|r| r.deferred_polls > 0 && r.link_layer == layer).count();
-            metrics.first_poll_deferred(check, deferred as u64);
-        }
+    for check in &poll.deferred {
+        metrics.first_poll_deferred(*check, 1);
     }
     metrics.set_read_health(poll.reads_abandoned, &poll.stuck_reads);
     metrics.kmsg_records_lost(poll.next.kmsg.lost_records);
