@@ -346,7 +346,14 @@ impl Metrics {
         );
         // Series of change-gated counters exist at 0 from the start, so that rate() and
         // alerts see them before the first event.
-        for check in [Check::InfiniBandStateCheck, Check::EthernetStateCheck, Check::EFAStateCheck] {
+        for check in [
+            Check::InfiniBandStateCheck,
+            Check::EthernetStateCheck,
+            Check::EFAStateCheck,
+            Check::InfiniBandDegradationCheck,
+            Check::EthernetDegradationCheck,
+            Check::EFADegradationCheck,
+        ] {
             let _ = m
                 .legacy_first_poll_deferred
                 .get_or_create(&NodeCheck { node: m.node.clone(), check: check.to_string() });
