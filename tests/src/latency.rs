@@ -1,6 +1,6 @@
 //! Detection latency harness: a testbed RoCE NIC whose netdev is a real veth on this host.
-//! At time T the harness sets the fixture port to `DOWN` and takes the veth's carrier down;
-//! the latency is T → the event's `generatedTimestamp` (the poll that produced it) and
+//! The harness sets the fixture port to `DOWN`, then takes the veth down in-process
+//! (`SIOCSIFFLAGS`), T being taken right before that syscall; the latency is T → the event's `generatedTimestamp` (the poll that produced it) and
 //! T → the event's line seen in the file sink (delivered), for the three wake paths: eBPF,
 //! rtnetlink only, polling only. [`storm`]: the daemon's CPU while a veth flaps as fast as
 //! the kernel allows.
@@ -72,6 +72,14 @@ impl Veth {
         Ok(v)
     }
 
+    /// Set `dev` administratively up or down in-process (`SIOCSIFFLAGS` on a datagram
+    /// socket): a veth taken down loses its carrier, and its peer's too. Returns the
+    /// wall-clock instant taken right before the syscall, so no process start-up or pipe
+    /// hop is inside a latency measured from it.
+    pub fn set_up(&self, dev: &str, up: bool) -> Result<SystemTime, String> {
+        set_link_up(dev, up)
+    }
+
     /// Send one `ip` command to the batch process.
     pub fn ip(&mut self, cmd: &str) {
         let _ = writeln!(self.stdin, "{cmd}");
@@ -85,6 +93,49 @@ impl Drop for Veth {
         let _ = self.batch.wait();
         let _ = Command::new("ip").args(["link", "del", &self.a]).stderr(Stdio::null()).status();
     }
+}
+
+fn ifreq_for(dev: &str) -> Result<libc::ifreq, String> {
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    let name = dev.as_bytes();
+    if name.len() >= req.ifr_name.len() {
+        return Err(format!("interface name {dev:?} too long"));
+    }
+    for (d, s) in req.ifr_name.iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    Ok(req)
+}
+
+/// `SIOCGIFFLAGS` / `SIOCSIFFLAGS` on `dev`: IFF_UP set or cleared. Returns the instant
+/// taken right before the setting syscall.
+pub fn set_link_up(dev: &str, up: bool) -> Result<SystemTime, String> {
+    // SAFETY: plain socket(2); the descriptor is closed below on every path.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(format!("socket: {}", std::io::Error::last_os_error()));
+    }
+    let result = (|| {
+        let mut req = ifreq_for(dev)?;
+        // SAFETY: req is a valid ifreq naming dev; the kernel fills ifru_flags.
+        if unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) } < 0 {
+            return Err(format!("SIOCGIFFLAGS {dev}: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
+        let flags = unsafe { req.ifr_ifru.ifru_flags };
+        let iff_up = libc::IFF_UP as libc::c_short;
+        req.ifr_ifru.ifru_flags = if up { flags | iff_up } else { flags & !iff_up };
+        let t = SystemTime::now();
+        // SAFETY: as above; the kernel reads ifru_flags.
+        if unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) } < 0 {
+            return Err(format!("SIOCSIFFLAGS {dev}: {}", std::io::Error::last_os_error()));
+        }
+        Ok(t)
+    })();
+    // SAFETY: fd is ours and open.
+    unsafe { libc::close(fd) };
+    result
 }
 
 /// Latencies of one mode, in milliseconds.
@@ -126,10 +177,17 @@ fn is_for(e: &serde_json::Value, healthy: bool) -> bool {
 /// Wait (bounded) until the sink holds more than `seen` matching events; returns the new one.
 fn wait_event(sink: &Path, healthy: bool, seen: usize, timeout: Duration) -> Option<serde_json::Value> {
     let deadline = Instant::now() + timeout;
+    let mut len = None;
     while Instant::now() < deadline {
-        let ev: Vec<_> = events(sink).into_iter().filter(|e| is_for(e, healthy)).collect();
-        if ev.len() > seen {
-            return ev.into_iter().nth(seen);
+        // A stat per step, the file parsed only when it grew: the watch itself takes next to
+        // no CPU from the daemon it measures (two cores).
+        let now_len = std::fs::metadata(sink).map(|m| m.len()).ok();
+        if now_len != len {
+            len = now_len;
+            let ev: Vec<_> = events(sink).into_iter().filter(|e| is_for(e, healthy)).collect();
+            if ev.len() > seen {
+                return ev.into_iter().nth(seen);
+            }
         }
         std::thread::sleep(Duration::from_micros(100)); // reading a file another process appends to
     }
@@ -186,17 +244,18 @@ pub fn measure(bin: &Path, mode: Mode, reps: usize, interval: &str, tag: &str) -
         for i in 0..reps {
             // Spread the fault over the poll phase (pacing, not synchronisation).
             std::thread::sleep(Duration::from_millis(150 + (i as u64 * 397) % 850));
-            let t = SystemTime::now();
+            // The fixture port first (the poll the carrier change wakes reads it), then T
+            // taken right before the carrier-changing syscall itself.
             std::fs::write(state.join("state"), "1: DOWN\n").map_err(|e| e.to_string())?;
             std::fs::write(state.join("phys_state"), "3: Disabled\n").map_err(|e| e.to_string())?;
-            veth.ip(&format!("link set {} down", veth.a));
+            let t = veth.set_up(&veth.a, false)?;
             let ev = wait_event(&sink, false, i, Duration::from_secs(10)).ok_or(format!("rep {i}: no fatal event"))?;
             delivered.push(t.elapsed().unwrap_or_default().as_secs_f64() * 1e3);
             let at = ts_of(&ev).ok_or("event without a timestamp")?;
             ms.push(at.duration_since(t).unwrap_or_default().as_secs_f64() * 1e3);
             std::fs::write(state.join("state"), "4: ACTIVE\n").map_err(|e| e.to_string())?;
             std::fs::write(state.join("phys_state"), "5: LinkUp\n").map_err(|e| e.to_string())?;
-            veth.ip(&format!("link set {} up", veth.a));
+            veth.set_up(&veth.a, true)?;
             wait_event(&sink, true, i + 1, Duration::from_secs(10)).ok_or(format!("rep {i}: no recovery event"))?;
         }
         Ok::<_, String>((ms, delivered))
