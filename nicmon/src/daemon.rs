@@ -35,6 +35,10 @@ use crate::wake::{Wake, WakeOptions, WakeSource};
 /// 1 s / `WAKE_POLL_GAP` polls a second on top of the interval's.
 pub const WAKE_POLL_GAP: Duration = Duration::from_millis(50);
 
+/// How long the full poll that follows a targeted one waits for the targeted poll's
+/// batches to be delivered (so the two do not compete for the CPU on the latency path).
+pub const TARGETED_DELIVERY_WAIT: Duration = Duration::from_millis(50);
+
 /// How long a signal waits for queued batches to be delivered. With the last poll (at most
 /// [`crate::host::Deadlines::poll`]) and the final save, exit comes within 5 s of SIGTERM
 /// whatever is stuck; what was not delivered stays in the outbox for the next start.
@@ -192,6 +196,7 @@ impl<'a> Daemon<'a> {
         let pause = opts.grpc.retry.initial_backoff.max(Duration::from_millis(50));
         let courier =
             Courier::start(sink, &state.outbox, Some(opts.sink.queue_bounds(&opts.grpc)), metrics.clone(), pause);
+        courier.set_trace(opts.trace);
         let mut tick = tokio::time::interval(opts.interval.min(Duration::from_secs(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tracing::info!(node = %monitor.stamp.node_name, interval = ?opts.interval, "nicmon running");
@@ -236,12 +241,12 @@ impl<'a> Daemon<'a> {
                     woke
                 }
                 Wakeup::Stop => {
-                    self.cycle(&[]);
+                    self.cycle(&[]).await;
                     tracing::info!("signal received: flushing and exiting");
                     return Ok(());
                 }
             };
-            self.cycle(&woke);
+            self.cycle(&woke).await;
         }
     }
 
@@ -304,7 +309,7 @@ impl<'a> Daemon<'a> {
     /// One cycle: read → decide, then act — metrics, logs, trace, and the outbox's commit.
     /// Wake-ups whose hints name devices first get a targeted poll of those devices (its
     /// events are dispatched first), then the full poll follows (SPEC §1.8).
-    fn cycle(&mut self, woke: &[Wake]) {
+    async fn cycle(&mut self, woke: &[Wake]) {
         while let Ok(d) = self.kmsg.try_recv() {
             if let Delivery::Records(r) = d {
                 self.pending_records.extend(r);
@@ -345,8 +350,16 @@ impl<'a> Daemon<'a> {
             let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, OffsetDateTime::now_utc(), &[]);
             let elapsed = woke_at.elapsed();
             let kind = PollKind::Targeted(&targets);
+            let before = self.state.outbox.last_id();
             self.act(poll, woke, woke_at, elapsed, kind, Vec::new());
             traced = true;
+            // The targeted poll's events go out before anything else: the full poll (which
+            // competes with the sender for the CPU) starts once they are delivered, or after
+            // TARGETED_DELIVERY_WAIT at the latest (a connector that is down).
+            let sent = self.state.outbox.last_id();
+            if sent > before {
+                self.await_delivery(sent, tokio::time::Instant::now() + TARGETED_DELIVERY_WAIT).await;
+            }
         }
         let started = Instant::now();
         let records = std::mem::take(&mut self.pending_records);
@@ -377,12 +390,23 @@ impl<'a> Daemon<'a> {
         kind: PollKind<'_>,
         records: Vec<Record>,
     ) {
+        // The send first: nothing but the commit's bookkeeping stands between the decision
+        // and the hand-off to the sender task (logs, metrics and the trace come after; the
+        // state file is saved after them, see crate::outbox for why that order is safe).
+        let mut poll = poll;
+        let next = std::mem::take(&mut poll.next);
+        let committed = self.courier.commit(&mut self.state, next, &poll.events, |_| {});
+        let handed_at = Instant::now();
+        let next = match &committed {
+            Ok(()) => &self.state.checks,
+            Err((_, checks)) => checks.as_ref(),
+        };
         for n in &poll.notes {
             tracing::info!("{n}");
         }
         log_flaps(&poll.flaps);
         if self.opts.trace {
-            print_trace(woke, woke_at, &poll, elapsed, &kind);
+            print_trace(woke, woke_at, &poll, elapsed, &kind, handed_at, self.state.outbox.last_id());
             // Kernel → the end of the first poll that served the wake-up.
             if !matches!(kind, PollKind::FullAfterTargeted) {
                 let end = crate::wake::monotonic_ns();
@@ -393,7 +417,7 @@ impl<'a> Daemon<'a> {
                 }
             }
         }
-        update_metrics(&self.metrics, &poll);
+        update_metrics(&self.metrics, &poll, next);
         for check in Check::ALL {
             for e in poll.events.iter().filter(|e| e.check() == Some(check)) {
                 log_event(e);
@@ -409,10 +433,9 @@ impl<'a> Daemon<'a> {
             .map(|h| h.left_ms.max(0) as u64 + 1)
             .min()
             .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
-        let writer = &mut self.writer;
-        match self.courier.commit(&mut self.state, poll.next, &poll.events, |state| writer.save(state, Instant::now()))
-        {
+        match committed {
             Ok(()) => {
+                self.writer.save(&self.state, Instant::now());
                 self.loaded = Loaded::Resumed;
                 // Counted once committed: a poll that runs again finds the same blip.
                 for b in &poll.holds.blips {
@@ -425,7 +448,7 @@ impl<'a> Daemon<'a> {
                     self.metrics.port_state_blip(b.check, &b.device, b.port);
                 }
             }
-            Err(full) => {
+            Err((full, _)) => {
                 // The bounded outbox: a poll whose events do not fit is not committed (its
                 // state does not advance) and runs again on the next cycle. So nothing queued
                 // is dropped, and once there is room the poll queues the newest state of every
@@ -436,6 +459,22 @@ impl<'a> Daemon<'a> {
         }
         if !matches!(kind, PollKind::Targeted(_)) {
             self.liveness.cycle_completed();
+        }
+    }
+
+    /// Take acknowledgements until every batch up to `id` has left the outbox, or until
+    /// `deadline`.
+    async fn await_delivery(&mut self, id: u64, deadline: tokio::time::Instant) {
+        while self.state.outbox.pending().first().is_some_and(|b| b.id <= id) {
+            match tokio::time::timeout_at(deadline, self.courier.next_acks()).await {
+                Ok(Some(ids)) => {
+                    for id in ids {
+                        self.state.outbox.ack(id);
+                    }
+                    self.save();
+                }
+                _ => return,
+            }
         }
     }
 
@@ -579,7 +618,8 @@ fn log_flaps(flaps: &[crate::linkstate::FlapTransition]) {
     }
 }
 
-fn update_metrics(metrics: &Metrics, poll: &Poll) {
+/// `next`: the checks' state the poll produced (`poll.next` is moved out by the commit).
+fn update_metrics(metrics: &Metrics, poll: &Poll, next: &crate::state::CheckState) {
     let mut by_role: std::collections::BTreeMap<&str, usize> = Default::default();
     for c in poll.roles.values() {
         if let Some(r) = c.role {
@@ -622,7 +662,7 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
     {
         metrics.set_devices_discovered(check, discovered.get(&check).copied().unwrap_or(0));
     }
-    if poll.next.polls == 1 {
+    if next.polls == 1 {
         // The first poll of this boot's state: ports whose verdict it deferred (unhealthy and
         // never seen healthy, decided within MAX_DEFERRED_POLLS polls).
         use crate::model::LinkLayer;
@@ -632,18 +672,18 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
             (Check::EFAStateCheck, LinkLayer::Efa),
         ] {
             let deferred =
-                poll.next.links.port_states.values().filter(|r| r.deferred_polls > 0 && r.link_layer == layer).count();
+                next.links.port_states.values().filter(|r| r.deferred_polls > 0 && r.link_layer == layer).count();
             metrics.first_poll_deferred(check, deferred as u64);
         }
     }
     metrics.set_read_health(poll.reads_abandoned, &poll.stuck_reads);
-    metrics.kmsg_records_lost(poll.next.kmsg.lost_records);
-    metrics.set_saturated_counters(poll.next.counters.saturated());
+    metrics.kmsg_records_lost(next.kmsg.lost_records);
+    metrics.set_saturated_counters(next.counters.saturated());
     for f in &poll.flaps {
         metrics.port_flap_transition(&f.device, f.port);
     }
     metrics.set_flapping_ports(
-        poll.next.links.port_states.values().filter(|r| r.flap.is_flapping()).map(|r| (r.device.as_str(), r.port)),
+        next.links.port_states.values().filter(|r| r.flap.is_flapping()).map(|r| (r.device.as_str(), r.port)),
     );
     for e in poll.events.iter().filter(|e| !e.is_healthy) {
         let dev = e.entities_impacted.iter().find(|x| x.entity_type == "NIC").map(|x| x.entity_value.as_str());
@@ -664,7 +704,7 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
                 // not a threshold breach (no thresholds are evaluated while it is saturated).
                 let counter = e.error_code.first().map(String::as_str).unwrap_or("");
                 let dev = dev.unwrap_or("");
-                if !poll.next.counters.is_saturated(dev, port, counter) {
+                if !next.counters.is_saturated(dev, port, counter) {
                     metrics.counter_threshold_breach(counter, dev, port, e.is_fatal)
                 }
             }
@@ -694,10 +734,24 @@ impl std::fmt::Display for PollKind<'_> {
 
 /// One trace line per wake-up and poll: the hook, the kernel timestamp, when the agent
 /// woke, when the poll ended, the events it produced and the latencies between them.
-fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapsed: Duration, kind: &PollKind<'_>) {
+/// `handed_at`: when the poll's batches were handed to the sender (whose own `sent` lines
+/// say when the sink accepted them); `last_batch`: the outbox's last batch id after the
+/// commit (the poll's batches are those up to it; the `sent` lines name them).
+fn print_trace(
+    woke: &[crate::wake::Wake],
+    woke_at: Instant,
+    poll: &Poll,
+    elapsed: Duration,
+    kind: &PollKind<'_>,
+    handed_at: Instant,
+    last_batch: u64,
+) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    let poll_end_ns = crate::wake::monotonic_ns();
+    let now_ns = crate::wake::monotonic_ns();
+    let handed_ns = now_ns.saturating_sub(handed_at.elapsed().as_nanos() as u64);
+    let poll_end_ns = handed_ns.saturating_sub(handed_at.duration_since(woke_at + elapsed).as_nanos() as u64);
+    let handoff_ms = handed_at.duration_since(woke_at + elapsed).as_secs_f64() * 1e3;
     for w in woke {
         let kernel = w.kernel_ts_ns.map(|t| t.to_string()).unwrap_or_else(|| "-".into());
         let k2wake = w.delivery_latency_ns().map(|n| format!("{:.3}", n as f64 / 1e6)).unwrap_or_else(|| "-".into());
@@ -707,12 +761,12 @@ fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapse
             .unwrap_or_else(|| "-".into());
         let _ = writeln!(
             out,
-            "wake hook={} poll={kind} kernel_ns={} hint={:?} kernel->agent_ms={} coalesce_wait_ms={:.3} poll_ms={:.3} kernel->poll_end_ms={} events={}",
+            "wake hook={} poll={kind} kernel_ns={} hint={:?} kernel->agent_ms={} coalesce_wait_ms={:.3} poll_ms={:.3} kernel->poll_end_ms={} handoff_ms={handoff_ms:.3} handed_ns={handed_ns} events={} last_batch={last_batch}",
             w.hook.name(),
             kernel,
             w.hint,
             k2wake,
-            woke_at.duration_since(w.received).as_secs_f64() * 1e3,
+            woke_at.saturating_duration_since(w.received).as_secs_f64() * 1e3,
             elapsed.as_secs_f64() * 1e3,
             k2end,
             poll.events.len()
@@ -794,7 +848,7 @@ mod tests {
             ..Default::default()
         };
         let metrics = Metrics::new("n");
-        update_metrics(&metrics, &poll);
+        update_metrics(&metrics, &poll, &poll.next);
         let text = metrics.encode();
         let breaches: Vec<&str> =
             text.lines().filter(|l| l.starts_with("nic_health_monitor_counter_threshold_breaches_total{")).collect();
@@ -841,7 +895,7 @@ mod tests {
             ..Default::default()
         };
         let metrics = Metrics::new("n");
-        update_metrics(&metrics, &poll);
+        update_metrics(&metrics, &poll, &poll.next);
         let text = metrics.encode();
         assert!(text.contains(r#"nicmon_port_healthy{device="mlx5_0",port="1"} 1"#), "{text}");
         assert!(!text.contains(r#"nicmon_port_healthy{device="mlx5_0",port="2"}"#), "{text}");

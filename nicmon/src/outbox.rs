@@ -126,7 +126,10 @@ impl Outbox {
 /// The live side of the outbox: the sender task and its two channels (batches out,
 /// acknowledgements back). Dropping it stops the sender.
 pub struct Courier {
-    tx: Option<mpsc::UnboundedSender<PendingBatch>>,
+    /// Each batch with the monotonic instant (ns) it was handed over (trace mode's stages).
+    tx: Option<mpsc::UnboundedSender<(PendingBatch, u64)>>,
+    /// Trace mode: the sender prints a line per batch it delivered (`nicmon trace`).
+    trace: Arc<std::sync::atomic::AtomicBool>,
     /// Direct publishing's bound on what may be queued; `None`: unbounded.
     bounds: Option<QueueBounds>,
     acks: mpsc::UnboundedReceiver<u64>,
@@ -154,31 +157,40 @@ impl Courier {
         let (tx, rx) = mpsc::unbounded_channel();
         let (atx, acks) = mpsc::unbounded_channel();
         for b in outbox.pending() {
-            let _ = tx.send(b.clone());
+            let _ = tx.send((b.clone(), crate::wake::monotonic_ns()));
         }
-        let task = tokio::spawn(send_in_order(sink, rx, atx, metrics, pause));
-        Courier { tx: Some(tx), bounds, acks, task }
+        let trace = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let task = tokio::spawn(send_in_order(sink, rx, atx, metrics, pause, trace.clone()));
+        Courier { tx: Some(tx), trace, bounds, acks, task }
+    }
+
+    /// Trace mode: print `sent batch=… handed_ns=… sender_ns=… accepted_ns=…` (monotonic
+    /// clock) for each batch the sink accepted.
+    pub fn set_trace(&self, on: bool) {
+        self.trace.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The commit rule: queue `events` in the state's outbox and advance its checks to
     /// `checks`, hand the new batches to the sender, then run `save` (which persists that
     /// state; see the module's notes for why sending first is safe). A cycle the queue's
-    /// bound refuses changes nothing (`Err`).
+    /// bound refuses changes nothing (`Err`, with `checks` given back).
     pub fn commit(
         &self,
         state: &mut State,
         checks: CheckState,
         events: &[HealthEvent],
         save: impl FnOnce(&State),
-    ) -> Result<(), QueueFull> {
-        if let Some(bounds) = &self.bounds {
-            bounds.admit(state.outbox.pending(), &state.outbox.batches_for(events))?;
+    ) -> Result<(), (QueueFull, Box<CheckState>)> {
+        if let Some(bounds) = &self.bounds
+            && let Err(full) = bounds.admit(state.outbox.pending(), &state.outbox.batches_for(events))
+        {
+            return Err((full, Box::new(checks)));
         }
         let new = state.outbox.enqueue(events);
         state.checks = checks;
         if let Some(tx) = &self.tx {
             for b in new {
-                let _ = tx.send(b);
+                let _ = tx.send((b, crate::wake::monotonic_ns()));
             }
         }
         save(state);
@@ -213,17 +225,28 @@ impl Courier {
 /// inside each send and a pause between sends), never skip ahead.
 async fn send_in_order(
     mut sink: Sink,
-    mut rx: mpsc::UnboundedReceiver<PendingBatch>,
+    mut rx: mpsc::UnboundedReceiver<(PendingBatch, u64)>,
     acks: mpsc::UnboundedSender<u64>,
     metrics: Arc<Metrics>,
     pause: Duration,
+    trace: Arc<std::sync::atomic::AtomicBool>,
 ) {
-    while let Some(batch) = rx.recv().await {
+    while let Some((batch, handed_ns)) = rx.recv().await {
+        let taken_ns = crate::wake::monotonic_ns();
         loop {
             let result = sink.send(&batch.events).await;
             metrics.record_dispatch(batch.check, &batch.events, &result);
             match result {
                 Ok(()) => {
+                    if trace.load(std::sync::atomic::Ordering::Relaxed) {
+                        println!(
+                            "sent batch={} check={} events={} handed_ns={handed_ns} sender_ns={taken_ns} accepted_ns={}",
+                            batch.id,
+                            batch.check,
+                            batch.events.len(),
+                            crate::wake::monotonic_ns()
+                        );
+                    }
                     tracing::debug!(check = %batch.check, events = batch.events.len(), "batch accepted");
                     let _ = acks.send(batch.id);
                     break;
