@@ -24,7 +24,7 @@ use crate::event::Check;
 use crate::kmsg::{self, Delivery, KmsgTail, Record, Start};
 use crate::metrics::Metrics;
 use crate::metrics::server::{self as metrics_server, Liveness, MetricsServer};
-use crate::outbox::Courier;
+use crate::outbox::{Courier, Journal};
 use crate::state::{self, Loaded, State};
 use crate::wake::{Wake, WakeOptions, WakeSource};
 
@@ -130,6 +130,8 @@ pub struct Daemon<'a> {
     /// targeted poll.
     last_snapshot: Option<crate::model::Snapshot>,
     writer: state::Writer,
+    /// Batches sent and not yet saved ([`crate::outbox`]'s journal).
+    journal: Journal,
     trace_latencies: BTreeMap<&'static str, Vec<f64>>,
 }
 
@@ -144,7 +146,17 @@ impl<'a> Daemon<'a> {
         if monitor.boot_id.is_none() {
             tracing::warn!("boot ID unreadable: reboots cannot be told from restarts");
         }
-        let (state, loaded) = load_state(&opts.state_file, monitor.boot_id.as_deref());
+        let (mut state, loaded) = load_state(&opts.state_file, monitor.boot_id.as_deref());
+        let mut journal = Journal::new(&opts.state_file);
+        let recovered = journal.recover(&mut state, loaded == Loaded::Resumed);
+        if !recovered.is_empty() {
+            tracing::info!(
+                batches = recovered.len(),
+                path = %journal.path().display(),
+                "batches sent but not saved before the last stop: queued again, and the first poll reports \
+                 every port whose state differs from what they said"
+            );
+        }
         let devices = monitor.host.list_sys("class/infiniband").len();
         tracing::info!(
             source = monitor.topology.source.as_str(),
@@ -219,6 +231,7 @@ impl<'a> Daemon<'a> {
             last_wake_poll: None,
             last_snapshot: None,
             writer: state::Writer::new(&opts.state_file),
+            journal,
             trace_latencies: BTreeMap::new(),
         })
     }
@@ -254,7 +267,9 @@ impl<'a> Daemon<'a> {
     pub async fn shutdown(&mut self) {
         let deadline = tokio::time::Instant::now() + SHUTDOWN_FLUSH;
         self.courier.flush(&mut self.state.outbox, deadline).await;
-        self.writer.flush(&self.state, Instant::now());
+        if self.writer.flush(&self.state, Instant::now()) {
+            self.journal.saved();
+        }
         if !self.state.outbox.is_empty() {
             tracing::warn!(
                 pending = self.state.outbox.len(),
@@ -395,7 +410,8 @@ impl<'a> Daemon<'a> {
         // state file is saved after them, see crate::outbox for why that order is safe).
         let mut poll = poll;
         let next = std::mem::take(&mut poll.next);
-        let committed = self.courier.commit(&mut self.state, next, &poll.events, |_| {});
+        let journal = &mut self.journal;
+        let committed = self.courier.commit(&mut self.state, next, &poll.events, |b| journal.record(b), |_| {});
         let handed_at = Instant::now();
         let next = match &committed {
             Ok(()) => &self.state.checks,
@@ -435,7 +451,7 @@ impl<'a> Daemon<'a> {
             .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
         match committed {
             Ok(()) => {
-                self.writer.save(&self.state, Instant::now());
+                self.save();
                 self.loaded = Loaded::Resumed;
                 // Counted once committed: a poll that runs again finds the same blip.
                 for b in &poll.holds.blips {
@@ -479,7 +495,9 @@ impl<'a> Daemon<'a> {
     }
 
     fn save(&mut self) {
-        self.writer.save(&self.state, Instant::now());
+        if self.writer.save(&self.state, Instant::now()) {
+            self.journal.saved();
+        }
     }
 }
 

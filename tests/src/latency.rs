@@ -181,16 +181,7 @@ impl Stages {
     pub const NAMES: [&'static str; 8] =
         ["T->kernel", "kernel->agent", "wait", "poll", "hand-off", "->sender", "sink send", "sender->seen"];
     pub fn values(&self) -> [f64; 8] {
-        [
-            self.to_kernel,
-            self.kernel_to_agent,
-            self.wait,
-            self.poll,
-            self.handoff,
-            self.to_sender,
-            self.sink,
-            self.seen,
-        ]
+        [self.to_kernel, self.kernel_to_agent, self.wait, self.poll, self.handoff, self.to_sender, self.sink, self.seen]
     }
 }
 

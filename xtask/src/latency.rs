@@ -72,7 +72,11 @@ pub fn run(opts: &Options) -> Result<()> {
         if s.stages.is_empty() {
             continue;
         }
-        println!("{} path, where the time went (median of {} faults, ms; nicmon trace):", s.mode.name(), s.stages.len());
+        println!(
+            "{} path, where the time went (median of {} faults, ms; nicmon trace):",
+            s.mode.name(),
+            s.stages.len()
+        );
         let cols: Vec<Vec<f64>> =
             (0..Stages::NAMES.len()).map(|i| s.stages.iter().map(|st| st.values()[i]).collect()).collect();
         let line: Vec<String> = Stages::NAMES
