@@ -35,6 +35,19 @@ use crate::wake::{Wake, WakeOptions, WakeSource};
 /// 1 s / `WAKE_POLL_GAP` polls a second on top of the interval's.
 pub const WAKE_POLL_GAP: Duration = Duration::from_millis(50);
 
+/// The trailing edge of the wake-up rate limits: a full poll this long after each
+/// wake-driven poll (unless another wake-driven poll came first and moved it). The kernel
+/// programs drop records within `RATE_WINDOW_NS` of the previous one of the same key, and
+/// this loop serves at most one wake-driven poll per [`WAKE_POLL_GAP`]: so the last change
+/// of any burst is polled at most this long after the last poll that served the burst,
+/// never left to the interval's tick.
+pub const TRAILING_POLL: Duration =
+    Duration::from_nanos(nicmon_common::RATE_WINDOW_NS).saturating_add(Duration::from_millis(5));
+
+/// Within a burst, the shortest gap between the starts of two full polls that follow a
+/// targeted one (the trailing poll and the tick's poll are not held back).
+pub const BURST_FULL_POLL_GAP: Duration = Duration::from_millis(250);
+
 /// How long the full poll that follows a targeted one waits for the targeted poll's
 /// batches to be delivered (so the two do not compete for the CPU on the latency path).
 pub const TARGETED_DELIVERY_WAIT: Duration = Duration::from_millis(50);
@@ -97,6 +110,8 @@ enum Wakeup {
     /// The interval tick, a wake source (the coalesced burst) or kernel log records:
     /// poll now.
     Poll(Vec<Wake>),
+    /// The trailing poll after a wake-driven one is due.
+    Trailing,
     /// The outbox's sender acknowledged these batches.
     Acks(Vec<u64>),
     /// SIGTERM or SIGINT: one last poll, then shut down.
@@ -126,6 +141,10 @@ pub struct Daemon<'a> {
     pending_records: Vec<Record>,
     /// When the last wake-driven poll started (the rate limit's reference).
     last_wake_poll: Option<tokio::time::Instant>,
+    /// When the last full poll started.
+    last_full_poll: Option<Instant>,
+    /// When the trailing poll of the last wake-driven one is due ([`TRAILING_POLL`]).
+    trailing_due: Option<tokio::time::Instant>,
     /// The last full poll's snapshot: what a wake-up's hint can name, and the base of a
     /// targeted poll.
     last_snapshot: Option<crate::model::Snapshot>,
@@ -229,6 +248,8 @@ impl<'a> Daemon<'a> {
             hold_due: None,
             pending_records: Vec::new(),
             last_wake_poll: None,
+            trailing_due: None,
+            last_full_poll: None,
             last_snapshot: None,
             writer: state::Writer::new(&opts.state_file),
             journal,
@@ -249,9 +270,15 @@ impl<'a> Daemon<'a> {
                 }
                 Wakeup::Poll(woke) => {
                     if !woke.is_empty() {
-                        self.last_wake_poll = Some(tokio::time::Instant::now());
+                        let now = tokio::time::Instant::now();
+                        self.last_wake_poll = Some(now);
+                        self.trailing_due = Some(now + TRAILING_POLL);
                     }
                     woke
+                }
+                Wakeup::Trailing => {
+                    self.trailing_due = None;
+                    Vec::new()
                 }
                 Wakeup::Stop => {
                     self.cycle(&[]).await;
@@ -288,7 +315,11 @@ impl<'a> Daemon<'a> {
         let (tick, sigterm, records) = (&mut self.tick, &mut self.sigterm, &mut self.pending_records);
         let rate_limit_until = self.last_wake_poll.map(|t| t + WAKE_POLL_GAP);
         let hold_due = self.hold_due;
+        let trailing_due = self.trailing_due;
         tokio::select! {
+            _ = async { match trailing_due { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
+                Wakeup::Trailing
+            }
             _ = tick.tick() => Wakeup::Poll(Vec::new()),
             _ = async { match hold_due { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
                 Wakeup::Poll(Vec::new())
@@ -375,8 +406,18 @@ impl<'a> Daemon<'a> {
             if sent > before {
                 self.await_delivery(sent, tokio::time::Instant::now() + TARGETED_DELIVERY_WAIT).await;
             }
+            // A burst (a full poll ran moments ago): the targeted poll served the named
+            // devices; the rest waits for the trailing poll or the tick, so a storm of
+            // hinted wake-ups costs targeted polls, not full ones.
+            if self.last_full_poll.is_some_and(|t| t.elapsed() < BURST_FULL_POLL_GAP) {
+                for w in woke {
+                    self.metrics.wakeup(w.hook.name());
+                }
+                return;
+            }
         }
         let started = Instant::now();
+        self.last_full_poll = Some(started);
         let records = std::mem::take(&mut self.pending_records);
         let poll = self.monitor.poll(&self.state.checks, &self.loaded, OffsetDateTime::now_utc(), &records);
         let elapsed = started.elapsed();
