@@ -8,6 +8,11 @@
 /// PCI name (`0000:3b:00.0`) fits.
 pub const HINT_LEN: usize = 16;
 
+/// The kernel programs' per-key rate limit: a wake-up record within this many ns of the
+/// previous one with the same hook and hint is dropped (the agent's trailing poll follows
+/// each wake-driven poll by at least this much).
+pub const RATE_WINDOW_NS: u64 = 20_000_000;
+
 /// Number of slots in the kernel programs' per-hook globals (indexed by [`Hook`] id).
 pub const HOOK_SLOTS: usize = 16;
 

@@ -14,7 +14,7 @@ use aya_ebpf::{
     bindings::BPF_RB_FORCE_WAKEUP,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes},
     macros::{fentry, kprobe, map, tracepoint},
-    maps::RingBuf,
+    maps::{LruHashMap, RingBuf},
     programs::{FEntryContext, ProbeContext, TracePointContext},
 };
 use nicmon_common::{HOOK_SLOTS, HintKind, Hook, WakeRecord};
@@ -23,6 +23,27 @@ use nicmon_common::{HOOK_SLOTS, HintKind, Hook, WakeRecord};
 /// which is harmless (the 1 s poll runs regardless).
 #[map]
 static WAKES: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
+
+/// Per wake-up key (the hook and its hint: a netdev, an RDMA or a PCI device), when a
+/// record was last emitted. A record within [`RATE_WINDOW_NS`] of the previous one of the
+/// same key is dropped: a flapping link or a tracepoint hit thousands of times a second
+/// wakes the agent at most 1 s / window times a second per key. The first record of a
+/// burst always passes (no added latency); the agent polls once more a window after each
+/// wake-driven poll (the trailing edge), so the last change of a burst is never missed.
+#[map]
+static LAST_EMIT: LruHashMap<RateKey, u64> = LruHashMap::with_max_entries(1024, 0);
+
+/// The rate limit's window (the agent's trailing poll waits at least as long:
+/// `nicmon_common::RATE_WINDOW_NS`).
+const RATE_WINDOW_NS: u64 = nicmon_common::RATE_WINDOW_NS;
+
+/// [`LAST_EMIT`]'s key: the hook id and the hint bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct RateKey {
+    hook: u32,
+    hint: [u8; nicmon_common::HINT_LEN],
+}
 
 /// Per hook slot ([`Hook::slot`]): offset in the tracepoint record of the
 /// `__data_loc char[]` field to copy as the hint; 0 = send no hint. Written by the agent
@@ -49,7 +70,15 @@ fn now_ns() -> u64 {
 fn push<C: EbpfContext>(_ctx: &C, rec: &WakeRecord) -> u32 {
     #[cfg(feature = "log")]
     aya_log_ebpf::info!(_ctx, "nicmon wake: hook {}", rec.hook);
-    // Force the wake-up: records are rare and latency is the point.
+    let key = RateKey { hook: rec.hook, hint: rec.hint };
+    // SAFETY: the value is a plain u64 read once; a concurrent update is harmless here.
+    if let Some(last) = unsafe { LAST_EMIT.get(&key) }
+        && rec.ts_ns.wrapping_sub(*last) < RATE_WINDOW_NS
+    {
+        return 0;
+    }
+    let _ = LAST_EMIT.insert(&key, &rec.ts_ns, 0);
+    // Force the wake-up: records are rare (rate-limited above) and latency is the point.
     let _ = WAKES.output::<WakeRecord>(rec, BPF_RB_FORCE_WAKEUP as u64);
     0
 }

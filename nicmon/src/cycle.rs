@@ -526,4 +526,90 @@ mod tests {
         node.remove_device(b);
         assert!(monitor.observe_targeted(&again.next, &full.snapshot, std::slice::from_ref(a)).is_none());
     }
+
+    /// The at-least-once hole the sent-batch journal closes, exactly: a port goes down, the
+    /// commit hands the fatal batch to the sender and the sink accepts it, the process dies
+    /// before the save (the state file still says the port was reported healthy), the port
+    /// recovers, the daemon restarts. The restarted daemon resends the fatal (it may not
+    /// have been delivered) and its first poll reports the port healthy, which clears it.
+    /// Without the journal the first poll reports nothing and the fatal stays.
+    #[tokio::test]
+    async fn a_crash_between_send_and_save_then_a_recovery_still_clears_the_fatal() {
+        use crate::outbox::{Courier, Journal};
+        use crate::state::State;
+        let node = Platform::H100Oci.build();
+        let monitor = Monitor::open(&options(&node)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (state_file, sink_file) = (dir.path().join("state.json"), dir.path().join("events.jsonl"));
+        let t0 = OffsetDateTime::now_utc();
+
+        // Running, healthy, saved.
+        let base = monitor.poll(&CheckState::default(), &Loaded::Missing { reboot: false }, t0, &[]);
+        let dev = base
+            .snapshot
+            .devices
+            .iter()
+            .find(|d| base.roles.get(&d.name).is_some_and(|c| c.monitored) && !d.ports.is_empty() && !d.is_vf())
+            .map(|d| d.name.clone())
+            .unwrap();
+        let mut state = State::fresh(None);
+        state.checks = base.next.clone();
+        crate::state::save(&state_file, &state).unwrap();
+
+        // The port goes down; the poll's commit journals and sends; the sink accepts.
+        node.pull_cable(&dev, 1);
+        let down = monitor.poll(&state.checks, &Loaded::Resumed, t0 + Duration::seconds(1), &[]);
+        let fatal: Vec<_> = down.events.iter().filter(|e| !e.is_healthy && e.entities_text().contains(&dev)).collect();
+        assert!(!fatal.is_empty(), "the pull is detected: {:?}", down.events);
+        let sink = crate::dispatch::Sink::lazy(
+            &crate::dispatch::SinkSpec::File(sink_file.clone()),
+            crate::dispatch::GrpcConfig::new(crate::dispatch::DEFAULT_SOCKET.parse().unwrap()),
+        );
+        let metrics = std::sync::Arc::new(crate::metrics::Metrics::new("n"));
+        let mut courier = Courier::start(sink, &state.outbox, None, metrics.clone(), std::time::Duration::ZERO);
+        let mut journal = Journal::new(&state_file);
+        let mut running = state.clone();
+        courier
+            .commit(&mut running, down.next.clone(), &down.events, |b| journal.record(b), |_| {})
+            .unwrap_or_else(|_| panic!("unbounded"));
+        courier.next_acks().await.expect("the sink accepted the batch");
+        // kill -9 here: no save, no journal.saved().
+        drop(courier);
+        let delivered = std::fs::read_to_string(&sink_file).unwrap();
+        assert!(delivered.contains(r#""isFatal":true"#), "{delivered}");
+
+        // The port recovers while nicmon is down; the daemon restarts.
+        node.repair(&dev, 1);
+        let (mut loaded_state, how) = crate::state::load(&state_file, None);
+        assert_eq!(how, Loaded::Resumed);
+        let recovered = Journal::new(&state_file).recover(&mut loaded_state, true);
+        assert!(!recovered.is_empty(), "the journal holds the sent batch");
+        assert_eq!(
+            loaded_state.outbox.pending().iter().flat_map(|b| &b.events).filter(|e| !e.is_healthy).count(),
+            down.events.iter().filter(|e| !e.is_healthy).count(),
+            "the unsaved batches are queued again (resent first)"
+        );
+        let first = monitor.poll(&loaded_state.checks, &Loaded::Resumed, t0 + Duration::seconds(2), &[]);
+        let cleared: Vec<_> = first
+            .events
+            .iter()
+            .filter(|e| {
+                e.is_healthy
+                    && fatal.iter().any(|f| f.check_name == e.check_name && f.entities_text() == e.entities_text())
+            })
+            .collect();
+        assert_eq!(cleared.len(), fatal.len(), "each fatal sent is cleared by the first poll: {:?}", first.events);
+
+        // The same restart without the journal (the hole): nothing would clear it.
+        let (bare, _) = crate::state::load(&state_file, None);
+        let unaware = monitor.poll(&bare.checks, &Loaded::Resumed, t0 + Duration::seconds(2), &[]);
+        assert!(unaware.events.iter().all(|e| !e.entities_text().contains(&dev)), "{:?}", unaware.events);
+
+        // A save empties the journal: a later restart recovers nothing.
+        let mut j = Journal::new(&state_file);
+        crate::state::save(&state_file, &running).unwrap();
+        j.saved();
+        let (mut again, _) = crate::state::load(&state_file, None);
+        assert!(j.recover(&mut again, true).is_empty());
+    }
 }

@@ -24,7 +24,7 @@ use crate::event::Check;
 use crate::kmsg::{self, Delivery, KmsgTail, Record, Start};
 use crate::metrics::Metrics;
 use crate::metrics::server::{self as metrics_server, Liveness, MetricsServer};
-use crate::outbox::Courier;
+use crate::outbox::{Courier, Journal};
 use crate::state::{self, Loaded, State};
 use crate::wake::{Wake, WakeOptions, WakeSource};
 
@@ -34,6 +34,23 @@ use crate::wake::{Wake, WakeOptions, WakeSource};
 /// (a flapping link, a tracepoint hit thousands of times a second) costs at most
 /// 1 s / `WAKE_POLL_GAP` polls a second on top of the interval's.
 pub const WAKE_POLL_GAP: Duration = Duration::from_millis(50);
+
+/// The trailing edge of the wake-up rate limits: a full poll this long after each
+/// wake-driven poll (unless another wake-driven poll came first and moved it). The kernel
+/// programs drop records within `RATE_WINDOW_NS` of the previous one of the same key, and
+/// this loop serves at most one wake-driven poll per [`WAKE_POLL_GAP`]: so the last change
+/// of any burst is polled at most this long after the last poll that served the burst,
+/// never left to the interval's tick.
+pub const TRAILING_POLL: Duration =
+    Duration::from_nanos(nicmon_common::RATE_WINDOW_NS).saturating_add(Duration::from_millis(5));
+
+/// Within a burst, the shortest gap between the starts of two full polls that follow a
+/// targeted one (the trailing poll and the tick's poll are not held back).
+pub const BURST_FULL_POLL_GAP: Duration = Duration::from_millis(250);
+
+/// How long the full poll that follows a targeted one waits for the targeted poll's
+/// batches to be delivered (so the two do not compete for the CPU on the latency path).
+pub const TARGETED_DELIVERY_WAIT: Duration = Duration::from_millis(50);
 
 /// How long a signal waits for queued batches to be delivered. With the last poll (at most
 /// [`crate::host::Deadlines::poll`]) and the final save, exit comes within 5 s of SIGTERM
@@ -103,6 +120,8 @@ enum Wakeup {
     /// The interval tick, a wake source (the coalesced burst) or kernel log records:
     /// poll now.
     Poll(Vec<Wake>),
+    /// The trailing poll after a wake-driven one is due.
+    Trailing,
     /// The outbox's sender acknowledged these batches.
     Acks(Vec<u64>),
     /// SIGTERM or SIGINT: one last poll, then shut down.
@@ -132,10 +151,16 @@ pub struct Daemon<'a> {
     pending_records: Vec<Record>,
     /// When the last wake-driven poll started (the rate limit's reference).
     last_wake_poll: Option<tokio::time::Instant>,
+    /// When the last full poll started.
+    last_full_poll: Option<Instant>,
+    /// When the trailing poll of the last wake-driven one is due ([`TRAILING_POLL`]).
+    trailing_due: Option<tokio::time::Instant>,
     /// The last full poll's snapshot: what a wake-up's hint can name, and the base of a
     /// targeted poll.
     last_snapshot: Option<crate::model::Snapshot>,
     writer: state::Writer,
+    /// Batches sent and not yet saved ([`crate::outbox`]'s journal).
+    journal: Journal,
     trace_latencies: BTreeMap<&'static str, Vec<f64>>,
     /// The poll-stall watchdog (`None`: `--poll-stall-deadline=0s`).
     stall: Option<crate::stall::Watchdog>,
@@ -153,7 +178,17 @@ impl<'a> Daemon<'a> {
         if monitor.boot_id.is_none() {
             tracing::warn!("boot ID unreadable: reboots cannot be told from restarts");
         }
-        let (state, loaded) = load_state(&opts.state_file, monitor.boot_id.as_deref());
+        let (mut state, loaded) = load_state(&opts.state_file, monitor.boot_id.as_deref());
+        let mut journal = Journal::new(&opts.state_file);
+        let recovered = journal.recover(&mut state, loaded == Loaded::Resumed);
+        if !recovered.is_empty() {
+            tracing::info!(
+                batches = recovered.len(),
+                path = %journal.path().display(),
+                "batches sent but not saved before the last stop: queued again, and the first poll reports \
+                 every port whose state differs from what they said"
+            );
+        }
         let devices = monitor.host.list_sys("class/infiniband").len();
         tracing::info!(
             source = monitor.topology.source.as_str(),
@@ -221,6 +256,7 @@ impl<'a> Daemon<'a> {
                     .context("cannot start the poll stall watchdog")?,
             )
         };
+        courier.set_trace(opts.trace);
         let mut tick = tokio::time::interval(opts.interval.min(Duration::from_secs(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tracing::info!(node = %monitor.stamp.node_name, interval = ?opts.interval, "nicmon running");
@@ -241,8 +277,11 @@ impl<'a> Daemon<'a> {
             hold_due: None,
             pending_records: Vec::new(),
             last_wake_poll: None,
+            trailing_due: None,
+            last_full_poll: None,
             last_snapshot: None,
             writer: state::Writer::new(&opts.state_file),
+            journal,
             trace_latencies: BTreeMap::new(),
             stall,
         })
@@ -261,17 +300,23 @@ impl<'a> Daemon<'a> {
                 }
                 Wakeup::Poll(woke) => {
                     if !woke.is_empty() {
-                        self.last_wake_poll = Some(tokio::time::Instant::now());
+                        let now = tokio::time::Instant::now();
+                        self.last_wake_poll = Some(now);
+                        self.trailing_due = Some(now + TRAILING_POLL);
                     }
                     woke
                 }
+                Wakeup::Trailing => {
+                    self.trailing_due = None;
+                    Vec::new()
+                }
                 Wakeup::Stop => {
-                    self.cycle(&[]);
+                    self.cycle(&[]).await;
                     tracing::info!("signal received: flushing and exiting");
                     return Ok(());
                 }
             };
-            self.cycle(&woke);
+            self.cycle(&woke).await;
         }
     }
 
@@ -279,7 +324,9 @@ impl<'a> Daemon<'a> {
     pub async fn shutdown(&mut self) {
         let deadline = tokio::time::Instant::now() + SHUTDOWN_FLUSH;
         self.courier.flush(&mut self.state.outbox, deadline).await;
-        self.writer.flush(&self.state, Instant::now());
+        if self.writer.flush(&self.state, Instant::now()) {
+            self.journal.saved();
+        }
         if !self.state.outbox.is_empty() {
             tracing::warn!(
                 pending = self.state.outbox.len(),
@@ -298,7 +345,11 @@ impl<'a> Daemon<'a> {
         let (tick, sigterm, records) = (&mut self.tick, &mut self.sigterm, &mut self.pending_records);
         let rate_limit_until = self.last_wake_poll.map(|t| t + WAKE_POLL_GAP);
         let hold_due = self.hold_due;
+        let trailing_due = self.trailing_due;
         tokio::select! {
+            _ = async { match trailing_due { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
+                Wakeup::Trailing
+            }
             _ = tick.tick() => Wakeup::Poll(Vec::new()),
             _ = async { match hold_due { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
                 Wakeup::Poll(Vec::new())
@@ -334,17 +385,17 @@ impl<'a> Daemon<'a> {
     /// One cycle: read → decide, then act — metrics, logs, trace, and the outbox's commit.
     /// Wake-ups whose hints name devices first get a targeted poll of those devices (its
     /// events are dispatched first), then the full poll follows (SPEC §1.8).
-    fn cycle(&mut self, woke: &[Wake]) {
+    async fn cycle(&mut self, woke: &[Wake]) {
         if let Some(s) = &self.stall {
             s.begin();
         }
-        self.cycle_watched(woke);
+        self.cycle_watched(woke).await;
         if let Some(s) = &self.stall {
             s.end();
         }
     }
 
-    fn cycle_watched(&mut self, woke: &[Wake]) {
+    async fn cycle_watched(&mut self, woke: &[Wake]) {
         while let Ok(d) = self.kmsg.try_recv() {
             if let Delivery::Records(r) = d {
                 self.pending_records.extend(r);
@@ -385,10 +436,28 @@ impl<'a> Daemon<'a> {
             let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, OffsetDateTime::now_utc(), &[]);
             let elapsed = woke_at.elapsed();
             let kind = PollKind::Targeted(&targets);
+            let before = self.state.outbox.last_id();
             self.act(poll, woke, woke_at, elapsed, kind, Vec::new());
             traced = true;
+            // The targeted poll's events go out before anything else: the full poll (which
+            // competes with the sender for the CPU) starts once they are delivered, or after
+            // TARGETED_DELIVERY_WAIT at the latest (a connector that is down).
+            let sent = self.state.outbox.last_id();
+            if sent > before {
+                self.await_delivery(sent, tokio::time::Instant::now() + TARGETED_DELIVERY_WAIT).await;
+            }
+            // A burst (a full poll ran moments ago): the targeted poll served the named
+            // devices; the rest waits for the trailing poll or the tick, so a storm of
+            // hinted wake-ups costs targeted polls, not full ones.
+            if self.last_full_poll.is_some_and(|t| t.elapsed() < BURST_FULL_POLL_GAP) {
+                for w in woke {
+                    self.metrics.wakeup(w.hook.name());
+                }
+                return;
+            }
         }
         let started = Instant::now();
+        self.last_full_poll = Some(started);
         let records = std::mem::take(&mut self.pending_records);
         let poll = self.monitor.poll(&self.state.checks, &self.loaded, OffsetDateTime::now_utc(), &records);
         let elapsed = started.elapsed();
@@ -417,12 +486,24 @@ impl<'a> Daemon<'a> {
         kind: PollKind<'_>,
         records: Vec<Record>,
     ) {
+        // The send first: nothing but the commit's bookkeeping stands between the decision
+        // and the hand-off to the sender task (logs, metrics and the trace come after; the
+        // state file is saved after them, see crate::outbox for why that order is safe).
+        let mut poll = poll;
+        let next = std::mem::take(&mut poll.next);
+        let journal = &mut self.journal;
+        let committed = self.courier.commit(&mut self.state, next, &poll.events, |b| journal.record(b), |_| {});
+        let handed_at = Instant::now();
+        let next = match &committed {
+            Ok(()) => &self.state.checks,
+            Err((_, checks)) => checks.as_ref(),
+        };
         for n in &poll.notes {
             tracing::info!("{n}");
         }
         log_flaps(&poll.flaps);
         if self.opts.trace {
-            print_trace(woke, woke_at, &poll, elapsed, &kind);
+            print_trace(woke, woke_at, &poll, elapsed, &kind, handed_at, self.state.outbox.last_id());
             // Kernel → the end of the first poll that served the wake-up.
             if !matches!(kind, PollKind::FullAfterTargeted) {
                 let end = crate::wake::monotonic_ns();
@@ -433,7 +514,7 @@ impl<'a> Daemon<'a> {
                 }
             }
         }
-        update_metrics(&self.metrics, &poll);
+        update_metrics(&self.metrics, &poll, next);
         for check in Check::ALL {
             for e in poll.events.iter().filter(|e| e.check() == Some(check)) {
                 log_event(e);
@@ -450,10 +531,9 @@ impl<'a> Daemon<'a> {
             .min()
             .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
         let deferred = !poll.deferred.is_empty();
-        let writer = &mut self.writer;
-        match self.courier.commit(&mut self.state, poll.next, &poll.events, |state| writer.save(state, Instant::now()))
-        {
+        match committed {
             Ok(()) => {
+                self.save();
                 // A deferred first poll ran nothing: the first poll (and the baselines a reboot
                 // owes) is still to come.
                 if !deferred {
@@ -470,7 +550,7 @@ impl<'a> Daemon<'a> {
                     self.metrics.port_state_blip(b.check, &b.device, b.port);
                 }
             }
-            Err(full) => {
+            Err((full, _)) => {
                 // The bounded outbox: a poll whose events do not fit is not committed (its
                 // state does not advance) and runs again on the next cycle. So nothing queued
                 // is dropped, and once there is room the poll queues the newest state of every
@@ -484,8 +564,26 @@ impl<'a> Daemon<'a> {
         }
     }
 
+    /// Take acknowledgements until every batch up to `id` has left the outbox, or until
+    /// `deadline`.
+    async fn await_delivery(&mut self, id: u64, deadline: tokio::time::Instant) {
+        while self.state.outbox.pending().first().is_some_and(|b| b.id <= id) {
+            match tokio::time::timeout_at(deadline, self.courier.next_acks()).await {
+                Ok(Some(ids)) => {
+                    for id in ids {
+                        self.state.outbox.ack(id);
+                    }
+                    self.save();
+                }
+                _ => return,
+            }
+        }
+    }
+
     fn save(&mut self) {
-        self.writer.save(&self.state, Instant::now());
+        if self.writer.save(&self.state, Instant::now()) {
+            self.journal.saved();
+        }
     }
 }
 
@@ -624,7 +722,8 @@ fn log_flaps(flaps: &[crate::linkstate::FlapTransition]) {
     }
 }
 
-fn update_metrics(metrics: &Metrics, poll: &Poll) {
+/// `next`: the checks' state the poll produced (`poll.next` is moved out by the commit).
+fn update_metrics(metrics: &Metrics, poll: &Poll, next: &crate::state::CheckState) {
     let mut by_role: std::collections::BTreeMap<&str, usize> = Default::default();
     for c in poll.roles.values() {
         if let Some(r) = c.role {
@@ -671,13 +770,13 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
         metrics.first_poll_deferred(*check, 1);
     }
     metrics.set_read_health(poll.reads_abandoned, &poll.stuck_reads);
-    metrics.kmsg_records_lost(poll.next.kmsg.lost_records);
-    metrics.set_saturated_counters(poll.next.counters.saturated());
+    metrics.kmsg_records_lost(next.kmsg.lost_records);
+    metrics.set_saturated_counters(next.counters.saturated());
     for f in &poll.flaps {
         metrics.port_flap_transition(&f.device, f.port);
     }
     metrics.set_flapping_ports(
-        poll.next.links.port_states.values().filter(|r| r.flap.is_flapping()).map(|r| (r.device.as_str(), r.port)),
+        next.links.port_states.values().filter(|r| r.flap.is_flapping()).map(|r| (r.device.as_str(), r.port)),
     );
     for e in poll.events.iter().filter(|e| !e.is_healthy) {
         let dev = e.entities_impacted.iter().find(|x| x.entity_type == "NIC").map(|x| x.entity_value.as_str());
@@ -698,7 +797,7 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
                 // not a threshold breach (no thresholds are evaluated while it is saturated).
                 let counter = e.error_code.first().map(String::as_str).unwrap_or("");
                 let dev = dev.unwrap_or("");
-                if !poll.next.counters.is_saturated(dev, port, counter) {
+                if !next.counters.is_saturated(dev, port, counter) {
                     metrics.counter_threshold_breach(counter, dev, port, e.is_fatal)
                 }
             }
@@ -728,10 +827,24 @@ impl std::fmt::Display for PollKind<'_> {
 
 /// One trace line per wake-up and poll: the hook, the kernel timestamp, when the agent
 /// woke, when the poll ended, the events it produced and the latencies between them.
-fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapsed: Duration, kind: &PollKind<'_>) {
+/// `handed_at`: when the poll's batches were handed to the sender (whose own `sent` lines
+/// say when the sink accepted them); `last_batch`: the outbox's last batch id after the
+/// commit (the poll's batches are those up to it; the `sent` lines name them).
+fn print_trace(
+    woke: &[crate::wake::Wake],
+    woke_at: Instant,
+    poll: &Poll,
+    elapsed: Duration,
+    kind: &PollKind<'_>,
+    handed_at: Instant,
+    last_batch: u64,
+) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    let poll_end_ns = crate::wake::monotonic_ns();
+    let now_ns = crate::wake::monotonic_ns();
+    let handed_ns = now_ns.saturating_sub(handed_at.elapsed().as_nanos() as u64);
+    let poll_end_ns = handed_ns.saturating_sub(handed_at.duration_since(woke_at + elapsed).as_nanos() as u64);
+    let handoff_ms = handed_at.duration_since(woke_at + elapsed).as_secs_f64() * 1e3;
     for w in woke {
         let kernel = w.kernel_ts_ns.map(|t| t.to_string()).unwrap_or_else(|| "-".into());
         let k2wake = w.delivery_latency_ns().map(|n| format!("{:.3}", n as f64 / 1e6)).unwrap_or_else(|| "-".into());
@@ -741,12 +854,12 @@ fn print_trace(woke: &[crate::wake::Wake], woke_at: Instant, poll: &Poll, elapse
             .unwrap_or_else(|| "-".into());
         let _ = writeln!(
             out,
-            "wake hook={} poll={kind} kernel_ns={} hint={:?} kernel->agent_ms={} coalesce_wait_ms={:.3} poll_ms={:.3} kernel->poll_end_ms={} events={}",
+            "wake hook={} poll={kind} kernel_ns={} hint={:?} kernel->agent_ms={} coalesce_wait_ms={:.3} poll_ms={:.3} kernel->poll_end_ms={} handoff_ms={handoff_ms:.3} handed_ns={handed_ns} events={} last_batch={last_batch}",
             w.hook.name(),
             kernel,
             w.hint,
             k2wake,
-            woke_at.duration_since(w.received).as_secs_f64() * 1e3,
+            woke_at.saturating_duration_since(w.received).as_secs_f64() * 1e3,
             elapsed.as_secs_f64() * 1e3,
             k2end,
             poll.events.len()
@@ -828,7 +941,7 @@ mod tests {
             ..Default::default()
         };
         let metrics = Metrics::new("n");
-        update_metrics(&metrics, &poll);
+        update_metrics(&metrics, &poll, &poll.next);
         let text = metrics.encode();
         let breaches: Vec<&str> =
             text.lines().filter(|l| l.starts_with("nic_health_monitor_counter_threshold_breaches_total{")).collect();
@@ -875,7 +988,7 @@ mod tests {
             ..Default::default()
         };
         let metrics = Metrics::new("n");
-        update_metrics(&metrics, &poll);
+        update_metrics(&metrics, &poll, &poll.next);
         let text = metrics.encode();
         assert!(text.contains(r#"nicmon_port_healthy{device="mlx5_0",port="1"} 1"#), "{text}");
         assert!(!text.contains(r#"nicmon_port_healthy{device="mlx5_0",port="2"}"#), "{text}");

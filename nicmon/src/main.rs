@@ -46,7 +46,8 @@ Examples:\n  nicmon check\n  nicmon check --format json\n  nicmon check --sysfs 
     #[command(long_about = "Run the monitor (the DaemonSet's command). Every --state-polling-interval (and at once \
 on every eBPF/rtnetlink/kernel-log wake-up) it polls sysfs, evaluates the state, counter and kernel-log checks, \
 queues the resulting events in the state file's outbox and sends them to the sink in order. SIGTERM/SIGINT finish \
-the cycle, flush and save.\n\nAccepts the flags of NVSentinel's nic-health-monitor unchanged (retired ones with a \
+the cycle, flush and save. Next to the state file, `<state file>.sent` holds the batches sent since the last save \
+(a crash between the two resends them at the next start); keep both in the same directory.\n\nAccepts the flags of NVSentinel's nic-health-monitor unchanged (retired ones with a \
 warning), and `nicmon --flags…` without a subcommand is `nicmon run --flags…`, as upstream's chart invokes it.\n\nExamples:\n  \
 nicmon run --node-name gpu-node-1\n  nicmon run --sink stdout --state-file /tmp/nicmon-state.json --metrics-port 9112")]
     Run(Box<RunCli>),

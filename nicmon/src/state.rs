@@ -256,22 +256,24 @@ impl Writer {
     }
 
     /// Write `state` if it changed (volatile-only changes: once per [`VOLATILE_REFRESH`]).
-    /// `now`: the caller's clock.
-    pub fn save(&mut self, state: &State, now: std::time::Instant) {
+    /// `now`: the caller's clock. Returns whether the file now holds `state` (up to its
+    /// volatile parts): false when the write failed.
+    pub fn save(&mut self, state: &State, now: std::time::Instant) -> bool {
         let settled = settled(state);
         let stale = self.written_at.is_none_or(|t| now.duration_since(t) >= VOLATILE_REFRESH);
         if self.written.as_ref() == Some(&settled) && !stale {
-            return;
+            return true;
         }
-        self.write(state, settled, now);
+        self.write(state, settled, now)
     }
 
-    /// Write `state` unless it is exactly what is on disk (shutdown).
-    pub fn flush(&mut self, state: &State, now: std::time::Instant) {
-        self.write(state, settled(state), now);
+    /// Write `state` unless it is exactly what is on disk (shutdown). Returns as
+    /// [`Writer::save`].
+    pub fn flush(&mut self, state: &State, now: std::time::Instant) -> bool {
+        self.write(state, settled(state), now)
     }
 
-    fn write(&mut self, state: &State, settled: State, now: std::time::Instant) {
+    fn write(&mut self, state: &State, settled: State, now: std::time::Instant) -> bool {
         match save(&self.path, state) {
             Ok(wrote) => {
                 if wrote {
@@ -280,8 +282,12 @@ impl Writer {
                 }
                 self.written = Some(settled);
                 self.written_at = Some(now);
+                true
             }
-            Err(e) => tracing::warn!(path = %self.path.display(), error = %e, "cannot write the state file"),
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "cannot write the state file");
+                false
+            }
         }
     }
 }

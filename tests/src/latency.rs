@@ -1,6 +1,6 @@
 //! Detection latency harness: a testbed RoCE NIC whose netdev is a real veth on this host.
-//! At time T the harness sets the fixture port to `DOWN` and takes the veth's carrier down;
-//! the latency is T → the event's `generatedTimestamp` (the poll that produced it) and
+//! The harness sets the fixture port to `DOWN`, then takes the veth down in-process
+//! (`SIOCSIFFLAGS`), T being taken right before that syscall; the latency is T → the event's `generatedTimestamp` (the poll that produced it) and
 //! T → the event's line seen in the file sink (delivered), for the three wake paths: eBPF,
 //! rtnetlink only, polling only. [`storm`]: the daemon's CPU while a veth flaps as fast as
 //! the kernel allows.
@@ -72,6 +72,14 @@ impl Veth {
         Ok(v)
     }
 
+    /// Set `dev` administratively up or down in-process (`SIOCSIFFLAGS` on a datagram
+    /// socket): a veth taken down loses its carrier, and its peer's too. Returns the
+    /// wall-clock instant taken right before the syscall, so no process start-up or pipe
+    /// hop is inside a latency measured from it.
+    pub fn set_up(&self, dev: &str, up: bool) -> Result<(SystemTime, u64), String> {
+        set_link_up(dev, up)
+    }
+
     /// Send one `ip` command to the batch process.
     pub fn ip(&mut self, cmd: &str) {
         let _ = writeln!(self.stdin, "{cmd}");
@@ -87,6 +95,123 @@ impl Drop for Veth {
     }
 }
 
+fn ifreq_for(dev: &str) -> Result<libc::ifreq, String> {
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    let name = dev.as_bytes();
+    if name.len() >= req.ifr_name.len() {
+        return Err(format!("interface name {dev:?} too long"));
+    }
+    for (d, s) in req.ifr_name.iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    Ok(req)
+}
+
+/// `SIOCGIFFLAGS` / `SIOCSIFFLAGS` on `dev`: IFF_UP set or cleared. Returns the instant
+/// taken right before the setting syscall, wall clock and `CLOCK_MONOTONIC` (ns; the
+/// clock of the kernel's and `nicmon trace`'s timestamps).
+pub fn set_link_up(dev: &str, up: bool) -> Result<(SystemTime, u64), String> {
+    // SAFETY: plain socket(2); the descriptor is closed below on every path.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(format!("socket: {}", std::io::Error::last_os_error()));
+    }
+    let result = (|| {
+        let mut req = ifreq_for(dev)?;
+        // SAFETY: req is a valid ifreq naming dev; the kernel fills ifru_flags.
+        if unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) } < 0 {
+            return Err(format!("SIOCGIFFLAGS {dev}: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
+        let flags = unsafe { req.ifr_ifru.ifru_flags };
+        let iff_up = libc::IFF_UP as libc::c_short;
+        req.ifr_ifru.ifru_flags = if up { flags | iff_up } else { flags & !iff_up };
+        let t = (SystemTime::now(), monotonic_ns());
+        // SAFETY: as above; the kernel reads ifru_flags.
+        if unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) } < 0 {
+            return Err(format!("SIOCSIFFLAGS {dev}: {}", std::io::Error::last_os_error()));
+        }
+        Ok(t)
+    })();
+    // SAFETY: fd is ours and open.
+    unsafe { libc::close(fd) };
+    result
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Where one fault's time went, in milliseconds, from `nicmon trace`'s lines (the first
+/// wake-up after T whose poll produced the event, and the sender's line for its batch).
+#[derive(Debug, Clone, Default)]
+pub struct Stages {
+    /// T → the kernel program's timestamp (the syscall itself, up to the hook).
+    pub to_kernel: f64,
+    /// Kernel → the agent received the record.
+    pub kernel_to_agent: f64,
+    /// Received → the poll started (coalescing / rate limit / loop busy).
+    pub wait: f64,
+    /// The poll that found it: read + decide.
+    pub poll: f64,
+    /// Decided → the batch handed to the sender task.
+    pub handoff: f64,
+    /// Handed → the sender task took it.
+    pub to_sender: f64,
+    /// The sink's send (the file sink: write + fsync).
+    pub sink: f64,
+    /// The event's line seen by the harness, after the sender took the batch (the watch
+    /// step and the write; an upper bound).
+    pub seen: f64,
+}
+
+impl Stages {
+    /// T → the sink accepted the batch (line written and fsynced; gRPC: the connector's
+    /// reply), on the daemon's monotonic clock: no watch step in it.
+    pub fn accepted(&self) -> f64 {
+        self.to_kernel + self.kernel_to_agent + self.wait + self.poll + self.handoff + self.to_sender + self.sink
+    }
+}
+
+impl Stages {
+    pub const NAMES: [&'static str; 8] =
+        ["T->kernel", "kernel->agent", "wait", "poll", "hand-off", "->sender", "sink send", "sender->seen"];
+    pub fn values(&self) -> [f64; 8] {
+        [self.to_kernel, self.kernel_to_agent, self.wait, self.poll, self.handoff, self.to_sender, self.sink, self.seen]
+    }
+}
+
+fn fields(line: &str) -> std::collections::HashMap<&str, &str> {
+    line.split_whitespace().filter_map(|t| t.split_once('=')).collect()
+}
+
+/// The stages of the fault made at monotonic `t_ns` (seen by the harness at `seen_ns`).
+fn stages_of(trace: &str, t_ns: u64, seen_ns: u64) -> Option<Stages> {
+    let wake = trace.lines().filter(|l| l.starts_with("wake ")).map(fields).find(|f| {
+        f.get("kernel_ns").and_then(|v| v.parse::<u64>().ok()).is_some_and(|k| k >= t_ns)
+            && f.get("events").is_some_and(|e| *e != "0")
+    })?;
+    let num = |f: &std::collections::HashMap<&str, &str>, k: &str| f.get(k).and_then(|v| v.parse::<f64>().ok());
+    let kernel = num(&wake, "kernel_ns")?;
+    let batch = wake.get("last_batch")?;
+    let sent = trace.lines().filter(|l| l.starts_with("sent ")).map(fields).find(|f| f.get("batch") == Some(batch))?;
+    let (handed, taken, accepted) = (num(&sent, "handed_ns")?, num(&sent, "sender_ns")?, num(&sent, "accepted_ns")?);
+    Some(Stages {
+        to_kernel: (kernel - t_ns as f64) / 1e6,
+        kernel_to_agent: num(&wake, "kernel->agent_ms")?,
+        wait: num(&wake, "coalesce_wait_ms")?,
+        poll: num(&wake, "poll_ms")?,
+        handoff: num(&wake, "handoff_ms")?,
+        to_sender: (taken - handed) / 1e6,
+        sink: (accepted - taken) / 1e6,
+        seen: (seen_ns as f64 - taken) / 1e6,
+    })
+}
+
 /// Latencies of one mode, in milliseconds.
 #[derive(Debug, Clone)]
 pub struct Samples {
@@ -95,6 +220,8 @@ pub struct Samples {
     pub ms: Vec<f64>,
     /// Fault → the event's line seen in the sink (an upper bound by the 100 µs watch step).
     pub delivered_ms: Vec<f64>,
+    /// Per fault, where the time went (faults served by a wake-up; `nicmon trace`).
+    pub stages: Vec<Stages>,
     pub hooks_log: String,
 }
 
@@ -107,7 +234,7 @@ impl Samples {
     }
 }
 
-fn percentile(v: &[f64], p: f64) -> f64 {
+pub fn percentile(v: &[f64], p: f64) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
     v.get(((v.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(f64::NAN)
@@ -126,10 +253,17 @@ fn is_for(e: &serde_json::Value, healthy: bool) -> bool {
 /// Wait (bounded) until the sink holds more than `seen` matching events; returns the new one.
 fn wait_event(sink: &Path, healthy: bool, seen: usize, timeout: Duration) -> Option<serde_json::Value> {
     let deadline = Instant::now() + timeout;
+    let mut len = None;
     while Instant::now() < deadline {
-        let ev: Vec<_> = events(sink).into_iter().filter(|e| is_for(e, healthy)).collect();
-        if ev.len() > seen {
-            return ev.into_iter().nth(seen);
+        // A stat per step, the file parsed only when it grew: the watch itself takes next to
+        // no CPU from the daemon it measures (two cores).
+        let now_len = std::fs::metadata(sink).map(|m| m.len()).ok();
+        if now_len != len {
+            len = now_len;
+            let ev: Vec<_> = events(sink).into_iter().filter(|e| is_for(e, healthy)).collect();
+            if ev.len() > seen {
+                return ev.into_iter().nth(seen);
+            }
         }
         std::thread::sleep(Duration::from_micros(100)); // reading a file another process appends to
     }
@@ -145,7 +279,7 @@ fn ts_of(e: &serde_json::Value) -> Option<SystemTime> {
 
 /// Run the daemon `bin` in `mode` and measure `reps` faults. `interval` is the poll interval.
 pub fn measure(bin: &Path, mode: Mode, reps: usize, interval: &str, tag: &str) -> Result<Samples, String> {
-    let mut veth = Veth::create(tag)?;
+    let veth = Veth::create(tag)?;
     let mut node = Node::new(&format!("lat-{}", mode.name()));
     let rc = node.root_complex(0, 0);
     let rp = node.root_port(&rc, 1);
@@ -159,44 +293,51 @@ pub fn measure(bin: &Path, mode: Mode, reps: usize, interval: &str, tag: &str) -
     // the third, so it is off here (the flap test measures the damped path).
     let config = node.root().join("nicmon.toml");
     std::fs::write(&config, "[stateCheck]\nflapThreshold = 0\n").map_err(|e| e.to_string())?;
+    let trace = node.root().join("trace.txt");
+    // Trace mode: the daemon itself, plus one line per wake-up and poll and one per batch
+    // sent (stdout): the per-stage breakdown.
     let mut child = node
-        .daemon_command(bin, "run", Some(&config), "state.json", "lat")
+        .daemon_command(bin, "trace", Some(&config), "state.json", "lat")
         .args(["--no-kmsg", "--no-metrics", "--state-polling-interval", interval])
         .arg("--sink")
         .arg(format!("file:{}", sink.display()))
         .args(mode.flags())
         .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
+        .stdout(Stdio::from(std::fs::File::create(&trace).map_err(|e| e.to_string())?))
         .stderr(Stdio::from(std::fs::File::create(&log).map_err(|e| e.to_string())?))
         .spawn()
         .map_err(|e| format!("spawn nicmon: {e}"))?;
     let result = (|| {
         wait_event(&sink, true, 0, Duration::from_secs(30)).ok_or("no baseline event from nicmon")?;
         let state = node.sys().join(&node.info["mlx5_0"].ib_dir).join("ports/1");
-        let (mut ms, mut delivered) = (Vec::new(), Vec::new());
+        let (mut ms, mut delivered, mut marks) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..reps {
             // Spread the fault over the poll phase (pacing, not synchronisation).
             std::thread::sleep(Duration::from_millis(150 + (i as u64 * 397) % 850));
-            let t = SystemTime::now();
+            // The fixture port first (the poll the carrier change wakes reads it), then T
+            // taken right before the carrier-changing syscall itself.
             std::fs::write(state.join("state"), "1: DOWN\n").map_err(|e| e.to_string())?;
             std::fs::write(state.join("phys_state"), "3: Disabled\n").map_err(|e| e.to_string())?;
-            veth.ip(&format!("link set {} down", veth.a));
+            let (t, t_ns) = veth.set_up(&veth.a, false)?;
             let ev = wait_event(&sink, false, i, Duration::from_secs(10)).ok_or(format!("rep {i}: no fatal event"))?;
             delivered.push(t.elapsed().unwrap_or_default().as_secs_f64() * 1e3);
+            marks.push((t_ns, monotonic_ns()));
             let at = ts_of(&ev).ok_or("event without a timestamp")?;
             ms.push(at.duration_since(t).unwrap_or_default().as_secs_f64() * 1e3);
             std::fs::write(state.join("state"), "4: ACTIVE\n").map_err(|e| e.to_string())?;
             std::fs::write(state.join("phys_state"), "5: LinkUp\n").map_err(|e| e.to_string())?;
-            veth.ip(&format!("link set {} up", veth.a));
+            veth.set_up(&veth.a, true)?;
             wait_event(&sink, true, i + 1, Duration::from_secs(10)).ok_or(format!("rep {i}: no recovery event"))?;
         }
-        Ok::<_, String>((ms, delivered))
+        Ok::<_, String>((ms, delivered, marks))
     })();
     let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
     let _ = child.wait();
     let hooks_log = std::fs::read_to_string(&log).unwrap_or_default();
-    let (ms, delivered_ms) = result?;
-    Ok(Samples { mode, ms, delivered_ms, hooks_log })
+    let (ms, delivered_ms, marks) = result?;
+    let trace = std::fs::read_to_string(&trace).unwrap_or_default();
+    let stages = marks.iter().filter_map(|(t, seen)| stages_of(&trace, *t, *seen)).collect();
+    Ok(Samples { mode, ms, delivered_ms, stages, hooks_log })
 }
 
 /// What [`cpu_storm`] measured.

@@ -6,7 +6,7 @@
 use std::process::Command;
 
 use anyhow::{Result, bail};
-use nicmon_tests::latency::{Mode, cpu_storm, measure};
+use nicmon_tests::latency::{Mode, Stages, cpu_storm, measure};
 
 #[derive(clap::Args)]
 pub struct Options {
@@ -37,6 +37,7 @@ pub fn run(opts: &Options) -> Result<()> {
         opts.reps
     );
     let mut rows = Vec::new();
+    let mut samples = Vec::new();
     for mode in [Mode::Ebpf, Mode::Rtnetlink, Mode::Polling] {
         eprintln!("==> {} ({} faults)", mode.name(), opts.reps);
         let tag = format!("nmb{}{}", std::process::id() % 10000, &mode.name()[..1]);
@@ -55,6 +56,7 @@ pub fn run(opts: &Options) -> Result<()> {
                     s.delivered_percentile(0.99),
                     s.ms.len(),
                 ));
+                samples.push(s);
             }
             Err(e) => bail!("{}: {e}", mode.name()),
         }
@@ -65,6 +67,30 @@ pub fn run(opts: &Options) -> Result<()> {
     );
     for (mode, p50, p99, d50, d99, n) in &rows {
         println!("{:<10} {:>7} {:>11.3} ms {:>11.3} ms {:>12.3} ms {:>12.3} ms", mode.name(), n, p50, p99, d50, d99);
+    }
+    for s in &samples {
+        if s.stages.is_empty() {
+            continue;
+        }
+        println!(
+            "{} path, where the time went (median of {} faults, ms; nicmon trace):",
+            s.mode.name(),
+            s.stages.len()
+        );
+        let cols: Vec<Vec<f64>> =
+            (0..Stages::NAMES.len()).map(|i| s.stages.iter().map(|st| st.values()[i]).collect()).collect();
+        let line: Vec<String> = Stages::NAMES
+            .iter()
+            .zip(&cols)
+            .map(|(n, v)| format!("{n} {:.3}", nicmon_tests::latency::percentile(v, 0.5)))
+            .collect();
+        println!("  {}", line.join(" | "));
+        let acc: Vec<f64> = s.stages.iter().map(|st| st.accepted()).collect();
+        println!(
+            "  T -> sink accepted (daemon's clock, no watch step): p50 {:.3} ms, p99 {:.3} ms",
+            nicmon_tests::latency::percentile(&acc, 0.5),
+            nicmon_tests::latency::percentile(&acc, 0.99)
+        );
     }
     let (_, _, _, d50, d99, _) = rows[0];
     let polling_d50 = rows[2].3;
