@@ -201,13 +201,19 @@ struct Item {
     keep: bool,
 }
 
-/// One answer of a batch: the item's index in the caller's batch, and its result.
-type Answer = (usize, Result<Vec<u8>, ReadError>);
-
-/// A batch: the thread reads its items in order and answers each as soon as it is read.
+/// A batch: the thread reads its items in order, notes each result in `progress`, and
+/// says `done` when all are read.
 struct Job {
     items: Vec<(usize, Item)>,
-    reply: mpsc::SyncSender<Answer>,
+    progress: Arc<Progress>,
+    done: mpsc::SyncSender<()>,
+}
+
+/// How far a batch is: the item being read (its index) and since when, and the results so
+/// far (by index). Uncontended locks: the caller looks only when a deadline comes.
+struct Progress {
+    current: Mutex<(usize, Instant)>,
+    results: Mutex<Vec<Option<Result<Vec<u8>, ReadError>>>>,
 }
 
 /// A read that has not returned: which thread is in it, since when.
@@ -306,16 +312,22 @@ impl Reader {
     /// Read at most `limit` bytes of the regular file `path`, waiting at most `timeout`.
     fn read(&self, path: &Path, limit: usize, past: Past, timeout: Duration) -> Result<Vec<u8>, ReadError> {
         let item = Item { path: path.to_path_buf(), limit, past, keep: false };
-        self.read_many(vec![item], || timeout).pop().unwrap_or_else(|| Err(ReadError::Io("not read".into())))
+        self.read_many(vec![item], timeout, None).pop().unwrap_or_else(|| Err(ReadError::Io("not read".into())))
     }
 
     /// Read `items` in one hand-off to the reader thread, which reads them in order and
-    /// answers each as it is read. Each answer is awaited at most `timeout()` (the read
-    /// deadline, cut to what is left of the poll's): a read past it is abandoned with its
-    /// thread (marked stuck, as [`Reader::read`] does), and the items after it go to a
-    /// fresh thread, or are refused when the poll's deadline has passed or too many reads
+    /// answers once, when all are read (one thread wake-up each way per batch). Meanwhile
+    /// the caller watches the item in progress: one that has not returned within `read` of
+    /// its start, or by `poll_end`, is abandoned with its thread (marked stuck, as a single
+    /// read is), the items read before it keep their results, and the items after it go to
+    /// a fresh thread, or are refused when the poll's deadline has passed or too many reads
     /// are stuck. The results are in `items`' order.
-    fn read_many(&self, items: Vec<Item>, timeout: impl Fn() -> Duration) -> Vec<Result<Vec<u8>, ReadError>> {
+    fn read_many(
+        &self,
+        items: Vec<Item>,
+        read: Duration,
+        poll_end: Option<Instant>,
+    ) -> Vec<Result<Vec<u8>, ReadError>> {
         let n = items.len();
         let mut out: Vec<Option<Result<Vec<u8>, ReadError>>> = (0..n).map(|_| None).collect();
         let mut next = 0;
@@ -324,8 +336,16 @@ impl Reader {
                 *slot = Some(Err(e.clone()));
             }
         };
+        let collect = |out: &mut Vec<Option<Result<Vec<u8>, ReadError>>>, progress: &Progress| {
+            let mut results = progress.results.lock().unwrap_or_else(|p| p.into_inner());
+            for (slot, r) in out.iter_mut().zip(results.iter_mut()) {
+                if let Some(r) = r.take() {
+                    *slot = Some(r);
+                }
+            }
+        };
         'batches: while next < n {
-            if timeout().is_zero() {
+            if read.is_zero() || poll_end.is_some_and(|end| end <= Instant::now()) {
                 fill(&mut out, next, ReadError::Stuck("the poll's read deadline had passed: not read".into()));
                 break;
             }
@@ -338,8 +358,13 @@ impl Reader {
                     break;
                 }
             }
-            let (reply, answers) = mpsc::sync_channel(n - next);
-            let job = Job { items: (next..n).map(|i| (i, items[i].clone())).collect(), reply };
+            let progress = Arc::new(Progress {
+                current: Mutex::new((next, Instant::now())),
+                results: Mutex::new((0..n).map(|_| None).collect()),
+            });
+            let (done, finished) = mpsc::sync_channel(1);
+            let job =
+                Job { items: (next..n).map(|i| (i, items[i].clone())).collect(), progress: progress.clone(), done };
             let id = match self.submit(job) {
                 Ok(id) => id,
                 Err(e) => {
@@ -347,41 +372,55 @@ impl Reader {
                     break;
                 }
             };
-            while next < n {
-                let wait = timeout();
-                match answers.recv_timeout(wait) {
-                    Ok((i, r)) => {
-                        out[i] = Some(r);
-                        next = i + 1;
+            loop {
+                let (current, since) = *progress.current.lock().unwrap_or_else(|p| p.into_inner());
+                let mut until = since + read;
+                if let Some(end) = poll_end {
+                    until = until.min(end);
+                }
+                match finished.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                    Ok(()) => {
+                        collect(&mut out, &progress);
+                        break 'batches;
                     }
                     Err(mpsc::RecvTimeoutError::Disconnected) => {
-                        fill(&mut out, next, ReadError::Io("the reader thread ended".into()));
+                        collect(&mut out, &progress);
+                        let from = out.iter().position(Option::is_none).unwrap_or(n);
+                        fill(&mut out, from, ReadError::Io("the reader thread ended".into()));
                         break 'batches;
                     }
                     Err(mpsc::RecvTimeoutError::Timeout) => {
                         let mut stuck = self.shared.stuck();
-                        // The thread answers while holding this lock: either it answered before
-                        // we took it, or it will find the path marked stuck and end.
-                        if let Ok((i, r)) = answers.try_recv() {
-                            out[i] = Some(r);
-                            next = i + 1;
+                        // The thread stores each result while holding this lock: either the
+                        // item was answered before we took it (it moved on: keep waiting), or
+                        // the thread will find the path marked stuck and end.
+                        if finished.try_recv().is_ok() {
+                            drop(stuck);
+                            collect(&mut out, &progress);
+                            break 'batches;
+                        }
+                        let (now_at, now_since) = *progress.current.lock().unwrap_or_else(|p| p.into_inner());
+                        let answered = progress.results.lock().unwrap_or_else(|p| p.into_inner())[current].is_some();
+                        if answered || now_at != current || now_since != since {
                             continue;
                         }
-                        let path = &items[next].path;
-                        stuck.insert(path.clone(), Stuck { worker: id, since: Instant::now() });
+                        let path = &items[current].path;
+                        stuck.insert(path.clone(), Stuck { worker: id, since });
                         drop(stuck);
                         let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
                         if w.as_ref().is_some_and(|(wid, _)| *wid == id) {
                             *w = None;
                         }
                         drop(w);
+                        let waited = since.elapsed();
                         tracing::warn!(
                             path = %path.display(),
-                            timeout = ?wait,
+                            timeout = ?waited,
                             "read did not return in time: abandoned for this poll, not retried until it returns"
                         );
-                        out[next] = Some(Err(ReadError::Stuck(format!("no answer within {wait:.1?}"))));
-                        next += 1;
+                        collect(&mut out, &progress);
+                        out[current] = Some(Err(ReadError::Stuck(format!("no answer within {waited:.1?}"))));
+                        next = current + 1;
                         continue 'batches;
                     }
                 }
@@ -440,23 +479,19 @@ impl Reader {
 fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: ReadFn) {
     while let Ok(job) = jobs.recv() {
         for (index, item) in job.items {
-            {
-                let stuck = shared.stuck();
-                if let Some(s) = stuck.get(&item.path) {
-                    let _ = job.reply.send((
-                        index,
-                        Err(ReadError::Stuck(format!(
-                            "an earlier read has not returned ({:.1?} ago): not read again until it does",
-                            s.since.elapsed()
-                        ))),
-                    ));
-                    continue;
-                }
+            *job.progress.current.lock().unwrap_or_else(|p| p.into_inner()) = (index, Instant::now());
+            let earlier = shared.stuck().get(&item.path).map(|s| s.since.elapsed());
+            if let Some(ago) = earlier {
+                let e = ReadError::Stuck(format!(
+                    "an earlier read has not returned ({ago:.1?} ago): not read again until it does"
+                ));
+                job.progress.results.lock().unwrap_or_else(|p| p.into_inner())[index] = Some(Err(e));
+                continue;
             }
             let (result, keep) =
                 if item.keep { read_kept(shared, &item) } else { (read_fn(&item.path, item.limit, item.past), None) };
             let mut stuck = shared.stuck();
-            let _ = job.reply.send((index, result));
+            job.progress.results.lock().unwrap_or_else(|p| p.into_inner())[index] = Some(result);
             if stuck.get(&item.path).is_some_and(|s| s.worker == id) {
                 let s = stuck.remove(&item.path).expect("checked above");
                 tracing::info!(path = %item.path.display(), after = ?s.since.elapsed(), "a stuck read returned");
@@ -469,6 +504,7 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: 
                 shared.keep(item.path, file);
             }
         }
+        let _ = job.done.send(());
     }
 }
 
@@ -679,6 +715,11 @@ impl Host {
         self.reader.stuck_paths()
     }
 
+    /// When the current poll's reads must be done (`None`: no poll begun).
+    fn poll_end(&self) -> Option<Instant> {
+        *self.poll_deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The time one read may take now: the read deadline, cut to what is left of the poll's.
     fn timeout(&self) -> Duration {
         let poll = *self.poll_deadline.lock().unwrap_or_else(|p| p.into_inner());
@@ -734,7 +775,7 @@ impl Host {
                 items.push(Item { path, limit: PAGE, past: Past::Error, keep });
             }
         }
-        let results = self.reader.read_many(items, || self.timeout());
+        let results = self.reader.read_many(items, self.deadlines.read, self.poll_end());
         for (i, r) in at.into_iter().zip(results) {
             let path = self.sys(&rels[i]);
             let r = self.after_read(&path, r);
