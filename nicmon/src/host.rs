@@ -236,6 +236,33 @@ struct Kept {
 struct KeptFile {
     file: std::fs::File,
     opened: Instant,
+    /// Not on sysfs (a fixture tree, a replayed bundle): check after each read that the
+    /// file still has a name. A sysfs attribute whose node was removed answers `ENODEV`.
+    check_links: bool,
+}
+
+/// `statfs`'s magic number of sysfs.
+const SYSFS_MAGIC: i64 = 0x6265_6572;
+
+/// Whether `file` is on sysfs.
+fn on_sysfs(file: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fstatfs writes only the struct passed; the descriptor is open.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) };
+    #[allow(clippy::unnecessary_cast)]
+    let magic = st.f_type as i64;
+    rc == 0 && magic == SYSFS_MAGIC
+}
+
+/// How many names `file` has (0: removed, or replaced by a rename).
+fn links(file: &std::fs::File) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fstat writes only the struct passed; the descriptor is open.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::fstat(file.as_raw_fd(), &mut st) };
+    #[allow(clippy::unnecessary_cast)]
+    (rc == 0).then_some(st.st_nlink as u64)
 }
 
 #[derive(Default)]
@@ -515,17 +542,19 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: 
 /// is gone), or a descriptor older than [`KEPT_REFRESH`], is closed and the path opened
 /// again; a file that opens and reads is kept for the next read.
 fn read_kept(shared: &Shared, item: &Item) -> (Result<Vec<u8>, ReadError>, Option<KeptFile>) {
-    use std::os::unix::fs::MetadataExt;
     let kept = shared.kept().files.remove(&item.path);
     if let Some(k) = kept
         && k.opened.elapsed() < KEPT_REFRESH
         && let Ok(buf) = pread_whole(&k.file, item.limit, item.past)
-        && k.file.metadata().is_ok_and(|m| m.nlink() > 0)
+        && (!k.check_links || links(&k.file).is_some_and(|n| n > 0))
     {
         return (Ok(buf), Some(k));
     }
     match open_read(&item.path, item.limit, item.past) {
-        Ok((file, buf)) => (Ok(buf), Some(KeptFile { file, opened: Instant::now() })),
+        Ok((file, buf)) => {
+            let check_links = !on_sysfs(&file);
+            (Ok(buf), Some(KeptFile { file, opened: Instant::now(), check_links }))
+        }
         Err(e) => (Err(e), None),
     }
 }
