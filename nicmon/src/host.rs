@@ -230,7 +230,8 @@ pub const KEPT_REFRESH: Duration = Duration::from_secs(60);
 /// Files kept open between polls, by path (see [`Host::read_sys_many`]).
 #[derive(Default)]
 struct Kept {
-    files: std::collections::HashMap<PathBuf, KeptFile>,
+    /// By the path's bytes (hashing a `PathBuf` walks its components).
+    files: std::collections::HashMap<std::ffi::OsString, KeptFile>,
 }
 
 struct KeptFile {
@@ -283,8 +284,9 @@ impl Shared {
     /// Put a file back among the kept ones, if the budget allows (else it is closed).
     fn keep(&self, path: PathBuf, file: KeptFile) {
         let mut k = self.kept();
-        if k.files.len() < kept_budget() || k.files.contains_key(&path) {
-            k.files.insert(path, file);
+        let key = path.into_os_string();
+        if k.files.len() < kept_budget() || k.files.contains_key(&key) {
+            k.files.insert(key, file);
         }
     }
 }
@@ -494,7 +496,7 @@ impl Reader {
         let mut k = self.shared.kept();
         match prefix {
             None => k.files.clear(),
-            Some(p) => k.files.retain(|path, _| !path.starts_with(p)),
+            Some(p) => k.files.retain(|path, _| !Path::new(path).starts_with(p)),
         }
     }
 
@@ -542,7 +544,7 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: 
 /// is gone), or a descriptor older than [`KEPT_REFRESH`], is closed and the path opened
 /// again; a file that opens and reads is kept for the next read.
 fn read_kept(shared: &Shared, item: &Item) -> (Result<Vec<u8>, ReadError>, Option<KeptFile>) {
-    let kept = shared.kept().files.remove(&item.path);
+    let kept = shared.kept().files.remove(item.path.as_os_str());
     if let Some(k) = kept
         && k.opened.elapsed() < KEPT_REFRESH
         && let Ok(buf) = pread_whole(&k.file, item.limit, item.past)
@@ -566,8 +568,29 @@ fn read_kept(shared: &Shared, item: &Item) -> (Result<Vec<u8>, ReadError>, Optio
 fn pread_whole(file: &std::fs::File, limit: usize, past: Past) -> Result<Vec<u8>, ReadError> {
     use std::os::unix::fs::FileExt;
     let cap = limit.saturating_add(1);
-    let mut buf = vec![0u8; cap.min(PAGE + 1)];
-    let mut len = 0;
+    // An attribute fits the first buffer (on the stack: no allocation, no page fault per
+    // read); only what was read is copied out.
+    let mut first = [0u8; PAGE + 1];
+    let want = cap.min(first.len());
+    let n = loop {
+        match file.read_at(&mut first[..want], 0) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(classify(&e)),
+        }
+    };
+    if n < want || want == cap {
+        let mut buf = first[..n].to_vec();
+        if buf.len() > limit {
+            match past {
+                Past::Error => return Err(ReadError::TooLarge(limit)),
+                Past::Ignore => buf.truncate(limit),
+            }
+        }
+        return Ok(buf);
+    }
+    let mut buf = first[..n].to_vec();
+    let mut len = n;
     loop {
         if len == buf.len() {
             if buf.len() >= cap {
@@ -804,9 +827,9 @@ impl Host {
                 items.push(Item { path, limit: PAGE, past: Past::Error, keep });
             }
         }
+        let paths: Vec<PathBuf> = items.iter().map(|it| it.path.clone()).collect();
         let results = self.reader.read_many(items, self.deadlines.read, self.poll_end());
-        for (i, r) in at.into_iter().zip(results) {
-            let path = self.sys(&rels[i]);
+        for ((i, path), r) in at.into_iter().zip(paths).zip(results) {
             let r = self.after_read(&path, r);
             out[i] = Some(self.text_of(&path, &rels[i], r));
         }
