@@ -18,6 +18,39 @@
 //!   are opened: a FIFO, a device (`/dev/zero`) or a directory where an attribute is
 //!   expected is an error, never a read.
 //!
+//! **Batches.** A poll hands its files to the reader thread together
+//! ([`Host::read_sys_many`]: every port file of every device, then the character-device
+//! attributes), not one by one: the thread reads them in order and answers once, so a poll
+//! costs one thread wake-up each way instead of one per file. The deadlines are unchanged:
+//! the caller watches the item in progress (noted by the thread under an uncontended lock)
+//! and abandons a read past [`Deadlines::read`] from its start, or past the poll's deadline,
+//! exactly as a single read; the results read before it stand, the rest of the batch goes
+//! to a fresh thread (or is refused when the poll's deadline has passed or [`MAX_STUCK`]
+//! reads are stuck).
+//!
+//! **Kept-open files.** The attributes read every poll (port `state`, `phys_state`, `rate`,
+//! `lid`, `sm_lid`, `link_layer`, the counters, the netdev's `operstate`/`carrier`/
+//! statistics, the character devices' `ibdev`/`port`) stay open between polls and are read
+//! with `pread` at offset 0: sysfs (kernfs) generates an attribute's value again on a read
+//! at offset 0, so no path walk and no open/close per poll. A kept file is opened again by
+//! its path when a `pread` fails (`ENODEV`: the attribute's device went), when its device
+//! is a new incarnation or the device set changes (discovery calls [`Host::forget_kept`]),
+//! and at least every [`KEPT_REFRESH`]; at most a quarter of the open-file limit is kept
+//! (the soft limit is raised to the hard one, at most 65536, once per process). A stuck
+//! read holds only the file it is in; an abandoned thread closes it.
+//!
+//! The testbed (fixture trees on an ordinary filesystem) must behave like sysfs for this:
+//! its writers change a value **in place** (`std::fs::write`: the same inode, truncated and
+//! written), as sysfs's values change under an open file, so a kept descriptor sees every
+//! change. A reader racing such a write sees the old value, the new one, or an empty file
+//! (never a mix: the new value is one write of less than a page, and the file's size
+//! changes only once it is copied), and an empty value parses as unknown for that one poll
+//! (`parse::text`), never as a value. What a fixture can do that sysfs cannot — remove a file
+//! or replace it with another (a link to an `EINVAL` file, a FIFO) — is caught by a check
+//! after each `pread` on a file that is not on sysfs: a file with no name left (`st_nlink`
+//! 0) is read by its path again, as an open-per-read reader would. On sysfs that check is
+//! skipped (a removed node answers `ENODEV`).
+//!
 //! [`read_file`] applies the same rules to the files nicmon reads outside sysfs (state,
 //! config, metadata, `--kmsg`), each with its own size limit.
 //!
