@@ -242,11 +242,14 @@ struct Job {
     done: mpsc::SyncSender<()>,
 }
 
+/// A batch's results by index (`None`: not read yet).
+type Slots = Vec<Option<Result<Vec<u8>, ReadError>>>;
+
 /// How far a batch is: the item being read (its index) and since when, and the results so
 /// far (by index). Uncontended locks: the caller looks only when a deadline comes.
 struct Progress {
     current: Mutex<(usize, Instant)>,
-    results: Mutex<Vec<Option<Result<Vec<u8>, ReadError>>>>,
+    results: Mutex<Slots>,
 }
 
 /// A read that has not returned: which thread is in it, since when.
@@ -391,14 +394,14 @@ impl Reader {
         poll_end: Option<Instant>,
     ) -> Vec<Result<Vec<u8>, ReadError>> {
         let n = items.len();
-        let mut out: Vec<Option<Result<Vec<u8>, ReadError>>> = (0..n).map(|_| None).collect();
+        let mut out: Slots = (0..n).map(|_| None).collect();
         let mut next = 0;
-        let fill = |out: &mut Vec<Option<Result<Vec<u8>, ReadError>>>, from: usize, e: ReadError| {
+        let fill = |out: &mut Slots, from: usize, e: ReadError| {
             for slot in &mut out[from..] {
                 *slot = Some(Err(e.clone()));
             }
         };
-        let collect = |out: &mut Vec<Option<Result<Vec<u8>, ReadError>>>, progress: &Progress| {
+        let collect = |out: &mut Slots, progress: &Progress| {
             let mut results = progress.results.lock().unwrap_or_else(|p| p.into_inner());
             for (slot, r) in out.iter_mut().zip(results.iter_mut()) {
                 if let Some(r) = r.take() {
