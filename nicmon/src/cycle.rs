@@ -60,7 +60,15 @@ pub struct Monitor {
     pub boot_id: Option<String>,
     /// Static device attributes kept between polls ([`discovery::StaticCache`]).
     pub statics: std::sync::Arc<discovery::StaticCache>,
+    /// Defer the first poll of a boot while devices are unreadable, at most
+    /// [`MAX_FIRST_POLL_DEFERRALS`] times (the daemon, as upstream's monitor; a one-shot
+    /// `nicmon check` reports what it reads).
+    pub defer_first_poll: bool,
 }
+
+/// Upstream's first-poll deferral limit: after this many deferred polls the first poll runs
+/// with the readable devices.
+pub const MAX_FIRST_POLL_DEFERRALS: u32 = 3;
 
 /// Everything one cycle reads from the host, read once before anything is decided.
 #[derive(Debug, Clone, Default)]
@@ -97,6 +105,10 @@ pub struct Poll {
     pub holds: linkstate::Holds,
     /// Unhealthy port transitions flap damping counted this poll (published or held).
     pub flaps: Vec<linkstate::FlapTransition>,
+    /// The checks whose first poll this one deferred (devices unreadable): nothing was
+    /// evaluated, `next` is the previous state, and the first poll (with its baselines) is
+    /// still owed. Empty for a poll that ran.
+    pub deferred: Vec<Check>,
 }
 
 impl Monitor {
@@ -164,6 +176,7 @@ impl Monitor {
             stamp,
             boot_id,
             statics: Default::default(),
+            defer_first_poll: false,
         }
     }
 
@@ -257,6 +270,42 @@ impl Monitor {
         let snapshot = linkstate::with_known_link_layers(&prev.links, snapshot);
         let roles = roles::classify(&snapshot, &self.topology, &self.config.filters);
         let first_poll = prev.polls == 0;
+        let mut notes = Vec::new();
+        if first_poll && self.defer_first_poll {
+            let unreadable = unreadable_devices(&snapshot, &roles);
+            if !unreadable.is_empty() {
+                if prev.first_poll_deferrals < MAX_FIRST_POLL_DEFERRALS {
+                    // Card homogeneity and the first-seen verdicts need the whole device set:
+                    // wait for it, a bounded number of polls.
+                    let mut next = prev.clone();
+                    let deferred: Vec<Check> =
+                        self.state_config.checks.iter().copied().filter(|c| defers_first_poll(*c)).collect();
+                    if targeted.is_none() {
+                        next.first_poll_deferrals += 1;
+                        notes.push(format!(
+                            "first poll deferred ({}/{MAX_FIRST_POLL_DEFERRALS}): devices unreadable: {}",
+                            next.first_poll_deferrals,
+                            unreadable.join(", ")
+                        ));
+                    }
+                    return Poll {
+                        snapshot,
+                        roles,
+                        next,
+                        notes,
+                        reads_abandoned,
+                        stuck_reads,
+                        deferred: if targeted.is_none() { deferred } else { Vec::new() },
+                        ..Poll::default()
+                    };
+                }
+                notes.push(format!(
+                    "first-poll deferral limit ({MAX_FIRST_POLL_DEFERRALS}) reached: proceeding with the readable \
+                     devices (unreadable: {})",
+                    unreadable.join(", ")
+                ));
+            }
+        }
         let reboot = loaded.owes_baselines() && first_poll;
         // The discovery scope changed since the state was made (nicExclusionRegex or
         // nicInclusionRegexOverride edited): the state checks forget their ports and devices
@@ -282,7 +331,7 @@ impl Monitor {
             &self.stamp,
         );
         events.extend(out.events);
-        let mut notes = out.notes;
+        notes.extend(out.notes);
         let holds = out.holds;
         let flaps = out.flaps;
 
@@ -337,9 +386,52 @@ impl Monitor {
             char_devices: char_state,
             einval,
             scope: Some(scope),
+            first_poll_deferrals: prev.first_poll_deferrals,
         };
-        Poll { snapshot, roles, events, next, notes, reads_abandoned, stuck_reads, char_devices, holds, flaps }
+        Poll {
+            snapshot,
+            roles,
+            events,
+            next,
+            notes,
+            reads_abandoned,
+            stuck_reads,
+            char_devices,
+            holds,
+            flaps,
+            deferred: Vec::new(),
+        }
     }
+}
+
+/// Monitored devices (PFs of a supported vendor) with a port whose `state`, `phys_state`
+/// or `link_layer` could not be read: upstream's "unreadable devices".
+fn unreadable_devices(
+    snapshot: &crate::model::Snapshot,
+    roles: &BTreeMap<String, roles::Classification>,
+) -> Vec<String> {
+    snapshot
+        .devices
+        .iter()
+        .filter(|d| d.unsupported.is_none() && !d.is_vf())
+        .filter(|d| roles.get(&d.name).is_none_or(|c| c.monitored))
+        .filter(|d| d.ports.iter().any(|p| p.state.is_none() || p.phys_state.is_none() || p.link_layer.is_none()))
+        .map(|d| d.name.clone())
+        .collect()
+}
+
+/// The checks whose first poll waits for readable devices (upstream's state and counter
+/// checks).
+fn defers_first_poll(c: Check) -> bool {
+    matches!(
+        c,
+        Check::InfiniBandStateCheck
+            | Check::EthernetStateCheck
+            | Check::EFAStateCheck
+            | Check::InfiniBandDegradationCheck
+            | Check::EthernetDegradationCheck
+            | Check::EFADegradationCheck
+    )
 }
 
 /// 001 §7.1: an enabled counter a port does not have is not evaluated there (fail open) and

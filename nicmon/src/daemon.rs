@@ -62,6 +62,16 @@ pub struct RunOptions {
     pub no_wake: bool,
     /// Trace mode: print each wake-up and the poll it caused.
     pub trace: bool,
+    /// `--poll-stall-deadline` (zero: no watchdog) and the strategy its events carry.
+    pub poll_stall: PollStall,
+}
+
+/// The poll-stall watchdog's settings ([`crate::stall`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PollStall {
+    /// Zero disables the watchdog.
+    pub deadline: Duration,
+    pub store_only: bool,
 }
 
 /// Parse `--checks`: comma-separated names. Unknown names are returned, to be logged and
@@ -127,6 +137,8 @@ pub struct Daemon<'a> {
     last_snapshot: Option<crate::model::Snapshot>,
     writer: state::Writer,
     trace_latencies: BTreeMap<&'static str, Vec<f64>>,
+    /// The poll-stall watchdog (`None`: `--poll-stall-deadline=0s`).
+    stall: Option<crate::stall::Watchdog>,
 }
 
 impl<'a> Daemon<'a> {
@@ -136,7 +148,8 @@ impl<'a> Daemon<'a> {
         // First: a SIGTERM that arrives while the daemon starts is kept and handled by the
         // loop (one last poll, flush, exit 0) instead of killing it half-started.
         let sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
-        let monitor = Monitor::open(&opts.monitor)?;
+        let mut monitor = Monitor::open(&opts.monitor)?;
+        monitor.defer_first_poll = true;
         if monitor.boot_id.is_none() {
             tracing::warn!("boot ID unreadable: reboots cannot be told from restarts");
         }
@@ -192,6 +205,22 @@ impl<'a> Daemon<'a> {
         let pause = opts.grpc.retry.initial_backoff.max(Duration::from_millis(50));
         let courier =
             Courier::start(sink, &state.outbox, Some(opts.sink.queue_bounds(&opts.grpc)), metrics.clone(), pause);
+        let stall = if opts.poll_stall.deadline.is_zero() {
+            tracing::info!("NIC poll stall detection off (--poll-stall-deadline=0s)");
+            None
+        } else {
+            let stamp = crate::event::Stamp {
+                node_name: monitor.stamp.node_name.clone(),
+                processing_strategy: crate::stall::strategy(
+                    opts.poll_stall.store_only,
+                    monitor.stamp.processing_strategy,
+                ),
+            };
+            Some(
+                crate::stall::Watchdog::start(opts.poll_stall.deadline, stamp, &opts.sink, opts.grpc.clone())
+                    .context("cannot start the poll stall watchdog")?,
+            )
+        };
         let mut tick = tokio::time::interval(opts.interval.min(Duration::from_secs(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tracing::info!(node = %monitor.stamp.node_name, interval = ?opts.interval, "nicmon running");
@@ -215,6 +244,7 @@ impl<'a> Daemon<'a> {
             last_snapshot: None,
             writer: state::Writer::new(&opts.state_file),
             trace_latencies: BTreeMap::new(),
+            stall,
         })
     }
 
@@ -305,6 +335,16 @@ impl<'a> Daemon<'a> {
     /// Wake-ups whose hints name devices first get a targeted poll of those devices (its
     /// events are dispatched first), then the full poll follows (SPEC §1.8).
     fn cycle(&mut self, woke: &[Wake]) {
+        if let Some(s) = &self.stall {
+            s.begin();
+        }
+        self.cycle_watched(woke);
+        if let Some(s) = &self.stall {
+            s.end();
+        }
+    }
+
+    fn cycle_watched(&mut self, woke: &[Wake]) {
         while let Ok(d) = self.kmsg.try_recv() {
             if let Delivery::Records(r) = d {
                 self.pending_records.extend(r);
@@ -409,11 +449,16 @@ impl<'a> Daemon<'a> {
             .map(|h| h.left_ms.max(0) as u64 + 1)
             .min()
             .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
+        let deferred = !poll.deferred.is_empty();
         let writer = &mut self.writer;
         match self.courier.commit(&mut self.state, poll.next, &poll.events, |state| writer.save(state, Instant::now()))
         {
             Ok(()) => {
-                self.loaded = Loaded::Resumed;
+                // A deferred first poll ran nothing: the first poll (and the baselines a reboot
+                // owes) is still to come.
+                if !deferred {
+                    self.loaded = Loaded::Resumed;
+                }
                 // Counted once committed: a poll that runs again finds the same blip.
                 for b in &poll.holds.blips {
                     tracing::info!(
@@ -622,19 +667,8 @@ fn update_metrics(metrics: &Metrics, poll: &Poll) {
     {
         metrics.set_devices_discovered(check, discovered.get(&check).copied().unwrap_or(0));
     }
-    if poll.next.polls == 1 {
-        // The first poll of this boot's state: ports whose verdict it deferred (unhealthy and
-        // never seen healthy, decided within MAX_DEFERRED_POLLS polls).
-        use crate::model::LinkLayer;
-        for (check, layer) in [
-            (Check::InfiniBandStateCheck, LinkLayer::InfiniBand),
-            (Check::EthernetStateCheck, LinkLayer::Ethernet),
-            (Check::EFAStateCheck, LinkLayer::Efa),
-        ] {
-            let deferred =
-                poll.next.links.port_states.values().filter(|r| r.deferred_polls > 0 && r.link_layer == layer).count();
-            metrics.first_poll_deferred(check, deferred as u64);
-        }
+    for check in &poll.deferred {
+        metrics.first_poll_deferred(*check, 1);
     }
     metrics.set_read_health(poll.reads_abandoned, &poll.stuck_reads);
     metrics.kmsg_records_lost(poll.next.kmsg.lost_records);

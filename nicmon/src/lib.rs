@@ -26,6 +26,7 @@ pub mod parse;
 pub mod paths;
 pub mod report;
 pub mod roles;
+pub mod stall;
 pub mod state;
 pub mod state_v2;
 pub mod topology;

@@ -233,12 +233,13 @@ struct RunCli {
     /// Use it on a rendered DaemonSet's arguments before a roll-out.
     #[arg(long)]
     check_config: bool,
-    /// NVSentinel's poll-stall watchdog deadline (Go duration; 0s disables). Accepted so
-    /// upstream's chart args start nicmon; the NICPollStallCheck itself is not implemented yet
-    /// and the value is ignored with a warning.
+    /// Poll-stall watchdog (NVSentinel's NICPollStallCheck): once a poll has been in flight
+    /// this long (a host read hanging), one node-level NICPollStallCheck event is sent
+    /// (unhealthy, non-fatal, action NONE), and a healthy one when polls complete again (and
+    /// after the first poll). Go duration; 0s disables [default: 10s].
     #[arg(long, value_name = "DURATION", value_parser = nicmon::upstream::go_duration)]
     poll_stall_deadline: Option<std::time::Duration>,
-    /// Send NICPollStallCheck events as STORE_ONLY (NVSentinel's flag; see --poll-stall-deadline).
+    /// Send NICPollStallCheck events as STORE_ONLY (else with --processing-strategy).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = nicmon::upstream::go_bool)]
     poll_stall_store_only: Option<bool>,
     /// Retired flag of NVSentinel's older charts: accepted and ignored, with a warning (counters
@@ -299,14 +300,15 @@ impl RunCli {
 
     /// Warnings about flags that are accepted but change nothing.
     fn flag_warnings(&self) -> Vec<String> {
-        let mut warnings: Vec<String> = nicmon::upstream::retired_warning(&self.retired_flags()).into_iter().collect();
-        if self.poll_stall_deadline.is_some() || self.poll_stall_store_only.is_some() {
-            warnings.push(
-                "--poll-stall-deadline/--poll-stall-store-only accepted but ignored: nicmon has no NICPollStallCheck yet"
-                    .to_string(),
-            );
+        nicmon::upstream::retired_warning(&self.retired_flags()).into_iter().collect()
+    }
+
+    /// The poll-stall watchdog's settings (upstream's chart default deadline when not given).
+    fn poll_stall(&self) -> nicmon::daemon::PollStall {
+        nicmon::daemon::PollStall {
+            deadline: self.poll_stall_deadline.unwrap_or(nicmon::stall::DEFAULT_DEADLINE),
+            store_only: self.poll_stall_store_only.unwrap_or(false),
         }
-        warnings
     }
 
     /// The node name stamped on events. The platform connector files events under it (and
@@ -356,6 +358,7 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
         let tls = matches!(d.transport, nicmon::dispatch::direct::Transport::Tls { .. });
         tracing::info!(target = %d.authority, tls, "publishing directly to the deployment platform connector");
     }
+    let poll_stall = r.poll_stall();
     let opts = RunOptions {
         monitor: monitor_options(
             r.host,
@@ -377,6 +380,7 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
         },
         no_wake: r.no_wake,
         trace,
+        poll_stall,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let result = rt.block_on(nicmon::daemon::run(opts));
@@ -497,6 +501,16 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
     }
     let _ = writeln!(out, "node name:         {node}");
     let _ = writeln!(out, "processing:        {:?}", r.processing_strategy);
+    let stall = r.poll_stall();
+    let stall_text = match stall.deadline.is_zero() {
+        true => "off".to_string(),
+        false => format!(
+            "{:?}, events {:?}",
+            stall.deadline,
+            nicmon::stall::strategy(stall.store_only, r.processing_strategy)
+        ),
+    };
+    let _ = writeln!(out, "poll stall:        {stall_text}");
     let metrics = match r.no_metrics {
         true => "off".to_string(),
         false => std::net::SocketAddr::from((r.metrics.metrics_bind_address, r.metrics.metrics_port)).to_string(),

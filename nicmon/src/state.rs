@@ -49,6 +49,10 @@ pub struct CheckState {
     /// `incl=<nicInclusionRegexOverride>;excl=<nicExclusionRegex>`). `None`: not recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
+    /// First polls deferred in this run because devices were unreadable (in memory only, as
+    /// upstream's: a deferred poll commits nothing, so a restart still owes the first poll).
+    #[serde(skip)]
+    pub first_poll_deferrals: u32,
 }
 
 /// Everything persisted. Field names are the file's JSON keys; the flattened parts keep

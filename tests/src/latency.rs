@@ -159,17 +159,8 @@ pub fn measure(bin: &Path, mode: Mode, reps: usize, interval: &str, tag: &str) -
     // the third, so it is off here (the flap test measures the damped path).
     let config = node.root().join("nicmon.toml");
     std::fs::write(&config, "[stateCheck]\nflapThreshold = 0\n").map_err(|e| e.to_string())?;
-    let mut child = Command::new(bin)
-        .arg("run")
-        .arg("--sysfs")
-        .arg(node.sys())
-        .arg("--procfs")
-        .arg(node.proc())
-        .arg("--state-file")
-        .arg(node.root().join("state.json"))
-        .arg("--config")
-        .arg(&config)
-        .args(["--metadata", "/nonexistent.json", "--node-name", "lat"])
+    let mut child = node
+        .daemon_command(bin, "run", Some(&config), "state.json", "lat")
         .args(["--no-kmsg", "--no-metrics", "--state-polling-interval", interval])
         .arg("--sink")
         .arg(format!("file:{}", sink.display()))
@@ -235,15 +226,8 @@ pub fn cpu_storm(bin: &Path, mode: Mode, seconds: u64, tag: &str) -> Result<CpuS
     node.card(&rp, 0, vec![NicSpec::eth("mlx5_0", &veth.a)]);
     node.use_host_netdev(&veth.a);
     let sink: PathBuf = node.root().join("events.jsonl");
-    let mut child = Command::new(bin)
-        .arg("run")
-        .arg("--sysfs")
-        .arg(node.sys())
-        .arg("--procfs")
-        .arg(node.proc())
-        .arg("--state-file")
-        .arg(node.root().join("state.json"))
-        .args(["--config", "/nonexistent.toml", "--metadata", "/nonexistent.json", "--node-name", "storm"])
+    let mut child = node
+        .run_command(bin, "state.json", "storm")
         .args(["--no-kmsg", "--no-metrics", "--state-polling-interval", "1s"])
         .arg("--sink")
         .arg(format!("file:{}", sink.display()))
@@ -294,17 +278,7 @@ pub struct Storm {
 
 fn spawn_daemon(bin: &Path, node: &Node, config: &Path, sink: &Path, log: &Path, mode: Mode) -> Result<Child, String> {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(|e| e.to_string())?;
-    Command::new(bin)
-        .arg("run")
-        .arg("--sysfs")
-        .arg(node.sys())
-        .arg("--procfs")
-        .arg(node.proc())
-        .arg("--state-file")
-        .arg(node.root().join("state.json"))
-        .arg("--config")
-        .arg(config)
-        .args(["--metadata", "/nonexistent.json", "--node-name", "flap"])
+    node.daemon_command(bin, "run", Some(config), "state.json", "flap")
         .args(["--no-kmsg", "--no-metrics", "--state-polling-interval", "5s"])
         .arg("--sink")
         .arg(format!("file:{}", sink.display()))

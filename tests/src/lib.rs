@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+pub mod blocking;
 pub mod connector;
 pub mod deploy;
 pub mod kernel_log;
@@ -998,8 +999,14 @@ impl Node {
     /// `<bin> run` pointed at this node: its sysfs, procfs and metadata, the state file
     /// `<root>/<state>`, no config file, node name `node`. Callers add the rest.
     pub fn run_command(&self, bin: &Path, state: &str, node: &str) -> Command {
+        self.daemon_command(bin, "run", None, state, node)
+    }
+
+    /// `<bin> <sub>` (`run` or `trace`) pointed at this node, as [`Node::run_command`], with
+    /// the config file `config` (`None`: none).
+    pub fn daemon_command(&self, bin: &Path, sub: &str, config: Option<&Path>, state: &str, node: &str) -> Command {
         let mut cmd = Command::new(bin);
-        cmd.arg("run")
+        cmd.arg(sub)
             .arg("--sysfs")
             .arg(self.sys())
             .arg("--procfs")
@@ -1008,7 +1015,9 @@ impl Node {
             .arg(self.metadata_path())
             .arg("--state-file")
             .arg(self.root.join(state))
-            .args(["--config", "/nonexistent/nicmon.toml", "--node-name", node]);
+            .arg("--config")
+            .arg(config.unwrap_or(Path::new("/nonexistent/nicmon.toml")))
+            .args(["--node-name", node]);
         cmd
     }
 

@@ -342,6 +342,9 @@ fn nvsentinel_values_render_upstreams_daemonset_shape() {
     }
     assert_eq!(flag(ds, "--state-file").as_deref(), Some("/var/run/nic_health_monitor/state.json"));
     assert_eq!(flag(ds, "--metadata-path").as_deref(), Some("/var/lib/nvsentinel/gpu_metadata.json"));
+    // Upstream's chart values for the poll-stall watchdog.
+    assert_eq!(flag(ds, "--poll-stall-deadline").as_deref(), Some("10s"));
+    assert_eq!(flag(ds, "--poll-stall-store-only").as_deref(), Some("true"));
     let (code, out) = check_config(&objects, &[]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("counter rules:     18"), "upstream's default list is the set: {out}");

@@ -168,8 +168,9 @@ fn upstream_chart_args_publish_directly_over_tls_with_token_and_idempotency_keys
     let (status, log) = d.stop();
     assert_eq!(status.code(), Some(0), "{log}");
     assert!(log.contains("publishing directly to the deployment platform connector"), "{log}");
-    // The poll-stall flags are upstream's current ones: accepted, said to be ignored.
-    assert!(log.contains("--poll-stall-deadline/--poll-stall-store-only accepted but ignored"), "{log}");
+    // Upstream's chart's poll-stall flags start the watchdog (10s, store-only).
+    assert!(log.contains("NIC poll stall detection enabled deadline=10s processing_strategy=STORE_ONLY"), "{log}");
+    assert!(!log.contains("accepted but ignored"), "{log}");
 
     let calls = t.conn.received();
     assert!(calls.iter().all(|c| c.refused.is_none()), "every call accepted");
@@ -320,8 +321,10 @@ fn invocation_without_a_subcommand_and_its_errors() {
     assert!(out.starts_with("nicmon "), "{out}");
 }
 
-/// The args of upstream's Kata-era chart (`_helpers.tpl`), flag and value as separate args,
-/// `--config …/config.yaml` (a TOML file despite its name).
+/// The args of upstream's Kata-era chart (`_helpers.tpl`), exactly: flag and value as
+/// separate args, `--config …/config.yaml` (a TOML file despite its name), no
+/// `--boot-id-path`, `--state-file` or host-path flags. The socket and state file it left at
+/// their defaults are pointed at the testbed; `--no-kmsg --no-wake` keep the test light.
 fn kata_chart_args(node: &Node, socket: &str, config: &Path) -> Vec<String> {
     let port = free_port().to_string();
     let meta = node.metadata_path().display().to_string();
@@ -335,7 +338,7 @@ fn kata_chart_args(node: &Node, socket: &str, config: &Path) -> Vec<String> {
         "--kata-enabled",
         "false",
         "--checks",
-        "InfiniBandStateCheck,EthernetStateCheck",
+        "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck",
         "--metadata-path",
         &meta,
         "--processing-strategy",
@@ -346,29 +349,58 @@ fn kata_chart_args(node: &Node, socket: &str, config: &Path) -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    // Paths the old chart left at their defaults, pointed at the testbed.
     args.push(format!("--platform-connector-socket={socket}"));
     args.push(format!("--state-file={}", node.root().join("state.json").display()));
-    args.extend(testbed_args(node));
+    args.extend(["--no-kmsg".to_string(), "--no-wake".to_string()]);
     args
 }
 
+/// An older chart: its exact args, its ConfigMap file (`nic-health-monitor-config`,
+/// `config.yaml`) with the class paths under the testbed's `/nvsentinel`-like prefix, and
+/// upstream's v2 state file of an earlier boot with `link_downed` latched. The host trees
+/// come from the ConfigMap (no `--sysfs`); with no `--boot-id-path` the boot ID is this
+/// machine's, not the file's: a reboot, so the latch is cleared. Baselines and a cable pull
+/// reach a real connector.
 #[test]
 fn an_older_charts_args_run_with_one_warning_for_the_retired_flags() {
     let node = Platform::H100Oci.build();
     let config = node.root().join("etc/nic-health-monitor/config.yaml");
     std::fs::create_dir_all(config.parent().unwrap()).unwrap();
-    std::fs::write(&config, "nicExclusionRegex = \"\"\nnicInclusionRegexOverride = \"\"\n").unwrap();
+    std::fs::write(&config, upstream_configmap(&node)).unwrap();
+    std::fs::write(node.root().join("state.json"), upstream_v2_state("boot-before-the-migration")).unwrap();
     let conn = Connector::start(&node.root().join("nvsentinel.sock"));
-    let mut cmd = nicmon(&kata_chart_args(&node, &conn.target(), &config));
+    let args = kata_chart_args(&node, &conn.target(), &config);
+    assert!(!args.iter().any(|a| a.starts_with("--sysfs") || a.starts_with("--procfs")), "{args:?}");
+
+    let mut probe = args.clone();
+    probe.push("--check-config".into());
+    let (code, out) = check_config(&probe, Some(NODE));
+    assert_eq!(code, Some(0), "{out}");
+    let sys = node.sys().display().to_string();
+    assert!(
+        out.contains(&format!("sysfs root:        {sys} (config sysClassInfinibandPath, sysClassNetPath)")),
+        "{out}"
+    );
+    assert!(out.contains("counter rules:     3"), "the listed counters are the set: {out}");
+
+    let mut cmd = nicmon(&args);
     cmd.env("NODE_NAME", NODE);
-    assert!(!node.root().join("state.json").exists());
     let d = Daemon::spawn(cmd);
-    assert!(conn.wait_until(WAIT, baselines), "baselines from the old chart's args");
-    // No state file is a reboot (upstream's rule): each check's clear-all comes first.
+    let cleared = |ev: &[HealthEvent]| {
+        ev.iter()
+            .any(|e| e.check_name == "InfiniBandDegradationCheck" && e.is_healthy && e.entities_impacted.is_empty())
+    };
+    assert!(
+        conn.wait_until(WAIT, |ev| cleared(ev) && baselines(ev)),
+        "the latch's clear after the boot change, then baselines: {:#?}",
+        conn.events()
+    );
     let ev = conn.events();
+    assert!(ev.iter().all(|e| e.is_healthy), "{ev:#?}");
+    let first = ev.iter().find(|e| e.check_name == "InfiniBandDegradationCheck").unwrap();
+    assert!(first.entities_impacted.is_empty(), "the check's clear comes before its baselines: {ev:#?}");
     let first_state = ev.iter().find(|e| e.check_name == "InfiniBandStateCheck").unwrap();
-    assert!(first_state.is_healthy && first_state.entities_impacted.is_empty(), "clear-all first: {ev:#?}");
+    assert!(first_state.entities_impacted.is_empty(), "clear-all first: {ev:#?}");
     node.pull_cable("mlx5_3", 1);
     assert!(conn.wait_until(WAIT, |ev| ev.iter().any(|e| is_port_event(e, "mlx5_3", false))), "cable pull");
     let (status, log) = d.stop();
@@ -380,7 +412,7 @@ fn an_older_charts_args_run_with_one_warning_for_the_retired_flags() {
         "{log}"
     );
     assert!(!log.contains("ERROR"), "{log}");
-    assert!(log.contains("no state file: treated as a reboot"), "{log}");
+    assert!(log.contains("boot ID changed"), "{log}");
 }
 
 /// Upstream's ConfigMap (`config.toml`) as its chart renders it, with the host class
@@ -467,6 +499,7 @@ fn upstream_chart_configmap_and_v2_state_file_run_unchanged() {
     );
     assert!(out.contains(&format!("procfs root:       {proc} (--boot-id-path prefix)")), "{out}");
     assert!(out.contains("counter rules:     3"), "the listed counters are the set: {out}");
+    assert!(out.contains("poll stall:        10s, events STORE_ONLY"), "{out}");
 
     let mut cmd = nicmon(&args);
     cmd.env("NODE_NAME", NODE);

@@ -100,17 +100,8 @@ fn a_wake_up_during_the_hold_down_publishes_nothing_and_the_outage_is_reported_w
         Mode::Ebpf => &["--no-rtnetlink"],
         _ => &["--no-ebpf"],
     };
-    let mut child = Command::new(nicmon_bin())
-        .arg("trace")
-        .arg("--sysfs")
-        .arg(node.sys())
-        .arg("--procfs")
-        .arg(node.proc())
-        .arg("--state-file")
-        .arg(node.root().join("state.json"))
-        .arg("--config")
-        .arg(&config)
-        .args(["--metadata", "/nonexistent.json", "--node-name", "hold"])
+    let mut child = node
+        .daemon_command(&nicmon_bin(), "trace", Some(&config), "state.json", "hold")
         .args(["--no-kmsg", "--state-polling-interval", "5s"])
         .args(["--metrics-bind-address", "127.0.0.1", "--metrics-port", &metrics_port.to_string()])
         .arg("--sink")

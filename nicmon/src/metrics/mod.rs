@@ -341,12 +341,19 @@ impl Metrics {
         );
         registry.register(
             "nic_health_monitor_first_poll_deferred",
-            "Ports whose first-poll verdict was deferred (unhealthy, never healthy in this boot), by state check",
+            "Polls a check skipped before its first evaluation because devices were unreadable (at most 3 per start)",
             m.legacy_first_poll_deferred.clone(),
         );
         // Series of change-gated counters exist at 0 from the start, so that rate() and
         // alerts see them before the first event.
-        for check in [Check::InfiniBandStateCheck, Check::EthernetStateCheck, Check::EFAStateCheck] {
+        for check in [
+            Check::InfiniBandStateCheck,
+            Check::EthernetStateCheck,
+            Check::EFAStateCheck,
+            Check::InfiniBandDegradationCheck,
+            Check::EthernetDegradationCheck,
+            Check::EFADegradationCheck,
+        ] {
             let _ = m
                 .legacy_first_poll_deferred
                 .get_or_create(&NodeCheck { node: m.node.clone(), check: check.to_string() });
@@ -460,11 +467,11 @@ impl Metrics {
         }
     }
 
-    /// The first poll of a boot deferred the verdict on `ports` ports of `check`.
-    pub fn first_poll_deferred(&self, check: Check, ports: u64) {
+    /// `check`'s first poll was deferred `polls` more times (devices unreadable).
+    pub fn first_poll_deferred(&self, check: Check, polls: u64) {
         self.legacy_first_poll_deferred
             .get_or_create(&NodeCheck { node: self.node.clone(), check: check.to_string() })
-            .inc_by(ports);
+            .inc_by(polls);
     }
 
     /// A wake-up from `hook` (an eBPF hook name, `rtnetlink`, ...) triggered a poll.

@@ -99,6 +99,8 @@ app.kubernetes.io/part-of: nicmon
 {{- end }}
 {{- end }}
 - --processing-strategy={{ .Values.processingStrategy }}
+- --poll-stall-deadline={{ .Values.pollStallDeadline }}
+- --poll-stall-store-only={{ .Values.pollStallStoreOnly }}
 {{- if .Values.metrics.enabled }}
 - --metrics-port={{ include "nicmon.metricsPort" . }}
 - --metrics-bind-address={{ .Values.metrics.bindAddress | default "$(HOST_IP)" }}

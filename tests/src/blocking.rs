@@ -1,0 +1,40 @@
+//! A regular file whose `read()` blocks: a private tracefs instance's `trace_pipe` (no event
+//! is enabled in it, so it never has data). Stands in for a sysfs read stuck behind a
+//! firmware command (a FIFO would not do: nicmon opens only regular files).
+use std::path::PathBuf;
+
+pub struct BlockingFile(PathBuf);
+
+impl BlockingFile {
+    /// `None` (with a line saying why) where tracefs instances are not available.
+    pub fn new(tag: &str) -> Option<BlockingFile> {
+        let base = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.join("instances").is_dir());
+        let Some(base) = base else {
+            eprintln!("skipped: no tracefs instances directory (a blocking regular file is needed)");
+            return None;
+        };
+        let dir = base.join(format!("instances/nicmon-{tag}-{}", std::process::id()));
+        if let Err(e) = std::fs::create_dir(&dir) {
+            eprintln!("skipped: cannot create a tracefs instance ({e})");
+            return None;
+        }
+        Some(BlockingFile(dir))
+    }
+
+    /// The file whose reads block.
+    pub fn pipe(&self) -> PathBuf {
+        self.0.join("trace_pipe")
+    }
+}
+
+impl Drop for BlockingFile {
+    fn drop(&mut self) {
+        // Stop the process reading trace_pipe first: the instance is busy while it is open.
+        if let Err(e) = std::fs::remove_dir(&self.0) {
+            eprintln!("cannot remove tracefs instance {}: {e}", self.0.display());
+        }
+    }
+}
