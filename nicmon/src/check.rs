@@ -66,7 +66,8 @@ pub fn parse_now(now: Option<&str>) -> Result<OffsetDateTime> {
 
 pub fn run_check(args: &CheckArgs) -> Result<String> {
     let now = parse_now(args.now.as_deref())?;
-    let monitor = Monitor::open(&args.monitor)?;
+    // One read of the tree: the topology is resolved from this cycle's observation.
+    let (mut monitor, topology_from) = Monitor::open_unresolved(&args.monitor)?;
     let boot_id = monitor.boot_id.clone();
     let (prev, loaded) = match &args.state_file {
         Some(p) => state::load(p, boot_id.as_deref()),
@@ -86,7 +87,9 @@ pub fn run_check(args: &CheckArgs) -> Result<String> {
         Some(p) => kmsg::read_file(p).with_context(|| format!("--kmsg {}", p.display()))?,
         None => Vec::new(),
     };
-    let poll = monitor.poll(&prev.checks, &loaded, now, &records);
+    let obs = monitor.observe(&prev.checks, !records.is_empty());
+    monitor.resolve_topology(&topology_from, &obs.snapshot)?;
+    let poll = monitor.decide(&prev.checks, &loaded, obs, now, &records);
     for n in &poll.notes {
         tracing::info!("{n}");
     }

@@ -41,6 +41,13 @@ pub struct MonitorOptions {
     pub stamp: Stamp,
 }
 
+/// Where the topology comes from ([`Monitor::resolve_topology`]).
+#[derive(Debug, Clone)]
+pub struct TopologySource {
+    pub metadata: Option<PathBuf>,
+    pub required: bool,
+}
+
 /// What stays fixed between polls.
 pub struct Monitor {
     pub host: Host,
@@ -109,18 +116,40 @@ impl Monitor {
     /// error; its warnings are logged), open the host, read the boot ID, resolve the
     /// topology once (its notes are logged).
     pub fn open(opts: &MonitorOptions) -> Result<Monitor> {
+        let (mut monitor, opened) = Monitor::open_unresolved(opts)?;
+        let snapshot0 = discovery::discover(&monitor.host, &ReadPlan::default());
+        monitor.resolve_topology(&opened, &snapshot0)?;
+        Ok(monitor)
+    }
+
+    /// [`Monitor::open`] without the topology: the caller resolves it
+    /// ([`Monitor::resolve_topology`]) from its first observation, so a one-shot command
+    /// (`nicmon check`) reads the tree once.
+    pub fn open_unresolved(opts: &MonitorOptions) -> Result<(Monitor, TopologySource)> {
         let config = Config::load(&opts.config)?;
         for w in &config.warnings {
             tracing::warn!("{w}");
         }
         let host = Host::new(&opts.sysfs, &opts.procfs).with_boot_id_path(opts.boot_id_path.clone());
         let boot_id = host.boot_id().ok();
-        let snapshot0 = discovery::discover(&host, &ReadPlan::default());
-        let topology = topology::resolve(&host, &snapshot0, opts.metadata.as_deref(), opts.metadata_required)?;
-        for n in &topology.notes {
+        let topology = Topology {
+            source: topology::Source::None,
+            gpus: Vec::new(),
+            gpu_numa: Default::default(),
+            levels: Default::default(),
+            notes: Vec::new(),
+        };
+        let monitor = Monitor::new(host, config, topology, opts.stamp.clone(), opts.checks.clone(), boot_id);
+        Ok((monitor, TopologySource { metadata: opts.metadata.clone(), required: opts.metadata_required }))
+    }
+
+    /// Resolve the topology from `snapshot` (its notes are logged).
+    pub fn resolve_topology(&mut self, from: &TopologySource, snapshot: &Snapshot) -> Result<()> {
+        self.topology = topology::resolve(&self.host, snapshot, from.metadata.as_deref(), from.required)?;
+        for n in &self.topology.notes {
             tracing::warn!("{n}");
         }
-        Ok(Monitor::new(host, config, topology, opts.stamp.clone(), opts.checks.clone(), boot_id))
+        Ok(())
     }
 
     /// A monitor of `host` with these settings (what [`Monitor::open`] builds).

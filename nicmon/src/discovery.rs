@@ -100,15 +100,18 @@ impl StaticCache {
         self.inner.lock().map(|c| c.reads).unwrap_or(0)
     }
 
-    /// A new listing: when the set of devices differs from the last one, drop everything.
-    fn listing(&self, names: &[String]) {
+    /// A new listing: when the set of devices differs from the last one, drop everything
+    /// (and say so).
+    fn listing(&self, names: &[String]) -> bool {
         if let Ok(mut c) = self.inner.lock()
             && c.names != names
         {
             c.names = names.to_vec();
             c.by_device.clear();
             c.absent.clear();
+            return true;
         }
+        false
     }
 
     fn get(&self, device: &str, link: &Option<String>, now: Instant) -> Option<Statics> {
@@ -135,10 +138,13 @@ const AMAZON_VENDOR: u32 = 0x1d0f;
 /// Read every RDMA device, its ports and counters, the default route and the PCI probes.
 pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
     let names = host.list_sys("class/infiniband");
-    if let Some(cache) = &plan.statics {
-        cache.listing(&names);
+    if let Some(cache) = &plan.statics
+        && cache.listing(&names)
+    {
+        // A device came or went: every kept-open file is opened again.
+        host.forget_kept(None);
     }
-    let devices: Vec<Device> = names.iter().map(|n| read_device(host, n, plan)).collect();
+    let devices = read_devices(host, &names, plan);
 
     let default_route_ifaces =
         host.read_proc("net/route").map(|raw| parse::default_route_ifaces(&raw)).unwrap_or_default();
@@ -158,7 +164,13 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
         }
     }
 
-    Snapshot { devices, default_route_ifaces, default_route_devices, pci_probes, char_devices: char_devices(host) }
+    Snapshot {
+        devices,
+        default_route_ifaces,
+        default_route_devices,
+        pci_probes,
+        char_devices: read_char_devices(host, plan.statics.is_some()),
+    }
 }
 
 /// The InfiniBand character-device class directories, each entry mapped to its device and
@@ -172,8 +184,12 @@ pub fn rediscover(host: &Host, plan: &ReadPlan, base: &Snapshot, names: &[String
         return None;
     }
     let mut s = base.clone();
+    let named: Vec<String> = s.devices.iter().filter(|d| names.contains(&d.name)).map(|d| d.name.clone()).collect();
+    let mut read = read_devices(host, &named, plan).into_iter();
     for d in s.devices.iter_mut().filter(|d| names.contains(&d.name)) {
-        *d = read_device(host, &d.name, plan);
+        if let Some(new) = read.next() {
+            *d = new;
+        }
     }
     Some(s)
 }
@@ -200,32 +216,59 @@ pub fn devices_named(host: &Host, snapshot: &Snapshot, hint: &str) -> Vec<String
 }
 
 pub fn char_devices(host: &Host) -> CharDevices {
-    let read_dir = |dir: &str, kinds: &[CharKind]| -> ClassDir {
+    read_char_devices(host, false)
+}
+
+/// [`char_devices`], every entry's attributes read in one batch (`keep`: kept open).
+fn read_char_devices(host: &Host, keep: bool) -> CharDevices {
+    /// A class directory listed, its entries' attribute files not read yet.
+    enum Listed {
+        Done(ClassDir),
+        /// (kind, name, index of `ibdev`, index of `port`)
+        Entries(Vec<(CharKind, String, usize, Option<usize>)>),
+    }
+    let mut batch = Batch::default();
+    let mut list = |dir: &str, kinds: &[CharKind]| -> Listed {
         let rel = format!("class/{dir}");
         let names = match host.list_sys_dir(&rel) {
             Ok(names) => names,
-            Err(ReadError::Missing) => return ClassDir::Absent,
-            Err(e) => return ClassDir::Unreadable(format!("{}: {e}", host.sys(&rel).display())),
+            Err(ReadError::Missing) => return Listed::Done(ClassDir::Absent),
+            Err(e) => return Listed::Done(ClassDir::Unreadable(format!("{}: {e}", host.sys(&rel).display()))),
         };
-        let nodes = names
-            .into_iter()
-            .filter_map(|name| {
-                let kind = CharKind::of_entry(&name).filter(|k| kinds.contains(k))?;
-                let attr = |a: &str| opt(host.read_sys(&format!("{rel}/{name}/{a}")));
-                let device = attr("ibdev");
-                let port = match kind {
-                    CharKind::Uverbs => None,
-                    CharKind::Umad | CharKind::Issm => attr("port").and_then(|p| p.parse::<u32>().ok()),
-                };
-                Some(CharNode { kind, name, device, port })
-            })
-            .collect();
-        ClassDir::Listed(nodes)
+        Listed::Entries(
+            names
+                .into_iter()
+                .filter_map(|name| {
+                    let kind = CharKind::of_entry(&name).filter(|k| kinds.contains(k))?;
+                    let ibdev = batch.add(format!("{rel}/{name}/ibdev"));
+                    let port = match kind {
+                        CharKind::Uverbs => None,
+                        CharKind::Umad | CharKind::Issm => Some(batch.add(format!("{rel}/{name}/port"))),
+                    };
+                    Some((kind, name, ibdev, port))
+                })
+                .collect(),
+        )
     };
-    CharDevices {
-        verbs: read_dir(CharKind::Uverbs.class_dir(), &[CharKind::Uverbs]),
-        mad: read_dir(CharKind::Umad.class_dir(), &[CharKind::Umad, CharKind::Issm]),
-    }
+    let verbs = list(CharKind::Uverbs.class_dir(), &[CharKind::Uverbs]);
+    let mad = list(CharKind::Umad.class_dir(), &[CharKind::Umad, CharKind::Issm]);
+    let results = if batch.rels.is_empty() { Vec::new() } else { host.read_sys_many(&batch.rels, keep) };
+    let attr = |i: usize| results.get(i).cloned().and_then(opt);
+    let finish = |l: Listed| match l {
+        Listed::Done(d) => d,
+        Listed::Entries(entries) => ClassDir::Listed(
+            entries
+                .into_iter()
+                .map(|(kind, name, ibdev, port)| CharNode {
+                    kind,
+                    name,
+                    device: attr(ibdev),
+                    port: port.and_then(attr).and_then(|p| p.parse::<u32>().ok()),
+                })
+                .collect(),
+        ),
+    };
+    CharDevices { verbs: finish(verbs), mad: finish(mad) }
 }
 
 fn opt(r: Result<String, ReadError>) -> Option<String> {
@@ -291,49 +334,122 @@ fn read_statics(host: &Host, base: &str, link: Option<String>) -> Statics {
     }
 }
 
-fn read_device(host: &Host, name: &str, plan: &ReadPlan) -> Device {
+/// The files of one read, read together ([`Host::read_sys_many`]): one hand-off to the
+/// reader thread for all of them.
+#[derive(Default)]
+struct Batch {
+    rels: Vec<String>,
+}
+
+impl Batch {
+    /// Add a file; its index in the results.
+    fn add(&mut self, rel: String) -> usize {
+        self.rels.push(rel);
+        self.rels.len() - 1
+    }
+}
+
+/// A device's read before its per-poll files are read: its static attributes, listings,
+/// and where each port's files are in the [`Batch`].
+struct DeviceRead {
+    name: String,
+    statics: Statics,
+    efa: bool,
+    unsupported: Option<String>,
+    netdev: Option<String>,
+    ports: Vec<PortRead>,
+}
+
+/// Where one port's files are in the [`Batch`].
+struct PortRead {
+    number: u32,
+    link_layer: usize,
+    state: usize,
+    phys_state: usize,
+    rate: usize,
+    lid: usize,
+    sm_lid: usize,
+    operstate: Option<usize>,
+    carrier: Option<usize>,
+    /// (configured path, sysfs-relative file, index)
+    counters: Vec<(String, String, usize)>,
+}
+
+/// Read every device in `names` (the static attributes from the cache, the listings) and
+/// then all their ports' files in one batch.
+fn read_devices<'a>(host: &Host, names: impl IntoIterator<Item = &'a String>, plan: &ReadPlan) -> Vec<Device> {
+    let mut batch = Batch::default();
+    let reads: Vec<DeviceRead> = names.into_iter().map(|n| plan_device(host, n, plan, &mut batch)).collect();
+    // Attributes that change are kept open between polls where the reads are kept across
+    // polls (a plan with a static cache: the monitor's polls).
+    let results = host.read_sys_many(&batch.rels, plan.statics.is_some());
+    reads.into_iter().map(|r| finish_device(r, &results, plan)).collect()
+}
+
+fn plan_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> DeviceRead {
     let base = format!("class/infiniband/{name}");
     let link = host.link_name_sys(&format!("{base}/device"));
+    let mut fresh = false;
     let statics = match &plan.statics {
         Some(cache) => cache.get(name, &link, Instant::now()).unwrap_or_else(|| {
+            fresh = true;
             let s = read_statics(host, &base, link);
             cache.put(name, s.clone());
             s
         }),
         None => read_statics(host, &base, link),
     };
-    let Statics { pci_address, driver, vendor, function, numa_node, hca_type, fw_ver, board_id, .. } = statics;
-    let card = pci_address.as_deref().and_then(parse::card_of);
+    let driver = statics.driver.as_deref();
+    let vendor = statics.vendor;
 
     // AWS EFA: bound to `efa`; by the Amazon vendor only when the driver is unknown (an
     // Amazon function bound to another driver is not an EFA).
-    let efa = match driver.as_deref() {
+    let efa = match driver {
         Some(d) => d == "efa",
         None => vendor == Some(AMAZON_VENDOR),
     };
-    let supported =
-        efa || MLX5_NAME.is_match(name) || driver.as_deref() == Some("mlx5_core") || vendor == Some(MELLANOX_VENDOR);
+    let supported = efa || MLX5_NAME.is_match(name) || driver == Some("mlx5_core") || vendor == Some(MELLANOX_VENDOR);
     let unsupported = (!supported).then(|| {
         format!(
             "not an NVIDIA/Mellanox mlx5 or AWS EFA device (driver {}, PCI vendor {})",
-            driver.as_deref().unwrap_or("unknown"),
+            driver.unwrap_or("unknown"),
             vendor.map(|v| format!("{v:#06x}")).unwrap_or_else(|| "unknown".into())
         )
     });
 
     let netdevs = host.list_sys(&format!("{base}/device/net"));
     let netdev = netdevs.first().cloned();
+    if fresh {
+        // A new incarnation (or the periodic re-read): its kept-open files are opened again.
+        host.forget_kept(Some(&base));
+        for nd in &netdevs {
+            host.forget_kept(Some(&format!("class/net/{nd}")));
+        }
+    }
 
     // Unsupported devices and VFs are listed, not monitored: read their ports' states
     // for the report, but no counters.
-    let read_counters = supported && function != Function::Vf;
+    let read_counters = supported && statics.function != Function::Vf;
     let ports = host
         .list_sys(&format!("{base}/ports"))
         .into_iter()
         .filter_map(|p| p.parse::<u32>().ok())
         .map(|n| {
             let port_netdev = port_netdev(host, &base, &netdevs, n).or_else(|| netdev.clone());
-            let mut port = read_port(host, name, n, port_netdev.as_deref(), read_counters.then_some(plan));
+            plan_port(name, n, port_netdev.as_deref(), read_counters.then_some(plan), batch)
+        })
+        .collect();
+    DeviceRead { name: name.to_string(), statics, efa, unsupported, netdev, ports }
+}
+
+fn finish_device(r: DeviceRead, results: &[Result<String, ReadError>], plan: &ReadPlan) -> Device {
+    let DeviceRead { name, statics, efa, unsupported, netdev, ports } = r;
+    let Statics { pci_address, driver, function, numa_node, hca_type, fw_ver, board_id, .. } = statics;
+    let card = pci_address.as_deref().and_then(parse::card_of);
+    let ports = ports
+        .into_iter()
+        .map(|p| {
+            let mut port = finish_port(&name, p, results, plan);
             if efa {
                 // The efa driver reports an unspecified link layer (`Unknown`).
                 port.link_layer = Some(LinkLayer::Efa);
@@ -342,14 +458,13 @@ fn read_device(host: &Host, name: &str, plan: &ReadPlan) -> Device {
             port
         })
         .collect();
-
     let (numa_node, numa_unknown) = numa_node;
     let mut unknown = BTreeMap::new();
     if let Some(why) = numa_unknown {
         unknown.insert("numa_node".to_string(), why);
     }
     Device {
-        name: name.to_string(),
+        name,
         unsupported,
         pci_address,
         card,
@@ -381,67 +496,70 @@ fn port_netdev(host: &Host, base: &str, netdevs: &[String], n: u32) -> Option<St
         .cloned()
 }
 
-fn read_port(host: &Host, dev: &str, n: u32, netdev: Option<&str>, plan: Option<&ReadPlan>) -> Port {
+/// The files of port `n` that every poll reads, added to `batch`.
+fn plan_port(dev: &str, n: u32, netdev: Option<&str>, plan: Option<&ReadPlan>, batch: &mut Batch) -> PortRead {
     let dir = format!("class/infiniband/{dev}/ports/{n}");
-    let read = |f: &str| host.read_sys(&format!("{dir}/{f}")).ok();
+    let mut file = |f: &str| batch.add(format!("{dir}/{f}"));
+    let (link_layer, state, phys_state, rate, lid, sm_lid) =
+        (file("link_layer"), file("state"), file("phys_state"), file("rate"), file("lid"), file("sm_lid"));
+    let operstate = netdev.map(|nd| batch.add(format!("class/net/{nd}/operstate")));
+    let carrier = netdev.map(|nd| batch.add(format!("class/net/{nd}/carrier")));
+    let mut counters = Vec::new();
+    if let Some(plan) = plan {
+        for path in &plan.counter_paths {
+            let Some(rel) = counter_file(dev, n, path, netdev) else { continue };
+            if plan.statics.as_deref().is_some_and(|c| c.is_absent(dev, &rel)) {
+                continue;
+            }
+            let i = batch.add(rel.clone());
+            counters.push((path.clone(), rel, i));
+        }
+    }
+    PortRead { number: n, link_layer, state, phys_state, rate, lid, sm_lid, operstate, carrier, counters }
+}
+
+fn finish_port(dev: &str, p: PortRead, results: &[Result<String, ReadError>], plan: &ReadPlan) -> Port {
+    let get = |i: usize| results.get(i).cloned().unwrap_or_else(|| Err(ReadError::Io("not read".into())));
+    let read = |i: usize| get(i).ok();
     let mut unknown = BTreeMap::new();
-    let (link_layer, why) = attribute(host.read_sys(&format!("{dir}/link_layer")), parse::link_layer, |l| {
-        !matches!(l, LinkLayer::Unknown(_))
-    });
+    let (link_layer, why) = attribute(get(p.link_layer), parse::link_layer, |l| !matches!(l, LinkLayer::Unknown(_)));
     if let Some(why) = why {
         unknown.insert("link_layer".to_string(), why);
     }
-    let (state, why) =
-        attribute(host.read_sys(&format!("{dir}/state")), parse::port_state, |s| !matches!(s, PortState::Unknown(_)));
+    let (state, why) = attribute(get(p.state), parse::port_state, |s| !matches!(s, PortState::Unknown(_)));
     if let Some(why) = why {
         unknown.insert("state".to_string(), why);
     }
-    let (phys_state, why) = attribute(host.read_sys(&format!("{dir}/phys_state")), parse::phys_state, |s| {
-        !matches!(s, PhysState::Unknown(_))
-    });
+    let (phys_state, why) = attribute(get(p.phys_state), parse::phys_state, |s| !matches!(s, PhysState::Unknown(_)));
     if let Some(why) = why {
         unknown.insert("phys_state".to_string(), why);
     }
     let mut counters = BTreeMap::new();
-    if let Some(plan) = plan {
-        for path in &plan.counter_paths {
-            let rel = match counter_file(dev, n, path, netdev) {
-                Some(rel) => rel,
-                None => continue,
-            };
-            let cache = plan.statics.as_deref();
-            if cache.is_some_and(|c| c.is_absent(dev, &rel)) {
-                continue;
-            }
-            match host.read_sys(&rel) {
-                Ok(raw) => {
-                    if let Some(v) = parse::counter(&raw) {
-                        counters.insert(path.clone(), v);
-                    }
+    for (path, rel, i) in p.counters {
+        match get(i) {
+            Ok(raw) => {
+                if let Some(v) = parse::counter(&raw) {
+                    counters.insert(path, v);
                 }
-                Err(ReadError::Missing) => {
-                    if let Some(c) = cache {
-                        c.mark_absent(dev, &rel);
-                    }
-                }
-                Err(_) => {}
             }
+            Err(ReadError::Missing) => {
+                if let Some(c) = plan.statics.as_deref() {
+                    c.mark_absent(dev, &rel);
+                }
+            }
+            Err(_) => {}
         }
     }
     Port {
-        number: n,
+        number: p.number,
         link_layer,
         state,
         phys_state,
-        rate: read("rate").and_then(|v| parse::rate(&v)),
-        lid: read("lid").and_then(|v| parse::hex_u32(&v)),
-        sm_lid: read("sm_lid").and_then(|v| parse::hex_u32(&v)),
-        operstate: netdev
-            .and_then(|nd| host.read_sys(&format!("class/net/{nd}/operstate")).ok())
-            .and_then(|v| parse::operstate(&v)),
-        carrier: netdev
-            .and_then(|nd| host.read_sys(&format!("class/net/{nd}/carrier")).ok())
-            .and_then(|v| parse::carrier(&v)),
+        rate: read(p.rate).and_then(|v| parse::rate(&v)),
+        lid: read(p.lid).and_then(|v| parse::hex_u32(&v)),
+        sm_lid: read(p.sm_lid).and_then(|v| parse::hex_u32(&v)),
+        operstate: p.operstate.and_then(read).and_then(|v| parse::operstate(&v)),
+        carrier: p.carrier.and_then(read).and_then(|v| parse::carrier(&v)),
         counters,
         unknown,
     }

@@ -18,6 +18,39 @@
 //!   are opened: a FIFO, a device (`/dev/zero`) or a directory where an attribute is
 //!   expected is an error, never a read.
 //!
+//! **Batches.** A poll hands its files to the reader thread together
+//! ([`Host::read_sys_many`]: every port file of every device, then the character-device
+//! attributes), not one by one: the thread reads them in order and answers once, so a poll
+//! costs one thread wake-up each way instead of one per file. The deadlines are unchanged:
+//! the caller watches the item in progress (noted by the thread under an uncontended lock)
+//! and abandons a read past [`Deadlines::read`] from its start, or past the poll's deadline,
+//! exactly as a single read; the results read before it stand, the rest of the batch goes
+//! to a fresh thread (or is refused when the poll's deadline has passed or [`MAX_STUCK`]
+//! reads are stuck).
+//!
+//! **Kept-open files.** The attributes read every poll (port `state`, `phys_state`, `rate`,
+//! `lid`, `sm_lid`, `link_layer`, the counters, the netdev's `operstate`/`carrier`/
+//! statistics, the character devices' `ibdev`/`port`) stay open between polls and are read
+//! with `pread` at offset 0: sysfs (kernfs) generates an attribute's value again on a read
+//! at offset 0, so no path walk and no open/close per poll. A kept file is opened again by
+//! its path when a `pread` fails (`ENODEV`: the attribute's device went), when its device
+//! is a new incarnation or the device set changes (discovery calls [`Host::forget_kept`]),
+//! and at least every [`KEPT_REFRESH`]; at most a quarter of the open-file limit is kept
+//! (the soft limit is raised to the hard one, at most 65536, once per process). A stuck
+//! read holds only the file it is in; an abandoned thread closes it.
+//!
+//! The testbed (fixture trees on an ordinary filesystem) must behave like sysfs for this:
+//! its writers change a value **in place** (`std::fs::write`: the same inode, truncated and
+//! written), as sysfs's values change under an open file, so a kept descriptor sees every
+//! change. A reader racing such a write sees the old value, the new one, or an empty file
+//! (never a mix: the new value is one write of less than a page, and the file's size
+//! changes only once it is copied), and an empty value parses as unknown for that one poll
+//! (`parse::text`), never as a value. What a fixture can do that sysfs cannot — remove a file
+//! or replace it with another (a link to an `EINVAL` file, a FIFO) — is caught by a check
+//! after each `pread` on a file that is not on sysfs: a file with no name left (`st_nlink`
+//! 0) is read by its path again, as an open-per-read reader would. On sysfs that check is
+//! skipped (a removed node answers `ENODEV`).
+//!
 //! [`read_file`] applies the same rules to the files nicmon reads outside sysfs (state,
 //! config, metadata, `--kmsg`), each with its own size limit.
 //!
@@ -191,11 +224,32 @@ enum Past {
     Ignore,
 }
 
-struct Job {
+/// One file of a batch handed to the reader thread.
+#[derive(Debug, Clone)]
+struct Item {
     path: PathBuf,
     limit: usize,
     past: Past,
-    reply: mpsc::SyncSender<Result<Vec<u8>, ReadError>>,
+    /// Keep the file open after the read and `pread` it next time ([`Kept`]).
+    keep: bool,
+}
+
+/// A batch: the thread reads its items in order, notes each result in `progress`, and
+/// says `done` when all are read.
+struct Job {
+    items: Vec<(usize, Item)>,
+    progress: Arc<Progress>,
+    done: mpsc::SyncSender<()>,
+}
+
+/// A batch's results by index (`None`: not read yet).
+type Slots = Vec<Option<Result<Vec<u8>, ReadError>>>;
+
+/// How far a batch is: the item being read (its index) and since when, and the results so
+/// far (by index). Uncontended locks: the caller looks only when a deadline comes.
+struct Progress {
+    current: Mutex<(usize, Instant)>,
+    results: Mutex<Slots>,
 }
 
 /// A read that has not returned: which thread is in it, since when.
@@ -205,15 +259,95 @@ struct Stuck {
     since: Instant,
 }
 
+/// How long a kept-open file is trusted before it is opened by its path again (a bound on
+/// what a kept descriptor could miss: a file replaced under a name that still links it).
+pub const KEPT_REFRESH: Duration = Duration::from_secs(60);
+
+/// Files kept open between polls, by path (see [`Host::read_sys_many`]).
+#[derive(Default)]
+struct Kept {
+    /// By the path's bytes (hashing a `PathBuf` walks its components).
+    files: std::collections::HashMap<std::ffi::OsString, KeptFile>,
+}
+
+struct KeptFile {
+    file: std::fs::File,
+    opened: Instant,
+    /// Not on sysfs (a fixture tree, a replayed bundle): check after each read that the
+    /// file still has a name. A sysfs attribute whose node was removed answers `ENODEV`.
+    check_links: bool,
+}
+
+/// `statfs`'s magic number of sysfs.
+const SYSFS_MAGIC: i64 = 0x6265_6572;
+
+/// Whether `file` is on sysfs.
+fn on_sysfs(file: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fstatfs writes only the struct passed; the descriptor is open.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) };
+    #[allow(clippy::unnecessary_cast)]
+    let magic = st.f_type as i64;
+    rc == 0 && magic == SYSFS_MAGIC
+}
+
+/// How many names `file` has (0: removed, or replaced by a rename).
+fn links(file: &std::fs::File) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fstat writes only the struct passed; the descriptor is open.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::fstat(file.as_raw_fd(), &mut st) };
+    #[allow(clippy::unnecessary_cast)]
+    (rc == 0).then_some(st.st_nlink as u64)
+}
+
 #[derive(Default)]
 struct Shared {
     stuck: Mutex<BTreeMap<PathBuf, Stuck>>,
+    kept: Mutex<Kept>,
 }
 
 impl Shared {
     fn stuck(&self) -> MutexGuard<'_, BTreeMap<PathBuf, Stuck>> {
         self.stuck.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    fn kept(&self) -> MutexGuard<'_, Kept> {
+        self.kept.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Put a file back among the kept ones, if the budget allows (else it is closed).
+    fn keep(&self, path: PathBuf, file: KeptFile) {
+        let mut k = self.kept();
+        let key = path.into_os_string();
+        if k.files.len() < kept_budget() || k.files.contains_key(&key) {
+            k.files.insert(key, file);
+        }
+    }
+}
+
+/// How many files one reader keeps open at most: a quarter of the open-file limit (raised
+/// once per process to its hard limit, at most 65536), and never more than 8192.
+fn kept_budget() -> usize {
+    static BUDGET: OnceLock<usize> = OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit/setrlimit write/read only the struct passed.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+                return 0;
+            }
+            let want = lim.rlim_max.min(65536);
+            if want > lim.rlim_cur {
+                let raised = libc::rlimit { rlim_cur: want, rlim_max: lim.rlim_max };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                    lim.rlim_cur = want;
+                }
+            }
+        }
+        usize::try_from(lim.rlim_cur / 4).unwrap_or(usize::MAX).min(8192)
+    })
 }
 
 /// Reads files on a reader thread, with a deadline. When a read passes its deadline the
@@ -242,48 +376,122 @@ impl Default for Reader {
 impl Reader {
     /// Read at most `limit` bytes of the regular file `path`, waiting at most `timeout`.
     fn read(&self, path: &Path, limit: usize, past: Past, timeout: Duration) -> Result<Vec<u8>, ReadError> {
-        if timeout.is_zero() {
-            return Err(ReadError::Stuck("the poll's read deadline had passed: not read".into()));
-        }
-        {
-            let stuck = self.shared.stuck();
-            if let Some(s) = stuck.get(path) {
-                return Err(ReadError::Stuck(format!(
-                    "an earlier read has not returned ({:.1?} ago): not read again until it does",
-                    s.since.elapsed()
-                )));
+        let item = Item { path: path.to_path_buf(), limit, past, keep: false };
+        self.read_many(vec![item], timeout, None).pop().unwrap_or_else(|| Err(ReadError::Io("not read".into())))
+    }
+
+    /// Read `items` in one hand-off to the reader thread, which reads them in order and
+    /// answers once, when all are read (one thread wake-up each way per batch). Meanwhile
+    /// the caller watches the item in progress: one that has not returned within `read` of
+    /// its start, or by `poll_end`, is abandoned with its thread (marked stuck, as a single
+    /// read is), the items read before it keep their results, and the items after it go to
+    /// a fresh thread, or are refused when the poll's deadline has passed or too many reads
+    /// are stuck. The results are in `items`' order.
+    fn read_many(
+        &self,
+        items: Vec<Item>,
+        read: Duration,
+        poll_end: Option<Instant>,
+    ) -> Vec<Result<Vec<u8>, ReadError>> {
+        let n = items.len();
+        let mut out: Slots = (0..n).map(|_| None).collect();
+        let mut next = 0;
+        let fill = |out: &mut Slots, from: usize, e: ReadError| {
+            for slot in &mut out[from..] {
+                *slot = Some(Err(e.clone()));
             }
-            if stuck.len() >= MAX_STUCK {
-                return Err(ReadError::Stuck(format!("{} reads are stuck: no reader thread left", stuck.len())));
-            }
-        }
-        let (reply, answer) = mpsc::sync_channel(1);
-        let job = Job { path: path.to_path_buf(), limit, past, reply };
-        let id = self.submit(job)?;
-        match answer.recv_timeout(timeout) {
-            Ok(r) => r,
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(ReadError::Io("the reader thread ended".into())),
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                let mut stuck = self.shared.stuck();
-                // The thread answers while holding this lock: either it answered before we
-                // took it, or it will find the path marked stuck and end.
-                if let Ok(r) = answer.try_recv() {
-                    return r;
+        };
+        let collect = |out: &mut Slots, progress: &Progress| {
+            let mut results = progress.results.lock().unwrap_or_else(|p| p.into_inner());
+            for (slot, r) in out.iter_mut().zip(results.iter_mut()) {
+                if let Some(r) = r.take() {
+                    *slot = Some(r);
                 }
-                stuck.insert(path.to_path_buf(), Stuck { worker: id, since: Instant::now() });
-                drop(stuck);
-                let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
-                if w.as_ref().is_some_and(|(wid, _)| *wid == id) {
-                    *w = None;
+            }
+        };
+        'batches: while next < n {
+            if read.is_zero() || poll_end.is_some_and(|end| end <= Instant::now()) {
+                fill(&mut out, next, ReadError::Stuck("the poll's read deadline had passed: not read".into()));
+                break;
+            }
+            {
+                let stuck = self.shared.stuck();
+                if stuck.len() >= MAX_STUCK {
+                    let e = ReadError::Stuck(format!("{} reads are stuck: no reader thread left", stuck.len()));
+                    drop(stuck);
+                    fill(&mut out, next, e);
+                    break;
                 }
-                tracing::warn!(
-                    path = %path.display(),
-                    timeout = ?timeout,
-                    "read did not return in time: abandoned for this poll, not retried until it returns"
-                );
-                Err(ReadError::Stuck(format!("no answer within {timeout:.1?}")))
+            }
+            let progress = Arc::new(Progress {
+                current: Mutex::new((next, Instant::now())),
+                results: Mutex::new((0..n).map(|_| None).collect()),
+            });
+            let (done, finished) = mpsc::sync_channel(1);
+            let job =
+                Job { items: (next..n).map(|i| (i, items[i].clone())).collect(), progress: progress.clone(), done };
+            let id = match self.submit(job) {
+                Ok(id) => id,
+                Err(e) => {
+                    fill(&mut out, next, e);
+                    break;
+                }
+            };
+            loop {
+                let (current, since) = *progress.current.lock().unwrap_or_else(|p| p.into_inner());
+                let mut until = since + read;
+                if let Some(end) = poll_end {
+                    until = until.min(end);
+                }
+                match finished.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                    Ok(()) => {
+                        collect(&mut out, &progress);
+                        break 'batches;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        collect(&mut out, &progress);
+                        let from = out.iter().position(Option::is_none).unwrap_or(n);
+                        fill(&mut out, from, ReadError::Io("the reader thread ended".into()));
+                        break 'batches;
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        let mut stuck = self.shared.stuck();
+                        // The thread stores each result while holding this lock: either the
+                        // item was answered before we took it (it moved on: keep waiting), or
+                        // the thread will find the path marked stuck and end.
+                        if finished.try_recv().is_ok() {
+                            drop(stuck);
+                            collect(&mut out, &progress);
+                            break 'batches;
+                        }
+                        let (now_at, now_since) = *progress.current.lock().unwrap_or_else(|p| p.into_inner());
+                        let answered = progress.results.lock().unwrap_or_else(|p| p.into_inner())[current].is_some();
+                        if answered || now_at != current || now_since != since {
+                            continue;
+                        }
+                        let path = &items[current].path;
+                        stuck.insert(path.clone(), Stuck { worker: id, since });
+                        drop(stuck);
+                        let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
+                        if w.as_ref().is_some_and(|(wid, _)| *wid == id) {
+                            *w = None;
+                        }
+                        drop(w);
+                        let waited = since.elapsed();
+                        tracing::warn!(
+                            path = %path.display(),
+                            timeout = ?waited,
+                            "read did not return in time: abandoned for this poll, not retried until it returns"
+                        );
+                        collect(&mut out, &progress);
+                        out[current] = Some(Err(ReadError::Stuck(format!("no answer within {waited:.1?}"))));
+                        next = current + 1;
+                        continue 'batches;
+                    }
+                }
             }
         }
+        out.into_iter().map(|r| r.unwrap_or_else(|| Err(ReadError::Io("not read".into())))).collect()
     }
 
     /// Hand `job` to the current reader thread (starting one if needed); its id.
@@ -318,24 +526,143 @@ impl Reader {
     pub fn stuck_paths(&self) -> Vec<(PathBuf, Duration)> {
         self.shared.stuck().iter().map(|(p, s)| (p.clone(), s.since.elapsed())).collect()
     }
+
+    /// Close the kept-open files whose path starts with `prefix` (all of them: `None`).
+    fn forget_kept(&self, prefix: Option<&Path>) {
+        let mut k = self.shared.kept();
+        match prefix {
+            None => k.files.clear(),
+            Some(p) => k.files.retain(|path, _| !Path::new(path).starts_with(p)),
+        }
+    }
+
+    fn kept_count(&self) -> usize {
+        self.shared.kept().files.len()
+    }
 }
 
 fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: ReadFn) {
     while let Ok(job) = jobs.recv() {
-        let result = read_fn(&job.path, job.limit, job.past);
-        let mut stuck = shared.stuck();
-        let _ = job.reply.send(result);
-        if stuck.get(&job.path).is_some_and(|s| s.worker == id) {
-            let s = stuck.remove(&job.path).expect("checked above");
-            tracing::info!(path = %job.path.display(), after = ?s.since.elapsed(), "a stuck read returned");
-            // Abandoned: a newer thread serves the reader now.
-            return;
+        for (index, item) in job.items {
+            *job.progress.current.lock().unwrap_or_else(|p| p.into_inner()) = (index, Instant::now());
+            let earlier = shared.stuck().get(&item.path).map(|s| s.since.elapsed());
+            if let Some(ago) = earlier {
+                let e = ReadError::Stuck(format!(
+                    "an earlier read has not returned ({ago:.1?} ago): not read again until it does"
+                ));
+                job.progress.results.lock().unwrap_or_else(|p| p.into_inner())[index] = Some(Err(e));
+                continue;
+            }
+            let (result, keep) =
+                if item.keep { read_kept(shared, &item) } else { (read_fn(&item.path, item.limit, item.past), None) };
+            let mut stuck = shared.stuck();
+            job.progress.results.lock().unwrap_or_else(|p| p.into_inner())[index] = Some(result);
+            if stuck.get(&item.path).is_some_and(|s| s.worker == id) {
+                let s = stuck.remove(&item.path).expect("checked above");
+                tracing::info!(path = %item.path.display(), after = ?s.since.elapsed(), "a stuck read returned");
+                // Abandoned: a newer thread serves the reader now (and the rest of this
+                // batch was handed to it). A file it had kept is closed here.
+                return;
+            }
+            drop(stuck);
+            if let Some(file) = keep {
+                shared.keep(item.path, file);
+            }
+        }
+        let _ = job.done.send(());
+    }
+}
+
+/// Read a file that is kept open: `pread` at offset 0 of the kept descriptor (sysfs
+/// regenerates an attribute's value on a read at offset 0), then check it still has a
+/// name (a file removed or replaced since it was opened has none left: read by its path
+/// again, as a fresh open would). A failed `pread` (`ENODEV` once the attribute's device
+/// is gone), or a descriptor older than [`KEPT_REFRESH`], is closed and the path opened
+/// again; a file that opens and reads is kept for the next read.
+fn read_kept(shared: &Shared, item: &Item) -> (Result<Vec<u8>, ReadError>, Option<KeptFile>) {
+    let kept = shared.kept().files.remove(item.path.as_os_str());
+    if let Some(k) = kept
+        && k.opened.elapsed() < KEPT_REFRESH
+        && let Ok(buf) = pread_whole(&k.file, item.limit, item.past)
+        && (!k.check_links || links(&k.file).is_some_and(|n| n > 0))
+    {
+        return (Ok(buf), Some(k));
+    }
+    match open_read(&item.path, item.limit, item.past) {
+        Ok((file, buf)) => {
+            let check_links = !on_sysfs(&file);
+            (Ok(buf), Some(KeptFile { file, opened: Instant::now(), check_links }))
+        }
+        Err(e) => (Err(e), None),
+    }
+}
+
+/// Read a kept-open attribute from offset 0: at most `limit` bytes (past it: `past`). A
+/// short read ends it (the end of a regular file; a sysfs attribute, at most a page,
+/// answers whole on the first read), so an attribute costs one `pread`. Only for
+/// attributes: a procfs file answers a page or so per read ([`open_read`] reads those).
+fn pread_whole(file: &std::fs::File, limit: usize, past: Past) -> Result<Vec<u8>, ReadError> {
+    use std::os::unix::fs::FileExt;
+    let cap = limit.saturating_add(1);
+    // An attribute fits the first buffer (on the stack: no allocation, no page fault per
+    // read); only what was read is copied out.
+    let mut first = [0u8; PAGE + 1];
+    let want = cap.min(first.len());
+    let n = loop {
+        match file.read_at(&mut first[..want], 0) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(classify(&e)),
+        }
+    };
+    if n < want || want == cap {
+        let mut buf = first[..n].to_vec();
+        if buf.len() > limit {
+            match past {
+                Past::Error => return Err(ReadError::TooLarge(limit)),
+                Past::Ignore => buf.truncate(limit),
+            }
+        }
+        return Ok(buf);
+    }
+    let mut buf = first[..n].to_vec();
+    let mut len = n;
+    loop {
+        if len == buf.len() {
+            if buf.len() >= cap {
+                break;
+            }
+            buf.resize(cap.min(buf.len().saturating_mul(2)), 0);
+        }
+        match file.read_at(&mut buf[len..], len as u64) {
+            Ok(0) => break,
+            Ok(n) => {
+                len += n;
+                if len < buf.len() {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(classify(&e)),
         }
     }
+    buf.truncate(len);
+    if len > limit {
+        match past {
+            Past::Error => return Err(ReadError::TooLarge(limit)),
+            Past::Ignore => buf.truncate(limit),
+        }
+    }
+    Ok(buf)
 }
 
 /// Open `path` only if it is a regular file, and read at most `limit` bytes of it.
 fn read_regular(path: &Path, limit: usize, past: Past) -> Result<Vec<u8>, ReadError> {
+    open_read(path, limit, past).map(|(_, buf)| buf)
+}
+
+/// [`read_regular`], keeping the open file.
+fn open_read(path: &Path, limit: usize, past: Past) -> Result<(std::fs::File, Vec<u8>), ReadError> {
     // Refuse before opening: opening a FIFO blocks, a device may do anything.
     let md = std::fs::metadata(path).map_err(|e| classify(&e))?;
     file_kind(&md)?;
@@ -352,9 +679,10 @@ fn read_regular(path: &Path, limit: usize, past: Past) -> Result<Vec<u8>, ReadEr
     if past == Past::Error && opened.len() > limit as u64 {
         return Err(ReadError::TooLarge(limit));
     }
+    // Read to the end (a procfs file answers a page or so per read).
     let cap = limit.saturating_add(1);
     let mut buf = Vec::with_capacity(cap.min(PAGE + 1));
-    let mut take = file.take(cap as u64);
+    let mut take = (&file).take(cap as u64);
     loop {
         match take.read_to_end(&mut buf) {
             Ok(_) => break,
@@ -368,7 +696,7 @@ fn read_regular(path: &Path, limit: usize, past: Past) -> Result<Vec<u8>, ReadEr
             Past::Ignore => buf.truncate(limit),
         }
     }
-    Ok(buf)
+    Ok((file, buf))
 }
 
 /// What a non-regular file is (`a FIFO`, `a directory`, ...), or `None` for a regular file.
@@ -475,6 +803,11 @@ impl Host {
         self.reader.stuck_paths()
     }
 
+    /// When the current poll's reads must be done (`None`: no poll begun).
+    fn poll_end(&self) -> Option<Instant> {
+        *self.poll_deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The time one read may take now: the read deadline, cut to what is left of the poll's.
     fn timeout(&self) -> Duration {
         let poll = *self.poll_deadline.lock().unwrap_or_else(|p| p.into_inner());
@@ -485,7 +818,12 @@ impl Host {
     }
 
     fn read_bytes(&self, path: &Path, limit: usize, past: Past) -> Result<Vec<u8>, ReadError> {
-        let mut r = self.reader.read(path, limit, past, self.timeout());
+        let r = self.reader.read(path, limit, past, self.timeout());
+        self.after_read(path, r)
+    }
+
+    /// What every read's result goes through: a bundle's failure link, the abandoned count.
+    fn after_read(&self, path: &Path, mut r: Result<Vec<u8>, ReadError>) -> Result<Vec<u8>, ReadError> {
         // A bundle's failure link dangles: replay the failure it records instead.
         if r == Err(ReadError::Missing)
             && let Ok(target) = std::fs::read_link(path)
@@ -497,6 +835,55 @@ impl Host {
             self.stats.reads_abandoned.fetch_add(1, Ordering::Relaxed);
         }
         r
+    }
+
+    /// Read several sysfs files as text, in one hand-off to the reader thread: the same
+    /// rules and results as [`Host::read_sys`] on each (the `EINVAL` memo, the deadlines per
+    /// read and per poll, stuck reads), at the cost of one thread wake-up for them all.
+    /// `keep`: these are attributes that change, read every poll: keep them open and read
+    /// them again with `pread` at offset 0 (see the module doc, "Kept-open files").
+    pub fn read_sys_many(&self, rels: &[String], keep: bool) -> Vec<Result<String, ReadError>> {
+        let mut out: Vec<Option<Result<String, ReadError>>> = Vec::with_capacity(rels.len());
+        let mut items = Vec::with_capacity(rels.len());
+        let mut at = Vec::with_capacity(rels.len());
+        {
+            let memo = self.einval.lock().unwrap_or_else(|p| p.into_inner());
+            for rel in rels {
+                self.note_sys(rel, |tree, rel| Access::Read { tree, rel });
+                if memo.contains(rel.as_str()) {
+                    self.stats.einval_skipped.fetch_add(1, Ordering::Relaxed);
+                    out.push(Some(Err(ReadError::Invalid)));
+                    continue;
+                }
+                let path = self.sys(rel);
+                self.stats.files_read.fetch_add(1, Ordering::Relaxed);
+                self.stats.record(&path);
+                at.push(out.len());
+                out.push(None);
+                items.push(Item { path, limit: PAGE, past: Past::Error, keep });
+            }
+        }
+        let paths: Vec<PathBuf> = items.iter().map(|it| it.path.clone()).collect();
+        let results = self.reader.read_many(items, self.deadlines.read, self.poll_end());
+        for ((i, path), r) in at.into_iter().zip(paths).zip(results) {
+            let r = self.after_read(&path, r);
+            out[i] = Some(self.text_of(&path, &rels[i], r));
+        }
+        out.into_iter().map(|r| r.unwrap_or_else(|| Err(ReadError::Io("not read".into())))).collect()
+    }
+
+    /// Close the kept-open files under sysfs-relative `rel` (all of them: `None`): the
+    /// device they belong to went, or is a new incarnation.
+    pub fn forget_kept(&self, rel: Option<&str>) {
+        match rel {
+            Some(rel) => self.reader.forget_kept(Some(&self.sys(rel))),
+            None => self.reader.forget_kept(None),
+        }
+    }
+
+    /// How many files are kept open now.
+    pub fn kept_files(&self) -> usize {
+        self.reader.kept_count()
     }
 
     /// Read the boot ID from `path` instead of `<procfs>/sys/kernel/random/boot_id`.
@@ -653,7 +1040,13 @@ impl Host {
         }
         self.stats.files_read.fetch_add(1, Ordering::Relaxed);
         self.stats.record(path);
-        match self.read_bytes(path, limit, Past::Error) {
+        let r = self.read_bytes(path, limit, Past::Error);
+        self.text_of(path, key, r)
+    }
+
+    /// A read's bytes as text (lossy UTF-8); an `EINVAL` goes into the memo.
+    fn text_of(&self, path: &Path, key: &str, r: Result<Vec<u8>, ReadError>) -> Result<String, ReadError> {
+        match r {
             Ok(bytes) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
             Err(err) => {
                 if err == ReadError::Invalid {
