@@ -72,12 +72,12 @@ fn push<C: EbpfContext>(_ctx: &C, rec: &WakeRecord) -> u32 {
     aya_log_ebpf::info!(_ctx, "nicmon wake: hook {}", rec.hook);
     let key = RateKey { hook: rec.hook, hint: rec.hint };
     // SAFETY: the value is a plain u64 read once; a concurrent update is harmless here.
-    if let Some(last) = unsafe { LAST_EMIT.get(&key) }
+    if let Some(last) = unsafe { LAST_EMIT.get(key) }
         && rec.ts_ns.wrapping_sub(*last) < RATE_WINDOW_NS
     {
         return 0;
     }
-    let _ = LAST_EMIT.insert(&key, &rec.ts_ns, 0);
+    let _ = LAST_EMIT.insert(key, rec.ts_ns, 0);
     // Force the wake-up: records are rare (rate-limited above) and latency is the point.
     let _ = WAKES.output::<WakeRecord>(rec, BPF_RB_FORCE_WAKEUP as u64);
     0
