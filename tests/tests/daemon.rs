@@ -160,7 +160,10 @@ fn kill_9_at_random_instants_loses_nothing() {
     devices.sort();
     devices.dedup();
     assert!(devices.len() >= 7, "{devices:?}");
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    // NICMON_KILL_SEED replays the kill instants of a printed seed.
+    let seed = std::env::var("NICMON_KILL_SEED").ok().and_then(|s| s.parse::<u64>().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+    });
     eprintln!("kill -9 instants from seed {seed}");
     let mut rng = seed;
     let mut next_ms = move || {
