@@ -143,6 +143,8 @@ impl Direct {
 
     fn command(&self, extra: &[&str]) -> Command {
         let mut args = current_chart_args(&self.node, "unix:///nonexistent/nvsentinel.sock");
+        // A flag given in `extra` replaces the chart's (clap refuses a flag given twice).
+        args.retain(|a| !extra.iter().any(|e| e.split('=').next() == a.split('=').next()));
         args.extend(testbed_args(&self.node));
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut cmd = nicmon(&args);
@@ -192,7 +194,9 @@ fn a_retryable_failure_is_resent_with_the_same_key_and_a_permanent_rejection_is_
     let t = Direct::new();
     // The first batch (the baselines of one check): Unavailable twice, then stored.
     t.conn.refuse_next(&[Code::Unavailable, Code::Unavailable]);
-    let d = Daemon::spawn(t.command(&["--connector-retry-base=100ms"]));
+    // The poll-stall watchdog is off: it publishes over its own connection, and its calls
+    // would interleave with the outbox's that this test counts.
+    let d = Daemon::spawn(t.command(&["--connector-retry-base=100ms", "--poll-stall-deadline=0s"]));
     assert!(t.conn.wait_for_calls(WAIT, |c| c.iter().filter(|c| c.refused.is_none()).count() >= 1), "delivered");
     let calls = t.conn.received();
     assert_eq!(calls[0].refused, Some(Code::Unavailable));
