@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use nicmon_tests::blocking::BlockingFile;
 use nicmon_tests::{NicSpec, Node, Timeline, brief, nicmon_bin};
 
 /// The longest one `nicmon check` may take whatever the input (its reads are abandoned at
@@ -498,46 +499,9 @@ fn wait_http(port: u16, path: &str, limit: Duration, pred: impl Fn(u16, &str) ->
     None
 }
 
-/// A regular file whose `read()` blocks: a private tracefs instance's `trace_pipe` (no event
-/// is enabled in it, so it never has data). Stands in for a sysfs read stuck behind a
-/// firmware command. `None` (with a line saying why) where tracefs is not available.
-struct BlockingFile(PathBuf);
-
-impl BlockingFile {
-    fn new() -> Option<BlockingFile> {
-        let base = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
-            .into_iter()
-            .map(PathBuf::from)
-            .find(|p| p.join("instances").is_dir());
-        let Some(base) = base else {
-            eprintln!("skipped: no tracefs instances directory (a blocking regular file is needed)");
-            return None;
-        };
-        let dir = base.join(format!("instances/nicmon-adversarial-{}", std::process::id()));
-        if let Err(e) = std::fs::create_dir(&dir) {
-            eprintln!("skipped: cannot create a tracefs instance ({e})");
-            return None;
-        }
-        Some(BlockingFile(dir))
-    }
-
-    fn pipe(&self) -> PathBuf {
-        self.0.join("trace_pipe")
-    }
-}
-
-impl Drop for BlockingFile {
-    fn drop(&mut self) {
-        // The reader holding trace_pipe open is gone with the daemon.
-        if let Err(e) = std::fs::remove_dir(&self.0) {
-            eprintln!("cannot remove tracefs instance {}: {e}", self.0.display());
-        }
-    }
-}
-
 #[test]
 fn a_stuck_read_never_stops_the_daemon_and_sigterm_exits_in_time() {
-    let Some(blocking) = BlockingFile::new() else { return };
+    let Some(blocking) = BlockingFile::new("adversarial") else { return };
     let node = node();
     let port = free_port();
     let sink = node.root().join("events.jsonl");
