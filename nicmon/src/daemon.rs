@@ -158,6 +158,9 @@ pub struct Daemon<'a> {
     /// The last full poll's snapshot: what a wake-up's hint can name, and the base of a
     /// targeted poll.
     last_snapshot: Option<crate::model::Snapshot>,
+    /// Devices named by wake-ups since the last full poll: it reads their static
+    /// attributes again.
+    statics_owed: BTreeSet<String>,
     writer: state::Writer,
     /// Batches sent and not yet saved ([`crate::outbox`]'s journal).
     journal: Journal,
@@ -280,6 +283,7 @@ impl<'a> Daemon<'a> {
             trailing_due: None,
             last_full_poll: None,
             last_snapshot: None,
+            statics_owed: BTreeSet::new(),
             writer: state::Writer::new(&opts.state_file),
             journal,
             trace_latencies: BTreeMap::new(),
@@ -425,9 +429,11 @@ impl<'a> Daemon<'a> {
                 }
             }
         }
-        // A wake-up naming a device: its static attributes are read again now.
+        // A wake-up naming a device: its static attributes are read again by the next full
+        // poll (a targeted poll, on the latency path, uses the kept ones of the same
+        // incarnation: the `device` link is read on every poll, targeted ones included).
         for dev in &targets {
-            self.monitor.statics.invalidate(dev);
+            self.statics_owed.insert(dev.clone());
         }
         let mut traced = false;
         if let Some(base) = self.last_snapshot.as_ref().filter(|_| !targets.is_empty())
@@ -446,6 +452,9 @@ impl<'a> Daemon<'a> {
             if sent > before {
                 self.await_delivery(sent, tokio::time::Instant::now() + TARGETED_DELIVERY_WAIT).await;
             }
+            // The targeted commit's save (deferred by `act` until its batches were
+            // delivered: the journal covers a crash before it).
+            self.save();
             // A burst (a full poll ran moments ago): the targeted poll served the named
             // devices; the rest waits for the trailing poll or the tick, so a storm of
             // hinted wake-ups costs targeted polls, not full ones.
@@ -455,6 +464,11 @@ impl<'a> Daemon<'a> {
                 }
                 return;
             }
+        }
+        // The static attributes of every device a wake-up named since the last full poll
+        // are read again by this one.
+        for dev in std::mem::take(&mut self.statics_owed) {
+            self.monitor.statics.invalidate(&dev);
         }
         let started = Instant::now();
         self.last_full_poll = Some(started);
@@ -533,7 +547,12 @@ impl<'a> Daemon<'a> {
         let deferred = !poll.deferred.is_empty();
         match committed {
             Ok(()) => {
-                self.save();
+                // A targeted poll's batches are on the latency path: its commit is saved
+                // once they are delivered (`cycle_watched`), so the state file's write and
+                // sync do not compete with the sink's write.
+                if !matches!(kind, PollKind::Targeted(_)) {
+                    self.save();
+                }
                 // A deferred first poll ran nothing: the first poll (and the baselines a reboot
                 // owes) is still to come.
                 if !deferred {

@@ -12,8 +12,8 @@
 //!    worker thread while the cycle writes;
 //! 3. the sender task sends batches **strictly in order** through the [`Sink`], retrying a
 //!    failing head batch forever (never skipping ahead);
-//! 4. a batch the sink accepted — or rejected permanently, which no retry would change —
-//!    is acknowledged; [`Courier::next_acks`] returns the ids and the caller removes them
+//! 4. a batch the sink accepted — delivered, then made durable (below) — or rejected
+//!    permanently, which no retry would change — is acknowledged; [`Courier::next_acks`] returns the ids and the caller removes them
 //!    with [`Outbox::ack`] and saves again. **That is when an event leaves the outbox.**
 //!    Acknowledgements are taken by the same loop that commits, so an id is never removed
 //!    before the save that recorded it.
@@ -36,6 +36,20 @@
 //! What is re-detected is the *condition*, not the byte-identical event: a condition that
 //! cleared while nicmon was down is reported by its current state (healthy) instead, which
 //! is what a platform needs.
+//!
+//! ## Delivered, then durable, then acknowledged
+//!
+//! A send has two steps ([`Sink::deliver`], [`Sink::make_durable`]): the batch is
+//! *delivered* when the connector replied (gRPC) or its lines are written to the file sink
+//! (`write` returned: every reader of the file sees them) — that is the latency the
+//! daemon is measured by; it is *durable* when the file sink has also synced the file's
+//! data (`fdatasync`; a reply or a stream write is durable as it is). The sender
+//! acknowledges a batch only once it is durable, and only an acknowledgement removes it
+//! from the outbox (and so from the state file). So the sync is off the delivery path —
+//! the line is readable before the disk has it — and at-least-once holds across a power
+//! loss: a batch written but not synced when the power goes is still owed by the state
+//! file (or, not saved either, re-detected) and is written again. A sync that fails is a
+//! failed send: the batch is written again (a duplicate line at worst).
 //!
 //! ## The "sent, not yet saved" journal
 //!
@@ -383,13 +397,23 @@ async fn send_in_order(
     while let Some((batch, handed_ns)) = rx.recv().await {
         let taken_ns = crate::wake::monotonic_ns();
         loop {
-            let result = sink.send(&batch.events).await;
+            // Delivered first (the connector replied, the file's lines are written), then made
+            // durable (the file sink's fdatasync) before the acknowledgement: see the
+            // module's notes.
+            let mut delivered_ns = 0;
+            let result = match sink.deliver(&batch.events).await {
+                Ok(()) => {
+                    delivered_ns = crate::wake::monotonic_ns();
+                    sink.make_durable().await
+                }
+                Err(e) => Err(e),
+            };
             metrics.record_dispatch(batch.check, &batch.events, &result);
             match result {
                 Ok(()) => {
                     if trace.load(std::sync::atomic::Ordering::Relaxed) {
                         println!(
-                            "sent batch={} check={} events={} handed_ns={handed_ns} sender_ns={taken_ns} accepted_ns={}",
+                            "sent batch={} check={} events={} handed_ns={handed_ns} sender_ns={taken_ns} accepted_ns={delivered_ns} durable_ns={}",
                             batch.id,
                             batch.check,
                             batch.events.len(),

@@ -162,26 +162,47 @@ pub struct Stages {
     pub handoff: f64,
     /// Handed → the sender task took it.
     pub to_sender: f64,
-    /// The sink's send (the file sink: write + fsync).
+    /// The sink's delivery (the file sink: the write returned; gRPC: the reply).
     pub sink: f64,
-    /// The event's line seen by the harness, after the sender took the batch (the watch
-    /// step and the write; an upper bound).
+    /// Delivered → the harness saw the line (its inotify wake-up and `fstat`).
     pub seen: f64,
+    /// Delivered → durable (the file sink's `fdatasync`), off the delivery path: the
+    /// acknowledgement waits for it, the line does not.
+    pub sync: f64,
 }
 
 impl Stages {
-    /// T → the sink accepted the batch (line written and fsynced; gRPC: the connector's
-    /// reply), on the daemon's monotonic clock: no watch step in it.
+    /// T → the sink delivered the batch (the line written; gRPC: the connector's reply),
+    /// on the daemon's monotonic clock: the harness's look not in it.
     pub fn accepted(&self) -> f64 {
         self.to_kernel + self.kernel_to_agent + self.wait + self.poll + self.handoff + self.to_sender + self.sink
     }
 }
 
 impl Stages {
-    pub const NAMES: [&'static str; 8] =
-        ["T->kernel", "kernel->agent", "wait", "poll", "hand-off", "->sender", "sink send", "sender->seen"];
-    pub fn values(&self) -> [f64; 8] {
-        [self.to_kernel, self.kernel_to_agent, self.wait, self.poll, self.handoff, self.to_sender, self.sink, self.seen]
+    pub const NAMES: [&'static str; 9] = [
+        "T->kernel",
+        "kernel->agent",
+        "wait",
+        "poll",
+        "hand-off",
+        "->sender",
+        "sink write",
+        "written->seen",
+        "(fdatasync, off path)",
+    ];
+    pub fn values(&self) -> [f64; 9] {
+        [
+            self.to_kernel,
+            self.kernel_to_agent,
+            self.wait,
+            self.poll,
+            self.handoff,
+            self.to_sender,
+            self.sink,
+            self.seen,
+            self.sync,
+        ]
     }
 }
 
@@ -200,6 +221,7 @@ fn stages_of(trace: &str, t_ns: u64, seen_ns: u64) -> Option<Stages> {
     let batch = wake.get("last_batch")?;
     let sent = trace.lines().filter(|l| l.starts_with("sent ")).map(fields).find(|f| f.get("batch") == Some(batch))?;
     let (handed, taken, accepted) = (num(&sent, "handed_ns")?, num(&sent, "sender_ns")?, num(&sent, "accepted_ns")?);
+    let durable = num(&sent, "durable_ns").unwrap_or(accepted);
     Some(Stages {
         to_kernel: (kernel - t_ns as f64) / 1e6,
         kernel_to_agent: num(&wake, "kernel->agent_ms")?,
@@ -208,7 +230,8 @@ fn stages_of(trace: &str, t_ns: u64, seen_ns: u64) -> Option<Stages> {
         handoff: num(&wake, "handoff_ms")?,
         to_sender: (taken - handed) / 1e6,
         sink: (accepted - taken) / 1e6,
-        seen: (seen_ns as f64 - taken) / 1e6,
+        seen: (seen_ns as f64 - accepted) / 1e6,
+        sync: (durable - accepted) / 1e6,
     })
 }
 
@@ -218,7 +241,7 @@ pub struct Samples {
     pub mode: Mode,
     /// Fault → the event's `generatedTimestamp`.
     pub ms: Vec<f64>,
-    /// Fault → the event's line seen in the sink (an upper bound by the 100 µs watch step).
+    /// Fault → the event's line seen in the sink (the harness's look right after the write).
     pub delivered_ms: Vec<f64>,
     /// Per fault, where the time went (faults served by a wake-up; `nicmon trace`).
     pub stages: Vec<Stages>,
@@ -250,24 +273,122 @@ fn is_for(e: &serde_json::Value, healthy: bool) -> bool {
         && e["entitiesImpacted"].as_array().map(|a| a.iter().any(|x| x["entityValue"] == "mlx5_0")).unwrap_or(false)
 }
 
-/// Wait (bounded) until the sink holds more than `seen` matching events; returns the new one.
-fn wait_event(sink: &Path, healthy: bool, seen: usize, timeout: Duration) -> Option<serde_json::Value> {
-    let deadline = Instant::now() + timeout;
-    let mut len = None;
-    while Instant::now() < deadline {
-        // A stat per step, the file parsed only when it grew: the watch itself takes next to
-        // no CPU from the daemon it measures (two cores).
-        let now_len = std::fs::metadata(sink).map(|m| m.len()).ok();
-        if now_len != len {
-            len = now_len;
-            let ev: Vec<_> = events(sink).into_iter().filter(|e| is_for(e, healthy)).collect();
-            if ev.len() > seen {
-                return ev.into_iter().nth(seen);
+/// When the harness saw an event's line in the sink: the instant right after the `fstat`
+/// that found the file grown to include it (the line was readable by then), wall clock and
+/// `CLOCK_MONOTONIC` ns.
+#[derive(Debug, Clone, Copy)]
+pub struct Seen {
+    pub wall: SystemTime,
+    pub mono_ns: u64,
+}
+
+/// The sink file another process appends to, followed: woken by inotify when it is written
+/// (no sleep between looks), and only the bytes appended since the last look read — up to
+/// the length the `fstat` saw, so a line found was in the file at [`Seen`]'s instant.
+struct SinkWatch {
+    path: PathBuf,
+    file: Option<std::fs::File>,
+    /// The file's watch (or, until it exists, its directory's); `None` without inotify:
+    /// looked at every 100 µs.
+    inotify: Option<inotify::Inotify>,
+    watching_file: bool,
+    offset: u64,
+    partial: Vec<u8>,
+    /// Every event parsed so far, each with the look that found it.
+    events: Vec<(serde_json::Value, Seen)>,
+}
+
+impl SinkWatch {
+    fn new(path: &Path) -> SinkWatch {
+        let mut w = SinkWatch {
+            path: path.to_path_buf(),
+            file: None,
+            inotify: inotify::Inotify::init().ok(),
+            watching_file: false,
+            offset: 0,
+            partial: Vec::new(),
+            events: Vec::new(),
+        };
+        w.arm();
+        w
+    }
+
+    /// Watch the file once it exists (its writes), its directory before (its creation).
+    fn arm(&mut self) {
+        let Some(i) = self.inotify.as_mut() else { return };
+        if self.watching_file {
+            return;
+        }
+        if self.path.exists() {
+            if i.watches().add(&self.path, inotify::WatchMask::MODIFY).is_ok() {
+                self.watching_file = true;
+            }
+        } else if let Some(dir) = self.path.parent() {
+            let _ = i.watches().add(dir, inotify::WatchMask::CREATE | inotify::WatchMask::MOVED_TO);
+        }
+    }
+
+    /// Read what was appended since the last look; returns whether anything was.
+    fn look(&mut self) -> bool {
+        use std::os::unix::fs::FileExt;
+        if self.file.is_none() {
+            self.file = std::fs::File::open(&self.path).ok();
+            self.arm();
+        }
+        let Some(f) = &self.file else { return false };
+        let Ok(len) = f.metadata().map(|m| m.len()) else { return false };
+        let seen = Seen { wall: SystemTime::now(), mono_ns: monotonic_ns() };
+        if len <= self.offset {
+            return false;
+        }
+        let mut buf = vec![0u8; (len - self.offset) as usize];
+        let Ok(()) = f.read_exact_at(&mut buf, self.offset) else { return false };
+        self.offset = len;
+        self.partial.extend_from_slice(&buf);
+        let Some(end) = self.partial.iter().rposition(|b| *b == b'\n') else { return true };
+        let whole: Vec<u8> = self.partial.drain(..=end).collect();
+        for line in whole.split(|b| *b == b'\n') {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) {
+                self.events.push((v, seen));
             }
         }
-        std::thread::sleep(Duration::from_micros(100)); // reading a file another process appends to
+        true
     }
-    None
+
+    /// Block until the file may have changed, or `timeout`.
+    fn wait(&mut self, timeout: Duration) {
+        let Some(i) = self.inotify.as_mut() else {
+            std::thread::sleep(Duration::from_micros(100).min(timeout)); // no inotify: look again soon
+            return;
+        };
+        use std::os::fd::AsRawFd;
+        let mut fd = libc::pollfd { fd: i.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ms = timeout.as_millis().clamp(1, 1000) as libc::c_int;
+        // SAFETY: one live pollfd.
+        if unsafe { libc::poll(&mut fd, 1, ms) } > 0 {
+            let mut buf = [0u8; 1024];
+            while i.read_events(&mut buf).is_ok_and(|ev| ev.count() > 0) {}
+        }
+    }
+
+    /// Wait (bounded) until the sink holds more than `seen` matching events; returns the
+    /// next one and when it was seen.
+    fn wait_event(&mut self, healthy: bool, seen: usize, timeout: Duration) -> Option<(serde_json::Value, Seen)> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.look();
+            if let Some(e) = self.events.iter().filter(|(e, _)| is_for(e, healthy)).nth(seen) {
+                return Some(e.clone());
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            self.wait(left);
+        }
+    }
+}
+
+/// Wait (bounded) until the sink holds more than `seen` matching events; returns the new one.
+fn wait_event(sink: &Path, healthy: bool, seen: usize, timeout: Duration) -> Option<serde_json::Value> {
+    SinkWatch::new(sink).wait_event(healthy, seen, timeout).map(|(e, _)| e)
 }
 
 fn ts_of(e: &serde_json::Value) -> Option<SystemTime> {
@@ -308,7 +429,8 @@ pub fn measure(bin: &Path, mode: Mode, reps: usize, interval: &str, tag: &str) -
         .spawn()
         .map_err(|e| format!("spawn nicmon: {e}"))?;
     let result = (|| {
-        wait_event(&sink, true, 0, Duration::from_secs(30)).ok_or("no baseline event from nicmon")?;
+        let mut watch = SinkWatch::new(&sink);
+        watch.wait_event(true, 0, Duration::from_secs(30)).ok_or("no baseline event from nicmon")?;
         let state = node.sys().join(&node.info["mlx5_0"].ib_dir).join("ports/1");
         let (mut ms, mut delivered, mut marks) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..reps {
@@ -319,15 +441,16 @@ pub fn measure(bin: &Path, mode: Mode, reps: usize, interval: &str, tag: &str) -
             std::fs::write(state.join("state"), "1: DOWN\n").map_err(|e| e.to_string())?;
             std::fs::write(state.join("phys_state"), "3: Disabled\n").map_err(|e| e.to_string())?;
             let (t, t_ns) = veth.set_up(&veth.a, false)?;
-            let ev = wait_event(&sink, false, i, Duration::from_secs(10)).ok_or(format!("rep {i}: no fatal event"))?;
-            delivered.push(t.elapsed().unwrap_or_default().as_secs_f64() * 1e3);
-            marks.push((t_ns, monotonic_ns()));
+            let (ev, seen) =
+                watch.wait_event(false, i, Duration::from_secs(10)).ok_or(format!("rep {i}: no fatal event"))?;
+            delivered.push(seen.wall.duration_since(t).unwrap_or_default().as_secs_f64() * 1e3);
+            marks.push((t_ns, seen.mono_ns));
             let at = ts_of(&ev).ok_or("event without a timestamp")?;
             ms.push(at.duration_since(t).unwrap_or_default().as_secs_f64() * 1e3);
             std::fs::write(state.join("state"), "4: ACTIVE\n").map_err(|e| e.to_string())?;
             std::fs::write(state.join("phys_state"), "5: LinkUp\n").map_err(|e| e.to_string())?;
             veth.set_up(&veth.a, true)?;
-            wait_event(&sink, true, i + 1, Duration::from_secs(10)).ok_or(format!("rep {i}: no recovery event"))?;
+            watch.wait_event(true, i + 1, Duration::from_secs(10)).ok_or(format!("rep {i}: no recovery event"))?;
         }
         Ok::<_, String>((ms, delivered, marks))
     })();

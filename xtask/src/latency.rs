@@ -87,7 +87,7 @@ pub fn run(opts: &Options) -> Result<()> {
         println!("  {}", line.join(" | "));
         let acc: Vec<f64> = s.stages.iter().map(|st| st.accepted()).collect();
         println!(
-            "  T -> sink accepted (daemon's clock, no watch step): p50 {:.3} ms, p99 {:.3} ms",
+            "  T -> delivered (daemon's clock: the sink's write returned): p50 {:.3} ms, p99 {:.3} ms",
             nicmon_tests::latency::percentile(&acc, 0.5),
             nicmon_tests::latency::percentile(&acc, 0.99)
         );

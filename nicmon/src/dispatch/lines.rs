@@ -60,7 +60,12 @@ impl<W: Write> LineSink<W> {
 }
 
 /// JSON lines appended to a file, which is opened per batch (so it can be rotated
-/// underneath) and fsynced before the batch counts as accepted.
+/// underneath). [`FileSink::deliver`] writes a batch: once `write` has returned, the lines
+/// are in the file for every reader — delivered. [`FileSink::make_durable`] then syncs the
+/// file's data (`fdatasync`); the outbox acknowledges a batch (and so removes it from the
+/// state file) only after both, so a power loss between the write and the sync loses
+/// nothing: the batch is still owed and is written again (see [`crate::outbox`]).
+/// [`FileSink::send`] is both in one.
 ///
 /// Whole records only: a write that fails part-way (disk full) is rolled back to the
 /// file's previous length before the error is returned, so a retry never appends after a
@@ -70,6 +75,8 @@ impl<W: Write> LineSink<W> {
 pub struct FileSink {
     path: PathBuf,
     busy: Arc<AtomicBool>,
+    /// The regular file the last delivered batch was written to, not synced yet.
+    unsynced: Option<std::fs::File>,
 }
 
 /// How long one batch's write may take before the send fails (and is retried later).
@@ -77,13 +84,42 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl FileSink {
     pub fn new(path: PathBuf) -> FileSink {
-        FileSink { path, busy: Arc::default() }
+        FileSink { path, busy: Arc::default(), unsynced: None }
     }
 
+    /// Write `events` and sync them: [`FileSink::deliver`], then [`FileSink::make_durable`].
     pub async fn send(&mut self, events: &[HealthEvent]) -> Result<(), SendError> {
+        self.deliver(events).await?;
+        self.make_durable().await
+    }
+
+    /// Append `events` as whole lines (not synced: [`FileSink::make_durable`]).
+    pub async fn deliver(&mut self, events: &[HealthEvent]) -> Result<(), SendError> {
         if events.is_empty() {
             return Ok(());
         }
+        let bytes = encode(events);
+        let path = self.path.clone();
+        let written = self.blocking(move || append_whole(&path, &bytes, |f, b| f.write_all(b))).await?;
+        if written.is_some() {
+            self.unsynced = written;
+        }
+        Ok(())
+    }
+
+    /// Sync the data of the batches delivered since the last call (`fdatasync`); nothing to
+    /// do when none was written to a regular file.
+    pub async fn make_durable(&mut self) -> Result<(), SendError> {
+        let Some(file) = self.unsynced.take() else { return Ok(()) };
+        self.blocking(move || file.sync_data()).await
+    }
+
+    /// Run `op` on a blocking thread, bounded by [`WRITE_TIMEOUT`]; no second one starts
+    /// until it has returned.
+    async fn blocking<T: Send + 'static>(
+        &mut self,
+        op: impl FnOnce() -> io::Result<T> + Send + 'static,
+    ) -> Result<T, SendError> {
         let target = self.path.display().to_string();
         let fail = |source| SendError::Write { target: target.clone(), source };
         if self.busy.load(Ordering::Acquire) {
@@ -93,14 +129,13 @@ impl FileSink {
             )));
         }
         self.busy.store(true, Ordering::Release);
-        let bytes = encode(events);
-        let (path, busy) = (self.path.clone(), Arc::clone(&self.busy));
-        let write = tokio::task::spawn_blocking(move || {
-            let r = append_whole(&path, &bytes, |f, b| f.write_all(b));
+        let busy = Arc::clone(&self.busy);
+        let run = tokio::task::spawn_blocking(move || {
+            let r = op();
             busy.store(false, Ordering::Release);
             r
         });
-        match tokio::time::timeout(WRITE_TIMEOUT, write).await {
+        match tokio::time::timeout(WRITE_TIMEOUT, run).await {
             Ok(joined) => joined.unwrap_or_else(|join| Err(io::Error::other(join))).map_err(fail),
             Err(_) => Err(fail(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -111,13 +146,13 @@ impl FileSink {
 }
 
 /// Append `bytes` to `path` as a whole: on a regular file a failed `write` is rolled back
-/// (truncated to the previous length) and the data synced; a FIFO with no reader is an
-/// error at once (`ENXIO`), not a wait.
+/// (truncated to the previous length); a FIFO with no reader is an error at once
+/// (`ENXIO`), not a wait. Returns the file when it is a regular one (its data to be synced).
 fn append_whole(
     path: &Path,
     bytes: &[u8],
     write: impl FnOnce(&mut std::fs::File, &[u8]) -> io::Result<()>,
-) -> io::Result<()> {
+) -> io::Result<Option<std::fs::File>> {
     let mut file =
         std::fs::OpenOptions::new().create(true).append(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(
             |e| match e.raw_os_error() {
@@ -130,7 +165,8 @@ fn append_whole(
     if !file.metadata()?.is_file() {
         set_blocking(&file)?;
         write(&mut file, bytes)?;
-        return file.flush();
+        file.flush()?;
+        return Ok(None);
     }
     let before = file.metadata()?.len();
     if let Err(e) = write(&mut file, bytes).and_then(|()| file.flush()) {
@@ -139,7 +175,7 @@ fn append_whole(
             Err(t) => Err(io::Error::new(e.kind(), format!("{e}; removing the partial record failed too: {t}"))),
         };
     }
-    file.sync_data()
+    Ok(Some(file))
 }
 
 /// Clear `O_NONBLOCK` (set only so that opening a FIFO cannot wait for a reader).

@@ -177,13 +177,31 @@ impl Sink {
         }
     }
 
-    /// Deliver `events` as one batch. `Ok(())` = accepted (the outbox then drops it).
+    /// Deliver `events` as one batch and make it durable where the sink can:
+    /// [`Sink::deliver`], then [`Sink::make_durable`]. `Ok(())` = accepted.
     pub async fn send(&mut self, events: &[HealthEvent]) -> Result<(), SendError> {
+        self.deliver(events).await?;
+        self.make_durable().await
+    }
+
+    /// Deliver `events` as one batch: the connector replied (gRPC), the lines are written
+    /// (stdout, file; a file's data is not synced yet).
+    pub async fn deliver(&mut self, events: &[HealthEvent]) -> Result<(), SendError> {
         match self {
             Sink::Grpc(s) => s.send(events).await,
             Sink::Direct(s) => s.send(events).await,
             Sink::Stdout(s) => s.send(events),
-            Sink::File(s) => s.send(events).await,
+            Sink::File(s) => s.deliver(events).await,
+        }
+    }
+
+    /// Make what [`Sink::deliver`] delivered survive a power loss: the file sink syncs the
+    /// file's data; for the others the reply (or the write to a stream) is all there is.
+    /// The outbox acknowledges a batch only after this (`crate::outbox`).
+    pub async fn make_durable(&mut self) -> Result<(), SendError> {
+        match self {
+            Sink::File(s) => s.make_durable().await,
+            Sink::Grpc(_) | Sink::Direct(_) | Sink::Stdout(_) => Ok(()),
         }
     }
 }
