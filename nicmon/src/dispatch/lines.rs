@@ -99,8 +99,25 @@ impl FileSink {
             return Ok(());
         }
         let bytes = encode(events);
-        let path = self.path.clone();
-        let written = self.blocking(move || append_whole(&path, &bytes, |f, b| f.write_all(b))).await?;
+        let target = self.path.display().to_string();
+        let fail = |source| SendError::Write { target: target.clone(), source };
+        if self.busy.load(Ordering::Acquire) {
+            return Err(fail(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "the previous write has not returned: not writing again until it does",
+            )));
+        }
+        // Opening cannot wait (O_NONBLOCK). A regular file is written here: its append
+        // returns once the lines are in the page cache, so the delivery takes no thread
+        // hop (the sync, which waits for the disk, runs on a blocking thread). Anything else
+        // (a FIFO whose reader may stall) is written on a blocking thread, bounded.
+        let file = open_append(&self.path).map_err(fail)?;
+        let regular = file.metadata().map_err(fail)?.is_file();
+        let written = if regular {
+            append_whole(file, &bytes, |f, b| f.write_all(b)).map_err(fail)?
+        } else {
+            self.blocking(move || append_whole(file, &bytes, |f, b| f.write_all(b))).await?
+        };
         if written.is_some() {
             self.unsynced = written;
         }
@@ -145,21 +162,25 @@ impl FileSink {
     }
 }
 
-/// Append `bytes` to `path` as a whole: on a regular file a failed `write` is rolled back
-/// (truncated to the previous length); a FIFO with no reader is an error at once
-/// (`ENXIO`), not a wait. Returns the file when it is a regular one (its data to be synced).
+/// Open `path` for appending, created if missing, without waiting: a FIFO with no reader
+/// is an error at once (`ENXIO`), not a wait.
+fn open_append(path: &Path) -> io::Result<std::fs::File> {
+    std::fs::OpenOptions::new().create(true).append(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(|e| {
+        match e.raw_os_error() {
+            Some(libc::ENXIO) => io::Error::new(e.kind(), "a FIFO with no reader"),
+            _ => e,
+        }
+    })
+}
+
+/// Append `bytes` to `file` ([`open_append`]) as a whole: on a regular file a failed
+/// `write` is rolled back (truncated to the previous length). Returns the file when it is
+/// a regular one (its data to be synced).
 fn append_whole(
-    path: &Path,
+    mut file: std::fs::File,
     bytes: &[u8],
     write: impl FnOnce(&mut std::fs::File, &[u8]) -> io::Result<()>,
 ) -> io::Result<Option<std::fs::File>> {
-    let mut file =
-        std::fs::OpenOptions::new().create(true).append(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(
-            |e| match e.raw_os_error() {
-                Some(libc::ENXIO) => io::Error::new(e.kind(), "a FIFO with no reader"),
-                _ => e,
-            },
-        )?;
     // Durability is a property of regular files; a FIFO, /dev/null or a tty has nothing
     // to sync (and answers EINVAL), nor can a partial write to one be taken back.
     if !file.metadata()?.is_file() {
@@ -248,10 +269,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events.jsonl");
         let first = encode(&events()[..1]);
-        append_whole(&path, &first, |f, b| f.write_all(b)).unwrap();
+        append_whole(open_append(&path).unwrap(), &first, |f, b| f.write_all(b)).unwrap();
         // The disk fills half-way through the next batch.
         let second = encode(&events());
-        let e = append_whole(&path, &second, |f, b| {
+        let e = append_whole(open_append(&path).unwrap(), &second, |f, b| {
             f.write_all(&b[..b.len() / 2])?;
             Err(io::Error::from_raw_os_error(libc::ENOSPC))
         })
@@ -259,7 +280,7 @@ mod tests {
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
         assert_eq!(std::fs::read(&path).unwrap(), first, "the torn record was removed");
         // The retry appends whole records after whole records.
-        append_whole(&path, &second, |f, b| f.write_all(b)).unwrap();
+        append_whole(open_append(&path).unwrap(), &second, |f, b| f.write_all(b)).unwrap();
         assert_eq!(parse_lines(&std::fs::read_to_string(&path).unwrap()).len(), 3);
     }
 
