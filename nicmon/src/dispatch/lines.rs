@@ -264,6 +264,25 @@ mod tests {
         assert_eq!(got[2], events()[0]);
     }
 
+    /// Delivered = the lines are readable at once; the sync is owed until `make_durable`
+    /// (which the outbox runs before it acknowledges the batch).
+    #[tokio::test]
+    async fn delivered_lines_are_readable_before_the_sync_which_stays_owed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let mut sink = FileSink::new(path.clone());
+        sink.deliver(&events()).await.unwrap();
+        assert_eq!(parse_lines(&std::fs::read_to_string(&path).unwrap()), events());
+        assert!(sink.unsynced.is_some(), "the sync is owed");
+        sink.make_durable().await.unwrap();
+        assert!(sink.unsynced.is_none());
+        sink.make_durable().await.unwrap();
+        // Not a regular file: nothing to sync.
+        let mut null = FileSink::new("/dev/null".into());
+        null.deliver(&events()).await.unwrap();
+        assert!(null.unsynced.is_none());
+    }
+
     #[test]
     fn a_partial_write_is_rolled_back() {
         let dir = tempfile::tempdir().unwrap();
