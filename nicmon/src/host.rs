@@ -46,10 +46,14 @@
 //! (never a mix: the new value is one write of less than a page, and the file's size
 //! changes only once it is copied), and an empty value parses as unknown for that one poll
 //! (`parse::text`), never as a value. What a fixture can do that sysfs cannot — remove a file
-//! or replace it with another (a link to an `EINVAL` file, a FIFO) — is caught by a check
-//! after each `pread` on a file that is not on sysfs: a file with no name left (`st_nlink`
-//! 0) is read by its path again, as an open-per-read reader would. On sysfs that check is
-//! skipped (a removed node answers `ENODEV`).
+//! or replace it with another (a link to an `EINVAL` file, a FIFO) — is caught by an
+//! `inotify` watch on each kept file that is not on sysfs (`IN_ATTRIB`: its link count
+//! changed; `IN_DELETE_SELF`, `IN_MOVE_SELF`): the reader drains the watch's events once per
+//! batch, before its first read, and a file named in one is read by its path again, as an
+//! open-per-read reader would — one `read` per batch instead of an `fstat` per file. Where a
+//! watch cannot be added (no inotify, the watch limit reached), that file is checked after
+//! each `pread` instead (no name left, `st_nlink` 0: read by its path). On sysfs neither is
+//! needed (a removed node answers `ENODEV`); sysfs does not report changes to inotify.
 //!
 //! [`read_file`] applies the same rules to the files nicmon reads outside sysfs (state,
 //! config, metadata, `--kmsg`), each with its own size limit.
@@ -268,14 +272,107 @@ pub const KEPT_REFRESH: Duration = Duration::from_secs(60);
 struct Kept {
     /// By the path's bytes (hashing a `PathBuf` walks its components).
     files: std::collections::HashMap<std::ffi::OsString, KeptFile>,
+    /// The watch on kept files that are not on sysfs; made with the first such file.
+    /// `Err`: inotify could not be set up (each such file is checked after its reads).
+    watch: Option<Result<Watch, ()>>,
+}
+
+/// An `inotify` watch on kept files that are not on sysfs: which kept paths each watch
+/// descriptor stands for (one inode may be kept by several paths).
+struct Watch {
+    inotify: inotify::Inotify,
+    paths: std::collections::HashMap<inotify::WatchDescriptor, Vec<std::ffi::OsString>>,
+}
+
+impl Kept {
+    /// Close the kept files the watch says were removed, replaced, moved or changed their
+    /// attributes since the last look (all of them when events were lost). One `read`.
+    fn drop_changed(&mut self) {
+        let mut buf = [0u8; 4096];
+        loop {
+            let Some(Ok(watch)) = &mut self.watch else { return };
+            let (wds, lost) = match watch.inotify.read_events(&mut buf) {
+                Ok(events) => {
+                    let mut lost = false;
+                    let mut wds = Vec::new();
+                    for e in events {
+                        if e.mask.contains(inotify::EventMask::Q_OVERFLOW) {
+                            lost = true;
+                        } else {
+                            wds.push(e.wd);
+                        }
+                    }
+                    (wds, lost)
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // The watch is broken: trust no watched file, and check each file kept
+                    // from now on after its reads.
+                    tracing::warn!(error = %e, "inotify watch on kept files failed: checking each file after its reads");
+                    self.files.retain(|_, k| k.guard != Guard::Watched);
+                    self.watch = Some(Err(()));
+                    return;
+                }
+            };
+            if lost {
+                // Events were lost: every watched file is opened by its path again.
+                watch.paths.clear();
+                self.files.retain(|_, k| k.guard != Guard::Watched);
+                return;
+            }
+            if wds.is_empty() {
+                return;
+            }
+            for wd in wds {
+                for path in watch.paths.remove(&wd).unwrap_or_default() {
+                    self.files.remove(&path);
+                }
+            }
+        }
+    }
+
+    /// Watch `path`, just opened as `file`, for being removed or replaced: `true` when the
+    /// watch holds (the file needs no check after its reads).
+    fn watch(&mut self, path: &Path, file: &std::fs::File) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let watch = self.watch.get_or_insert_with(|| {
+            inotify::Inotify::init().map(|inotify| Watch { inotify, paths: Default::default() }).map_err(|_| ())
+        });
+        let Ok(watch) = watch else { return false };
+        let mask = inotify::WatchMask::ATTRIB | inotify::WatchMask::DELETE_SELF | inotify::WatchMask::MOVE_SELF;
+        let Ok(wd) = watch.inotify.watches().add(path, mask) else { return false };
+        // The watch is on what `path` names now: the file opened, unless it was replaced
+        // between the open and the watch (then the file is not kept: read by its path next time).
+        let same = match (file.metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()) && a.nlink() > 0,
+            _ => false,
+        };
+        if same {
+            let paths = watch.paths.entry(wd).or_default();
+            if !paths.iter().any(|p| p.as_os_str() == path.as_os_str()) {
+                paths.push(path.as_os_str().to_os_string());
+            }
+        }
+        same
+    }
 }
 
 struct KeptFile {
     file: std::fs::File,
     opened: Instant,
-    /// Not on sysfs (a fixture tree, a replayed bundle): check after each read that the
-    /// file still has a name. A sysfs attribute whose node was removed answers `ENODEV`.
-    check_links: bool,
+    guard: Guard,
+}
+
+/// What tells a kept file was removed or replaced since it was opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Guard {
+    /// On sysfs: a `pread` of an attribute whose node was removed answers `ENODEV`.
+    Sysfs,
+    /// Off sysfs (a fixture tree, a replayed bundle), watched ([`Kept::watch`]).
+    Watched,
+    /// Off sysfs, no watch: checked after each read for a name left.
+    Links,
 }
 
 /// `statfs`'s magic number of sysfs.
@@ -543,6 +640,9 @@ impl Reader {
 
 fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: ReadFn) {
     while let Ok(job) = jobs.recv() {
+        if job.items.iter().any(|(_, item)| item.keep) {
+            shared.kept().drop_changed();
+        }
         for (index, item) in job.items {
             *job.progress.current.lock().unwrap_or_else(|p| p.into_inner()) = (index, Instant::now());
             let earlier = shared.stuck().get(&item.path).map(|s| s.since.elapsed());
@@ -574,9 +674,10 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: 
 }
 
 /// Read a file that is kept open: `pread` at offset 0 of the kept descriptor (sysfs
-/// regenerates an attribute's value on a read at offset 0), then check it still has a
-/// name (a file removed or replaced since it was opened has none left: read by its path
-/// again, as a fresh open would). A failed `pread` (`ENODEV` once the attribute's device
+/// regenerates an attribute's value on a read at offset 0). Off sysfs, a file the watch
+/// could not cover is then checked for a name (a file removed or replaced since it was
+/// opened has none left: read by its path again, as a fresh open would); a watched one
+/// was dropped before the batch if it changed ([`Kept::drop_changed`]). A failed `pread` (`ENODEV` once the attribute's device
 /// is gone), or a descriptor older than [`KEPT_REFRESH`], is closed and the path opened
 /// again; a file that opens and reads is kept for the next read.
 fn read_kept(shared: &Shared, item: &Item) -> (Result<Vec<u8>, ReadError>, Option<KeptFile>) {
@@ -584,14 +685,20 @@ fn read_kept(shared: &Shared, item: &Item) -> (Result<Vec<u8>, ReadError>, Optio
     if let Some(k) = kept
         && k.opened.elapsed() < KEPT_REFRESH
         && let Ok(buf) = pread_whole(&k.file, item.limit, item.past)
-        && (!k.check_links || links(&k.file).is_some_and(|n| n > 0))
+        && (k.guard != Guard::Links || links(&k.file).is_some_and(|n| n > 0))
     {
         return (Ok(buf), Some(k));
     }
     match open_read(&item.path, item.limit, item.past) {
         Ok((file, buf)) => {
-            let check_links = !on_sysfs(&file);
-            (Ok(buf), Some(KeptFile { file, opened: Instant::now(), check_links }))
+            let guard = if on_sysfs(&file) {
+                Guard::Sysfs
+            } else if shared.kept().watch(&item.path, &file) {
+                Guard::Watched
+            } else {
+                Guard::Links
+            };
+            (Ok(buf), Some(KeptFile { file, opened: Instant::now(), guard }))
         }
         Err(e) => (Err(e), None),
     }
@@ -1120,6 +1227,70 @@ mod tests {
         let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", p.display());
+    }
+
+    /// The guards of the kept files, by file name.
+    fn guards(host: &Host) -> BTreeMap<String, Guard> {
+        let k = host.reader.shared.kept();
+        k.files
+            .iter()
+            .map(|(p, f)| (Path::new(p).file_name().unwrap().to_string_lossy().into_owned(), f.guard))
+            .collect()
+    }
+
+    /// A fixture's kept files see what a fresh open would: a value changed in place, a file
+    /// replaced by a rename, a removed file, a FIFO or a link put in a file's place — with
+    /// the inotify watch (`watched`) and, where no watch can be had, the check after each read.
+    fn kept_files_follow_removal_and_replacement(watched: bool) {
+        let (dir, host) = fixture();
+        if !watched {
+            host.reader.shared.kept().watch = Some(Err(()));
+        }
+        let p = dir.path().join("sys/p");
+        let names = ["a", "b", "c", "d", "e"];
+        for n in names {
+            std::fs::write(p.join(n), format!("{n}1\n")).unwrap();
+        }
+        std::fs::write(p.join("other"), "linked\n").unwrap();
+        let rels: Vec<String> = names.iter().map(|n| format!("p/{n}")).collect();
+        let read = || host.read_sys_many(&rels, true);
+        let ok = |v: &str| Ok(format!("{v}\n"));
+        assert_eq!(read(), vec![ok("a1"), ok("b1"), ok("c1"), ok("d1"), ok("e1")]);
+        let want = if watched { Guard::Watched } else { Guard::Links };
+        assert_eq!(guards(&host).values().copied().collect::<Vec<_>>(), vec![want; 5]);
+        // Read again through the kept descriptors: the same values.
+        assert_eq!(read(), vec![ok("a1"), ok("b1"), ok("c1"), ok("d1"), ok("e1")]);
+
+        std::fs::write(p.join("a"), "a2\n").unwrap(); // in place
+        std::fs::write(p.join("b.new"), "b2\n").unwrap();
+        std::fs::rename(p.join("b.new"), p.join("b")).unwrap(); // replaced
+        std::fs::remove_file(p.join("c")).unwrap(); // removed
+        std::fs::remove_file(p.join("d")).unwrap();
+        mkfifo(&p.join("d")); // a FIFO in its place
+        std::fs::remove_file(p.join("e")).unwrap();
+        std::os::unix::fs::symlink("other", p.join("e")).unwrap(); // a link in its place
+        assert_eq!(
+            read(),
+            vec![ok("a2"), ok("b2"), Err(ReadError::Missing), Err(ReadError::NotRegular("a FIFO")), ok("linked")]
+        );
+        std::fs::write(p.join("c"), "c3\n").unwrap(); // back
+        assert_eq!(read()[2], ok("c3"));
+        // A kept file renamed away from its name (it still has one: only the watch sees
+        // that; a fixture does not do this to a file, and sysfs cannot).
+        std::fs::rename(p.join("a"), p.join("a.gone")).unwrap();
+        if watched {
+            assert_eq!(read()[0], Err(ReadError::Missing));
+        }
+    }
+
+    #[test]
+    fn kept_files_are_watched_off_sysfs() {
+        kept_files_follow_removal_and_replacement(true);
+    }
+
+    #[test]
+    fn kept_files_are_checked_after_each_read_without_a_watch() {
+        kept_files_follow_removal_and_replacement(false);
     }
 
     #[test]
