@@ -204,6 +204,10 @@ pub struct ReadStats {
     pub einval_skipped: AtomicU64,
     /// Reads abandoned at their deadline.
     pub reads_abandoned: AtomicU64,
+    /// Batches read ahead of the poll's listings and used ([`crate::discovery::discover`]).
+    pub read_ahead_used: AtomicU64,
+    /// Batches read ahead and dropped (the poll's files were not the same).
+    pub read_ahead_dropped: AtomicU64,
     /// When `Some`: every file read is appended (benchmarks measure the open/read/close
     /// floor of exactly the files a poll reads).
     pub recorded: Mutex<Option<Vec<PathBuf>>>,
@@ -256,6 +260,59 @@ struct Progress {
     results: Mutex<Slots>,
 }
 
+/// A batch handed to the reader and not collected yet ([`Reader::start_many`]).
+struct Pending {
+    items: Vec<Item>,
+    out: Slots,
+    /// The first item not handed to a thread yet (or handed to the one in `flight`).
+    next: usize,
+    flight: Option<Flight>,
+}
+
+/// The part of a [`Pending`] batch a reader thread is reading.
+struct Flight {
+    progress: Arc<Progress>,
+    finished: mpsc::Receiver<()>,
+    id: u64,
+}
+
+impl Pending {
+    /// Give the items from `next` on `e` as their result.
+    fn fill(&mut self, e: ReadError) {
+        for slot in &mut self.out[self.next..] {
+            *slot = Some(Err(e.clone()));
+        }
+        self.next = self.out.len();
+    }
+
+    /// Take the results the thread has stored so far.
+    fn collect(&mut self, progress: &Progress) {
+        let mut results = progress.results.lock().unwrap_or_else(|p| p.into_inner());
+        for (slot, r) in self.out.iter_mut().zip(results.iter_mut()) {
+            if let Some(r) = r.take() {
+                *slot = Some(r);
+            }
+        }
+    }
+}
+
+/// Sysfs reads begun with [`Host::start_sys_many`], not collected yet.
+pub struct PendingReads {
+    rels: Vec<String>,
+    /// The results known before reading (the `EINVAL` memo), by index in `rels`.
+    out: Vec<Option<Result<String, ReadError>>>,
+    /// Where each item handed to the reader goes in `out`.
+    at: Vec<usize>,
+    pending: Pending,
+}
+
+impl PendingReads {
+    /// The sysfs-relative files being read.
+    pub fn rels(&self) -> &[String] {
+        &self.rels
+    }
+}
+
 /// A read that has not returned: which thread is in it, since when.
 #[derive(Debug, Clone)]
 struct Stuck {
@@ -272,6 +329,10 @@ pub const KEPT_REFRESH: Duration = Duration::from_secs(60);
 struct Kept {
     /// By the path's bytes (hashing a `PathBuf` walks its components).
     files: std::collections::HashMap<std::ffi::OsString, KeptFile>,
+    /// Bumped by every [`Reader::forget_kept`]: a file taken out for a read under an older
+    /// generation is closed after it, not put back (it may belong to a device forgotten
+    /// meanwhile).
+    generation: u64,
     /// The watch on kept files that are not on sysfs; made with the first such file.
     /// `Err`: inotify could not be set up (each such file is checked after its reads).
     watch: Option<Result<Watch, ()>>,
@@ -415,9 +476,12 @@ impl Shared {
     }
 
     /// Put a file back among the kept ones, if the budget allows (else it is closed).
-    fn keep(&self, path: PathBuf, file: KeptFile) {
+    fn keep(&self, path: PathBuf, file: KeptFile, generation: u64) {
         let mut k = self.kept();
         let key = path.into_os_string();
+        if k.generation != generation {
+            return;
+        }
         if k.files.len() < kept_budget() || k.files.contains_key(&key) {
             k.files.insert(key, file);
         }
@@ -490,49 +554,72 @@ impl Reader {
         read: Duration,
         poll_end: Option<Instant>,
     ) -> Vec<Result<Vec<u8>, ReadError>> {
+        let pending = self.start_many(items, read, poll_end);
+        self.finish_many(pending, read, poll_end)
+    }
+
+    /// [`Reader::read_many`]'s hand-off, without waiting: the reader thread reads while the
+    /// caller does something else; [`Reader::finish_many`] collects (and watches the
+    /// deadlines, which count from each item's start, not from the collection).
+    fn start_many(&self, items: Vec<Item>, read: Duration, poll_end: Option<Instant>) -> Pending {
         let n = items.len();
-        let mut out: Slots = (0..n).map(|_| None).collect();
-        let mut next = 0;
-        let fill = |out: &mut Slots, from: usize, e: ReadError| {
-            for slot in &mut out[from..] {
-                *slot = Some(Err(e.clone()));
+        let mut pending = Pending { items, out: (0..n).map(|_| None).collect(), next: 0, flight: None };
+        if n > 0 {
+            self.launch(&mut pending, read, poll_end);
+        }
+        pending
+    }
+
+    /// Hand the items of `p` from `p.next` on to a reader thread; `false` (the rest filled
+    /// with why) when they cannot be read now.
+    fn launch(&self, p: &mut Pending, read: Duration, poll_end: Option<Instant>) -> bool {
+        if read.is_zero() || poll_end.is_some_and(|end| end <= Instant::now()) {
+            p.fill(ReadError::Stuck("the poll's read deadline had passed: not read".into()));
+            return false;
+        }
+        {
+            let stuck = self.shared.stuck();
+            if stuck.len() >= MAX_STUCK {
+                let e = ReadError::Stuck(format!("{} reads are stuck: no reader thread left", stuck.len()));
+                drop(stuck);
+                p.fill(e);
+                return false;
             }
-        };
-        let collect = |out: &mut Slots, progress: &Progress| {
-            let mut results = progress.results.lock().unwrap_or_else(|p| p.into_inner());
-            for (slot, r) in out.iter_mut().zip(results.iter_mut()) {
-                if let Some(r) = r.take() {
-                    *slot = Some(r);
+        }
+        let n = p.items.len();
+        let progress = Arc::new(Progress {
+            current: Mutex::new((p.next, Instant::now())),
+            results: Mutex::new((0..n).map(|_| None).collect()),
+        });
+        let (done, finished) = mpsc::sync_channel(1);
+        let job =
+            Job { items: (p.next..n).map(|i| (i, p.items[i].clone())).collect(), progress: progress.clone(), done };
+        match self.submit(job) {
+            Ok(id) => {
+                p.flight = Some(Flight { progress, finished, id });
+                true
+            }
+            Err(e) => {
+                p.fill(e);
+                false
+            }
+        }
+    }
+
+    /// Wait for the reads of `p` (see [`Reader::read_many`]); the results in its items' order.
+    fn finish_many(
+        &self,
+        mut p: Pending,
+        read: Duration,
+        poll_end: Option<Instant>,
+    ) -> Vec<Result<Vec<u8>, ReadError>> {
+        let n = p.items.len();
+        'batches: while p.next < n {
+            let Some(Flight { progress, finished, id }) = p.flight.take() else {
+                if self.launch(&mut p, read, poll_end) {
+                    continue;
                 }
-            }
-        };
-        'batches: while next < n {
-            if read.is_zero() || poll_end.is_some_and(|end| end <= Instant::now()) {
-                fill(&mut out, next, ReadError::Stuck("the poll's read deadline had passed: not read".into()));
                 break;
-            }
-            {
-                let stuck = self.shared.stuck();
-                if stuck.len() >= MAX_STUCK {
-                    let e = ReadError::Stuck(format!("{} reads are stuck: no reader thread left", stuck.len()));
-                    drop(stuck);
-                    fill(&mut out, next, e);
-                    break;
-                }
-            }
-            let progress = Arc::new(Progress {
-                current: Mutex::new((next, Instant::now())),
-                results: Mutex::new((0..n).map(|_| None).collect()),
-            });
-            let (done, finished) = mpsc::sync_channel(1);
-            let job =
-                Job { items: (next..n).map(|i| (i, items[i].clone())).collect(), progress: progress.clone(), done };
-            let id = match self.submit(job) {
-                Ok(id) => id,
-                Err(e) => {
-                    fill(&mut out, next, e);
-                    break;
-                }
             };
             loop {
                 let (current, since) = *progress.current.lock().unwrap_or_else(|p| p.into_inner());
@@ -542,13 +629,13 @@ impl Reader {
                 }
                 match finished.recv_timeout(until.saturating_duration_since(Instant::now())) {
                     Ok(()) => {
-                        collect(&mut out, &progress);
+                        p.collect(&progress);
                         break 'batches;
                     }
                     Err(mpsc::RecvTimeoutError::Disconnected) => {
-                        collect(&mut out, &progress);
-                        let from = out.iter().position(Option::is_none).unwrap_or(n);
-                        fill(&mut out, from, ReadError::Io("the reader thread ended".into()));
+                        p.collect(&progress);
+                        p.next = p.out.iter().position(Option::is_none).unwrap_or(n);
+                        p.fill(ReadError::Io("the reader thread ended".into()));
                         break 'batches;
                     }
                     Err(mpsc::RecvTimeoutError::Timeout) => {
@@ -558,7 +645,7 @@ impl Reader {
                         // the thread will find the path marked stuck and end.
                         if finished.try_recv().is_ok() {
                             drop(stuck);
-                            collect(&mut out, &progress);
+                            p.collect(&progress);
                             break 'batches;
                         }
                         let (now_at, now_since) = *progress.current.lock().unwrap_or_else(|p| p.into_inner());
@@ -566,7 +653,7 @@ impl Reader {
                         if answered || now_at != current || now_since != since {
                             continue;
                         }
-                        let path = &items[current].path;
+                        let path = &p.items[current].path;
                         stuck.insert(path.clone(), Stuck { worker: id, since });
                         drop(stuck);
                         let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
@@ -580,15 +667,15 @@ impl Reader {
                             timeout = ?waited,
                             "read did not return in time: abandoned for this poll, not retried until it returns"
                         );
-                        collect(&mut out, &progress);
-                        out[current] = Some(Err(ReadError::Stuck(format!("no answer within {waited:.1?}"))));
-                        next = current + 1;
+                        p.collect(&progress);
+                        p.out[current] = Some(Err(ReadError::Stuck(format!("no answer within {waited:.1?}"))));
+                        p.next = current + 1;
                         continue 'batches;
                     }
                 }
             }
         }
-        out.into_iter().map(|r| r.unwrap_or_else(|| Err(ReadError::Io("not read".into())))).collect()
+        p.out.into_iter().map(|r| r.unwrap_or_else(|| Err(ReadError::Io("not read".into())))).collect()
     }
 
     /// Hand `job` to the current reader thread (starting one if needed); its id.
@@ -627,6 +714,7 @@ impl Reader {
     /// Close the kept-open files whose path starts with `prefix` (all of them: `None`).
     fn forget_kept(&self, prefix: Option<&Path>) {
         let mut k = self.shared.kept();
+        k.generation = k.generation.wrapping_add(1);
         match prefix {
             None => k.files.clear(),
             Some(p) => k.files.retain(|path, _| !Path::new(path).starts_with(p)),
@@ -666,7 +754,7 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: 
             }
             drop(stuck);
             if let Some(file) = keep {
-                shared.keep(item.path, file);
+                shared.keep(item.path, file.0, file.1);
             }
         }
         let _ = job.done.send(());
@@ -680,14 +768,20 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: 
 /// was dropped before the batch if it changed ([`Kept::drop_changed`]). A failed `pread` (`ENODEV` once the attribute's device
 /// is gone), or a descriptor older than [`KEPT_REFRESH`], is closed and the path opened
 /// again; a file that opens and reads is kept for the next read.
-fn read_kept(shared: &Shared, item: &Item) -> (Result<Vec<u8>, ReadError>, Option<KeptFile>) {
-    let kept = shared.kept().files.remove(item.path.as_os_str());
+/// A file to keep after its read, with the [`Kept::generation`] it was taken out under.
+type PutBack = (KeptFile, u64);
+
+fn read_kept(shared: &Shared, item: &Item) -> (Result<Vec<u8>, ReadError>, Option<PutBack>) {
+    let (kept, generation) = {
+        let mut k = shared.kept();
+        (k.files.remove(item.path.as_os_str()), k.generation)
+    };
     if let Some(k) = kept
         && k.opened.elapsed() < KEPT_REFRESH
         && let Ok(buf) = pread_whole(&k.file, item.limit, item.past)
         && (k.guard != Guard::Links || links(&k.file).is_some_and(|n| n > 0))
     {
-        return (Ok(buf), Some(k));
+        return (Ok(buf), Some((k, generation)));
     }
     match open_read(&item.path, item.limit, item.past) {
         Ok((file, buf)) => {
@@ -698,7 +792,7 @@ fn read_kept(shared: &Shared, item: &Item) -> (Result<Vec<u8>, ReadError>, Optio
             } else {
                 Guard::Links
             };
-            (Ok(buf), Some(KeptFile { file, opened: Instant::now(), guard }))
+            (Ok(buf), Some((KeptFile { file, opened: Instant::now(), guard }, generation)))
         }
         Err(e) => (Err(e), None),
     }
@@ -761,6 +855,25 @@ fn pread_whole(file: &std::fs::File, limit: usize, past: Past) -> Result<Vec<u8>
         }
     }
     Ok(buf)
+}
+
+/// The names in directory `path` (not `.` and `..`), sorted: one `open`, `getdents64`
+/// until the end, one `close` (no `fstat`, which `opendir` adds; a poll lists ~60
+/// directories). A directory removed while it is listed ends the listing.
+fn list_dir(path: &Path) -> io::Result<Vec<String>> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NONBLOCK;
+    let mut dir = rustix::fs::Dir::new(rustix::fs::open(path, flags, Mode::empty())?)?;
+    let mut names = Vec::new();
+    while let Some(entry) = dir.read() {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(String::from_utf8_lossy(name).into_owned());
+        }
+    }
+    names.sort();
+    Ok(names)
 }
 
 /// Open `path` only if it is a regular file, and read at most `limit` bytes of it.
@@ -950,6 +1063,13 @@ impl Host {
     /// `keep`: these are attributes that change, read every poll: keep them open and read
     /// them again with `pread` at offset 0 (see the module doc, "Kept-open files").
     pub fn read_sys_many(&self, rels: &[String], keep: bool) -> Vec<Result<String, ReadError>> {
+        let pending = self.start_sys_many(rels, keep);
+        self.finish_sys_many(pending)
+    }
+
+    /// [`Host::read_sys_many`] begun: the reader thread reads `rels` while the caller goes
+    /// on; [`Host::finish_sys_many`] waits for the results (the deadlines run meanwhile).
+    pub fn start_sys_many(&self, rels: &[String], keep: bool) -> PendingReads {
         let mut out: Vec<Option<Result<String, ReadError>>> = Vec::with_capacity(rels.len());
         let mut items = Vec::with_capacity(rels.len());
         let mut at = Vec::with_capacity(rels.len());
@@ -970,13 +1090,26 @@ impl Host {
                 items.push(Item { path, limit: PAGE, past: Past::Error, keep });
             }
         }
-        let paths: Vec<PathBuf> = items.iter().map(|it| it.path.clone()).collect();
-        let results = self.reader.read_many(items, self.deadlines.read, self.poll_end());
+        let pending = self.reader.start_many(items, self.deadlines.read, self.poll_end());
+        PendingReads { rels: rels.to_vec(), out, at, pending }
+    }
+
+    /// The results of [`Host::start_sys_many`], in its `rels`' order.
+    pub fn finish_sys_many(&self, reads: PendingReads) -> Vec<Result<String, ReadError>> {
+        let PendingReads { rels, mut out, at, pending } = reads;
+        let paths: Vec<PathBuf> = pending.items.iter().map(|it| it.path.clone()).collect();
+        let results = self.reader.finish_many(pending, self.deadlines.read, self.poll_end());
         for ((i, path), r) in at.into_iter().zip(paths).zip(results) {
             let r = self.after_read(&path, r);
             out[i] = Some(self.text_of(&path, &rels[i], r));
         }
         out.into_iter().map(|r| r.unwrap_or_else(|| Err(ReadError::Io("not read".into())))).collect()
+    }
+
+    /// A number that changes whenever kept-open files are forgotten ([`Host::forget_kept`]):
+    /// reads begun before a change may have used a descriptor that was forgotten.
+    pub fn kept_generation(&self) -> u64 {
+        self.reader.shared.kept().generation
     }
 
     /// Close the kept-open files under sysfs-relative `rel` (all of them: `None`): the
@@ -1050,27 +1183,18 @@ impl Host {
     /// Names in a sysfs directory, sorted. A missing directory is an empty listing.
     pub fn list_sys(&self, rel: &str) -> Vec<String> {
         self.note_sys(rel, |tree, rel| Access::List { tree, rel });
-        let mut names: Vec<String> = match std::fs::read_dir(self.sys(rel)) {
-            Ok(rd) => rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect(),
-            Err(_) => Vec::new(),
-        };
-        names.sort();
-        names
+        list_dir(&self.sys(rel)).unwrap_or_default()
     }
 
     /// Names in a sysfs directory, sorted, or why it could not be listed: `Missing` when
     /// absent, `Io` naming the cause otherwise (a file where a directory should be).
     pub fn list_sys_dir(&self, rel: &str) -> Result<Vec<String>, ReadError> {
         self.note_sys(rel, |tree, rel| Access::List { tree, rel });
-        let rd = std::fs::read_dir(self.sys(rel)).map_err(|e| match e.kind() {
+        list_dir(&self.sys(rel)).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => ReadError::Missing,
             io::ErrorKind::NotADirectory => ReadError::Io("not a directory".into()),
             _ => ReadError::Io(e.to_string()),
-        })?;
-        let mut names: Vec<String> =
-            rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
-        names.sort();
-        Ok(names)
+        })
     }
 
     /// Whether a sysfs entry exists (a dangling symlink counts: `physfn` is a link).
