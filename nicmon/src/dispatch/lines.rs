@@ -165,9 +165,8 @@ impl FileSink {
 /// Open `path` for appending, created if missing, without waiting: a FIFO with no reader
 /// is an error at once (`ENXIO`), not a wait.
 fn open_append(path: &Path) -> io::Result<std::fs::File> {
-    std::fs::OpenOptions::new().create(true).append(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(|e| match e
-        .raw_os_error()
-    {
+    let opened = std::fs::OpenOptions::new().create(true).append(true).custom_flags(libc::O_NONBLOCK).open(path);
+    opened.map_err(|e| match e.raw_os_error() {
         Some(libc::ENXIO) => io::Error::new(e.kind(), "a FIFO with no reader"),
         _ => e,
     })
