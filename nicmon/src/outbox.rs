@@ -13,8 +13,8 @@
 //! 3. the sender task sends batches **strictly in order** through the [`Sink`], retrying a
 //!    failing head batch forever (never skipping ahead);
 //! 4. a batch the sink accepted — delivered, then made durable (below) — or rejected
-//!    permanently, which no retry would change — is acknowledged; [`Courier::next_acks`] returns the ids and the caller removes them
-//!    with [`Outbox::ack`] and saves again. **That is when an event leaves the outbox.**
+//!    permanently, which no retry would change — is acknowledged; [`Courier::next_acks`]
+//!    returns the ids and the caller removes them with [`Outbox::ack`] and saves again. **That is when an event leaves the outbox.**
 //!    Acknowledgements are taken by the same loop that commits, so an id is never removed
 //!    before the save that recorded it.
 //!
