@@ -9,14 +9,15 @@
 //! 2. otherwise it appends them to the [`Outbox`], advances the checks' state, **hands the
 //!    new batches to the sender task at once** — and then saves the state file (the outbox is
 //!    part of it). The send does not wait for the fsync: the sender task runs on another
-//!    worker thread while the cycle writes;
+//!    worker thread while the cycle writes (a targeted poll's commit, on the latency path,
+//!    is saved once its batches were acknowledged, or after at most 50 ms);
 //! 3. the sender task sends batches **strictly in order** through the [`Sink`], retrying a
 //!    failing head batch forever (never skipping ahead);
 //! 4. a batch the sink accepted — delivered, then made durable (below) — or rejected
 //!    permanently, which no retry would change — is acknowledged; [`Courier::next_acks`]
-//!    returns the ids and the caller removes them with [`Outbox::ack`] and saves again. **That is when an event leaves the outbox.**
-//!    Acknowledgements are taken by the same loop that commits, so an id is never removed
-//!    before the save that recorded it.
+//!    returns the ids and the caller removes them with [`Outbox::ack`] and saves again.
+//!    **That is when an event leaves the outbox.** Acknowledgements are taken by the same
+//!    loop that commits, so an id is never removed before the save that recorded it.
 //!
 //! ## Why sending before the save keeps at-least-once delivery
 //!
