@@ -178,9 +178,6 @@ pub struct Journal {
     path: std::path::PathBuf,
     /// Something was appended since the last save.
     dirty: bool,
-    /// The journal, kept open for appending between commits (no open on the hand-off
-    /// path); dropped on an error, or when the file was removed (opened again then).
-    file: Option<std::fs::File>,
 }
 
 /// The most of a journal read back (a larger file is ignored with a warning).
@@ -190,7 +187,7 @@ impl Journal {
     pub fn new(state_file: &std::path::Path) -> Journal {
         let mut name = state_file.as_os_str().to_owned();
         name.push(".sent");
-        Journal { path: name.into(), dirty: true, file: None }
+        Journal { path: name.into(), dirty: true }
     }
 
     pub fn path(&self) -> &std::path::Path {
@@ -210,15 +207,10 @@ impl Journal {
                 text.push(b'\n');
             }
         }
-        let file = match self.file.take() {
-            Some(f) => Ok(f),
-            None => std::fs::OpenOptions::new().create(true).append(true).open(&self.path),
-        };
-        match file.and_then(|mut f| f.write_all(&text).map(|()| f)) {
-            Ok(f) => self.file = Some(f),
-            Err(e) => {
-                tracing::warn!(path = %self.path.display(), error = %e, "cannot append to the sent-batch journal")
-            }
+        let written =
+            std::fs::OpenOptions::new().create(true).append(true).open(&self.path).and_then(|mut f| f.write_all(&text));
+        if let Err(e) = written {
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot append to the sent-batch journal");
         }
         self.dirty = true;
     }
@@ -226,18 +218,8 @@ impl Journal {
     /// The state file now holds everything sent: empty the journal (once per save that
     /// follows a send).
     pub fn saved(&mut self) {
-        use std::os::unix::fs::MetadataExt;
         if !self.dirty {
             return;
-        }
-        if let Some(f) = self.file.take() {
-            // Emptied through the kept descriptor (appends then start at 0 again), unless
-            // the file is not at the path any more (removed or replaced): opened again.
-            if f.metadata().is_ok_and(|m| m.nlink() > 0) && f.set_len(0).is_ok() {
-                self.file = Some(f);
-                self.dirty = false;
-                return;
-            }
         }
         match std::fs::OpenOptions::new().write(true).truncate(true).open(&self.path) {
             Ok(_) => self.dirty = false,
@@ -663,30 +645,6 @@ mod tests {
         });
         assert!(seen, "the batch reached the sink while the state was being saved");
         assert_eq!(courier.next_acks().await.unwrap(), vec![1]);
-    }
-
-    /// The journal kept open: a save empties it, later appends start again at its start, and
-    /// a journal removed meanwhile is created again at the path.
-    #[test]
-    fn the_kept_open_journal_is_emptied_by_a_save_and_survives_its_removal() {
-        let dir = tempfile::tempdir().unwrap();
-        let state_file = dir.path().join("state.json");
-        let mut j = Journal::new(&state_file);
-        let mut o = Outbox::default();
-        let lines = |j: &Journal| std::fs::read_to_string(j.path()).unwrap_or_default().lines().count();
-        j.record(&o.enqueue(&[ev(Check::EthernetStateCheck)]));
-        j.record(&o.enqueue(&[ev(Check::NICKernelLogCheck)]));
-        assert_eq!(lines(&j), 2);
-        j.saved();
-        assert_eq!(std::fs::metadata(j.path()).unwrap().len(), 0, "emptied");
-        j.record(&o.enqueue(&[ev(Check::EthernetStateCheck)]));
-        let text = std::fs::read(j.path()).unwrap();
-        assert!(text.starts_with(b"{"), "appended at the start again");
-        assert_eq!(Journal::unsaved(&text, &State::fresh(None)).iter().map(|b| b.id).collect::<Vec<_>>(), vec![3]);
-        std::fs::remove_file(j.path()).unwrap();
-        j.saved();
-        j.record(&o.enqueue(&[ev(Check::NICKernelLogCheck)]));
-        assert_eq!(lines(&j), 1, "created again at the path");
     }
 
     proptest::proptest! {
