@@ -166,10 +166,8 @@ impl EbpfWakes {
             }
         }
 
-        // The object has no CO-RE relocations, so the loader needs no target BTF. (Its
-        // constructor parses the kernel's BTF regardless; that copy is dropped here, before
-        // ours is parsed for fentry, so the two never coexist: ~18 MiB each on a 5 MiB vmlinux.)
-        let mut ebpf = EbpfLoader::new()
+        // The object has no CO-RE relocations, so the loader needs no target BTF.
+        let mut ebpf = loader_without_kernel_btf()
             .btf(None)
             .override_global(HINT_GLOBAL, &hint_loc, true)
             .override_global(SELF_GLOBAL, &std::process::id(), true)
@@ -199,6 +197,80 @@ impl EbpfWakes {
 
     pub fn hooks(&self) -> &[HookStatus] {
         &self.hooks
+    }
+}
+
+/// An [`EbpfLoader`] whose constructor has not parsed the kernel's BTF.
+///
+/// aya 0.14's `EbpfLoader::new()` reads and parses the whole of `/sys/kernel/btf/vmlinux`
+/// (~19 MiB of heap for a 5 MiB file; aya issue #1172, fixed in releases that need a newer
+/// Rust) before `.btf(None)` can say that it is not wanted. So the constructor runs on a
+/// short-lived thread of its own under a seccomp filter, installed on that thread only,
+/// that answers `open`/`openat`/`openat2` with `ENOENT`: the read fails, aya records "no
+/// kernel BTF" (what `.btf(None)` sets anyway) and nothing is parsed. The filter ends with
+/// the thread. Where it cannot be installed the constructor runs unfiltered (the parse is
+/// then paid once, and freed).
+fn loader_without_kernel_btf() -> EbpfLoader<'static> {
+    let built = std::thread::Builder::new().name("nicmon-ebpf-loader".into()).spawn(|| {
+        if let Err(e) = deny_open_on_this_thread() {
+            tracing::debug!(error = %e, "seccomp filter unavailable: aya parses the kernel BTF once");
+        }
+        EbpfLoader::new()
+    });
+    match built.map(|t| t.join()) {
+        Ok(Ok(loader)) => loader,
+        _ => EbpfLoader::new(),
+    }
+}
+
+/// Installs, on the calling thread only, a seccomp filter under which every file open
+/// fails with `ENOENT`. Irreversible for the thread: call it on one that ends soon.
+fn deny_open_on_this_thread() -> io::Result<()> {
+    // `struct seccomp_data`: the syscall number at offset 0, the audit architecture at 4.
+    const NR: u32 = 0;
+    const ARCH: u32 = 4;
+    #[cfg(target_arch = "x86_64")]
+    const AUDIT_ARCH: u32 = 0xc000_003e; // AUDIT_ARCH_X86_64
+    #[cfg(target_arch = "aarch64")]
+    const AUDIT_ARCH: u32 = 0xc000_00b7; // AUDIT_ARCH_AARCH64
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    return Err(io::Error::new(io::ErrorKind::Unsupported, "no seccomp filter for this architecture"));
+
+    #[cfg(target_arch = "x86_64")]
+    let opens = [libc::SYS_open, libc::SYS_openat, libc::SYS_openat2];
+    #[cfg(target_arch = "aarch64")]
+    let opens = [libc::SYS_openat, libc::SYS_openat2];
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    {
+        let stmt = |code: u32, k: u32| libc::sock_filter { code: code as u16, jt: 0, jf: 0, k };
+        let jeq = |k: u32, jt: u8, jf: u8| libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt,
+            jf,
+            k,
+        };
+        let n = opens.len() as u8;
+        let mut prog = vec![
+            stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, ARCH),
+            jeq(AUDIT_ARCH, 0, n + 1), // another ABI: allow
+            stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, NR),
+        ];
+        for (i, nr) in opens.iter().enumerate() {
+            prog.push(jeq(*nr as u32, n - i as u8, 0)); // to the ENOENT return
+        }
+        prog.push(stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW));
+        prog.push(stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ERRNO | libc::ENOENT as u32));
+        let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_mut_ptr() };
+        // SAFETY: plain prctl calls; `fprog` points at `prog`, alive for the call. Without
+        // SECCOMP_FILTER_FLAG_TSYNC the filter applies to the calling thread only.
+        unsafe {
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &fprog as *const libc::sock_fprog) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
     }
 }
 
@@ -264,19 +336,25 @@ impl KernelFacts {
                 Target::Tracepoint { .. } => None,
             })
             .collect();
-        let (symbols, kallsyms_readable) = match std::fs::read_to_string("/proc/kallsyms") {
-            Ok(text) => (parse_kallsyms(&text, &wanted), true),
-            Err(_) => (HashMap::new(), false),
-        };
+        // Streamed: the file is ~5 MB on a distribution kernel.
+        let symbols =
+            std::fs::File::open("/proc/kallsyms").and_then(|f| parse_kallsyms(io::BufReader::new(f), &wanted));
+        let kallsyms_readable = symbols.is_ok();
+        let symbols = symbols.unwrap_or_default();
         Self { kprobes, symbols, kallsyms_readable }
     }
 }
 
 /// Picks the `wanted` function symbols out of `/proc/kallsyms` text
-/// (`<addr> <type> <name>[\t[<module>]]`).
-fn parse_kallsyms(text: &str, wanted: &[&str]) -> HashMap<String, Option<String>> {
+/// (`<addr> <type> <name>[\t[<module>]]`), read line by line.
+fn parse_kallsyms(mut text: impl io::BufRead, wanted: &[&str]) -> io::Result<HashMap<String, Option<String>>> {
     let mut found = HashMap::new();
-    for line in text.lines() {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if text.read_line(&mut line)? == 0 {
+            break;
+        }
         let mut parts = line.split_whitespace();
         let (Some(_addr), Some(kind), Some(name)) = (parts.next(), parts.next(), parts.next()) else {
             continue;
@@ -287,7 +365,7 @@ fn parse_kallsyms(text: &str, wanted: &[&str]) -> HashMap<String, Option<String>
         let module = parts.next().map(|m| m.trim_start_matches('[').trim_end_matches(']').to_owned());
         found.insert(name.to_owned(), module);
     }
-    found
+    Ok(found)
 }
 
 fn attach(
@@ -329,9 +407,9 @@ fn fentry_btf() -> Option<Btf> {
     if names.is_empty() {
         return None;
     }
-    let found = std::fs::read(VMLINUX_BTF)
+    let found = std::fs::File::open(VMLINUX_BTF)
         .map_err(|e| format!("cannot read {VMLINUX_BTF}: {e}"))
-        .and_then(|raw| super::btf::func_ids(&raw, &names).map_err(|e| format!("{VMLINUX_BTF}: {e}")))
+        .and_then(|f| super::btf::func_ids(f, &names).map_err(|e| format!("{VMLINUX_BTF}: {e}")))
         .and_then(|ids| super::btf::stand_in(&ids));
     found.map_err(|e| tracing::info!("fentry unavailable: {e}")).ok()
 }
@@ -539,12 +617,42 @@ mod tests {
     }
 
     #[test]
+    fn the_open_filter_holds_on_its_own_thread_only() {
+        let filtered = std::thread::spawn(|| {
+            deny_open_on_this_thread().map(|()| std::fs::File::open("/proc/self/status").map(drop))
+        })
+        .join()
+        .unwrap();
+        match filtered {
+            Err(e) => eprintln!("SKIP: seccomp filter refused here: {e}"),
+            Ok(open) => assert_eq!(open.unwrap_err().kind(), io::ErrorKind::NotFound),
+        }
+        std::fs::File::open("/proc/self/status").expect("this thread opens files as before");
+    }
+
+    #[test]
+    fn the_loader_holds_no_kernel_btf() {
+        let loader = format!("{:?}", loader_without_kernel_btf());
+        let has_kernel_btf = std::fs::metadata("/sys/kernel/btf/vmlinux").is_ok();
+        if has_kernel_btf && deny_open_on_this_thread_works() {
+            assert!(loader.contains("btf: None"), "{}", &loader[..loader.len().min(300)]);
+        } else {
+            eprintln!("SKIP: no kernel BTF or no seccomp here");
+        }
+    }
+
+    fn deny_open_on_this_thread_works() -> bool {
+        std::thread::spawn(|| deny_open_on_this_thread().is_ok()).join().unwrap()
+    }
+
+    #[test]
     fn kallsyms_lines_give_function_and_module() {
         let text = "ffffffff81000000 T netif_carrier_off\n\
                     0000000000000000 t ib_dispatch_event\t[ib_core]\n\
                     ffffffff81000010 D netif_carrier_on\n\
                     ffffffff81000020 T unrelated\n";
-        let s = parse_kallsyms(text, &["netif_carrier_off", "ib_dispatch_event", "netif_carrier_on"]);
+        let s =
+            parse_kallsyms(text.as_bytes(), &["netif_carrier_off", "ib_dispatch_event", "netif_carrier_on"]).unwrap();
         assert_eq!(s.get("netif_carrier_off"), Some(&None));
         assert_eq!(s.get("ib_dispatch_event"), Some(&Some("ib_core".into())));
         assert!(!s.contains_key("netif_carrier_on"), "data symbol");
