@@ -10,10 +10,10 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 
 use aya::Btf;
+use aya_obj::btf::{BtfType, Func, FuncLinkage, Ptr};
 
 const MAGIC: u16 = 0xeb9f;
 const HEADER_LEN: usize = 24;
-const KIND_PTR: u32 = 2;
 const KIND_FUNC: u32 = 12;
 /// Read buffer for the streamed sections.
 const CHUNK: usize = 64 * 1024;
@@ -124,34 +124,25 @@ fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(got)
 }
 
-/// A BTF that aya resolves `FUNC` names against: each function at its kernel id.
+/// A BTF that aya resolves `FUNC` names against: each function at its kernel id, every
+/// other slot up to the largest id an anonymous pointer.
 pub fn stand_in(ids: &HashMap<String, u32>) -> Result<Btf, String> {
-    let max = ids.values().copied().max().unwrap_or(0) as usize;
-    let mut strings = vec![0u8];
+    let max = ids.values().copied().max().unwrap_or(0);
+    let mut btf = Btf::new();
     let mut at_id = HashMap::new();
     for (name, id) in ids {
-        at_id.insert(*id, strings.len() as u32);
-        strings.extend_from_slice(name.as_bytes());
-        strings.push(0);
+        at_id.insert(*id, btf.add_string(name));
     }
-    let types_len = (max * 12) as u32;
-    let mut blob = Vec::with_capacity(HEADER_LEN + types_len as usize + strings.len());
-    blob.extend_from_slice(&MAGIC.to_le_bytes());
-    blob.extend_from_slice(&[1, 0]); // version 1, no flags
-    for w in [HEADER_LEN as u32, 0, types_len, types_len, strings.len() as u32] {
-        blob.extend_from_slice(&w.to_le_bytes());
-    }
-    for id in 1..=max as u32 {
-        let (name, kind) = match at_id.get(&id) {
-            Some(off) => (*off, KIND_FUNC),
-            None => (0, KIND_PTR),
+    for id in 1..=max {
+        let ty = match at_id.get(&id) {
+            Some(name) => BtfType::Func(Func::new(*name, 0, FuncLinkage::Static)),
+            None => BtfType::Ptr(Ptr::new(0, 0)),
         };
-        for w in [name, kind << 24, 0] {
-            blob.extend_from_slice(&w.to_le_bytes());
+        if btf.add_type(ty) != id {
+            return Err(format!("stand-in BTF: type {id} landed at another id"));
         }
     }
-    blob.extend_from_slice(&strings);
-    Btf::parse(&blob, Default::default()).map_err(|e| format!("stand-in BTF rejected: {e}"))
+    Ok(btf)
 }
 
 struct Header {

@@ -188,7 +188,7 @@ impl EbpfWakes {
         let probes = KernelFacts::read(tracefs.as_deref().ok());
         // Kernel BTF is needed only for the fentry programs' attach targets, and only their ids.
         let btf = fentry_btf();
-        let hooks = ATTACH.iter().map(|a| attach(&mut ebpf, a, btf.as_ref(), &tracefs, &probes)).collect();
+        let hooks = ATTACH.iter().map(|a| attach(&mut ebpf, a, &btf, &tracefs, &probes)).collect();
         drop(btf);
         let fd = super::register_readable(ring).map_err(LoadError::Reactor)?;
         tasks.push(tokio::spawn(drain(fd, tx)));
@@ -371,7 +371,7 @@ fn parse_kallsyms(mut text: impl io::BufRead, wanted: &[&str]) -> io::Result<Has
 fn attach(
     ebpf: &mut Ebpf,
     a: &Attach,
-    btf: Option<&Btf>,
+    btf: &Result<Btf, String>,
     tracefs: &Result<PathBuf, String>,
     facts: &KernelFacts,
 ) -> HookStatus {
@@ -395,8 +395,8 @@ fn attach(
 }
 
 /// The BTF the fentry programs attach against: the kernel's ids of their target functions
-/// only (see [`super::btf`]). `None` when the kernel has no BTF or it cannot be read.
-fn fentry_btf() -> Option<Btf> {
+/// only (see [`super::btf`]); or why there is none, which every fentry hook then reports.
+fn fentry_btf() -> Result<Btf, String> {
     let names: Vec<&str> = ATTACH
         .iter()
         .filter_map(|a| match a.target {
@@ -404,14 +404,61 @@ fn fentry_btf() -> Option<Btf> {
             _ => None,
         })
         .collect();
-    if names.is_empty() {
-        return None;
-    }
-    let found = std::fs::File::open(VMLINUX_BTF)
+    let ids = std::fs::File::open(VMLINUX_BTF)
         .map_err(|e| format!("cannot read {VMLINUX_BTF}: {e}"))
         .and_then(|f| super::btf::func_ids(f, &names).map_err(|e| format!("{VMLINUX_BTF}: {e}")))
-        .and_then(|ids| super::btf::stand_in(&ids));
-    found.map_err(|e| tracing::info!("fentry unavailable: {e}")).ok()
+        .map_err(|e| {
+            tracing::info!("fentry unavailable: {e}");
+            format!("fentry unavailable: {e}")
+        })?;
+    // The stand-in costs 72 bytes per kernel type below the largest id (~7 MiB on a
+    // distribution kernel): not built where the kernel refuses fentry programs outright.
+    if let Some(&id) = ids.values().min() {
+        fentry_refused(id)?;
+    }
+    super::btf::stand_in(&ids).map_err(|e| format!("fentry unavailable: {e}"))
+}
+
+/// `Err("fentry refused: EPERM")` when the kernel refuses, with `EPERM`, a two-instruction
+/// fentry program on the kernel function with BTF id `btf_id` (kernel lockdown, an LSM
+/// policy, a missing capability: every fentry program would be refused the same way).
+/// Any other answer, success included, is `Ok`: the real programs then find out for
+/// themselves.
+fn fentry_refused(btf_id: u32) -> Result<(), String> {
+    use aya_obj::generated::{bpf_attach_type, bpf_attr, bpf_cmd, bpf_prog_type};
+    // r0 = 0; exit (an fentry program must return 0).
+    let insns: [u64; 2] = [0xb7, 0x95];
+    let license = c"GPL";
+    // SAFETY: bpf_attr is plain data; all zero is its documented "unset" state.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: writes to the BPF_PROG_LOAD member of the zeroed union.
+    unsafe {
+        let load = &mut attr.__bindgen_anon_3;
+        load.prog_type = bpf_prog_type::BPF_PROG_TYPE_TRACING as u32;
+        load.expected_attach_type = bpf_attach_type::BPF_TRACE_FENTRY as u32;
+        load.insn_cnt = insns.len() as u32;
+        load.insns = insns.as_ptr() as u64;
+        load.license = license.as_ptr() as u64;
+        load.attach_btf_id = btf_id;
+    }
+    // SAFETY: attr is a valid BPF_PROG_LOAD attribute whose pointers outlive the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            bpf_cmd::BPF_PROG_LOAD as libc::c_long,
+            &attr as *const bpf_attr,
+            std::mem::size_of::<bpf_attr>(),
+        )
+    };
+    if fd >= 0 {
+        // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+        drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) });
+        return Ok(());
+    }
+    match io::Error::last_os_error().raw_os_error() {
+        Some(libc::EPERM) => Err("fentry refused: EPERM".to_string()),
+        _ => Ok(()),
+    }
 }
 
 /// `Ok((mechanism, why the preferred mechanism was refused))` or `Err(every reason)`.
@@ -421,7 +468,7 @@ fn attach_function(
     fentry: Option<&str>,
     kprobe: &str,
     module: Option<&str>,
-    btf: Option<&Btf>,
+    btf: &Result<Btf, String>,
     facts: &KernelFacts,
 ) -> Result<(Mechanism, Option<String>), String> {
     let mut refused = Vec::new();
@@ -452,8 +499,8 @@ fn attach_function(
     }
 }
 
-fn try_fentry(ebpf: &mut Ebpf, prog: &str, function: &str, btf: Option<&Btf>) -> Result<(), String> {
-    let btf = btf.ok_or("fentry unavailable: no usable kernel BTF at /sys/kernel/btf/vmlinux")?;
+fn try_fentry(ebpf: &mut Ebpf, prog: &str, function: &str, btf: &Result<Btf, String>) -> Result<(), String> {
+    let btf = btf.as_ref().map_err(String::clone)?;
     let p: &mut FEntry =
         program(ebpf, prog)?.try_into().map_err(|e: ProgramError| format!("fentry program {prog}: {e}"))?;
     p.load(function, btf).map_err(|e| describe("fentry", "refused", &e))?;
@@ -643,6 +690,35 @@ mod tests {
 
     fn deny_open_on_this_thread_works() -> bool {
         std::thread::spawn(|| deny_open_on_this_thread().is_ok()).join().unwrap()
+    }
+
+    /// The probe that spares the stand-in BTF says "refused" exactly when aya's real load of
+    /// an fentry program on the same function is refused the same way.
+    #[test]
+    fn the_fentry_probe_agrees_with_a_real_fentry_load() {
+        let (Some(object), Ok(f)) = (crate::wake::EMBEDDED_OBJECT, std::fs::File::open(VMLINUX_BTF)) else {
+            eprintln!("SKIP: no embedded eBPF object or no kernel BTF");
+            return;
+        };
+        let ids = crate::wake::btf::func_ids(f, &["netif_carrier_off"]).unwrap();
+        let Some(&id) = ids.get("netif_carrier_off") else {
+            eprintln!("SKIP: netif_carrier_off not in this kernel's BTF");
+            return;
+        };
+        let mut ebpf = match loader_without_kernel_btf().btf(None).load(object) {
+            Ok(e) => e,
+            Err(e) => {
+                eprintln!("SKIP: the eBPF object cannot be loaded here: {e}");
+                return;
+            }
+        };
+        let probe = fentry_refused(id);
+        let real =
+            try_fentry(&mut ebpf, "fentry_netif_carrier_off", "netif_carrier_off", &crate::wake::btf::stand_in(&ids));
+        match probe {
+            Err(reason) => assert_eq!(real, Err(reason)),
+            Ok(()) => assert_ne!(real, Err("fentry refused: EPERM".to_string())),
+        }
     }
 
     #[test]
