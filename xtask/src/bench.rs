@@ -194,15 +194,19 @@ fn steady_daemon(bin: &Path, node: &nicmon_tests::Node, tmp: &Path, seconds: u64
     let wall = t0.elapsed().as_secs_f64();
     let rss = proc_kib(pid, "VmRSS:")?;
     let hwm = proc_kib(pid, "VmHWM:")?;
+    let (anon, file) = (proc_kib(pid, "RssAnon:")?, proc_kib(pid, "RssFile:")?);
     let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
     let _ = d.wait();
     let cpu_pct = (c1 - c0) as f64 / hz / wall * 100.0;
+    let mib = |kib: u64| kib as f64 / 1024.0;
     println!(
         "daemon at 1 s interval over {wall:.0} s: CPU {cpu_pct:.3} % of one core   [bar: <= 0.5 %]\n\
-         daemon RSS: {:.1} MiB now, {:.1} MiB peak   [bar: <= 16 MiB]\n\
+         daemon RSS: {:.1} MiB now ({:.1} anonymous, {:.1} file-backed: code and libraries), {:.1} MiB peak   [bar: <= 16 MiB]\n\
          state file writes: {} in {wall:.0} s ({:.2}/min)   [bar: <= 1/min]",
-        rss as f64 / 1024.0,
-        hwm as f64 / 1024.0,
+        mib(rss),
+        mib(anon),
+        mib(file),
+        mib(hwm),
         w1 - w0,
         (w1 - w0) as f64 / wall * 60.0
     );
