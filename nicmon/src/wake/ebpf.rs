@@ -264,8 +264,11 @@ fn deny_open_on_this_thread() -> io::Result<()> {
         // SAFETY: plain prctl calls; `fprog` points at `prog`, alive for the call. Without
         // SECCOMP_FILTER_FLAG_TSYNC the filter applies to the calling thread only.
         unsafe {
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-                || libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &fprog as *const libc::sock_fprog) != 0
+            // Variadic: pass full-width arguments.
+            let (one, zero): (libc::c_ulong, libc::c_ulong) = (1, 0);
+            let mode = libc::c_ulong::from(libc::SECCOMP_MODE_FILTER);
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, one, zero, zero, zero) != 0
+                || libc::prctl(libc::PR_SET_SECCOMP, mode, &fprog as *const libc::sock_fprog) != 0
             {
                 return Err(io::Error::last_os_error());
             }
