@@ -39,6 +39,7 @@ fn main() {
         t += time::Duration::seconds(1);
     }
     let mut us = Vec::with_capacity(polls);
+    let cpu_before = cpu_time();
     for _ in 0..polls {
         let start = Instant::now();
         let p = monitor.poll(&state, &loaded, t, &[]);
@@ -46,6 +47,7 @@ fn main() {
         state = p.next;
         t += time::Duration::seconds(1);
     }
+    let cpu_poll_us = (cpu_time() - cpu_before) * 1e6 / polls as f64;
     let files = (monitor.host.stats.files_read.load(std::sync::atomic::Ordering::Relaxed) - files_before) as f64
         / (polls + 20) as f64;
     // The read alone (what the poll spends outside decide), in the same run.
@@ -60,6 +62,7 @@ fn main() {
     // The floor, in the same run: open/read/close of each file the cold poll read, in one
     // thread, nothing parsed or decided.
     let mut floor_us = Vec::with_capacity(polls);
+    let cpu_before = cpu_time();
     let mut buf = vec![0u8; 8192];
     for _ in 0..polls.min(1000) {
         let start = Instant::now();
@@ -70,6 +73,7 @@ fn main() {
         }
         floor_us.push(start.elapsed().as_secs_f64() * 1e6);
     }
+    let cpu_floor_us = (cpu_time() - cpu_before) * 1e6 / floor_us.len() as f64;
     floor_us.sort_by(|a, b| a.total_cmp(b));
     let floor = floor_us[floor_us.len() / 2];
     us.sort_by(|a, b| a.total_cmp(b));
@@ -81,10 +85,13 @@ fn main() {
         pct(0.99) / 1000.0,
         us[us.len() - 1] / 1000.0
     );
+    let stat = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     println!(
-        "read alone: median {:.3} ms ({} files kept open)",
+        "read alone: median {:.3} ms ({} files kept open; batches read ahead of the listings: {} used, {} dropped)",
         read_us[read_us.len() / 2] / 1000.0,
-        monitor.host.kept_files()
+        monitor.host.kept_files(),
+        stat(&monitor.host.stats.read_ahead_used),
+        stat(&monitor.host.stats.read_ahead_dropped),
     );
     println!(
         "floor: open/read/close of the {} files a cold poll reads: median {:.3} ms; poll / floor = {:.2}x   [bar: <= 0.5x]",
@@ -92,4 +99,20 @@ fn main() {
         floor / 1000.0,
         pct(0.5) / floor
     );
+    println!(
+        "cpu (user+system, all threads) per poll: {:.3} ms; per floor pass: {:.3} ms; ratio {:.2}x \
+         (less sensitive than wall time to other load on the machine)",
+        cpu_poll_us / 1000.0,
+        cpu_floor_us / 1000.0,
+        cpu_poll_us / cpu_floor_us
+    );
+}
+
+/// CPU time used by this process so far (user + system, all threads), in seconds.
+fn cpu_time() -> f64 {
+    // SAFETY: getrusage writes only the struct passed.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
 }

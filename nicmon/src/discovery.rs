@@ -8,12 +8,13 @@ use std::time::{Duration, Instant};
 
 use regex::Regex;
 
-use crate::host::{Host, ReadError};
+use crate::host::{Host, PendingReads, ReadError};
 use crate::model::{
     CharDevices, CharKind, CharNode, ClassDir, Device, Function, LinkLayer, PciGpu, PciPresence, PhysState, Port,
     PortState, Snapshot,
 };
 use crate::parse;
+use std::sync::atomic::Ordering;
 
 /// What to read beyond the fixed set of files.
 #[derive(Debug, Clone, Default)]
@@ -71,6 +72,10 @@ struct CacheInner {
     absent: BTreeMap<String, std::collections::BTreeSet<String>>,
     /// Static attribute sets read so far (one per device read from the host).
     reads: u64,
+    /// The per-poll files of the last full poll's devices: the next full poll has the
+    /// reader read them while it lists the devices (they are the same files unless a
+    /// device, port or netdev came or went).
+    last_batch: Option<Vec<String>>,
 }
 
 impl StaticCache {
@@ -92,6 +97,16 @@ impl StaticCache {
             && c.by_device.contains_key(device)
         {
             c.absent.entry(device.to_string()).or_default().insert(rel.to_string());
+        }
+    }
+
+    fn last_batch(&self) -> Option<Vec<String>> {
+        self.inner.lock().ok()?.last_batch.clone()
+    }
+
+    fn set_last_batch(&self, rels: Vec<String>) {
+        if let Ok(mut c) = self.inner.lock() {
+            c.last_batch = Some(rels);
         }
     }
 
@@ -137,6 +152,13 @@ const AMAZON_VENDOR: u32 = 0x1d0f;
 
 /// Read every RDMA device, its ports and counters, the default route and the PCI probes.
 pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
+    // The reader starts on the last full poll's files while this thread lists the devices
+    // and plans this poll's files; used only if those are the same files.
+    let prefetch = plan
+        .statics
+        .as_ref()
+        .and_then(|c| c.last_batch())
+        .map(|rels| Prefetch { generation: host.kept_generation(), reads: host.start_sys_many(&rels, true) });
     let names = host.list_sys("class/infiniband");
     if let Some(cache) = &plan.statics
         && cache.listing(&names)
@@ -144,7 +166,10 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
         // A device came or went: every kept-open file is opened again.
         host.forget_kept(None);
     }
-    let devices = read_devices(host, &names, plan);
+    let (devices, rels) = read_devices(host, &names, plan, prefetch);
+    if let Some(cache) = &plan.statics {
+        cache.set_last_batch(rels);
+    }
 
     let default_route_ifaces =
         host.read_proc("net/route").map(|raw| parse::default_route_ifaces(&raw)).unwrap_or_default();
@@ -185,7 +210,7 @@ pub fn rediscover(host: &Host, plan: &ReadPlan, base: &Snapshot, names: &[String
     }
     let mut s = base.clone();
     let named: Vec<String> = s.devices.iter().filter(|d| names.contains(&d.name)).map(|d| d.name.clone()).collect();
-    let mut read = read_devices(host, &named, plan).into_iter();
+    let mut read = read_devices(host, &named, plan, None).0.into_iter();
     for d in s.devices.iter_mut().filter(|d| names.contains(&d.name)) {
         if let Some(new) = read.next() {
             *d = new;
@@ -375,15 +400,42 @@ struct PortRead {
     counters: Vec<(String, String, usize)>,
 }
 
+/// Files read ahead: begun before the listings, under the kept-file generation then.
+struct Prefetch {
+    generation: u64,
+    reads: PendingReads,
+}
+
 /// Read every device in `names` (the static attributes from the cache, the listings) and
-/// then all their ports' files in one batch.
-fn read_devices<'a>(host: &Host, names: impl IntoIterator<Item = &'a String>, plan: &ReadPlan) -> Vec<Device> {
+/// then all their ports' files in one batch; the devices and that batch's files. The batch
+/// is `prefetch`'s results when it read exactly these files and no kept file was forgotten
+/// since it began (a device's new incarnation); otherwise it is read now.
+fn read_devices<'a>(
+    host: &Host,
+    names: impl IntoIterator<Item = &'a String>,
+    plan: &ReadPlan,
+    prefetch: Option<Prefetch>,
+) -> (Vec<Device>, Vec<String>) {
     let mut batch = Batch::default();
     let reads: Vec<DeviceRead> = names.into_iter().map(|n| plan_device(host, n, plan, &mut batch)).collect();
     // Attributes that change are kept open between polls where the reads are kept across
     // polls (a plan with a static cache: the monitor's polls).
-    let results = host.read_sys_many(&batch.rels, plan.statics.is_some());
-    reads.into_iter().map(|r| finish_device(r, &results, plan)).collect()
+    let keep = plan.statics.is_some();
+    let results = match prefetch {
+        Some(p) if p.reads.rels() == batch.rels.as_slice() && host.kept_generation() == p.generation => {
+            host.stats.read_ahead_used.fetch_add(1, Ordering::Relaxed);
+            host.finish_sys_many(p.reads)
+        }
+        other => {
+            if let Some(p) = other {
+                // Collected (the reader must be free for this batch) and dropped.
+                host.finish_sys_many(p.reads);
+                host.stats.read_ahead_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            host.read_sys_many(&batch.rels, keep)
+        }
+    };
+    (reads.into_iter().map(|r| finish_device(r, &results, plan)).collect(), batch.rels)
 }
 
 fn plan_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> DeviceRead {

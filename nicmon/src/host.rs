@@ -46,10 +46,14 @@
 //! (never a mix: the new value is one write of less than a page, and the file's size
 //! changes only once it is copied), and an empty value parses as unknown for that one poll
 //! (`parse::text`), never as a value. What a fixture can do that sysfs cannot — remove a file
-//! or replace it with another (a link to an `EINVAL` file, a FIFO) — is caught by a check
-//! after each `pread` on a file that is not on sysfs: a file with no name left (`st_nlink`
-//! 0) is read by its path again, as an open-per-read reader would. On sysfs that check is
-//! skipped (a removed node answers `ENODEV`).
+//! or replace it with another (a link to an `EINVAL` file, a FIFO) — is caught by an
+//! `inotify` watch on each kept file that is not on sysfs (`IN_ATTRIB`: its link count
+//! changed; `IN_DELETE_SELF`, `IN_MOVE_SELF`): the reader drains the watch's events once per
+//! batch, before its first read, and a file named in one is read by its path again, as an
+//! open-per-read reader would — one `read` per batch instead of an `fstat` per file. Where a
+//! watch cannot be added (no inotify, the watch limit reached), that file is checked after
+//! each `pread` instead (no name left, `st_nlink` 0: read by its path). On sysfs neither is
+//! needed (a removed node answers `ENODEV`); sysfs does not report changes to inotify.
 //!
 //! [`read_file`] applies the same rules to the files nicmon reads outside sysfs (state,
 //! config, metadata, `--kmsg`), each with its own size limit.
@@ -200,6 +204,10 @@ pub struct ReadStats {
     pub einval_skipped: AtomicU64,
     /// Reads abandoned at their deadline.
     pub reads_abandoned: AtomicU64,
+    /// Batches read ahead of the poll's listings and used ([`crate::discovery::discover`]).
+    pub read_ahead_used: AtomicU64,
+    /// Batches read ahead and dropped (the poll's files were not the same).
+    pub read_ahead_dropped: AtomicU64,
     /// When `Some`: every file read is appended (benchmarks measure the open/read/close
     /// floor of exactly the files a poll reads).
     pub recorded: Mutex<Option<Vec<PathBuf>>>,
@@ -252,6 +260,59 @@ struct Progress {
     results: Mutex<Slots>,
 }
 
+/// A batch handed to the reader and not collected yet ([`Reader::start_many`]).
+struct Pending {
+    items: Vec<Item>,
+    out: Slots,
+    /// The first item not handed to a thread yet (or handed to the one in `flight`).
+    next: usize,
+    flight: Option<Flight>,
+}
+
+/// The part of a [`Pending`] batch a reader thread is reading.
+struct Flight {
+    progress: Arc<Progress>,
+    finished: mpsc::Receiver<()>,
+    id: u64,
+}
+
+impl Pending {
+    /// Give the items from `next` on `e` as their result.
+    fn fill(&mut self, e: ReadError) {
+        for slot in &mut self.out[self.next..] {
+            *slot = Some(Err(e.clone()));
+        }
+        self.next = self.out.len();
+    }
+
+    /// Take the results the thread has stored so far.
+    fn collect(&mut self, progress: &Progress) {
+        let mut results = progress.results.lock().unwrap_or_else(|p| p.into_inner());
+        for (slot, r) in self.out.iter_mut().zip(results.iter_mut()) {
+            if let Some(r) = r.take() {
+                *slot = Some(r);
+            }
+        }
+    }
+}
+
+/// Sysfs reads begun with [`Host::start_sys_many`], not collected yet.
+pub struct PendingReads {
+    rels: Vec<String>,
+    /// The results known before reading (the `EINVAL` memo), by index in `rels`.
+    out: Vec<Option<Result<String, ReadError>>>,
+    /// Where each item handed to the reader goes in `out`.
+    at: Vec<usize>,
+    pending: Pending,
+}
+
+impl PendingReads {
+    /// The sysfs-relative files being read.
+    pub fn rels(&self) -> &[String] {
+        &self.rels
+    }
+}
+
 /// A read that has not returned: which thread is in it, since when.
 #[derive(Debug, Clone)]
 struct Stuck {
@@ -268,14 +329,111 @@ pub const KEPT_REFRESH: Duration = Duration::from_secs(60);
 struct Kept {
     /// By the path's bytes (hashing a `PathBuf` walks its components).
     files: std::collections::HashMap<std::ffi::OsString, KeptFile>,
+    /// Bumped by every [`Reader::forget_kept`]: a file taken out for a read under an older
+    /// generation is closed after it, not put back (it may belong to a device forgotten
+    /// meanwhile).
+    generation: u64,
+    /// The watch on kept files that are not on sysfs; made with the first such file.
+    /// `Err`: inotify could not be set up (each such file is checked after its reads).
+    watch: Option<Result<Watch, ()>>,
+}
+
+/// An `inotify` watch on kept files that are not on sysfs: which kept paths each watch
+/// descriptor stands for (one inode may be kept by several paths).
+struct Watch {
+    inotify: inotify::Inotify,
+    paths: std::collections::HashMap<inotify::WatchDescriptor, Vec<std::ffi::OsString>>,
+}
+
+impl Kept {
+    /// Close the kept files the watch says were removed, replaced, moved or changed their
+    /// attributes since the last look (all of them when events were lost). One `read`.
+    fn drop_changed(&mut self) {
+        let mut buf = [0u8; 4096];
+        loop {
+            let Some(Ok(watch)) = &mut self.watch else { return };
+            let (wds, lost) = match watch.inotify.read_events(&mut buf) {
+                Ok(events) => {
+                    let mut lost = false;
+                    let mut wds = Vec::new();
+                    for e in events {
+                        if e.mask.contains(inotify::EventMask::Q_OVERFLOW) {
+                            lost = true;
+                        } else {
+                            wds.push(e.wd);
+                        }
+                    }
+                    (wds, lost)
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // The watch is broken: trust no watched file, and check each file kept
+                    // from now on after its reads.
+                    tracing::warn!(error = %e, "inotify watch on kept files failed: checking each file after its reads");
+                    self.files.retain(|_, k| k.guard != Guard::Watched);
+                    self.watch = Some(Err(()));
+                    return;
+                }
+            };
+            if lost {
+                // Events were lost: every watched file is opened by its path again.
+                watch.paths.clear();
+                self.files.retain(|_, k| k.guard != Guard::Watched);
+                return;
+            }
+            if wds.is_empty() {
+                return;
+            }
+            for wd in wds {
+                for path in watch.paths.remove(&wd).unwrap_or_default() {
+                    self.files.remove(&path);
+                }
+            }
+        }
+    }
+
+    /// Watch `path`, just opened as `file`, for being removed or replaced: `true` when the
+    /// watch holds (the file needs no check after its reads).
+    fn watch(&mut self, path: &Path, file: &std::fs::File) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let watch = self.watch.get_or_insert_with(|| {
+            inotify::Inotify::init().map(|inotify| Watch { inotify, paths: Default::default() }).map_err(|_| ())
+        });
+        let Ok(watch) = watch else { return false };
+        let mask = inotify::WatchMask::ATTRIB | inotify::WatchMask::DELETE_SELF | inotify::WatchMask::MOVE_SELF;
+        let Ok(wd) = watch.inotify.watches().add(path, mask) else { return false };
+        // The watch is on what `path` names now: the file opened, unless it was replaced
+        // between the open and the watch (then the file is not kept: read by its path next time).
+        let same = match (file.metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()) && a.nlink() > 0,
+            _ => false,
+        };
+        if same {
+            let paths = watch.paths.entry(wd).or_default();
+            if !paths.iter().any(|p| p.as_os_str() == path.as_os_str()) {
+                paths.push(path.as_os_str().to_os_string());
+            }
+        }
+        same
+    }
 }
 
 struct KeptFile {
     file: std::fs::File,
     opened: Instant,
-    /// Not on sysfs (a fixture tree, a replayed bundle): check after each read that the
-    /// file still has a name. A sysfs attribute whose node was removed answers `ENODEV`.
-    check_links: bool,
+    guard: Guard,
+}
+
+/// What tells a kept file was removed or replaced since it was opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Guard {
+    /// On sysfs: a `pread` of an attribute whose node was removed answers `ENODEV`.
+    Sysfs,
+    /// Off sysfs (a fixture tree, a replayed bundle), watched ([`Kept::watch`]).
+    Watched,
+    /// Off sysfs, no watch: checked after each read for a name left.
+    Links,
 }
 
 /// `statfs`'s magic number of sysfs.
@@ -318,9 +476,12 @@ impl Shared {
     }
 
     /// Put a file back among the kept ones, if the budget allows (else it is closed).
-    fn keep(&self, path: PathBuf, file: KeptFile) {
+    fn keep(&self, path: PathBuf, file: KeptFile, generation: u64) {
         let mut k = self.kept();
         let key = path.into_os_string();
+        if k.generation != generation {
+            return;
+        }
         if k.files.len() < kept_budget() || k.files.contains_key(&key) {
             k.files.insert(key, file);
         }
@@ -393,49 +554,72 @@ impl Reader {
         read: Duration,
         poll_end: Option<Instant>,
     ) -> Vec<Result<Vec<u8>, ReadError>> {
+        let pending = self.start_many(items, read, poll_end);
+        self.finish_many(pending, read, poll_end)
+    }
+
+    /// [`Reader::read_many`]'s hand-off, without waiting: the reader thread reads while the
+    /// caller does something else; [`Reader::finish_many`] collects (and watches the
+    /// deadlines, which count from each item's start, not from the collection).
+    fn start_many(&self, items: Vec<Item>, read: Duration, poll_end: Option<Instant>) -> Pending {
         let n = items.len();
-        let mut out: Slots = (0..n).map(|_| None).collect();
-        let mut next = 0;
-        let fill = |out: &mut Slots, from: usize, e: ReadError| {
-            for slot in &mut out[from..] {
-                *slot = Some(Err(e.clone()));
+        let mut pending = Pending { items, out: (0..n).map(|_| None).collect(), next: 0, flight: None };
+        if n > 0 {
+            self.launch(&mut pending, read, poll_end);
+        }
+        pending
+    }
+
+    /// Hand the items of `p` from `p.next` on to a reader thread; `false` (the rest filled
+    /// with why) when they cannot be read now.
+    fn launch(&self, p: &mut Pending, read: Duration, poll_end: Option<Instant>) -> bool {
+        if read.is_zero() || poll_end.is_some_and(|end| end <= Instant::now()) {
+            p.fill(ReadError::Stuck("the poll's read deadline had passed: not read".into()));
+            return false;
+        }
+        {
+            let stuck = self.shared.stuck();
+            if stuck.len() >= MAX_STUCK {
+                let e = ReadError::Stuck(format!("{} reads are stuck: no reader thread left", stuck.len()));
+                drop(stuck);
+                p.fill(e);
+                return false;
             }
-        };
-        let collect = |out: &mut Slots, progress: &Progress| {
-            let mut results = progress.results.lock().unwrap_or_else(|p| p.into_inner());
-            for (slot, r) in out.iter_mut().zip(results.iter_mut()) {
-                if let Some(r) = r.take() {
-                    *slot = Some(r);
+        }
+        let n = p.items.len();
+        let progress = Arc::new(Progress {
+            current: Mutex::new((p.next, Instant::now())),
+            results: Mutex::new((0..n).map(|_| None).collect()),
+        });
+        let (done, finished) = mpsc::sync_channel(1);
+        let job =
+            Job { items: (p.next..n).map(|i| (i, p.items[i].clone())).collect(), progress: progress.clone(), done };
+        match self.submit(job) {
+            Ok(id) => {
+                p.flight = Some(Flight { progress, finished, id });
+                true
+            }
+            Err(e) => {
+                p.fill(e);
+                false
+            }
+        }
+    }
+
+    /// Wait for the reads of `p` (see [`Reader::read_many`]); the results in its items' order.
+    fn finish_many(
+        &self,
+        mut p: Pending,
+        read: Duration,
+        poll_end: Option<Instant>,
+    ) -> Vec<Result<Vec<u8>, ReadError>> {
+        let n = p.items.len();
+        'batches: while p.next < n {
+            let Some(Flight { progress, finished, id }) = p.flight.take() else {
+                if self.launch(&mut p, read, poll_end) {
+                    continue;
                 }
-            }
-        };
-        'batches: while next < n {
-            if read.is_zero() || poll_end.is_some_and(|end| end <= Instant::now()) {
-                fill(&mut out, next, ReadError::Stuck("the poll's read deadline had passed: not read".into()));
                 break;
-            }
-            {
-                let stuck = self.shared.stuck();
-                if stuck.len() >= MAX_STUCK {
-                    let e = ReadError::Stuck(format!("{} reads are stuck: no reader thread left", stuck.len()));
-                    drop(stuck);
-                    fill(&mut out, next, e);
-                    break;
-                }
-            }
-            let progress = Arc::new(Progress {
-                current: Mutex::new((next, Instant::now())),
-                results: Mutex::new((0..n).map(|_| None).collect()),
-            });
-            let (done, finished) = mpsc::sync_channel(1);
-            let job =
-                Job { items: (next..n).map(|i| (i, items[i].clone())).collect(), progress: progress.clone(), done };
-            let id = match self.submit(job) {
-                Ok(id) => id,
-                Err(e) => {
-                    fill(&mut out, next, e);
-                    break;
-                }
             };
             loop {
                 let (current, since) = *progress.current.lock().unwrap_or_else(|p| p.into_inner());
@@ -445,13 +629,13 @@ impl Reader {
                 }
                 match finished.recv_timeout(until.saturating_duration_since(Instant::now())) {
                     Ok(()) => {
-                        collect(&mut out, &progress);
+                        p.collect(&progress);
                         break 'batches;
                     }
                     Err(mpsc::RecvTimeoutError::Disconnected) => {
-                        collect(&mut out, &progress);
-                        let from = out.iter().position(Option::is_none).unwrap_or(n);
-                        fill(&mut out, from, ReadError::Io("the reader thread ended".into()));
+                        p.collect(&progress);
+                        p.next = p.out.iter().position(Option::is_none).unwrap_or(n);
+                        p.fill(ReadError::Io("the reader thread ended".into()));
                         break 'batches;
                     }
                     Err(mpsc::RecvTimeoutError::Timeout) => {
@@ -461,7 +645,7 @@ impl Reader {
                         // the thread will find the path marked stuck and end.
                         if finished.try_recv().is_ok() {
                             drop(stuck);
-                            collect(&mut out, &progress);
+                            p.collect(&progress);
                             break 'batches;
                         }
                         let (now_at, now_since) = *progress.current.lock().unwrap_or_else(|p| p.into_inner());
@@ -469,7 +653,7 @@ impl Reader {
                         if answered || now_at != current || now_since != since {
                             continue;
                         }
-                        let path = &items[current].path;
+                        let path = &p.items[current].path;
                         stuck.insert(path.clone(), Stuck { worker: id, since });
                         drop(stuck);
                         let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
@@ -483,15 +667,15 @@ impl Reader {
                             timeout = ?waited,
                             "read did not return in time: abandoned for this poll, not retried until it returns"
                         );
-                        collect(&mut out, &progress);
-                        out[current] = Some(Err(ReadError::Stuck(format!("no answer within {waited:.1?}"))));
-                        next = current + 1;
+                        p.collect(&progress);
+                        p.out[current] = Some(Err(ReadError::Stuck(format!("no answer within {waited:.1?}"))));
+                        p.next = current + 1;
                         continue 'batches;
                     }
                 }
             }
         }
-        out.into_iter().map(|r| r.unwrap_or_else(|| Err(ReadError::Io("not read".into())))).collect()
+        p.out.into_iter().map(|r| r.unwrap_or_else(|| Err(ReadError::Io("not read".into())))).collect()
     }
 
     /// Hand `job` to the current reader thread (starting one if needed); its id.
@@ -530,6 +714,7 @@ impl Reader {
     /// Close the kept-open files whose path starts with `prefix` (all of them: `None`).
     fn forget_kept(&self, prefix: Option<&Path>) {
         let mut k = self.shared.kept();
+        k.generation = k.generation.wrapping_add(1);
         match prefix {
             None => k.files.clear(),
             Some(p) => k.files.retain(|path, _| !Path::new(path).starts_with(p)),
@@ -543,6 +728,9 @@ impl Reader {
 
 fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: ReadFn) {
     while let Ok(job) = jobs.recv() {
+        if job.items.iter().any(|(_, item)| item.keep) {
+            shared.kept().drop_changed();
+        }
         for (index, item) in job.items {
             *job.progress.current.lock().unwrap_or_else(|p| p.into_inner()) = (index, Instant::now());
             let earlier = shared.stuck().get(&item.path).map(|s| s.since.elapsed());
@@ -566,7 +754,7 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: 
             }
             drop(stuck);
             if let Some(file) = keep {
-                shared.keep(item.path, file);
+                shared.keep(item.path, file.0, file.1);
             }
         }
         let _ = job.done.send(());
@@ -574,24 +762,37 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: 
 }
 
 /// Read a file that is kept open: `pread` at offset 0 of the kept descriptor (sysfs
-/// regenerates an attribute's value on a read at offset 0), then check it still has a
-/// name (a file removed or replaced since it was opened has none left: read by its path
-/// again, as a fresh open would). A failed `pread` (`ENODEV` once the attribute's device
+/// regenerates an attribute's value on a read at offset 0). Off sysfs, a file the watch
+/// could not cover is then checked for a name (a file removed or replaced since it was
+/// opened has none left: read by its path again, as a fresh open would); a watched one
+/// was dropped before the batch if it changed ([`Kept::drop_changed`]). A failed `pread` (`ENODEV` once the attribute's device
 /// is gone), or a descriptor older than [`KEPT_REFRESH`], is closed and the path opened
 /// again; a file that opens and reads is kept for the next read.
-fn read_kept(shared: &Shared, item: &Item) -> (Result<Vec<u8>, ReadError>, Option<KeptFile>) {
-    let kept = shared.kept().files.remove(item.path.as_os_str());
+/// A file to keep after its read, with the [`Kept::generation`] it was taken out under.
+type PutBack = (KeptFile, u64);
+
+fn read_kept(shared: &Shared, item: &Item) -> (Result<Vec<u8>, ReadError>, Option<PutBack>) {
+    let (kept, generation) = {
+        let mut k = shared.kept();
+        (k.files.remove(item.path.as_os_str()), k.generation)
+    };
     if let Some(k) = kept
         && k.opened.elapsed() < KEPT_REFRESH
         && let Ok(buf) = pread_whole(&k.file, item.limit, item.past)
-        && (!k.check_links || links(&k.file).is_some_and(|n| n > 0))
+        && (k.guard != Guard::Links || links(&k.file).is_some_and(|n| n > 0))
     {
-        return (Ok(buf), Some(k));
+        return (Ok(buf), Some((k, generation)));
     }
     match open_read(&item.path, item.limit, item.past) {
         Ok((file, buf)) => {
-            let check_links = !on_sysfs(&file);
-            (Ok(buf), Some(KeptFile { file, opened: Instant::now(), check_links }))
+            let guard = if on_sysfs(&file) {
+                Guard::Sysfs
+            } else if shared.kept().watch(&item.path, &file) {
+                Guard::Watched
+            } else {
+                Guard::Links
+            };
+            (Ok(buf), Some((KeptFile { file, opened: Instant::now(), guard }, generation)))
         }
         Err(e) => (Err(e), None),
     }
@@ -654,6 +855,25 @@ fn pread_whole(file: &std::fs::File, limit: usize, past: Past) -> Result<Vec<u8>
         }
     }
     Ok(buf)
+}
+
+/// The names in directory `path` (not `.` and `..`), sorted: one `open`, `getdents64`
+/// until the end, one `close` (no `fstat`, which `opendir` adds; a poll lists ~60
+/// directories). A directory removed while it is listed ends the listing.
+fn list_dir(path: &Path) -> io::Result<Vec<String>> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NONBLOCK;
+    let mut dir = rustix::fs::Dir::new(rustix::fs::open(path, flags, Mode::empty())?)?;
+    let mut names = Vec::new();
+    while let Some(entry) = dir.read() {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(String::from_utf8_lossy(name).into_owned());
+        }
+    }
+    names.sort();
+    Ok(names)
 }
 
 /// Open `path` only if it is a regular file, and read at most `limit` bytes of it.
@@ -843,6 +1063,13 @@ impl Host {
     /// `keep`: these are attributes that change, read every poll: keep them open and read
     /// them again with `pread` at offset 0 (see the module doc, "Kept-open files").
     pub fn read_sys_many(&self, rels: &[String], keep: bool) -> Vec<Result<String, ReadError>> {
+        let pending = self.start_sys_many(rels, keep);
+        self.finish_sys_many(pending)
+    }
+
+    /// [`Host::read_sys_many`] begun: the reader thread reads `rels` while the caller goes
+    /// on; [`Host::finish_sys_many`] waits for the results (the deadlines run meanwhile).
+    pub fn start_sys_many(&self, rels: &[String], keep: bool) -> PendingReads {
         let mut out: Vec<Option<Result<String, ReadError>>> = Vec::with_capacity(rels.len());
         let mut items = Vec::with_capacity(rels.len());
         let mut at = Vec::with_capacity(rels.len());
@@ -863,13 +1090,26 @@ impl Host {
                 items.push(Item { path, limit: PAGE, past: Past::Error, keep });
             }
         }
-        let paths: Vec<PathBuf> = items.iter().map(|it| it.path.clone()).collect();
-        let results = self.reader.read_many(items, self.deadlines.read, self.poll_end());
+        let pending = self.reader.start_many(items, self.deadlines.read, self.poll_end());
+        PendingReads { rels: rels.to_vec(), out, at, pending }
+    }
+
+    /// The results of [`Host::start_sys_many`], in its `rels`' order.
+    pub fn finish_sys_many(&self, reads: PendingReads) -> Vec<Result<String, ReadError>> {
+        let PendingReads { rels, mut out, at, pending } = reads;
+        let paths: Vec<PathBuf> = pending.items.iter().map(|it| it.path.clone()).collect();
+        let results = self.reader.finish_many(pending, self.deadlines.read, self.poll_end());
         for ((i, path), r) in at.into_iter().zip(paths).zip(results) {
             let r = self.after_read(&path, r);
             out[i] = Some(self.text_of(&path, &rels[i], r));
         }
         out.into_iter().map(|r| r.unwrap_or_else(|| Err(ReadError::Io("not read".into())))).collect()
+    }
+
+    /// A number that changes whenever kept-open files are forgotten ([`Host::forget_kept`]):
+    /// reads begun before a change may have used a descriptor that was forgotten.
+    pub fn kept_generation(&self) -> u64 {
+        self.reader.shared.kept().generation
     }
 
     /// Close the kept-open files under sysfs-relative `rel` (all of them: `None`): the
@@ -943,27 +1183,18 @@ impl Host {
     /// Names in a sysfs directory, sorted. A missing directory is an empty listing.
     pub fn list_sys(&self, rel: &str) -> Vec<String> {
         self.note_sys(rel, |tree, rel| Access::List { tree, rel });
-        let mut names: Vec<String> = match std::fs::read_dir(self.sys(rel)) {
-            Ok(rd) => rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect(),
-            Err(_) => Vec::new(),
-        };
-        names.sort();
-        names
+        list_dir(&self.sys(rel)).unwrap_or_default()
     }
 
     /// Names in a sysfs directory, sorted, or why it could not be listed: `Missing` when
     /// absent, `Io` naming the cause otherwise (a file where a directory should be).
     pub fn list_sys_dir(&self, rel: &str) -> Result<Vec<String>, ReadError> {
         self.note_sys(rel, |tree, rel| Access::List { tree, rel });
-        let rd = std::fs::read_dir(self.sys(rel)).map_err(|e| match e.kind() {
+        list_dir(&self.sys(rel)).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => ReadError::Missing,
             io::ErrorKind::NotADirectory => ReadError::Io("not a directory".into()),
             _ => ReadError::Io(e.to_string()),
-        })?;
-        let mut names: Vec<String> =
-            rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
-        names.sort();
-        Ok(names)
+        })
     }
 
     /// Whether a sysfs entry exists (a dangling symlink counts: `physfn` is a link).
@@ -1120,6 +1351,70 @@ mod tests {
         let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", p.display());
+    }
+
+    /// The guards of the kept files, by file name.
+    fn guards(host: &Host) -> BTreeMap<String, Guard> {
+        let k = host.reader.shared.kept();
+        k.files
+            .iter()
+            .map(|(p, f)| (Path::new(p).file_name().unwrap().to_string_lossy().into_owned(), f.guard))
+            .collect()
+    }
+
+    /// A fixture's kept files see what a fresh open would: a value changed in place, a file
+    /// replaced by a rename, a removed file, a FIFO or a link put in a file's place — with
+    /// the inotify watch (`watched`) and, where no watch can be had, the check after each read.
+    fn kept_files_follow_removal_and_replacement(watched: bool) {
+        let (dir, host) = fixture();
+        if !watched {
+            host.reader.shared.kept().watch = Some(Err(()));
+        }
+        let p = dir.path().join("sys/p");
+        let names = ["a", "b", "c", "d", "e"];
+        for n in names {
+            std::fs::write(p.join(n), format!("{n}1\n")).unwrap();
+        }
+        std::fs::write(p.join("other"), "linked\n").unwrap();
+        let rels: Vec<String> = names.iter().map(|n| format!("p/{n}")).collect();
+        let read = || host.read_sys_many(&rels, true);
+        let ok = |v: &str| Ok(format!("{v}\n"));
+        assert_eq!(read(), vec![ok("a1"), ok("b1"), ok("c1"), ok("d1"), ok("e1")]);
+        let want = if watched { Guard::Watched } else { Guard::Links };
+        assert_eq!(guards(&host).values().copied().collect::<Vec<_>>(), vec![want; 5]);
+        // Read again through the kept descriptors: the same values.
+        assert_eq!(read(), vec![ok("a1"), ok("b1"), ok("c1"), ok("d1"), ok("e1")]);
+
+        std::fs::write(p.join("a"), "a2\n").unwrap(); // in place
+        std::fs::write(p.join("b.new"), "b2\n").unwrap();
+        std::fs::rename(p.join("b.new"), p.join("b")).unwrap(); // replaced
+        std::fs::remove_file(p.join("c")).unwrap(); // removed
+        std::fs::remove_file(p.join("d")).unwrap();
+        mkfifo(&p.join("d")); // a FIFO in its place
+        std::fs::remove_file(p.join("e")).unwrap();
+        std::os::unix::fs::symlink("other", p.join("e")).unwrap(); // a link in its place
+        assert_eq!(
+            read(),
+            vec![ok("a2"), ok("b2"), Err(ReadError::Missing), Err(ReadError::NotRegular("a FIFO")), ok("linked")]
+        );
+        std::fs::write(p.join("c"), "c3\n").unwrap(); // back
+        assert_eq!(read()[2], ok("c3"));
+        // A kept file renamed away from its name (it still has one: only the watch sees
+        // that; a fixture does not do this to a file, and sysfs cannot).
+        std::fs::rename(p.join("a"), p.join("a.gone")).unwrap();
+        if watched {
+            assert_eq!(read()[0], Err(ReadError::Missing));
+        }
+    }
+
+    #[test]
+    fn kept_files_are_watched_off_sysfs() {
+        kept_files_follow_removal_and_replacement(true);
+    }
+
+    #[test]
+    fn kept_files_are_checked_after_each_read_without_a_watch() {
+        kept_files_follow_removal_and_replacement(false);
     }
 
     #[test]
