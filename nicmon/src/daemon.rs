@@ -631,8 +631,8 @@ fn load_state(path: &std::path::Path, boot_id: Option<&str>) -> (State, Loaded) 
 /// Start the wake sources and say which hooks attached (logs and metrics).
 fn start_wakes(opts: &WakeOptions, metrics: &Metrics) -> WakeSource {
     let w = WakeSource::start(opts);
-    // Loading the eBPF object parses the kernel's BTF (tens of MiB, freed again);
-    // hand that memory back to the OS instead of keeping it resident.
+    // Attaching the fentry programs builds a stand-in kernel BTF (~7 MiB, freed again;
+    // nicmon/src/wake/btf.rs): hand that memory back to the OS instead of keeping it resident.
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only releases free heap pages; no memory in use is touched.
     unsafe {

@@ -795,4 +795,43 @@ mod tests {
         std::fs::write(&fw_file, "28.42.1000\n").unwrap();
         assert_eq!(fw_of(&discover(&host, &ReadPlan::default()), "mlx5_0").as_deref(), Some("28.42.1000"));
     }
+
+    #[test]
+    fn files_read_ahead_are_used_only_when_they_are_the_polls_files() {
+        let node = Platform::H100Oci.build();
+        let host = Host::new(node.sys(), node.proc());
+        let cache = Arc::new(StaticCache::default());
+        let path = "counters/port_rcv_errors";
+        let plan = ReadPlan { statics: Some(cache.clone()), counter_paths: vec![path.into()], ..ReadPlan::default() };
+        let plain = ReadPlan { counter_paths: vec![path.into()], ..ReadPlan::default() };
+        let stat = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        // Every poll sees what a poll with nothing cached and nothing read ahead sees.
+        let same = |why: &str| {
+            let s = discover(&host, &plan);
+            assert_eq!(s.devices, discover(&host, &plain).devices, "{why}");
+            s
+        };
+        same("first poll");
+        assert_eq!((stat(&host.stats.read_ahead_used), stat(&host.stats.read_ahead_dropped)), (0, 0));
+        node.set_port("mlx5_0", 1, "1: DOWN", "3: Disabled");
+        node.set_counter("mlx5_0", 1, path, 5);
+        let s = same("a port went down, a counter moved");
+        assert_eq!(counter_of(&s, "mlx5_0", path), Some(5));
+        assert_eq!((stat(&host.stats.read_ahead_used), stat(&host.stats.read_ahead_dropped)), (1, 0));
+        // A device went: the files read ahead are not this poll's (dropped, read again).
+        node.remove_device("mlx5_1");
+        let s = same("a device went");
+        assert!(s.devices.iter().all(|d| d.name != "mlx5_1"));
+        assert_eq!(stat(&host.stats.read_ahead_dropped), 1);
+        node.restore_device("mlx5_1");
+        node.set_counter("mlx5_1", 1, path, 9);
+        let s = same("the device came back");
+        assert_eq!(counter_of(&s, "mlx5_1", path), Some(9));
+        assert_eq!(stat(&host.stats.read_ahead_dropped), 2);
+        // Steady again: used.
+        node.set_counter("mlx5_1", 1, path, 10);
+        let s = same("steady");
+        assert_eq!(counter_of(&s, "mlx5_1", path), Some(10));
+        assert_eq!((stat(&host.stats.read_ahead_used), stat(&host.stats.read_ahead_dropped)), (2, 2));
+    }
 }

@@ -1,55 +1,27 @@
 //! `nicmon run` against a testbed node and an in-process platform connector (issue: the
 //! daemon). Waits are condition-based (woken by each arrival), bounded by timeouts.
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use nicmon_tests::connector::Connector;
+use nicmon_tests::daemon::Daemon;
 use nicmon_tests::platforms::Platform;
 use nicmon_tests::{Node, nicmon_bin};
 
 const WAIT: Duration = Duration::from_secs(20);
 const OUTAGE: Duration = Duration::from_secs(10);
 
-struct Daemon(Child);
-
-impl Daemon {
-    fn start(node: &Node, socket: &str, extra: &[&str]) -> Daemon {
-        let child = node
-            .run_command(&nicmon_bin(), "state.json", "gpu-node-7")
+fn start(node: &Node, socket: &str, extra: &[&str]) -> Daemon {
+    Daemon::spawn(
+        node.run_command(&nicmon_bin(), "state.json", "gpu-node-7")
             .args(["--no-kmsg", "--no-wake"])
             .args(["--platform-connector-socket", socket, "--connector-retry-base", "100ms"])
             .args(["--state-polling-interval", "200ms"])
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn nicmon run");
-        Daemon(child)
-    }
-
-    /// SIGKILL and wait: no cycle finished, nothing flushed or saved.
-    fn kill9(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-
-    /// SIGTERM and wait: the daemon finishes its cycle, flushes and saves.
-    fn stop(mut self) -> std::process::ExitStatus {
-        unsafe_kill(self.0.id());
-        self.0.wait().unwrap()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn unsafe_kill(pid: u32) {
-    let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+            .stderr(Stdio::inherit()),
+    )
 }
 
 fn is_port_event(e: &nicmon_proto::datamodels::HealthEvent, dev: &str, healthy: bool) -> bool {
@@ -62,7 +34,7 @@ fn is_port_event(e: &nicmon_proto::datamodels::HealthEvent, dev: &str, healthy: 
 fn cable_pull_arrives_as_the_expected_health_event() {
     let node = Platform::H100Oci.build();
     let conn = Connector::start(&node.root().join("nvsentinel.sock"));
-    let d = Daemon::start(&node, &conn.target(), &["--no-metrics", "--processing-strategy", "STORE_ONLY"]);
+    let d = start(&node, &conn.target(), &["--no-metrics", "--processing-strategy", "STORE_ONLY"]);
     assert!(conn.wait_until(WAIT, |ev| ev.iter().filter(|e| e.is_healthy).count() >= 18), "baselines");
     node.pull_cable("mlx5_3", 1);
     assert!(conn.wait_until(WAIT, |ev| ev.iter().any(|e| is_port_event(e, "mlx5_3", false))), "cable pull event");
@@ -89,7 +61,7 @@ fn cable_pull_arrives_as_the_expected_health_event() {
     assert!((now - ts.seconds).abs() < 60, "timestamp is now-ish");
     assert_eq!(e.node_name, "gpu-node-7");
     assert_eq!(e.processing_strategy, 2, "STORE_ONLY");
-    assert_eq!(d.stop().code(), Some(0));
+    assert_eq!(d.stop().0.code(), Some(0));
 }
 
 #[test]
@@ -97,7 +69,7 @@ fn connector_outage_loses_nothing_and_a_restart_resends() {
     let node = Platform::H100Oci.build();
     let sock = node.root().join("nvsentinel.sock");
     let conn = Connector::start(&sock);
-    let d = Daemon::start(&node, &conn.target(), &["--no-metrics"]);
+    let d = start(&node, &conn.target(), &["--no-metrics"]);
     assert!(conn.wait_until(WAIT, |ev| ev.iter().filter(|e| e.is_healthy).count() >= 18));
     let before = conn.events().len();
     conn.stop(); // the socket file stays: calls fail as with a crashed connector
@@ -110,10 +82,10 @@ fn connector_outage_loses_nothing_and_a_restart_resends() {
     node.set_port(pid_state_2, 1, "1: DOWN", "3: Disabled");
     wait_for_state(&node, pid_state_2);
     // nicmon restarts during the outage.
-    assert_eq!(d.stop().code(), Some(0));
+    assert_eq!(d.stop().0.code(), Some(0));
     let outbox = outbox_len(&node);
     assert!(outbox >= 2, "undelivered batches are kept in the state file: {outbox}");
-    let d = Daemon::start(&node, &format!("unix://{}", sock.display()), &["--no-metrics"]);
+    let d = start(&node, &format!("unix://{}", sock.display()), &["--no-metrics"]);
     node.set_port("mlx5_7", 1, "1: DOWN", "3: Disabled");
     wait_for_state(&node, "mlx5_7");
 
@@ -137,7 +109,7 @@ fn connector_outage_loses_nothing_and_a_restart_resends() {
     // Each port event comes with its card's event (the card is below its peers) in the same batch.
     assert_eq!(order, ["mlx5_3", "0000:14:00", "mlx5_5", "0000:1d:00", "mlx5_7", "0000:26:00"], "in order, none twice");
     assert!(before >= 18);
-    assert_eq!(d.stop().code(), Some(0));
+    assert_eq!(d.stop().0.code(), Some(0));
     assert_eq!(outbox_len(&node), 0);
 }
 
@@ -149,7 +121,7 @@ fn kill_9_at_random_instants_loses_nothing() {
     let node = Platform::H100Oci.build();
     let sock = node.root().join("nvsentinel.sock");
     let conn = Connector::start(&sock);
-    let mut d = Daemon::start(&node, &conn.target(), &["--no-metrics"]);
+    let mut d = start(&node, &conn.target(), &["--no-metrics"]);
     assert!(conn.wait_until(WAIT, |ev| ev.iter().filter(|e| e.is_healthy).count() >= 18), "baselines");
     let mut devices: Vec<String> = conn
         .events()
@@ -180,7 +152,7 @@ fn kill_9_at_random_instants_loses_nothing() {
         // 200 ms polls, so some kills land before detection, some during a commit, some after.
         std::thread::sleep(Duration::from_millis(next_ms()));
         d.kill9();
-        d = Daemon::start(&node, &conn.target(), &["--no-metrics"]);
+        d = start(&node, &conn.target(), &["--no-metrics"]);
     }
     let all = |ev: &[nicmon_proto::datamodels::HealthEvent]| {
         faults.iter().all(|f| ev.iter().any(|e| is_port_event(e, f, false)))
@@ -207,7 +179,7 @@ fn kill_9_at_random_instants_loses_nothing() {
         conn.wait_until(WAIT, |ev| ev.iter().any(|e| is_port_event(e, &probe, false))),
         "the restarted daemon reports {probe}"
     );
-    assert_eq!(d.stop().code(), Some(0));
+    assert_eq!(d.stop().0.code(), Some(0));
 }
 
 /// SPEC §1.6: the state file is written only on change. A steady node polled every 100 ms
@@ -303,11 +275,7 @@ fn bearer_token_is_sent_and_a_changed_file_is_picked_up() {
     let conn = Connector::start(&node.root().join("c.sock"));
     let token = node.root().join("token");
     std::fs::write(&token, "first-token\n").unwrap();
-    let d = Daemon::start(
-        &node,
-        &conn.target(),
-        &["--no-metrics", "--platform-connector-token-path", token.to_str().unwrap()],
-    );
+    let d = start(&node, &conn.target(), &["--no-metrics", "--platform-connector-token-path", token.to_str().unwrap()]);
     assert!(conn.wait_until(WAIT, |ev| ev.len() >= 6));
     assert!(conn.received().iter().all(|c| c.authorization.as_deref() == Some("Bearer first-token")));
     std::fs::write(&token, "  rotated-token \n").unwrap();
@@ -338,7 +306,7 @@ fn metrics_and_healthz_survive_a_fifo_in_sysfs() {
     let node = Platform::DgxH100.build();
     let conn = Connector::start(&node.root().join("c.sock"));
     let port = free_port();
-    let d = Daemon::start(&node, &conn.target(), &["--metrics-port", &port.to_string()]);
+    let d = start(&node, &conn.target(), &["--metrics-port", &port.to_string()]);
     assert!(conn.wait_until(WAIT, |ev| ev.len() >= 12));
     // A fault of each kind, so every labelled series exists.
     node.set_port("mlx5_1", 1, "1: DOWN", "3: Disabled");

@@ -5,50 +5,27 @@
 //! readable devices, and the reboot's clear and baselines arrive at a real connector.
 //! Waits are condition-based, bounded by timeouts.
 use std::io::{Read, Write};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use nicmon_proto::datamodels::HealthEvent;
 use nicmon_tests::connector::Connector;
+use nicmon_tests::daemon::Daemon;
 use nicmon_tests::platforms::Platform;
 use nicmon_tests::{Node, nicmon_bin};
 
 const WAIT: Duration = Duration::from_secs(30);
 const NODE: &str = "gpu-node-5";
 
-struct Daemon(Child, Option<std::thread::JoinHandle<String>>);
-
-impl Daemon {
-    fn start(node: &Node, conn: &Connector, port: u16) -> Daemon {
-        let mut cmd = node.run_command(&nicmon_bin(), "state.json", NODE);
-        cmd.args(["--platform-connector-socket", &conn.target(), "--no-kmsg", "--no-wake"])
+fn start(node: &Node, conn: &Connector, port: u16) -> Daemon {
+    Daemon::spawn(
+        node.run_command(&nicmon_bin(), "state.json", NODE)
+            .args(["--platform-connector-socket", &conn.target(), "--no-kmsg", "--no-wake"])
             .args(["--metrics-bind-address", "127.0.0.1", "--metrics-port", &port.to_string()])
             .env("RUST_LOG", "warn,nicmon=info")
             .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("spawn nicmon");
-        let mut err = child.stderr.take().expect("piped stderr");
-        let reader = std::thread::spawn(move || {
-            let mut log = String::new();
-            let _ = err.read_to_string(&mut log);
-            log
-        });
-        Daemon(child, Some(reader))
-    }
-
-    fn stop(mut self) -> (std::process::ExitStatus, String) {
-        let _ = std::process::Command::new("kill").arg("-TERM").arg(self.0.id().to_string()).status();
-        let status = self.0.wait().unwrap();
-        let log = self.1.take().map(|r| r.join().unwrap_or_default()).unwrap_or_default();
-        (status, log)
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+            .stderr(Stdio::piped()),
+    )
 }
 
 fn free_port() -> u16 {
@@ -113,7 +90,7 @@ fn an_unreadable_device_defers_the_first_poll_three_times_then_it_runs_with_the_
     make_unreadable(&node);
     let conn = Connector::start(&node.root().join("nvsentinel.sock"));
     let port = free_port();
-    let d = Daemon::start(&node, &conn, port);
+    let d = start(&node, &conn, port);
     assert!(conn.wait_until(WAIT, |ev| cleared(ev) && port_healthy(ev, "mlx5_0")), "{:#?}", conn.events());
     let m = wait_metrics(port, |m| deferred(m, "InfiniBandStateCheck").is_some());
     assert_eq!(deferred(&m, "InfiniBandStateCheck"), Some(3), "{m}");
@@ -137,7 +114,7 @@ fn a_device_readable_again_within_the_deferrals_ends_them_and_is_baselined() {
     make_unreadable(&node);
     let conn = Connector::start(&node.root().join("nvsentinel.sock"));
     let port = free_port();
-    let d = Daemon::start(&node, &conn, port);
+    let d = start(&node, &conn, port);
     wait_metrics(port, |m| deferred(m, "InfiniBandStateCheck").is_some_and(|n| n >= 1));
     make_readable(&node);
     assert!(conn.wait_until(WAIT, |ev| cleared(ev) && port_healthy(ev, "mlx5_5")), "{:#?}", conn.events());

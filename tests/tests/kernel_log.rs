@@ -2,10 +2,11 @@
 //! `reference/kernel-log-patterns.md`, fed through `nicmon check --kmsg FILE` on a node whose
 //! NICs sit at the PCI addresses those lines name, in `/dev/kmsg` record format and as plain
 //! text; dedup per card, the resume cursor across restarts and reboots.
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use nicmon_tests::connector::Connector;
+use nicmon_tests::daemon::Daemon;
 use nicmon_tests::platforms::Platform;
 use nicmon_tests::{NicSpec, Node, Timeline, brief, nicmon_bin};
 
@@ -723,16 +724,6 @@ fn lines_about_a_card_that_already_left_sysfs_are_still_its_own() {
     }
 }
 
-/// `nicmon run`, killed when dropped.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The daemon on [`switch_node`] reads the kernel log from a private FIFO (`--kmsg-path`;
 /// nothing is written to the real `/dev/kmsg`): each new pattern arrives at the connector
 /// once per card with the table's severity; negatives and repeats within the window do not.
@@ -746,16 +737,14 @@ fn the_daemon_reports_the_new_patterns_once_per_card() {
     // daemon opens it.
     let mut kmsg = std::fs::OpenOptions::new().read(true).write(true).open(&fifo).unwrap();
     let conn = Connector::start(&node.root().join("nvsentinel.sock"));
-    let _d = Daemon(
+    let _d = Daemon::spawn(
         node.run_command(&nicmon_bin(), "state.json", "gpu-node-7")
             .args(["--no-wake", "--no-metrics", "--kmsg-path", fifo.to_str().unwrap()])
             .args(["--platform-connector-socket", &conn.target(), "--connector-retry-base", "100ms"])
             .args(["--state-polling-interval", "200ms"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn nicmon run"),
+            .stderr(Stdio::inherit()),
     );
     const WAIT: Duration = Duration::from_secs(30);
     assert!(conn.wait_until(WAIT, |ev| ev.iter().filter(|e| e.is_healthy).count() >= 6), "baselines");
@@ -860,16 +849,14 @@ fn the_daemon_follows_a_regular_kmsg_file() {
     let before = format!("mlx5_core {b1}: mlx5_function_setup:1120:(pid 1): PCI slot 3 is unavailable");
     std::fs::write(&file, kmsg_text(&node, Format::Kmsg, &[(100, 10, before.as_str())])).unwrap();
     let conn = Connector::start(&node.root().join("nvsentinel.sock"));
-    let d = Daemon(
+    let d = Daemon::spawn(
         node.run_command(&nicmon_bin(), "state.json", "gpu-node-7")
             .args(["--no-wake", "--no-metrics", "--kmsg-path", file.to_str().unwrap()])
             .args(["--platform-connector-socket", &conn.target(), "--connector-retry-base", "100ms"])
             .args(["--state-polling-interval", "200ms"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn nicmon run"),
+            .stderr(Stdio::inherit()),
     );
     const WAIT: Duration = Duration::from_secs(30);
     assert!(conn.wait_until(WAIT, |ev| ev.iter().filter(|e| e.is_healthy).count() >= 6), "baselines");
@@ -900,8 +887,8 @@ fn the_daemon_follows_a_regular_kmsg_file() {
     );
 
     // Nothing written for 2 s: the tail thread sleeps (a busy loop uses ~200 ticks at 100 Hz).
-    let t0 = tail_thread_ticks(d.0.id());
+    let t0 = tail_thread_ticks(d.id());
     assert!(!conn.wait_until(Duration::from_secs(2), |ev| codes(ev).len() > 2), "no new kernel log event");
-    let used = tail_thread_ticks(d.0.id()) - t0;
+    let used = tail_thread_ticks(d.id()) - t0;
     assert!(used < 20, "the kmsg-tail thread used {used} ticks while the file was idle");
 }

@@ -4,36 +4,26 @@
 //! Also: `nicmon_kernel_log_watching` and `/healthz` say whether the log is watched, and
 //! `--metrics-bind-address` limits where the endpoint listens.
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nicmon_tests::connector::Connector;
+use nicmon_tests::daemon::Daemon;
 use nicmon_tests::kernel_log::KernelLogWatch;
 use nicmon_tests::platforms::Platform;
 use nicmon_tests::{Node, nicmon_bin};
 
 const WAIT: Duration = Duration::from_secs(20);
 
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn start(node: &Node, extra: &[&str]) -> Daemon {
-    let child = node
-        .run_command(&nicmon_bin(), "state.json", "gpu-node-9")
-        .args(["--no-wake", "--state-polling-interval", "200ms", "--metrics-bind-address", "127.0.0.1"])
-        .args(extra)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn nicmon run");
-    Daemon(child)
+    Daemon::spawn(
+        node.run_command(&nicmon_bin(), "state.json", "gpu-node-9")
+            .args(["--no-wake", "--state-polling-interval", "200ms", "--metrics-bind-address", "127.0.0.1"])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit()),
+    )
 }
 
 fn http_get(addr: &str, port: u16, path: &str) -> std::io::Result<(u16, String)> {

@@ -8,12 +8,13 @@
 //! abandoned after nicmon's 1 s read deadline, so a poll that meets it lasts about 1 s, well
 //! past the test's 300 ms deadline. Waits are condition-based, bounded by timeouts.
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use nicmon_proto::datamodels::HealthEvent;
 use nicmon_tests::blocking::BlockingFile;
 use nicmon_tests::connector::Connector;
+use nicmon_tests::daemon::Daemon;
 use nicmon_tests::platforms::Platform;
 use nicmon_tests::{Node, nicmon_bin};
 
@@ -24,41 +25,16 @@ const CHECK: &str = "NICPollStallCheck";
 const EXECUTE_REMEDIATION: i32 = 1;
 const STORE_ONLY: i32 = 2;
 
-struct Daemon(Child, Option<std::thread::JoinHandle<String>>);
-
-impl Daemon {
-    fn start(node: &Node, conn: &Connector, extra: &[&str]) -> Daemon {
-        let mut cmd = node.run_command(&nicmon_bin(), "state.json", NODE);
-        cmd.args(["--platform-connector-socket", &conn.target(), "--no-kmsg", "--no-wake", "--no-metrics"])
+fn start(node: &Node, conn: &Connector, extra: &[&str]) -> Daemon {
+    Daemon::spawn(
+        node.run_command(&nicmon_bin(), "state.json", NODE)
+            .args(["--platform-connector-socket", &conn.target(), "--no-kmsg", "--no-wake", "--no-metrics"])
             .args(["--connector-retry-base", "50ms"])
             .args(extra)
             .env("RUST_LOG", "warn,nicmon=info")
             .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("spawn nicmon");
-        let mut err = child.stderr.take().expect("piped stderr");
-        let reader = std::thread::spawn(move || {
-            let mut log = String::new();
-            let _ = std::io::Read::read_to_string(&mut err, &mut log);
-            log
-        });
-        Daemon(child, Some(reader))
-    }
-
-    /// SIGTERM, wait; the exit status and the log.
-    fn stop(mut self) -> (std::process::ExitStatus, String) {
-        let _ = std::process::Command::new("kill").arg("-TERM").arg(self.0.id().to_string()).status();
-        let status = self.0.wait().unwrap();
-        let log = self.1.take().map(|r| r.join().unwrap_or_default()).unwrap_or_default();
-        (status, log)
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+            .stderr(Stdio::piped()),
+    )
 }
 
 fn stall_events(ev: &[HealthEvent]) -> Vec<&HealthEvent> {
@@ -93,7 +69,7 @@ fn stall_then_recovery(store_only: bool) {
     if store_only {
         extra.push("--poll-stall-store-only");
     }
-    let d = Daemon::start(&node, &conn, &extra);
+    let d = start(&node, &conn, &extra);
     let strategy = if store_only { STORE_ONLY } else { EXECUTE_REMEDIATION };
     assert!(
         conn.wait_until(WAIT, |ev| stall_events(ev).iter().any(|e| e.is_healthy)),
@@ -156,7 +132,7 @@ fn a_zero_deadline_turns_the_watchdog_off() {
     let node = Platform::H100Oci.build();
     let conn = Connector::start(&node.root().join("nvsentinel.sock"));
     block(&node, &blocking);
-    let d = Daemon::start(&node, &conn, &["--poll-stall-deadline=0s"]);
+    let d = start(&node, &conn, &["--poll-stall-deadline=0s"]);
     let baselines =
         |ev: &[HealthEvent]| ev.iter().filter(|e| e.is_healthy && e.check_name == "InfiniBandStateCheck").count() >= 16;
     assert!(conn.wait_until(WAIT, baselines), "baselines: {:#?}", conn.events());

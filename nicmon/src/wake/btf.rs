@@ -1,35 +1,57 @@
 //! Kernel BTF, kept small: an fentry program needs only the BTF id of the function it
 //! attaches to. aya parses the whole of `/sys/kernel/btf/vmlinux` for that (~18 MiB of heap
-//! for a 5 MiB file); here the raw type section is scanned once for the wanted `FUNC`
-//! names, and aya is handed a stand-in BTF in which those functions sit at their kernel ids
-//! and every other slot is an anonymous pointer (72 bytes a type instead of a full parse).
+//! for a 5 MiB file); here the raw file is streamed through a small buffer, twice (its
+//! string section for where the wanted names start, then its type section for the `FUNC`s
+//! with those names), and aya is handed a stand-in BTF in which those functions sit at
+//! their kernel ids and every other slot is an anonymous pointer (72 bytes a type, up to
+//! the largest wanted id, instead of a full parse).
 
 use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 
 use aya::Btf;
+use aya_obj::btf::{BtfType, Func, FuncLinkage, Ptr};
 
 const MAGIC: u16 = 0xeb9f;
 const HEADER_LEN: usize = 24;
-const KIND_PTR: u32 = 2;
 const KIND_FUNC: u32 = 12;
+/// Read buffer for the streamed sections.
+const CHUNK: usize = 64 * 1024;
 
 /// The BTF ids of the `FUNC` types named in `wanted`, from a raw BTF blob (the contents of
-/// `/sys/kernel/btf/vmlinux`). Names not in the blob are absent from the map.
-pub fn func_ids(raw: &[u8], wanted: &[&str]) -> Result<HashMap<String, u32>, String> {
-    let header = Header::read(raw)?;
-    let types = header.section(raw, header.type_off, header.type_len, "type")?;
-    let strings = header.section(raw, header.str_off, header.str_len, "string")?;
+/// `/sys/kernel/btf/vmlinux`), read in chunks from `blob`. Names not in the blob are absent
+/// from the map. A name is found where its string starts (BTF string tables hold each
+/// string once, and names point at their start).
+pub fn func_ids(mut blob: impl Read + Seek, wanted: &[&str]) -> Result<HashMap<String, u32>, String> {
+    let io = |e: std::io::Error| format!("reading the BTF blob: {e}");
+    let size = blob.seek(SeekFrom::End(0)).map_err(io)?;
+    let mut head = [0u8; HEADER_LEN];
+    blob.seek(SeekFrom::Start(0)).map_err(io)?;
+    let got = read_up_to(&mut blob, &mut head).map_err(io)?;
+    let header = Header::read(&head[..got])?;
+    let (str_at, str_len) = header.section(size, header.str_off, header.str_len, "string")?;
+    let (type_at, type_len) = header.section(size, header.type_off, header.type_len, "type")?;
+
+    // 1. Where each wanted name starts in the string section.
+    blob.seek(SeekFrom::Start(str_at)).map_err(io)?;
+    let names = name_offsets(BufReader::with_capacity(CHUNK, (&mut blob).take(str_len)), wanted).map_err(io)?;
+    if names.is_empty() {
+        return Ok(HashMap::new());
+    }
+
+    // 2. The FUNC types whose name is one of those.
+    blob.seek(SeekFrom::Start(type_at)).map_err(io)?;
+    let mut types = BufReader::with_capacity(CHUNK, (&mut blob).take(type_len));
     let mut found = HashMap::new();
-    let mut at = 0usize;
+    let mut at = 0u64;
     let mut id = 1u32; // id 0 is `void`, never encoded
-    while at < types.len() {
-        let word = |i: usize| -> Result<u32, String> {
-            let b = types.get(at + 4 * i..at + 4 * i + 4).ok_or_else(|| format!("type {id} truncated at byte {at}"))?;
-            Ok(u32::from_le_bytes(b.try_into().expect("four bytes")))
-        };
-        let (name_off, info) = (word(0)?, word(1)?);
+    while at < type_len {
+        let mut rec = [0u8; 12];
+        types.read_exact(&mut rec).map_err(|e| format!("type {id} truncated at byte {at}: {e}"))?;
+        let word = |i: usize| u32::from_le_bytes([rec[4 * i], rec[4 * i + 1], rec[4 * i + 2], rec[4 * i + 3]]);
+        let (name_off, info) = (word(0), word(1));
         let kind = (info >> 24) & 0x1f;
-        let vlen = (info & 0xffff) as usize;
+        let vlen = u64::from(info & 0xffff);
         let extra = match kind {
             1 | 14 | 17 => 4,             // INT, VAR, DECL_TAG: one u32
             3 => 12,                      // ARRAY: struct btf_array
@@ -39,45 +61,88 @@ pub fn func_ids(raw: &[u8], wanted: &[&str]) -> Result<HashMap<String, u32>, Str
             other => return Err(format!("type {id}: unknown BTF kind {other}")),
         };
         if kind == KIND_FUNC
-            && let Some(name) = c_str(strings, name_off as usize)
-            && let Some(w) = wanted.iter().find(|w| w.as_bytes() == name)
+            && let Some(w) = names.get(&name_off)
         {
             found.entry((*w).to_string()).or_insert(id);
         }
-        at = at.checked_add(12 + extra).ok_or("type section overflows")?;
+        let skipped = std::io::copy(&mut (&mut types).take(extra), &mut std::io::sink()).map_err(io)?;
+        if skipped < extra {
+            return Err(format!("type {id} truncated at byte {at}"));
+        }
+        at += 12 + extra;
         id = id.checked_add(1).ok_or("too many types")?;
     }
     Ok(found)
 }
 
-/// A BTF that aya resolves `FUNC` names against: each function at its kernel id.
-pub fn stand_in(ids: &HashMap<String, u32>) -> Result<Btf, String> {
-    let max = ids.values().copied().max().unwrap_or(0) as usize;
-    let mut strings = vec![0u8];
-    let mut at_id = HashMap::new();
-    for (name, id) in ids {
-        at_id.insert(*id, strings.len() as u32);
-        strings.extend_from_slice(name.as_bytes());
-        strings.push(0);
+/// `string offset → wanted name` for every string in `strings` (a string section) that is
+/// one of `wanted`. Holds at most one name's bytes at a time.
+fn name_offsets<'w>(mut strings: impl BufRead, wanted: &[&'w str]) -> std::io::Result<HashMap<u32, &'w str>> {
+    let longest = wanted.iter().map(|w| w.len()).max().unwrap_or(0);
+    let mut found = HashMap::new();
+    let mut current = Vec::with_capacity(longest);
+    let (mut pos, mut start, mut too_long) = (0u64, 0u64, false);
+    loop {
+        let buf = strings.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(found);
+        }
+        for &b in buf {
+            if b == 0 {
+                if !too_long
+                    && let Some(w) = wanted.iter().find(|w| w.as_bytes() == current)
+                    && let Ok(off) = u32::try_from(start)
+                {
+                    found.entry(off).or_insert(*w);
+                }
+                current.clear();
+                too_long = false;
+                start = pos + 1;
+            } else if current.len() < longest {
+                current.push(b);
+            } else {
+                too_long = true;
+            }
+            pos += 1;
+        }
+        let n = buf.len();
+        strings.consume(n);
     }
-    let types_len = (max * 12) as u32;
-    let mut blob = Vec::with_capacity(HEADER_LEN + types_len as usize + strings.len());
-    blob.extend_from_slice(&MAGIC.to_le_bytes());
-    blob.extend_from_slice(&[1, 0]); // version 1, no flags
-    for w in [HEADER_LEN as u32, 0, types_len, types_len, strings.len() as u32] {
-        blob.extend_from_slice(&w.to_le_bytes());
-    }
-    for id in 1..=max as u32 {
-        let (name, kind) = match at_id.get(&id) {
-            Some(off) => (*off, KIND_FUNC),
-            None => (0, KIND_PTR),
-        };
-        for w in [name, kind << 24, 0] {
-            blob.extend_from_slice(&w.to_le_bytes());
+}
+
+/// Reads until `buf` is full or the input ends; the bytes read.
+fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
-    blob.extend_from_slice(&strings);
-    Btf::parse(&blob, Default::default()).map_err(|e| format!("stand-in BTF rejected: {e}"))
+    Ok(got)
+}
+
+/// A BTF that aya resolves `FUNC` names against: each function at its kernel id, every
+/// other slot up to the largest id an anonymous pointer.
+pub fn stand_in(ids: &HashMap<String, u32>) -> Result<Btf, String> {
+    let max = ids.values().copied().max().unwrap_or(0);
+    let mut btf = Btf::new();
+    let mut at_id = HashMap::new();
+    for (name, id) in ids {
+        at_id.insert(*id, btf.add_string(name));
+    }
+    for id in 1..=max {
+        let ty = match at_id.get(&id) {
+            Some(name) => BtfType::Func(Func::new(*name, 0, FuncLinkage::Static)),
+            None => BtfType::Ptr(Ptr::new(0, 0)),
+        };
+        if btf.add_type(ty) != id {
+            return Err(format!("stand-in BTF: type {id} landed at another id"));
+        }
+    }
+    Ok(btf)
 }
 
 struct Header {
@@ -105,17 +170,15 @@ impl Header {
         })
     }
 
-    fn section<'a>(&self, raw: &'a [u8], off: u32, len: u32, what: &str) -> Result<&'a [u8], String> {
-        let start = self.hdr_len.checked_add(off as usize);
-        start.and_then(|s| Some(s..s.checked_add(len as usize)?)).and_then(|r| raw.get(r)).ok_or_else(|| {
-            format!("BTF {what} section (offset {off}, {len} bytes) outside the {} byte blob", raw.len())
-        })
+    /// `(file offset, length)` of a section, checked to lie inside a blob of `size` bytes.
+    fn section(&self, size: u64, off: u32, len: u32, what: &str) -> Result<(u64, u64), String> {
+        let start = self.hdr_len as u64 + u64::from(off);
+        let end = start + u64::from(len);
+        if end > size {
+            return Err(format!("BTF {what} section (offset {off}, {len} bytes) outside the {size} byte blob"));
+        }
+        Ok((start, u64::from(len)))
     }
-}
-
-fn c_str(strings: &[u8], off: usize) -> Option<&[u8]> {
-    let tail = strings.get(off..)?;
-    Some(&tail[..tail.iter().position(|b| *b == 0)?])
 }
 
 #[cfg(test)]
@@ -123,6 +186,7 @@ mod tests {
     use super::*;
     use aya_obj::btf::BtfKind;
     use proptest::prelude::*;
+    use std::io::Cursor;
 
     /// A blob with one type of every size class, then `FUNC`s named `f` and `g`.
     fn blob() -> Vec<u8> {
@@ -147,7 +211,7 @@ mod tests {
 
     #[test]
     fn finds_functions_by_name_across_every_size_class() {
-        let ids = func_ids(&blob(), &["f", "g", "missing", "int"]).unwrap();
+        let ids = func_ids(Cursor::new(blob()), &["f", "g", "missing", "int"]).unwrap();
         assert_eq!(ids, HashMap::from([("f".into(), 5), ("g".into(), 7)]));
         // aya's own parse of the same blob agrees.
         let full = Btf::parse(&blob(), Default::default()).unwrap();
@@ -171,7 +235,9 @@ mod tests {
             return;
         };
         let names = ["netif_carrier_off", "netif_carrier_on", "netif_carrier_event", "linkwatch_fire_event"];
-        let ids = func_ids(&raw, &names).unwrap();
+        // Streamed from the file itself, as the agent reads it.
+        let ids = func_ids(std::fs::File::open("/sys/kernel/btf/vmlinux").unwrap(), &names).unwrap();
+        assert_eq!(func_ids(Cursor::new(&raw), &names).unwrap(), ids);
         let full = Btf::parse(&raw, Default::default()).unwrap();
         let small = stand_in(&ids).unwrap();
         for n in names {
@@ -186,19 +252,19 @@ mod tests {
 
     #[test]
     fn rejects_what_is_not_btf() {
-        assert!(func_ids(b"", &["f"]).unwrap_err().contains("magic"));
+        assert!(func_ids(Cursor::new(b""), &["f"]).unwrap_err().contains("magic"));
         let mut b = blob();
         b.truncate(40);
-        assert!(func_ids(&b, &["f"]).unwrap_err().contains("outside"));
+        assert!(func_ids(Cursor::new(&b), &["f"]).unwrap_err().contains("outside"));
         let mut b = blob();
         b[24 + 7] = 31; // kind of type 1
-        assert!(func_ids(&b, &["f"]).unwrap_err().contains("unknown BTF kind 31"));
+        assert!(func_ids(Cursor::new(&b), &["f"]).unwrap_err().contains("unknown BTF kind 31"));
     }
 
     proptest! {
         #[test]
         fn never_panics_on_garbage(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
-            let _ = func_ids(&bytes, &["f"]);
+            let _ = func_ids(Cursor::new(&bytes), &["f"]);
         }
 
         #[test]
@@ -207,7 +273,7 @@ mod tests {
             let i = at % b.len();
             b[i] = byte;
             b.truncate(cut.max(1));
-            let _ = func_ids(&b, &["f", "g"]);
+            let _ = func_ids(Cursor::new(&b), &["f", "g"]);
         }
     }
 }

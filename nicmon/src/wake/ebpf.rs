@@ -166,10 +166,8 @@ impl EbpfWakes {
             }
         }
 
-        // The object has no CO-RE relocations, so the loader needs no target BTF. (Its
-        // constructor parses the kernel's BTF regardless; that copy is dropped here, before
-        // ours is parsed for fentry, so the two never coexist: ~18 MiB each on a 5 MiB vmlinux.)
-        let mut ebpf = EbpfLoader::new()
+        // The object has no CO-RE relocations, so the loader needs no target BTF.
+        let mut ebpf = loader_without_kernel_btf()
             .btf(None)
             .override_global(HINT_GLOBAL, &hint_loc, true)
             .override_global(SELF_GLOBAL, &std::process::id(), true)
@@ -190,7 +188,7 @@ impl EbpfWakes {
         let probes = KernelFacts::read(tracefs.as_deref().ok());
         // Kernel BTF is needed only for the fentry programs' attach targets, and only their ids.
         let btf = fentry_btf();
-        let hooks = ATTACH.iter().map(|a| attach(&mut ebpf, a, btf.as_ref(), &tracefs, &probes)).collect();
+        let hooks = ATTACH.iter().map(|a| attach(&mut ebpf, a, &btf, &tracefs, &probes)).collect();
         drop(btf);
         let fd = super::register_readable(ring).map_err(LoadError::Reactor)?;
         tasks.push(tokio::spawn(drain(fd, tx)));
@@ -199,6 +197,83 @@ impl EbpfWakes {
 
     pub fn hooks(&self) -> &[HookStatus] {
         &self.hooks
+    }
+}
+
+/// An [`EbpfLoader`] whose constructor has not parsed the kernel's BTF.
+///
+/// aya 0.14's `EbpfLoader::new()` reads and parses the whole of `/sys/kernel/btf/vmlinux`
+/// (~19 MiB of heap for a 5 MiB file; aya issue #1172, fixed in releases that need a newer
+/// Rust) before `.btf(None)` can say that it is not wanted. So the constructor runs on a
+/// short-lived thread of its own under a seccomp filter, installed on that thread only,
+/// that answers `open`/`openat`/`openat2` with `ENOENT`: the read fails, aya records "no
+/// kernel BTF" (what `.btf(None)` sets anyway) and nothing is parsed. The filter ends with
+/// the thread. Where it cannot be installed the constructor runs unfiltered (the parse is
+/// then paid once, and freed).
+fn loader_without_kernel_btf() -> EbpfLoader<'static> {
+    let built = std::thread::Builder::new().name("nicmon-ebpf-loader".into()).spawn(|| {
+        if let Err(e) = deny_open_on_this_thread() {
+            tracing::debug!(error = %e, "seccomp filter unavailable: aya parses the kernel BTF once");
+        }
+        EbpfLoader::new()
+    });
+    match built.map(|t| t.join()) {
+        Ok(Ok(loader)) => loader,
+        _ => EbpfLoader::new(),
+    }
+}
+
+/// Installs, on the calling thread only, a seccomp filter under which every file open
+/// fails with `ENOENT`. Irreversible for the thread: call it on one that ends soon.
+fn deny_open_on_this_thread() -> io::Result<()> {
+    // `struct seccomp_data`: the syscall number at offset 0, the audit architecture at 4.
+    const NR: u32 = 0;
+    const ARCH: u32 = 4;
+    #[cfg(target_arch = "x86_64")]
+    const AUDIT_ARCH: u32 = 0xc000_003e; // AUDIT_ARCH_X86_64
+    #[cfg(target_arch = "aarch64")]
+    const AUDIT_ARCH: u32 = 0xc000_00b7; // AUDIT_ARCH_AARCH64
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    return Err(io::Error::new(io::ErrorKind::Unsupported, "no seccomp filter for this architecture"));
+
+    #[cfg(target_arch = "x86_64")]
+    let opens = [libc::SYS_open, libc::SYS_openat, libc::SYS_openat2];
+    #[cfg(target_arch = "aarch64")]
+    let opens = [libc::SYS_openat, libc::SYS_openat2];
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    {
+        let stmt = |code: u32, k: u32| libc::sock_filter { code: code as u16, jt: 0, jf: 0, k };
+        let jeq = |k: u32, jt: u8, jf: u8| libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt,
+            jf,
+            k,
+        };
+        let n = opens.len() as u8;
+        let mut prog = vec![
+            stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, ARCH),
+            jeq(AUDIT_ARCH, 0, n + 1), // another ABI: allow
+            stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, NR),
+        ];
+        for (i, nr) in opens.iter().enumerate() {
+            prog.push(jeq(*nr as u32, n - i as u8, 0)); // to the ENOENT return
+        }
+        prog.push(stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW));
+        prog.push(stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ERRNO | libc::ENOENT as u32));
+        let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_mut_ptr() };
+        // SAFETY: plain prctl calls; `fprog` points at `prog`, alive for the call. Without
+        // SECCOMP_FILTER_FLAG_TSYNC the filter applies to the calling thread only.
+        unsafe {
+            // Variadic: pass full-width arguments.
+            let (one, zero): (libc::c_ulong, libc::c_ulong) = (1, 0);
+            let mode = libc::c_ulong::from(libc::SECCOMP_MODE_FILTER);
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, one, zero, zero, zero) != 0
+                || libc::prctl(libc::PR_SET_SECCOMP, mode, &fprog as *const libc::sock_fprog) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
     }
 }
 
@@ -264,19 +339,25 @@ impl KernelFacts {
                 Target::Tracepoint { .. } => None,
             })
             .collect();
-        let (symbols, kallsyms_readable) = match std::fs::read_to_string("/proc/kallsyms") {
-            Ok(text) => (parse_kallsyms(&text, &wanted), true),
-            Err(_) => (HashMap::new(), false),
-        };
+        // Streamed: the file is ~5 MB on a distribution kernel.
+        let symbols =
+            std::fs::File::open("/proc/kallsyms").and_then(|f| parse_kallsyms(io::BufReader::new(f), &wanted));
+        let kallsyms_readable = symbols.is_ok();
+        let symbols = symbols.unwrap_or_default();
         Self { kprobes, symbols, kallsyms_readable }
     }
 }
 
 /// Picks the `wanted` function symbols out of `/proc/kallsyms` text
-/// (`<addr> <type> <name>[\t[<module>]]`).
-fn parse_kallsyms(text: &str, wanted: &[&str]) -> HashMap<String, Option<String>> {
+/// (`<addr> <type> <name>[\t[<module>]]`), read line by line.
+fn parse_kallsyms(mut text: impl io::BufRead, wanted: &[&str]) -> io::Result<HashMap<String, Option<String>>> {
     let mut found = HashMap::new();
-    for line in text.lines() {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if text.read_line(&mut line)? == 0 {
+            break;
+        }
         let mut parts = line.split_whitespace();
         let (Some(_addr), Some(kind), Some(name)) = (parts.next(), parts.next(), parts.next()) else {
             continue;
@@ -287,13 +368,13 @@ fn parse_kallsyms(text: &str, wanted: &[&str]) -> HashMap<String, Option<String>
         let module = parts.next().map(|m| m.trim_start_matches('[').trim_end_matches(']').to_owned());
         found.insert(name.to_owned(), module);
     }
-    found
+    Ok(found)
 }
 
 fn attach(
     ebpf: &mut Ebpf,
     a: &Attach,
-    btf: Option<&Btf>,
+    btf: &Result<Btf, String>,
     tracefs: &Result<PathBuf, String>,
     facts: &KernelFacts,
 ) -> HookStatus {
@@ -317,8 +398,8 @@ fn attach(
 }
 
 /// The BTF the fentry programs attach against: the kernel's ids of their target functions
-/// only (see [`super::btf`]). `None` when the kernel has no BTF or it cannot be read.
-fn fentry_btf() -> Option<Btf> {
+/// only (see [`super::btf`]); or why there is none, which every fentry hook then reports.
+fn fentry_btf() -> Result<Btf, String> {
     let names: Vec<&str> = ATTACH
         .iter()
         .filter_map(|a| match a.target {
@@ -326,14 +407,61 @@ fn fentry_btf() -> Option<Btf> {
             _ => None,
         })
         .collect();
-    if names.is_empty() {
-        return None;
-    }
-    let found = std::fs::read(VMLINUX_BTF)
+    let ids = std::fs::File::open(VMLINUX_BTF)
         .map_err(|e| format!("cannot read {VMLINUX_BTF}: {e}"))
-        .and_then(|raw| super::btf::func_ids(&raw, &names).map_err(|e| format!("{VMLINUX_BTF}: {e}")))
-        .and_then(|ids| super::btf::stand_in(&ids));
-    found.map_err(|e| tracing::info!("fentry unavailable: {e}")).ok()
+        .and_then(|f| super::btf::func_ids(f, &names).map_err(|e| format!("{VMLINUX_BTF}: {e}")))
+        .map_err(|e| {
+            tracing::info!("fentry unavailable: {e}");
+            format!("fentry unavailable: {e}")
+        })?;
+    // The stand-in costs 72 bytes per kernel type below the largest id (~7 MiB on a
+    // distribution kernel): not built where the kernel refuses fentry programs outright.
+    if let Some(&id) = ids.values().min() {
+        fentry_refused(id)?;
+    }
+    super::btf::stand_in(&ids).map_err(|e| format!("fentry unavailable: {e}"))
+}
+
+/// `Err("fentry refused: EPERM")` when the kernel refuses, with `EPERM`, a two-instruction
+/// fentry program on the kernel function with BTF id `btf_id` (kernel lockdown, an LSM
+/// policy, a missing capability: every fentry program would be refused the same way).
+/// Any other answer, success included, is `Ok`: the real programs then find out for
+/// themselves.
+fn fentry_refused(btf_id: u32) -> Result<(), String> {
+    use aya_obj::generated::{bpf_attach_type, bpf_attr, bpf_cmd, bpf_prog_type};
+    // r0 = 0; exit (an fentry program must return 0).
+    let insns: [u64; 2] = [0xb7, 0x95];
+    let license = c"GPL";
+    // SAFETY: bpf_attr is plain data; all zero is its documented "unset" state.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: writes to the BPF_PROG_LOAD member of the zeroed union.
+    unsafe {
+        let load = &mut attr.__bindgen_anon_3;
+        load.prog_type = bpf_prog_type::BPF_PROG_TYPE_TRACING as u32;
+        load.expected_attach_type = bpf_attach_type::BPF_TRACE_FENTRY as u32;
+        load.insn_cnt = insns.len() as u32;
+        load.insns = insns.as_ptr() as u64;
+        load.license = license.as_ptr() as u64;
+        load.attach_btf_id = btf_id;
+    }
+    // SAFETY: attr is a valid BPF_PROG_LOAD attribute whose pointers outlive the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            bpf_cmd::BPF_PROG_LOAD as libc::c_long,
+            &attr as *const bpf_attr,
+            std::mem::size_of::<bpf_attr>(),
+        )
+    };
+    if fd >= 0 {
+        // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+        drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) });
+        return Ok(());
+    }
+    match io::Error::last_os_error().raw_os_error() {
+        Some(libc::EPERM) => Err("fentry refused: EPERM".to_string()),
+        _ => Ok(()),
+    }
 }
 
 /// `Ok((mechanism, why the preferred mechanism was refused))` or `Err(every reason)`.
@@ -343,7 +471,7 @@ fn attach_function(
     fentry: Option<&str>,
     kprobe: &str,
     module: Option<&str>,
-    btf: Option<&Btf>,
+    btf: &Result<Btf, String>,
     facts: &KernelFacts,
 ) -> Result<(Mechanism, Option<String>), String> {
     let mut refused = Vec::new();
@@ -374,8 +502,8 @@ fn attach_function(
     }
 }
 
-fn try_fentry(ebpf: &mut Ebpf, prog: &str, function: &str, btf: Option<&Btf>) -> Result<(), String> {
-    let btf = btf.ok_or("fentry unavailable: no usable kernel BTF at /sys/kernel/btf/vmlinux")?;
+fn try_fentry(ebpf: &mut Ebpf, prog: &str, function: &str, btf: &Result<Btf, String>) -> Result<(), String> {
+    let btf = btf.as_ref().map_err(String::clone)?;
     let p: &mut FEntry =
         program(ebpf, prog)?.try_into().map_err(|e: ProgramError| format!("fentry program {prog}: {e}"))?;
     p.load(function, btf).map_err(|e| describe("fentry", "refused", &e))?;
@@ -539,12 +667,71 @@ mod tests {
     }
 
     #[test]
+    fn the_open_filter_holds_on_its_own_thread_only() {
+        let filtered = std::thread::spawn(|| {
+            deny_open_on_this_thread().map(|()| std::fs::File::open("/proc/self/status").map(drop))
+        })
+        .join()
+        .unwrap();
+        match filtered {
+            Err(e) => eprintln!("SKIP: seccomp filter refused here: {e}"),
+            Ok(open) => assert_eq!(open.unwrap_err().kind(), io::ErrorKind::NotFound),
+        }
+        std::fs::File::open("/proc/self/status").expect("this thread opens files as before");
+    }
+
+    #[test]
+    fn the_loader_holds_no_kernel_btf() {
+        let loader = format!("{:?}", loader_without_kernel_btf());
+        let has_kernel_btf = std::fs::metadata("/sys/kernel/btf/vmlinux").is_ok();
+        if has_kernel_btf && deny_open_on_this_thread_works() {
+            assert!(loader.contains("btf: None"), "{}", &loader[..loader.len().min(300)]);
+        } else {
+            eprintln!("SKIP: no kernel BTF or no seccomp here");
+        }
+    }
+
+    fn deny_open_on_this_thread_works() -> bool {
+        std::thread::spawn(|| deny_open_on_this_thread().is_ok()).join().unwrap()
+    }
+
+    /// The probe that spares the stand-in BTF says "refused" exactly when aya's real load of
+    /// an fentry program on the same function is refused the same way.
+    #[test]
+    fn the_fentry_probe_agrees_with_a_real_fentry_load() {
+        let (Some(object), Ok(f)) = (crate::wake::EMBEDDED_OBJECT, std::fs::File::open(VMLINUX_BTF)) else {
+            eprintln!("SKIP: no embedded eBPF object or no kernel BTF");
+            return;
+        };
+        let ids = crate::wake::btf::func_ids(f, &["netif_carrier_off"]).unwrap();
+        let Some(&id) = ids.get("netif_carrier_off") else {
+            eprintln!("SKIP: netif_carrier_off not in this kernel's BTF");
+            return;
+        };
+        let mut ebpf = match loader_without_kernel_btf().btf(None).load(object) {
+            Ok(e) => e,
+            Err(e) => {
+                eprintln!("SKIP: the eBPF object cannot be loaded here: {e}");
+                return;
+            }
+        };
+        let probe = fentry_refused(id);
+        let real =
+            try_fentry(&mut ebpf, "fentry_netif_carrier_off", "netif_carrier_off", &crate::wake::btf::stand_in(&ids));
+        match probe {
+            Err(reason) => assert_eq!(real, Err(reason)),
+            Ok(()) => assert_ne!(real, Err("fentry refused: EPERM".to_string())),
+        }
+    }
+
+    #[test]
     fn kallsyms_lines_give_function_and_module() {
         let text = "ffffffff81000000 T netif_carrier_off\n\
                     0000000000000000 t ib_dispatch_event\t[ib_core]\n\
                     ffffffff81000010 D netif_carrier_on\n\
                     ffffffff81000020 T unrelated\n";
-        let s = parse_kallsyms(text, &["netif_carrier_off", "ib_dispatch_event", "netif_carrier_on"]);
+        let s =
+            parse_kallsyms(text.as_bytes(), &["netif_carrier_off", "ib_dispatch_event", "netif_carrier_on"]).unwrap();
         assert_eq!(s.get("netif_carrier_off"), Some(&None));
         assert_eq!(s.get("ib_dispatch_event"), Some(&Some("ib_core".into())));
         assert!(!s.contains_key("netif_carrier_on"), "data symbol");
