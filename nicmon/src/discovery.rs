@@ -34,9 +34,13 @@ pub struct ReadPlan {
 pub const STATIC_REFRESH: Duration = Duration::from_secs(60);
 
 /// The attributes of an RDMA device that cannot change while it exists: its PCI identity,
-/// driver, vendor, function kind, NUMA node, HCA type, firmware version and board id.
+/// driver, vendor, function kind, NUMA node, HCA type, firmware version, board id and its
+/// ports (a device's ports are fixed when it registers).
 #[derive(Debug, Clone)]
 struct Statics {
+    /// The port numbers listed under `ports/`. Empty: listed again on every poll (a device
+    /// caught registering, before its ports appeared, is not remembered without ports).
+    ports: Vec<u32>,
     /// The `device` link's target name when read: a different one is a new incarnation.
     link: Option<String>,
     pci_address: Option<String>,
@@ -56,7 +60,7 @@ struct Statics {
 /// dropped), when the device's PCI identity (its `device` link) differs, after
 /// [`StaticCache::invalidate`] (a wake-up naming the device) and at least every
 /// [`STATIC_REFRESH`]. Everything that can change (port state, rate, counters, netdev
-/// state, the netdev and port listings) is read on every poll.
+/// state, the netdev listing) is read on every poll.
 #[derive(Debug, Default)]
 pub struct StaticCache {
     inner: Mutex<CacheInner>,
@@ -341,6 +345,7 @@ fn read_statics(host: &Host, base: &str, link: Option<String>) -> Statics {
         Function::Unknown
     };
     Statics {
+        ports: list_ports(host, base),
         link,
         pci_address,
         driver: host.link_name_sys(&format!("{base}/device/driver")),
@@ -438,6 +443,11 @@ fn read_devices<'a>(
     (reads.into_iter().map(|r| finish_device(r, &results, plan)).collect(), batch.rels)
 }
 
+/// The port numbers under `<base>/ports`, in listing order.
+fn list_ports(host: &Host, base: &str) -> Vec<u32> {
+    host.list_sys(&format!("{base}/ports")).into_iter().filter_map(|p| p.parse::<u32>().ok()).collect()
+}
+
 fn plan_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> DeviceRead {
     let base = format!("class/infiniband/{name}");
     let link = host.link_name_sys(&format!("{base}/device"));
@@ -482,10 +492,9 @@ fn plan_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> D
     // Unsupported devices and VFs are listed, not monitored: read their ports' states
     // for the report, but no counters.
     let read_counters = supported && statics.function != Function::Vf;
-    let ports = host
-        .list_sys(&format!("{base}/ports"))
+    let numbers = if statics.ports.is_empty() { list_ports(host, &base) } else { statics.ports.clone() };
+    let ports = numbers
         .into_iter()
-        .filter_map(|p| p.parse::<u32>().ok())
         .map(|n| {
             let port_netdev = port_netdev(host, &base, &netdevs, n).or_else(|| netdev.clone());
             plan_port(name, n, port_netdev.as_deref(), read_counters.then_some(plan), batch)
@@ -833,5 +842,24 @@ mod tests {
         let s = same("steady");
         assert_eq!(counter_of(&s, "mlx5_1", path), Some(10));
         assert_eq!((stat(&host.stats.read_ahead_used), stat(&host.stats.read_ahead_dropped)), (2, 2));
+    }
+
+    #[test]
+    fn a_device_seen_without_ports_is_listed_again_until_its_ports_appear() {
+        let node = Platform::H100Oci.build();
+        let host = Host::new(node.sys(), node.proc());
+        let cache = Arc::new(StaticCache::default());
+        let plan = ReadPlan { statics: Some(cache.clone()), ..ReadPlan::default() };
+        let ports = node.sys().join(&node.info["mlx5_0"].ib_dir).join("ports");
+        let away = ports.with_file_name("ports.registering");
+        let ports_of = |s: &Snapshot| s.devices.iter().find(|d| d.name == "mlx5_0").map(|d| d.ports.len());
+        // Caught registering: no ports yet.
+        std::fs::rename(&ports, &away).unwrap();
+        assert_eq!(ports_of(&discover(&host, &plan)), Some(0));
+        let reads = cache.reads();
+        // Its ports appear: seen by the next poll, in the same incarnation.
+        std::fs::rename(&away, &ports).unwrap();
+        assert_eq!(ports_of(&discover(&host, &plan)), Some(1));
+        assert_eq!(cache.reads(), reads, "the static attributes were not read again");
     }
 }
