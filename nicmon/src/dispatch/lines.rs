@@ -99,14 +99,8 @@ impl FileSink {
             return Ok(());
         }
         let bytes = encode(events);
-        let target = self.path.display().to_string();
-        let fail = |source| SendError::Write { target: target.clone(), source };
-        if self.busy.load(Ordering::Acquire) {
-            return Err(fail(io::Error::new(
-                io::ErrorKind::WouldBlock,
-                "the previous write has not returned: not writing again until it does",
-            )));
-        }
+        let fail = |source| self.write_error(source);
+        self.idle()?;
         // Opening cannot wait (O_NONBLOCK). A regular file is written here: its append
         // returns once the lines are in the page cache, so the delivery takes no thread
         // hop (the sync, which waits for the disk, runs on a blocking thread). Anything else
@@ -131,20 +125,29 @@ impl FileSink {
         self.blocking(move || file.sync_data()).await
     }
 
+    fn write_error(&self, source: io::Error) -> SendError {
+        SendError::Write { target: self.path.display().to_string(), source }
+    }
+
+    /// Refuse while a write or sync on a blocking thread has not returned.
+    fn idle(&self) -> Result<(), SendError> {
+        if self.busy.load(Ordering::Acquire) {
+            return Err(self.write_error(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "the previous write has not returned: not writing again until it does",
+            )));
+        }
+        Ok(())
+    }
+
     /// Run `op` on a blocking thread, bounded by [`WRITE_TIMEOUT`]; no second one starts
     /// until it has returned.
     async fn blocking<T: Send + 'static>(
         &mut self,
         op: impl FnOnce() -> io::Result<T> + Send + 'static,
     ) -> Result<T, SendError> {
-        let target = self.path.display().to_string();
-        let fail = |source| SendError::Write { target: target.clone(), source };
-        if self.busy.load(Ordering::Acquire) {
-            return Err(fail(io::Error::new(
-                io::ErrorKind::WouldBlock,
-                "the previous write has not returned: not writing again until it does",
-            )));
-        }
+        let fail = |source| self.write_error(source);
+        self.idle()?;
         self.busy.store(true, Ordering::Release);
         let busy = Arc::clone(&self.busy);
         let run = tokio::task::spawn_blocking(move || {
