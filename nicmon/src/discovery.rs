@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use regex::Regex;
 
-use crate::host::{Host, PendingReads, ReadError};
+use crate::host::{FileSet, Host, PendingReads, ReadError};
 use crate::model::{
     CharDevices, CharKind, CharNode, ClassDir, Device, Function, LinkLayer, PciGpu, PciPresence, PhysState, Port,
     PortState, Snapshot,
@@ -76,10 +76,10 @@ struct CacheInner {
     absent: BTreeMap<String, std::collections::BTreeSet<String>>,
     /// Static attribute sets read so far (one per device read from the host).
     reads: u64,
-    /// The per-poll files of the last full poll's devices: the next full poll has the
-    /// reader read them while it lists the devices (they are the same files unless a
-    /// device, port or netdev came or went).
-    last_batch: Option<Vec<String>>,
+    /// The per-poll files of the last full poll (its devices' and the character devices'):
+    /// the next full poll has the reader read them while it lists the devices (they are the
+    /// same files unless a device, port, netdev or character device came or went).
+    last_batch: Option<Arc<FileSet>>,
 }
 
 impl StaticCache {
@@ -104,13 +104,13 @@ impl StaticCache {
         }
     }
 
-    fn last_batch(&self) -> Option<Vec<String>> {
+    fn last_batch(&self) -> Option<Arc<FileSet>> {
         self.inner.lock().ok()?.last_batch.clone()
     }
 
-    fn set_last_batch(&self, rels: Vec<String>) {
+    fn set_last_batch(&self, files: Arc<FileSet>) {
         if let Ok(mut c) = self.inner.lock() {
-            c.last_batch = Some(rels);
+            c.last_batch = Some(files);
         }
     }
 
@@ -158,11 +158,9 @@ const AMAZON_VENDOR: u32 = 0x1d0f;
 pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
     // The reader starts on the last full poll's files while this thread lists the devices
     // and plans this poll's files; used only if those are the same files.
-    let prefetch = plan
-        .statics
-        .as_ref()
-        .and_then(|c| c.last_batch())
-        .map(|rels| Prefetch { generation: host.kept_generation(), reads: host.start_sys_many(&rels, true) });
+    let last = plan.statics.as_ref().and_then(|c| c.last_batch());
+    let prefetch =
+        last.as_ref().map(|files| Prefetch { generation: host.kept_generation(), reads: host.start_files(files) });
     let names = host.list_sys("class/infiniband");
     if let Some(cache) = &plan.statics
         && cache.listing(&names)
@@ -170,9 +168,18 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
         // A device came or went: every kept-open file is opened again.
         host.forget_kept(None);
     }
-    let (devices, rels) = read_devices(host, &names, plan, prefetch);
+    // Attributes that change are kept open between polls where the reads are kept across
+    // polls (a plan with a static cache: the monitor's polls).
+    let keep = plan.statics.is_some();
+    let mut batch = Batch::against(last);
+    let reads: Vec<DeviceRead> = names.iter().map(|n| plan_device(host, n, plan, &mut batch)).collect();
+    let chars = plan_char_devices(host, &mut batch);
+    let files = batch.finish(host, keep);
+    let results = read_batch(host, &files, prefetch);
+    let devices = reads.into_iter().map(|r| finish_device(r, &results, &files, plan)).collect();
+    let char_devices = finish_char_devices(chars, &results);
     if let Some(cache) = &plan.statics {
-        cache.set_last_batch(rels);
+        cache.set_last_batch(files);
     }
 
     let default_route_ifaces =
@@ -193,17 +200,9 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
         }
     }
 
-    Snapshot {
-        devices,
-        default_route_ifaces,
-        default_route_devices,
-        pci_probes,
-        char_devices: read_char_devices(host, plan.statics.is_some()),
-    }
+    Snapshot { devices, default_route_ifaces, default_route_devices, pci_probes, char_devices }
 }
 
-/// The InfiniBand character-device class directories, each entry mapped to its device and
-/// port through its own `ibdev` and `port` attributes (never through its number).
 /// The targeted read of a hinted wake-up (SPEC §1.8): `base` (the previous full poll's
 /// snapshot) with only the devices in `names` read again, by the same code as a full poll.
 /// `None` when the device set is not `base`'s any more (a full poll must see that).
@@ -214,7 +213,11 @@ pub fn rediscover(host: &Host, plan: &ReadPlan, base: &Snapshot, names: &[String
     }
     let mut s = base.clone();
     let named: Vec<String> = s.devices.iter().filter(|d| names.contains(&d.name)).map(|d| d.name.clone()).collect();
-    let mut read = read_devices(host, &named, plan, None).0.into_iter();
+    let mut batch = Batch::default();
+    let reads: Vec<DeviceRead> = named.iter().map(|n| plan_device(host, n, plan, &mut batch)).collect();
+    let files = batch.finish(host, plan.statics.is_some());
+    let results = host.read_files(&files);
+    let mut read = reads.into_iter().map(|r| finish_device(r, &results, &files, plan));
     for d in s.devices.iter_mut().filter(|d| names.contains(&d.name)) {
         if let Some(new) = read.next() {
             *d = new;
@@ -244,76 +247,96 @@ pub fn devices_named(host: &Host, snapshot: &Snapshot, hint: &str) -> Vec<String
     ib_devices_of_iface(host, hint).into_iter().filter(|n| snapshot.devices.iter().any(|d| &d.name == n)).collect()
 }
 
+/// The InfiniBand character-device class directories, each entry mapped to its device and
+/// port through its own `ibdev` and `port` attributes (never through its number).
 pub fn char_devices(host: &Host) -> CharDevices {
-    read_char_devices(host, false)
+    let mut batch = Batch::default();
+    let listed = plan_char_devices(host, &mut batch);
+    let files = batch.finish(host, false);
+    let results = if files.rels().is_empty() { Vec::new() } else { host.read_files(&files) };
+    finish_char_devices(listed, &results)
 }
 
-/// [`char_devices`], every entry's attributes read in one batch (`keep`: kept open).
-fn read_char_devices(host: &Host, keep: bool) -> CharDevices {
-    /// A class directory listed, its entries' attribute files not read yet.
-    enum Listed {
-        Done(ClassDir),
-        /// (kind, name, index of `ibdev`, index of `port`)
-        Entries(Vec<(CharKind, String, usize, Option<usize>)>),
-    }
-    let mut batch = Batch::default();
-    let mut list = |dir: &str, kinds: &[CharKind]| -> Listed {
+/// A character-device class directory listed, its entries' attribute files added to a
+/// [`Batch`], not read yet.
+enum ListedChars {
+    Done(ClassDir),
+    /// (kind, name, index of `ibdev`, index of `port`)
+    Entries(Vec<(CharKind, String, usize, Option<usize>)>),
+}
+
+/// List both character-device class directories; every entry's attributes go into `batch`.
+fn plan_char_devices(host: &Host, batch: &mut Batch) -> [ListedChars; 2] {
+    let mut list = |dir: &str, kinds: &[CharKind]| -> ListedChars {
         let rel = format!("class/{dir}");
         let names = match host.list_sys_dir(&rel) {
             Ok(names) => names,
-            Err(ReadError::Missing) => return Listed::Done(ClassDir::Absent),
-            Err(e) => return Listed::Done(ClassDir::Unreadable(format!("{}: {e}", host.sys(&rel).display()))),
+            Err(ReadError::Missing) => return ListedChars::Done(ClassDir::Absent),
+            Err(e) => return ListedChars::Done(ClassDir::Unreadable(format!("{}: {e}", host.sys(&rel).display()))),
         };
-        Listed::Entries(
+        ListedChars::Entries(
             names
                 .into_iter()
                 .filter_map(|name| {
                     let kind = CharKind::of_entry(&name).filter(|k| kinds.contains(k))?;
-                    let ibdev = batch.add(format!("{rel}/{name}/ibdev"));
+                    let ibdev = batch.add(format_args!("{rel}/{name}/ibdev"));
                     let port = match kind {
                         CharKind::Uverbs => None,
-                        CharKind::Umad | CharKind::Issm => Some(batch.add(format!("{rel}/{name}/port"))),
+                        CharKind::Umad | CharKind::Issm => Some(batch.add(format_args!("{rel}/{name}/port"))),
                     };
                     Some((kind, name, ibdev, port))
                 })
                 .collect(),
         )
     };
-    let verbs = list(CharKind::Uverbs.class_dir(), &[CharKind::Uverbs]);
-    let mad = list(CharKind::Umad.class_dir(), &[CharKind::Umad, CharKind::Issm]);
-    let results = if batch.rels.is_empty() { Vec::new() } else { host.read_sys_many(&batch.rels, keep) };
-    let attr = |i: usize| results.get(i).cloned().and_then(opt);
-    let finish = |l: Listed| match l {
-        Listed::Done(d) => d,
-        Listed::Entries(entries) => ClassDir::Listed(
+    [
+        list(CharKind::Uverbs.class_dir(), &[CharKind::Uverbs]),
+        list(CharKind::Umad.class_dir(), &[CharKind::Umad, CharKind::Issm]),
+    ]
+}
+
+fn finish_char_devices(listed: [ListedChars; 2], results: &[Result<String, ReadError>]) -> CharDevices {
+    let finish = |l: ListedChars| match l {
+        ListedChars::Done(d) => d,
+        ListedChars::Entries(entries) => ClassDir::Listed(
             entries
                 .into_iter()
                 .map(|(kind, name, ibdev, port)| CharNode {
                     kind,
                     name,
-                    device: attr(ibdev),
-                    port: port.and_then(attr).and_then(|p| p.parse::<u32>().ok()),
+                    device: opt(at(results, ibdev)),
+                    port: port.and_then(|i| opt(at(results, i))).and_then(|p| p.parse::<u32>().ok()),
                 })
                 .collect(),
         ),
     };
+    let [verbs, mad] = listed;
     CharDevices { verbs: finish(verbs), mad: finish(mad) }
 }
 
-fn opt(r: Result<String, ReadError>) -> Option<String> {
-    r.ok().and_then(|s| parse::text(&s).map(str::to_string))
+/// The result of file `i` of a batch (by reference; an error cloned).
+fn at(results: &[Result<String, ReadError>], i: usize) -> Result<&str, ReadError> {
+    match results.get(i) {
+        Some(Ok(s)) => Ok(s),
+        Some(Err(e)) => Err(e.clone()),
+        None => Err(ReadError::Io("not read".into())),
+    }
+}
+
+fn opt<S: AsRef<str>>(r: Result<S, ReadError>) -> Option<String> {
+    r.ok().and_then(|s| parse::text(s.as_ref()).map(str::to_string))
 }
 
 /// An attribute read and parsed, or why it is unknown: the read failed, it was empty, or
 /// `known` says the parsed value is not one nicmon can judge (an `Unknown` variant).
-fn attribute<T>(
-    r: Result<String, ReadError>,
+fn attribute<T, S: AsRef<str>>(
+    r: Result<S, ReadError>,
     parse: impl Fn(&str) -> Option<T>,
     known: impl Fn(&T) -> bool,
 ) -> (Option<T>, Option<String>) {
     match r {
         Err(e) => (None, Some(e.to_string())),
-        Ok(raw) => match (parse(&raw), parse::text(&raw)) {
+        Ok(raw) => match (parse(raw.as_ref()), parse::text(raw.as_ref())) {
             (_, None) => (None, Some("empty".to_string())),
             (Some(v), _) if known(&v) => (Some(v), None),
             (v, Some(t)) => (v, Some(format!("unparsable value {:?}", clip(t)))),
@@ -364,18 +387,61 @@ fn read_statics(host: &Host, base: &str, link: Option<String>) -> Statics {
     }
 }
 
-/// The files of one read, read together ([`Host::read_sys_many`]): one hand-off to the
-/// reader thread for all of them.
+/// The files of one read, read together ([`Host::read_files`]): one hand-off to the reader
+/// thread for all of them. Built against the last poll's files: while each file added is
+/// the one at the same place there, nothing is allocated, and when all are, the last poll's
+/// [`FileSet`] itself is read again (so a read begun ahead on it is this poll's read).
 #[derive(Default)]
 struct Batch {
-    rels: Vec<String>,
+    prev: Option<Arc<FileSet>>,
+    /// Files added so far.
+    len: usize,
+    /// Every file added, once one differed from `prev`'s (`None` while they are the same).
+    rels: Option<Vec<String>>,
+    scratch: String,
 }
 
 impl Batch {
+    fn against(prev: Option<Arc<FileSet>>) -> Batch {
+        Batch { prev, ..Batch::default() }
+    }
+
     /// Add a file; its index in the results.
-    fn add(&mut self, rel: String) -> usize {
-        self.rels.push(rel);
-        self.rels.len() - 1
+    fn add(&mut self, rel: std::fmt::Arguments<'_>) -> usize {
+        self.add_unless(rel, |_| false).unwrap_or_default()
+    }
+
+    /// Add a file unless `skip` says so (given its path); its index in the results.
+    fn add_unless(&mut self, rel: std::fmt::Arguments<'_>, skip: impl FnOnce(&str) -> bool) -> Option<usize> {
+        use std::fmt::Write;
+        self.scratch.clear();
+        let _ = self.scratch.write_fmt(rel);
+        if skip(&self.scratch) {
+            return None;
+        }
+        let i = self.len;
+        self.len += 1;
+        match &mut self.rels {
+            Some(rels) => rels.push(self.scratch.clone()),
+            None => {
+                let prev = self.prev.as_ref().map(|p| p.rels()).unwrap_or_default();
+                if prev.get(i) != Some(&self.scratch) {
+                    let mut rels = prev[..i].to_vec();
+                    rels.push(self.scratch.clone());
+                    self.rels = Some(rels);
+                }
+            }
+        }
+        Some(i)
+    }
+
+    /// The files added (`keep`: see [`Host::read_sys_many`]).
+    fn finish(self, host: &Host, keep: bool) -> Arc<FileSet> {
+        match (self.rels, self.prev) {
+            (Some(rels), _) => host.file_set(rels, keep),
+            (None, Some(prev)) if prev.rels().len() == self.len => prev,
+            (None, prev) => host.file_set(prev.map(|p| p.rels()[..self.len].to_vec()).unwrap_or_default(), keep),
+        }
     }
 }
 
@@ -401,8 +467,8 @@ struct PortRead {
     sm_lid: usize,
     operstate: Option<usize>,
     carrier: Option<usize>,
-    /// (configured path, sysfs-relative file, index)
-    counters: Vec<(String, String, usize)>,
+    /// (index of the configured path in the plan, index of the file)
+    counters: Vec<(usize, usize)>,
 }
 
 /// Files read ahead: begun before the listings, under the kept-file generation then.
@@ -411,36 +477,23 @@ struct Prefetch {
     reads: PendingReads,
 }
 
-/// Read every device in `names` (the static attributes from the cache, the listings) and
-/// then all their ports' files in one batch; the devices and that batch's files. The batch
-/// is `prefetch`'s results when it read exactly these files and no kept file was forgotten
-/// since it began (a device's new incarnation); otherwise it is read now.
-fn read_devices<'a>(
-    host: &Host,
-    names: impl IntoIterator<Item = &'a String>,
-    plan: &ReadPlan,
-    prefetch: Option<Prefetch>,
-) -> (Vec<Device>, Vec<String>) {
-    let mut batch = Batch::default();
-    let reads: Vec<DeviceRead> = names.into_iter().map(|n| plan_device(host, n, plan, &mut batch)).collect();
-    // Attributes that change are kept open between polls where the reads are kept across
-    // polls (a plan with a static cache: the monitor's polls).
-    let keep = plan.statics.is_some();
-    let results = match prefetch {
-        Some(p) if p.reads.rels() == batch.rels.as_slice() && host.kept_generation() == p.generation => {
+/// The results of `files`: `prefetch`'s when it read exactly these files and no kept file
+/// was forgotten since it began (a device's new incarnation); otherwise read now.
+fn read_batch(host: &Host, files: &Arc<FileSet>, prefetch: Option<Prefetch>) -> Vec<Result<String, ReadError>> {
+    match prefetch {
+        Some(p) if Arc::ptr_eq(p.reads.files(), files) && host.kept_generation() == p.generation => {
             host.stats.read_ahead_used.fetch_add(1, Ordering::Relaxed);
-            host.finish_sys_many(p.reads)
+            host.finish_files(p.reads)
         }
         other => {
             if let Some(p) = other {
                 // Collected (the reader must be free for this batch) and dropped.
-                host.finish_sys_many(p.reads);
+                host.finish_files(p.reads);
                 host.stats.read_ahead_dropped.fetch_add(1, Ordering::Relaxed);
             }
-            host.read_sys_many(&batch.rels, keep)
+            if files.rels().is_empty() { Vec::new() } else { host.read_files(files) }
         }
-    };
-    (reads.into_iter().map(|r| finish_device(r, &results, plan)).collect(), batch.rels)
+    }
 }
 
 /// The port numbers under `<base>/ports`, in listing order.
@@ -503,14 +556,14 @@ fn plan_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> D
     DeviceRead { name: name.to_string(), statics, efa, unsupported, netdev, ports }
 }
 
-fn finish_device(r: DeviceRead, results: &[Result<String, ReadError>], plan: &ReadPlan) -> Device {
+fn finish_device(r: DeviceRead, results: &[Result<String, ReadError>], files: &FileSet, plan: &ReadPlan) -> Device {
     let DeviceRead { name, statics, efa, unsupported, netdev, ports } = r;
     let Statics { pci_address, driver, function, numa_node, hca_type, fw_ver, board_id, .. } = statics;
     let card = pci_address.as_deref().and_then(parse::card_of);
     let ports = ports
         .into_iter()
         .map(|p| {
-            let mut port = finish_port(&name, p, results, plan);
+            let mut port = finish_port(&name, p, results, files, plan);
             if efa {
                 // The efa driver reports an unspecified link layer (`Unknown`).
                 port.link_layer = Some(LinkLayer::Efa);
@@ -559,28 +612,33 @@ fn port_netdev(host: &Host, base: &str, netdevs: &[String], n: u32) -> Option<St
 
 /// The files of port `n` that every poll reads, added to `batch`.
 fn plan_port(dev: &str, n: u32, netdev: Option<&str>, plan: Option<&ReadPlan>, batch: &mut Batch) -> PortRead {
-    let dir = format!("class/infiniband/{dev}/ports/{n}");
-    let mut file = |f: &str| batch.add(format!("{dir}/{f}"));
+    let mut file = |f: &str| batch.add(format_args!("class/infiniband/{dev}/ports/{n}/{f}"));
     let (link_layer, state, phys_state, rate, lid, sm_lid) =
         (file("link_layer"), file("state"), file("phys_state"), file("rate"), file("lid"), file("sm_lid"));
-    let operstate = netdev.map(|nd| batch.add(format!("class/net/{nd}/operstate")));
-    let carrier = netdev.map(|nd| batch.add(format!("class/net/{nd}/carrier")));
+    let operstate = netdev.map(|nd| batch.add(format_args!("class/net/{nd}/operstate")));
+    let carrier = netdev.map(|nd| batch.add(format_args!("class/net/{nd}/carrier")));
     let mut counters = Vec::new();
     if let Some(plan) = plan {
-        for path in &plan.counter_paths {
-            let Some(rel) = counter_file(dev, n, path, netdev) else { continue };
-            if plan.statics.as_deref().is_some_and(|c| c.is_absent(dev, &rel)) {
-                continue;
+        let cache = plan.statics.as_deref();
+        for (k, path) in plan.counter_paths.iter().enumerate() {
+            let Some(file) = CounterFile::of(dev, n, path, netdev) else { continue };
+            let absent = |rel: &str| cache.is_some_and(|c| c.is_absent(dev, rel));
+            if let Some(i) = batch.add_unless(format_args!("{file}"), absent) {
+                counters.push((k, i));
             }
-            let i = batch.add(rel.clone());
-            counters.push((path.clone(), rel, i));
         }
     }
     PortRead { number: n, link_layer, state, phys_state, rate, lid, sm_lid, operstate, carrier, counters }
 }
 
-fn finish_port(dev: &str, p: PortRead, results: &[Result<String, ReadError>], plan: &ReadPlan) -> Port {
-    let get = |i: usize| results.get(i).cloned().unwrap_or_else(|| Err(ReadError::Io("not read".into())));
+fn finish_port(
+    dev: &str,
+    p: PortRead,
+    results: &[Result<String, ReadError>],
+    files: &FileSet,
+    plan: &ReadPlan,
+) -> Port {
+    let get = |i: usize| at(results, i);
     let read = |i: usize| get(i).ok();
     let mut unknown = BTreeMap::new();
     let (link_layer, why) = attribute(get(p.link_layer), parse::link_layer, |l| !matches!(l, LinkLayer::Unknown(_)));
@@ -596,19 +654,19 @@ fn finish_port(dev: &str, p: PortRead, results: &[Result<String, ReadError>], pl
         unknown.insert("phys_state".to_string(), why);
     }
     let mut counters = BTreeMap::new();
-    for (path, rel, i) in p.counters {
-        match get(i) {
-            Ok(raw) => {
-                if let Some(v) = parse::counter(&raw) {
-                    counters.insert(path, v);
+    for (k, i) in p.counters {
+        match results.get(i) {
+            Some(Ok(raw)) => {
+                if let Some(v) = parse::counter(raw) {
+                    counters.insert(plan.counter_paths[k].clone(), v);
                 }
             }
-            Err(ReadError::Missing) => {
-                if let Some(c) = plan.statics.as_deref() {
-                    c.mark_absent(dev, &rel);
+            Some(Err(ReadError::Missing)) => {
+                if let (Some(c), Some(rel)) = (plan.statics.as_deref(), files.rels().get(i)) {
+                    c.mark_absent(dev, rel);
                 }
             }
-            Err(_) => {}
+            _ => {}
         }
     }
     Port {
@@ -616,11 +674,11 @@ fn finish_port(dev: &str, p: PortRead, results: &[Result<String, ReadError>], pl
         link_layer,
         state,
         phys_state,
-        rate: read(p.rate).and_then(|v| parse::rate(&v)),
-        lid: read(p.lid).and_then(|v| parse::hex_u32(&v)),
-        sm_lid: read(p.sm_lid).and_then(|v| parse::hex_u32(&v)),
-        operstate: p.operstate.and_then(read).and_then(|v| parse::operstate(&v)),
-        carrier: p.carrier.and_then(read).and_then(|v| parse::carrier(&v)),
+        rate: read(p.rate).and_then(parse::rate),
+        lid: read(p.lid).and_then(parse::hex_u32),
+        sm_lid: read(p.sm_lid).and_then(parse::hex_u32),
+        operstate: p.operstate.and_then(read).and_then(parse::operstate),
+        carrier: p.carrier.and_then(read).and_then(parse::carrier),
         counters,
         unknown,
     }
@@ -631,20 +689,51 @@ fn finish_port(dev: &str, p: PortRead, results: &[Result<String, ReadError>], pl
 /// (`{device}`, EFA's `<dev>/hw_counters/`), which is read on port 1 only and reported
 /// against it.
 pub fn counter_file(dev: &str, port: u32, path: &str, netdev: Option<&str>) -> Option<String> {
-    let port_dir = format!("class/infiniband/{dev}/ports/{port}");
-    if let Some(abs) = path.strip_prefix("/sys/") {
-        if abs.contains("{interface}") {
-            return netdev.map(|nd| abs.replace("{interface}", nd));
+    CounterFile::of(dev, port, path, netdev).map(|f| f.to_string())
+}
+
+/// [`counter_file`], not formatted yet (a poll formats it into its batch).
+enum CounterFile<'a> {
+    /// Under the port directory.
+    Port { dev: &'a str, port: u32, path: &'a str },
+    /// A sysfs-relative template with `key` replaced by `value` (none: taken as it is).
+    Template { template: &'a str, key: &'static str, value: &'a str },
+}
+
+impl<'a> CounterFile<'a> {
+    fn of(dev: &'a str, port: u32, path: &'a str, netdev: Option<&'a str>) -> Option<CounterFile<'a>> {
+        if let Some(abs) = path.strip_prefix("/sys/") {
+            if abs.contains("{interface}") {
+                return netdev.map(|nd| CounterFile::Template { template: abs, key: "{interface}", value: nd });
+            }
+            if abs.contains("{device}") {
+                return (port == 1).then_some(CounterFile::Template { template: abs, key: "{device}", value: dev });
+            }
+            return Some(CounterFile::Template { template: abs, key: "", value: "" });
         }
-        if abs.contains("{device}") {
-            return (port == 1).then(|| abs.replace("{device}", dev));
+        if path.starts_with('/') || path.split('/').any(|c| c == "..") {
+            return None;
         }
-        return Some(abs.to_string());
+        Some(CounterFile::Port { dev, port, path })
     }
-    if path.starts_with('/') || path.split('/').any(|c| c == "..") {
-        return None;
+}
+
+impl std::fmt::Display for CounterFile<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CounterFile::Port { dev, port, path } => write!(f, "class/infiniband/{dev}/ports/{port}/{path}"),
+            CounterFile::Template { template, key: "", .. } => f.write_str(template),
+            CounterFile::Template { template, key, value } => {
+                for (i, part) in template.split(key).enumerate() {
+                    if i > 0 {
+                        f.write_str(value)?;
+                    }
+                    f.write_str(part)?;
+                }
+                Ok(())
+            }
+        }
     }
-    Some(format!("{port_dir}/{path}"))
 }
 
 /// IB devices behind a netdev: `class/net/<if>/device/infiniband/*`, following a bond's
@@ -817,7 +906,9 @@ mod tests {
         // Every poll sees what a poll with nothing cached and nothing read ahead sees.
         let same = |why: &str| {
             let s = discover(&host, &plan);
-            assert_eq!(s.devices, discover(&host, &plain).devices, "{why}");
+            let uncached = discover(&host, &plain);
+            assert_eq!(s.devices, uncached.devices, "{why}");
+            assert_eq!(s.char_devices, uncached.char_devices, "{why}: character devices");
             s
         };
         same("first poll");
@@ -842,6 +933,49 @@ mod tests {
         let s = same("steady");
         assert_eq!(counter_of(&s, "mlx5_1", path), Some(10));
         assert_eq!((stat(&host.stats.read_ahead_used), stat(&host.stats.read_ahead_dropped)), (2, 2));
+        // The character devices' files are part of the batch read ahead: one gone, then back.
+        let files = cache.last_batch().expect("a batch");
+        assert!(files.rels().iter().any(|r| r.starts_with("class/infiniband_mad/")), "{:?}", files.rels());
+        node.remove_char_node("umad", "mlx5_0", Some(1));
+        let s = same("a umad node went");
+        assert_eq!(stat(&host.stats.read_ahead_dropped), 3);
+        let ClassDir::Listed(mad) = &s.char_devices.mad else { panic!("{:?}", s.char_devices.mad) };
+        assert!(!mad.iter().any(|n| n.kind == CharKind::Umad && n.device.as_deref() == Some("mlx5_0")));
+        node.restore_char_node("umad", "mlx5_0", Some(1));
+        same("the umad node came back");
+        assert_eq!(stat(&host.stats.read_ahead_dropped), 4);
+        // Steady: the same files are the same set, read ahead and used.
+        let before = cache.last_batch().expect("a batch");
+        same("steady again");
+        assert!(Arc::ptr_eq(&before, &cache.last_batch().expect("a batch")), "the batch is made again");
+        assert_eq!((stat(&host.stats.read_ahead_used), stat(&host.stats.read_ahead_dropped)), (3, 4));
+    }
+
+    #[test]
+    fn a_batch_is_the_last_one_while_its_files_are_the_same() {
+        let node = Platform::H100Oci.build();
+        let host = Host::new(node.sys(), node.proc());
+        let build = |prev: Option<Arc<FileSet>>, files: &[&str]| {
+            let mut b = Batch::against(prev);
+            for (i, f) in files.iter().enumerate() {
+                assert_eq!(b.add(format_args!("{f}")), i);
+            }
+            b.finish(&host, true)
+        };
+        let first = build(None, &["a", "b", "c"]);
+        assert_eq!(first.rels(), ["a", "b", "c"]);
+        let again = build(Some(first.clone()), &["a", "b", "c"]);
+        assert!(Arc::ptr_eq(&first, &again));
+        for files in [&["a", "b"][..], &["a", "b", "c", "d"], &["a", "x", "c"], &["x"], &[]] {
+            let other = build(Some(first.clone()), files);
+            assert!(!Arc::ptr_eq(&first, &other), "{files:?}");
+            assert_eq!(other.rels(), files);
+        }
+        let mut b = Batch::against(Some(first.clone()));
+        assert_eq!(b.add_unless(format_args!("a"), |_| false), Some(0));
+        assert_eq!(b.add_unless(format_args!("b"), |f| f == "b"), None);
+        assert_eq!(b.add(format_args!("c")), 1);
+        assert_eq!(b.finish(&host, true).rels(), ["a", "c"]);
     }
 
     #[test]

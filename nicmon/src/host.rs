@@ -242,10 +242,11 @@ struct Item {
     keep: bool,
 }
 
-/// A batch: the thread reads its items in order, notes each result in `progress`, and
-/// says `done` when all are read.
+/// A batch: the thread reads its items from `start` on, in order, notes each result in
+/// `progress`, and says `done` when all are read.
 struct Job {
-    items: Vec<(usize, Item)>,
+    items: Arc<[Item]>,
+    start: usize,
     progress: Arc<Progress>,
     done: mpsc::SyncSender<()>,
 }
@@ -262,7 +263,7 @@ struct Progress {
 
 /// A batch handed to the reader and not collected yet ([`Reader::start_many`]).
 struct Pending {
-    items: Vec<Item>,
+    items: Arc<[Item]>,
     out: Slots,
     /// The first item not handed to a thread yet (or handed to the one in `flight`).
     next: usize,
@@ -296,20 +297,38 @@ impl Pending {
     }
 }
 
-/// Sysfs reads begun with [`Host::start_sys_many`], not collected yet.
-pub struct PendingReads {
+/// Sysfs files read together ([`Host::start_files`]), their paths joined once: a poll's
+/// batch is the same files poll after poll, so it is made once and read again and again.
+#[derive(Debug)]
+pub struct FileSet {
     rels: Vec<String>,
-    /// The results known before reading (the `EINVAL` memo), by index in `rels`.
-    out: Vec<Option<Result<String, ReadError>>>,
-    /// Where each item handed to the reader goes in `out`.
-    at: Vec<usize>,
+    items: Arc<[Item]>,
+}
+
+impl FileSet {
+    /// The sysfs-relative files, in read order.
+    pub fn rels(&self) -> &[String] {
+        &self.rels
+    }
+}
+
+/// The results a batch knows before reading (files in the `EINVAL` memo), by index in its
+/// set (`None`: read), and where each file handed to the reader goes.
+type Memo = (Vec<Option<Result<String, ReadError>>>, Vec<usize>);
+
+/// Sysfs reads begun with [`Host::start_files`], not collected yet.
+pub struct PendingReads {
+    set: Arc<FileSet>,
+    /// Only when files of the set are in the `EINVAL` memo: the results known before
+    /// reading, by index in the set, and where each item handed to the reader goes.
+    memo: Option<Memo>,
     pending: Pending,
 }
 
 impl PendingReads {
-    /// The sysfs-relative files being read.
-    pub fn rels(&self) -> &[String] {
-        &self.rels
+    /// The files being read.
+    pub fn files(&self) -> &Arc<FileSet> {
+        &self.set
     }
 }
 
@@ -476,9 +495,8 @@ impl Shared {
     }
 
     /// Put a file back among the kept ones, if the budget allows (else it is closed).
-    fn keep(&self, path: PathBuf, file: KeptFile, generation: u64) {
+    fn keep(&self, key: std::ffi::OsString, file: KeptFile, generation: u64) {
         let mut k = self.kept();
-        let key = path.into_os_string();
         if k.generation != generation {
             return;
         }
@@ -538,7 +556,7 @@ impl Reader {
     /// Read at most `limit` bytes of the regular file `path`, waiting at most `timeout`.
     fn read(&self, path: &Path, limit: usize, past: Past, timeout: Duration) -> Result<Vec<u8>, ReadError> {
         let item = Item { path: path.to_path_buf(), limit, past, keep: false };
-        self.read_many(vec![item], timeout, None).pop().unwrap_or_else(|| Err(ReadError::Io("not read".into())))
+        self.read_many(Arc::from([item]), timeout, None).pop().unwrap_or_else(|| Err(ReadError::Io("not read".into())))
     }
 
     /// Read `items` in one hand-off to the reader thread, which reads them in order and
@@ -550,7 +568,7 @@ impl Reader {
     /// are stuck. The results are in `items`' order.
     fn read_many(
         &self,
-        items: Vec<Item>,
+        items: Arc<[Item]>,
         read: Duration,
         poll_end: Option<Instant>,
     ) -> Vec<Result<Vec<u8>, ReadError>> {
@@ -561,7 +579,7 @@ impl Reader {
     /// [`Reader::read_many`]'s hand-off, without waiting: the reader thread reads while the
     /// caller does something else; [`Reader::finish_many`] collects (and watches the
     /// deadlines, which count from each item's start, not from the collection).
-    fn start_many(&self, items: Vec<Item>, read: Duration, poll_end: Option<Instant>) -> Pending {
+    fn start_many(&self, items: Arc<[Item]>, read: Duration, poll_end: Option<Instant>) -> Pending {
         let n = items.len();
         let mut pending = Pending { items, out: (0..n).map(|_| None).collect(), next: 0, flight: None };
         if n > 0 {
@@ -592,8 +610,7 @@ impl Reader {
             results: Mutex::new((0..n).map(|_| None).collect()),
         });
         let (done, finished) = mpsc::sync_channel(1);
-        let job =
-            Job { items: (p.next..n).map(|i| (i, p.items[i].clone())).collect(), progress: progress.clone(), done };
+        let job = Job { items: p.items.clone(), start: p.next, progress: progress.clone(), done };
         match self.submit(job) {
             Ok(id) => {
                 p.flight = Some(Flight { progress, finished, id });
@@ -727,11 +744,13 @@ impl Reader {
 }
 
 fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: ReadFn) {
+    // The first read of a kept file lands here (on the heap, zeroed once per thread).
+    let mut scratch = vec![0u8; PAGE + 1].into_boxed_slice();
     while let Ok(job) = jobs.recv() {
-        if job.items.iter().any(|(_, item)| item.keep) {
+        if job.items[job.start..].iter().any(|item| item.keep) {
             shared.kept().drop_changed();
         }
-        for (index, item) in job.items {
+        for (index, item) in job.items.iter().enumerate().skip(job.start) {
             *job.progress.current.lock().unwrap_or_else(|p| p.into_inner()) = (index, Instant::now());
             let earlier = shared.stuck().get(&item.path).map(|s| s.since.elapsed());
             if let Some(ago) = earlier {
@@ -741,8 +760,11 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: 
                 job.progress.results.lock().unwrap_or_else(|p| p.into_inner())[index] = Some(Err(e));
                 continue;
             }
-            let (result, keep) =
-                if item.keep { read_kept(shared, &item) } else { (read_fn(&item.path, item.limit, item.past), None) };
+            let (result, keep) = if item.keep {
+                read_kept(shared, item, &mut scratch)
+            } else {
+                (read_fn(&item.path, item.limit, item.past), None)
+            };
             let mut stuck = shared.stuck();
             job.progress.results.lock().unwrap_or_else(|p| p.into_inner())[index] = Some(result);
             if stuck.get(&item.path).is_some_and(|s| s.worker == id) {
@@ -753,8 +775,8 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: 
                 return;
             }
             drop(stuck);
-            if let Some(file) = keep {
-                shared.keep(item.path, file.0, file.1);
+            if let Some((key, file, generation)) = keep {
+                shared.keep(key.unwrap_or_else(|| item.path.as_os_str().to_os_string()), file, generation);
             }
         }
         let _ = job.done.send(());
@@ -768,20 +790,21 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: 
 /// was dropped before the batch if it changed ([`Kept::drop_changed`]). A failed `pread` (`ENODEV` once the attribute's device
 /// is gone), or a descriptor older than [`KEPT_REFRESH`], is closed and the path opened
 /// again; a file that opens and reads is kept for the next read.
-/// A file to keep after its read, with the [`Kept::generation`] it was taken out under.
-type PutBack = (KeptFile, u64);
+/// A file to keep after its read: its key when it was kept before, the file, and the
+/// [`Kept::generation`] it was taken out under.
+type PutBack = (Option<std::ffi::OsString>, KeptFile, u64);
 
-fn read_kept(shared: &Shared, item: &Item) -> (Result<Vec<u8>, ReadError>, Option<PutBack>) {
+fn read_kept(shared: &Shared, item: &Item, scratch: &mut [u8]) -> (Result<Vec<u8>, ReadError>, Option<PutBack>) {
     let (kept, generation) = {
         let mut k = shared.kept();
-        (k.files.remove(item.path.as_os_str()), k.generation)
+        (k.files.remove_entry(item.path.as_os_str()), k.generation)
     };
-    if let Some(k) = kept
+    if let Some((key, k)) = kept
         && k.opened.elapsed() < KEPT_REFRESH
-        && let Ok(buf) = pread_whole(&k.file, item.limit, item.past)
+        && let Ok(buf) = pread_whole(&k.file, item.limit, item.past, scratch)
         && (k.guard != Guard::Links || links(&k.file).is_some_and(|n| n > 0))
     {
-        return (Ok(buf), Some((k, generation)));
+        return (Ok(buf), Some((Some(key), k, generation)));
     }
     match open_read(&item.path, item.limit, item.past) {
         Ok((file, buf)) => {
@@ -792,7 +815,7 @@ fn read_kept(shared: &Shared, item: &Item) -> (Result<Vec<u8>, ReadError>, Optio
             } else {
                 Guard::Links
             };
-            (Ok(buf), Some((KeptFile { file, opened: Instant::now(), guard }, generation)))
+            (Ok(buf), Some((None, KeptFile { file, opened: Instant::now(), guard }, generation)))
         }
         Err(e) => (Err(e), None),
     }
@@ -802,12 +825,11 @@ fn read_kept(shared: &Shared, item: &Item) -> (Result<Vec<u8>, ReadError>, Optio
 /// short read ends it (the end of a regular file; a sysfs attribute, at most a page,
 /// answers whole on the first read), so an attribute costs one `pread`. Only for
 /// attributes: a procfs file answers a page or so per read ([`open_read`] reads those).
-fn pread_whole(file: &std::fs::File, limit: usize, past: Past) -> Result<Vec<u8>, ReadError> {
+fn pread_whole(file: &std::fs::File, limit: usize, past: Past, first: &mut [u8]) -> Result<Vec<u8>, ReadError> {
     use std::os::unix::fs::FileExt;
     let cap = limit.saturating_add(1);
-    // An attribute fits the first buffer (on the stack: no allocation, no page fault per
+    // An attribute fits the first buffer (the reader's own: no allocation, no zeroing per
     // read); only what was read is copied out.
-    let mut first = [0u8; PAGE + 1];
     let want = cap.min(first.len());
     let n = loop {
         match file.read_at(&mut first[..want], 0) {
@@ -1063,47 +1085,76 @@ impl Host {
     /// `keep`: these are attributes that change, read every poll: keep them open and read
     /// them again with `pread` at offset 0 (see the module doc, "Kept-open files").
     pub fn read_sys_many(&self, rels: &[String], keep: bool) -> Vec<Result<String, ReadError>> {
-        let pending = self.start_sys_many(rels, keep);
-        self.finish_sys_many(pending)
+        self.read_files(&self.file_set(rels.to_vec(), keep))
     }
 
-    /// [`Host::read_sys_many`] begun: the reader thread reads `rels` while the caller goes
-    /// on; [`Host::finish_sys_many`] waits for the results (the deadlines run meanwhile).
-    pub fn start_sys_many(&self, rels: &[String], keep: bool) -> PendingReads {
-        let mut out: Vec<Option<Result<String, ReadError>>> = Vec::with_capacity(rels.len());
-        let mut items = Vec::with_capacity(rels.len());
-        let mut at = Vec::with_capacity(rels.len());
-        {
-            let memo = self.einval.lock().unwrap_or_else(|p| p.into_inner());
-            for rel in rels {
-                self.note_sys(rel, |tree, rel| Access::Read { tree, rel });
-                if memo.contains(rel.as_str()) {
-                    self.stats.einval_skipped.fetch_add(1, Ordering::Relaxed);
-                    out.push(Some(Err(ReadError::Invalid)));
-                    continue;
+    /// The sysfs-relative files `rels` as a [`FileSet`] (`keep`: see [`Host::read_sys_many`]).
+    pub fn file_set(&self, rels: Vec<String>, keep: bool) -> Arc<FileSet> {
+        let items = rels.iter().map(|rel| Item { path: self.sys(rel), limit: PAGE, past: Past::Error, keep }).collect();
+        Arc::new(FileSet { rels, items })
+    }
+
+    /// [`Host::read_sys_many`] of a [`FileSet`].
+    pub fn read_files(&self, set: &Arc<FileSet>) -> Vec<Result<String, ReadError>> {
+        let pending = self.start_files(set);
+        self.finish_files(pending)
+    }
+
+    /// [`Host::read_files`] begun: the reader thread reads `set` while the caller goes on;
+    /// [`Host::finish_files`] waits for the results (the deadlines run meanwhile).
+    pub fn start_files(&self, set: &Arc<FileSet>) -> PendingReads {
+        let (items, memo) = {
+            let einval = self.einval.lock().unwrap_or_else(|p| p.into_inner());
+            if einval.is_empty() || !set.rels.iter().any(|r| einval.contains(r.as_str())) {
+                (set.items.clone(), None)
+            } else {
+                let mut out = Vec::with_capacity(set.rels.len());
+                let mut at = Vec::new();
+                let mut items = Vec::new();
+                for (rel, item) in set.rels.iter().zip(set.items.iter()) {
+                    if einval.contains(rel.as_str()) {
+                        out.push(Some(Err(ReadError::Invalid)));
+                    } else {
+                        at.push(out.len());
+                        out.push(None);
+                        items.push(item.clone());
+                    }
                 }
-                let path = self.sys(rel);
-                self.stats.files_read.fetch_add(1, Ordering::Relaxed);
-                self.stats.record(&path);
-                at.push(out.len());
-                out.push(None);
-                items.push(Item { path, limit: PAGE, past: Past::Error, keep });
+                (Arc::from(items), Some((out, at)))
+            }
+        };
+        let skipped = set.rels.len() - items.len();
+        if skipped > 0 {
+            self.stats.einval_skipped.fetch_add(skipped as u64, Ordering::Relaxed);
+        }
+        self.stats.files_read.fetch_add(items.len() as u64, Ordering::Relaxed);
+        if self.accesses.is_some() {
+            for rel in &set.rels {
+                self.note_sys(rel, |tree, rel| Access::Read { tree, rel });
             }
         }
+        for item in items.iter() {
+            self.stats.record(&item.path);
+        }
         let pending = self.reader.start_many(items, self.deadlines.read, self.poll_end());
-        PendingReads { rels: rels.to_vec(), out, at, pending }
+        PendingReads { set: set.clone(), memo, pending }
     }
 
-    /// The results of [`Host::start_sys_many`], in its `rels`' order.
-    pub fn finish_sys_many(&self, reads: PendingReads) -> Vec<Result<String, ReadError>> {
-        let PendingReads { rels, mut out, at, pending } = reads;
-        let paths: Vec<PathBuf> = pending.items.iter().map(|it| it.path.clone()).collect();
+    /// The results of [`Host::start_files`], in its set's order.
+    pub fn finish_files(&self, reads: PendingReads) -> Vec<Result<String, ReadError>> {
+        let PendingReads { set, memo, pending } = reads;
+        let items = pending.items.clone();
         let results = self.reader.finish_many(pending, self.deadlines.read, self.poll_end());
-        for ((i, path), r) in at.into_iter().zip(paths).zip(results) {
-            let r = self.after_read(&path, r);
-            out[i] = Some(self.text_of(&path, &rels[i], r));
+        let text = |i: usize, item: &Item, r| self.text_of(&item.path, &set.rels[i], self.after_read(&item.path, r));
+        match memo {
+            None => results.into_iter().zip(items.iter()).enumerate().map(|(i, (r, item))| text(i, item, r)).collect(),
+            Some((mut out, at)) => {
+                for ((i, item), r) in at.into_iter().zip(items.iter()).zip(results) {
+                    out[i] = Some(text(i, item, r));
+                }
+                out.into_iter().map(|r| r.unwrap_or_else(|| Err(ReadError::Io("not read".into())))).collect()
+            }
         }
-        out.into_iter().map(|r| r.unwrap_or_else(|| Err(ReadError::Io("not read".into())))).collect()
     }
 
     /// A number that changes whenever kept-open files are forgotten ([`Host::forget_kept`]):
@@ -1278,7 +1329,9 @@ impl Host {
     /// A read's bytes as text (lossy UTF-8); an `EINVAL` goes into the memo.
     fn text_of(&self, path: &Path, key: &str, r: Result<Vec<u8>, ReadError>) -> Result<String, ReadError> {
         match r {
-            Ok(bytes) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
+            Ok(bytes) => {
+                Ok(String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
+            }
             Err(err) => {
                 if err == ReadError::Invalid {
                     if let Ok(mut s) = self.einval.lock() {
