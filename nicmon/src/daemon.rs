@@ -934,6 +934,103 @@ mod tests {
     use crate::counters::eval::Saturation;
     use crate::event::{Entity, HealthEvent, Stamp};
 
+    /// A daemon over a fixture node, with no wake source, metrics endpoint or kernel log
+    /// (its loop's cycles are driven by the test).
+    fn run_options(node: &nicmon_tests::Node) -> RunOptions {
+        RunOptions {
+            monitor: MonitorOptions {
+                sysfs: node.sys().to_path_buf(),
+                procfs: node.proc().to_path_buf(),
+                config: node.root().join("absent.toml"),
+                metadata: None,
+                metadata_required: false,
+                boot_id_path: None,
+                checks: Check::ALL.into_iter().collect(),
+                stamp: Stamp { node_name: "n1".into(), ..Stamp::default() },
+            },
+            state_file: node.root().join("state.json"),
+            interval: Duration::from_secs(1),
+            sink: SinkSpec::File(node.root().join("events.jsonl")),
+            grpc: GrpcConfig::new(crate::dispatch::DEFAULT_SOCKET.parse().unwrap()),
+            metrics_port: None,
+            metrics_bind_address: std::net::Ipv4Addr::LOCALHOST.into(),
+            kmsg_path: None,
+            wake: WakeOptions::default(),
+            no_wake: true,
+            trace: false,
+            poll_stall: PollStall { deadline: Duration::ZERO, store_only: false },
+        }
+    }
+
+    fn wake_naming(netdev: &str) -> Wake {
+        Wake {
+            hook: crate::wake::Hook::Rtnetlink,
+            kernel_ts_ns: None,
+            hint: crate::wake::Hint::Name(netdev.to_string()),
+            received: Instant::now(),
+            received_ns: crate::wake::monotonic_ns(),
+        }
+    }
+
+    /// The firmware version of `dev` in the last full poll's snapshot.
+    fn fw_ver(daemon: &Daemon<'_>, dev: &str) -> Option<String> {
+        let snap = daemon.last_snapshot.as_ref().expect("a full poll ran");
+        snap.devices.iter().find(|d| d.name == dev).and_then(|d| d.fw_ver.clone())
+    }
+
+    /// Issue #18's read path through the daemon's own cycle: a wake-up naming a device
+    /// (here by its netdev) makes the next full poll read that device's static attributes
+    /// again — the targeted poll it causes does not (it uses the kept ones) — while a
+    /// device no wake-up named keeps its kept attributes (until `STATIC_REFRESH`).
+    #[tokio::test]
+    async fn a_wake_naming_a_device_makes_the_next_full_poll_read_its_statics_again() {
+        let mut node = nicmon_tests::Node::new("statics-wake");
+        let rc = node.root_complex(0, 0);
+        let rp = node.root_port(&rc, 1);
+        node.card(&rp, 0, vec![nicmon_tests::NicSpec::eth("mlx5_0", "eth0")]);
+        let rp2 = node.root_port(&rc, 2);
+        node.card(&rp2, 0, vec![nicmon_tests::NicSpec::eth("mlx5_1", "eth1")]);
+        let opts = run_options(&node);
+        let mut daemon = Daemon::start(&opts).await.unwrap();
+
+        // The tick's first full poll reads both devices' static attributes.
+        daemon.cycle(&[]).await;
+        assert_eq!(fw_ver(&daemon, "mlx5_0").as_deref(), Some("28.39.1002"));
+        assert_eq!(daemon.monitor.statics.reads(), 2);
+        // The next tick reads none of them.
+        daemon.cycle(&[]).await;
+        assert_eq!(daemon.monitor.statics.reads(), 2, "kept between full polls");
+
+        // Both devices' firmware changes on disk (as a firmware reset would show it).
+        node.write_device_file("mlx5_0", "fw_ver", "28.40.1000\n");
+        node.write_device_file("mlx5_1", "fw_ver", "28.40.1000\n");
+
+        // A hinted wake-up in a burst (a full poll ran moments ago): the targeted poll
+        // alone runs; it reads no static attribute, and the device is owed a re-read.
+        daemon.last_full_poll = Some(Instant::now());
+        daemon.cycle(&[wake_naming("eth0")]).await;
+        assert_eq!(daemon.monitor.statics.reads(), 2, "a targeted poll uses the kept static attributes");
+        assert!(daemon.statics_owed.contains("mlx5_0"), "{:?}", daemon.statics_owed);
+        assert_eq!(fw_ver(&daemon, "mlx5_0").as_deref(), Some("28.39.1002"), "no full poll ran yet");
+
+        // The trailing (or the tick's) full poll: mlx5_0 is read again, mlx5_1 is not.
+        daemon.cycle(&[]).await;
+        assert_eq!(daemon.monitor.statics.reads(), 3, "exactly the named device's attributes are read again");
+        assert!(daemon.statics_owed.is_empty());
+        assert_eq!(fw_ver(&daemon, "mlx5_0").as_deref(), Some("28.40.1000"), "the named device is read again");
+        assert_eq!(fw_ver(&daemon, "mlx5_1").as_deref(), Some("28.39.1002"), "an unnamed device keeps its kept value");
+
+        // Outside a burst: one cycle runs the targeted poll and the full poll that follows,
+        // which reads the named device again (here mlx5_1, named by its netdev too).
+        node.write_device_file("mlx5_1", "fw_ver", "28.41.2000\n");
+        daemon.last_full_poll = None;
+        daemon.cycle(&[wake_naming("eth1")]).await;
+        assert_eq!(daemon.monitor.statics.reads(), 4);
+        assert_eq!(fw_ver(&daemon, "mlx5_1").as_deref(), Some("28.41.2000"));
+        assert_eq!(fw_ver(&daemon, "mlx5_0").as_deref(), Some("28.40.1000"));
+        daemon.shutdown().await;
+    }
+
     fn degradation(counter: &str, fatal: bool) -> HealthEvent {
         HealthEvent::new(Check::InfiniBandDegradationCheck, &Stamp::default(), OffsetDateTime::UNIX_EPOCH, "x")
             .entities(vec![Entity::nic("mlx5_0".to_string()), Entity::port(1)])
