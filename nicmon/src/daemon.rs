@@ -165,6 +165,8 @@ pub struct Daemon<'a> {
     /// Batches sent and not yet saved ([`crate::outbox`]'s journal).
     journal: Journal,
     trace_latencies: BTreeMap<&'static str, Vec<f64>>,
+    /// Wake records the kernel programs lost to a full ring buffer, as last read.
+    lost_wakes: crate::wake::LostWakes,
     /// The poll-stall watchdog (`None`: `--poll-stall-deadline=0s`).
     stall: Option<crate::stall::Watchdog>,
 }
@@ -287,6 +289,7 @@ impl<'a> Daemon<'a> {
             writer: state::Writer::new(&opts.state_file),
             journal,
             trace_latencies: BTreeMap::new(),
+            lost_wakes: crate::wake::LostWakes::default(),
             stall,
         })
     }
@@ -338,7 +341,8 @@ impl<'a> Daemon<'a> {
             );
         }
         if self.opts.trace {
-            println!("{}", trace_summary(&self.trace_latencies));
+            let lost = self.count_lost_wakes();
+            println!("{}", trace_summary(&self.trace_latencies, lost));
         }
     }
 
@@ -486,6 +490,30 @@ impl<'a> Daemon<'a> {
         }
         let kind = if traced { PollKind::FullAfterTargeted } else { PollKind::Full };
         self.act(poll, woke, if traced { started } else { woke_at }, elapsed, kind, records);
+        let _ = self.count_lost_wakes();
+    }
+
+    /// Read the kernel programs' count of wake records lost to a full ring buffer (once per
+    /// full poll, off the latency path): the metric, a trace line, and a warning at most
+    /// once per [`crate::wake::LOST_WARN_EVERY`]. The total, when it could be read.
+    fn count_lost_wakes(&mut self) -> Option<u64> {
+        let total = self.wakes.as_ref().and_then(|w| w.lost_records())?;
+        let update = self.lost_wakes.update(total, Instant::now());
+        if update.new > 0 {
+            self.metrics.ebpf_wake_records_lost(update.new);
+            if self.opts.trace {
+                println!("lost wake_records={} total={} (eBPF ring buffer full)", update.new, update.total);
+            }
+        }
+        if let Some(lost) = update.warn {
+            tracing::warn!(
+                lost,
+                total = update.total,
+                "wake records dropped in the kernel: the eBPF ring buffer was full (harmless: the 1 s full poll \
+                 still runs; the agent fell behind, see nicmon_ebpf_wake_records_lost_total)"
+            );
+        }
+        Some(update.total)
     }
 
     /// Act on one poll's result: notes, logs, trace, metrics, then the outbox's commit.
@@ -689,8 +717,10 @@ fn start_kmsg(
     }
 }
 
-/// Per-hook counts and kernel→poll-end latency percentiles (trace mode's exit summary).
-pub fn trace_summary(lat: &std::collections::BTreeMap<&'static str, Vec<f64>>) -> String {
+/// Per-hook counts and kernel→poll-end latency percentiles (trace mode's exit summary),
+/// and the wake records the kernel programs lost to a full ring buffer (`None`: not counted,
+/// no eBPF).
+pub fn trace_summary(lat: &std::collections::BTreeMap<&'static str, Vec<f64>>, lost: Option<u64>) -> String {
     let mut out = String::from("trace summary (kernel timestamp -> poll finished, ms):\n");
     if lat.is_empty() {
         out.push_str("  no wake-ups\n");
@@ -706,6 +736,9 @@ pub fn trace_summary(lat: &std::collections::BTreeMap<&'static str, Vec<f64>>) -
             pct(0.99),
             v[v.len() - 1]
         ));
+    }
+    if let Some(n) = lost {
+        out.push_str(&format!("  wake records lost in the kernel (eBPF ring buffer full): {n}\n"));
     }
     out
 }
@@ -1029,6 +1062,16 @@ mod tests {
         assert_eq!(fw_ver(&daemon, "mlx5_1").as_deref(), Some("28.41.2000"));
         assert_eq!(fw_ver(&daemon, "mlx5_0").as_deref(), Some("28.40.1000"));
         daemon.shutdown().await;
+    }
+
+    #[test]
+    fn the_trace_summary_says_how_many_wake_records_the_kernel_lost() {
+        let lat: BTreeMap<&'static str, Vec<f64>> = [("qdisc_reset", vec![1.0, 2.0, 3.0])].into();
+        let with = trace_summary(&lat, Some(4));
+        assert!(with.contains("qdisc_reset                  count=3      p50=2.000"), "{with}");
+        assert!(with.ends_with("  wake records lost in the kernel (eBPF ring buffer full): 4\n"), "{with}");
+        let without = trace_summary(&BTreeMap::new(), None);
+        assert_eq!(without, "trace summary (kernel timestamp -> poll finished, ms):\n  no wake-ups\n");
     }
 
     fn degradation(counter: &str, fatal: bool) -> HealthEvent {

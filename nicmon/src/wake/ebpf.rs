@@ -2,7 +2,7 @@
 //! the kernel refuses or lacks is recorded with the reason and the others carry on.
 //! Then drains the ring buffer into the wake-up channel.
 use super::{Hint, HookStatus, Mechanism, Wake, monotonic_ns, tracefs};
-use aya::maps::{MapData, RingBuf};
+use aya::maps::{MapData, PerCpuArray, RingBuf};
 use aya::programs::{FEntry, KProbe, ProgramError, TracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
 use nicmon_common::{HOOK_SLOTS, HintKind, Hook, WakeRecord};
@@ -16,6 +16,8 @@ use tokio::task::JoinHandle;
 
 /// Name of the ring buffer map and of the hint-offset global in the object.
 const RING_MAP: &str = "WAKES";
+/// Name of the per-CPU count of wake records lost to a full ring buffer.
+const LOST_MAP: &str = "WAKES_LOST";
 const HINT_GLOBAL: &str = "HINT_LOC";
 /// The kernel programs' copy of the agent's tgid: `mlx5:mlx5_cmd` records caused by the
 /// agent's own reads are dropped in the kernel (no wake storm from a failing counter read).
@@ -134,6 +136,9 @@ pub struct EbpfWakes {
     _ebpf: Ebpf,
     hooks: Vec<HookStatus>,
     tasks: Vec<JoinHandle<()>>,
+    /// The kernel programs' per-CPU count of records lost to a full ring buffer (`None`:
+    /// the object has no such map, or it cannot be used; said once at load).
+    lost: Option<PerCpuArray<MapData, u64>>,
 }
 
 impl Drop for EbpfWakes {
@@ -175,6 +180,17 @@ impl EbpfWakes {
             .map_err(|e| LoadError::Object(Box::new(e)))?;
         let ring = ebpf.take_map(RING_MAP).ok_or(LoadError::NoRingBuffer)?;
         let ring = RingBuf::try_from(ring).map_err(LoadError::RingBuffer)?;
+        let lost = match ebpf.take_map(LOST_MAP).map(PerCpuArray::try_from) {
+            Some(Ok(m)) => Some(m),
+            Some(Err(e)) => {
+                tracing::warn!(map = LOST_MAP, error = %e, "lost wake records cannot be counted");
+                None
+            }
+            None => {
+                tracing::warn!(map = LOST_MAP, "the eBPF object does not count lost wake records");
+                None
+            }
+        };
 
         let mut tasks = Vec::new();
         // Only an object built with the `log` feature has the aya-log map.
@@ -192,12 +208,32 @@ impl EbpfWakes {
         drop(btf);
         let fd = super::register_readable(ring).map_err(LoadError::Reactor)?;
         tasks.push(tokio::spawn(drain(fd, tx)));
-        Ok(EbpfWakes { _ebpf: ebpf, hooks, tasks })
+        Ok(EbpfWakes { _ebpf: ebpf, hooks, tasks, lost })
     }
 
     pub fn hooks(&self) -> &[HookStatus] {
         &self.hooks
     }
+
+    /// Wake records the kernel programs lost since they were loaded because the ring
+    /// buffer was full, summed over CPUs. `None` when they cannot be counted (no such map
+    /// in the object, or the read failed: logged at debug level).
+    pub fn lost_records(&self) -> Option<u64> {
+        let map = self.lost.as_ref()?;
+        match map.get(&0, 0) {
+            Ok(per_cpu) => Some(sum_per_cpu(&per_cpu)),
+            Err(e) => {
+                tracing::debug!(map = LOST_MAP, error = %e, "reading the lost wake records failed");
+                None
+            }
+        }
+    }
+}
+
+/// The total of a per-CPU counter's slots. Each slot only grows (wrapping at `u64::MAX`,
+/// which a count of records never reaches), so the sum does too.
+pub fn sum_per_cpu(per_cpu: &[u64]) -> u64 {
+    per_cpu.iter().fold(0u64, |sum, n| sum.wrapping_add(*n))
 }
 
 /// An [`EbpfLoader`] whose constructor has not parsed the kernel's BTF.
@@ -722,6 +758,25 @@ mod tests {
             Err(reason) => assert_eq!(real, Err(reason)),
             Ok(()) => assert_ne!(real, Err("fentry refused: EPERM".to_string())),
         }
+    }
+
+    /// The loaded programs' lost-record count is readable and, with the agent keeping up
+    /// (nothing else reads this program's ring buffer), zero.
+    #[tokio::test]
+    async fn the_lost_record_count_of_loaded_programs_reads_zero() {
+        let Some(object) = crate::wake::EMBEDDED_OBJECT else {
+            eprintln!("SKIP: no embedded eBPF object (cargo xtask build-ebpf)");
+            return;
+        };
+        let (tx, _rx) = mpsc::channel(crate::wake::CHANNEL_CAPACITY);
+        let wakes = match EbpfWakes::load(object, tracefs::locate(false), tx) {
+            Ok(w) => w,
+            Err(e) => {
+                eprintln!("SKIP: the eBPF object cannot be loaded here: {e}");
+                return;
+            }
+        };
+        assert_eq!(wakes.lost_records(), Some(0), "hooks: {:?}", wakes.hooks());
     }
 
     #[test]
