@@ -777,6 +777,13 @@ mod tests {
             }
         };
         assert_eq!(wakes.lost_records(), Some(0), "hooks: {:?}", wakes.hooks());
+        // Every CPU's slot counts: set each to a different value, read back the sum.
+        let mut wakes = wakes;
+        let cpus = aya::util::nr_cpus().unwrap();
+        let values: Vec<u64> = (1..=cpus as u64).collect();
+        let map = wakes.lost.as_mut().expect("the object has the map");
+        map.set(0, aya::maps::PerCpuValues::try_from(values.clone()).unwrap(), 0).unwrap();
+        assert_eq!(wakes.lost_records(), Some(values.iter().sum()));
     }
 
     #[test]
