@@ -14,15 +14,21 @@ use aya_ebpf::{
     bindings::BPF_RB_FORCE_WAKEUP,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes},
     macros::{fentry, kprobe, map, tracepoint},
-    maps::{LruHashMap, RingBuf},
+    maps::{LruHashMap, PerCpuArray, RingBuf},
     programs::{FEntryContext, ProbeContext, TracePointContext},
 };
 use nicmon_common::{HOOK_SLOTS, HintKind, Hook, WakeRecord};
 
 /// The one ring buffer: 64 KiB is 2,000 pending records; a full buffer drops wake-ups,
-/// which is harmless (the 1 s poll runs regardless).
+/// which is harmless (the 1 s poll runs regardless) and counted in [`WAKES_LOST`].
 #[map]
 static WAKES: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
+
+/// Wake records lost because [`WAKES`] was full (the agent behind by 64 KiB of records),
+/// one slot per CPU: the agent reads and sums them. A lost record is harmless for
+/// correctness (the 1 s full poll runs regardless); the count says it happened.
+#[map]
+static WAKES_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// Per wake-up key (the hook and its hint: a netdev, an RDMA or a PCI device), when a
 /// record was last emitted. A record within [`RATE_WINDOW_NS`] of the previous one of the
@@ -79,7 +85,12 @@ fn push<C: EbpfContext>(_ctx: &C, rec: &WakeRecord) -> u32 {
     }
     let _ = LAST_EMIT.insert(key, rec.ts_ns, 0);
     // Force the wake-up: records are rare (rate-limited above) and latency is the point.
-    let _ = WAKES.output::<WakeRecord>(rec, BPF_RB_FORCE_WAKEUP as u64);
+    if WAKES.output::<WakeRecord>(rec, BPF_RB_FORCE_WAKEUP as u64).is_err()
+        && let Some(lost) = WAKES_LOST.get_ptr_mut(0)
+    {
+        // SAFETY: this CPU's slot of our own map; a program is not migrated while it runs.
+        unsafe { *lost = (*lost).wrapping_add(1) };
+    }
     0
 }
 

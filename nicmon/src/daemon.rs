@@ -165,6 +165,8 @@ pub struct Daemon<'a> {
     /// Batches sent and not yet saved ([`crate::outbox`]'s journal).
     journal: Journal,
     trace_latencies: BTreeMap<&'static str, Vec<f64>>,
+    /// Wake records the kernel programs lost to a full ring buffer, as last read.
+    lost_wakes: crate::wake::LostWakes,
     /// The poll-stall watchdog (`None`: `--poll-stall-deadline=0s`).
     stall: Option<crate::stall::Watchdog>,
 }
@@ -287,6 +289,7 @@ impl<'a> Daemon<'a> {
             writer: state::Writer::new(&opts.state_file),
             journal,
             trace_latencies: BTreeMap::new(),
+            lost_wakes: crate::wake::LostWakes::default(),
             stall,
         })
     }
@@ -338,7 +341,8 @@ impl<'a> Daemon<'a> {
             );
         }
         if self.opts.trace {
-            println!("{}", trace_summary(&self.trace_latencies));
+            let lost = self.count_lost_wakes();
+            println!("{}", trace_summary(&self.trace_latencies, lost));
         }
     }
 
@@ -486,6 +490,30 @@ impl<'a> Daemon<'a> {
         }
         let kind = if traced { PollKind::FullAfterTargeted } else { PollKind::Full };
         self.act(poll, woke, if traced { started } else { woke_at }, elapsed, kind, records);
+        let _ = self.count_lost_wakes();
+    }
+
+    /// Read the kernel programs' count of wake records lost to a full ring buffer (once per
+    /// full poll, off the latency path): the metric, a trace line, and a warning at most
+    /// once per [`crate::wake::LOST_WARN_EVERY`]. The total, when it could be read.
+    fn count_lost_wakes(&mut self) -> Option<u64> {
+        let total = self.wakes.as_ref().and_then(|w| w.lost_records())?;
+        let update = self.lost_wakes.update(total, Instant::now());
+        if update.new > 0 {
+            self.metrics.ebpf_wake_records_lost(update.new);
+            if self.opts.trace {
+                println!("lost wake_records={} total={} (eBPF ring buffer full)", update.new, update.total);
+            }
+        }
+        if let Some(lost) = update.warn {
+            tracing::warn!(
+                lost,
+                total = update.total,
+                "wake records dropped in the kernel: the eBPF ring buffer was full (harmless: the 1 s full poll \
+                 still runs; the agent fell behind, see nicmon_ebpf_wake_records_lost_total)"
+            );
+        }
+        Some(update.total)
     }
 
     /// Act on one poll's result: notes, logs, trace, metrics, then the outbox's commit.
@@ -689,8 +717,10 @@ fn start_kmsg(
     }
 }
 
-/// Per-hook counts and kernel→poll-end latency percentiles (trace mode's exit summary).
-pub fn trace_summary(lat: &std::collections::BTreeMap<&'static str, Vec<f64>>) -> String {
+/// Per-hook counts and kernel→poll-end latency percentiles (trace mode's exit summary),
+/// and the wake records the kernel programs lost to a full ring buffer (`None`: not counted,
+/// no eBPF).
+pub fn trace_summary(lat: &std::collections::BTreeMap<&'static str, Vec<f64>>, lost: Option<u64>) -> String {
     let mut out = String::from("trace summary (kernel timestamp -> poll finished, ms):\n");
     if lat.is_empty() {
         out.push_str("  no wake-ups\n");
@@ -706,6 +736,9 @@ pub fn trace_summary(lat: &std::collections::BTreeMap<&'static str, Vec<f64>>) -
             pct(0.99),
             v[v.len() - 1]
         ));
+    }
+    if let Some(n) = lost {
+        out.push_str(&format!("  wake records lost in the kernel (eBPF ring buffer full): {n}\n"));
     }
     out
 }
@@ -933,6 +966,113 @@ mod tests {
     use super::*;
     use crate::counters::eval::Saturation;
     use crate::event::{Entity, HealthEvent, Stamp};
+
+    /// A daemon over a fixture node, with no wake source, metrics endpoint or kernel log
+    /// (its loop's cycles are driven by the test).
+    fn run_options(node: &nicmon_tests::Node) -> RunOptions {
+        RunOptions {
+            monitor: MonitorOptions {
+                sysfs: node.sys().to_path_buf(),
+                procfs: node.proc().to_path_buf(),
+                config: node.root().join("absent.toml"),
+                metadata: None,
+                metadata_required: false,
+                boot_id_path: None,
+                checks: Check::ALL.into_iter().collect(),
+                stamp: Stamp { node_name: "n1".into(), ..Stamp::default() },
+            },
+            state_file: node.root().join("state.json"),
+            interval: Duration::from_secs(1),
+            sink: SinkSpec::File(node.root().join("events.jsonl")),
+            grpc: GrpcConfig::new(crate::dispatch::DEFAULT_SOCKET.parse().unwrap()),
+            metrics_port: None,
+            metrics_bind_address: std::net::Ipv4Addr::LOCALHOST.into(),
+            kmsg_path: None,
+            wake: WakeOptions::default(),
+            no_wake: true,
+            trace: false,
+            poll_stall: PollStall { deadline: Duration::ZERO, store_only: false },
+        }
+    }
+
+    fn wake_naming(netdev: &str) -> Wake {
+        Wake {
+            hook: crate::wake::Hook::Rtnetlink,
+            kernel_ts_ns: None,
+            hint: crate::wake::Hint::Name(netdev.to_string()),
+            received: Instant::now(),
+            received_ns: crate::wake::monotonic_ns(),
+        }
+    }
+
+    /// The firmware version of `dev` in the last full poll's snapshot.
+    fn fw_ver(daemon: &Daemon<'_>, dev: &str) -> Option<String> {
+        let snap = daemon.last_snapshot.as_ref().expect("a full poll ran");
+        snap.devices.iter().find(|d| d.name == dev).and_then(|d| d.fw_ver.clone())
+    }
+
+    /// Issue #18's read path through the daemon's own cycle: a wake-up naming a device
+    /// (here by its netdev) makes the next full poll read that device's static attributes
+    /// again — the targeted poll it causes does not (it uses the kept ones) — while a
+    /// device no wake-up named keeps its kept attributes (until `STATIC_REFRESH`).
+    #[tokio::test]
+    async fn a_wake_naming_a_device_makes_the_next_full_poll_read_its_statics_again() {
+        let mut node = nicmon_tests::Node::new("statics-wake");
+        let rc = node.root_complex(0, 0);
+        let rp = node.root_port(&rc, 1);
+        node.card(&rp, 0, vec![nicmon_tests::NicSpec::eth("mlx5_0", "eth0")]);
+        let rp2 = node.root_port(&rc, 2);
+        node.card(&rp2, 0, vec![nicmon_tests::NicSpec::eth("mlx5_1", "eth1")]);
+        let opts = run_options(&node);
+        let mut daemon = Daemon::start(&opts).await.unwrap();
+
+        // The tick's first full poll reads both devices' static attributes.
+        daemon.cycle(&[]).await;
+        assert_eq!(fw_ver(&daemon, "mlx5_0").as_deref(), Some("28.39.1002"));
+        assert_eq!(daemon.monitor.statics.reads(), 2);
+        // The next tick reads none of them.
+        daemon.cycle(&[]).await;
+        assert_eq!(daemon.monitor.statics.reads(), 2, "kept between full polls");
+
+        // Both devices' firmware changes on disk (as a firmware reset would show it).
+        node.write_device_file("mlx5_0", "fw_ver", "28.40.1000\n");
+        node.write_device_file("mlx5_1", "fw_ver", "28.40.1000\n");
+
+        // A hinted wake-up in a burst (a full poll ran moments ago): the targeted poll
+        // alone runs; it reads no static attribute, and the device is owed a re-read.
+        daemon.last_full_poll = Some(Instant::now());
+        daemon.cycle(&[wake_naming("eth0")]).await;
+        assert_eq!(daemon.monitor.statics.reads(), 2, "a targeted poll uses the kept static attributes");
+        assert!(daemon.statics_owed.contains("mlx5_0"), "{:?}", daemon.statics_owed);
+        assert_eq!(fw_ver(&daemon, "mlx5_0").as_deref(), Some("28.39.1002"), "no full poll ran yet");
+
+        // The trailing (or the tick's) full poll: mlx5_0 is read again, mlx5_1 is not.
+        daemon.cycle(&[]).await;
+        assert_eq!(daemon.monitor.statics.reads(), 3, "exactly the named device's attributes are read again");
+        assert!(daemon.statics_owed.is_empty());
+        assert_eq!(fw_ver(&daemon, "mlx5_0").as_deref(), Some("28.40.1000"), "the named device is read again");
+        assert_eq!(fw_ver(&daemon, "mlx5_1").as_deref(), Some("28.39.1002"), "an unnamed device keeps its kept value");
+
+        // Outside a burst: one cycle runs the targeted poll and the full poll that follows,
+        // which reads the named device again (here mlx5_1, named by its netdev too).
+        node.write_device_file("mlx5_1", "fw_ver", "28.41.2000\n");
+        daemon.last_full_poll = None;
+        daemon.cycle(&[wake_naming("eth1")]).await;
+        assert_eq!(daemon.monitor.statics.reads(), 4);
+        assert_eq!(fw_ver(&daemon, "mlx5_1").as_deref(), Some("28.41.2000"));
+        assert_eq!(fw_ver(&daemon, "mlx5_0").as_deref(), Some("28.40.1000"));
+        daemon.shutdown().await;
+    }
+
+    #[test]
+    fn the_trace_summary_says_how_many_wake_records_the_kernel_lost() {
+        let lat: BTreeMap<&'static str, Vec<f64>> = [("qdisc_reset", vec![1.0, 2.0, 3.0])].into();
+        let with = trace_summary(&lat, Some(4));
+        assert!(with.contains("qdisc_reset                  count=3      p50=2.000"), "{with}");
+        assert!(with.ends_with("  wake records lost in the kernel (eBPF ring buffer full): 4\n"), "{with}");
+        let without = trace_summary(&BTreeMap::new(), None);
+        assert_eq!(without, "trace summary (kernel timestamp -> poll finished, ms):\n  no wake-ups\n");
+    }
 
     fn degradation(counter: &str, fatal: bool) -> HealthEvent {
         HealthEvent::new(Check::InfiniBandDegradationCheck, &Stamp::default(), OffsetDateTime::UNIX_EPOCH, "x")

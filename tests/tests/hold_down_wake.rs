@@ -170,10 +170,24 @@ fn a_wake_up_during_the_hold_down_publishes_nothing_and_the_outage_is_reported_w
         let rec_after = ts_of(rec).duration_since(up_at).unwrap_or_default();
         assert!(rec_after < Duration::from_millis(1500), "recovery after {rec_after:?}: {rec:#}");
         assert_eq!(blips(metrics_port), Some(1), "an outage is no blip");
+        if mode == Mode::Ebpf {
+            // The kernel programs' count of records lost to a full ring buffer is read
+            // (it would be absent from the summary if not) and, the agent keeping up, 0.
+            let m = metrics(metrics_port);
+            assert!(m.lines().any(|l| l == "nicmon_ebpf_wake_records_lost_total 0"), "{m}");
+        }
     }));
     let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
     let _ = child.wait();
     drop(veth);
+    let result = result.and_then(|()| {
+        std::panic::catch_unwind(|| {
+            if mode == Mode::Ebpf {
+                let t = read_trace();
+                assert!(t.contains("\n  wake records lost in the kernel (eBPF ring buffer full): 0\n"), "{t}");
+            }
+        })
+    });
     if let Err(e) = result {
         eprintln!("trace:\n{}", read_trace());
         eprintln!("log:\n{}", std::fs::read_to_string(node.root().join("nicmon.log")).unwrap_or_default());

@@ -157,6 +157,7 @@ pub struct Metrics {
     kmsg_records_lost: Counter,
     /// The boot's cumulative lost-record count last added to `kmsg_records_lost`.
     kmsg_lost_seen: std::sync::atomic::AtomicU64,
+    ebpf_wake_records_lost: Counter,
     ebpf_embedded: Gauge,
     ebpf_available: Gauge,
     kernel_log_watching: Gauge,
@@ -200,6 +201,7 @@ impl Metrics {
             counter_saturated: Family::default(),
             kmsg_records_lost: Counter::default(),
             kmsg_lost_seen: Default::default(),
+            ebpf_wake_records_lost: Counter::default(),
             ebpf_embedded: Gauge::default(),
             ebpf_available: Gauge::default(),
             kernel_log_watching: Gauge::default(),
@@ -278,6 +280,12 @@ impl Metrics {
             "nicmon_kmsg_records_lost",
             "Kernel log records overwritten before they were read",
             m.kmsg_records_lost.clone(),
+        );
+        registry.register(
+            "nicmon_ebpf_wake_records_lost",
+            "Wake records the eBPF programs dropped because their ring buffer was full; harmless for detection: \
+             the 1 s full poll still runs and sees what they announced",
+            m.ebpf_wake_records_lost.clone(),
         );
         registry.register(
             "nicmon_ebpf_embedded",
@@ -530,6 +538,11 @@ impl Metrics {
         }
     }
 
+    /// `new` more wake records were dropped by the eBPF programs (ring buffer full).
+    pub fn ebpf_wake_records_lost(&self, new: u64) {
+        self.ebpf_wake_records_lost.inc_by(new);
+    }
+
     /// The host reader's health: its cumulative abandoned-read count and the reads that have
     /// not returned (path, how long ago each started).
     pub fn set_read_health(&self, abandoned_total: u64, stuck: &[(std::path::PathBuf, std::time::Duration)]) {
@@ -627,6 +640,8 @@ mod tests {
         m.kmsg_records_lost(3); // cumulative totals, one per cycle
         m.kmsg_records_lost(3);
         m.kmsg_records_lost(5);
+        m.ebpf_wake_records_lost(2);
+        m.ebpf_wake_records_lost(0);
         m.state_check_error(Check::InfiniBandStateCheck, "mlx5_3", 1);
         m.counter_threshold_breach("symbol_error", "mlx5_0", 1, false);
         m.port_state_blip(Check::InfiniBandStateCheck, "mlx5_0", 1);
@@ -652,6 +667,7 @@ mod tests {
             r#"nicmon_topology_source{source="sysfs"} 1"#,
             r#"nicmon_counter_saturated{device="mlx5_0",port="1",counter="port_rcv_errors"} 1"#,
             "nicmon_kmsg_records_lost_total 5",
+            "nicmon_ebpf_wake_records_lost_total 2",
             "nicmon_ebpf_embedded 1",
             "nicmon_ebpf_available 1",
             "nicmon_kernel_log_watching 1",

@@ -2,7 +2,7 @@
 //! the kernel refuses or lacks is recorded with the reason and the others carry on.
 //! Then drains the ring buffer into the wake-up channel.
 use super::{Hint, HookStatus, Mechanism, Wake, monotonic_ns, tracefs};
-use aya::maps::{MapData, RingBuf};
+use aya::maps::{MapData, PerCpuArray, RingBuf};
 use aya::programs::{FEntry, KProbe, ProgramError, TracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
 use nicmon_common::{HOOK_SLOTS, HintKind, Hook, WakeRecord};
@@ -16,6 +16,8 @@ use tokio::task::JoinHandle;
 
 /// Name of the ring buffer map and of the hint-offset global in the object.
 const RING_MAP: &str = "WAKES";
+/// Name of the per-CPU count of wake records lost to a full ring buffer.
+const LOST_MAP: &str = "WAKES_LOST";
 const HINT_GLOBAL: &str = "HINT_LOC";
 /// The kernel programs' copy of the agent's tgid: `mlx5:mlx5_cmd` records caused by the
 /// agent's own reads are dropped in the kernel (no wake storm from a failing counter read).
@@ -134,6 +136,9 @@ pub struct EbpfWakes {
     _ebpf: Ebpf,
     hooks: Vec<HookStatus>,
     tasks: Vec<JoinHandle<()>>,
+    /// The kernel programs' per-CPU count of records lost to a full ring buffer (`None`:
+    /// the object has no such map, or it cannot be used; said once at load).
+    lost: Option<PerCpuArray<MapData, u64>>,
 }
 
 impl Drop for EbpfWakes {
@@ -153,6 +158,17 @@ impl EbpfWakes {
         tracefs: Result<PathBuf, String>,
         tx: mpsc::Sender<Wake>,
     ) -> Result<EbpfWakes, LoadError> {
+        Self::load_with_ring(object, tracefs, tx, None)
+    }
+
+    /// [`Self::load`], the ring buffer sized `ring_bytes` (a power-of-two multiple of the
+    /// page size) instead of the object's 64 KiB when given.
+    fn load_with_ring(
+        object: &[u8],
+        tracefs: Result<PathBuf, String>,
+        tx: mpsc::Sender<Wake>,
+        ring_bytes: Option<u32>,
+    ) -> Result<EbpfWakes, LoadError> {
         raise_memlock_limit();
 
         let mut hint_loc = [0u32; HOOK_SLOTS];
@@ -167,14 +183,26 @@ impl EbpfWakes {
         }
 
         // The object has no CO-RE relocations, so the loader needs no target BTF.
-        let mut ebpf = loader_without_kernel_btf()
-            .btf(None)
-            .override_global(HINT_GLOBAL, &hint_loc, true)
-            .override_global(SELF_GLOBAL, &std::process::id(), true)
-            .load(object)
-            .map_err(|e| LoadError::Object(Box::new(e)))?;
+        let tgid = std::process::id();
+        let mut loader = loader_without_kernel_btf();
+        loader.btf(None).override_global(HINT_GLOBAL, &hint_loc, true).override_global(SELF_GLOBAL, &tgid, true);
+        if let Some(bytes) = ring_bytes {
+            loader.map_max_entries(RING_MAP, bytes);
+        }
+        let mut ebpf = loader.load(object).map_err(|e| LoadError::Object(Box::new(e)))?;
         let ring = ebpf.take_map(RING_MAP).ok_or(LoadError::NoRingBuffer)?;
         let ring = RingBuf::try_from(ring).map_err(LoadError::RingBuffer)?;
+        let lost = match ebpf.take_map(LOST_MAP).map(PerCpuArray::try_from) {
+            Some(Ok(m)) => Some(m),
+            Some(Err(e)) => {
+                tracing::warn!(map = LOST_MAP, error = %e, "lost wake records cannot be counted");
+                None
+            }
+            None => {
+                tracing::warn!(map = LOST_MAP, "the eBPF object does not count lost wake records");
+                None
+            }
+        };
 
         let mut tasks = Vec::new();
         // Only an object built with the `log` feature has the aya-log map.
@@ -192,12 +220,32 @@ impl EbpfWakes {
         drop(btf);
         let fd = super::register_readable(ring).map_err(LoadError::Reactor)?;
         tasks.push(tokio::spawn(drain(fd, tx)));
-        Ok(EbpfWakes { _ebpf: ebpf, hooks, tasks })
+        Ok(EbpfWakes { _ebpf: ebpf, hooks, tasks, lost })
     }
 
     pub fn hooks(&self) -> &[HookStatus] {
         &self.hooks
     }
+
+    /// Wake records the kernel programs lost since they were loaded because the ring
+    /// buffer was full, summed over CPUs. `None` when they cannot be counted (no such map
+    /// in the object, or the read failed: logged at debug level).
+    pub fn lost_records(&self) -> Option<u64> {
+        let map = self.lost.as_ref()?;
+        match map.get(&0, 0) {
+            Ok(per_cpu) => Some(sum_per_cpu(&per_cpu)),
+            Err(e) => {
+                tracing::debug!(map = LOST_MAP, error = %e, "reading the lost wake records failed");
+                None
+            }
+        }
+    }
+}
+
+/// The total of a per-CPU counter's slots. Each slot only grows (wrapping at `u64::MAX`,
+/// which a count of records never reaches), so the sum does too.
+pub fn sum_per_cpu(per_cpu: &[u64]) -> u64 {
+    per_cpu.iter().fold(0u64, |sum, n| sum.wrapping_add(*n))
 }
 
 /// An [`EbpfLoader`] whose constructor has not parsed the kernel's BTF.
@@ -722,6 +770,101 @@ mod tests {
             Err(reason) => assert_eq!(real, Err(reason)),
             Ok(()) => assert_ne!(real, Err("fentry refused: EPERM".to_string())),
         }
+    }
+
+    /// A veth pair deleted on drop (through its peer, whose name never changes).
+    struct VethPair {
+        a: String,
+        b: String,
+    }
+
+    impl VethPair {
+        fn create(tag: &str) -> Result<VethPair, String> {
+            let (a, b) = (format!("{tag}a"), format!("{tag}b"));
+            let _ =
+                std::process::Command::new("ip").args(["link", "del", &b]).stderr(std::process::Stdio::null()).status();
+            let ok = std::process::Command::new("ip")
+                .args(["link", "add", &a, "type", "veth", "peer", "name", &b])
+                .status()
+                .map_err(|e| format!("ip: {e}"))?;
+            if !ok.success() {
+                return Err(format!("ip link add {a} type veth peer name {b}: {ok}"));
+            }
+            Ok(VethPair { a, b })
+        }
+
+        /// Run `commands` through one `ip -batch` and wait for it.
+        fn batch(&self, commands: &str) -> Result<(), String> {
+            use std::io::Write;
+            let mut child = std::process::Command::new("ip")
+                .args(["-force", "-batch", "-"])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .map_err(|e| format!("ip -batch: {e}"))?;
+            child.stdin.take().ok_or("no stdin")?.write_all(commands.as_bytes()).map_err(|e| e.to_string())?;
+            let status = child.wait().map_err(|e| e.to_string())?;
+            if status.success() { Ok(()) } else { Err(format!("ip -batch: {status}")) }
+        }
+    }
+
+    impl Drop for VethPair {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("ip").args(["link", "del", &self.b]).status();
+        }
+    }
+
+    /// The kernel programs count what they cannot queue. Loaded with a 4 KiB ring buffer
+    /// (about 100 records) that nothing drains (the drain task runs on this test's
+    /// single-threaded runtime, which is never yielded to), the count reads 0; then a veth
+    /// taken down 300 times under 300 names (each down resets its qdisc: a `qdisc_reset`
+    /// record whose hint, the name, is new every time, so the in-kernel rate limit passes
+    /// each one) overflows the buffer, and the count reads what was dropped.
+    #[tokio::test]
+    async fn the_kernel_programs_count_the_records_a_full_ring_buffer_drops() {
+        let Some(object) = crate::wake::EMBEDDED_OBJECT else {
+            eprintln!("SKIP: no embedded eBPF object (cargo xtask build-ebpf)");
+            return;
+        };
+        let (tx, _rx) = mpsc::channel(crate::wake::CHANNEL_CAPACITY);
+        let mut wakes = match EbpfWakes::load_with_ring(object, tracefs::locate(false), tx, Some(4096)) {
+            Ok(w) => w,
+            Err(e) => {
+                eprintln!("SKIP: the eBPF object cannot be loaded here: {e}");
+                return;
+            }
+        };
+        assert_eq!(wakes.lost_records(), Some(0), "hooks: {:?}", wakes.hooks());
+
+        let qdisc_reset = wakes.hooks().iter().any(|h| h.hook == Hook::QdiscReset && h.attached);
+        match (qdisc_reset, VethPair::create(&format!("nml{}", std::process::id() % 100000))) {
+            (false, _) => eprintln!("SKIP overflow: qdisc_reset not attached here"),
+            (_, Err(e)) => eprintln!("SKIP overflow: cannot create a veth pair here ({e})"),
+            (true, Ok(veth)) => {
+                const DOWNS: usize = 300;
+                let mut cmds = format!("link set dev {} up\nlink set dev {} up\n", veth.b, veth.a);
+                let mut name = veth.a.clone();
+                for i in 0..DOWNS {
+                    let next = format!("{}{i}", veth.b);
+                    cmds.push_str(&format!("link set dev {name} down\nlink set dev {name} name {next}\n"));
+                    cmds.push_str(&format!("link set dev {next} up\n"));
+                    name = next;
+                }
+                cmds.push_str(&format!("link set dev {name} down\nlink set dev {name} name {}\n", veth.a));
+                veth.batch(&cmds).unwrap();
+                let lost = wakes.lost_records().unwrap();
+                eprintln!("{DOWNS} veth downs into a 4 KiB ring buffer nobody drains: {lost} records lost");
+                // At most ~100 records fit; at least one per down was emitted.
+                assert!(lost >= (DOWNS - 110) as u64, "lost {lost} of at least {DOWNS} records");
+            }
+        }
+
+        // Every CPU's slot counts: set each to a different value, read back the sum.
+        let cpus = aya::util::nr_cpus().unwrap();
+        let values: Vec<u64> = (1..=cpus as u64).collect();
+        let map = wakes.lost.as_mut().expect("the object has the map");
+        map.set(0, aya::maps::PerCpuValues::try_from(values.clone()).unwrap(), 0).unwrap();
+        assert_eq!(wakes.lost_records(), Some(values.iter().sum()));
     }
 
     #[test]

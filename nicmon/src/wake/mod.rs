@@ -13,7 +13,7 @@ pub mod tracefs;
 pub use nicmon_common::Hook;
 use std::fmt;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -169,7 +169,7 @@ pub struct WakeSource {
     hooks: Vec<HookStatus>,
     ebpf_error: Option<String>,
     rx: mpsc::Receiver<Wake>,
-    _ebpf: Option<ebpf::EbpfWakes>,
+    ebpf: Option<ebpf::EbpfWakes>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -229,7 +229,7 @@ impl WakeSource {
             (false, true) => WakeMode::RtnetlinkOnly,
             (false, false) => WakeMode::None,
         };
-        WakeSource { mode, hooks, ebpf_error, rx, _ebpf: ebpf_wakes, tasks }
+        WakeSource { mode, hooks, ebpf_error, rx, ebpf: ebpf_wakes, tasks }
     }
 
     pub fn mode(&self) -> WakeMode {
@@ -251,6 +251,12 @@ impl WakeSource {
         self.ebpf_error.as_deref()
     }
 
+    /// Wake records the kernel programs lost to a full ring buffer since they were
+    /// loaded; `None` without eBPF or when they cannot be counted.
+    pub fn lost_records(&self) -> Option<u64> {
+        self.ebpf.as_ref()?.lost_records()
+    }
+
     /// The next wake-up; `None` only when every source has stopped.
     pub async fn recv(&mut self) -> Option<Wake> {
         self.rx.recv().await
@@ -267,6 +273,55 @@ impl Drop for WakeSource {
         for t in &self.tasks {
             t.abort();
         }
+    }
+}
+
+/// How often at most a warning says that wake records were lost in the kernel.
+pub const LOST_WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// The count of wake records the kernel programs lost to a full ring buffer, as the agent
+/// follows it: what is new at each reading (for the metric) and when to say so in the log
+/// (at most once per [`LOST_WARN_EVERY`], with the count since the last line).
+#[derive(Debug, Default)]
+pub struct LostWakes {
+    /// The last total read.
+    total: u64,
+    /// The total the last warning covered.
+    warned: u64,
+    last_warning: Option<Instant>,
+}
+
+/// What one reading of the lost-record count means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LostUpdate {
+    /// Lost since the previous reading (what the metric grows by).
+    pub new: u64,
+    /// Lost since the programs were loaded.
+    pub total: u64,
+    /// A warning is due: lost since the last one.
+    pub warn: Option<u64>,
+}
+
+impl LostWakes {
+    /// Take a reading (`total`: the kernel's count, summed over CPUs) at `now`. The kernel's
+    /// count only grows; a smaller one (it cannot happen while the programs stay loaded) is
+    /// taken as no news.
+    pub fn update(&mut self, total: u64, now: Instant) -> LostUpdate {
+        let new = total.saturating_sub(self.total);
+        self.total = self.total.max(total);
+        let due = self.last_warning.is_none_or(|t| now.saturating_duration_since(t) >= LOST_WARN_EVERY);
+        let warn = (self.total > self.warned && due).then(|| {
+            let since = self.total - self.warned;
+            self.warned = self.total;
+            self.last_warning = Some(now);
+            since
+        });
+        LostUpdate { new, total: self.total, warn }
+    }
+
+    /// The last total read.
+    pub fn total(&self) -> u64 {
+        self.total
     }
 }
 
@@ -291,4 +346,39 @@ fn register_readable<T: std::os::fd::AsRawFd>(inner: T) -> std::io::Result<tokio
     // SAFETY: see above — the fd stays open and the same until the AsyncFd is dropped.
     unsafe { tokio::io::unix::AsyncFd::register_with_interest(inner, tokio::io::Interest::READABLE) }
         .map_err(|e| e.into_parts().1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The metric grows by what is new at each reading; the warning comes at the first
+    /// loss, then at most once a minute with the count since the previous line.
+    #[test]
+    fn lost_records_give_deltas_and_a_warning_at_most_once_a_minute() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut l = LostWakes::default();
+        assert_eq!(l.update(0, at(0)), LostUpdate { new: 0, total: 0, warn: None }, "nothing lost: no line");
+        assert_eq!(
+            l.update(5, at(1)),
+            LostUpdate { new: 5, total: 5, warn: Some(5) },
+            "the first loss is said at once"
+        );
+        assert_eq!(l.update(7, at(2)), LostUpdate { new: 2, total: 7, warn: None }, "within the minute: counted only");
+        assert_eq!(l.update(7, at(30)), LostUpdate { new: 0, total: 7, warn: None });
+        assert_eq!(l.update(10, at(60)), LostUpdate { new: 3, total: 10, warn: None }, "59 s after the line");
+        assert_eq!(l.update(10, at(61)), LostUpdate { new: 0, total: 10, warn: Some(5) }, "the losses since the line");
+        assert_eq!(l.update(10, at(200)), LostUpdate { new: 0, total: 10, warn: None }, "no new loss: no line");
+        assert_eq!(l.update(4, at(201)), LostUpdate { new: 0, total: 10, warn: None }, "a smaller count is no news");
+        assert_eq!(l.update(11, at(202)), LostUpdate { new: 1, total: 11, warn: Some(1) });
+        assert_eq!(l.total(), 11);
+    }
+
+    #[test]
+    fn per_cpu_slots_are_summed() {
+        assert_eq!(ebpf::sum_per_cpu(&[]), 0);
+        assert_eq!(ebpf::sum_per_cpu(&[0, 3, 0, 4]), 7);
+        assert_eq!(ebpf::sum_per_cpu(&[u64::MAX, 1]), 0, "wraps instead of panicking");
+    }
 }
