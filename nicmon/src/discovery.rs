@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use regex::Regex;
 
-use crate::host::{FileSet, Host, PendingReads, ReadError};
+use crate::host::{FileSet, Host, PendingReads, ReadError, SysDir};
 use crate::model::{
     CharDevices, CharKind, CharNode, ClassDir, Device, Function, LinkLayer, PciGpu, PciPresence, PhysState, Port,
     PortState, Snapshot,
@@ -53,6 +53,10 @@ struct Statics {
     fw_ver: Option<String>,
     board_id: Option<String>,
     read_at: Instant,
+    /// The device's directory, kept open: the per-poll `device` link and netdev listing
+    /// are looked up in it. Once the device is removed every lookup in it fails, which
+    /// makes the next poll read the device afresh (a new incarnation under the same name).
+    dir: Option<SysDir>,
 }
 
 /// The static attributes of each device incarnation, read once (SPEC §1.1, the read path).
@@ -70,7 +74,7 @@ pub struct StaticCache {
 struct CacheInner {
     /// The device listing the entries were read under.
     names: Vec<String>,
-    by_device: BTreeMap<String, Statics>,
+    by_device: BTreeMap<String, Arc<Statics>>,
     /// Per device: files found absent (`ENOENT`) in this incarnation, not tried again until
     /// the device's static attributes are read again.
     absent: BTreeMap<String, std::collections::BTreeSet<String>>,
@@ -133,12 +137,13 @@ impl StaticCache {
         false
     }
 
-    fn get(&self, device: &str, link: &Option<String>, now: Instant) -> Option<Statics> {
+    /// `device`'s static attributes as kept, if they are less than [`STATIC_REFRESH`] old.
+    fn get(&self, device: &str, now: Instant) -> Option<Arc<Statics>> {
         let c = self.inner.lock().ok()?;
-        c.by_device.get(device).filter(|s| &s.link == link && now.duration_since(s.read_at) < STATIC_REFRESH).cloned()
+        c.by_device.get(device).filter(|s| now.duration_since(s.read_at) < STATIC_REFRESH).cloned()
     }
 
-    fn put(&self, device: &str, statics: Statics) {
+    fn put(&self, device: &str, statics: Arc<Statics>) {
         if let Ok(mut c) = self.inner.lock() {
             c.reads += 1;
             c.by_device.insert(device.to_string(), statics);
@@ -384,6 +389,7 @@ fn read_statics(host: &Host, base: &str, link: Option<String>) -> Statics {
         fw_ver: opt(host.read_sys(&format!("{base}/fw_ver"))),
         board_id: opt(host.read_sys(&format!("{base}/board_id"))),
         read_at: Instant::now(),
+        dir: host.open_dir_sys(base),
     }
 }
 
@@ -449,7 +455,7 @@ impl Batch {
 /// and where each port's files are in the [`Batch`].
 struct DeviceRead {
     name: String,
-    statics: Statics,
+    statics: Arc<Statics>,
     efa: bool,
     unsupported: Option<String>,
     netdev: Option<String>,
@@ -503,16 +509,26 @@ fn list_ports(host: &Host, base: &str) -> Vec<u32> {
 
 fn plan_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> DeviceRead {
     let base = format!("class/infiniband/{name}");
-    let link = host.link_name_sys(&format!("{base}/device"));
+    let link_by_path = || host.link_name_sys(&format!("{base}/device"));
+    // The incarnation check: the `device` link read again, in the kept directory when there
+    // is one (a removed directory answers nothing there: a new incarnation).
+    let kept = plan.statics.as_ref().and_then(|c| c.get(name, Instant::now())).filter(|s| {
+        let link = match (&s.dir, &s.link) {
+            (Some(dir), Some(_)) => host.link_name_in(dir, "device"),
+            _ => link_by_path(),
+        };
+        link == s.link
+    });
     let mut fresh = false;
-    let statics = match &plan.statics {
-        Some(cache) => cache.get(name, &link, Instant::now()).unwrap_or_else(|| {
+    let statics = match (&plan.statics, kept) {
+        (Some(_), Some(s)) => s,
+        (Some(cache), None) => {
             fresh = true;
-            let s = read_statics(host, &base, link);
+            let s = Arc::new(read_statics(host, &base, link_by_path()));
             cache.put(name, s.clone());
             s
-        }),
-        None => read_statics(host, &base, link),
+        }
+        (None, _) => Arc::new(read_statics(host, &base, link_by_path())),
     };
     let driver = statics.driver.as_deref();
     let vendor = statics.vendor;
@@ -532,7 +548,10 @@ fn plan_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> D
         )
     });
 
-    let netdevs = host.list_sys(&format!("{base}/device/net"));
+    let netdevs = match &statics.dir {
+        Some(dir) => host.list_in(dir, "device/net"),
+        None => host.list_sys(&format!("{base}/device/net")),
+    };
     let netdev = netdevs.first().cloned();
     if fresh {
         // A new incarnation (or the periodic re-read): its kept-open files are opened again.
@@ -558,7 +577,10 @@ fn plan_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> D
 
 fn finish_device(r: DeviceRead, results: &[Result<String, ReadError>], files: &FileSet, plan: &ReadPlan) -> Device {
     let DeviceRead { name, statics, efa, unsupported, netdev, ports } = r;
-    let Statics { pci_address, driver, function, numa_node, hca_type, fw_ver, board_id, .. } = statics;
+    let Statics { pci_address, driver, function, numa_node, hca_type, fw_ver, board_id, .. } = &*statics;
+    let (pci_address, driver, function, numa_node) =
+        (pci_address.clone(), driver.clone(), *function, numa_node.clone());
+    let (hca_type, fw_ver, board_id) = (hca_type.clone(), fw_ver.clone(), board_id.clone());
     let card = pci_address.as_deref().and_then(parse::card_of);
     let ports = ports
         .into_iter()
@@ -949,6 +971,37 @@ mod tests {
         same("steady again");
         assert!(Arc::ptr_eq(&before, &cache.last_batch().expect("a batch")), "the batch is made again");
         assert_eq!((stat(&host.stats.read_ahead_used), stat(&host.stats.read_ahead_dropped)), (3, 4));
+    }
+
+    #[test]
+    fn a_device_directory_replaced_under_the_same_name_is_a_new_incarnation() {
+        let node = Platform::H100Oci.build();
+        let host = Host::new(node.sys(), node.proc());
+        let cache = Arc::new(StaticCache::default());
+        let plan = ReadPlan { statics: Some(cache.clone()), ..ReadPlan::default() };
+        let first = discover(&host, &plan);
+        let reads = cache.reads();
+        // A device with a netdev (its listing is looked up in the kept directory too).
+        let dev = first.devices.iter().find(|d| d.netdev.is_some()).expect("a device with a netdev").name.clone();
+        let dir = node.sys().join(&node.info[&dev].ib_dir);
+        // Same incarnation: the kept directory answers, nothing is read again.
+        discover(&host, &plan);
+        assert_eq!(cache.reads(), reads);
+        // The device unregistered and registered again between two polls (same name, same
+        // PCI function, the listing never saw it gone): its directory is a new one.
+        let copy = node.root().join("device-copy");
+        assert!(std::process::Command::new("cp").arg("-a").arg(&dir).arg(&copy).status().unwrap().success());
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::rename(&copy, &dir).unwrap();
+        std::fs::write(dir.join("fw_ver"), "28.50.1000\n").unwrap();
+        let back = discover(&host, &plan);
+        assert_eq!(fw_of(&back, &dev).as_deref(), Some("28.50.1000"));
+        assert_ne!(fw_of(&first, &dev).as_deref(), Some("28.50.1000"));
+        assert_eq!(cache.reads(), reads + 1, "only the replaced device is read again");
+        assert_eq!(back.devices.len(), first.devices.len());
+        let netdev = |s: &Snapshot| s.devices.iter().find(|d| d.name == dev).and_then(|d| d.netdev.clone());
+        assert_eq!(netdev(&back), netdev(&first));
+        assert!(netdev(&back).is_some());
     }
 
     #[test]

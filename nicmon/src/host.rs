@@ -883,9 +883,14 @@ fn pread_whole(file: &std::fs::File, limit: usize, past: Past, first: &mut [u8])
 /// until the end, one `close` (no `fstat`, which `opendir` adds; a poll lists ~60
 /// directories). A directory removed while it is listed ends the listing.
 fn list_dir(path: &Path) -> io::Result<Vec<String>> {
+    list_dir_at(rustix::fs::CWD, path)
+}
+
+/// [`list_dir`] of `path` relative to the directory `at`.
+fn list_dir_at<Fd: std::os::fd::AsFd>(at: Fd, path: &Path) -> io::Result<Vec<String>> {
     use rustix::fs::{Mode, OFlags};
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NONBLOCK;
-    let mut dir = rustix::fs::Dir::new(rustix::fs::open(path, flags, Mode::empty())?)?;
+    let mut dir = rustix::fs::Dir::new(rustix::fs::openat(at, path, flags, Mode::empty())?)?;
     let mut names = Vec::new();
     while let Some(entry) = dir.read() {
         let entry = entry?;
@@ -979,6 +984,16 @@ pub const FILE_READ_TIMEOUT: Duration = Duration::from_secs(2);
 pub fn read_file(path: &Path, limit: usize) -> Result<Vec<u8>, ReadError> {
     static FILES: OnceLock<Reader> = OnceLock::new();
     FILES.get_or_init(Reader::default).read(path, limit, Past::Error, FILE_READ_TIMEOUT)
+}
+
+/// A sysfs directory kept open (`O_PATH`): a lookup relative to it walks no path from the
+/// root (`class/infiniband/mlx5_0` is a link to a path ten components deep). It stays the
+/// directory it was when opened: on sysfs, once that directory is removed, every lookup in
+/// it fails (`ENOENT`), even when a directory of the same name is back.
+#[derive(Debug, Clone)]
+pub struct SysDir {
+    fd: Arc<std::os::fd::OwnedFd>,
+    rel: String,
 }
 
 /// A host (or a fixture tree standing in for one).
@@ -1258,6 +1273,29 @@ impl Host {
     pub fn resolves_sys(&self, rel: &str) -> bool {
         self.note_sys(rel, |tree, rel| Access::Entry { tree, rel });
         std::fs::metadata(self.sys(rel)).is_ok()
+    }
+
+    /// The sysfs directory `rel`, kept open for lookups in it ([`SysDir`]).
+    pub fn open_dir_sys(&self, rel: &str) -> Option<SysDir> {
+        use rustix::fs::{Mode, OFlags};
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let fd = rustix::fs::open(self.sys(rel), flags, Mode::empty()).ok()?;
+        Some(SysDir { fd: Arc::new(fd), rel: rel.to_string() })
+    }
+
+    /// [`Host::link_name_sys`] of `name` in `dir`.
+    pub fn link_name_in(&self, dir: &SysDir, name: &str) -> Option<String> {
+        self.note(|| Access::Entry { tree: Tree::Sys, rel: format!("{}/{name}", dir.rel) });
+        let target = rustix::fs::readlinkat(&*dir.fd, name, Vec::new()).ok()?;
+        let target = target.to_bytes();
+        let last = target.rsplit(|b| *b == b'/').find(|c| !c.is_empty())?;
+        (last != b".." && last != b".").then(|| String::from_utf8_lossy(last).into_owned())
+    }
+
+    /// [`Host::list_sys`] of `name` in `dir`.
+    pub fn list_in(&self, dir: &SysDir, name: &str) -> Vec<String> {
+        self.note(|| Access::List { tree: Tree::Sys, rel: format!("{}/{name}", dir.rel) });
+        list_dir_at(&*dir.fd, Path::new(name)).unwrap_or_default()
     }
 
     /// The last component of a sysfs symlink's target (`device/driver` → `mlx5_core`).
