@@ -250,6 +250,33 @@ fn settled(state: &State) -> State {
     s
 }
 
+/// Whether `settled(state) == written`, without making `settled(state)` (a poll's state
+/// is compared every second; it is written about once a minute). Every field is named, so
+/// a field added to the state must be added here.
+fn settles_to(state: &State, written: &State) -> bool {
+    let State { version, boot_id, checks, outbox } = state;
+    let CheckState { polls, links, counters, kmsg, char_devices, einval, scope, first_poll_deferrals } = checks;
+    let CounterState { counter_snapshots, last_values, breach_flags, saturation_flags } = counters;
+    let w = &written.checks;
+    *version == written.version
+        && *boot_id == written.boot_id
+        && *outbox == written.outbox
+        && (*polls).min(1) == w.polls
+        && *links == w.links
+        && *kmsg == w.kmsg
+        && *char_devices == w.char_devices
+        && *einval == w.einval
+        && *scope == w.scope
+        && *first_poll_deferrals == w.first_poll_deferrals
+        && *last_values == w.counters.last_values
+        && *breach_flags == w.counters.breach_flags
+        && *saturation_flags == w.counters.saturation_flags
+        && counter_snapshots.len() == w.counters.counter_snapshots.len()
+        && counter_snapshots.iter().zip(&w.counters.counter_snapshots).all(|((k, v), (wk, wv))| {
+            k == wk && v.value == wv.value && wv.timestamp == time::OffsetDateTime::UNIX_EPOCH
+        })
+}
+
 impl Writer {
     pub fn new(path: &Path) -> Writer {
         Writer { path: path.to_path_buf(), written: None, written_at: None, writes: 0 }
@@ -259,12 +286,11 @@ impl Writer {
     /// `now`: the caller's clock. Returns whether the file now holds `state` (up to its
     /// volatile parts): false when the write failed.
     pub fn save(&mut self, state: &State, now: std::time::Instant) -> bool {
-        let settled = settled(state);
         let stale = self.written_at.is_none_or(|t| now.duration_since(t) >= VOLATILE_REFRESH);
-        if self.written.as_ref() == Some(&settled) && !stale {
+        if !stale && self.written.as_ref().is_some_and(|w| settles_to(state, w)) {
             return true;
         }
-        self.write(state, settled, now)
+        self.write(state, settled(state), now)
     }
 
     /// Write `state` unless it is exactly what is on disk (shutdown). Returns as
@@ -296,6 +322,65 @@ impl Writer {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_state_settles_to_what_was_written_but_for_its_volatile_parts() {
+        use crate::counters::eval::CounterSnapshot;
+        let t = |secs: i64| time::OffsetDateTime::from_unix_timestamp(secs).unwrap();
+        let mut s = State::fresh(Some("b1".into()));
+        s.checks.polls = 5;
+        for (key, value) in [("mlx5_0/1/link_downed", 3), ("mlx5_0/1/symbol_error", 7)] {
+            s.checks.counters.counter_snapshots.insert(key.into(), CounterSnapshot { value, timestamp: t(100) });
+            s.checks.counters.last_values.insert(key.into(), value);
+        }
+        let written = settled(&s);
+        let variants: Vec<(&str, Box<dyn Fn(&mut State)>, bool)> = vec![
+            ("unchanged", Box::new(|_| {}), true),
+            ("a later poll", Box::new(|s| s.checks.polls = 99), true),
+            (
+                "snapshot timestamps moved",
+                Box::new(move |s| {
+                    for v in s.checks.counters.counter_snapshots.values_mut() {
+                        v.timestamp = t(200);
+                    }
+                }),
+                true,
+            ),
+            (
+                "a counter moved",
+                Box::new(|s| {
+                    s.checks.counters.last_values.insert("mlx5_0/1/link_downed".into(), 4).map(drop).unwrap_or(())
+                }),
+                false,
+            ),
+            (
+                "a snapshot value moved",
+                Box::new(|s| {
+                    if let Some(v) = s.checks.counters.counter_snapshots.values_mut().next() {
+                        v.value += 1;
+                    }
+                }),
+                false,
+            ),
+            (
+                "a snapshot gone",
+                Box::new(|s| {
+                    s.checks.counters.counter_snapshots.pop_first();
+                }),
+                false,
+            ),
+            ("an EINVAL file", Box::new(|s| drop(s.checks.einval.insert("x".into()))), false),
+            ("another boot", Box::new(|s| s.boot_id = Some("b2".into())), false),
+            ("the first poll", Box::new(|s| s.checks.polls = 0), false),
+            ("a scope", Box::new(|s| s.checks.scope = Some("incl=;excl=".into())), false),
+        ];
+        for (what, change, same) in variants {
+            let mut v = s.clone();
+            change(&mut v);
+            assert_eq!(settles_to(&v, &written), same, "{what}");
+            assert_eq!(settled(&v) == written, same, "{what}: the comparison agrees with settled()");
+        }
+    }
 
     #[test]
     fn roundtrip_and_boot_change() {
