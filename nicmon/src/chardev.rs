@@ -168,14 +168,14 @@ pub fn evaluate(
     let mut next = CharDevState { issm_mode: Some(mode), ..CharDevState::default() };
 
     // Which entries each readable directory holds; `None` = the directory is held.
-    let mut present: BTreeMap<CharKind, Option<BTreeSet<(String, u32)>>> = BTreeMap::new();
+    let mut present: BTreeMap<CharKind, Option<BTreeSet<(&str, u32)>>> = BTreeMap::new();
     for kind in CharKind::ALL {
         let seen = match snap.char_devices.dir(kind) {
             ClassDir::Listed(nodes) => Some(
                 nodes
                     .iter()
                     .filter(|n| n.kind == kind)
-                    .filter_map(|n| Some((n.device.clone()?, if kind == CharKind::Uverbs { 0 } else { n.port? })))
+                    .filter_map(|n| Some((n.device.as_deref()?, if kind == CharKind::Uverbs { 0 } else { n.port? })))
                     .collect(),
             ),
             ClassDir::Absent | ClassDir::Unreadable(_) => None,
@@ -222,10 +222,9 @@ pub fn evaluate(
         let misses = prev.misses.get(&k).copied().unwrap_or(0);
         let seen = present
             .get(&key.kind)
-            .cloned()
-            .flatten()
+            .and_then(Option::as_ref)
             .filter(|_| !hold_all)
-            .map(|s| s.contains(&(key.device.clone(), key.port)));
+            .map(|s| s.contains(&(key.device.as_str(), key.port)));
         let mut finding = Finding {
             kind: key.kind,
             device: key.device.clone(),

@@ -58,7 +58,16 @@ impl<'a> CounterPort<'a> {
 
 /// State key of a (port, rule): `mlx5_0:1:link_downed` (001 §6.6).
 pub fn counter_key(device: &str, port: u32, rule_name: &str) -> String {
-    format!("{device}:{port}:{rule_name}")
+    let mut key = String::new();
+    write_counter_key(&mut key, device, port, rule_name);
+    key
+}
+
+/// [`counter_key`] into `out` (cleared first): a poll makes one key per counter, in one buffer.
+fn write_counter_key(out: &mut String, device: &str, port: u32, rule_name: &str) {
+    use std::fmt::Write;
+    out.clear();
+    let _ = write!(out, "{device}:{port}:{rule_name}");
 }
 
 /// The parts of a [`counter_key`]: `(device, port, rule name)`. Rule names and port numbers
@@ -150,13 +159,14 @@ pub fn evaluate(
 ) -> (Vec<HealthEvent>, CounterState) {
     let mut next = prev.clone();
     let mut events = Vec::new();
+    let mut key = String::new();
     for p in ports {
         for rule in rules.iter().filter(|r| r.enabled && r.layers.covers(p.link_layer)) {
             let Some(&value) = p.counters.get(&rule.path) else {
                 continue;
             };
             let at = Reading { port: p, rule, value, now, stamp };
-            let key = counter_key(p.device, p.port, &rule.name);
+            write_counter_key(&mut key, p.device, p.port, &rule.name);
             step(&mut next, &mut events, &key, &at, reboot);
         }
     }
@@ -176,8 +186,11 @@ pub fn went_unreadable(
     let mut out = Vec::new();
     for p in ports {
         for rule in rules.iter().filter(|r| r.enabled && r.layers.covers(p.link_layer)) {
+            if p.counters.contains_key(&rule.path) {
+                continue;
+            }
             let key = counter_key(p.device, p.port, &rule.name);
-            if !p.counters.contains_key(&rule.path) && prev.last_values.contains_key(&key) {
+            if prev.last_values.contains_key(&key) {
                 next.last_values.remove(&key);
                 out.push((p.device.to_owned(), p.port, rule.name.clone()));
             }
@@ -206,10 +219,22 @@ impl Reading<'_> {
     }
 }
 
+/// `map[key] = value`, the key allocated only when it is new (a poll updates every
+/// counter's entries); the value it replaces.
+fn put<V>(map: &mut BTreeMap<String, V>, key: &str, value: V) -> Option<V> {
+    match map.get_mut(key) {
+        Some(slot) => Some(std::mem::replace(slot, value)),
+        None => {
+            map.insert(key.to_owned(), value);
+            None
+        }
+    }
+}
+
 fn step(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &Reading<'_>, reboot: bool) {
     let value = at.value;
     let snapshot = st.counter_snapshots.get(key).copied();
-    let last = st.last_values.insert(key.to_owned(), value);
+    let last = put(&mut st.last_values, key, value);
     let fresh = CounterSnapshot { value, timestamp: at.now };
 
     let Some(snap) = snapshot else {
@@ -219,7 +244,7 @@ fn step(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &Re
                 at.event(at.port.check(), &format!("Counter {} healthy after reboot on {}", at.rule.name, at.where_())),
             );
         }
-        st.counter_snapshots.insert(key.to_owned(), fresh);
+        put(&mut st.counter_snapshots, key, fresh);
         saturation(st, events, key, at);
         return;
     };
@@ -234,7 +259,7 @@ fn step(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &Re
             let check = Check::parse(&name).unwrap_or_else(|| at.port.check());
             events.push(at.event(check, &format!("Counter {} recovered on {}", at.rule.name, at.where_())));
         }
-        st.counter_snapshots.insert(key.to_owned(), fresh);
+        put(&mut st.counter_snapshots, key, fresh);
         return;
     }
 
@@ -250,26 +275,28 @@ fn step(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &Re
     let elapsed = at.now - snap.timestamp;
     let (breach, rate) = match at.rule.threshold_type {
         ThresholdType::Delta => {
-            st.counter_snapshots.insert(key.to_owned(), fresh);
-            let rate = if elapsed.is_positive() {
-                format!("{:.2}/sec", delta as f64 / elapsed.as_seconds_f64())
-            } else {
-                "n/a".to_owned()
+            put(&mut st.counter_snapshots, key, fresh);
+            let breach = delta as f64 > at.rule.threshold;
+            // The rate is only said in a breach's message: made only then.
+            let rate = match breach {
+                false => String::new(),
+                true if elapsed.is_positive() => format!("{:.2}/sec", delta as f64 / elapsed.as_seconds_f64()),
+                true => "n/a".to_owned(),
             };
-            (delta as f64 > at.rule.threshold, rate)
+            (breach, rate)
         }
         ThresholdType::Velocity => {
             let unit = at.rule.velocity_unit.unwrap_or(VelocityUnit::Second);
             if elapsed.is_negative() {
                 // The wall clock stepped back: no window can be measured against the
                 // snapshot any more, start a new one.
-                st.counter_snapshots.insert(key.to_owned(), fresh);
+                put(&mut st.counter_snapshots, key, fresh);
                 return;
             }
             if elapsed < Duration::seconds(i64::from(unit.seconds())) {
                 return; // window not full yet: hold the snapshot
             }
-            st.counter_snapshots.insert(key.to_owned(), fresh);
+            put(&mut st.counter_snapshots, key, fresh);
             let rate = delta as f64 / elapsed.as_seconds_f64() * f64::from(unit.seconds());
             (rate > at.rule.threshold, format!("{rate:.2}/{}", unit.suffix()))
         }
