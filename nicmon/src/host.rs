@@ -346,8 +346,9 @@ pub const KEPT_REFRESH: Duration = Duration::from_secs(60);
 /// Files kept open between polls, by path (see [`Host::read_sys_many`]).
 #[derive(Default)]
 struct Kept {
-    /// By the path's bytes (hashing a `PathBuf` walks its components).
-    files: std::collections::HashMap<std::ffi::OsString, KeptFile>,
+    /// By the path's bytes (hashing a `PathBuf` walks its components), with a fast
+    /// non-cryptographic hash (the keys are nicmon's own paths; looked up twice per read).
+    files: std::collections::HashMap<std::ffi::OsString, KeptFile, foldhash::fast::RandomState>,
     /// Bumped by every [`Reader::forget_kept`]: a file taken out for a read under an older
     /// generation is closed after it, not put back (it may belong to a device forgotten
     /// meanwhile).
@@ -917,8 +918,14 @@ fn open_read(path: &Path, limit: usize, past: Past) -> Result<(std::fs::File, Ve
     // O_NONBLOCK would answer EAGAIN instead of its value). Were the path swapped for a
     // FIFO since the check above, the open would block: on this reader thread, under the
     // read's deadline, like any stuck read.
-    let file =
-        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOCTTY).open(path).map_err(|e| classify(&e))?;
+    // No access-time update per read (attributes are read every second; an owner or
+    // CAP_FOWNER may ask), else a plain open.
+    let open = |flags| std::fs::OpenOptions::new().read(true).custom_flags(flags).open(path);
+    let file = match open(libc::O_NOCTTY | libc::O_NOATIME) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => open(libc::O_NOCTTY),
+        r => r,
+    }
+    .map_err(|e| classify(&e))?;
     let opened = file.metadata().map_err(|e| classify(&e))?;
     file_kind(&opened)?;
     // A file that says it is bigger than the limit is refused unread (sysfs and procfs
