@@ -19,9 +19,11 @@
 //!   expected is an error, never a read.
 //!
 //! **Batches.** A poll hands its files to the reader thread together
-//! ([`Host::read_sys_many`]: every port file of every device, then the character-device
-//! attributes), not one by one: the thread reads them in order and answers once, so a poll
-//! costs one thread wake-up each way instead of one per file. The deadlines are unchanged:
+//! ([`Host::read_files`]: every port file of every device and the character-device
+//! attributes, one [`FileSet`]), not one by one: the thread reads them in order and answers
+//! once, so a poll costs one thread wake-up each way instead of one per file. A file set's
+//! paths are joined once; discovery reads the last poll's set again while its files are the
+//! same (and starts it before listing the devices). The deadlines are unchanged:
 //! the caller watches the item in progress (noted by the thread under an uncontended lock)
 //! and abandons a read past [`Deadlines::read`] from its start, or past the poll's deadline,
 //! exactly as a single read; the results read before it stand, the rest of the batch goes
