@@ -473,22 +473,28 @@ pub fn clear_all(cfg: &StateConfig, stamp: &Stamp, at: OffsetDateTime) -> Vec<He
         .collect()
 }
 
+/// Monitor options over a fixture node: every check, no config file, no metadata.
+#[cfg(test)]
+pub(crate) fn fixture_options(node: &nicmon_tests::Node) -> MonitorOptions {
+    MonitorOptions {
+        sysfs: node.sys().to_path_buf(),
+        procfs: node.proc().to_path_buf(),
+        config: node.root().join("absent.toml"),
+        metadata: None,
+        metadata_required: false,
+        boot_id_path: None,
+        checks: Check::ALL.into_iter().collect(),
+        stamp: Stamp { node_name: "n1".into(), ..Stamp::default() },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use nicmon_tests::platforms::Platform;
 
     fn options(node: &nicmon_tests::Node) -> MonitorOptions {
-        MonitorOptions {
-            sysfs: node.sys().to_path_buf(),
-            procfs: node.proc().to_path_buf(),
-            config: node.root().join("absent.toml"),
-            metadata: None,
-            metadata_required: false,
-            boot_id_path: None,
-            checks: Check::ALL.into_iter().collect(),
-            stamp: Stamp { node_name: "n1".into(), ..Stamp::default() },
-        }
+        fixture_options(node)
     }
 
     fn fatal_on(poll: &Poll) -> Vec<String> {

@@ -971,16 +971,7 @@ mod tests {
     /// (its loop's cycles are driven by the test).
     fn run_options(node: &nicmon_tests::Node) -> RunOptions {
         RunOptions {
-            monitor: MonitorOptions {
-                sysfs: node.sys().to_path_buf(),
-                procfs: node.proc().to_path_buf(),
-                config: node.root().join("absent.toml"),
-                metadata: None,
-                metadata_required: false,
-                boot_id_path: None,
-                checks: Check::ALL.into_iter().collect(),
-                stamp: Stamp { node_name: "n1".into(), ..Stamp::default() },
-            },
+            monitor: crate::cycle::fixture_options(node),
             state_file: node.root().join("state.json"),
             interval: Duration::from_secs(1),
             sink: SinkSpec::File(node.root().join("events.jsonl")),
