@@ -61,7 +61,8 @@ struct Statics {
 
 /// The static attributes of each device incarnation, read once (SPEC §1.1, the read path).
 /// They are read again when the device set changes (a device came or went: every entry is
-/// dropped), when the device's PCI identity (its `device` link) differs, after
+/// dropped), when the device's PCI identity (its `device` link) differs or its kept
+/// directory is gone (it unregistered, even if it is back under the same name), after
 /// [`StaticCache::invalidate`] (a wake-up naming the device) and at least every
 /// [`STATIC_REFRESH`]. Everything that can change (port state, rate, counters, netdev
 /// state, the netdev listing) is read on every poll.
@@ -441,7 +442,7 @@ impl Batch {
         Some(i)
     }
 
-    /// The files added (`keep`: see [`Host::read_sys_many`]).
+    /// The files added (`keep`: see [`Host::file_set`]).
     fn finish(self, host: &Host, keep: bool) -> Arc<FileSet> {
         match (self.rels, self.prev) {
             (Some(rels), _) => host.file_set(rels, keep),

@@ -66,6 +66,7 @@
 //! an [`AccessLog`] the reader also notes every path it was asked about.
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -345,7 +346,7 @@ struct Stuck {
 /// what a kept descriptor could miss: a file replaced under a name that still links it).
 pub const KEPT_REFRESH: Duration = Duration::from_secs(60);
 
-/// Files kept open between polls, by path (see [`Host::read_sys_many`]).
+/// Files kept open between polls, by path (see [`Host::file_set`]).
 #[derive(Default)]
 struct Kept {
     /// By the path's bytes (hashing a `PathBuf` walks its components), with a fast
@@ -1103,22 +1104,17 @@ impl Host {
         r
     }
 
-    /// Read several sysfs files as text, in one hand-off to the reader thread: the same
-    /// rules and results as [`Host::read_sys`] on each (the `EINVAL` memo, the deadlines per
-    /// read and per poll, stuck reads), at the cost of one thread wake-up for them all.
-    /// `keep`: these are attributes that change, read every poll: keep them open and read
-    /// them again with `pread` at offset 0 (see the module doc, "Kept-open files").
-    pub fn read_sys_many(&self, rels: &[String], keep: bool) -> Vec<Result<String, ReadError>> {
-        self.read_files(&self.file_set(rels.to_vec(), keep))
-    }
-
-    /// The sysfs-relative files `rels` as a [`FileSet`] (`keep`: see [`Host::read_sys_many`]).
+    /// The sysfs-relative files `rels` as a [`FileSet`]. `keep`: these are attributes that
+    /// change, read every poll: keep them open and read them again with `pread` at offset 0
+    /// (see the module doc, "Kept-open files").
     pub fn file_set(&self, rels: Vec<String>, keep: bool) -> Arc<FileSet> {
         let items = rels.iter().map(|rel| Item { path: self.sys(rel), limit: PAGE, past: Past::Error, keep }).collect();
         Arc::new(FileSet { rels, items })
     }
 
-    /// [`Host::read_sys_many`] of a [`FileSet`].
+    /// Read the files of `set` as text, in one hand-off to the reader thread: the same rules
+    /// and results as [`Host::read_sys`] on each (the `EINVAL` memo, the deadlines per read
+    /// and per poll, stuck reads), at the cost of one thread wake-up for them all.
     pub fn read_files(&self, set: &Arc<FileSet>) -> Vec<Result<String, ReadError>> {
         let pending = self.start_files(set);
         self.finish_files(pending)
@@ -1296,9 +1292,7 @@ impl Host {
     pub fn link_name_in(&self, dir: &SysDir, name: &str) -> Option<String> {
         self.note(|| Access::Entry { tree: Tree::Sys, rel: format!("{}/{name}", dir.rel) });
         let target = rustix::fs::readlinkat(&*dir.fd, name, Vec::new()).ok()?;
-        let target = target.to_bytes();
-        let last = target.rsplit(|b| *b == b'/').find(|c| !c.is_empty())?;
-        (last != b".." && last != b".").then(|| String::from_utf8_lossy(last).into_owned())
+        last_name(Path::new(std::ffi::OsStr::from_bytes(target.to_bytes())))
     }
 
     /// [`Host::list_sys`] of `name` in `dir`.
@@ -1310,8 +1304,7 @@ impl Host {
     /// The last component of a sysfs symlink's target (`device/driver` → `mlx5_core`).
     pub fn link_name_sys(&self, rel: &str) -> Option<String> {
         self.note_sys(rel, |tree, rel| Access::Entry { tree, rel });
-        let target = std::fs::read_link(self.sys(rel)).ok()?;
-        target.file_name().map(|n| n.to_string_lossy().into_owned())
+        last_name(&std::fs::read_link(self.sys(rel)).ok()?)
     }
 
     /// A sysfs symlink's target resolved lexically against the link's directory and made
@@ -1390,6 +1383,11 @@ impl Host {
             }
         }
     }
+}
+
+/// The last component of a link's target (`../../devices/.../mlx5_core` → `mlx5_core`).
+fn last_name(target: &Path) -> Option<String> {
+    target.file_name().map(|n| n.to_string_lossy().into_owned())
 }
 
 fn comp_name(c: Component<'_>) -> Option<String> {
@@ -1477,7 +1475,8 @@ mod tests {
         }
         std::fs::write(p.join("other"), "linked\n").unwrap();
         let rels: Vec<String> = names.iter().map(|n| format!("p/{n}")).collect();
-        let read = || host.read_sys_many(&rels, true);
+        let set = host.file_set(rels, true);
+        let read = || host.read_files(&set);
         let ok = |v: &str| Ok(format!("{v}\n"));
         assert_eq!(read(), vec![ok("a1"), ok("b1"), ok("c1"), ok("d1"), ok("e1")]);
         let want = if watched { Guard::Watched } else { Guard::Links };
