@@ -818,15 +818,29 @@ pub fn pci_gpus(host: &Host) -> Vec<PciGpu> {
         .collect()
 }
 
-/// Where a PCI function sits in the tree (`bus/pci/devices/<bdf>` → `devices/pci.../<bdf>`).
-pub fn pci_node(host: &Host, address: &str) -> Option<PciNode> {
+/// A PCI function's path in the tree, below `devices/`: `bus/pci/devices/<bdf>` resolved
+/// to `["pci0000:17", "0000:17:01.0", ..., "<bdf>"]` (root complex first, the function last).
+pub fn pci_path(host: &Host, address: &str) -> Option<Vec<String>> {
     let rel = format!("bus/pci/devices/{address}");
     let comps = host.link_target_sys(&rel)?;
     let start = comps.iter().position(|c| c == "devices")? + 1;
     let path: Vec<String> = comps[start..].to_vec();
-    if path.len() < 2 || path.last().map(String::as_str) != Some(address) {
-        return None;
-    }
+    (path.len() >= 2 && path.last().map(String::as_str) == Some(address)).then_some(path)
+}
+
+/// The bridge port a PCI function hangs from — the other end of its PCIe link: the parent
+/// of its directory in the tree, when that is a PCI function (a root port or a switch's
+/// downstream port) and not the root complex (`pci0000:17`: no link to read).
+pub fn upstream_port(host: &Host, address: &str) -> Option<String> {
+    let path = pci_path(host, address)?;
+    let parent = &path[path.len() - 2];
+    parse::pci_address(parent).map(|_| parent.clone())
+}
+
+/// Where a PCI function sits in the tree (`bus/pci/devices/<bdf>` → `devices/pci.../<bdf>`).
+pub fn pci_node(host: &Host, address: &str) -> Option<PciNode> {
+    let rel = format!("bus/pci/devices/{address}");
+    let path = pci_path(host, address)?;
     let numa_node = host.read_sys(&format!("{rel}/numa_node")).ok().and_then(|v| parse::numa_node(&v));
     let root_port_vendor = path
         .get(1)

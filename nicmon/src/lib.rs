@@ -24,6 +24,7 @@ pub mod model;
 pub mod outbox;
 pub mod parse;
 pub mod paths;
+pub mod pcie;
 pub mod report;
 pub mod roles;
 pub mod stall;
