@@ -19,6 +19,7 @@ pub mod daemon;
 pub mod deploy;
 pub mod kernel_log;
 pub mod latency;
+pub mod pcie;
 pub mod platforms;
 
 /// Link layer of a NIC.
@@ -427,6 +428,7 @@ impl Node {
             link(&format!("{}bus/pci/drivers/{drv}", up(dir)), &d.join("driver"));
         }
         write(&d.join("uevent"), uevent);
+        pcie::write_function(&d);
         link(&format!("../../../{dir}"), &self.sys().join(format!("bus/pci/devices/{bdf}")));
     }
 

@@ -287,3 +287,62 @@ fn aer_reboot_baselines() {
     assert_eq!(codes, vec!["aer_correctable", "aer_fatal", "aer_nonfatal"]);
     assert!(out.findings.iter().all(|f| f.health == Health::Healthy));
 }
+
+mod on_the_testbed {
+    use nicmon_tests::pcie::AerFile;
+    use nicmon_tests::platforms::Platform;
+
+    use super::super::read;
+    use super::*;
+    use crate::discovery;
+    use crate::host::Host;
+
+    #[test]
+    fn a_pf_and_the_port_at_the_other_end_of_its_link() {
+        let node = Platform::H100Oci.build();
+        let host = Host::new(node.sys(), node.proc());
+        let bdf = node.info["mlx5_0"].bdf.clone();
+        let up = discovery::upstream_port(&host, &bdf).expect("a switch port above the NIC");
+        assert_eq!(node.upstream_port_dir("mlx5_0").file_name().unwrap().to_str(), Some(up.as_str()));
+        let r = read::read(&host, &bdf);
+        assert_eq!(r.link, link(Some(16), Some(Speed::GEN5), 16, Speed::GEN5));
+        assert_eq!(r.link.label(), "x16 Gen5");
+        assert_eq!(r.upstream.as_ref().map(|u| u.link.max_width), Some(Some(16)));
+        assert!(r.aer.available());
+        assert_eq!(r.aer.totals().map(|(_, t)| t).sum::<u64>(), 0);
+        assert!(matches!(link::training(&r), Training::Full { width: 16, speed: Speed::GEN5 }));
+        // A root complex is no PCI function: a port hanging from it has no upstream port.
+        let rp = node.upstream_port_dir("mlx5_0");
+        let mut top = rp.as_path();
+        while top.parent().and_then(|p| p.file_name()).is_some_and(|n| n.to_string_lossy().starts_with("0000:")) {
+            top = top.parent().unwrap();
+        }
+        let root_port = top.file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(discovery::upstream_port(&host, &root_port), None, "{root_port}");
+    }
+
+    #[test]
+    fn testbed_knobs_read_back() {
+        let node = Platform::H100Oci.build();
+        let host = Host::new(node.sys(), node.proc());
+        let bdf = node.info["mlx5_0"].bdf.clone();
+        node.set_pcie_link("mlx5_0", Some((8, 5)));
+        let r = read::read(&host, &bdf);
+        match link::training(&r) {
+            Training::Below { shortfall, .. } => assert_eq!(shortfall.text(), "x8 of x16"),
+            t => panic!("{t:?}"),
+        }
+        node.set_slot_capability("mlx5_0", 16, 4);
+        let r = read::read(&host, &bdf);
+        assert_eq!(r.link.label(), "x16 Gen4");
+        assert!(matches!(link::training(&r), Training::Full { .. }), "a Gen4 slot: not degraded");
+        node.set_pcie_link("mlx5_0", None);
+        let r = read::read(&host, &bdf);
+        assert_eq!((r.link.speed, r.link.width, r.link.label().as_str()), (None, None, "down"));
+        node.set_aer("mlx5_0", AerFile::Fatal, &[("MalfTLP", 1)]);
+        let r = read::read(&host, &bdf);
+        assert_eq!(r.aer.fatal.as_ref().map(|c| (c.total, c.bit("MalfTLP"))), Some((1, Some(1))));
+        node.remove_aer("mlx5_0");
+        assert!(!read::read(&host, &bdf).aer.available());
+    }
+}
