@@ -28,6 +28,9 @@ pub struct Capability {
     pub speed: Option<Speed>,
 }
 
+/// A link's figures: lanes and speed.
+type Figure = (u8, Speed);
+
 /// One figure below what the link can do: `(current, capable)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shortfall {
@@ -62,7 +65,7 @@ pub enum Training {
 
 impl Training {
     /// The current figures when they are known (for the peer comparison).
-    fn current(&self) -> Option<(u8, Speed)> {
+    fn current(&self) -> Option<Figure> {
         match self {
             Training::Full { width, speed } => Some((*width, *speed)),
             Training::Below { width: Some(w), speed, .. } => Some((*w, *speed)),
@@ -132,9 +135,9 @@ pub struct LinkState {
 
 /// The figure most of a card's peers run at (strictly most common among at least two cards
 /// of the same role, model and capability, this one included), with the peers' number.
-fn peer_figures(cards: &[(&CardLink<'_>, Training)]) -> BTreeMap<String, (usize, (u8, Speed))> {
+fn peer_figures(cards: &[(&CardLink<'_>, Training)]) -> BTreeMap<String, (usize, Figure)> {
     type Key<'k> = (Option<Role>, Option<&'k str>, Option<Capability>);
-    let mut groups: BTreeMap<Key<'_>, Vec<(&str, (u8, Speed))>> = BTreeMap::new();
+    let mut groups: BTreeMap<Key<'_>, Vec<(&str, Figure)>> = BTreeMap::new();
     for (c, t) in cards {
         let (Some(role), Some(cur), Some(cap)) = (c.role, t.current(), capability(c.reading)) else {
             continue;
@@ -143,7 +146,7 @@ fn peer_figures(cards: &[(&CardLink<'_>, Training)]) -> BTreeMap<String, (usize,
     }
     let mut out = BTreeMap::new();
     for members in groups.values().filter(|m| m.len() >= 2) {
-        let mut counts: BTreeMap<(u8, Speed), usize> = BTreeMap::new();
+        let mut counts: BTreeMap<Figure, usize> = BTreeMap::new();
         for (_, cur) in members {
             *counts.entry(*cur).or_default() += 1;
         }
@@ -162,7 +165,7 @@ fn figures(width: u8, speed: Speed) -> String {
     format!("x{width} {}", speed.label())
 }
 
-fn downtrained_message(c: &CardLink<'_>, t: &Training, peers: Option<&(usize, (u8, Speed))>) -> String {
+fn downtrained_message(c: &CardLink<'_>, t: &Training, peers: Option<&(usize, Figure)>) -> String {
     let Training::Below { width, speed, shortfall } = t else {
         return String::new();
     };
