@@ -17,7 +17,7 @@ use crate::chardev;
 use crate::config::Config;
 use crate::counters::{self, CounterPort};
 use crate::discovery::{self, ReadPlan};
-use crate::event::{Check, HealthEvent, Stamp};
+use crate::event::{Check, CheckKind, HealthEvent, Stamp};
 use crate::host::Host;
 use crate::kmsg::{self, DeviceIndex, HostLinks, Record};
 use crate::linkstate::{self, StateConfig};
@@ -279,7 +279,7 @@ impl Monitor {
                     // wait for it, a bounded number of polls.
                     let mut next = prev.clone();
                     let deferred: Vec<Check> =
-                        self.state_config.checks.iter().copied().filter(|c| defers_first_poll(*c)).collect();
+                        self.state_config.checks.iter().copied().filter(|c| c.defers_first_poll()).collect();
                     if targeted.is_none() {
                         next.first_poll_deferrals += 1;
                         notes.push(format!(
@@ -420,20 +420,6 @@ fn unreadable_devices(
         .collect()
 }
 
-/// The checks whose first poll waits for readable devices (upstream's state and counter
-/// checks).
-fn defers_first_poll(c: Check) -> bool {
-    matches!(
-        c,
-        Check::InfiniBandStateCheck
-            | Check::EthernetStateCheck
-            | Check::EFAStateCheck
-            | Check::InfiniBandDegradationCheck
-            | Check::EthernetDegradationCheck
-            | Check::EFADegradationCheck
-    )
-}
-
 /// 001 §7.1: an enabled counter a port does not have is not evaluated there (fail open) and
 /// said once, on the first poll of a boot — one line per counter, naming the ports.
 fn missing_counter_notes(ports: &[CounterPort<'_>], rules: &[counters::CounterRule]) -> Vec<String> {
@@ -450,9 +436,9 @@ fn missing_counter_notes(ports: &[CounterPort<'_>], rules: &[counters::CounterRu
 /// After a discovery-scope change: one entity-less healthy event per enabled state check
 /// (the port and device conditions made under the old scope), before its baselines.
 pub fn clear_scope(cfg: &StateConfig, stamp: &Stamp, at: OffsetDateTime) -> Vec<HealthEvent> {
-    [Check::InfiniBandStateCheck, Check::EthernetStateCheck, Check::EFAStateCheck]
+    Check::ALL
         .into_iter()
-        .filter(|c| cfg.checks.contains(c))
+        .filter(|c| c.kind() == CheckKind::PortState && cfg.checks.contains(c))
         .map(|c| {
             HealthEvent::new(
                 c,

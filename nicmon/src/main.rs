@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use nicmon::check::{self, CheckArgs};
 use nicmon::cycle::MonitorOptions;
 use nicmon::daemon::RunOptions;
-use nicmon::event::{ProcessingStrategy, Stamp};
+use nicmon::event::{Check, ProcessingStrategy, Stamp};
 use nicmon::paths::{HostPaths, PathInputs};
 use nicmon::wake::WakeOptions;
 
@@ -106,15 +106,12 @@ struct HostArgs {
     config: PathBuf,
 }
 
-/// The default of `--checks`: every check.
-const ALL_CHECKS: &str = "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck,EFAStateCheck,EFADegradationCheck,InfiniBandCharDeviceCheck,NICKernelLogCheck";
-
 #[derive(clap::Args)]
 struct CheckCli {
     #[command(flatten)]
     host: HostArgs,
     /// Comma-separated checks to run; unknown names are logged and skipped.
-    #[arg(long, default_value = ALL_CHECKS)]
+    #[arg(long, default_value_t = Check::all_names())]
     checks: String,
     /// State file: load before the poll, save after (one daemon cycle per invocation).
     #[arg(long, value_name = "FILE")]
@@ -188,7 +185,7 @@ struct RunCli {
     #[command(flatten)]
     host: HostArgs,
     /// Comma-separated checks to run; unknown names are logged and skipped.
-    #[arg(long, default_value = ALL_CHECKS)]
+    #[arg(long, default_value_t = Check::all_names())]
     checks: String,
     /// Poll interval (e.g. 1s, 500ms; 50ms to 1h). Counters are evaluated at least every second.
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
