@@ -162,13 +162,7 @@ impl Monitor {
         boot_id: Option<String>,
     ) -> Monitor {
         Monitor {
-            state_config: StateConfig {
-                escalation_grace: Duration::seconds(config.escalation_grace_secs as i64),
-                speed_degradation_fatal: config.speed_degradation_fatal,
-                port_state_hold_down: Duration::try_from(config.port_state_hold_down).unwrap_or(Duration::MAX),
-                flap: config.flap,
-                checks,
-            },
+            state_config: config.state_config(checks),
             counter_paths: counters::read_paths(&config.counter_rules),
             host,
             config,
