@@ -4,7 +4,7 @@
 //! file, the key and the value (lesson 2: never silently disable monitoring). Keys nicmon
 //! does not know are reported as warnings, so an NVSentinel ConfigMap works unchanged.
 //!
-//! One schema: [`Config::default`] holds every default, the key tables ([`TOP_LEVEL`] and
+//! One schema: [`Config::default`] holds every default, the key tables (`TOP_LEVEL` and
 //! the sections under it) every key with its validation; the state checks' settings
 //! ([`Config::state_config`]) are derived from them.
 use std::collections::BTreeSet;
@@ -16,8 +16,8 @@ use crate::chardev::IssmMode;
 use crate::counters::{CounterDetection, CounterRule};
 use crate::event::Check;
 use crate::kmsg::{self, KmsgConfig, Patterns};
-use crate::linkstate::{FlapConfig, StateConfig};
 use crate::linkstate::flap::MAX_THRESHOLD;
+use crate::linkstate::{FlapConfig, StateConfig};
 use crate::roles::{self, NicFilters};
 
 /// The known keys, as the warning about an unknown one names them: the top-level keys and
@@ -127,7 +127,7 @@ impl Config {
         }
     }
 
-    /// Parse the file's text against [`TOP_LEVEL`]. Never panics.
+    /// Parse the file's text against `TOP_LEVEL`. Never panics.
     pub fn parse(path: &str, text: &str) -> Result<Config, ConfigError> {
         let fail = |kind: ConfigErrorKind| ConfigError { path: path.to_string(), kind };
         let table: toml::Table =
@@ -208,7 +208,8 @@ fn read_keys(
             Some(key) => (key.read)(cfg, &KeyAt { path, name: &full }, v)?,
             None => {
                 let known: Vec<&str> = keys.iter().map(|key| key.name).collect();
-                cfg.warnings.push(format!("config {path}: unknown key {full} ignored (known keys: {})", known.join(", ")))
+                cfg.warnings
+                    .push(format!("config {path}: unknown key {full} ignored (known keys: {})", known.join(", ")))
             }
         }
     }

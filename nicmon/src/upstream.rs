@@ -49,7 +49,10 @@ impl RetiredFlag {
             .long(self.long())
             .value_name(self.value_name)
             .action(clap::ArgAction::Set)
-            .help(format!("Retired flag of NVSentinel's older charts: accepted and ignored, with a warning ({}).", self.why));
+            .help(format!(
+                "Retired flag of NVSentinel's older charts: accepted and ignored, with a warning ({}).",
+                self.why
+            ));
         match self.value_optional {
             true => arg.num_args(0..=1).default_missing_value("true"),
             false => arg,

@@ -17,9 +17,7 @@ use thiserror::Error;
 
 use super::defaults::COUNTER_DEFINITIONS;
 pub use super::defaults::default_rules;
-pub use super::rule::{
-    CounterRule, DEVICE_TEMPLATE_PREFIX, Layers, NET_TEMPLATE_PREFIX, ThresholdType, VelocityUnit,
-};
+pub use super::rule::{CounterRule, DEVICE_TEMPLATE_PREFIX, Layers, NET_TEMPLATE_PREFIX, ThresholdType, VelocityUnit};
 
 /// The `[counterDetection]` section as the operator wrote it.
 ///

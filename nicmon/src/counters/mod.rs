@@ -6,9 +6,9 @@
 //! - [`width`]: how far each counter can count (PMA counters saturate);
 //! - [`eval`]: the pure evaluator, `(state, readings, rules, now) -> (events, state)`.
 pub mod config;
-pub mod rule;
 pub mod defaults;
 pub mod eval;
+pub mod rule;
 pub mod width;
 
 #[cfg(test)]
