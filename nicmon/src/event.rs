@@ -297,6 +297,21 @@ mod tests {
     }
 
     #[test]
+    fn every_check_is_named_and_parsed_from_the_one_list() {
+        let names = Check::all_names();
+        let parsed: Vec<Check> = names.split(',').map(|n| Check::parse(n).unwrap()).collect();
+        assert_eq!(parsed, Check::ALL);
+        for c in Check::ALL {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());
+        }
+        let deferring: Vec<&str> =
+            Check::ALL.into_iter().filter(|c| c.defers_first_poll()).map(Check::as_str).collect();
+        assert_eq!(deferring.len(), 6, "the state and degradation checks: {deferring:?}");
+        assert!(Check::InfiniBandCharDeviceCheck.watches_devices() && !Check::NICKernelLogCheck.watches_devices());
+        assert_eq!(Check::parse("NICPollStallCheck"), None);
+    }
+
+    #[test]
     fn serialises_in_proto3_json_form() {
         let stamp = Stamp { node_name: "n1".into(), processing_strategy: ProcessingStrategy::STORE_ONLY };
         let ev = HealthEvent::new(

@@ -237,6 +237,26 @@ mod tests {
     }
 
     #[test]
+    fn retired_flags_are_taken_from_the_one_table() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            retired: RetiredFlags,
+        }
+        let given = |list: &[&str]| {
+            use clap::Parser;
+            Cli::try_parse_from(args(list)).map(|c| c.retired.given).map_err(|e| e.to_string())
+        };
+        assert_eq!(given(&["nicmon"]), Ok(vec![]));
+        assert_eq!(
+            given(&["nicmon", "--kata-enabled", "--counter-polling-interval", "5s"]),
+            Ok(vec!["--counter-polling-interval", "--kata-enabled"])
+        );
+        assert_eq!(given(&["nicmon", "--kata-enabled=false"]), Ok(vec!["--kata-enabled"]));
+        assert!(given(&["nicmon", "--counter-polling-interval"]).is_err(), "a duration is expected");
+    }
+
+    #[test]
     fn go_durations() {
         let ok = [
             ("0", 0),
