@@ -386,6 +386,7 @@ mod tests {
             netdev: None,
             ports: (1..=ports).map(|n| Port { number: n, link_layer: Some(ll.clone()), ..Port::default() }).collect(),
             unknown: Default::default(),
+            pcie: None,
         }
     }
 

@@ -13,20 +13,22 @@ use std::path::Path;
 use time::Duration;
 
 use crate::chardev::IssmMode;
-use crate::counters::{CounterDetection, CounterRule};
+use crate::counters::{CounterDetection, CounterRule, VelocityUnit};
 use crate::event::Check;
 use crate::kmsg::{self, KmsgConfig, Patterns};
 use crate::linkstate::flap::MAX_THRESHOLD;
 use crate::linkstate::{FlapConfig, StateConfig};
+use crate::pcie::aer::AerThresholds;
 use crate::roles::{self, NicFilters};
 
 /// The known keys, as the warning about an unknown one names them: the top-level keys and
-/// those of `[stateDetection]`, `[stateCheck]` and `[charDeviceCheck]` (the other sections'
+/// those of `[stateDetection]`, `[stateCheck]`, `[charDeviceCheck]` and `[pcieCheck]` (the other sections'
 /// keys are their structs' fields).
-pub const TOP_LEVEL_KEYS: [&str; 9] = key_names(&TOP_LEVEL);
+pub const TOP_LEVEL_KEYS: [&str; 10] = key_names(&TOP_LEVEL);
 pub const STATE_DETECTION_KEYS: [&str; 2] = key_names(&STATE_DETECTION);
 pub const STATE_CHECK_KEYS: [&str; 4] = key_names(&STATE_CHECK);
 pub const CHAR_DEVICE_CHECK_KEYS: [&str; 1] = key_names(&CHAR_DEVICE_CHECK);
+pub const PCIE_CHECK_KEYS: [&str; 3] = key_names(&PCIE_CHECK);
 
 /// Default location of the config file in the DaemonSet.
 pub const DEFAULT_PATH: &str = "/etc/nic-health-monitor/config.toml";
@@ -53,6 +55,8 @@ pub struct Config {
     pub counter_rules: Vec<CounterRule>,
     /// `[charDeviceCheck] issm`: whether an `issm` node is expected per InfiniBand port.
     pub issm: IssmMode,
+    /// `[pcieCheck]`: the PCIe check's settings (SPEC §1.10).
+    pub pcie: PcieConfig,
     /// `[kernelLog]`: the watcher's settings and its compiled pattern table.
     pub kernel_log: KmsgConfig,
     pub patterns: Patterns,
@@ -75,6 +79,7 @@ impl Default for Config {
             flap: FlapConfig::default(),
             counter_rules: CounterDetection::default().rules().unwrap_or_default(),
             issm: IssmMode::default(),
+            pcie: PcieConfig::default(),
             kernel_log: KmsgConfig::default(),
             patterns: Patterns::builtin(),
             warnings: Vec::new(),
@@ -137,8 +142,12 @@ impl Config {
         Ok(cfg)
     }
 
-    /// The state checks' settings from this config, with the checks `--checks` enabled.
-    pub fn state_config(&self, checks: BTreeSet<Check>) -> StateConfig {
+    /// The state checks' settings from this config, with the checks `--checks` enabled
+    /// (less the PCIe check under `[pcieCheck] enabled = false`).
+    pub fn state_config(&self, mut checks: BTreeSet<Check>) -> StateConfig {
+        if !self.pcie.enabled {
+            checks.remove(&Check::NICPCIeCheck);
+        }
         StateConfig {
             escalation_grace: Duration::seconds(self.escalation_grace_secs as i64),
             speed_degradation_fatal: self.speed_degradation_fatal,
@@ -153,6 +162,21 @@ impl Config {
 impl Default for StateConfig {
     fn default() -> StateConfig {
         Config::default().state_config(Check::ALL.into_iter().collect())
+    }
+}
+
+/// `[pcieCheck]` (SPEC §1.10).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PcieConfig {
+    /// `enabled` (default true): `false` turns the check off whatever `--checks` says.
+    pub enabled: bool,
+    /// `correctableThreshold` (default 60) per `correctableVelocityUnit` (default `minute`).
+    pub aer: AerThresholds,
+}
+
+impl Default for PcieConfig {
+    fn default() -> PcieConfig {
+        PcieConfig { enabled: true, aer: AerThresholds::default() }
     }
 }
 
@@ -228,7 +252,7 @@ const fn key_names<const N: usize>(keys: &[Key; N]) -> [&'static str; N] {
 }
 
 /// The file's top-level keys; the other sections' keys are their structs' fields.
-const TOP_LEVEL: [Key; 9] = [
+const TOP_LEVEL: [Key; 10] = [
     Key {
         name: "nicExclusionRegex",
         read: |cfg, at, v| {
@@ -277,6 +301,7 @@ const TOP_LEVEL: [Key; 9] = [
         },
     },
     Key { name: "charDeviceCheck", read: |cfg, at, v| at.table(cfg, v, &CHAR_DEVICE_CHECK) },
+    Key { name: "pcieCheck", read: |cfg, at, v| at.table(cfg, v, &PCIE_CHECK) },
 ];
 
 /// `[stateDetection]`.
@@ -348,6 +373,45 @@ const CHAR_DEVICE_CHECK: [Key; 1] = [Key {
         Ok(())
     },
 }];
+
+/// `[pcieCheck]`.
+const PCIE_CHECK: [Key; 3] = [
+    Key {
+        name: "enabled",
+        read: |cfg, at, v| {
+            cfg.pcie.enabled = v.as_bool().ok_or_else(|| at.bad(v, "expected true or false"))?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "correctableThreshold",
+        read: |cfg, at, v| {
+            let t = match v {
+                toml::Value::Integer(i) => Some(*i as f64),
+                toml::Value::Float(f) => Some(*f),
+                _ => None,
+            };
+            cfg.pcie.aer.correctable = t
+                .filter(|t| t.is_finite() && *t >= 0.0)
+                .ok_or_else(|| at.bad(v, "expected a number of errors ≥ 0 per correctableVelocityUnit"))?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "correctableVelocityUnit",
+        read: |cfg, at, v| {
+            cfg.pcie.aer.correctable_unit = v
+                .as_str()
+                .and_then(|s| {
+                    [VelocityUnit::Second, VelocityUnit::Minute, VelocityUnit::Hour]
+                        .into_iter()
+                        .find(|u| u.as_str() == s)
+                })
+                .ok_or_else(|| at.bad(v, "expected \"second\", \"minute\" or \"hour\""))?;
+            Ok(())
+        },
+    },
+];
 
 fn regex_error(e: String) -> ConfigErrorKind {
     ConfigErrorKind::Value(one_line(&e))
@@ -457,6 +521,7 @@ enabled = true
         let all = "nicExclusionRegex = \"^lo$\"\nnicInclusionRegexOverride = \"\"\nsysClassInfinibandPath = \"/a\"\n\
                    sysClassNetPath = \"/b\"\n[stateDetection]\nescalationGraceSeconds = 5\nspeedDegradationFatal = true\n\
                    [counterDetection]\n[kernelLog]\n[charDeviceCheck]\nissm = \"always\"\n\
+                   [pcieCheck]\nenabled = false\ncorrectableThreshold = 10\ncorrectableVelocityUnit = \"hour\"\n\
                    [stateCheck]\nportStateHoldDown = \"2s\"\nflapThreshold = 4\nflapWindow = \"2m\"\nflapSettle = 30\n";
         let c = Config::parse("x.toml", all).unwrap();
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
@@ -464,7 +529,15 @@ enabled = true
         assert!(STATE_DETECTION_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
         assert!(CHAR_DEVICE_CHECK_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
         assert!(STATE_CHECK_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
+        assert!(PCIE_CHECK_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
         assert_eq!(c.issm, IssmMode::Always);
+        assert_eq!(
+            c.pcie,
+            PcieConfig {
+                enabled: false,
+                aer: AerThresholds { correctable: 10.0, correctable_unit: crate::counters::VelocityUnit::Hour }
+            }
+        );
         assert_eq!(
             c.flap,
             FlapConfig { threshold: 4, window: time::Duration::minutes(2), settle: time::Duration::seconds(30) }

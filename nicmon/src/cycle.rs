@@ -22,6 +22,7 @@ use crate::host::Host;
 use crate::kmsg::{self, DeviceIndex, HostLinks, Record};
 use crate::linkstate::{self, StateConfig};
 use crate::model::Snapshot;
+use crate::pcie::{self, PcieState};
 use crate::roles::{self, Classification};
 use crate::state::{CheckState, Loaded};
 use crate::topology::{self, Topology};
@@ -249,7 +250,7 @@ impl Monitor {
     /// with no entities, 1 s before the baselines (lesson 4).
     ///
     /// The steps, in order: first-poll deferral; the clears of a reboot or a rescope; link
-    /// state; counters; character devices; kernel log; the filter by enabled check.
+    /// state; counters; character devices; PCIe; kernel log; the filter by enabled check.
     pub fn decide(
         &self,
         prev: &CheckState,
@@ -311,6 +312,9 @@ impl Monitor {
             notes.extend(missing_counter_notes(&ports, &self.config.counter_rules));
         }
 
+        let (pcie_events, pcie_state) = self.pcie(&prev.pcie, &snapshot, &roles, now, full, &mut notes);
+        events.extend(pcie_events);
+
         let (kmsg_events, kmsg_state) = match full {
             true => self.kernel_log(&prev.kmsg, kmsg_records, &snapshot, &roles, links, now),
             false => (Vec::new(), prev.kmsg.clone()),
@@ -324,6 +328,7 @@ impl Monitor {
             counters: counter_state,
             kmsg: kmsg_state,
             char_devices: char_state,
+            pcie: pcie_state,
             einval,
             scope: Some(scope),
             first_poll_deferrals: prev.first_poll_deferrals,
@@ -430,7 +435,26 @@ impl Monitor {
             .then(|| chardev::evaluate(prev, snapshot, roles, self.config.issm, now, &self.stamp))
     }
 
-    /// Step 6, kernel log: the records that arrived since the previous poll, attributed to
+    /// Step 6, PCIe (SPEC §1.10): on a full read, when the check is enabled (its state is
+    /// kept as it was otherwise).
+    fn pcie(
+        &self,
+        prev: &PcieState,
+        snapshot: &Snapshot,
+        roles: &BTreeMap<String, Classification>,
+        now: OffsetDateTime,
+        full: bool,
+        notes: &mut Vec<String>,
+    ) -> (Vec<HealthEvent>, PcieState) {
+        if !full || !self.state_config.checks.contains(&Check::NICPCIeCheck) {
+            return (Vec::new(), prev.clone());
+        }
+        let out = pcie::check::evaluate(prev, snapshot, roles, &self.config.pcie.aer, now, &self.stamp);
+        notes.extend(out.notes);
+        (out.events, out.state)
+    }
+
+    /// Step 7, kernel log: the records that arrived since the previous poll, attributed to
     /// the monitored devices.
     fn kernel_log(
         &self,

@@ -1127,6 +1127,7 @@ mod tests {
             netdev: None,
             ports: vec![port(1, Some(PortState::Active)), port(2, None)],
             unknown: Default::default(),
+            pcie: None,
         };
         let classification =
             crate::roles::Classification { monitored: true, reason: None, role: None, role_reason: None };

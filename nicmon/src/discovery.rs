@@ -14,6 +14,8 @@ use crate::model::{
     PortState, Snapshot,
 };
 use crate::parse;
+use crate::pcie::parse::AerSeverity;
+use crate::pcie::reading::{Aer, PcieLink, PcieReading, UpstreamPort, aer_file};
 use std::sync::atomic::Ordering;
 
 /// What to read beyond the fixed set of files.
@@ -52,11 +54,35 @@ struct Statics {
     hca_type: Option<String>,
     fw_ver: Option<String>,
     board_id: Option<String>,
+    /// The PCIe maxima of a PF's link, both ends (`None` for a VF or without a PCI address).
+    pcie: Option<PcieStatics>,
     read_at: Instant,
     /// The device's directory, kept open: the per-poll `device` link and netdev listing
     /// are looked up in it. Once the device is removed every lookup in it fails, which
     /// makes the next poll read the device afresh (a new incarnation under the same name).
     dir: Option<SysDir>,
+}
+
+/// The PCIe attributes of a PF that are fixed by the hardware (SPEC §1.10): its maxima and
+/// the upstream bridge port's (the other end of its link).
+#[derive(Debug, Clone)]
+struct PcieStatics {
+    max_speed: Result<String, ReadError>,
+    max_width: Result<String, ReadError>,
+    /// The upstream port's address and its maxima; `None`: the PF hangs from no PCI bridge.
+    upstream: Option<(String, Result<String, ReadError>, Result<String, ReadError>)>,
+}
+
+impl PcieStatics {
+    fn read(host: &Host, address: &str) -> PcieStatics {
+        let max = |a: &str, f: &str| host.read_sys(&format!("bus/pci/devices/{a}/{f}"));
+        PcieStatics {
+            max_speed: max(address, "max_link_speed"),
+            max_width: max(address, "max_link_width"),
+            upstream: upstream_port(host, address)
+                .map(|up| (up.clone(), max(&up, "max_link_speed"), max(&up, "max_link_width"))),
+        }
+    }
 }
 
 /// The static attributes of each device incarnation, read once (SPEC §1.1, the read path).
@@ -373,6 +399,7 @@ fn read_statics(host: &Host, base: &str, link: Option<String>) -> Statics {
     } else {
         Function::Unknown
     };
+    let pcie = pci_address.as_deref().filter(|_| function != Function::Vf).map(|a| PcieStatics::read(host, a));
     Statics {
         ports: list_ports(host, base),
         link,
@@ -389,6 +416,7 @@ fn read_statics(host: &Host, base: &str, link: Option<String>) -> Statics {
         hca_type: opt(host.read_sys(&format!("{base}/hca_type"))),
         fw_ver: opt(host.read_sys(&format!("{base}/fw_ver"))),
         board_id: opt(host.read_sys(&format!("{base}/board_id"))),
+        pcie,
         read_at: Instant::now(),
         dir: host.open_dir_sys(base),
     }
@@ -461,6 +489,15 @@ struct DeviceRead {
     unsupported: Option<String>,
     netdev: Option<String>,
     ports: Vec<PortRead>,
+    pcie: Option<PcieRead>,
+}
+
+/// Where a PF's per-poll PCIe files are in the [`Batch`]: `current_link_speed`,
+/// `current_link_width`, and the AER files not found absent in this incarnation.
+struct PcieRead {
+    speed: usize,
+    width: usize,
+    aer: Vec<(AerSeverity, usize)>,
 }
 
 /// Where one port's files are in the [`Batch`].
@@ -560,6 +597,9 @@ fn plan_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> D
         for nd in &netdevs {
             host.forget_kept(Some(&format!("class/net/{nd}")));
         }
+        if let Some(address) = &statics.pci_address {
+            host.forget_kept(Some(&format!("bus/pci/devices/{address}")));
+        }
     }
 
     // Unsupported devices and VFs are listed, not monitored: read their ports' states
@@ -573,11 +613,58 @@ fn plan_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> D
             plan_port(name, n, port_netdev.as_deref(), read_counters.then_some(plan), batch)
         })
         .collect();
-    DeviceRead { name: name.to_string(), statics, efa, unsupported, netdev, ports }
+    let pcie = read_counters.then(|| plan_pcie(name, &statics, plan, batch)).flatten();
+    DeviceRead { name: name.to_string(), statics, efa, unsupported, netdev, ports, pcie }
+}
+
+/// The per-poll PCIe files of a monitored PF, added to `batch`.
+fn plan_pcie(dev: &str, statics: &Statics, plan: &ReadPlan, batch: &mut Batch) -> Option<PcieRead> {
+    statics.pcie.as_ref()?;
+    let address = statics.pci_address.as_deref()?;
+    let speed = batch.add(format_args!("bus/pci/devices/{address}/current_link_speed"));
+    let width = batch.add(format_args!("bus/pci/devices/{address}/current_link_width"));
+    let aer = AerSeverity::ALL
+        .into_iter()
+        .filter_map(|s| {
+            let absent = |rel: &str| plan.statics.as_deref().is_some_and(|c| c.is_absent(dev, rel));
+            batch.add_unless(format_args!("bus/pci/devices/{address}/{}", s.file()), absent).map(|i| (s, i))
+        })
+        .collect();
+    Some(PcieRead { speed, width, aer })
+}
+
+/// A PF's PCIe reading from its statics and this poll's results; an AER file found absent
+/// is remembered (not read again in this incarnation).
+fn finish_pcie(
+    dev: &str,
+    statics: &Statics,
+    p: PcieRead,
+    results: &[Result<String, ReadError>],
+    files: &FileSet,
+    plan: &ReadPlan,
+) -> Option<PcieReading> {
+    let st = statics.pcie.as_ref()?;
+    let get = |i: usize| results.get(i).cloned().unwrap_or(Err(ReadError::Missing));
+    let link = PcieLink::from_texts(&get(p.speed), &get(p.width), &st.max_speed, &st.max_width);
+    let upstream = st.upstream.as_ref().map(|(address, speed, width)| UpstreamPort {
+        address: address.clone(),
+        link: PcieLink::from_texts(&Err(ReadError::Missing), &Err(ReadError::Missing), speed, width),
+    });
+    let mut aer = Aer::default();
+    for (s, i) in p.aer {
+        let raw = results.get(i);
+        if let (Some(Err(ReadError::Missing)), Some(c), Some(rel)) = (raw, plan.statics.as_deref(), files.rels().get(i))
+        {
+            c.mark_absent(dev, rel);
+        }
+        *aer.slot(s) = raw.and_then(|r| aer_file(r.as_deref(), s));
+    }
+    Some(PcieReading { link, upstream, aer })
 }
 
 fn finish_device(r: DeviceRead, results: &[Result<String, ReadError>], files: &FileSet, plan: &ReadPlan) -> Device {
-    let DeviceRead { name, statics, efa, unsupported, netdev, ports } = r;
+    let DeviceRead { name, statics, efa, unsupported, netdev, ports, pcie } = r;
+    let pcie = pcie.and_then(|p| finish_pcie(&name, &statics, p, results, files, plan));
     let Statics { pci_address, driver, function, numa_node, hca_type, fw_ver, board_id, .. } = &*statics;
     let (pci_address, driver, function, numa_node) =
         (pci_address.clone(), driver.clone(), *function, numa_node.clone());
@@ -614,6 +701,7 @@ fn finish_device(r: DeviceRead, results: &[Result<String, ReadError>], files: &F
         netdev,
         ports,
         unknown,
+        pcie,
     }
 }
 

@@ -24,6 +24,8 @@ pub enum CheckKind {
     CharDevices,
     /// The kernel log ([`crate::kmsg`]).
     KernelLog,
+    /// The PCIe links and AER statistics of the NICs ([`crate::pcie`]).
+    Pcie,
 }
 
 /// The one list of checks: the [`Check`] enum, [`Check::ALL`], each check's name (as the
@@ -64,6 +66,7 @@ checks! {
     EFADegradationCheck => Counters,
     InfiniBandCharDeviceCheck => CharDevices,
     NICKernelLogCheck => KernelLog,
+    NICPCIeCheck => Pcie,
 }
 
 impl Check {

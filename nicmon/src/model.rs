@@ -248,6 +248,10 @@ pub struct Device {
     /// Device attributes read as "unknown", and why (`numa_node`); see [`Port::unknown`].
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub unknown: BTreeMap<String, String>,
+    /// The PCIe link and AER statistics of a monitored PF (SPEC §1.10); `None` for VFs,
+    /// unsupported devices and a device without a PCI address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie: Option<crate::pcie::reading::PcieReading>,
 }
 
 impl Device {

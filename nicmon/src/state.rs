@@ -16,6 +16,7 @@ use crate::kmsg::KmsgState;
 use crate::linkstate::LinkState;
 use crate::outbox::Outbox;
 pub use crate::outbox::PendingBatch;
+use crate::pcie::check::PcieState;
 
 /// Version of the file format.
 pub const VERSION: u32 = 1;
@@ -42,6 +43,9 @@ pub struct CheckState {
     /// Character-device miss counts, latches and the issm mode they were made under.
     #[serde(default)]
     pub char_devices: CharDevState,
+    /// PCIe: cards reported downtrained, the AER totals' baselines and latches.
+    #[serde(default, skip_serializing_if = "PcieState::is_empty")]
+    pub pcie: PcieState,
     /// sysfs files whose read failed with EINVAL in this boot: never read again.
     #[serde(default)]
     pub einval: BTreeSet<String>,
@@ -244,7 +248,8 @@ pub struct Writer {
 fn settled(state: &State) -> State {
     let mut s = state.clone();
     s.checks.polls = s.checks.polls.min(1);
-    for snap in s.checks.counters.counter_snapshots.values_mut() {
+    let snapshots = s.checks.counters.counter_snapshots.values_mut();
+    for snap in snapshots.chain(s.checks.pcie.aer.counters.counter_snapshots.values_mut()) {
         snap.timestamp = time::OffsetDateTime::UNIX_EPOCH;
     }
     s
@@ -255,8 +260,7 @@ fn settled(state: &State) -> State {
 /// a field added to the state must be added here.
 fn settles_to(state: &State, written: &State) -> bool {
     let State { version, boot_id, checks, outbox } = state;
-    let CheckState { polls, links, counters, kmsg, char_devices, einval, scope, first_poll_deferrals } = checks;
-    let CounterState { counter_snapshots, last_values, breach_flags, saturation_flags } = counters;
+    let CheckState { polls, links, counters, kmsg, char_devices, pcie, einval, scope, first_poll_deferrals } = checks;
     let w = &written.checks;
     *version == written.version
         && *boot_id == written.boot_id
@@ -268,11 +272,21 @@ fn settles_to(state: &State, written: &State) -> bool {
         && *einval == w.einval
         && *scope == w.scope
         && *first_poll_deferrals == w.first_poll_deferrals
-        && *last_values == w.counters.last_values
-        && *breach_flags == w.counters.breach_flags
-        && *saturation_flags == w.counters.saturation_flags
-        && counter_snapshots.len() == w.counters.counter_snapshots.len()
-        && counter_snapshots.iter().zip(&w.counters.counter_snapshots).all(|((k, v), (wk, wv))| {
+        && counters_settle_to(counters, &w.counters)
+        && pcie.link == w.pcie.link
+        && pcie.aer.window_bits == w.pcie.aer.window_bits
+        && pcie.aer.unavailable == w.pcie.aer.unavailable
+        && counters_settle_to(&pcie.aer.counters, &w.pcie.aer.counters)
+}
+
+/// [`settles_to`] of a counter engine's state (every field named).
+fn counters_settle_to(counters: &CounterState, w: &CounterState) -> bool {
+    let CounterState { counter_snapshots, last_values, breach_flags, saturation_flags } = counters;
+    *last_values == w.last_values
+        && *breach_flags == w.breach_flags
+        && *saturation_flags == w.saturation_flags
+        && counter_snapshots.len() == w.counter_snapshots.len()
+        && counter_snapshots.iter().zip(&w.counter_snapshots).all(|((k, v), (wk, wv))| {
             k == wk && v.value == wv.value && wv.timestamp == time::OffsetDateTime::UNIX_EPOCH
         })
 }

@@ -534,6 +534,7 @@ mod tests {
                 netdev: Some("ib0".into()),
                 ports: vec![],
                 unknown: Default::default(),
+                pcie: None,
             }],
             ..Default::default()
         };

@@ -714,6 +714,7 @@ fn from_snapshot_uses_the_callers_roles() {
         netdev: None,
         ports: vec![],
         unknown: Default::default(),
+        pcie: None,
     };
     let snap = Snapshot {
         devices: vec![

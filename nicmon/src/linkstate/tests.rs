@@ -35,6 +35,7 @@ fn snapshot(up: bool) -> Snapshot {
             ..Port::default()
         }],
         unknown: Default::default(),
+        pcie: None,
     };
     Snapshot { devices: vec![dev(0, up), dev(1, true), dev(2, true)], ..Snapshot::default() }
 }

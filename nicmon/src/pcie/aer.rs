@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use super::parse::{AerCounts, AerSeverity, moved_text};
-use super::read::Aer;
+use super::reading::Aer;
 use super::{Finding, Health};
 use crate::counters::{self, CounterPort, CounterRule, CounterState, Layers, ThresholdType, VelocityUnit};
 use crate::event::Stamp;
@@ -128,8 +128,8 @@ pub fn evaluate(
             let key = counters::counter_key(p.nic, 0, &rule.name);
             judge(prev, &mut out, p, rule, s, counts, &key, reboot, now);
         }
-        unavailable(p, &mut out);
     }
+    unavailable(ports, &mut out);
     out
 }
 
@@ -200,15 +200,22 @@ fn severity_words(s: AerSeverity) -> &'static str {
     }
 }
 
-/// A PF without AER statistics is said once (and again only after it had them).
-fn unavailable(p: &AerPort<'_>, out: &mut AerOutcome) {
-    if p.aer.available() {
-        out.state.unavailable.remove(p.nic);
-    } else if out.state.unavailable.insert(p.nic.to_string()) {
+/// A PF without AER statistics is said once (and again only after it had them); the PFs
+/// newly without them this poll are named in one line.
+fn unavailable(ports: &[AerPort<'_>], out: &mut AerOutcome) {
+    let mut newly = Vec::new();
+    for p in ports {
+        if p.aer.available() {
+            out.state.unavailable.remove(p.nic);
+        } else if out.state.unavailable.insert(p.nic.to_string()) {
+            newly.push(p.nic);
+        }
+    }
+    if !newly.is_empty() {
         out.notes.push(format!(
             "PCIe AER statistics not available on {} (no aer_dev_* files: kernel without AER, or \
              firmware-first error handling): AER not checked there",
-            p.nic
+            newly.join(", ")
         ));
     }
 }

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::parse::Speed;
-use super::read::PcieReading;
+use super::reading::PcieReading;
 use super::{Finding, Health};
 use crate::roles::Role;
 

@@ -1,10 +1,12 @@
 //! PCIe health of each monitored PF (SPEC §1.10, `NICPCIeCheck`).
 //!
 //! - [`parse`]: the kernel's PCIe attributes (`current_link_speed`, `aer_dev_*`, ...);
-//! - [`read`]: a PF's link, its upstream bridge port's maxima and its AER statistics
-//!   (read layer, through [`crate::host::Host`]);
+//! - [`reading`]: what a poll read of a PF: its link, its upstream bridge port's maxima
+//!   and its AER statistics (data; the poll reads them in [`crate::discovery`]'s batch);
+//! - [`read`]: the same read one-off, through [`crate::host::Host`];
 //! - [`link`]: link training — downtrained against what both ends can do, role-group peers;
-//! - [`aer`]: the AER totals through the counter engine.
+//! - [`aer`]: the AER totals through the counter engine;
+//! - [`check`]: one poll of `NICPCIeCheck`: the monitored PFs through both deciders.
 //!
 //! The deciders are pure and return [`Finding`]s: events not yet filed under a check.
 use time::OffsetDateTime;
@@ -12,17 +14,20 @@ use time::OffsetDateTime;
 use crate::event::{Check, Entity, HealthEvent, Stamp};
 
 pub mod aer;
+pub mod check;
 pub mod link;
 pub mod parse;
 pub mod read;
+pub mod reading;
 
 #[cfg(test)]
 mod tests;
 
 pub use aer::{AerPort, AerState, AerThresholds};
+pub use check::{Outcome, PcieState};
 pub use link::{CardLink, LinkState, Training};
 pub use parse::{AerCounts, AerSeverity, Speed};
-pub use read::{Aer, PcieLink, PcieReading, UpstreamPort};
+pub use reading::{Aer, PcieLink, PcieReading, UpstreamPort};
 
 /// The health an event reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

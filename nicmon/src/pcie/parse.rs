@@ -169,7 +169,7 @@ impl AerSeverity {
 }
 
 /// One AER statistics file: the count per error bit, in the kernel's order, and its total.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct AerCounts {
     /// `(name, count)` per line before the total (`("BadTLP", 3)`, `("dev_cor_errs_bit[1]", 2)`).
     pub bits: Vec<(String, u64)>,

@@ -5,7 +5,7 @@ use time::{Duration, OffsetDateTime};
 use super::aer::{self, AerPort, AerState, AerThresholds};
 use super::link::{self, CardLink, LinkState, Training};
 use super::parse::{AerSeverity, Speed, aer_counts};
-use super::read::{Aer, PcieLink, PcieReading, UpstreamPort};
+use super::reading::{Aer, PcieLink, PcieReading, UpstreamPort};
 use super::{Finding, Health};
 use crate::counters::VelocityUnit;
 use crate::event::{Check, RecommendedAction, Stamp};
