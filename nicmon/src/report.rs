@@ -9,6 +9,9 @@ use crate::chardev::Finding;
 use crate::event::HealthEvent;
 use crate::linkstate::{LinkState, port_key};
 use crate::model::Snapshot;
+use crate::pcie::link;
+use crate::pcie::parse::{AerSeverity, Speed};
+use crate::pcie::reading::PcieReading;
 use crate::roles::{Classification, Role};
 use crate::topology::Topology;
 
@@ -48,6 +51,47 @@ pub struct DeviceReport {
     /// Device attributes that were unknown (`numa_node`), and why.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub unknown: BTreeMap<String, String>,
+    /// The PF's PCIe link and AER totals (SPEC §1.10); `null` for VFs and devices not read.
+    pub pcie: Option<PcieReport>,
+}
+
+/// A PF's PCIe link as `nicmon check` shows it.
+#[derive(Debug, Serialize)]
+pub struct PcieReport {
+    /// `"x16 Gen5"` (`"down"` while the link is down).
+    pub link: String,
+    pub width: Option<u8>,
+    /// GT/s (`32.0`); `null` while the link is down.
+    pub speed_gts: Option<f64>,
+    /// What the link can do: the lower of both ends' maxima (`null` when unknown, or no
+    /// upstream port).
+    pub capable_width: Option<u8>,
+    pub capable_speed_gts: Option<f64>,
+    /// The upstream bridge port (the other end of the link).
+    pub upstream_port: Option<String>,
+    /// `TOTAL_ERR_COR`, `TOTAL_ERR_NONFATAL`, `TOTAL_ERR_FATAL` (`null` without AER).
+    pub aer_correctable: Option<u64>,
+    pub aer_nonfatal: Option<u64>,
+    pub aer_fatal: Option<u64>,
+}
+
+impl PcieReport {
+    fn of(r: &PcieReading) -> PcieReport {
+        let gts = |s: Option<Speed>| s.map(|s| f64::from(s.mts()) / 1000.0);
+        let cap = link::capability(r);
+        let total = |s: AerSeverity| r.aer.get(s).map(|c| c.total);
+        PcieReport {
+            link: r.link.label(),
+            width: r.link.width,
+            speed_gts: gts(r.link.speed),
+            capable_width: cap.and_then(|c| c.width),
+            capable_speed_gts: gts(cap.and_then(|c| c.speed)),
+            upstream_port: r.upstream.as_ref().map(|u| u.address.clone()),
+            aer_correctable: total(AerSeverity::Correctable),
+            aer_nonfatal: total(AerSeverity::NonFatal),
+            aer_fatal: total(AerSeverity::Fatal),
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -135,6 +179,7 @@ impl Report {
                         })
                         .collect(),
                     unknown: d.unknown.clone(),
+                    pcie: d.pcie.as_ref().map(PcieReport::of),
                 }
             })
             .collect();
@@ -181,8 +226,8 @@ impl Report {
     fn port_lines(&self, out: &mut String) {
         let _ = writeln!(
             out,
-            "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} NOTE",
-            "DEVICE", "PORT", "ROLE", "LINK", "STATE", "PHYS_STATE", "GB/S", "HEALTH"
+            "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} {:<9} NOTE",
+            "DEVICE", "PORT", "ROLE", "LINK", "STATE", "PHYS_STATE", "GB/S", "PCIE", "HEALTH"
         );
         for d in &self.devices {
             let role = d.role.map(Role::as_str).unwrap_or("-");
@@ -191,11 +236,12 @@ impl Report {
             } else {
                 format!("not monitored: {}", d.reason.clone().unwrap_or_default())
             };
+            let pcie = d.pcie.as_ref().map(|p| p.link.as_str()).unwrap_or("-");
             if d.ports.is_empty() {
                 let _ = writeln!(
                     out,
-                    "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} {}",
-                    d.name, "-", role, "-", "-", "-", "-", "-", note
+                    "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} {:<9} {}",
+                    d.name, "-", role, "-", "-", "-", "-", pcie, "-", note
                 );
             }
             for p in &d.ports {
@@ -219,7 +265,7 @@ impl Report {
                 };
                 let _ = writeln!(
                     out,
-                    "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} {}",
+                    "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} {:<9} {}",
                     d.name,
                     p.port,
                     role,
@@ -227,6 +273,7 @@ impl Report {
                     p.state.as_deref().unwrap_or("?"),
                     p.phys_state.as_deref().unwrap_or("?"),
                     rate,
+                    pcie,
                     health,
                     note
                 );
