@@ -682,6 +682,128 @@ fn bridge_reports_name_every_monitored_card_below_the_bridge() {
     }
 }
 
+/// The GPUs' PCI addresses, in order.
+fn gpus(node: &Node) -> Vec<String> {
+    let mut gpus: Vec<String> = std::fs::read_dir(node.sys().join("bus/pci/devices"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|b| {
+            std::fs::read_to_string(node.sys().join(format!("bus/pci/devices/{b}/class")))
+                .unwrap()
+                .starts_with("0x0302")
+        })
+        .collect();
+    gpus.sort();
+    gpus
+}
+
+/// mlx5 probe and initialisation failures beyond load/init, pciehp surprise removal, a
+/// reset that did not bring the link back, and AER lines naming their source — on
+/// [`switch_node`], where a GPU shares a switch with cards A and B: each line yields its
+/// pattern on the right card, and only there.
+#[test]
+fn pcie_and_initialisation_failures_name_the_right_card() {
+    let node = switch_node();
+    let bdf = |d: &str| node.info[d].bdf.clone();
+    let (a0, a1, b0, b1, c0) = (bdf("mlx5_0"), bdf("mlx5_1"), bdf("mlx5_2"), bdf("mlx5_3"), bdf("mlx5_4"));
+    let path_a = pci_path(&node, &a0);
+    let [root_port, _upstream, downstream_a, _] = &path_a[..] else { panic!("{path_a:?}") };
+    let port_c = pci_path(&node, &c0).into_iter().rev().nth(1).unwrap();
+    let gpu = gpus(&node).remove(0);
+    assert!(pci_path(&node, &gpu).contains(root_port), "the GPU shares the switch with cards A and B");
+    let gpu_port = gpu_ports(&node).remove(0);
+    let cases: Vec<(String, Vec<Brief>)> = vec![
+        (
+            format!(
+                "mlx5_core {a0}: wait_fw_init:1150:(pid 5): Firmware over 120000 MS in pre-initializing state, aborting"
+            ),
+            vec![kernel_log(true, "mlx5_0", "init_failed")],
+        ),
+        (
+            format!("mlx5_core {b1}: probe_one:2011:(pid 1): mlx5_pci_init failed with error code -19"),
+            vec![kernel_log(true, "mlx5_2", "init_failed")],
+        ),
+        (
+            format!("mlx5_core {c0}: mlx5_function_enable:1220:(pid 1): enable hca failed"),
+            vec![kernel_log(true, "mlx5_4", "init_failed")],
+        ),
+        (
+            format!("mlx5_core {a1}: mlx5_load:1380:(pid 1): Failed to create EQs"),
+            vec![kernel_log(true, "mlx5_0", "init_failed")],
+        ),
+        (
+            format!("mlx5_core {b0}: add_drivers:355:(pid 1): Device[1] (rdma) failed to load"),
+            vec![kernel_log(true, "mlx5_2", "init_failed")],
+        ),
+        (
+            format!("mlx5_core {c0}: mlx5_function_setup:1183:(pid 1): set_hca_cap failed"),
+            vec![kernel_log(true, "mlx5_4", "init_failed")],
+        ),
+        (
+            format!("pcieport {downstream_a}: pciehp: Slot(3): Card not present"),
+            vec![kernel_log(true, "mlx5_0", "pcie_surprise_removal")],
+        ),
+        (
+            format!("pcieport {port_c}: Data Link Layer Link Active not set in 1000 msec"),
+            vec![kernel_log(true, "mlx5_4", "pcie_link_not_restored")],
+        ),
+        (
+            format!("mlx5_core {b0}: not ready 65535ms after DPC; giving up"),
+            vec![kernel_log(true, "mlx5_2", "pcie_link_not_restored")],
+        ),
+        // The root port above the shared switch names the source: that card alone.
+        (
+            format!("pcieport {root_port}: AER: Uncorrectable (Fatal) error message received from {b1}"),
+            vec![kernel_log(true, "mlx5_2", "pcie_fatal")],
+        ),
+        (
+            format!("pcieport {root_port}: AER: Uncorrected (Fatal) error received: {a0}"),
+            vec![kernel_log(true, "mlx5_0", "pcie_fatal")],
+        ),
+        (
+            format!("pcieport {root_port}: AER: Uncorrectable (Non-Fatal) error message received from {a1}"),
+            vec![kernel_log(false, "mlx5_0", "pcie_nonfatal")],
+        ),
+        // Negatives: a GPU as the AER source below the switch shared with cards A and B;
+        // hot-plug of the GPU's slot; a slot's card coming back; recoveries that worked; a
+        // GPU that did not come back; the driver still waiting for its firmware.
+        (format!("pcieport {root_port}: AER: Uncorrectable (Fatal) error message received from {gpu}"), vec![]),
+        (format!("pcieport {root_port}: AER: Uncorrected (Fatal) error received: {gpu}"), vec![]),
+        (format!("pcieport {root_port}: AER: Uncorrected (Non-Fatal) error received: {gpu}"), vec![]),
+        (
+            format!(
+                "nvidia {gpu}: AER: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Requester ID)"
+            ),
+            vec![],
+        ),
+        (format!("pcieport {gpu_port}: pciehp: Slot(1): Card not present"), vec![]),
+        (format!("pcieport {gpu_port}: Data Link Layer Link Active not set in 1000 msec"), vec![]),
+        (format!("nvidia {gpu}: not ready 65535ms after DPC; giving up"), vec![]),
+        (format!("pcieport {downstream_a}: pciehp: Slot(3): Card present"), vec![]),
+        (format!("pcieport {downstream_a}: pciehp: Slot(3): Link Up"), vec![]),
+        (format!("pcieport {root_port}: DPC: containment event, status:0x1f01 source:0x0000"), vec![]),
+        (format!("mlx5_core {a0}: ready 1023ms after DPC"), vec![]),
+        (format!("pcieport {root_port}: AER: device recovery successful"), vec![]),
+        (
+            format!(
+                "mlx5_core {a0}: wait_fw_init:1141:(pid 5): Waiting for FW pre-initializing, timeout abort in 120s (0xffffffff)"
+            ),
+            vec![],
+        ),
+    ];
+    for format in ALL {
+        let mut tl = started(&node, &format!("pcie-{format:?}"), 6);
+        for (i, (line, want)) in cases.iter().enumerate() {
+            let t = 100 * (i as i64 + 1);
+            let ev = poll_kmsg(&mut tl, t, &kmsg_text(&node, format, &[(700 + i as u64, t, line)]));
+            assert_eq!(kernel_events(&ev), *want, "{format:?} {line}");
+            for e in ev.iter().filter(|e| e["isFatal"] == true) {
+                assert_eq!(e["recommendedAction"], "REPLACE_VM", "{line}");
+            }
+        }
+    }
+}
+
 /// Each line of a kernel log poll that is a `NICKernelLogCheck` event.
 fn kernel_events(ev: &[serde_json::Value]) -> Vec<Brief> {
     ev.iter().map(brief).filter(|b| b.0 == "NICKernelLogCheck").collect()

@@ -189,10 +189,19 @@ fn soft_lockup(
     ))
 }
 
-/// Which monitored NICs a matched line is about. Clues in order: the pattern's named
-/// captures (`bdf`, `netdev`, `ifindex`), the record's ` DEVICE=`, then every PCI address
-/// in the text. The first clue the index knows decides, even when it decides "not ours".
+/// Which monitored NICs a matched line is about. A `source` capture (the device an AER
+/// error came from) decides alone: a source that is no monitored NIC, card or bridge above
+/// one (a GPU, an NVMe drive) is nobody's here. Otherwise clues in order: the pattern's
+/// named captures (`bdf`, `netdev`, `ifindex`), the record's ` DEVICE=`, then every PCI
+/// address in the text. The first clue the index knows decides, even when it decides "not
+/// ours".
 fn attribute(rec: &Record, caps: &regex::Captures<'_>, index: &DeviceIndex) -> Vec<Target> {
+    if let Some(m) = caps.name("source") {
+        return match index.resolve_bdf(m.as_str()) {
+            Resolution::Known(t) => t,
+            Resolution::Unknown => Vec::new(),
+        };
+    }
     let mut clues: Vec<Resolution> = Vec::new();
     if let Some(m) = caps.name("bdf") {
         clues.push(index.resolve_bdf(m.as_str()));

@@ -3,8 +3,10 @@
 //!
 //! Patterns match the kernel's own format strings, never the `func:line` part of mlx5
 //! messages (it changes with every build). A regex may name a capture group `bdf`,
-//! `netdev` or `ifindex`: attribution then tries that device first (the AER
-//! `... error message received from <BDF>` line is printed by the root port, about the NIC).
+//! `netdev` or `ifindex`: attribution then tries that device first. A `source` group is
+//! the device a line says an error came from (the AER `... error message received from
+//! <BDF>` line, printed by the root port): it decides alone — a GPU, NVMe or other
+//! non-NIC source is no NIC's event, even below a switch shared with NICs.
 use std::collections::BTreeSet;
 
 use regex::Regex;
@@ -186,6 +188,40 @@ const BUILTINS: &[Builtin] = &[
         REPLACE_VM,
         "mlx5 driver failed to load the card",
     ),
+    // Every other probe and initialisation failure path of mlx5 (`main.c`: `probe_one`,
+    // `wait_fw_init`, `mlx5_function_enable`/`_open`/`_setup`, `mlx5_init_once`,
+    // `mlx5_load`, `mlx5_mdev_init`; `dev.c`: an auxiliary driver that did not load),
+    // older kernels' `handle_hca_cap failed`: the card did not come up. Only with the
+    // `mlx5_core <[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]>:` prefix (the generic wordings are mlx5's only there).
+    ev(
+        "init_failed",
+        r"(?:^|\s)mlx5_core (?P<bdf>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): (?:\S+:\d+:\(pid \d+\): )?(?:mlx5_pci_init failed with error code:? -?\d+|Firmware over \d+ MS in (?:pre-initializing|initializing) state, aborting|Failed initializing command interface, aborting|Failed initializing timeouts, aborting|enable hca failed|failed to set issi|failed to allocate (?:boot|init) pages|failed to read dtor|set_hca_ctrl failed|set_hca_cap failed|handle_hca_cap failed|init hca failed|query hca failed|sw objs init failed|Failed allocating uar, aborting|Failed to alloc IRQs|Failed to create EQs|Failed to init flow steering|Failed to set hca defaults|sf table create failed|Failed to init embedded CPU|sriov init failed|fpga device start failed|Device\[\d+\] \([^)]*\) failed to load)",
+        true,
+        REPLACE_VM,
+        "mlx5 card failed to initialise",
+    ),
+    // pciehp on a slot's downstream port (`pcieport <port>: pciehp: Slot(N): Card not
+    // present`; `pciehp <port>:pcie004:` before 4.19): the card left its slot without an
+    // orderly removal. Attributed to the cards below that port: a GPU's or an empty
+    // slot's hot-plug is no NIC's.
+    ev(
+        "pcie_surprise_removal",
+        r"(?:^|\s)(?:pcieport|pciehp) (?P<bdf>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])(?::pcie\d+)?: (?:pciehp: )?Slot\([^)]*\): Card not present",
+        true,
+        REPLACE_VM,
+        "PCIe card not present in its slot (surprise removal)",
+    ),
+    // A reset that did not bring the link or the device back (DPC containment, FLR, bus
+    // reset; `pci_bridge_wait_for_secondary_bus`): the port's link never came up, or the
+    // device never answered (`not ready <n>ms after DPC; giving up`, printed by the device
+    // itself). `ready <n>ms after DPC` is the recovery that worked.
+    ev(
+        "pcie_link_not_restored",
+        r"(?:^|\s)\S+ (?P<bdf>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): (?:Data Link Layer Link Active not set in \d+ msec|not ready \d+ms after [^;]+; giving up)",
+        true,
+        REPLACE_VM,
+        "PCIe link or device not back after a reset",
+    ),
     // Printed by the PCIe port above the card (`pci_info(bridge, ...)` in
     // `drivers/pci/pcie/err.c`; `subordinate device reset failed` is the DPC/reset path;
     // before 5.x the wording was `Device recovery failed`): attributed to every monitored
@@ -197,19 +233,20 @@ const BUILTINS: &[Builtin] = &[
         REPLACE_VM,
         "PCIe error recovery failed",
     ),
-    // `severity=` detail lines (wording changed in 6.8) and the root port's header line:
-    // `Uncorrected (Fatal) error received: <BDF>` (old), `Uncorrectable (Fatal) error
-    // message received from <BDF>` (6.8+).
+    // `severity=` detail lines (wording changed in 6.8; printed by the source device) and
+    // the root port's header line: `Uncorrected (Fatal) error received: <BDF>` (old),
+    // `Uncorrectable (Fatal) error message received from <BDF>` (6.8+), whose BDF is the
+    // source: it alone is named.
     ev(
         "pcie_fatal",
-        r"severity=Uncorrect(?:ed|able) \(Fatal\)|Uncorrect(?:ed|able) \(Fatal\) error (?:message )?received(?:: | from )(?:id=\S+ )?(?P<bdf>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])?",
+        r"severity=Uncorrect(?:ed|able) \(Fatal\)|Uncorrect(?:ed|able) \(Fatal\) error (?:message )?received(?:: | from )(?:id=\S+ )?(?P<source>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])?",
         true,
         REPLACE_VM,
         "PCIe uncorrectable fatal error",
     ),
     ev(
         "pcie_nonfatal",
-        r"severity=Uncorrect(?:ed|able) \(Non-Fatal\)|Uncorrect(?:ed|able) \(Non-Fatal\) error (?:message )?received(?:: | from )(?:id=\S+ )?(?P<bdf>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])?",
+        r"severity=Uncorrect(?:ed|able) \(Non-Fatal\)|Uncorrect(?:ed|able) \(Non-Fatal\) error (?:message )?received(?:: | from )(?:id=\S+ )?(?P<source>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])?",
         false,
         NONE,
         "PCIe uncorrectable non-fatal error",
