@@ -799,6 +799,7 @@ fn update_metrics(metrics: &Metrics, poll: &Poll, next: &crate::state::CheckStat
     }
     metrics.set_port_health(ports);
     metrics.set_unknown_attributes(unknown);
+    metrics.set_pcie(crate::pcie::check::figures(&poll.snapshot, &poll.roles));
     // Monitored PFs per state check (by link layer); InfiniBand ones for the char-device check.
     let mut discovered: std::collections::BTreeMap<Check, usize> = Default::default();
     for d in poll.snapshot.devices.iter().filter(|d| !d.is_vf()) {

@@ -226,3 +226,51 @@ fn dangling_link_einval_counter_and_fifo_replay_with_the_same_notes() {
     }
     assert_eq!(manifest["complete"], true);
 }
+
+/// The PCIe files (link figures of the NIC and its upstream port, AER statistics) travel in
+/// the bundle: a replay shows the same links and decides the same PCIe events.
+#[test]
+fn pcie_links_and_aer_counts_replay_from_the_bundle() {
+    use nicmon_tests::pcie::AerFile;
+    let node = Platform::DgxH100.build();
+    let state = node.root().join("state.json");
+    let file = node.root().join("bundle.tar.gz");
+    let t0 = "2026-03-01T10:00:00Z";
+    live_check(&node, &state, t0);
+
+    node.set_pcie_link("mlx5_2", Some((8, 5)));
+    node.set_slot_capability("mlx5_5", 16, 4);
+    node.set_aer("mlx5_6", AerFile::Fatal, &[("SDES", 1)]);
+    node.set_aer("mlx5_0", AerFile::Correctable, &[("BadTLP", 3)]);
+    node.remove_aer("mlx5_7");
+    bundle(&node, &state, &file);
+    let t1 = "2026-03-01T10:00:05Z";
+    let live = live_check(&node, &state, t1);
+    let replay = replay_check(&file, t1);
+    assert_same(&node, &live, &replay, "PCIe faults");
+
+    let report: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
+    let dev = |n: &str| report["devices"].as_array().unwrap().iter().find(|d| d["name"] == n).unwrap().clone();
+    assert_eq!(dev("mlx5_2")["pcie"]["link"], "x8 Gen5");
+    assert_eq!(dev("mlx5_5")["pcie"]["capable_speed_gts"], 16.0, "the upstream port's maximum is in the bundle");
+    assert_eq!(dev("mlx5_0")["pcie"]["aer_correctable"], 3);
+    assert!(dev("mlx5_7")["pcie"]["aer_fatal"].is_null());
+    let pcie: Vec<(String, String)> = report["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["checkName"] == "NICPCIeCheck")
+        .map(|e| {
+            (
+                e["entitiesImpacted"][0]["entityValue"].as_str().unwrap().into(),
+                e["errorCode"][0].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        pcie,
+        vec![("mlx5_2".to_string(), "pcie_link_downtrained".to_string()), ("mlx5_6".into(), "aer_fatal".into())],
+        "{:#?}",
+        report["events"]
+    );
+}

@@ -274,7 +274,8 @@ fn restart_recovery_reboot_and_corrupt_state() {
             "EthernetDegradationCheck",
             "EFADegradationCheck",
             "InfiniBandCharDeviceCheck",
-            "NICKernelLogCheck"
+            "NICKernelLogCheck",
+            "NICPCIeCheck"
         ]
     );
     assert!(clears.iter().all(|e| e["isHealthy"] == true && e["generatedTimestamp"] == tl.at(99)));

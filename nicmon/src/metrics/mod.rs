@@ -86,6 +86,22 @@ struct CounterLabels {
     counter: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeviceLabels {
+    device: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AerLabels {
+    device: String,
+    /// `correctable`, `nonfatal` or `fatal`.
+    severity: String,
+}
+
+/// One monitored PF's PCIe figures for [`Metrics::set_pcie`]: device, link speed (GT/s),
+/// width (lanes), AER totals by severity (`None`: unknown, not exported).
+pub type PcieFigures<'a> = (&'a str, Option<f64>, Option<u8>, [(&'static str, Option<u64>); 3]);
+
 // The existing monitor's label sets (`node` on every series).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NodeCheck {
@@ -154,6 +170,9 @@ pub struct Metrics {
     ebpf_hook_attached: Family<HookLabels, Gauge>,
     topology_source: Family<SourceLabels, Gauge>,
     counter_saturated: Family<CounterLabels, Gauge>,
+    pcie_link_speed: Family<DeviceLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pcie_link_width: Family<DeviceLabels, Gauge>,
+    pcie_aer_errors: Family<AerLabels, Gauge>,
     kmsg_records_lost: Counter,
     /// The boot's cumulative lost-record count last added to `kmsg_records_lost`.
     kmsg_lost_seen: std::sync::atomic::AtomicU64,
@@ -199,6 +218,9 @@ impl Metrics {
             ebpf_hook_attached: Family::default(),
             topology_source: Family::default(),
             counter_saturated: Family::default(),
+            pcie_link_speed: Family::default(),
+            pcie_link_width: Family::default(),
+            pcie_aer_errors: Family::default(),
             kmsg_records_lost: Counter::default(),
             kmsg_lost_seen: Default::default(),
             ebpf_wake_records_lost: Counter::default(),
@@ -224,6 +246,21 @@ impl Metrics {
             "nicmon_devices",
             "RDMA devices by role (compute, storage, management); management devices are not monitored",
             m.devices.clone(),
+        );
+        registry.register(
+            "nicmon_pcie_link_speed_gts",
+            "PCIe link speed of a monitored PF in GT/s per lane (32 = Gen5); absent while the link is down",
+            m.pcie_link_speed.clone(),
+        );
+        registry.register(
+            "nicmon_pcie_link_width",
+            "PCIe link width of a monitored PF in lanes; absent while the link is down",
+            m.pcie_link_width.clone(),
+        );
+        registry.register(
+            "nicmon_pcie_aer_errors",
+            "AER error total of a monitored PF by severity (the kernel's TOTAL_ERR_COR|NONFATAL|FATAL since boot); absent without AER",
+            m.pcie_aer_errors.clone(),
         );
         registry.register(
             "nicmon_port_healthy",
@@ -412,6 +449,28 @@ impl Metrics {
             self.port_attribute_unknown
                 .get_or_create(&AttributeLabels { device: device.into(), port, attribute: attribute.into() })
                 .set(1);
+        }
+    }
+
+    /// The PCIe link and AER totals of every monitored PF, replacing the previous cycle's.
+    pub fn set_pcie<'a>(&self, pfs: impl IntoIterator<Item = PcieFigures<'a>>) {
+        self.pcie_link_speed.clear();
+        self.pcie_link_width.clear();
+        self.pcie_aer_errors.clear();
+        for (device, speed, width, aer) in pfs {
+            let labels = DeviceLabels { device: device.into() };
+            if let Some(s) = speed {
+                self.pcie_link_speed.get_or_create(&labels).set(s);
+            }
+            if let Some(w) = width {
+                self.pcie_link_width.get_or_create(&labels).set(i64::from(w));
+            }
+            for (severity, total) in aer {
+                if let Some(t) = total {
+                    let labels = AerLabels { device: device.into(), severity: severity.into() };
+                    self.pcie_aer_errors.get_or_create(&labels).set(i64::try_from(t).unwrap_or(i64::MAX));
+                }
+            }
         }
     }
 
@@ -639,12 +698,26 @@ mod tests {
         m.counter_threshold_breach("symbol_error", "mlx5_0", 1, false);
         m.port_state_blip(Check::InfiniBandStateCheck, "mlx5_0", 1);
         m.port_state_blip(Check::InfiniBandStateCheck, "mlx5_0", 1);
+        let quiet = [("correctable", Some(0)), ("nonfatal", Some(0)), ("fatal", Some(0))];
+        m.set_pcie([("mlx5_9", Some(32.0), Some(16), quiet)]);
+        m.set_pcie([
+            ("mlx5_0", Some(32.0), Some(8), [("correctable", Some(118)), ("nonfatal", Some(0)), ("fatal", Some(1))]),
+            ("mlx5_1", None, None, [("correctable", None), ("nonfatal", None), ("fatal", None)]),
+        ]);
 
         let text = m.encode();
+        // The previous cycle's PFs and unknown figures are not exported.
+        assert!(!text.contains("nicmon_pcie_link_width{device=\"mlx5_9\"}"), "{text}");
+        assert!(!text.contains("nicmon_pcie_link_speed_gts{device=\"mlx5_1\"}"), "{text}");
+        assert!(!text.contains("nicmon_pcie_aer_errors{device=\"mlx5_1\""), "{text}");
         let expect = [
             r#"nicmon_devices{role="compute"} 8"#,
             r#"nicmon_devices{role="storage"} 2"#,
             r#"nicmon_port_healthy{device="mlx5_0",port="1"} 1"#,
+            r#"nicmon_pcie_link_speed_gts{device="mlx5_0"} 32.0"#,
+            r#"nicmon_pcie_link_width{device="mlx5_0"} 8"#,
+            r#"nicmon_pcie_aer_errors{device="mlx5_0",severity="correctable"} 118"#,
+            r#"nicmon_pcie_aer_errors{device="mlx5_0",severity="fatal"} 1"#,
             r#"nicmon_port_healthy{device="mlx5_3",port="1"} 0"#,
             r#"nicmon_port_flap_transitions_total{device="mlx5_3",port="1"} 2"#,
             r#"nicmon_port_flapping{device="mlx5_3",port="1"} 1"#,

@@ -11,6 +11,7 @@ use time::OffsetDateTime;
 
 use super::aer::{self, AerPort, AerState, AerThresholds};
 use super::link::{self, CardLink, LinkState};
+use super::parse::AerSeverity;
 use crate::event::{Check, HealthEvent, Stamp};
 use crate::model::{Device, Snapshot};
 use crate::roles::Classification;
@@ -85,4 +86,25 @@ pub fn evaluate(
     let events =
         link_findings.iter().chain(&aer_out.findings).map(|f| f.event(Check::NICPCIeCheck, stamp, now)).collect();
     Outcome { events, state: PcieState { link, aer: aer_out.state }, notes: aer_out.notes }
+}
+
+/// The metrics' figures of every judged PF: device, link speed (GT/s), width, AER totals
+/// by severity (`correctable`, `nonfatal`, `fatal`).
+pub fn figures<'s>(
+    snapshot: &'s Snapshot,
+    roles: &BTreeMap<String, Classification>,
+) -> Vec<(&'s str, Option<f64>, Option<u8>, [(&'static str, Option<u64>); 3])> {
+    judged(snapshot, roles)
+        .into_iter()
+        .filter_map(|d| {
+            let r = d.pcie.as_ref()?;
+            let total = |s: AerSeverity| r.aer.get(s).map(|c| c.total);
+            let aer = [
+                ("correctable", total(AerSeverity::Correctable)),
+                ("nonfatal", total(AerSeverity::NonFatal)),
+                ("fatal", total(AerSeverity::Fatal)),
+            ];
+            Some((d.name.as_str(), r.link.speed.map(|s| f64::from(s.mts()) / 1000.0), r.link.width, aer))
+        })
+        .collect()
 }
