@@ -21,6 +21,7 @@ pub mod kernel_log;
 pub mod latency;
 pub mod platforms;
 pub mod prometheus;
+pub mod promql;
 
 /// Link layer of a NIC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

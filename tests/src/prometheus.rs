@@ -110,3 +110,41 @@ fn output(cmd: &mut Command) -> Result<String, String> {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     if out.status.success() { Ok(text) } else { Err(format!("{cmd:?} failed ({}):\n{text}", out.status)) }
 }
+
+/// The series names an exposition (`/metrics`, OpenMetrics text) declares, from its
+/// `# TYPE` lines: a gauge's own name, a counter's `_total` (and `_created`), a histogram's
+/// `_bucket`, `_sum`, `_count` (and `_created`), a summary's quantiles, `_sum` and `_count`.
+/// A family declared without samples (nothing observed yet) is exported all the same.
+pub fn exported_series(exposition: &str) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for line in exposition.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else { continue };
+        let mut parts = rest.split_whitespace();
+        let (Some(name), Some(kind)) = (parts.next(), parts.next()) else { continue };
+        let suffixes: &[&str] = match kind {
+            "counter" => &["_total", "_created"],
+            "histogram" | "gaugehistogram" => &["_bucket", "_sum", "_count", "_created", "_gsum", "_gcount"],
+            "summary" => &["", "_sum", "_count", "_created"],
+            "info" => &["_info"],
+            _ => &[""],
+        };
+        out.extend(suffixes.iter().map(|s| format!("{name}{s}")));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exported_series_follow_the_type_lines() {
+        let text = "# HELP a_seconds x\n# TYPE a_seconds histogram\na_seconds_count 1\n\
+                    # TYPE b counter\n# TYPE c gauge\nc 1\n# TYPE d info\n# EOF\n";
+        let got = exported_series(text);
+        for name in ["a_seconds_bucket", "a_seconds_sum", "a_seconds_count", "b_total", "c", "d_info"] {
+            assert!(got.contains(name), "{name} missing from {got:?}");
+        }
+        assert!(!got.contains("a_seconds") && !got.contains("b") && !got.contains("d"), "{got:?}");
+    }
+}
