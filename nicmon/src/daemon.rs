@@ -464,7 +464,7 @@ impl<'a> Daemon<'a> {
             // hinted wake-ups costs targeted polls, not full ones.
             if self.last_full_poll.is_some_and(|t| t.elapsed() < BURST_FULL_POLL_GAP) {
                 for w in woke {
-                    self.metrics.wakeup(w.hook.name());
+                    self.metrics.wakeup(w.hook.name(), w.delivery_latency_ns().map(Duration::from_nanos));
                 }
                 return;
             }
@@ -486,7 +486,7 @@ impl<'a> Daemon<'a> {
         self.metrics.observe_poll(elapsed, completed);
         self.last_snapshot = Some(poll.snapshot.clone());
         for w in woke {
-            self.metrics.wakeup(w.hook.name());
+            self.metrics.wakeup(w.hook.name(), w.delivery_latency_ns().map(Duration::from_nanos));
         }
         let kind = if traced { PollKind::FullAfterTargeted } else { PollKind::Full };
         self.act(poll, woke, if traced { started } else { woke_at }, elapsed, kind, records);
@@ -823,6 +823,9 @@ fn update_metrics(metrics: &Metrics, poll: &Poll, next: &crate::state::CheckStat
     metrics.set_read_health(poll.reads_abandoned, &poll.stuck_reads);
     metrics.kmsg_records_lost(next.kmsg.lost_records);
     metrics.set_saturated_counters(next.counters.saturated());
+    metrics.set_counter_values(
+        next.counters.last_values.iter().filter_map(|(k, v)| Some((crate::counters::parse_counter_key(k)?, *v))),
+    );
     for f in &poll.flaps {
         metrics.port_flap_transition(&f.device, f.port);
     }

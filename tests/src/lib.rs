@@ -21,6 +21,8 @@ pub mod kernel_log;
 pub mod latency;
 pub mod pcie;
 pub mod platforms;
+pub mod prometheus;
+pub mod promql;
 
 /// Link layer of a NIC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

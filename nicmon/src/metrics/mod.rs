@@ -141,16 +141,44 @@ struct NodeCounterDevicePortFatal {
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
+/// A metric whose HELP and TYPE are exported before its first series: prometheus-client
+/// leaves out a family without series, and then neither Prometheus' metadata nor a check of
+/// the alert rules against `/metrics` would know the family exists.
+#[derive(Debug)]
+struct Declared<M>(M);
+
+impl<M: prometheus_client::encoding::EncodeMetric> prometheus_client::encoding::EncodeMetric for Declared<M> {
+    fn encode(&self, encoder: prometheus_client::encoding::MetricEncoder) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        self.0.metric_type()
+    }
+}
+
+fn declare<M: prometheus_client::registry::Metric>(registry: &mut Registry, name: &str, help: &str, metric: M) {
+    registry.register(name, help, Declared(metric));
+}
+
 /// Buckets of the existing monitor's poll histogram (Prometheus' default buckets).
 const LEGACY_BUCKETS: [f64; 11] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 /// A poll of a full node takes ~2 ms (SPEC §3): finer buckets at the bottom.
 const POLL_BUCKETS: [f64; 12] = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
+
+/// eBPF wake records reach userspace in about a millisecond (p50 0.8 ms, p99 2.4 ms on an
+/// idle machine, `cargo xtask bench-latency`): fine buckets below 10 ms.
+const WAKEUP_BUCKETS: [f64; 12] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
 
 /// The existing monitor's poll categories (`category` label).
 const POLL_CATEGORIES: [&str; 2] = ["state", "counter"];
 
 fn legacy_histogram() -> Histogram {
     Histogram::new(LEGACY_BUCKETS)
+}
+
+fn wakeup_histogram() -> Histogram {
+    Histogram::new(WAKEUP_BUCKETS)
 }
 
 /// Every metric nicmon exports. Cheap to share (`Arc<Metrics>`); all updates take `&self`.
@@ -167,9 +195,11 @@ pub struct Metrics {
     events_failed: Family<FailedLabels, Counter>,
     poll_duration: Histogram,
     wakeups: Family<HookLabels, Counter>,
+    wakeup_latency: HistogramFamily<HookLabels>,
     ebpf_hook_attached: Family<HookLabels, Gauge>,
     topology_source: Family<SourceLabels, Gauge>,
     counter_saturated: Family<CounterLabels, Gauge>,
+    counter_value: Family<CounterLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pcie_link_speed: Family<DeviceLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pcie_link_width: Family<DeviceLabels, Gauge>,
     pcie_aer_errors: Family<AerLabels, Gauge>,
@@ -215,9 +245,11 @@ impl Metrics {
             events_failed: Family::default(),
             poll_duration: Histogram::new(POLL_BUCKETS),
             wakeups: Family::default(),
+            wakeup_latency: Family::new_with_constructor(wakeup_histogram),
             ebpf_hook_attached: Family::default(),
             topology_source: Family::default(),
             counter_saturated: Family::default(),
+            counter_value: Family::default(),
             pcie_link_speed: Family::default(),
             pcie_link_width: Family::default(),
             pcie_aer_errors: Family::default(),
@@ -242,149 +274,197 @@ impl Metrics {
             legacy_first_poll_deferred: Family::default(),
         };
         // Counters get a `_total` suffix from the encoder: registered without it.
-        registry.register(
+        declare(
+            &mut registry,
             "nicmon_devices",
             "RDMA devices by role (compute, storage, management); management devices are not monitored",
             m.devices.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nicmon_pcie_link_speed_gts",
             "PCIe link speed of a monitored PF in GT/s per lane (32 = Gen5); absent while the link is down",
             m.pcie_link_speed.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nicmon_pcie_link_width",
             "PCIe link width of a monitored PF in lanes; absent while the link is down",
             m.pcie_link_width.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nicmon_pcie_aer_errors",
             "AER error total of a monitored PF by severity (the kernel's TOTAL_ERR_COR|NONFATAL|FATAL since boot); absent without AER",
             m.pcie_aer_errors.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nicmon_port_healthy",
             "1 while a monitored port is healthy, 0 while it is not; absent while its state is unknown",
             m.port_healthy.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nicmon_port_flap_transitions",
             "Unhealthy transitions (healthy to unhealthy) of a monitored port, reported or held by flap damping",
             m.port_flap_transitions.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nicmon_port_flapping",
             "1 while a port is held as flapping (one fatal event sent, further transitions not published)",
             m.port_flapping.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nicmon_port_attribute_unknown",
             "1 while a monitored port's attribute (state, phys_state, link_layer) is unknown: unreadable, stuck, empty or unparsable",
             m.port_attribute_unknown.clone(),
         );
-        registry.register("nicmon_events_sent", "Health events accepted by the sink, by check", m.events_sent.clone());
-        registry.register(
+        declare(
+            &mut registry,
+            "nicmon_events_sent",
+            "Health events accepted by the sink, by check",
+            m.events_sent.clone(),
+        );
+        declare(
+            &mut registry,
             "nicmon_events_failed",
             "Health events in batches the sink did not accept, by check and failure kind",
             m.events_failed.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nicmon_poll_duration_seconds",
             "Wall time of one poll: reading sysfs and evaluating every check (dispatch is asynchronous)",
             m.poll_duration.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nicmon_wakeups",
             "Wake-ups that triggered an immediate poll, by source (eBPF hook name, or rtnetlink)",
             m.wakeups.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
+            "nicmon_wakeup_latency_seconds",
+            "Time from the kernel program that saw a change to userspace receiving its wake record, by eBPF hook \
+             (hooks without a kernel timestamp, such as rtnetlink, are not observed)",
+            m.wakeup_latency.clone(),
+        );
+        declare(
+            &mut registry,
             "nicmon_ebpf_hook_attached",
             "1 when the eBPF hook is attached, 0 when it could not attach",
             m.ebpf_hook_attached.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nicmon_topology_source",
             "1 for the source the NIC roles come from (metadata, sysfs, none)",
             m.topology_source.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nicmon_counter_saturated",
             "1 while a counter reads at its maximum and no longer counts",
             m.counter_saturated.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
+            "nicmon_port_counter",
+            "The value of a port counter a counter rule reads, as the last poll read it (the kernel's own counter: \
+             use rate() or increase())",
+            m.counter_value.clone(),
+        );
+        declare(
+            &mut registry,
             "nicmon_kmsg_records_lost",
             "Kernel log records overwritten before they were read",
             m.kmsg_records_lost.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nicmon_ebpf_wake_records_lost",
             "Wake records the eBPF programs dropped because their ring buffer was full; harmless for detection: \
              the 1 s full poll still runs and sees what they announced",
             m.ebpf_wake_records_lost.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nicmon_ebpf_embedded",
             "1 when this binary carries the eBPF programs",
             m.ebpf_embedded.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nicmon_ebpf_available",
             "1 when the eBPF programs loaded and at least one hook is attached",
             m.ebpf_available.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nicmon_kernel_log_watching",
             "1 while the kernel log (/dev/kmsg) is watched, 0 when NICKernelLogCheck cannot see it",
             m.kernel_log_watching.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nicmon_reads_abandoned",
             "Host reads (sysfs, procfs) abandoned at their deadline; the value read is unknown for that poll",
             m.reads_abandoned.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nicmon_reads_stuck",
             "Host reads abandoned at their deadline that have not returned yet (each holds a reader thread)",
             m.reads_stuck.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nic_health_monitor_devices_discovered",
             "Number of monitored NIC ports (the existing monitor's name; labelled check=InfiniBandStateCheck)",
             m.legacy_devices_discovered.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nic_health_monitor_health_events_sent",
             "Total number of health events sent to the platform connector",
             m.legacy_events_sent.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nic_health_monitor_poll_cycle_duration_seconds",
             "Duration of each poll cycle in seconds",
             m.legacy_poll_duration.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nic_health_monitor_state_check_errors",
             "Total number of state check error events",
             m.legacy_state_check_errors.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nic_health_monitor_port_state_blips",
             "Total number of port state transitions that recovered within the hold-down (not reported)",
             m.port_state_blips.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nic_health_monitor_counter_threshold_breaches",
             "Total number of counter threshold breaches detected",
             m.legacy_breaches.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nic_health_monitor_poll_cycle_last_completed_timestamp_seconds",
             "Unix time at which the last poll cycle of the category completed",
             m.legacy_last_completed.clone(),
         );
-        registry.register(
+        declare(
+            &mut registry,
             "nic_health_monitor_first_poll_deferred",
             "Polls a check skipped before its first evaluation because devices were unreadable (at most 3 per start)",
             m.legacy_first_poll_deferred.clone(),
@@ -398,6 +478,9 @@ impl Metrics {
         }
         for check in Check::ALL {
             let _ = m.events_sent.get_or_create(&check_labels(check));
+            for kind in ["retryable", "permanent"] {
+                let _ = m.events_failed.get_or_create(&FailedLabels { check: check.to_string(), kind: kind.into() });
+            }
             for is_fatal in [false, true] {
                 let _ = m.legacy_events_sent.get_or_create(&NodeCheckFatal {
                     node: m.node.clone(),
@@ -534,9 +617,15 @@ impl Metrics {
             .inc_by(polls);
     }
 
-    /// A wake-up from `hook` (an eBPF hook name, `rtnetlink`, ...) triggered a poll.
-    pub fn wakeup(&self, hook: &str) {
-        self.wakeups.get_or_create(&HookLabels { hook: hook.into() }).inc();
+    /// A wake-up from `hook` (an eBPF hook name, `rtnetlink`, ...) triggered a poll;
+    /// `delivery`: how long its record took from the kernel program to userspace, when the
+    /// hook has a kernel timestamp.
+    pub fn wakeup(&self, hook: &str, delivery: Option<Duration>) {
+        let labels = HookLabels { hook: hook.into() };
+        self.wakeups.get_or_create(&labels).inc();
+        if let Some(d) = delivery {
+            self.wakeup_latency.get_or_create(&labels).observe(d.as_secs_f64());
+        }
     }
 
     /// Whether eBPF hook `hook` is attached (set once per hook after attaching).
@@ -576,6 +665,16 @@ impl Metrics {
             self.counter_saturated
                 .get_or_create(&CounterLabels { device: device.into(), port, counter: counter.into() })
                 .set(1);
+        }
+    }
+
+    /// The counters the rules read `((device, port, rule), value)`, replacing the previous set.
+    pub fn set_counter_values<'a>(&self, values: impl IntoIterator<Item = ((&'a str, u32, &'a str), u64)>) {
+        self.counter_value.clear();
+        for ((device, port, counter), value) in values {
+            self.counter_value
+                .get_or_create(&CounterLabels { device: device.into(), port, counter: counter.into() })
+                .set(value as f64);
         }
     }
 
@@ -678,7 +777,8 @@ mod tests {
         m.record_dispatch(Check::EthernetStateCheck, &[ev.clone(), ev], &down);
         m.observe_poll(Duration::from_millis(2), 1_790_000_000.5);
         m.first_poll_deferred(Check::InfiniBandStateCheck, 2);
-        m.wakeup("qdisc_reset");
+        m.wakeup("qdisc_reset", Some(Duration::from_micros(800)));
+        m.wakeup("rtnetlink", None);
         m.set_ebpf_hook_attached("qdisc_reset", true);
         m.set_ebpf_hook_attached("netif_carrier_off", false);
         m.set_ebpf(true, true);
@@ -688,6 +788,8 @@ mod tests {
         m.set_topology_source("metadata");
         m.set_topology_source("sysfs");
         m.set_saturated_counters([("mlx5_0", 1, "port_rcv_errors")]);
+        m.set_counter_values([(("mlx5_0", 1, "link_downed"), 3), (("mlx5_0", 1, "symbol_error"), 70)]);
+        m.set_counter_values([(("mlx5_0", 1, "symbol_error"), 65535)]);
         m.set_unknown_attributes([("mlx5_9", 1, "state"), ("mlx5_9", 1, "link_layer")]);
         m.kmsg_records_lost(3); // cumulative totals, one per cycle
         m.kmsg_records_lost(3);
@@ -726,12 +828,18 @@ mod tests {
             r#"nicmon_events_sent_total{check="InfiniBandStateCheck"} 1"#,
             r#"nicmon_events_sent_total{check="NICKernelLogCheck"} 0"#,
             r#"nicmon_events_failed_total{check="EthernetStateCheck",kind="retryable"} 2"#,
+            r#"nicmon_events_failed_total{check="EthernetStateCheck",kind="permanent"} 0"#,
             "nicmon_poll_duration_seconds_count 1",
             r#"nicmon_wakeups_total{hook="qdisc_reset"} 1"#,
+            r#"nicmon_wakeups_total{hook="rtnetlink"} 1"#,
+            r#"nicmon_wakeup_latency_seconds_count{hook="qdisc_reset"} 1"#,
+            r#"nicmon_wakeup_latency_seconds_bucket{le="0.0005",hook="qdisc_reset"} 0"#,
+            r#"nicmon_wakeup_latency_seconds_bucket{le="0.001",hook="qdisc_reset"} 1"#,
             r#"nicmon_ebpf_hook_attached{hook="qdisc_reset"} 1"#,
             r#"nicmon_ebpf_hook_attached{hook="netif_carrier_off"} 0"#,
             r#"nicmon_topology_source{source="sysfs"} 1"#,
             r#"nicmon_counter_saturated{device="mlx5_0",port="1",counter="port_rcv_errors"} 1"#,
+            r#"nicmon_port_counter{device="mlx5_0",port="1",counter="symbol_error"} 65535.0"#,
             "nicmon_kmsg_records_lost_total 5",
             "nicmon_ebpf_wake_records_lost_total 2",
             "nicmon_ebpf_embedded 1",
@@ -754,7 +862,15 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
         }
         assert!(!text.contains(r#"source="metadata""#), "old source kept:\n{text}");
+        assert!(!text.contains(r#"counter="link_downed"} 3"#), "counter of the previous poll kept:\n{text}");
+        assert!(!text.contains(r#"nicmon_wakeup_latency_seconds_count{hook="rtnetlink"}"#), "no kernel time:\n{text}");
         assert!(!text.contains(r#"nicmon_port_flapping{device="mlx5_0""#), "settled port kept:\n{text}");
         assert!(text.ends_with("# EOF\n"));
+
+        // A family without series is declared all the same.
+        let text = Metrics::new("n").encode();
+        for line in ["# TYPE nicmon_port_flapping gauge", "# TYPE nicmon_wakeup_latency_seconds histogram"] {
+            assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+        }
     }
 }
