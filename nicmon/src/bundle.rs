@@ -671,7 +671,7 @@ fn reads_of(replay: &Replay) -> BTreeSet<Access> {
     let config = Config::load(&replay.config()).unwrap_or_default();
     let boot_id = host.boot_id().ok();
     let (prev, loaded) = match replay.state_file() {
-        Some(p) => state::load(&p, boot_id.as_deref()),
+        Some(p) => state::file::load(&p, boot_id.as_deref()),
         None => (State::fresh(boot_id.clone()), Loaded::Missing { reboot: false }),
     };
     let snapshot0 = discovery::discover(&host, &ReadPlan::default());
@@ -709,7 +709,7 @@ pub fn capture(args: &CaptureArgs) -> Result<Bundle> {
         side.insert(BOOT_ID, side_file(b, &limits, deadline));
     }
     let einval_memo = match side.get(STATE) {
-        Some(Ok(bytes)) => state::parse(bytes).map(|s| s.checks.einval).unwrap_or_default(),
+        Some(Ok(bytes)) => state::file::parse(bytes).map(|s| s.checks.einval).unwrap_or_default(),
         _ => BTreeSet::new(),
     };
     let mut cap = Capture {

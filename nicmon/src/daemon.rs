@@ -6,7 +6,7 @@
 //!   the cycle;
 //! - [`Daemon::shutdown`]: flush what can be sent within a bound, save, exit.
 //!
-//! When an event is sent and when it leaves the outbox: [`crate::outbox`].
+//! When an event is sent and when it leaves the outbox: [`crate::courier`].
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,6 +17,7 @@ use time::OffsetDateTime;
 use tokio::signal::unix::{Signal, SignalKind};
 use tokio::sync::mpsc;
 
+use crate::courier::Courier;
 use crate::cycle::{Monitor, MonitorOptions, Poll};
 use crate::discovery;
 use crate::dispatch::{GrpcConfig, Sink, SinkSpec};
@@ -24,8 +25,8 @@ use crate::event::Check;
 use crate::kmsg::{self, Delivery, KmsgTail, Record, Start};
 use crate::metrics::Metrics;
 use crate::metrics::server::{self as metrics_server, Liveness, MetricsServer};
-use crate::outbox::{Courier, Journal};
-use crate::state::{self, Loaded, State};
+use crate::outbox::QueueBounds;
+use crate::state::{Loaded, State};
 use crate::wake::{Wake, WakeOptions, WakeSource};
 
 /// The shortest gap between the starts of two wake-driven polls. A wake-up after a quiet
@@ -122,7 +123,7 @@ enum Wakeup {
     Poll(Vec<Wake>),
     /// The trailing poll after a wake-driven one is due.
     Trailing,
-    /// The outbox's sender acknowledged these batches.
+    /// The courier's sender acknowledged these batches.
     Acks(Vec<u64>),
     /// SIGTERM or SIGINT: one last poll, then shut down.
     Stop,
@@ -161,9 +162,6 @@ pub struct Daemon<'a> {
     /// Devices named by wake-ups since the last full poll: it reads their static
     /// attributes again.
     statics_owed: BTreeSet<String>,
-    writer: state::Writer,
-    /// Batches sent and not yet saved ([`crate::outbox`]'s journal).
-    journal: Journal,
     trace_latencies: BTreeMap<&'static str, Vec<f64>>,
     /// Wake records the kernel programs lost to a full ring buffer, as last read.
     lost_wakes: crate::wake::LostWakes,
@@ -184,16 +182,6 @@ impl<'a> Daemon<'a> {
             tracing::warn!("boot ID unreadable: reboots cannot be told from restarts");
         }
         let (mut state, loaded) = load_state(&opts.state_file, monitor.boot_id.as_deref());
-        let mut journal = Journal::new(&opts.state_file);
-        let recovered = journal.recover(&mut state, loaded == Loaded::Resumed);
-        if !recovered.is_empty() {
-            tracing::info!(
-                batches = recovered.len(),
-                path = %journal.path().display(),
-                "batches sent but not saved before the last stop: queued again, and the first poll reports \
-                 every port whose state differs from what they said"
-            );
-        }
         let devices = monitor.host.list_sys("class/infiniband").len();
         tracing::info!(
             source = monitor.topology.source.as_str(),
@@ -243,8 +231,15 @@ impl<'a> Daemon<'a> {
         };
         let sink = Sink::lazy(&opts.sink, opts.grpc.clone());
         let pause = opts.grpc.retry.initial_backoff.max(Duration::from_millis(50));
-        let courier =
-            Courier::start(sink, &state.outbox, Some(opts.sink.queue_bounds(&opts.grpc)), metrics.clone(), pause);
+        let courier = Courier::resume(
+            sink,
+            &opts.state_file,
+            &mut state,
+            loaded == Loaded::Resumed,
+            QueueBounds::for_sink(&opts.sink, &opts.grpc),
+            metrics.clone(),
+            pause,
+        );
         let stall = if opts.poll_stall.deadline.is_zero() {
             tracing::info!("NIC poll stall detection off (--poll-stall-deadline=0s)");
             None
@@ -286,8 +281,6 @@ impl<'a> Daemon<'a> {
             last_full_poll: None,
             last_snapshot: None,
             statics_owed: BTreeSet::new(),
-            writer: state::Writer::new(&opts.state_file),
-            journal,
             trace_latencies: BTreeMap::new(),
             lost_wakes: crate::wake::LostWakes::default(),
             stall,
@@ -299,10 +292,7 @@ impl<'a> Daemon<'a> {
         loop {
             let woke = match self.wait().await {
                 Wakeup::Acks(ids) => {
-                    for id in ids {
-                        self.state.outbox.ack(id);
-                    }
-                    self.save();
+                    self.courier.delivered(&mut self.state, ids);
                     continue;
                 }
                 Wakeup::Poll(woke) => {
@@ -330,10 +320,7 @@ impl<'a> Daemon<'a> {
     /// Shutdown: give the sender a bounded time to deliver what is queued, save.
     pub async fn shutdown(&mut self) {
         let deadline = tokio::time::Instant::now() + SHUTDOWN_FLUSH;
-        self.courier.flush(&mut self.state.outbox, deadline).await;
-        if self.writer.flush(&self.state, Instant::now()) {
-            self.journal.saved();
-        }
+        self.courier.flush(&mut self.state, deadline).await;
         if !self.state.outbox.is_empty() {
             tracing::warn!(
                 pending = self.state.outbox.len(),
@@ -454,7 +441,8 @@ impl<'a> Daemon<'a> {
             // TARGETED_DELIVERY_WAIT at the latest (a connector that is down).
             let sent = self.state.outbox.last_id();
             if sent > before {
-                self.await_delivery(sent, tokio::time::Instant::now() + TARGETED_DELIVERY_WAIT).await;
+                let deadline = tokio::time::Instant::now() + TARGETED_DELIVERY_WAIT;
+                self.courier.await_delivery(&mut self.state, sent, deadline).await;
             }
             // The targeted commit's save (deferred by `act` until its batches were
             // delivered: the journal covers a crash before it).
@@ -530,11 +518,10 @@ impl<'a> Daemon<'a> {
     ) {
         // The send first: nothing but the commit's bookkeeping stands between the decision
         // and the hand-off to the sender task (logs, metrics and the trace come after; the
-        // state file is saved after them, see crate::outbox for why that order is safe).
+        // state file is saved after them, see crate::courier for why that order is safe).
         let mut poll = poll;
         let next = std::mem::take(&mut poll.next);
-        let journal = &mut self.journal;
-        let committed = self.courier.commit(&mut self.state, next, &poll.events, |b| journal.record(b), |_| {});
+        let committed = self.courier.commit(&mut self.state, next, &poll.events);
         let handed_at = Instant::now();
         let next = match &committed {
             Ok(()) => &self.state.checks,
@@ -611,32 +598,14 @@ impl<'a> Daemon<'a> {
         }
     }
 
-    /// Take acknowledgements until every batch up to `id` has left the outbox, or until
-    /// `deadline`.
-    async fn await_delivery(&mut self, id: u64, deadline: tokio::time::Instant) {
-        while self.state.outbox.pending().first().is_some_and(|b| b.id <= id) {
-            match tokio::time::timeout_at(deadline, self.courier.next_acks()).await {
-                Ok(Some(ids)) => {
-                    for id in ids {
-                        self.state.outbox.ack(id);
-                    }
-                    self.save();
-                }
-                _ => return,
-            }
-        }
-    }
-
     fn save(&mut self) {
-        if self.writer.save(&self.state, Instant::now()) {
-            self.journal.saved();
-        }
+        self.courier.save(&self.state);
     }
 }
 
 /// Load the state file for this boot, saying how it was found.
 fn load_state(path: &std::path::Path, boot_id: Option<&str>) -> (State, Loaded) {
-    let (st, mut loaded) = state::load(path, boot_id);
+    let (st, mut loaded) = crate::state::file::load(path, boot_id);
     if let Loaded::Missing { reboot } = &mut loaded {
         // Upstream's rule: a missing file is a reboot (state on tmpfs, or a deleted file):
         // the first poll clears what the platform may hold and sends the baselines.
@@ -831,13 +800,8 @@ fn update_metrics(metrics: &Metrics, poll: &Poll, next: &crate::state::CheckStat
         next.links.port_states.values().filter(|r| r.flap.is_flapping()).map(|r| (r.device.as_str(), r.port)),
     );
     for e in poll.events.iter().filter(|e| !e.is_healthy) {
-        let dev = e.entities_impacted.iter().find(|x| x.entity_type == "NIC").map(|x| x.entity_value.as_str());
-        let port = e
-            .entities_impacted
-            .iter()
-            .find(|x| x.entity_type == "NICPort")
-            .and_then(|x| x.entity_value.parse().ok())
-            .unwrap_or(0);
+        let dev = e.device();
+        let port = e.port().unwrap_or(0);
         let Some(check) = e.check() else { continue };
         match check {
             Check::InfiniBandStateCheck

@@ -18,8 +18,18 @@ use prometheus_client::registry::Registry;
 
 pub use server::{Liveness, MetricsServer};
 
-use crate::dispatch::SendError;
 use crate::event::{Check, HealthEvent};
+
+/// How one send of a batch ended, as the metrics count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOutcome {
+    /// Delivered and made durable.
+    Accepted,
+    /// Not delivered; a later send of the same batch may be (`kind="retryable"`).
+    Retryable,
+    /// Rejected for good (`kind="permanent"`).
+    Permanent,
+}
 
 /// Default of `--metrics-port`.
 pub const DEFAULT_PORT: u16 = 2112;
@@ -435,13 +445,13 @@ impl Metrics {
         }
     }
 
-    /// Count the outcome of one `Sink::send` of `events` (one check's batch).
-    pub fn record_dispatch(&self, check: Check, events: &[HealthEvent], result: &Result<(), SendError>) {
+    /// Count the outcome of one send of `events` (one check's batch).
+    pub fn record_send(&self, check: Check, events: &[HealthEvent], outcome: SendOutcome) {
         if events.is_empty() {
             return;
         }
-        match result {
-            Ok(()) => {
+        match outcome {
+            SendOutcome::Accepted => {
                 self.events_sent.get_or_create(&check_labels(check)).inc_by(events.len() as u64);
                 for ev in events {
                     self.legacy_events_sent
@@ -453,8 +463,8 @@ impl Metrics {
                         .inc();
                 }
             }
-            Err(e) => {
-                let kind = if e.is_retryable() { "retryable" } else { "permanent" };
+            SendOutcome::Retryable | SendOutcome::Permanent => {
+                let kind = if outcome == SendOutcome::Retryable { "retryable" } else { "permanent" };
                 self.events_failed
                     .get_or_create(&FailedLabels { check: check.to_string(), kind: kind.into() })
                     .inc_by(events.len() as u64);
@@ -621,9 +631,8 @@ mod tests {
         let ev =
             HealthEvent::new(Check::InfiniBandStateCheck, &Stamp::default(), time::OffsetDateTime::UNIX_EPOCH, "down")
                 .unhealthy(true);
-        m.record_dispatch(Check::InfiniBandStateCheck, std::slice::from_ref(&ev), &Ok(()));
-        let down = Err(SendError::Unavailable { target: "unix:///x".into(), attempts: 5, last: "gone".into() });
-        m.record_dispatch(Check::EthernetStateCheck, &[ev.clone(), ev], &down);
+        m.record_send(Check::InfiniBandStateCheck, std::slice::from_ref(&ev), SendOutcome::Accepted);
+        m.record_send(Check::EthernetStateCheck, &[ev.clone(), ev], SendOutcome::Retryable);
         m.observe_poll(Duration::from_millis(2), 1_790_000_000.5);
         m.first_poll_deferred(Check::InfiniBandStateCheck, 2);
         m.wakeup("qdisc_reset");

@@ -10,10 +10,10 @@ use serde::Deserialize;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use super::{CheckState, State, VERSION};
 use crate::counters::eval::{Breach, CounterSnapshot};
 use crate::linkstate::{PortRecord, Reported};
 use crate::model::{LinkLayer, PhysState, PortState};
-use crate::state::{CheckState, State, VERSION};
 
 /// The schema version upstream writes.
 pub const UPSTREAM_VERSION: u32 = 2;

@@ -1,112 +1,14 @@
-//! The persistent state file (SPEC §1.6, 001 §6.5–6.6): what nicmon remembers between
-//! polls and across restarts within one boot.
+//! nicmon's own state file: load, save and when to write.
 //!
 //! Written atomically (temp file in the same directory, fsync, rename, fsync of the
 //! directory) and only when its bytes changed. A missing or corrupt file means a fresh start
-//! with a warning; never a crash.
-use std::collections::BTreeSet;
+//! with a warning; never a crash. A file upstream NVSentinel wrote is imported
+//! ([`super::upstream_import`]).
 use std::io::Write;
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-
-use crate::chardev::CharDevState;
+use super::{CheckState, Loaded, State, VERSION};
 use crate::counters::CounterState;
-use crate::kmsg::KmsgState;
-use crate::linkstate::LinkState;
-use crate::outbox::Outbox;
-pub use crate::outbox::PendingBatch;
-
-/// Version of the file format.
-pub const VERSION: u32 = 1;
-
-/// Default location in the DaemonSet (a hostPath directory).
-pub const DEFAULT_PATH: &str = "/var/run/nic_health_monitor/state.json";
-
-/// What the checks carry from one poll to the next: the decide layer's input and output.
-/// The outbox (act's data) is not part of it.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct CheckState {
-    /// Polls evaluated in this boot (0 = no usable previous state).
-    #[serde(default)]
-    pub polls: u64,
-    /// Port records, known devices, cards below their peers (the state checks' memory).
-    #[serde(flatten)]
-    pub links: LinkState,
-    /// Counter snapshots, breach and saturation flags (the counter check's state).
-    #[serde(default)]
-    pub counters: CounterState,
-    /// Kernel log cursor and dedup memory.
-    #[serde(default)]
-    pub kmsg: KmsgState,
-    /// Character-device miss counts, latches and the issm mode they were made under.
-    #[serde(default)]
-    pub char_devices: CharDevState,
-    /// sysfs files whose read failed with EINVAL in this boot: never read again.
-    #[serde(default)]
-    pub einval: BTreeSet<String>,
-    /// The discovery scope the state checks' memory was made under (upstream's fingerprint
-    /// `incl=<nicInclusionRegexOverride>;excl=<nicExclusionRegex>`). `None`: not recorded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scope: Option<String>,
-    /// First polls deferred in this run because devices were unreadable (in memory only, as
-    /// upstream's: a deferred poll commits nothing, so a restart still owes the first poll).
-    #[serde(skip)]
-    pub first_poll_deferrals: u32,
-}
-
-/// Everything persisted. Field names are the file's JSON keys; the flattened parts keep
-/// the file's flat shape (`polls`, `port_states`, ..., `outbox`, `next_batch_id`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct State {
-    pub version: u32,
-    pub boot_id: Option<String>,
-    #[serde(flatten)]
-    pub checks: CheckState,
-    /// Batches not yet accepted by the connector (see [`crate::outbox`]).
-    #[serde(flatten)]
-    pub outbox: Outbox,
-}
-
-impl State {
-    pub fn fresh(boot_id: Option<String>) -> State {
-        State { version: VERSION, boot_id, checks: CheckState::default(), outbox: Outbox::default() }
-    }
-}
-
-/// How the previous state was found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Loaded {
-    /// Same boot: resume with full context.
-    Resumed,
-    /// No file. `reboot`: treated as a reboot (the daemon, as upstream NVSentinel does: a
-    /// node whose state lived on tmpfs has lost what the platform still holds, so the first
-    /// poll sends the clear-all and baselines); `false`: a plain first start (`nicmon check`).
-    Missing { reboot: bool },
-    /// The file was unusable: fresh start (the reason is logged).
-    Corrupt(String),
-    /// The boot ID changed: the host rebooted. State from the previous boot is discarded.
-    Rebooted { previous: Option<String> },
-    /// Upstream NVSentinel's schema-v2 file of this boot was imported (port states, counter
-    /// snapshots, latched breaches). `baselines_owed`: upstream had not committed a baseline
-    /// run (`pending_baselines`), so the clear-all and baselines are sent now.
-    Imported { baselines_owed: bool },
-}
-
-impl Loaded {
-    /// Whether the first poll runs the reboot baseline (clear-all, then healthy baselines):
-    /// after a reboot, a missing file in the daemon, a corrupt file (nothing is known of what the platform holds, as
-    /// upstream does) and baselines an imported upstream file still owed.
-    pub fn owes_baselines(&self) -> bool {
-        matches!(
-            self,
-            Loaded::Rebooted { .. }
-                | Loaded::Corrupt(_)
-                | Loaded::Imported { baselines_owed: true }
-                | Loaded::Missing { reboot: true }
-        )
-    }
-}
 
 /// The largest state file nicmon reads back; a bigger one is treated as corrupt.
 pub const MAX_BYTES: usize = 16 << 20;
@@ -132,7 +34,7 @@ pub fn load(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
             return (fresh(), Loaded::Corrupt(format!("state file {}: cannot read: {e}", path.display())));
         }
     };
-    let parsed = parse(&bytes).map(|s| (s, None)).or_else(|e| match crate::state_v2::import(&bytes) {
+    let parsed = parse(&bytes).map(|s| (s, None)).or_else(|e| match super::upstream_import::import(&bytes) {
         Ok(i) => {
             for s in &i.skipped {
                 tracing::info!(entry = %s, "upstream state file: entry with no nicmon counterpart not imported");
