@@ -5,19 +5,81 @@
 //! with a warning; never a crash. A file upstream NVSentinel wrote is imported
 //! ([`super::upstream_import`]).
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use super::{CheckState, Loaded, State, VERSION};
+use super::upstream_import::ImportError;
+use super::{CheckState, State, VERSION};
 use crate::counters::CounterState;
+use crate::host::ReadError;
 
 /// The largest state file nicmon reads back; a bigger one is treated as corrupt.
 pub const MAX_BYTES: usize = 16 << 20;
 
+/// How the previous state was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Loaded {
+    /// Same boot: resume with full context.
+    Resumed,
+    /// No file. `reboot`: treated as a reboot (the daemon, as upstream NVSentinel does: a
+    /// node whose state lived on tmpfs has lost what the platform still holds, so the first
+    /// poll sends the clear-all and baselines); `false`: a plain first start (`nicmon check`).
+    Missing { reboot: bool },
+    /// The file was unusable: fresh start (the reason is logged).
+    Corrupt(LoadError),
+    /// The boot ID changed: the host rebooted. State from the previous boot is discarded.
+    Rebooted { previous: Option<String> },
+    /// Upstream NVSentinel's schema-v2 file of this boot was imported (port states, counter
+    /// snapshots, latched breaches). `baselines_owed`: upstream had not committed a baseline
+    /// run (`pending_baselines`), so the clear-all and baselines are sent now.
+    Imported { baselines_owed: bool },
+}
+
+impl Loaded {
+    /// Whether the first poll runs the reboot baseline (clear-all, then healthy baselines):
+    /// after a reboot, a missing file in the daemon, a corrupt file (nothing is known of what the platform holds, as
+    /// upstream does) and baselines an imported upstream file still owed.
+    pub fn owes_baselines(&self) -> bool {
+        matches!(
+            self,
+            Loaded::Rebooted { .. }
+                | Loaded::Corrupt(_)
+                | Loaded::Imported { baselines_owed: true }
+                | Loaded::Missing { reboot: true }
+        )
+    }
+}
+
+/// Why a state file could not be used: the file, and what was wrong with it. The loader
+/// then starts fresh ([`Loaded::Corrupt`]) and says this once.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("state file {}: {kind}", path.display())]
+pub struct LoadError {
+    pub path: PathBuf,
+    pub kind: LoadErrorKind,
+}
+
+/// What was wrong with a state file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadErrorKind {
+    /// The read failed: unreadable, not a regular file, too large, stuck.
+    #[error("cannot read: {0}")]
+    Read(ReadError),
+    /// Not nicmon's format (the parser's message).
+    #[error("{0}")]
+    Parse(String),
+    /// nicmon's format, another version.
+    #[error("unsupported state file version {0}")]
+    Version(u32),
+    /// It says it is upstream's schema v2, and the import failed.
+    #[error(transparent)]
+    Upstream(#[from] ImportError),
+}
+
 /// Parse a state file's bytes; never panics.
-pub fn parse(bytes: &[u8]) -> Result<State, String> {
-    let s: State = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+pub fn parse(bytes: &[u8]) -> Result<State, LoadErrorKind> {
+    let s: State = serde_json::from_slice(bytes).map_err(|e| LoadErrorKind::Parse(e.to_string()))?;
     if s.version != VERSION {
-        return Err(format!("unsupported state file version {}", s.version));
+        return Err(LoadErrorKind::Version(s.version));
     }
     Ok(s)
 }
@@ -27,12 +89,11 @@ pub fn parse(bytes: &[u8]) -> Result<State, String> {
 pub fn load(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
     remove_stale_temp_files(path);
     let fresh = || State::fresh(boot_id.map(str::to_string));
+    let corrupt = |kind| Loaded::Corrupt(LoadError { path: path.to_path_buf(), kind });
     let bytes = match crate::host::read_file(path, MAX_BYTES) {
         Ok(b) => b,
-        Err(crate::host::ReadError::Missing) => return (fresh(), Loaded::Missing { reboot: false }),
-        Err(e) => {
-            return (fresh(), Loaded::Corrupt(format!("state file {}: cannot read: {e}", path.display())));
-        }
+        Err(ReadError::Missing) => return (fresh(), Loaded::Missing { reboot: false }),
+        Err(e) => return (fresh(), corrupt(LoadErrorKind::Read(e))),
     };
     let parsed = parse(&bytes).map(|s| (s, None)).or_else(|e| match super::upstream_import::import(&bytes) {
         Ok(i) => {
@@ -43,11 +104,13 @@ pub fn load(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
         }
         // Not a v2 file either: say what is wrong with it as nicmon's own format, unless it
         // says it is version 2.
-        Err(v2) if bytes.windows(12).any(|w| w == b"\"version\": 2" || w.starts_with(b"\"version\":2")) => Err(v2),
+        Err(v2) if bytes.windows(12).any(|w| w == b"\"version\": 2" || w.starts_with(b"\"version\":2")) => {
+            Err(LoadErrorKind::Upstream(v2))
+        }
         Err(_) => Err(e),
     });
     match parsed {
-        Err(e) => (fresh(), Loaded::Corrupt(format!("state file {}: {e}", path.display()))),
+        Err(kind) => (fresh(), corrupt(kind)),
         Ok((prev, _)) if prev.boot_id.as_deref() != boot_id => {
             let mut s = fresh();
             s.outbox = prev.outbox;
@@ -356,11 +419,11 @@ mod tests {
         let p = dir.path().join("state.json");
         std::os::unix::fs::symlink("/dev/zero", &p).unwrap();
         let (s, how) = load(&p, Some("b"));
-        assert!(matches!(&how, Loaded::Corrupt(w) if w.contains("not a regular file")), "{how:?}");
+        assert!(matches!(&how, Loaded::Corrupt(w) if w.to_string().contains("not a regular file")), "{how:?}");
         assert_eq!(s, State::fresh(Some("b".into())));
         std::fs::remove_file(&p).unwrap();
         std::fs::write(&p, vec![b' '; MAX_BYTES + 1]).unwrap();
-        assert!(matches!(load(&p, None).1, Loaded::Corrupt(w) if w.contains("larger than")));
+        assert!(matches!(load(&p, None).1, Loaded::Corrupt(w) if w.to_string().contains("larger than")));
         // Saving replaces whatever is there.
         assert!(save(&p, &s).unwrap());
         assert_eq!(load(&p, Some("b")).1, Loaded::Resumed);

@@ -17,6 +17,8 @@ use crate::outbox::Outbox;
 pub mod file;
 pub mod upstream_import;
 
+pub use file::Loaded;
+
 /// Version of the file format.
 pub const VERSION: u32 = 1;
 
@@ -71,39 +73,5 @@ pub struct State {
 impl State {
     pub fn fresh(boot_id: Option<String>) -> State {
         State { version: VERSION, boot_id, checks: CheckState::default(), outbox: Outbox::default() }
-    }
-}
-
-/// How the previous state was found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Loaded {
-    /// Same boot: resume with full context.
-    Resumed,
-    /// No file. `reboot`: treated as a reboot (the daemon, as upstream NVSentinel does: a
-    /// node whose state lived on tmpfs has lost what the platform still holds, so the first
-    /// poll sends the clear-all and baselines); `false`: a plain first start (`nicmon check`).
-    Missing { reboot: bool },
-    /// The file was unusable: fresh start (the reason is logged).
-    Corrupt(String),
-    /// The boot ID changed: the host rebooted. State from the previous boot is discarded.
-    Rebooted { previous: Option<String> },
-    /// Upstream NVSentinel's schema-v2 file of this boot was imported (port states, counter
-    /// snapshots, latched breaches). `baselines_owed`: upstream had not committed a baseline
-    /// run (`pending_baselines`), so the clear-all and baselines are sent now.
-    Imported { baselines_owed: bool },
-}
-
-impl Loaded {
-    /// Whether the first poll runs the reboot baseline (clear-all, then healthy baselines):
-    /// after a reboot, a missing file in the daemon, a corrupt file (nothing is known of what the platform holds, as
-    /// upstream does) and baselines an imported upstream file still owed.
-    pub fn owes_baselines(&self) -> bool {
-        matches!(
-            self,
-            Loaded::Rebooted { .. }
-                | Loaded::Corrupt(_)
-                | Loaded::Imported { baselines_owed: true }
-                | Loaded::Missing { reboot: true }
-        )
     }
 }
