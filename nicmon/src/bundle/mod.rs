@@ -3,8 +3,8 @@
 //!
 //! **What is captured is what the read code asks for.** The capture runs the same read
 //! code as `nicmon check` (discovery, the topology from metadata *and* from sysfs, one poll
-//! cycle with the node's state, the kernel-log attribution facts) through a [`Host`] with
-//! an [`AccessLog`], against a *staging* tree unpacked from the bundle built so far. Every
+//! cycle with the node's state, the kernel-log attribution facts) through a [`Host`](crate::host::Host) with
+//! an [`AccessLog`](crate::host::AccessLog), against a *staging* tree unpacked from the bundle built so far. Every
 //! path asked about is then copied from the node — with each symlink on the way kept as a
 //! symlink — and the pass repeats until it asks for nothing new. The live node is touched
 //! only by the bounded copier below, never by the read code, so a stuck file cannot hang a
@@ -12,7 +12,7 @@
 //! reads what the node gave.
 //!
 //! **Files that cannot be read** are kept as symlinks to `nicmon-bundle:<why>`
-//! ([`FAILURE_LINK_PREFIX`]), which the host reader turns back into the same failure:
+//! ([`FAILURE_LINK_PREFIX`](crate::host::FAILURE_LINK_PREFIX)), which the host reader turns back into the same failure:
 //! `errno=22` replays `EINVAL` (and its memo), `not-regular:a FIFO` a FIFO (the kind as the reader names it), `stuck` a file
 //! whose read did not finish within the per-file limit. Each is listed in the manifest.
 //! Entries that were only listed (a directory's names were read, the entry never was) are
@@ -23,10 +23,10 @@
 //! read: no token files, nothing nicmon does not read, except the matched kernel-log
 //! records, `nicmon version` and the running daemon's wake-up hook metrics.
 //!
-//! Rooms: [`capture`] (the capture loop, in named steps), `copier.rs` (the bounded copier:
+//! Rooms: `capture.rs` (the capture loop, in named steps), `copier.rs` (the bounded copier:
 //! the only code that touches the live node), `side.rs` (the files beside the trees: the
 //! kernel log, the version, the daemon's wake-up hooks), `archive.rs` (the tar archive and
-//! the staging tree), [`replay`] (unpacking a bundle and replaying `check`/`topology`).
+//! the staging tree), `replay.rs` (unpacking a bundle and replaying `check`/`topology`).
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;

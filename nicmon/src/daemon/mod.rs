@@ -2,10 +2,10 @@
 //! at a time, on a 1 s tick and on every wake-up (eBPF, rtnetlink, kernel log), until
 //! SIGTERM or SIGINT, which finish the cycle; then flush what can be sent within a bound,
 //! save, exit. Its rooms:
-//! - [`startup`]: everything before the first poll ([`Daemon::start`]), in named steps;
-//! - [`wakeup`]: where a wake-up becomes a poll (coalescing, targeted then full polls);
-//! - [`options`]: what `nicmon run` is told;
-//! - [`trace`]: what trace mode prints; [`log`]: the log lines about a poll's outcome.
+//! - `startup.rs`: everything before the first poll ([`Daemon::start`]), in named steps;
+//! - `wakeup.rs`: where a wake-up becomes a poll (coalescing, targeted then full polls);
+//! - `options.rs`: what `nicmon run` is told;
+//! - `trace.rs`: what trace mode prints; `log.rs`: the log lines about a poll's outcome.
 //!
 //! Metrics observe each poll ([`crate::metrics::Metrics::observe`]). When an event is sent
 //! and when it leaves the outbox: [`crate::courier`].

@@ -21,7 +21,7 @@ pub enum Access {
     BootIdFile,
 }
 
-/// Every path a [`Host`] was asked about (shared with the caller).
+/// Every path a [`super::Host`] was asked about (shared with the caller).
 pub type AccessLog = Arc<Mutex<BTreeSet<Access>>>;
 
 /// The target prefix of a link that stands for a read failure recorded by a support bundle:

@@ -65,8 +65,8 @@
 //! `EINVAL`, `not-regular:a FIFO` a FIFO), so a replayed tree fails the way the node did; with
 //! an [`AccessLog`] the reader also notes every path it was asked about.
 //!
-//! Rooms: [`reader`] (the reader pool and its deadlines), [`kept`] (kept-open files),
-//! [`file`] (one regular file, read whole and bounded), [`access`] (the access log and a
+//! Rooms: `reader.rs` (the reader pool and its deadlines), `kept.rs` (kept-open files),
+//! `file.rs` (one regular file, read whole and bounded), `access.rs` (the access log and a
 //! bundle's failure links); the [`Host`] facade is here.
 use std::collections::BTreeSet;
 use std::io;

@@ -120,7 +120,7 @@ impl Pending {
     }
 }
 
-/// Sysfs files read together ([`Host::start_files`]), their paths joined once: a poll's
+/// Sysfs files read together ([`super::Host::start_files`]), their paths joined once: a poll's
 /// batch is the same files poll after poll, so it is made once and read again and again.
 #[derive(Debug)]
 pub struct FileSet {
@@ -139,7 +139,7 @@ impl FileSet {
 /// set (`None`: read), and where each file handed to the reader goes.
 pub(super) type Memo = (Vec<Option<Result<String, ReadError>>>, Vec<usize>);
 
-/// Sysfs reads begun with [`Host::start_files`], not collected yet.
+/// Sysfs reads begun with [`super::Host::start_files`], not collected yet.
 pub struct PendingReads {
     pub(super) set: Arc<FileSet>,
     /// Only when files of the set are in the `EINVAL` memo: the results known before

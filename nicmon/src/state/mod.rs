@@ -2,8 +2,8 @@
 //! 001 §6.5–6.6): the checks' state ([`CheckState`], decide's input and output) and the
 //! outbox (act's data), persisted together as one file.
 //!
-//! - [`file`]: nicmon's own state file — load, atomic save, the write policy;
-//! - [`upstream_import`]: importing upstream NVSentinel's old (schema-v2) state file.
+//! - `file.rs`: nicmon's own state file — load, atomic save, the write policy;
+//! - `upstream_import.rs`: importing upstream NVSentinel's old (schema-v2) state file.
 use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
