@@ -67,20 +67,38 @@ struct Statics {
 /// the upstream bridge port's (the other end of its link).
 #[derive(Debug, Clone)]
 struct PcieStatics {
-    max_speed: Result<String, ReadError>,
-    max_width: Result<String, ReadError>,
+    own: LinkMaxima,
     /// The upstream port's address and its maxima; `None`: the PF hangs from no PCI bridge.
-    upstream: Option<(String, Result<String, ReadError>, Result<String, ReadError>)>,
+    upstream: Option<(String, LinkMaxima)>,
+}
+
+/// `max_link_speed` and `max_link_width` of one PCI function, as read.
+#[derive(Debug, Clone)]
+struct LinkMaxima {
+    speed: Result<String, ReadError>,
+    width: Result<String, ReadError>,
+}
+
+impl LinkMaxima {
+    fn read(host: &Host, address: &str) -> LinkMaxima {
+        let max = |f: &str| host.read_sys(&format!("bus/pci/devices/{address}/{f}"));
+        LinkMaxima { speed: max("max_link_speed"), width: max("max_link_width") }
+    }
+
+    /// The link figures with these maxima and the current figures read now.
+    fn link(&self, speed: &Result<String, ReadError>, width: &Result<String, ReadError>) -> PcieLink {
+        PcieLink::from_texts(speed, width, &self.speed, &self.width)
+    }
 }
 
 impl PcieStatics {
     fn read(host: &Host, address: &str) -> PcieStatics {
-        let max = |a: &str, f: &str| host.read_sys(&format!("bus/pci/devices/{a}/{f}"));
         PcieStatics {
-            max_speed: max(address, "max_link_speed"),
-            max_width: max(address, "max_link_width"),
-            upstream: upstream_port(host, address)
-                .map(|up| (up.clone(), max(&up, "max_link_speed"), max(&up, "max_link_width"))),
+            own: LinkMaxima::read(host, address),
+            upstream: upstream_port(host, address).map(|up| {
+                let max = LinkMaxima::read(host, &up);
+                (up, max)
+            }),
         }
     }
 }
@@ -645,11 +663,12 @@ fn finish_pcie(
 ) -> Option<PcieReading> {
     let st = statics.pcie.as_ref()?;
     let get = |i: usize| results.get(i).cloned().unwrap_or(Err(ReadError::Missing));
-    let link = PcieLink::from_texts(&get(p.speed), &get(p.width), &st.max_speed, &st.max_width);
-    let upstream = st.upstream.as_ref().map(|(address, speed, width)| UpstreamPort {
-        address: address.clone(),
-        link: PcieLink::from_texts(&Err(ReadError::Missing), &Err(ReadError::Missing), speed, width),
-    });
+    let link = st.own.link(&get(p.speed), &get(p.width));
+    let unread = Err(ReadError::Missing);
+    let upstream = st
+        .upstream
+        .as_ref()
+        .map(|(address, max)| UpstreamPort { address: address.clone(), link: max.link(&unread, &unread) });
     let mut aer = Aer::default();
     for (s, i) in p.aer {
         let raw = results.get(i);

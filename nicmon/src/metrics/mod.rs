@@ -36,10 +36,6 @@ pub enum SendOutcome {
     Permanent,
 }
 
-/// One monitored PF's PCIe figures for [`Metrics::set_pcie`]: device, link speed (GT/s),
-/// width (lanes), AER totals by severity (`None`: unknown, not exported).
-pub type PcieFigures<'a> = (&'a str, Option<f64>, Option<u8>, [(&'static str, Option<u64>); 3]);
-
 /// Default of `--metrics-port`.
 pub const DEFAULT_PORT: u16 = 2112;
 
@@ -272,8 +268,9 @@ impl Metrics {
         }
     }
 
-    /// The PCIe link and AER totals of every monitored PF, replacing the previous cycle's.
-    pub fn set_pcie<'a>(&self, pfs: impl IntoIterator<Item = PcieFigures<'a>>) {
+    /// The PCIe link and AER totals of every monitored PF, replacing the previous cycle's
+    /// (an unknown figure is not exported).
+    pub fn set_pcie<'a>(&self, pfs: impl IntoIterator<Item = crate::pcie::check::Figures<'a>>) {
         self.f.pcie_link_speed.clear();
         self.f.pcie_link_width.clear();
         self.f.pcie_aer_errors.clear();

@@ -88,12 +88,12 @@ pub fn evaluate(
     Outcome { events, state: PcieState { link, aer: aer_out.state }, notes: aer_out.notes }
 }
 
-/// The metrics' figures of every judged PF: device, link speed (GT/s), width, AER totals
-/// by severity (`correctable`, `nonfatal`, `fatal`).
-pub fn figures<'s>(
-    snapshot: &'s Snapshot,
-    roles: &BTreeMap<String, Classification>,
-) -> Vec<(&'s str, Option<f64>, Option<u8>, [(&'static str, Option<u64>); 3])> {
+/// One judged PF's figures for the metrics: device, link speed (GT/s), width (lanes), AER
+/// totals by severity (`correctable`, `nonfatal`, `fatal`; `None`: unknown).
+pub type Figures<'a> = (&'a str, Option<f64>, Option<u8>, [(&'static str, Option<u64>); 3]);
+
+/// The metrics' figures of every judged PF.
+pub fn figures<'s>(snapshot: &'s Snapshot, roles: &BTreeMap<String, Classification>) -> Vec<Figures<'s>> {
     judged(snapshot, roles)
         .into_iter()
         .filter_map(|d| {
