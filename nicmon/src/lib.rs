@@ -15,6 +15,7 @@ pub mod daemon;
 pub mod discovery;
 pub mod dispatch;
 pub mod event;
+pub mod history;
 pub mod host;
 pub mod kmsg;
 pub mod linkstate;

@@ -53,6 +53,9 @@ pub struct CheckState {
     /// upstream's: a deferred poll commits nothing, so a restart still owes the first poll).
     #[serde(skip)]
     pub first_poll_deferrals: u32,
+    /// Every port's last transitions (kept across reboots, see [`crate::history`]).
+    #[serde(default, skip_serializing_if = "crate::history::History::is_empty")]
+    pub history: crate::history::History,
 }
 
 /// Everything persisted. Field names are the file's JSON keys; the flattened parts keep
@@ -149,6 +152,7 @@ pub fn load(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
         Ok((prev, _)) if prev.boot_id.as_deref() != boot_id => {
             let mut s = fresh();
             s.outbox = prev.outbox;
+            s.checks.history = prev.checks.history;
             (s, Loaded::Rebooted { previous: prev.boot_id })
         }
         Ok((prev, Some(baselines_owed))) => {
@@ -255,7 +259,8 @@ fn settled(state: &State) -> State {
 /// a field added to the state must be added here.
 fn settles_to(state: &State, written: &State) -> bool {
     let State { version, boot_id, checks, outbox } = state;
-    let CheckState { polls, links, counters, kmsg, char_devices, einval, scope, first_poll_deferrals } = checks;
+    let CheckState { polls, links, counters, kmsg, char_devices, einval, scope, first_poll_deferrals, history } =
+        checks;
     let CounterState { counter_snapshots, last_values, breach_flags, saturation_flags } = counters;
     let w = &written.checks;
     *version == written.version
@@ -268,6 +273,7 @@ fn settles_to(state: &State, written: &State) -> bool {
         && *einval == w.einval
         && *scope == w.scope
         && *first_poll_deferrals == w.first_poll_deferrals
+        && *history == w.history
         && *last_values == w.counters.last_values
         && *breach_flags == w.counters.breach_flags
         && *saturation_flags == w.counters.saturation_flags
