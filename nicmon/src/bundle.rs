@@ -964,7 +964,13 @@ fn fetch_metrics(port: u16) -> Result<String> {
 /// `nicmon check --bundle`: the same cycle as `check`, on the bundle's trees, with its
 /// state (on a copy) and its node name unless `--node-name` was given (`node_flag_given`).
 /// `--kmsg` is the caller's; `kmsg_from_bundle` feeds the bundle's own kernel-log records.
-pub fn replay_check(file: &Path, mut args: CheckArgs, node_flag_given: bool, kmsg_from_bundle: bool) -> Result<String> {
+pub fn replay_check(
+    file: &Path,
+    mut args: CheckArgs,
+    node_flag_given: bool,
+    kmsg_from_bundle: bool,
+    emit: impl FnOnce(String) -> Result<()>,
+) -> Result<()> {
     let replay = unpack(file)?;
     let m = replay.manifest.as_ref().expect("unpack checks the manifest");
     args.monitor.sysfs = replay.sysfs();
@@ -979,8 +985,7 @@ pub fn replay_check(file: &Path, mut args: CheckArgs, node_flag_given: bool, kms
     if kmsg_from_bundle {
         args.kmsg = replay.kmsg();
     }
-    let out = check::run_check(&args)?;
-    Ok(replay.show_as_node(out))
+    check::run_check(&args, |out| emit(replay.show_as_node(out)))
 }
 
 /// `nicmon topology --bundle`.
