@@ -114,6 +114,7 @@ pub fn load(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
         Ok((prev, _)) if prev.boot_id.as_deref() != boot_id => {
             let mut s = fresh();
             s.outbox = prev.outbox;
+            s.checks.history = prev.checks.history;
             (s, Loaded::Rebooted { previous: prev.boot_id })
         }
         Ok((prev, Some(baselines_owed))) => {
@@ -220,7 +221,8 @@ fn settled(state: &State) -> State {
 /// a field added to the state must be added here.
 fn settles_to(state: &State, written: &State) -> bool {
     let State { version, boot_id, checks, outbox } = state;
-    let CheckState { polls, links, counters, kmsg, char_devices, einval, scope, first_poll_deferrals } = checks;
+    let CheckState { polls, links, counters, kmsg, char_devices, einval, scope, first_poll_deferrals, history } =
+        checks;
     let CounterState { counter_snapshots, last_values, breach_flags, saturation_flags } = counters;
     let w = &written.checks;
     *version == written.version
@@ -233,6 +235,7 @@ fn settles_to(state: &State, written: &State) -> bool {
         && *einval == w.einval
         && *scope == w.scope
         && *first_poll_deferrals == w.first_poll_deferrals
+        && *history == w.history
         && *last_values == w.counters.last_values
         && *breach_flags == w.counters.breach_flags
         && *saturation_flags == w.counters.saturation_flags
