@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::counters::{self, CounterPort};
 use crate::discovery::{self, ReadPlan};
 use crate::event::{Check, CheckKind, HealthEvent, Stamp};
+use crate::history;
 use crate::host::Host;
 use crate::kmsg::{self, DeviceIndex, HostLinks, Record};
 use crate::linkstate::{self, StateConfig};
@@ -86,6 +87,9 @@ pub struct Observation {
     /// A targeted read ([`Monitor::observe_targeted`]): only these devices were read now,
     /// the rest of the snapshot is the previous full poll's. `None`: a full read.
     pub targeted: Option<Vec<String>>,
+    /// The wake-ups this poll answers (hook names; empty: the interval's poll), for the port
+    /// history. Set by the daemon.
+    pub woken_by: Vec<String>,
 }
 
 /// The result of one poll.
@@ -209,7 +213,7 @@ impl Monitor {
         let einval = self.host.take_einval();
         let reads_abandoned = self.host.stats.reads_abandoned.load(std::sync::atomic::Ordering::Relaxed);
         let stuck_reads = self.host.stuck_reads();
-        Observation { snapshot, links, einval, reads_abandoned, stuck_reads, targeted: None }
+        Observation { snapshot, links, einval, reads_abandoned, stuck_reads, targeted: None, woken_by: Vec::new() }
     }
 
     /// The targeted read of a hinted wake-up (SPEC §1.8): `devices` read again now, by the
@@ -236,6 +240,7 @@ impl Monitor {
             reads_abandoned,
             stuck_reads,
             targeted: Some(devices.to_vec()),
+            woken_by: Vec::new(),
         })
     }
 
@@ -259,7 +264,7 @@ impl Monitor {
         now: OffsetDateTime,
         kmsg_records: &[Record],
     ) -> Poll {
-        let Observation { snapshot, links, einval, reads_abandoned, stuck_reads, targeted } = obs;
+        let Observation { snapshot, links, einval, reads_abandoned, stuck_reads, targeted, woken_by } = obs;
         // A port whose link layer is unreadable is judged with its last known one.
         let snapshot = linkstate::with_known_link_layers(&prev.links, snapshot);
         let roles = roles::classify(&snapshot, &self.topology, &self.config.filters);
@@ -322,6 +327,8 @@ impl Monitor {
         events.extend(kmsg_events);
 
         events.retain(|e| e.check().map(|c| self.state_config.checks.contains(&c)).unwrap_or(true));
+        let decided = port_decisions(&events, &links_out.holds, &links_out.flaps, &links_out.state);
+        let history = history::record(&prev.history, port_readings(&snapshot, &roles), &decided, now, &woken_by);
         let next = CheckState {
             polls: prev.polls.saturating_add(1),
             links: links_out.state,
@@ -332,6 +339,7 @@ impl Monitor {
             einval,
             scope: Some(scope),
             first_poll_deferrals: prev.first_poll_deferrals,
+            history,
         };
         Poll {
             snapshot,
@@ -493,6 +501,57 @@ fn counter_ports<'s>(
         .filter(|d| monitored(roles, &d.name) && !d.is_vf() && read_now(&d.name))
         .flat_map(|d| d.ports.iter().map(move |p| CounterPort::new(&d.name, p)))
         .collect()
+}
+
+/// Monitored PF ports whose state and phys_state were read, for the port history.
+fn port_readings<'a>(
+    snapshot: &'a crate::model::Snapshot,
+    roles: &'a BTreeMap<String, roles::Classification>,
+) -> impl Iterator<Item = history::PortReading<'a>> {
+    snapshot.devices.iter().filter(|d| !d.is_vf() && roles.get(&d.name).is_some_and(|c| c.monitored)).flat_map(|d| {
+        d.ports.iter().filter_map(move |p| {
+            Some(history::PortReading {
+                device: &d.name,
+                port: p.number,
+                state: p.state.as_ref()?.name(),
+                phys_state: p.phys_state.as_ref()?.name(),
+                healthy: p.is_healthy(),
+            })
+        })
+    })
+}
+
+/// What the state checks did about each port this poll: its events, the hold-down's holds
+/// and blips, flap damping.
+fn port_decisions(
+    events: &[HealthEvent],
+    holds: &linkstate::Holds,
+    flaps: &[linkstate::FlapTransition],
+    links: &linkstate::LinkState,
+) -> history::PortDecisions {
+    let state_check = |e: &&HealthEvent| {
+        matches!(e.check(), Some(Check::InfiniBandStateCheck | Check::EthernetStateCheck | Check::EFAStateCheck))
+    };
+    let reported = events
+        .iter()
+        .filter(state_check)
+        .filter_map(|e| {
+            let entity = |kind: &str| e.entities_impacted.iter().find(|x| x.entity_type == kind);
+            Some((entity("NIC")?.entity_value.clone(), entity("NICPort")?.entity_value.parse().ok()?))
+        })
+        .collect();
+    let flapping = flaps
+        .iter()
+        .filter(|f| !f.published)
+        .map(|f| (f.device.clone(), f.port))
+        .chain(links.port_states.values().filter(|r| r.flap.is_flapping()).map(|r| (r.device.clone(), r.port)))
+        .collect();
+    history::PortDecisions {
+        reported,
+        held: holds.held.iter().map(|h| (h.device.clone(), h.port)).collect(),
+        blips: holds.blips.iter().map(|b| (b.device.clone(), b.port)).collect(),
+        flapping,
+    }
 }
 
 /// Monitored devices (PFs of a supported vendor) with a port whose `state`, `phys_state`

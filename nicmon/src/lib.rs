@@ -25,6 +25,7 @@ pub mod daemon;
 pub mod discovery;
 pub mod dispatch;
 pub mod event;
+pub mod history;
 pub mod host;
 pub mod kmsg;
 pub mod linkstate;

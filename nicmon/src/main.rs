@@ -73,6 +73,14 @@ Replay it anywhere with `nicmon check --bundle FILE [--now T]` or `nicmon topolo
 Examples:\n  nicmon bundle\n  kubectl exec -n nvsentinel POD -- nicmon bundle --sysfs /nvsentinel/sys \\\n      \
 --procfs /nvsentinel/proc --state-file /var/lib/nicmon/state.json -o - > node.tar.gz")]
     Bundle(Box<BundleCli>),
+    /// Print the ports' last transitions as a timeline, from the state file.
+    #[command(long_about = "Print the last transitions of every port (or of NIC, or NIC/PORT) from the state \
+file, oldest first, to the millisecond: the state and phys_state seen, what was published (reported, held by \
+portStateHoldDown, a blip the hold-down swallowed, held as flapping, no event) and the wake-up that made the \
+poll that saw it (or the interval's poll). The state file keeps the last 32 transitions per port, across \
+reboots.\n\nExamples:\n  nicmon history\n  nicmon history mlx5_3/1 --state-file /var/lib/nicmon/state.json\n  \
+nicmon history --bundle node.tar.gz --format json")]
+    History(HistoryCli),
     /// Print the version and whether the eBPF programs are built in.
     Version,
 }
@@ -138,6 +146,22 @@ struct CheckCli {
     /// With --bundle: also feed the bundle's kernel-log records (as --kmsg would).
     #[arg(long, requires = "bundle", conflicts_with = "kmsg")]
     bundle_kmsg: bool,
+}
+
+#[derive(clap::Args)]
+struct HistoryCli {
+    /// A NIC (all its ports) or NIC/PORT [default: every port].
+    #[arg(value_name = "NIC[/PORT]")]
+    port: Option<String>,
+    /// The state file to read.
+    #[arg(long, value_name = "FILE", default_value = nicmon::state::DEFAULT_PATH, conflicts_with = "bundle")]
+    state_file: PathBuf,
+    /// Read the state file of a support bundle (`nicmon bundle`) instead.
+    #[arg(long, value_name = "FILE")]
+    bundle: Option<PathBuf>,
+    /// Output format (json: the transitions by `NIC/PORT`).
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
 }
 
 /// The host-path flags a bundle replaces.
@@ -585,6 +609,25 @@ fn run_bundle(b: BundleCli) -> anyhow::Result<String> {
     Ok(summary)
 }
 
+fn run_history(h: HistoryCli) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    let replay = h.bundle.as_deref().map(nicmon::bundle::unpack).transpose()?;
+    let path = match &replay {
+        Some(r) => r.state_file().context("the bundle holds no state file")?,
+        None => h.state_file,
+    };
+    let bytes = match nicmon::host::read_file(&path, nicmon::state::file::MAX_BYTES) {
+        Ok(b) => b,
+        Err(e) => anyhow::bail!("state file {}: cannot read: {e}", path.display()),
+    };
+    let state = nicmon::state::file::parse(&bytes).map_err(|e| anyhow::anyhow!("state file {}: {e}", path.display()))?;
+    let history = state.checks.history.select(h.port.as_deref());
+    Ok(match h.format {
+        Format::Json => serde_json::to_string_pretty(&history).context("serialising the history")? + "\n",
+        Format::Table => nicmon::history::timeline(&history),
+    })
+}
+
 /// One malloc arena for the whole process. glibc otherwise gives threads arenas of their own
 /// (up to 8 per core), each keeping the memory freed into it: a few MiB more resident under a
 /// kernel-log flood (`cargo xtask bench --hostile-only`), for no speed this daemon needs.
@@ -646,6 +689,7 @@ fn main() -> ExitCode {
         }),
         Command::Run(r) => run_daemon(*r, false),
         Command::Trace(r) => run_daemon(*r, true),
+        Command::History(h) => run_history(h),
         Command::Version => Ok(nicmon::bundle::version_text()),
     };
     match result {

@@ -118,6 +118,8 @@ pub struct PortReport {
     pub flap_transitions: u64,
     #[serde(with = "time::serde::rfc3339::option")]
     pub flapping_since: Option<time::OffsetDateTime>,
+    /// The port's last transitions, oldest first (see [`crate::history`]).
+    pub history: Vec<crate::history::Transition>,
 }
 
 /// The display name of a configured counter path: its file name.
@@ -176,6 +178,7 @@ impl Report {
                             flapping: false,
                             flap_transitions: 0,
                             flapping_since: None,
+                            history: Vec::new(),
                         })
                         .collect(),
                     unknown: d.unknown.clone(),
@@ -205,6 +208,16 @@ impl Report {
                     p.flap_transitions = r.flap.shown_transitions();
                     p.flapping_since = r.flap.flapping_since;
                 }
+            }
+        }
+        self
+    }
+
+    /// Fill in each port's last transitions from the history after the poll.
+    pub fn with_history(mut self, history: &crate::history::History) -> Report {
+        for d in &mut self.devices {
+            for p in &mut d.ports {
+                p.history = history.0.get(&crate::history::key(&d.name, p.port)).cloned().unwrap_or_default();
             }
         }
         self

@@ -274,3 +274,39 @@ fn pcie_links_and_aer_counts_replay_from_the_bundle() {
         report["events"]
     );
 }
+
+/// The port history travels: `check --format json` carries each port's transitions, the
+/// bundle's state file holds them, and `nicmon history --bundle` prints them anywhere.
+#[test]
+fn the_port_history_is_in_check_json_and_in_the_bundle() {
+    let node = Platform::DgxH100.build();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.json");
+    let check = |now: &str| {
+        let mut args = vec!["check".to_string()];
+        args.extend(host_flags(&node, &state));
+        args.extend(["--node-name", NODE, "--format", "json", "--now", now].map(String::from));
+        let out = ok(nicmon(&args).output().unwrap(), "nicmon check");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    check("2026-01-01T00:00:00Z");
+    node.pull_cable("mlx5_3", 1);
+    let report = check("2026-01-01T00:00:01.250Z");
+    let port = &report["devices"].as_array().unwrap().iter().find(|d| d["name"] == "mlx5_3").unwrap()["ports"][0];
+    let seen: Vec<(&str, i64, &str)> = port["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["state"].as_str().unwrap(), t["at_ms"].as_i64().unwrap(), t["outcome"].as_str().unwrap()))
+        .collect();
+    assert_eq!(seen, [("ACTIVE", 1_767_225_600_000, "reported"), ("DOWN", 1_767_225_601_250, "reported")]);
+
+    let file = dir.path().join("node.tar.gz");
+    bundle(&node, &state, &file);
+    let mut history = nicmon(&["history".into(), "mlx5_3".into(), "--bundle".into(), file.to_str().unwrap().into()]);
+    let text = String::from_utf8(ok(history.output().unwrap(), "nicmon history").stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[1].starts_with("2026-01-01T00:00:01.250Z  mlx5_3/1"), "{text}");
+    assert!(lines[1].contains("DOWN/Polling") && lines[1].contains("reported  (no wake-up)"), "{text}");
+}

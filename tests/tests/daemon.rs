@@ -312,9 +312,9 @@ fn metrics_and_healthz_survive_a_fifo_in_sysfs() {
     node.set_port("mlx5_1", 1, "1: DOWN", "3: Disabled");
     node.set_counter("mlx5_4", 1, "counters/link_downed", 1);
     assert!(conn.wait_until(WAIT, |ev| ev.iter().filter(|e| !e.is_healthy).count() >= 2));
-    let (code, body) = http_get(port, "/metrics");
-    assert_eq!(code, 200);
-    for name in [
+    // The metrics are updated after the events are handed to the sender: wait (bounded) for
+    // a sample of each family, not only its HELP and TYPE (declared before its first series).
+    let names = [
         "nic_health_monitor_devices_discovered",
         "nic_health_monitor_health_events_sent_total",
         "nic_health_monitor_poll_cycle_duration_seconds",
@@ -325,9 +325,17 @@ fn metrics_and_healthz_survive_a_fifo_in_sysfs() {
         "nicmon_poll_duration_seconds",
         "nicmon_topology_source",
         "nicmon_ebpf_embedded",
-    ] {
-        // A sample, not only the family's HELP and TYPE (declared before its first series).
-        assert!(body.lines().any(|l| l.starts_with(name)), "/metrics has no {name} series");
+    ];
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let (code, body) = http_get(port, "/metrics");
+        assert_eq!(code, 200);
+        let missing: Vec<&str> = names.iter().copied().filter(|n| !body.lines().any(|l| l.starts_with(n))).collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "/metrics has no series of {missing:?}");
+        std::thread::sleep(Duration::from_millis(50)); // probing an HTTP endpoint
     }
     assert_eq!(http_get(port, "/healthz").0, 200);
 

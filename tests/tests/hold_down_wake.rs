@@ -2,7 +2,8 @@
 //! port backed by a real veth: the wake-up of a DOWN polls at once, but the poll holds the
 //! port (nothing published, `nicmon trace` says "held"); a blip shorter than the hold-down
 //! is never published and counted in `nic_health_monitor_port_state_blips_total`; a long
-//! outage is published once, when the hold-down is due (not a poll interval later).
+//! outage is published once, when the hold-down is due (not a poll interval later); and
+//! `nicmon history` shows the blip with its time and the wake-up hook that saw it.
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -123,6 +124,7 @@ fn a_wake_up_during_the_hold_down_publishes_nothing_and_the_outage_is_reported_w
         let before = port_events(&sink).len();
 
         // A 300 ms blip: the wake-up's poll holds the port; healthy again → a blip.
+        let blip_from = SystemTime::now();
         set("1: DOWN\n", "3: Disabled\n");
         veth.ip(&format!("link set {} down", veth.a));
         let t = wait_for("the held line", Duration::from_secs(5), read_trace, |t| {
@@ -131,6 +133,7 @@ fn a_wake_up_during_the_hold_down_publishes_nothing_and_the_outage_is_reported_w
         let held_at = t.find("held EthernetStateCheck [NIC=mlx5_0 NICPort=1]").unwrap();
         let wake_before = t[..held_at].rfind("wake hook=").map(|i| &t[i..held_at]);
         assert!(wake_before.is_some(), "the hold came from a wake-up's poll:\n{t}");
+        let blip_seen = SystemTime::now();
         std::thread::sleep(Duration::from_millis(300)); // the blip's length, not synchronisation
         set("4: ACTIVE\n", "5: LinkUp\n");
         veth.ip(&format!("link set {} up", veth.a));
@@ -176,12 +179,14 @@ fn a_wake_up_during_the_hold_down_publishes_nothing_and_the_outage_is_reported_w
             let m = metrics(metrics_port);
             assert!(m.lines().any(|l| l == "nicmon_ebpf_wake_records_lost_total 0"), "{m}");
         }
+        (blip_from, blip_seen)
     }));
     let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
     let _ = child.wait();
     drop(veth);
-    let result = result.and_then(|()| {
+    let result = result.and_then(|blip| {
         std::panic::catch_unwind(|| {
+            assert_history_shows_the_blip(&node, blip, mode);
             if mode == Mode::Ebpf {
                 let t = read_trace();
                 assert!(t.contains("\n  wake records lost in the kernel (eBPF ring buffer full): 0\n"), "{t}");
@@ -193,4 +198,51 @@ fn a_wake_up_during_the_hold_down_publishes_nothing_and_the_outage_is_reported_w
         eprintln!("log:\n{}", std::fs::read_to_string(node.root().join("nicmon.log")).unwrap_or_default());
         std::panic::resume_unwind(e);
     }
+}
+
+fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// `nicmon history` after the daemon stopped: the port's 300 ms DOWN was held by the
+/// hold-down and is a blip, seen (to the millisecond) between the moment it was caused and
+/// the held line, by the poll of the wake-up hook; then the long outage, reported.
+fn assert_history_shows_the_blip(node: &Node, (from, seen): (SystemTime, SystemTime), mode: Mode) {
+    let history = |format: &str| {
+        let out = Command::new(nicmon_bin())
+            .args(["history", "mlx5_0/1", "--format", format, "--state-file"])
+            .arg(node.root().join("state.json"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let json: serde_json::Value = serde_json::from_str(&history("json")).unwrap();
+    let list = json["mlx5_0/1"].as_array().unwrap();
+    let outcomes: Vec<(&str, &str)> =
+        list.iter().map(|t| (t["state"].as_str().unwrap(), t["outcome"].as_str().unwrap())).collect();
+    assert_eq!(
+        outcomes,
+        [("ACTIVE", "reported"), ("DOWN", "blip"), ("ACTIVE", "blip"), ("DOWN", "reported"), ("ACTIVE", "reported")],
+        "{json:#}"
+    );
+    let (down, up) = (&list[1], &list[2]);
+    let at = down["at_ms"].as_i64().unwrap();
+    assert!(unix_ms(from) <= at && at <= unix_ms(seen), "the DOWN at {at}, caused at {from:?}, held by {seen:?}");
+    let hook = match mode {
+        Mode::Ebpf => down["woken_by"][0].as_str().filter(|h| *h != "rtnetlink"),
+        _ => down["woken_by"][0].as_str().filter(|h| *h == "rtnetlink"),
+    };
+    assert!(hook.is_some(), "the DOWN was seen by the wake-up's poll: {down:#}");
+    let lasted = up["at_ms"].as_i64().unwrap() - at;
+    assert!(lasted >= 300, "the blip lasted {lasted} ms");
+    let text = history("table");
+    let line = text.lines().nth(1).unwrap();
+    assert!(line.contains("mlx5_0/1") && line.contains("DOWN/Disabled"), "{text}");
+    assert!(
+        line.contains(&format!("blip: held by portStateHoldDown, not reported  (woken by {}", hook.unwrap())),
+        "{text}"
+    );
+    assert!(text.lines().nth(2).unwrap().contains(&format!("blip over after {lasted} ms: not reported")), "{text}");
+    eprintln!("hold_down_wake ({}): history\n{text}", mode.name());
 }

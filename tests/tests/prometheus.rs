@@ -150,13 +150,26 @@ fn rules_of(group: &Value) -> impl Iterator<Item = &Value> {
     group["rules"].as_array().unwrap().iter()
 }
 
-/// Every target expression of the dashboard, with where it is, and its query variables'
-/// selectors (`label_values(<selector>, <label>)`) with their label.
-fn dashboard_exprs(d: &Value) -> (Vec<(String, String)>, Vec<(String, String, String)>) {
-    fn walk(panels: &[Value], out: &mut Vec<(String, String)>) {
+/// A dashboard panel's query: where it is, and its expression.
+struct PanelQuery {
+    what: String,
+    expr: String,
+}
+
+/// A query variable: `label_values(<selector>, <label>)`.
+struct Variable {
+    name: String,
+    selector: String,
+    label: String,
+}
+
+/// Every target expression of the dashboard, and its query variables.
+fn dashboard_exprs(d: &Value) -> (Vec<PanelQuery>, Vec<Variable>) {
+    fn walk(panels: &[Value], out: &mut Vec<PanelQuery>) {
         for p in panels {
             for t in p["targets"].as_array().into_iter().flatten() {
-                out.push((format!("panel {:?} target {}", p["title"], t["refId"]), t["expr"].as_str().unwrap().into()));
+                let what = format!("panel {:?} target {}", p["title"], t["refId"]);
+                out.push(PanelQuery { what, expr: t["expr"].as_str().unwrap().into() });
             }
             walk(p["panels"].as_array().map(Vec::as_slice).unwrap_or_default(), out);
         }
@@ -172,7 +185,11 @@ fn dashboard_exprs(d: &Value) -> (Vec<(String, String)>, Vec<(String, String, St
             let q = v["query"].as_str().unwrap();
             let inner = q.strip_prefix("label_values(").and_then(|q| q.strip_suffix(')')).expect("label_values(...)");
             let (selector, label) = inner.rsplit_once(',').unwrap();
-            (v["name"].as_str().unwrap().to_string(), selector.trim().to_string(), label.trim().to_string())
+            Variable {
+                name: v["name"].as_str().unwrap().to_string(),
+                selector: selector.trim().to_string(),
+                label: label.trim().to_string(),
+            }
         })
         .collect();
     (exprs, vars)
@@ -216,11 +233,11 @@ fn all_expression_failures(prom: &Prometheus, rules: &Value, exported: &BTreeSet
     let dashboard: Value =
         serde_json::from_str(&std::fs::read_to_string(repo_root().join(DASHBOARD)).unwrap()).unwrap();
     let (panels, vars) = dashboard_exprs(&dashboard);
-    for (what, expr) in &panels {
-        failures.extend(expression_failure(prom, exported, what, &substitute(expr)));
+    for q in &panels {
+        failures.extend(expression_failure(prom, exported, &q.what, &substitute(&q.expr)));
     }
-    for (name, selector, _) in &vars {
-        failures.extend(expression_failure(prom, exported, &format!("variable {name}"), &substitute(selector)));
+    for v in &vars {
+        failures.extend(expression_failure(prom, exported, &format!("variable {}", v.name), &substitute(&v.selector)));
     }
     (failures, checked + panels.len() + vars.len())
 }
@@ -287,12 +304,12 @@ fn every_rule_and_panel_expression_evaluates_against_a_real_prometheus() {
 fn assert_faults_show(prom: &Prometheus, rules: &Value, metrics: SocketAddr) {
     let dashboard: Value =
         serde_json::from_str(&std::fs::read_to_string(repo_root().join(DASHBOARD)).unwrap()).unwrap();
-    for (name, selector, label) in dashboard_exprs(&dashboard).1 {
-        let r = prom.query(&substitute(&selector)).unwrap();
+    for v in dashboard_exprs(&dashboard).1 {
+        let r = prom.query(&substitute(&v.selector)).unwrap();
         let values: BTreeSet<&str> =
-            r["result"].as_array().unwrap().iter().filter_map(|s| s["metric"][&label].as_str()).collect();
-        let want = if name == "node" { "gpu-node-7".to_string() } else { metrics.to_string() };
-        assert_eq!(values, [want.as_str()].into(), "variable {name}");
+            r["result"].as_array().unwrap().iter().filter_map(|s| s["metric"][&v.label].as_str()).collect();
+        let want = if v.name == "node" { "gpu-node-7".to_string() } else { metrics.to_string() };
+        assert_eq!(values, [want.as_str()].into(), "variable {}", v.name);
     }
     let series = |alert: &str| -> Vec<Value> {
         let rule = groups(rules).flat_map(rules_of).find(|r| r["name"] == alert).unwrap();

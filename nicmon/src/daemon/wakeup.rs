@@ -162,7 +162,8 @@ impl Daemon<'_> {
     /// delivered before anything else. Whether it ran.
     async fn targeted_poll(&mut self, woke: &[Wake], woke_at: Instant, targets: &[String]) -> bool {
         let Some(base) = self.last_snapshot.as_ref().filter(|_| !targets.is_empty()) else { return false };
-        let Some(obs) = self.monitor.observe_targeted(&self.state.checks, base, targets) else { return false };
+        let Some(mut obs) = self.monitor.observe_targeted(&self.state.checks, base, targets) else { return false };
+        obs.woken_by = crate::wake::hook_names(woke);
         let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, OffsetDateTime::now_utc(), &[]);
         let elapsed = woke_at.elapsed();
         let before = self.state.outbox.last_id();
@@ -192,7 +193,10 @@ impl Daemon<'_> {
         let started = Instant::now();
         self.last_full_poll = Some(started);
         let records = std::mem::take(&mut self.pending_records);
-        let poll = self.monitor.poll(&self.state.checks, &self.loaded, OffsetDateTime::now_utc(), &records);
+        let now = OffsetDateTime::now_utc();
+        let mut obs = self.monitor.observe(&self.state.checks, !records.is_empty());
+        obs.woken_by = crate::wake::hook_names(woke);
+        let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, now, &records);
         let elapsed = started.elapsed();
         let completed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

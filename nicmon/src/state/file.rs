@@ -114,6 +114,7 @@ pub fn load(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
         Ok((prev, _)) if prev.boot_id.as_deref() != boot_id => {
             let mut s = fresh();
             s.outbox = prev.outbox;
+            s.checks.history = prev.checks.history;
             (s, Loaded::Rebooted { previous: prev.boot_id })
         }
         Ok((prev, Some(baselines_owed))) => {
@@ -221,7 +222,8 @@ fn settled(state: &State) -> State {
 /// a field added to the state must be added here.
 fn settles_to(state: &State, written: &State) -> bool {
     let State { version, boot_id, checks, outbox } = state;
-    let CheckState { polls, links, counters, kmsg, char_devices, pcie, einval, scope, first_poll_deferrals } = checks;
+    let CheckState { polls, links, counters, kmsg, char_devices, pcie, einval, scope, first_poll_deferrals, history } =
+        checks;
     let w = &written.checks;
     *version == written.version
         && *boot_id == written.boot_id
@@ -233,6 +235,7 @@ fn settles_to(state: &State, written: &State) -> bool {
         && *einval == w.einval
         && *scope == w.scope
         && *first_poll_deferrals == w.first_poll_deferrals
+        && *history == w.history
         && counters_settle_to(counters, &w.counters)
         && pcie.link == w.pcie.link
         && pcie.aer.window_bits == w.pcie.aer.window_bits

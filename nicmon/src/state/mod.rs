@@ -59,6 +59,9 @@ pub struct CheckState {
     /// upstream's: a deferred poll commits nothing, so a restart still owes the first poll).
     #[serde(skip)]
     pub first_poll_deferrals: u32,
+    /// Every port's last transitions (kept across reboots, see [`crate::history`]).
+    #[serde(default, skip_serializing_if = "crate::history::History::is_empty")]
+    pub history: crate::history::History,
 }
 
 /// Everything persisted. Field names are the file's JSON keys; the flattened parts keep

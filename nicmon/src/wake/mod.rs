@@ -51,6 +51,17 @@ pub struct Wake {
     pub received_ns: u64,
 }
 
+/// The hooks of `woke`, each once, in the order they first woke.
+pub fn hook_names(woke: &[Wake]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for w in woke {
+        if !names.iter().any(|n| n == w.hook.name()) {
+            names.push(w.hook.name().to_string());
+        }
+    }
+    names
+}
+
 impl Wake {
     /// Kernel-to-userspace latency, when the hook has a kernel timestamp.
     pub fn delivery_latency_ns(&self) -> Option<u64> {

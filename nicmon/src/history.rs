@@ -1,0 +1,336 @@
+//! Port history: the last transitions of every monitored port, kept in the state file, so
+//! that after a drain (or the reboot that followed it) an operator can see what happened to
+//! which port and when — including what published nothing: DOWNs the hold-down swallowed
+//! (blips), transitions held by flap damping — and which wake-up made the poll that saw it.
+//!
+//! Decided like the checks: [`record`] is a pure function of the previous history, the
+//! ports as read and what the state check made of them this poll. `nicmon history` prints
+//! [`timeline`], `nicmon check --format json` carries the history, and support bundles hold
+//! it in their state file. It survives a reboot (the state file's checks do not).
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+/// Transitions kept per port (the oldest go first).
+pub const PER_PORT: usize = 32;
+/// Ports kept (those whose last transition is oldest go first): bounds a node whose device
+/// names keep changing.
+pub const MAX_PORTS: usize = 256;
+
+/// Every port's last transitions, oldest first, by `<device>/<port>`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct History(pub BTreeMap<String, Vec<Transition>>);
+
+/// A port seen in a new condition (`state`/`phys_state`) by one poll.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transition {
+    /// When the poll that saw it read the port: Unix time in milliseconds.
+    pub at_ms: i64,
+    pub state: String,
+    pub phys_state: String,
+    pub healthy: bool,
+    pub outcome: Outcome,
+    /// The wake-ups that made the poll that saw it (`qdisc_reset`, `rtnetlink`, ...); empty:
+    /// the interval's poll.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub woken_by: Vec<String>,
+}
+
+/// What nicmon published for a transition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// A health event went out for it (in the poll that saw it, or when its hold-down was due).
+    Reported,
+    /// Held by `portStateHoldDown`: reported if the port is still unhealthy when it is due.
+    Held,
+    /// A blip: held by the hold-down and healthy again before it was due (the DOWN, and the
+    /// recovery that ended it). Nothing was published.
+    Blip,
+    /// The port is held as flapping: nothing published.
+    Flapping,
+    /// Nothing to publish: a first sight without an event, a port never healthy in this boot,
+    /// a transient state, or a change between unhealthy states that crosses no boundary.
+    Quiet,
+}
+
+/// A monitored port as this poll read it (state and phys_state known).
+#[derive(Debug, Clone, Copy)]
+pub struct PortReading<'a> {
+    pub device: &'a str,
+    pub port: u32,
+    pub state: &'a str,
+    pub phys_state: &'a str,
+    pub healthy: bool,
+}
+
+/// What the state check did about ports this poll, by `(device, port)`.
+#[derive(Debug, Default)]
+pub struct PortDecisions {
+    /// Ports with a state-check event this poll.
+    pub reported: BTreeSet<(String, u32)>,
+    /// Ports held by the hold-down this poll.
+    pub held: BTreeSet<(String, u32)>,
+    /// Held ports that recovered in time this poll (blips).
+    pub blips: BTreeSet<(String, u32)>,
+    /// Ports held as flapping after this poll, or whose transition flap damping held.
+    pub flapping: BTreeSet<(String, u32)>,
+}
+
+/// A port's key in the history: `<device>/<port>`.
+pub fn key(device: &str, port: u32) -> String {
+    format!("{device}/{port}")
+}
+
+/// The history after one poll: each port whose condition changed gets a transition (what
+/// was done about it, when, woken by what); a held DOWN becomes a blip when its port
+/// recovered in time, and reported when its hold-down came due.
+pub fn record<'a>(
+    prev: &History,
+    ports: impl IntoIterator<Item = PortReading<'a>>,
+    decided: &PortDecisions,
+    at: OffsetDateTime,
+    woken_by: &[String],
+) -> History {
+    let mut next = prev.clone();
+    let at_ms = (at.unix_timestamp_nanos() / 1_000_000) as i64;
+    for p in ports {
+        let id = (p.device.to_string(), p.port);
+        let list = next.0.entry(key(p.device, p.port)).or_default();
+        let changed = list.last().is_none_or(|t| t.state != p.state || t.phys_state != p.phys_state);
+        if !changed {
+            // Still unhealthy: a held DOWN whose hold-down came due was reported now.
+            if let Some(last) = list.last_mut().filter(|t| t.outcome == Outcome::Held && decided.reported.contains(&id))
+            {
+                last.outcome = Outcome::Reported;
+            }
+            continue;
+        }
+        let outcome = if decided.blips.contains(&id) {
+            if let Some(down) = list.iter_mut().rev().find(|t| t.outcome == Outcome::Held) {
+                down.outcome = Outcome::Blip;
+            }
+            Outcome::Blip
+        } else if decided.held.contains(&id) {
+            Outcome::Held
+        } else if decided.reported.contains(&id) {
+            Outcome::Reported
+        } else if decided.flapping.contains(&id) {
+            Outcome::Flapping
+        } else {
+            Outcome::Quiet
+        };
+        list.push(Transition {
+            at_ms,
+            state: p.state.to_string(),
+            phys_state: p.phys_state.to_string(),
+            healthy: p.healthy,
+            outcome,
+            woken_by: woken_by.to_vec(),
+        });
+        if list.len() > PER_PORT {
+            list.drain(..list.len() - PER_PORT);
+        }
+    }
+    while next.0.len() > MAX_PORTS {
+        let oldest = next.0.iter().min_by_key(|(_, l)| l.last().map(|t| t.at_ms)).map(|(k, _)| k.clone());
+        next.0.remove(&oldest.unwrap_or_default());
+    }
+    next
+}
+
+impl History {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The ports `filter` names: `NIC` (all its ports) or `NIC/PORT`; `None`: all.
+    pub fn select(&self, filter: Option<&str>) -> History {
+        let keep = |k: &str| match filter {
+            None => true,
+            Some(f) if f.contains('/') => k == f,
+            Some(f) => k.rsplit_once('/').is_some_and(|(dev, _)| dev == f),
+        };
+        History(self.0.iter().filter(|(k, _)| keep(k)).map(|(k, v)| (k.clone(), v.clone())).collect())
+    }
+}
+
+fn outcome_text(t: &Transition, prev: Option<&Transition>) -> String {
+    match t.outcome {
+        Outcome::Reported => "reported".into(),
+        Outcome::Held => "held by portStateHoldDown (reported if still down when due)".into(),
+        Outcome::Blip if !t.healthy => "blip: held by portStateHoldDown, not reported".into(),
+        Outcome::Blip => match prev.filter(|p| p.outcome == Outcome::Blip && !p.healthy) {
+            Some(down) => format!("blip over after {} ms: not reported", t.at_ms - down.at_ms),
+            None => "blip over: not reported".into(),
+        },
+        Outcome::Flapping => "held as flapping: not reported".into(),
+        Outcome::Quiet => "no event".into(),
+    }
+}
+
+/// UTC to the millisecond.
+const MILLIS: &[time::format_description::FormatItem<'_>] =
+    time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z");
+
+/// The ports' transitions as one timeline, oldest first, one line each:
+/// `2026-11-26T06:30:12.345Z  mlx5_0/1  DOWN/Disabled  blip: ...  woken by qdisc_reset`.
+pub fn timeline(history: &History) -> String {
+    let mut lines: Vec<(i64, &str, String)> = Vec::new();
+    for (port, list) in &history.0 {
+        for (i, t) in list.iter().enumerate() {
+            let when = OffsetDateTime::from_unix_timestamp_nanos(i128::from(t.at_ms) * 1_000_000)
+                .ok()
+                .and_then(|d| d.format(MILLIS).ok())
+                .unwrap_or_else(|| t.at_ms.to_string());
+            let by = if t.woken_by.is_empty() {
+                "no wake-up".to_string()
+            } else {
+                format!("woken by {}", t.woken_by.join(", "))
+            };
+            let condition = format!("{}/{}", t.state, t.phys_state);
+            let what = outcome_text(t, i.checked_sub(1).and_then(|j| list.get(j)));
+            lines.push((t.at_ms, port, format!("{when:<24}  {port:<10}  {condition:<24}  {what}  ({by})")));
+        }
+    }
+    lines.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    if lines.is_empty() {
+        return "no port transitions recorded\n".into();
+    }
+    lines.into_iter().map(|(_, _, l)| l + "\n").collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reading(state: &'static str, phys: &'static str) -> PortReading<'static> {
+        PortReading { device: "mlx5_0", port: 1, state, phys_state: phys, healthy: state == "ACTIVE" }
+    }
+
+    fn port() -> BTreeSet<(String, u32)> {
+        [("mlx5_0".to_string(), 1)].into()
+    }
+
+    /// `ms` after 2026-09-21T14:13:20Z (Unix 1,790,000,000 s).
+    fn t(ms: i64) -> OffsetDateTime {
+        OffsetDateTime::from_unix_timestamp_nanos(1_790_000_000_000_000_000 + i128::from(ms) * 1_000_000).unwrap()
+    }
+
+    fn ms(x: i64) -> i64 {
+        1_790_000_000_000 + x
+    }
+
+    const UP: (&str, &str) = ("ACTIVE", "LinkUp");
+    const DOWN: (&str, &str) = ("DOWN", "Disabled");
+
+    /// A 300 ms DOWN under a 2 s hold-down, each edge seen by a wake-up's poll: the DOWN is
+    /// held, then both edges are a blip, with their times and the hook; polls that see no
+    /// change add nothing.
+    #[test]
+    fn a_300_ms_blip_under_the_hold_down_is_recorded_with_its_time_and_hook() {
+        let hook = vec!["qdisc_reset".to_string()];
+        let reported = PortDecisions { reported: port(), ..Default::default() };
+        let h = record(&History::default(), [reading(UP.0, UP.1)], &reported, t(0), &[]);
+        let h = record(&h, [reading(UP.0, UP.1)], &PortDecisions::default(), t(1000), &[]);
+        let held = PortDecisions { held: port(), ..Default::default() };
+        let h = record(&h, [reading(DOWN.0, DOWN.1)], &held, t(1500), &hook);
+        let h = record(&h, [reading(DOWN.0, DOWN.1)], &held, t(1600), &[]);
+        let blip = PortDecisions { blips: port(), ..Default::default() };
+        let h = record(&h, [reading(UP.0, UP.1)], &blip, t(1800), &hook);
+        let list = &h.0["mlx5_0/1"];
+        let got: Vec<(i64, &str, Outcome, &[String])> =
+            list.iter().map(|x| (x.at_ms, x.state.as_str(), x.outcome, &x.woken_by[..])).collect();
+        assert_eq!(
+            got,
+            [
+                (ms(0), "ACTIVE", Outcome::Reported, &[][..]),
+                (ms(1500), "DOWN", Outcome::Blip, &hook[..]),
+                (ms(1800), "ACTIVE", Outcome::Blip, &hook[..]),
+            ]
+        );
+        let text = timeline(&h);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[1].starts_with("2026-09-21T14:13:21.500Z  mlx5_0/1"), "{text}");
+        assert!(lines[2].starts_with("2026-09-21T14:13:21.800Z  mlx5_0/1"), "{text}");
+        assert!(lines[1].contains("mlx5_0/1") && lines[1].contains("DOWN/Disabled"), "{text}");
+        assert!(lines[1].contains("blip: held by portStateHoldDown, not reported  (woken by qdisc_reset)"), "{text}");
+        assert!(
+            lines[2].contains("ACTIVE/LinkUp") && lines[2].contains("blip over after 300 ms: not reported"),
+            "{text}"
+        );
+        assert!(lines[0].contains("reported  (no wake-up)"), "{text}");
+    }
+
+    #[test]
+    fn a_held_down_that_outlasts_the_hold_down_is_reported_when_due() {
+        let held = PortDecisions { held: port(), ..Default::default() };
+        let reported = PortDecisions { reported: port(), ..Default::default() };
+        let h = record(&History::default(), [reading(UP.0, UP.1)], &reported, t(0), &[]);
+        let h = record(&h, [reading(DOWN.0, DOWN.1)], &held, t(100), &[]);
+        let h = record(&h, [reading(DOWN.0, DOWN.1)], &reported, t(2100), &[]);
+        let h = record(&h, [reading(UP.0, UP.1)], &reported, t(5000), &[]);
+        let outcomes: Vec<Outcome> = h.0["mlx5_0/1"].iter().map(|x| x.outcome).collect();
+        assert_eq!(outcomes, [Outcome::Reported, Outcome::Reported, Outcome::Reported]);
+        assert_eq!(h.0["mlx5_0/1"][1].at_ms, ms(100), "the time the DOWN was seen, not when it was reported");
+    }
+
+    #[test]
+    fn flapping_and_quiet_transitions_are_kept_and_history_is_bounded() {
+        let flapping = PortDecisions { flapping: port(), ..Default::default() };
+        let mut h = History::default();
+        for i in 0..(PER_PORT as i64 + 10) {
+            let (s, p) = if i % 2 == 0 { DOWN } else { UP };
+            h = record(&h, [reading(s, p)], &flapping, t(i * 10), &[]);
+        }
+        let list = &h.0["mlx5_0/1"];
+        assert_eq!(list.len(), PER_PORT);
+        assert!(list.iter().all(|x| x.outcome == Outcome::Flapping));
+        assert_eq!(list.last().unwrap().at_ms, ms((PER_PORT as i64 + 9) * 10), "the newest kept");
+        assert_eq!(list[0].at_ms, ms(10 * 10), "the oldest dropped");
+        let quiet = record(
+            &h,
+            [PortReading { device: "mlx5_1", port: 1, state: "DOWN", phys_state: "Polling", healthy: false }],
+            &PortDecisions::default(),
+            t(0),
+            &[],
+        );
+        assert_eq!(quiet.0["mlx5_1/1"][0].outcome, Outcome::Quiet);
+
+        let mut many = History::default();
+        for i in 0..(MAX_PORTS + 5) {
+            let dev = format!("mlx5_{i}");
+            many = record(
+                &many,
+                [PortReading { device: &dev, port: 1, state: "ACTIVE", phys_state: "LinkUp", healthy: true }],
+                &PortDecisions::default(),
+                t(i as i64),
+                &[],
+            );
+        }
+        assert_eq!(many.0.len(), MAX_PORTS);
+        assert!(!many.0.contains_key("mlx5_0/1") && many.0.contains_key(&format!("mlx5_{}/1", MAX_PORTS + 4)));
+    }
+
+    #[test]
+    fn select_takes_a_nic_or_a_port() {
+        let mut h = History::default();
+        for (dev, port) in [("mlx5_0", 1), ("mlx5_0", 2), ("mlx5_10", 1)] {
+            h = record(
+                &h,
+                [PortReading { device: dev, port, state: "ACTIVE", phys_state: "LinkUp", healthy: true }],
+                &PortDecisions::default(),
+                t(0),
+                &[],
+            );
+        }
+        let keys = |h: History| h.0.into_keys().collect::<Vec<_>>();
+        assert_eq!(keys(h.select(Some("mlx5_0"))), ["mlx5_0/1", "mlx5_0/2"]);
+        assert_eq!(keys(h.select(Some("mlx5_0/2"))), ["mlx5_0/2"]);
+        assert_eq!(keys(h.select(None)).len(), 3);
+        assert_eq!(timeline(&h.select(Some("mlx5_9"))), "no port transitions recorded\n");
+    }
+}
