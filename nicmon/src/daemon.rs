@@ -23,7 +23,7 @@ use crate::dispatch::{GrpcConfig, Sink, SinkSpec};
 use crate::event::Check;
 use crate::kmsg::{self, Delivery, KmsgTail, Record, Start};
 use crate::metrics::Metrics;
-use crate::metrics::server::{self as metrics_server, Liveness, MetricsServer};
+use crate::metrics::server::{self as metrics_server, Liveness};
 use crate::outbox::{Courier, Journal};
 use crate::state::{self, Loaded, State};
 use crate::wake::{Wake, WakeOptions, WakeSource};
@@ -136,7 +136,7 @@ pub struct Daemon<'a> {
     loaded: Loaded,
     metrics: Arc<Metrics>,
     liveness: Liveness,
-    _server: Option<MetricsServer>,
+    _server: Option<tokio::task::JoinHandle<()>>,
     wakes: Option<WakeSource>,
     /// Declared before `_tail`, so dropped first: a tail thread blocked on a full channel
     /// then ends, and dropping the tail (which joins it) cannot wait for ever.
@@ -173,7 +173,7 @@ pub struct Daemon<'a> {
 
 impl<'a> Daemon<'a> {
     /// Start-up: everything before the first poll. Fails only on what must stop the
-    /// daemon (invalid config, unusable required metadata, an unusable metrics port).
+    /// daemon (invalid config, unusable required metadata).
     pub async fn start(opts: &'a RunOptions) -> Result<Daemon<'a>> {
         // First: a SIGTERM that arrives while the daemon starts is kept and handled by the
         // loop (one last poll, flush, exit 0) instead of killing it half-started.
@@ -211,16 +211,16 @@ impl<'a> Daemon<'a> {
         let metrics = Arc::new(Metrics::new(&monitor.stamp.node_name));
         metrics.set_topology_source(monitor.topology.source.as_str());
         let liveness = Liveness::new(opts.interval.max(Duration::from_secs(1)));
+        // A port that cannot be bound is logged and tried again; the monitor runs without it.
         let server = match opts.metrics_port {
             Some(port) => Some(
-                metrics_server::start((opts.metrics_bind_address, port).into(), metrics.clone(), liveness.clone())
-                    .await
-                    .with_context(|| {
-                        format!(
-                            "--metrics-bind-address {} --metrics-port {port}: cannot listen",
-                            opts.metrics_bind_address
-                        )
-                    })?,
+                metrics_server::start_or_retry(
+                    (opts.metrics_bind_address, port).into(),
+                    metrics.clone(),
+                    liveness.clone(),
+                    metrics_server::REBIND_EVERY,
+                )
+                .await,
             ),
             None => None,
         };

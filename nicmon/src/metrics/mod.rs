@@ -1,7 +1,7 @@
 //! Prometheus metrics (SPEC §1.9) and the HTTP endpoint that serves them with `/healthz`.
 //!
 //! [`Metrics`] owns the registry; the daemon loop holds an `Arc<Metrics>` and calls its
-//! update methods, [`server::start`] serves it. Two sets of names are exported:
+//! update methods, [`server::start_or_retry`] serves it. Two sets of names are exported:
 //! - `nicmon_*`: this monitor's own view (roles, eBPF hooks, wake-ups, ...);
 //! - `nic_health_monitor_*`: the existing NIC monitor's names and labels, so the
 //!   dashboards people already have keep working after the switch.
