@@ -171,6 +171,26 @@ impl Outbox {
     pub fn last_id(&self) -> u64 {
         self.last_id
     }
+
+    /// What tells this outbox from another of this process: a queued batch never changes
+    /// and ids are not reused, so the ids (and the last one given) are the whole outbox.
+    pub fn ids(&self) -> OutboxIds {
+        OutboxIds { last: self.last_id, batches: self.batches.iter().map(|b| b.id).collect() }
+    }
+
+    /// `self.ids() == *ids`, without making them.
+    pub fn has_ids(&self, ids: &OutboxIds) -> bool {
+        self.last_id == ids.last
+            && self.batches.len() == ids.batches.len()
+            && self.batches.iter().zip(&ids.batches).all(|(b, id)| b.id == *id)
+    }
+}
+
+/// [`Outbox::ids`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct OutboxIds {
+    last: u64,
+    batches: Vec<u64>,
 }
 
 /// The "sent, not yet saved" journal (`<state file>.sent`; the rule: the module's notes).
