@@ -84,7 +84,7 @@ pub fn run_check(args: &CheckArgs, emit: impl FnOnce(String) -> Result<()>) -> R
     let (mut monitor, topology_from) = Monitor::open_unresolved(&args.monitor)?;
     let boot_id = monitor.boot_id.clone();
     let (prev, loaded) = match &args.state_file {
-        Some(p) => state::load(p, boot_id.as_deref()),
+        Some(p) => state::file::load(p, boot_id.as_deref()),
         None => (State::fresh(boot_id.clone()), Loaded::Missing { reboot: false }),
     };
     match &loaded {
@@ -128,7 +128,7 @@ pub fn run_check(args: &CheckArgs, emit: impl FnOnce(String) -> Result<()>) -> R
     emit(out)?;
     if let Some(p) = &args.state_file {
         let next = State { checks: poll.next, ..prev };
-        state::save(p, &next).with_context(|| format!("state file {}: cannot write", p.display()))?;
+        state::file::save(p, &next).with_context(|| format!("state file {}: cannot write", p.display()))?;
     }
     Ok(())
 }

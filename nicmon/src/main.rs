@@ -474,8 +474,8 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
                 "  token / window:  {} / {:?}; queue {} batches / {} bytes",
                 d.token.path().map(|p| p.display().to_string()).unwrap_or_default(),
                 d.retry_window,
-                d.queue.max_batches,
-                d.queue.max_bytes
+                d.queue_max_batches,
+                d.queue_max_bytes
             );
         }
         (nicmon::dispatch::SinkSpec::Grpc, None) => {

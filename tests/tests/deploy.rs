@@ -9,6 +9,7 @@ use std::process::Command;
 
 use nicmon_tests::deploy::{self, CHART, GUIDE, MANIFESTS, capture, k8s};
 use nicmon_tests::nicmon_bin;
+use nicmon_tests::prometheus::{CHART_RULES, RULES};
 use serde_json::{Value, json};
 
 /// The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas.
@@ -764,4 +765,62 @@ fn the_operator_guide_documents_every_config_key() {
     // (It is the DaemonSet's file: the host's /sys is at /nvsentinel/sys there.)
     let out = probe_with(block, &["--sysfs", "/nvsentinel/sys"]);
     assert!(out.contains("ok: nicmon run would start") && !out.contains("warning"), "{out}");
+}
+
+/// `prometheusRule.enabled` renders deploy/prometheus/nicmon-rules.yaml as a PrometheusRule:
+/// the file's groups as they are, less the group for what the release does not run (the
+/// kernel log off, eBPF off), with absolute runbook links when `runbookBaseUrl` is set.
+#[test]
+fn prometheus_rule_renders_the_rules_file() {
+    let root = deploy::repo_root();
+    assert!(
+        std::fs::read(root.join(RULES)).unwrap() == std::fs::read(root.join(CHART_RULES)).unwrap_or_default(),
+        "{CHART_RULES} is stale: run `cargo xtask generate`"
+    );
+    let file = load(RULES);
+    let groups = file[0]["groups"].as_array().unwrap();
+    let without = |name: &str| -> Vec<Value> { groups.iter().filter(|g| g["name"] != name).cloned().collect() };
+    let rule_of = |objects: &[Value]| -> Value {
+        let rules: Vec<&Value> = objects.iter().filter(|o| o["kind"] == "PrometheusRule").collect();
+        assert_eq!(rules.len(), 1, "{:?}", kinds(objects));
+        rules[0].clone()
+    };
+    assert!(!kinds(&render(&[])).contains(&"PrometheusRule"), "off by default");
+
+    // Default values: the kernel log is off, so its group is left out.
+    let objects = render(&["prometheusRule.enabled=true", "prometheusRule.labels.release=kube-prometheus-stack"]);
+    let rule = rule_of(&objects);
+    assert_eq!(rule["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(rule["metadata"]["namespace"], "nvsentinel");
+    assert_eq!(rule["metadata"]["labels"]["release"], "kube-prometheus-stack");
+    assert_eq!(rule["metadata"]["labels"]["app.kubernetes.io/name"], "nicmon");
+    assert_eq!(rule["spec"]["groups"].as_array().unwrap(), &without("nicmon-kernel-log"));
+    // The other objects are as without it (the validator has no schema for the CRD).
+    let rest: Vec<Value> = objects.into_iter().filter(|o| o["kind"] != "PrometheusRule").collect();
+    assert_eq!(rest, render(&[]));
+
+    // The kernel log watched and eBPF off: the eBPF group goes instead.
+    let objects = render(&[
+        "prometheusRule.enabled=true",
+        "kernelLog.enabled=true",
+        "securityContext.privileged=true",
+        "wake.ebpf=false",
+    ]);
+    assert_eq!(rule_of(&objects)["spec"]["groups"].as_array().unwrap(), &without("nicmon-ebpf"));
+
+    // Absolute runbook links; nothing else changes.
+    let base = "https://git.example.org/nicmon/blob/main/docs/operator-guide.md";
+    let objects = render(&["prometheusRule.enabled=true", &format!("prometheusRule.runbookBaseUrl={base}")]);
+    let linked = rule_of(&objects)["spec"]["groups"].clone();
+    let mut want = without("nicmon-kernel-log");
+    let mut alerts = 0;
+    for rule in want.iter_mut().flat_map(|g| g["rules"].as_array_mut().unwrap()) {
+        if let Some(url) = rule["annotations"]["runbook_url"].as_str() {
+            let anchor = url.strip_prefix("docs/operator-guide.md#").expect("a runbook in the operator guide");
+            rule["annotations"]["runbook_url"] = json!(format!("{base}#{anchor}"));
+            alerts += 1;
+        }
+    }
+    assert!(alerts > 10, "{alerts} alerts");
+    assert_eq!(linked, json!(want));
 }
