@@ -54,10 +54,14 @@ impl Outbox {
         let mut new = Vec::new();
         let mut id = self.last_id;
         for check in Check::ALL {
-            let batch: Vec<HealthEvent> = events.iter().filter(|e| e.check() == Some(check)).cloned().collect();
-            if batch.is_empty() {
+            // Sized exactly (a reboot's baselines on a device with 1,000 ports are ~14,000
+            // events: a vector grown by doubling could hold twice their size).
+            let n = events.iter().filter(|e| e.check() == Some(check)).count();
+            if n == 0 {
                 continue;
             }
+            let mut batch = Vec::with_capacity(n);
+            batch.extend(events.iter().filter(|e| e.check() == Some(check)).cloned());
             id += 1;
             new.push(PendingBatch { id, check, events: batch });
         }

@@ -212,6 +212,9 @@ impl<'a> Daemon<'a> {
             .min()
             .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
         let deferred = !poll.deferred.is_empty();
+        // The events are in the outbox now (or refused): their copy here goes before the
+        // save (a reboot's baselines on a large node are tens of thousands).
+        drop(std::mem::take(&mut poll.events));
         match committed {
             Ok(()) => {
                 // A targeted poll's batches are on the latency path: its commit is saved

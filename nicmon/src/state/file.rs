@@ -321,23 +321,26 @@ impl Writer {
         if !stale && self.written.as_ref().is_some_and(|w| settles_to(state, w)) {
             return true;
         }
-        self.write(state, settled(state), now)
+        self.write(state, now)
     }
 
     /// Write `state` unless it is exactly what is on disk (shutdown). Returns as
     /// [`Writer::save`].
     pub fn flush(&mut self, state: &State, now: std::time::Instant) -> bool {
-        self.write(state, settled(state), now)
+        self.write(state, now)
     }
 
-    fn write(&mut self, state: &State, settled: Settled, now: std::time::Instant) -> bool {
+    fn write(&mut self, state: &State, now: std::time::Instant) -> bool {
         match save(&self.path, state) {
             Ok(wrote) => {
                 if wrote {
                     self.writes += 1;
                     tracing::debug!(path = %self.path.display(), writes = self.writes, "state file written");
                 }
-                self.written = Some(settled);
+                // The old copy goes before the new one is made (one copy of the checks'
+                // state at a time: tens of thousands of counter snapshots on a large node).
+                self.written = None;
+                self.written = Some(settled(state));
                 self.written_at = Some(now);
                 true
             }
