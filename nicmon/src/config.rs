@@ -14,7 +14,7 @@ use time::Duration;
 
 use crate::chardev::IssmMode;
 use crate::counters::{CounterDetection, CounterRule, VelocityUnit};
-use crate::event::Check;
+use crate::event::{Check, CheckKind};
 use crate::kmsg::{self, KmsgConfig, Patterns};
 use crate::linkstate::flap::MAX_THRESHOLD;
 use crate::linkstate::{FlapConfig, StateConfig};
@@ -53,6 +53,9 @@ pub struct Config {
     /// `[counterDetection]`: the merged, validated counter rules (001 §10); empty when
     /// `enabled = false`.
     pub counter_rules: Vec<CounterRule>,
+    /// `[counterDetection] enabled = false`: the degradation checks are skipped and the
+    /// section's entries are not validated (as upstream); `None` when counters are on.
+    pub counters_off: Option<CountersOff>,
     /// `[charDeviceCheck] issm`: whether an `issm` node is expected per InfiniBand port.
     pub issm: IssmMode,
     /// `[pcieCheck]`: the PCIe check's settings (SPEC §1.10).
@@ -78,6 +81,7 @@ impl Default for Config {
             port_state_hold_down: std::time::Duration::ZERO,
             flap: FlapConfig::default(),
             counter_rules: CounterDetection::default().rules().unwrap_or_default(),
+            counters_off: None,
             issm: IssmMode::default(),
             pcie: PcieConfig::default(),
             kernel_log: KmsgConfig::default(),
@@ -283,14 +287,7 @@ const TOP_LEVEL: [Key; 10] = [
     },
     Key { name: "stateDetection", read: |cfg, at, v| at.table(cfg, v, &STATE_DETECTION) },
     Key { name: "stateCheck", read: |cfg, at, v| at.table(cfg, v, &STATE_CHECK) },
-    Key {
-        name: "counterDetection",
-        read: |cfg, at, v| {
-            let cd: CounterDetection = at.section(v)?;
-            cfg.counter_rules = cd.rules().map_err(|e| ConfigErrorKind::Value(one_line(&e.to_string())))?;
-            Ok(())
-        },
-    },
+    Key { name: "counterDetection", read: read_counter_detection },
     Key {
         name: "kernelLog",
         read: |cfg, at, v| {
@@ -303,6 +300,82 @@ const TOP_LEVEL: [Key; 10] = [
     Key { name: "charDeviceCheck", read: |cfg, at, v| at.table(cfg, v, &CHAR_DEVICE_CHECK) },
     Key { name: "pcieCheck", read: |cfg, at, v| at.table(cfg, v, &PCIE_CHECK) },
 ];
+
+/// `[counterDetection]`: with `enabled = false` nothing else in it is validated (what would
+/// be invalid is kept for the warning), else the rules are merged and validated.
+fn read_counter_detection(cfg: &mut Config, at: &KeyAt<'_>, v: &toml::Value) -> Result<(), ConfigErrorKind> {
+    let disabled = v.as_table().and_then(|t| t.get("enabled")).and_then(toml::Value::as_bool) == Some(false);
+    let cd = at.section::<CounterDetection>(v);
+    if disabled {
+        cfg.counter_rules = Vec::new();
+        cfg.counters_off = Some(CountersOff { path: at.path.to_string(), invalid: cd.err().map(|e| e.to_string()) });
+        return Ok(());
+    }
+    cfg.counter_rules = cd?.rules().map_err(|e| ConfigErrorKind::Value(one_line(&e.to_string())))?;
+    Ok(())
+}
+
+/// `[counterDetection] enabled = false`: the file it was read from, and what in the section
+/// would stop start-up were it enabled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CountersOff {
+    pub path: String,
+    pub invalid: Option<String>,
+}
+
+/// Every requested check is a degradation check and `counterDetection.enabled = false`.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error(
+    "config {path}: no check is enabled: counterDetection.enabled = false skips {} (the only checks \
+     requested)", names(.skipped)
+)]
+pub struct NoCheckEnabled {
+    pub path: String,
+    pub skipped: Vec<Check>,
+}
+
+/// The checks that run: those requested, less the degradation checks when
+/// `counterDetection.enabled = false` (skipped with one warning, which also names what in the
+/// section would be invalid). An error when that leaves none of a non-empty request.
+pub struct EnabledChecks {
+    pub checks: BTreeSet<Check>,
+    pub warning: Option<String>,
+}
+
+impl Config {
+    /// [`EnabledChecks`] of `requested` under this config.
+    pub fn enabled_checks(&self, requested: &BTreeSet<Check>) -> Result<EnabledChecks, NoCheckEnabled> {
+        let Some(off) = &self.counters_off else {
+            return Ok(EnabledChecks { checks: requested.clone(), warning: None });
+        };
+        let skipped: Vec<Check> = requested.iter().copied().filter(|c| c.kind() == CheckKind::Counters).collect();
+        let checks: BTreeSet<Check> = requested.iter().copied().filter(|c| c.kind() != CheckKind::Counters).collect();
+        if checks.is_empty() && !skipped.is_empty() {
+            return Err(NoCheckEnabled { path: off.path.clone(), skipped });
+        }
+        let not_validated = off.invalid.as_ref().map(|e| {
+            format!(
+                "; its counter entries are not validated (with enabled = true start-up would fail: {})",
+                one_line(e)
+            )
+        });
+        let warning = match (skipped.is_empty(), not_validated) {
+            (true, None) => None,
+            (true, Some(nv)) => Some(format!("config {}: counterDetection.enabled = false{nv}", off.path)),
+            (false, nv) => Some(format!(
+                "config {}: counterDetection.enabled = false: skipping {}{}",
+                off.path,
+                names(&skipped),
+                nv.unwrap_or_default()
+            )),
+        };
+        Ok(EnabledChecks { checks, warning })
+    }
+}
+
+fn names(checks: &[Check]) -> String {
+    checks.iter().map(|c| c.as_str()).collect::<Vec<_>>().join(", ")
+}
 
 /// `[stateDetection]`.
 const STATE_DETECTION: [Key; 2] = [
@@ -622,6 +695,43 @@ enabled = true
         assert!(matches!(kind("[[kernelLog.patterns]]\nname = \"x\"\nregex = \"(\"\n"), ConfigErrorKind::KernelLog(_)));
         let dir = tempfile::tempdir().unwrap();
         assert!(matches!(Config::load(dir.path()).unwrap_err().kind, ConfigErrorKind::Read(_)));
+    }
+
+    #[test]
+    fn counters_disabled_skip_the_degradation_checks_and_validate_nothing() {
+        let all: BTreeSet<Check> = Check::ALL.into_iter().collect();
+        let degradation: BTreeSet<Check> = all.iter().copied().filter(|c| c.kind() == CheckKind::Counters).collect();
+        // Counters on: the request is the set, no warning.
+        let on = Config::parse("c.toml", "[counterDetection]\nenabled = true\n").unwrap();
+        let e = on.enabled_checks(&all).unwrap();
+        assert_eq!((e.checks, e.warning), (all.clone(), None));
+        // Off with an entry that would not validate (an unknown name, an unknown key): loads,
+        // no rules, the degradation checks skipped with one warning naming the entry.
+        let text = "[counterDetection]\nenabled = false\n[[counterDetection.counters]]\nname = \"symbol_errors\"\n";
+        let off = Config::parse("c.toml", text).unwrap();
+        assert!(off.counter_rules.is_empty() && off.warnings.is_empty(), "{off:?}");
+        let e = off.enabled_checks(&all).unwrap();
+        assert_eq!(e.checks, &all - &degradation);
+        let w = e.warning.unwrap();
+        assert!(
+            w.starts_with("config c.toml: counterDetection.enabled = false: skipping InfiniBandDegradationCheck"),
+            "{w}"
+        );
+        assert!(w.contains("counterDetection.counters[0] (name \"symbol_errors\")") && !w.contains('\n'), "{w}");
+        let off = Config::parse("c.toml", "[counterDetection]\nenabled = false\nthreshold = 3\n").unwrap();
+        assert!(off.enabled_checks(&all).unwrap().warning.unwrap().contains("threshold"));
+        // Off and valid: the skip alone; no degradation check requested: nothing to say.
+        let off = Config::parse("c.toml", "[counterDetection]\nenabled = false\n").unwrap();
+        let w = off.enabled_checks(&all).unwrap().warning.unwrap();
+        assert!(!w.contains("not validated"), "{w}");
+        let state: BTreeSet<Check> = [Check::InfiniBandStateCheck].into();
+        assert_eq!(off.enabled_checks(&state).unwrap().warning, None);
+        // Only degradation checks requested: none is enabled.
+        let err = off.enabled_checks(&degradation).err().unwrap();
+        assert_eq!(err.skipped, degradation.iter().copied().collect::<Vec<_>>());
+        assert!(err.to_string().starts_with("config c.toml: no check is enabled"), "{err}");
+        // `enabled` itself must still be a boolean.
+        assert!(Config::parse("c.toml", "[counterDetection]\nenabled = \"false\"\n").is_err());
     }
 
     proptest! {

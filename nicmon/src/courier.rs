@@ -119,19 +119,20 @@ impl Journal {
 
     /// Append `batches` (before they are handed to the sender). Not fsynced (why: the
     /// module's notes). A failure is logged: the send goes ahead (delivery first).
-    pub fn record(&mut self, batches: &[PendingBatch]) {
+    pub fn record(&mut self, batches: &[Arc<PendingBatch>]) {
         use std::io::Write;
         if batches.is_empty() {
             return;
         }
-        let mut text = Vec::new();
-        for b in batches {
-            if serde_json::to_writer(&mut text, b).is_ok() {
-                text.push(b'\n');
+        // Streamed (a reboot's baselines on a device with 1,000 ports are ~14,000 events).
+        let written = std::fs::OpenOptions::new().create(true).append(true).open(&self.path).and_then(|f| {
+            let mut out = std::io::BufWriter::with_capacity(64 << 10, f);
+            for b in batches {
+                serde_json::to_writer(&mut out, &**b).map_err(std::io::Error::from)?;
+                out.write_all(b"\n")?;
             }
-        }
-        let written =
-            std::fs::OpenOptions::new().create(true).append(true).open(&self.path).and_then(|mut f| f.write_all(&text));
+            out.flush()
+        });
         if let Err(e) = written {
             tracing::warn!(path = %self.path.display(), error = %e, "cannot append to the sent-batch journal");
         }
@@ -215,7 +216,7 @@ struct Keep {
 /// acknowledgements back), the journal, and the saves. Dropping it stops the sender.
 pub struct Courier {
     /// Each batch with the monotonic instant (ns) it was handed over (trace mode's stages).
-    tx: Option<mpsc::UnboundedSender<(PendingBatch, u64)>>,
+    tx: Option<mpsc::UnboundedSender<(Arc<PendingBatch>, u64)>>,
     /// Trace mode: the sender prints a line per batch it delivered (`nicmon trace`).
     trace: Arc<AtomicBool>,
     /// The outbox's bound ([`QueueBounds::for_sink`]); `None`: unbounded.
@@ -390,7 +391,7 @@ fn outcome(result: &Result<(), SendError>) -> SendOutcome {
 /// inside each send and a pause between sends), never skip ahead.
 async fn send_in_order(
     mut sink: Sink,
-    mut rx: mpsc::UnboundedReceiver<(PendingBatch, u64)>,
+    mut rx: mpsc::UnboundedReceiver<(Arc<PendingBatch>, u64)>,
     acks: mpsc::UnboundedSender<u64>,
     metrics: Arc<Metrics>,
     pause: Duration,

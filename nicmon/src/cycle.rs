@@ -135,6 +135,10 @@ impl Monitor {
         for w in &config.warnings {
             tracing::warn!("{w}");
         }
+        let enabled = config.enabled_checks(&opts.checks)?;
+        if let Some(w) = &enabled.warning {
+            tracing::warn!("{w}");
+        }
         let host = Host::new(&opts.sysfs, &opts.procfs).with_boot_id_path(opts.boot_id_path.clone());
         let boot_id = host.boot_id().ok();
         let topology = Topology {
@@ -144,7 +148,7 @@ impl Monitor {
             levels: Default::default(),
             notes: Vec::new(),
         };
-        let monitor = Monitor::new(host, config, topology, opts.stamp.clone(), opts.checks.clone(), boot_id);
+        let monitor = Monitor::new(host, config, topology, opts.stamp.clone(), enabled.checks, boot_id);
         Ok((monitor, TopologySource { metadata: opts.metadata.clone(), required: opts.metadata_required }))
     }
 

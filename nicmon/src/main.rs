@@ -467,6 +467,9 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
     if checks.is_empty() {
         anyhow::bail!("--checks {:?}: no known check left to run", r.checks);
     }
+    let enabled = config.enabled_checks(&checks)?;
+    warnings.extend(enabled.warning);
+    let checks = enabled.checks;
     let config_state = match r.host.config.exists() {
         true => "read",
         false => "not found: defaults apply",

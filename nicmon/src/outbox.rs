@@ -18,6 +18,8 @@
 //!   is upstream's "queue full: do not record as reported". So nothing queued is dropped,
 //!   and once there is room the poll queues the newest state of every (check, entity)
 //!   against what was last committed.
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::dispatch::{GrpcConfig, SinkSpec};
@@ -33,11 +35,13 @@ pub struct PendingBatch {
 }
 
 /// The batches not yet accepted, oldest first; persisted in the state file as its
-/// `outbox` and `next_batch_id` keys.
+/// `outbox` and `next_batch_id` keys. A queued batch is shared with the sender (and the
+/// journal), never copied: a reboot's baselines on a device with 1,000 ports are one batch
+/// of ~14,000 events.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Outbox {
     #[serde(default, rename = "outbox")]
-    batches: Vec<PendingBatch>,
+    batches: Vec<Arc<PendingBatch>>,
     /// The id of the last batch queued.
     #[serde(default, rename = "next_batch_id")]
     last_id: u64,
@@ -50,10 +54,14 @@ impl Outbox {
         let mut new = Vec::new();
         let mut id = self.last_id;
         for check in Check::ALL {
-            let batch: Vec<HealthEvent> = events.iter().filter(|e| e.check() == Some(check)).cloned().collect();
-            if batch.is_empty() {
+            // Sized exactly (a reboot's baselines on a device with 1,000 ports are ~14,000
+            // events: a vector grown by doubling could hold twice their size).
+            let n = events.iter().filter(|e| e.check() == Some(check)).count();
+            if n == 0 {
                 continue;
             }
+            let mut batch = Vec::with_capacity(n);
+            batch.extend(events.iter().filter(|e| e.check() == Some(check)).cloned());
             id += 1;
             new.push(PendingBatch { id, check, events: batch });
         }
@@ -65,24 +73,31 @@ impl Outbox {
     /// the checks' state and the outbox moving together).
     pub fn enqueue(&mut self, events: &[HealthEvent]) -> Vec<PendingBatch> {
         let new = self.batches_for(events);
+        self.queue(new).iter().map(|b| PendingBatch::clone(b)).collect()
+    }
+
+    /// Append `new` (from [`Outbox::batches_for`]); returns them, shared with the outbox.
+    fn queue(&mut self, new: Vec<PendingBatch>) -> Vec<Arc<PendingBatch>> {
         if let Some(last) = new.last() {
             self.last_id = last.id;
         }
+        let new: Vec<Arc<PendingBatch>> = new.into_iter().map(Arc::new).collect();
         self.batches.extend(new.iter().cloned());
         new
     }
 
     /// The commit rule: queue one poll's `events` whole, or — when `bounds` refuses them —
-    /// nothing. Returns the new batches.
+    /// nothing. Returns the new batches (shared with the outbox, not copies).
     pub fn commit(
         &mut self,
         bounds: Option<&QueueBounds>,
         events: &[HealthEvent],
-    ) -> Result<Vec<PendingBatch>, QueueFull> {
+    ) -> Result<Vec<Arc<PendingBatch>>, QueueFull> {
+        let new = self.batches_for(events);
         if let Some(bounds) = bounds {
-            bounds.admit(&self.batches, &self.batches_for(events))?;
+            bounds.admit(&self.batches, &new)?;
         }
-        Ok(self.enqueue(events))
+        Ok(self.queue(new))
     }
 
     /// The batch with this id was accepted (or dropped as permanently rejected): it leaves.
@@ -91,7 +106,7 @@ impl Outbox {
     }
 
     /// The batches still owed to the sink, oldest first.
-    pub fn pending(&self) -> &[PendingBatch] {
+    pub fn pending(&self) -> &[Arc<PendingBatch>] {
         &self.batches
     }
 
@@ -109,7 +124,7 @@ impl Outbox {
         for b in batches {
             if b.id > self.last_id {
                 self.last_id = b.id;
-                self.batches.push(b.clone());
+                self.batches.push(Arc::new(b.clone()));
             }
         }
     }
@@ -118,6 +133,26 @@ impl Outbox {
     pub fn last_id(&self) -> u64 {
         self.last_id
     }
+
+    /// What tells this outbox from another of this process: a queued batch never changes
+    /// and ids are not reused, so the ids (and the last one given) are the whole outbox.
+    pub fn ids(&self) -> OutboxIds {
+        OutboxIds { last: self.last_id, batches: self.batches.iter().map(|b| b.id).collect() }
+    }
+
+    /// `self.ids() == *ids`, without making them.
+    pub fn has_ids(&self, ids: &OutboxIds) -> bool {
+        self.last_id == ids.last
+            && self.batches.len() == ids.batches.len()
+            && self.batches.iter().zip(&ids.batches).all(|(b, id)| b.id == *id)
+    }
+}
+
+/// [`Outbox::ids`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct OutboxIds {
+    last: u64,
+    batches: Vec<u64>,
 }
 
 /// The most serialized bytes the outbox holds, whatever the sink.
@@ -150,10 +185,15 @@ pub struct QueueFull {
     pub bounds: QueueBounds,
 }
 
-/// Serialized size of a batch on the wire.
+/// Serialized size of a batch on the wire, one event converted at a time (a batch is never
+/// held whole in its wire form).
 pub fn wire_size(events: &[HealthEvent]) -> usize {
+    use crate::dispatch::convert::{to_proto, to_proto_batch};
     use prost::Message;
-    crate::dispatch::convert::to_proto_batch(events).encoded_len()
+    /// `HealthEvents.events` (`proto/datamodels/health_event.proto`).
+    const EVENTS_TAG: u32 = 2;
+    let each: usize = events.iter().map(|ev| prost::encoding::message::encoded_len(EVENTS_TAG, &to_proto(ev))).sum();
+    to_proto_batch(&[]).encoded_len() + each
 }
 
 impl QueueBounds {
@@ -167,11 +207,15 @@ impl QueueBounds {
     }
 
     /// Whether `new` (one poll's batches, all or none) fits behind `queued`.
-    pub fn admit(&self, queued: &[PendingBatch], new: &[PendingBatch]) -> Result<(), QueueFull> {
+    pub fn admit<Q: std::borrow::Borrow<PendingBatch>>(
+        &self,
+        queued: &[Q],
+        new: &[PendingBatch],
+    ) -> Result<(), QueueFull> {
         if new.is_empty() {
             return Ok(());
         }
-        let queued_bytes: usize = queued.iter().map(|b| wire_size(&b.events)).sum();
+        let queued_bytes: usize = queued.iter().map(|b| wire_size(&b.borrow().events)).sum();
         let new_bytes: usize = new.iter().map(|b| wire_size(&b.events)).sum();
         if queued.len() + new.len() > self.max_batches || queued_bytes + new_bytes > self.max_bytes {
             return Err(QueueFull {
@@ -211,6 +255,36 @@ mod tests {
         let json = serde_json::to_value(&o).unwrap();
         assert_eq!(json["next_batch_id"], 3);
         assert_eq!(json["outbox"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn wire_size_is_the_whole_batch_encoded_length() {
+        use prost::Message;
+        for n in [0usize, 1, 2, 300] {
+            let events: Vec<HealthEvent> = (0..n)
+                .map(|i| {
+                    let text = format!("event {i} {}", "y".repeat(i % 200));
+                    HealthEvent::new(
+                        Check::InfiniBandDegradationCheck,
+                        &Stamp::default(),
+                        time::OffsetDateTime::now_utc(),
+                        &text,
+                    )
+                })
+                .collect();
+            assert_eq!(
+                wire_size(&events),
+                crate::dispatch::convert::to_proto_batch(&events).encoded_len(),
+                "{n} events"
+            );
+        }
+    }
+
+    #[test]
+    fn a_committed_batch_is_shared_with_the_outbox_not_copied() {
+        let mut o = Outbox::default();
+        let new = o.commit(Some(&OUTBOX_BOUNDS), &[ev(Check::InfiniBandStateCheck)]).unwrap();
+        assert!(Arc::ptr_eq(&new[0], &o.pending()[0]));
     }
 
     fn batch(id: u64, text: &str) -> PendingBatch {

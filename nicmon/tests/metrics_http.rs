@@ -22,7 +22,7 @@ async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
 
 async fn start(metrics: Arc<Metrics>, liveness: Liveness) -> server::MetricsServer {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    server::serve(listener, metrics, liveness)
+    server::serve(listener, metrics, liveness, None)
 }
 
 #[tokio::test]

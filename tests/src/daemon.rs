@@ -22,6 +22,11 @@ impl Daemon {
         Daemon { child, log }
     }
 
+    /// The exit status if the process has ended (`None` while it runs).
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     pub fn id(&self) -> u32 {
         self.child.id()
     }

@@ -366,3 +366,32 @@ fn unsafe_mkfifo(path: &std::ffi::CStr) -> i32 {
     let status = Command::new("mkfifo").arg(path.to_str().unwrap()).status().unwrap();
     if status.success() { 0 } else { -1 }
 }
+
+/// A metrics port another process holds is not a crash loop (as upstream): the bind failure
+/// is logged and the monitor runs and delivers without metrics.
+#[test]
+fn a_taken_metrics_port_is_logged_and_the_monitor_runs_without_metrics() {
+    let node = Platform::H100Oci.build();
+    let conn = Connector::start(&node.root().join("nvsentinel.sock"));
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let mut d = Daemon::spawn(
+        node.run_command(&nicmon_bin(), "state.json", "gpu-node-7")
+            .args(["--no-kmsg", "--no-wake", "--platform-connector-socket", &conn.target()])
+            .args(["--state-polling-interval", "200ms", "--connector-retry-base", "100ms"])
+            .args(["--metrics-bind-address", "127.0.0.1", "--metrics-port", &port])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    assert!(conn.wait_until(WAIT, |ev| ev.iter().filter(|e| e.is_healthy).count() >= 18), "baselines");
+    node.pull_cable("mlx5_3", 1);
+    assert!(conn.wait_until(WAIT, |ev| ev.iter().any(|e| is_port_event(e, "mlx5_3", false))), "cable pull event");
+    assert!(d.try_wait().is_none(), "still running");
+    let (status, log) = d.stop();
+    assert_eq!(status.code(), Some(0), "{log}");
+    let line = log.lines().find(|l| l.contains("metrics endpoint: cannot listen")).unwrap_or_else(|| panic!("{log}"));
+    assert!(line.contains("WARN") && line.contains(&format!("127.0.0.1:{port}")), "{line}");
+    assert!(line.contains("running without /metrics and /healthz"), "{line}");
+    drop(taken);
+}

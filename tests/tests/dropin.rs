@@ -596,6 +596,64 @@ fn upstream_configmap_errors_exit_2_and_a_truncated_v2_file_is_a_reboot() {
     assert_eq!(saved["counters"]["breach_flags"]["mlx5_3:1:link_downed"]["breached"], true, "{saved:#}");
 }
 
+/// `counterDetection.enabled = false` as upstream reads it: the degradation checks are
+/// skipped with one warning, the section's entries are not validated (an entry upstream
+/// rejects is named in the warning, not an exit), and the other checks run; a request of
+/// degradation checks only has no check left and exits 2 saying so.
+#[test]
+fn counters_disabled_skip_the_degradation_checks_without_validating_their_entries() {
+    let node = Platform::H100Oci.build();
+    let config = write_configmap(&node);
+    let off = upstream_configmap(&node)
+        .replace("[counterDetection]\nenabled = true", "[counterDetection]\nenabled = false")
+        .replace("name = \"symbol_error\"", "name = \"symbol_errors\"");
+    assert!(off.contains("enabled = false") && off.contains("symbol_errors"), "{off}");
+    std::fs::write(&config, &off).unwrap();
+    let cfg = config.to_str().unwrap();
+    let meta = node.metadata_path().display().to_string();
+    let check = |checks: &str| {
+        let args = ["--format", "json", "--config", cfg, "--metadata-path", &meta, "--checks", checks];
+        node.nicmon("check", &args)
+    };
+
+    let out = check(UPSTREAM_CHECKS);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(warnings.len(), 1, "one warning: {err}");
+    let w = warnings[0];
+    assert!(
+        w.contains("counterDetection.enabled = false: skipping InfiniBandDegradationCheck, EthernetDegradationCheck"),
+        "{w}"
+    );
+    assert!(w.contains("counterDetection.counters[2] (name \"symbol_errors\")"), "what would be invalid: {w}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ev = v["events"].as_array().unwrap();
+    assert!(ev.iter().any(|e| e["checkName"] == "InfiniBandStateCheck"), "the state checks ran: {v:#}");
+    assert!(ev.iter().all(|e| !e["checkName"].as_str().unwrap().contains("Degradation")), "{v:#}");
+    // The daemon's probe says the same.
+    let mut probe = current_chart_args(&node, "unix:///var/run/nvsentinel.sock");
+    probe.push("--check-config".into());
+    let (code, out) = check_config(&probe, Some(NODE));
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("checks:            InfiniBandStateCheck,EthernetStateCheck\n"), "{out}");
+    assert!(out.contains("warning: config ") && out.contains("symbol_errors"), "{out}");
+
+    // The same file with counters enabled is the error upstream also stops at.
+    std::fs::write(&config, off.replace("enabled = false", "enabled = true")).unwrap();
+    let out = check(UPSTREAM_CHECKS);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a known counter"));
+
+    // Only degradation checks requested: nothing left to run.
+    std::fs::write(&config, &off).unwrap();
+    let out = check("InfiniBandDegradationCheck,EthernetDegradationCheck");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no check is enabled") && err.contains(cfg), "{err}");
+    assert!(out.stdout.is_empty());
+}
+
 /// Upstream's scope fingerprint: an edited `nicExclusionRegex` re-baselines the state checks
 /// (their clear, then healthy events) while counter snapshots and latched breaches are kept;
 /// the unchanged scope (also the one recorded in an imported v2 file) clears nothing.

@@ -7,7 +7,8 @@
 //! - the daemon's peak RSS under hostile inputs (issue #14: "≤ 32 MiB whatever the
 //!   inputs"), one fresh daemon per case: a 100 MB state file; every port file and the
 //!   state file a link to `/dev/zero`; a long outage with the outbox at its bound while a
-//!   100 MB kernel log file floods `--kmsg-path`.
+//!   100 MB kernel log file floods `--kmsg-path`; a device with 1,000 ports (no state
+//!   file: the first poll baselines every port and counter).
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -258,6 +259,20 @@ fn full_outbox_state(node: &nicmon_tests::Node, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The node's first PF gets ports 2 to 1,000, each a copy of its port 1 (state, rate,
+/// every counter): with no state file, the first poll baselines them all.
+fn thousand_ports(node: &nicmon_tests::Node) -> Result<()> {
+    let dev = node.pfs().into_iter().next().context("the node has no PF")?;
+    let ports = node.sys().join(format!("class/infiniband/{dev}/ports"));
+    for p in 2..=1000 {
+        let st = Command::new("cp").arg("-r").arg(ports.join("1")).arg(ports.join(p.to_string())).status()?;
+        if !st.success() {
+            bail!("copying {}/1 to port {p} failed", ports.display());
+        }
+    }
+    Ok(())
+}
+
 /// Peak RSS (MiB) of one fresh daemon per hostile case; returns the worst.
 fn hostile_rss(bin: &Path) -> Result<f64> {
     const MB100: usize = 100 * 1000 * 1000;
@@ -266,6 +281,7 @@ fn hostile_rss(bin: &Path) -> Result<f64> {
         "100 MB state file",
         "/dev/zero for every port file and the state file",
         "outage: full outbox + 100 MB kmsg file",
+        "a device with 1,000 ports",
     ] {
         let tmp = tempfile::Builder::new().prefix("nicmon-hostile-").tempdir()?;
         let node = Platform::DgxH100.build_at(tmp.path());
@@ -290,6 +306,7 @@ fn hostile_rss(bin: &Path) -> Result<f64> {
                 }
                 std::os::unix::fs::symlink("/dev/zero", &state)?;
             }
+            "a device with 1,000 ports" => thousand_ports(&node)?,
             _ => {
                 full_outbox_state(&node, &state)?;
                 // Kernel log records that match, on every card, with sequence numbers.

@@ -199,7 +199,8 @@ impl CounterDetection {
     /// entries (each over its built-in rule, if any), validated.
     ///
     /// Disabled rules are left out, and everything is left out when the section is
-    /// disabled; the entries are validated in either case.
+    /// disabled; the entries are validated in either case (the config file's loader does
+    /// not get here for a disabled section: [`crate::config`]).
     pub fn rules(&self) -> Result<Vec<CounterRule>, CounterConfigError> {
         let mut rules = merge(&default_rules(), &self.counters)?;
         if !self.enabled {

@@ -21,7 +21,7 @@ use crate::courier::Courier;
 use crate::cycle::{Monitor, Poll};
 use crate::kmsg::{Delivery, KmsgTail, Record};
 use crate::metrics::Metrics;
-use crate::metrics::server::{Liveness, MetricsServer};
+use crate::metrics::server::Liveness;
 use crate::state::{Loaded, State};
 use crate::wake::{Wake, WakeSource};
 
@@ -57,7 +57,7 @@ pub struct Daemon<'a> {
     loaded: Loaded,
     metrics: Arc<Metrics>,
     liveness: Liveness,
-    _server: Option<MetricsServer>,
+    _server: Option<tokio::task::JoinHandle<()>>,
     wakes: Option<WakeSource>,
     /// Declared before `_tail`, so dropped first: a tail thread blocked on a full channel
     /// then ends, and dropping the tail (which joins it) cannot wait for ever.
@@ -212,6 +212,9 @@ impl<'a> Daemon<'a> {
             .min()
             .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
         let deferred = !poll.deferred.is_empty();
+        // The events are in the outbox now (or refused): their copy here goes before the
+        // save (a reboot's baselines on a large node are tens of thousands).
+        drop(std::mem::take(&mut poll.events));
         match committed {
             Ok(()) => {
                 // A targeted poll's batches are on the latency path: its commit is saved

@@ -15,7 +15,7 @@ use crate::dispatch::Sink;
 use crate::event::Check;
 use crate::kmsg::{Delivery, KmsgTail, Start};
 use crate::metrics::Metrics;
-use crate::metrics::server::{self as metrics_server, Liveness, MetricsServer};
+use crate::metrics::server::{self as metrics_server, Liveness};
 use crate::outbox::QueueBounds;
 use crate::state::{Loaded, State};
 use crate::wake::{WakeOptions, WakeSource};
@@ -26,7 +26,7 @@ const KMSG_CHANNEL_BATCHES: usize = 2;
 
 impl<'a> Daemon<'a> {
     /// Start-up: everything before the first poll. Fails only on what must stop the
-    /// daemon (invalid config, unusable required metadata, an unusable metrics port).
+    /// daemon (invalid config, unusable required metadata).
     pub async fn start(opts: &'a RunOptions) -> Result<Daemon<'a>> {
         // First: a SIGTERM that arrives while the daemon starts is kept and handled by the
         // loop (one last poll, flush, exit 0) instead of killing it half-started.
@@ -37,7 +37,7 @@ impl<'a> Daemon<'a> {
         let metrics = Arc::new(Metrics::new(&monitor.stamp.node_name));
         metrics.set_topology_source(monitor.topology.source.as_str());
         let liveness = Liveness::new(opts.interval.max(Duration::from_secs(1)));
-        let server = start_metrics_server(opts, &metrics, &liveness).await?;
+        let server = start_metrics_server(opts, &metrics, &liveness).await;
         let wakes = if opts.no_wake { None } else { Some(start_wakes(&opts.wake, &metrics)) };
         // Bounded: a kernel log flood (or a huge file at --kmsg-path) waits in the kernel's
         // ring or the file, not in the daemon's memory.
@@ -98,20 +98,16 @@ fn log_topology(monitor: &Monitor) {
     }
 }
 
-/// The `/metrics` and `/healthz` endpoint (`None`: disabled). A port that cannot be
-/// listened on stops the start.
+/// The `/metrics` and `/healthz` endpoint (`None`: disabled). A port that cannot be bound
+/// is logged and tried again; the monitor runs without it.
 async fn start_metrics_server(
     opts: &RunOptions,
     metrics: &Arc<Metrics>,
     liveness: &Liveness,
-) -> Result<Option<MetricsServer>> {
-    let Some(port) = opts.metrics_port else { return Ok(None) };
-    let server = metrics_server::start((opts.metrics_bind_address, port).into(), metrics.clone(), liveness.clone())
-        .await
-        .with_context(|| {
-            format!("--metrics-bind-address {} --metrics-port {port}: cannot listen", opts.metrics_bind_address)
-        })?;
-    Ok(Some(server))
+) -> Option<tokio::task::JoinHandle<()>> {
+    let port = opts.metrics_port?;
+    let addr = (opts.metrics_bind_address, port).into();
+    Some(metrics_server::start_or_retry(addr, metrics.clone(), liveness.clone(), metrics_server::REBIND_EVERY).await)
 }
 
 /// The kernel log watcher, when `NICKernelLogCheck` runs and a path is given (else the

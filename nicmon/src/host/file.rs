@@ -5,7 +5,7 @@ use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use super::{PAGE, ReadError, classify};
+use super::{ReadError, classify};
 
 /// What happens to bytes past the limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,9 +86,11 @@ pub(super) fn open_read(path: &Path, limit: usize, past: Past) -> Result<(std::f
     if past == Past::Error && opened.len() > limit as u64 {
         return Err(ReadError::TooLarge(limit));
     }
-    // Read to the end (a procfs file answers a page or so per read).
+    // Read to the end (a procfs file answers a page or so per read). The buffer starts
+    // empty: std probes on the stack first, so an attribute's value is held in a buffer of
+    // its own size, not a page (a poll of a device with 1,000 ports holds tens of thousands).
     let cap = limit.saturating_add(1);
-    let mut buf = Vec::with_capacity(cap.min(PAGE + 1));
+    let mut buf = Vec::new();
     let mut take = (&file).take(cap as u64);
     loop {
         match take.read_to_end(&mut buf) {

@@ -110,7 +110,8 @@ impl Kept {
             _ => false,
         };
         if same {
-            let paths = watch.paths.entry(wd).or_default();
+            // One path per inode as a rule: room for one (a default push makes room for four).
+            let paths = watch.paths.entry(wd).or_insert_with(|| Vec::with_capacity(1));
             if !paths.iter().any(|p| p.as_os_str() == path.as_os_str()) {
                 paths.push(path.as_os_str().to_os_string());
             }

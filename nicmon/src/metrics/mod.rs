@@ -1,7 +1,7 @@
 //! Prometheus metrics (SPEC §1.9) and the HTTP endpoint that serves them with `/healthz`.
 //!
 //! [`Metrics`] owns the registry; the daemon loop holds an `Arc<Metrics>` and calls its
-//! update methods ([`Metrics::observe`] for each poll: `observe.rs`), [`server::start`]
+//! update methods ([`Metrics::observe`] for each poll: `observe.rs`), [`server::start_or_retry`]
 //! serves it. Every family is declared once, in `families.rs`. Two sets of names are
 //! exported:
 //! - `nicmon_*`: this monitor's own view (roles, eBPF hooks, wake-ups, ...);

@@ -64,14 +64,48 @@ pub struct MetricsServer {
     pub task: JoinHandle<()>,
 }
 
-/// Listen on `addr` (`--metrics-bind-address`, `--metrics-port`) and serve in a background task.
-pub async fn start(addr: SocketAddr, metrics: Arc<Metrics>, liveness: Liveness) -> std::io::Result<MetricsServer> {
-    let listener = TcpListener::bind(addr).await?;
-    Ok(serve(listener, metrics, liveness))
+/// How often a metrics address that could not be bound is tried again.
+pub const REBIND_EVERY: Duration = Duration::from_secs(30);
+
+/// Listen on `addr` (`--metrics-bind-address`, `--metrics-port`) and serve in a background
+/// task. An address that cannot be bound (the port taken by another process) does not stop
+/// the monitor (as upstream): it is logged, the monitor runs without metrics, and
+/// the address is tried again every `every` in the background; once bound, `/healthz` says
+/// the endpoint came late and why.
+pub async fn start_or_retry(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    liveness: Liveness,
+    every: Duration,
+) -> JoinHandle<()> {
+    let first = match TcpListener::bind(addr).await {
+        Ok(listener) => return serve(listener, metrics, liveness, None).task,
+        Err(e) => e,
+    };
+    tracing::warn!(
+        %addr,
+        "metrics endpoint: cannot listen: {first}: running without /metrics and /healthz, trying again every {every:?}"
+    );
+    let note: Arc<str> = format!("metrics endpoint listening late: the first bind of {addr} failed: {first}").into();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            if let Ok(listener) = TcpListener::bind(addr).await {
+                tracing::info!(%addr, "metrics endpoint listening");
+                let _ = serve(listener, metrics, liveness, Some(note)).task.await;
+                return;
+            }
+        }
+    })
 }
 
-/// Serve on an already bound listener (tests bind port 0).
-pub fn serve(listener: TcpListener, metrics: Arc<Metrics>, liveness: Liveness) -> MetricsServer {
+/// Serve on an already bound listener (tests bind port 0); `note`: a line `/healthz` adds.
+pub fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    liveness: Liveness,
+    note: Option<Arc<str>>,
+) -> MetricsServer {
     let addr = listener.local_addr().expect("a bound listener has an address");
     let task = tokio::spawn(async move {
         loop {
@@ -86,9 +120,10 @@ pub fn serve(listener: TcpListener, metrics: Arc<Metrics>, liveness: Liveness) -
             };
             let metrics = metrics.clone();
             let liveness = liveness.clone();
+            let note = note.clone();
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req| {
-                    let response = respond(&req, &metrics, &liveness);
+                    let response = respond(&req, &metrics, &liveness, note.as_deref());
                     async move { Ok::<_, Infallible>(response) }
                 });
                 if let Err(e) =
@@ -102,7 +137,12 @@ pub fn serve(listener: TcpListener, metrics: Arc<Metrics>, liveness: Liveness) -
     MetricsServer { addr, task }
 }
 
-fn respond(req: &Request<Incoming>, metrics: &Metrics, liveness: &Liveness) -> Response<Full<Bytes>> {
+fn respond(
+    req: &Request<Incoming>,
+    metrics: &Metrics,
+    liveness: &Liveness,
+    note: Option<&str>,
+) -> Response<Full<Bytes>> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n".into());
     }
@@ -122,7 +162,7 @@ fn respond(req: &Request<Incoming>, metrics: &Metrics, liveness: &Liveness) -> R
                 format!("poll loop stalled: last cycle completed {age:.1?} ago\n")
             };
             body.push_str(&kernel_log_line(metrics));
-            for line in metrics.stuck_reads() {
+            for line in metrics.stuck_reads().into_iter().chain(note.map(str::to_string)) {
                 body.push_str(&line);
                 body.push('\n');
             }
@@ -162,6 +202,36 @@ mod tests {
         assert_eq!(kernel_log_line(&m), "kernel_log_watching 0 (/dev/kmsg: Operation not permitted)\n");
         m.set_kernel_log_watching(true, "");
         assert_eq!(kernel_log_line(&m), "kernel_log_watching 1\n");
+    }
+
+    async fn get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await?;
+        Ok(out)
+    }
+
+    #[tokio::test]
+    async fn a_taken_port_is_tried_again_and_healthz_says_it_came_late() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let m = Arc::new(Metrics::new("n"));
+        let live = Liveness::new(Duration::from_secs(60));
+        let task = start_or_retry(addr, m, live, Duration::from_millis(20)).await;
+        assert!(!task.is_finished(), "a taken port is not the end of the endpoint");
+        drop(taken);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let body = loop {
+            match get(addr, "/healthz").await {
+                Ok(body) if body.contains("200 OK") => break body,
+                _ => assert!(Instant::now() < deadline, "never bound after the port was freed"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await; // the next connect attempt
+        };
+        assert!(body.contains(&format!("metrics endpoint listening late: the first bind of {addr} failed")), "{body}");
+        task.abort();
     }
 
     #[test]

@@ -170,20 +170,69 @@ pub fn to_bytes(state: &State) -> Vec<u8> {
 /// file, fsync the directory. A crash at any point leaves either the old or the new file.
 /// Returns false when the bytes on disk were already the same (nothing written).
 pub fn save(path: &Path, state: &State) -> std::io::Result<bool> {
-    let bytes = to_bytes(state);
-    if crate::host::read_file(path, MAX_BYTES).map(|old| old == bytes).unwrap_or(false) {
-        return Ok(false);
-    }
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let mut tmp = tempfile::Builder::new().prefix(&temp_prefix(path)).suffix(TEMP_SUFFIX).tempfile_in(dir)?;
-    tmp.write_all(&bytes)?;
+    // Streamed into the temp file and compared with the old file as it is written: a state
+    // of tens of thousands of events (a reboot's baselines on a node of many ports) is
+    // never held whole in memory, as text or as the old file's bytes.
+    let tee = Tee { new: tmp.as_file_mut(), old: open_regular(path), same: true };
+    let mut out = std::io::BufWriter::with_capacity(64 << 10, tee);
+    serde_json::to_writer_pretty(&mut out, state)?;
+    out.write_all(b"\n")?;
+    if out.into_inner().map_err(std::io::IntoInnerError::into_error)?.finish() {
+        return Ok(false);
+    }
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
     if let Ok(d) = std::fs::File::open(dir) {
         let _ = d.sync_all();
     }
     Ok(true)
+}
+
+/// `path` opened for reading if it is a regular file (never waiting on a FIFO).
+fn open_regular(path: &Path) -> Option<std::io::BufReader<std::fs::File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).ok()?;
+    file.metadata().ok().filter(|m| m.is_file())?;
+    Some(std::io::BufReader::new(file))
+}
+
+/// Writes the new state file and compares it, as it goes, with the old one.
+struct Tee<W: Write> {
+    new: W,
+    old: Option<std::io::BufReader<std::fs::File>>,
+    /// Every byte written so far matched the old file's.
+    same: bool,
+}
+
+impl<W: Write> Tee<W> {
+    /// Whether the old file held exactly what was written.
+    fn finish(mut self) -> bool {
+        let mut rest = [0u8; 1];
+        self.same && self.old.as_mut().is_some_and(|old| matches!(std::io::Read::read(old, &mut rest), Ok(0)))
+    }
+}
+
+impl<W: Write> Write for Tee<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.new.write(buf)?;
+        let mut theirs = [0u8; 4096];
+        for ours in buf[..n].chunks(theirs.len()) {
+            let theirs = &mut theirs[..ours.len()];
+            self.same = self.same
+                && self
+                    .old
+                    .as_mut()
+                    .is_some_and(|old| std::io::Read::read_exact(old, theirs).is_ok() && theirs == ours);
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.new.flush()
+    }
 }
 
 /// How long a change confined to the state's volatile parts (the poll count past the first
@@ -199,35 +248,52 @@ pub const VOLATILE_REFRESH: std::time::Duration = std::time::Duration::from_secs
 pub struct Writer {
     path: std::path::PathBuf,
     /// What was last written, with the volatile parts settled ([`settled`]).
-    written: Option<State>,
+    written: Option<Settled>,
     written_at: Option<std::time::Instant>,
     /// Files written by this writer.
     pub writes: u64,
 }
 
+/// A state without its volatile parts, as [`Writer`] remembers what it wrote: the outbox
+/// by its batch ids ([`Outbox::ids`]: the events are not copied, a reboot's baselines on a
+/// node of many ports are tens of thousands).
+#[derive(Debug, PartialEq)]
+struct Settled {
+    /// The state with an empty outbox.
+    state: State,
+    outbox: crate::outbox::OutboxIds,
+}
+
 /// `state` without its volatile parts: the poll count capped at 1, counter snapshot
 /// timestamps cleared (their values stay: a moved value is a change).
-fn settled(state: &State) -> State {
-    let mut s = state.clone();
+fn settled(state: &State) -> Settled {
+    let State { version, boot_id, checks, outbox } = state;
+    let mut s = State {
+        version: *version,
+        boot_id: boot_id.clone(),
+        checks: checks.clone(),
+        outbox: crate::outbox::Outbox::default(),
+    };
     s.checks.polls = s.checks.polls.min(1);
     let snapshots = s.checks.counters.counter_snapshots.values_mut();
     for snap in snapshots.chain(s.checks.pcie.aer.counters.counter_snapshots.values_mut()) {
         snap.timestamp = time::OffsetDateTime::UNIX_EPOCH;
     }
-    s
+    Settled { state: s, outbox: outbox.ids() }
 }
 
 /// Whether `settled(state) == written`, without making `settled(state)` (a poll's state
 /// is compared every second; it is written about once a minute). Every field is named, so
 /// a field added to the state must be added here.
-fn settles_to(state: &State, written: &State) -> bool {
+fn settles_to(state: &State, written: &Settled) -> bool {
     let State { version, boot_id, checks, outbox } = state;
     let CheckState { polls, links, counters, kmsg, char_devices, pcie, einval, scope, first_poll_deferrals, history } =
         checks;
-    let w = &written.checks;
+    let (w, written_outbox) = (&written.state.checks, &written.outbox);
+    let written = &written.state;
     *version == written.version
         && *boot_id == written.boot_id
-        && *outbox == written.outbox
+        && outbox.has_ids(written_outbox)
         && (*polls).min(1) == w.polls
         && *links == w.links
         && *kmsg == w.kmsg
@@ -268,23 +334,26 @@ impl Writer {
         if !stale && self.written.as_ref().is_some_and(|w| settles_to(state, w)) {
             return true;
         }
-        self.write(state, settled(state), now)
+        self.write(state, now)
     }
 
     /// Write `state` unless it is exactly what is on disk (shutdown). Returns as
     /// [`Writer::save`].
     pub fn flush(&mut self, state: &State, now: std::time::Instant) -> bool {
-        self.write(state, settled(state), now)
+        self.write(state, now)
     }
 
-    fn write(&mut self, state: &State, settled: State, now: std::time::Instant) -> bool {
+    fn write(&mut self, state: &State, now: std::time::Instant) -> bool {
         match save(&self.path, state) {
             Ok(wrote) => {
                 if wrote {
                     self.writes += 1;
                     tracing::debug!(path = %self.path.display(), writes = self.writes, "state file written");
                 }
-                self.written = Some(settled);
+                // The old copy goes before the new one is made (one copy of the checks'
+                // state at a time: tens of thousands of counter snapshots on a large node).
+                self.written = None;
+                self.written = Some(settled(state));
                 self.written_at = Some(now);
                 true
             }
