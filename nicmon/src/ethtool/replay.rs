@@ -153,6 +153,18 @@ mod tests {
     }
 
     #[test]
+    fn the_documented_example_parses() {
+        let doc = include_str!("../../../docs/ethtool-replay.md");
+        let start = doc.find("```json\n").expect("an example") + "```json\n".len();
+        let example = &doc[start..start + doc[start..].find("```").expect("its end")];
+        let s = from_json(example.as_bytes()).unwrap();
+        let fec = s.fec.as_ref().unwrap();
+        assert_eq!((fec.active, fec.lanes.len(), fec.lanes[1].corrected_bits), (Some(FecMode::Rs), 2, None));
+        assert_eq!(s.stats.as_ref().map(|m| m.len()), Some(2));
+        assert_eq!(from_json(to_json(&s).as_bytes()).unwrap(), s);
+    }
+
+    #[test]
     fn written_files_load_back_identically() {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "enp1s0f0", &mlx5()).unwrap();
