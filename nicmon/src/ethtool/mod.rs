@@ -208,7 +208,10 @@ const PICKED: &[Pick] = &[
     Pick::Exact("tx_pause_storm_warning_events"),
     Pick::Exact("tx_pause_storm_error_events"),
     Pick::Numbered("rx_prio", "_pause_duration"),
-    // ECN/CNP (congestion, metrics only).
+    // The same for link-level (non-PFC) pause.
+    Pick::Exact("rx_global_pause_duration"),
+    // ECN/CNP (congestion, metrics only). mlx5 gives these as RDMA port `hw_counters`
+    // (sysfs), not here; kept for drivers that put them in their ethtool statistics.
     Pick::Exact("np_ecn_marked_roce_packets"),
     Pick::Exact("np_cnp_sent"),
     Pick::Exact("rp_cnp_handled"),
@@ -248,6 +251,7 @@ mod tests {
             "tx_pause_storm_warning_events",
             "tx_pause_storm_error_events",
             "rx_prio3_pause_duration",
+            "rx_global_pause_duration",
             "rx_discards_phy",
             "np_ecn_marked_roce_packets",
             "np_cnp_sent",

@@ -190,11 +190,12 @@ pub fn storms(prev: &EthtoolSnapshot, cur: &EthtoolSnapshot) -> Vec<Storm> {
     error.into_iter().chain(warning).collect()
 }
 
-/// The share of `elapsed` the fabric held this port paused: the largest per-priority
-/// increase of `rx_prio<N>_pause_duration` (µs) over the interval, capped at 1. The
+/// The share of `elapsed` the fabric held this port paused: the largest increase of a
+/// pause duration (µs; `rx_prio<N>_pause_duration` per PFC priority,
+/// `rx_global_pause_duration` for link-level pause) over the interval, capped at 1. The
 /// largest, not the sum: priorities are paused at the same time, and RoCE runs on one
-/// lossless priority. `None` when no priority's duration moved forward or stayed (unknown,
-/// or all reset).
+/// lossless priority. `None` when no duration moved forward or stayed (unknown, or all
+/// reset).
 pub fn pause_share(prev: &EthtoolSnapshot, cur: &EthtoolSnapshot, elapsed: Duration) -> Option<f64> {
     let (p, c) = (prev.stats.as_ref()?, cur.stats.as_ref()?);
     let secs = elapsed.as_secs_f64();
@@ -203,7 +204,7 @@ pub fn pause_share(prev: &EthtoolSnapshot, cur: &EthtoolSnapshot, elapsed: Durat
     }
     let paused_us = c
         .iter()
-        .filter(|(name, _)| numbered(name, "rx_prio", "_pause_duration").is_some())
+        .filter(|(name, _)| is_pause_duration(name))
         .filter_map(|(name, &now)| match change(p.get(name).copied(), Some(now)) {
             Change::Same => Some(0),
             Change::Up(d) => Some(d),
@@ -211,6 +212,10 @@ pub fn pause_share(prev: &EthtoolSnapshot, cur: &EthtoolSnapshot, elapsed: Durat
         })
         .max()?;
     Some((paused_us as f64 / 1e6 / secs).min(1.0))
+}
+
+fn is_pause_duration(name: &str) -> bool {
+    name == "rx_global_pause_duration" || numbered(name, "rx_prio", "_pause_duration").is_some()
 }
 
 #[cfg(test)]
@@ -354,11 +359,13 @@ mod tests {
         let second = Duration::from_secs(1);
         let p3 = "rx_prio3_pause_duration";
         let p4 = "rx_prio4_pause_duration";
+        let g = "rx_global_pause_duration";
         for (prev, cur, elapsed, want) in [
             (stats(&[(p3, 0)]), stats(&[(p3, 250_000)]), second, Some(0.25)),
             // The most-paused priority, not the sum.
             (stats(&[(p3, 0), (p4, 0)]), stats(&[(p3, 600_000), (p4, 600_000)]), second, Some(0.6)),
             (stats(&[(p3, 0)]), stats(&[(p3, 3_000_000)]), second, Some(1.0)),
+            (stats(&[(g, 100)]), stats(&[(g, 700_100)]), second, Some(0.7)),
             (stats(&[(p3, 7)]), stats(&[(p3, 7)]), second, Some(0.0)),
             (stats(&[(p3, 7)]), stats(&[(p3, 1)]), second, None),
             (stats(&[]), stats(&[(p3, 1)]), second, None),
