@@ -152,7 +152,9 @@ pub fn expected(snap: &Snapshot, roles: &BTreeMap<String, Classification>, mode:
     out
 }
 
-/// Evaluate one poll.
+/// Evaluate one poll, in named steps: what each class directory lists; which needed
+/// directories hold the check's state; the re-baseline of a changed issm mode; each
+/// expected entry; the latched entries no longer expected.
 pub fn evaluate(
     prev: &CharDevState,
     snap: &Snapshot,
@@ -161,14 +163,35 @@ pub fn evaluate(
     now: OffsetDateTime,
     stamp: &Stamp,
 ) -> Outcome {
-    let check = Check::InfiniBandCharDeviceCheck;
     let expected = expected(snap, roles, mode);
-    let mut events = Vec::new();
-    let mut notes = Vec::new();
-    let mut next = CharDevState { issm_mode: Some(mode), ..CharDevState::default() };
+    let mut out = Outcome {
+        events: Vec::new(),
+        state: CharDevState { issm_mode: Some(mode), ..CharDevState::default() },
+        notes: Vec::new(),
+        findings: Vec::new(),
+    };
+    let present = listings(snap);
+    hold_unlisted_dirs(prev, snap, &expected, &mut out);
+    let hold_all = !out.state.held_dirs.is_empty();
+    let poll = Poll { prev, now, stamp, rebaseline: rebaseline(prev, mode, now, stamp, &mut out.events) };
+    for key in &expected {
+        let seen = present
+            .get(&key.kind)
+            .and_then(Option::as_ref)
+            .filter(|_| !hold_all)
+            .map(|s| s.contains(&(key.device.as_str(), key.port)));
+        poll.entry(key, seen, &mut out);
+    }
+    if !poll.rebaseline {
+        hold_unexpected_latches(prev, &expected, &mut out);
+    }
+    out
+}
 
-    // Which entries each readable directory holds; `None` = the directory is held.
-    let mut present: BTreeMap<CharKind, Option<BTreeSet<(&str, u32)>>> = BTreeMap::new();
+/// Which entries each readable class directory lists, as (device, port); `None` for a
+/// directory that is absent or cannot be listed.
+fn listings(snap: &Snapshot) -> BTreeMap<CharKind, Option<BTreeSet<(&str, u32)>>> {
+    let mut present = BTreeMap::new();
     for kind in CharKind::ALL {
         let seen = match snap.char_devices.dir(kind) {
             ClassDir::Listed(nodes) => Some(
@@ -182,6 +205,12 @@ pub fn evaluate(
         };
         present.insert(kind, seen);
     }
+    present
+}
+
+/// A needed class directory that is absent or cannot be listed holds the check's state
+/// (said once, when the hold starts).
+fn hold_unlisted_dirs(prev: &CharDevState, snap: &Snapshot, expected: &BTreeSet<CharKey>, out: &mut Outcome) {
     let needed_dirs: BTreeSet<&str> = expected.iter().map(|k| k.kind.class_dir()).collect();
     for dir in needed_dirs {
         let kind = if dir == CharKind::Uverbs.class_dir() { CharKind::Uverbs } else { CharKind::Umad };
@@ -191,21 +220,29 @@ pub fn evaluate(
             ClassDir::Unreadable(e) => format!("class/{dir} cannot be listed ({e})"),
         };
         if !prev.held_dirs.contains(dir) {
-            notes.push(format!(
+            out.notes.push(format!(
                 "InfiniBandCharDeviceCheck: {why}: the state of every character device is held until it can be read"
             ));
         }
-        next.held_dirs.insert(dir.to_string());
+        out.state.held_dirs.insert(dir.to_string());
     }
-    let hold_all = !next.held_dirs.is_empty();
+}
 
-    // A changed issm mode with faults latched: clear everything this check reported, then
-    // re-assert what is still missing (an issm latch made under "always" would otherwise be
-    // held forever once issm is no longer expected).
+/// A changed issm mode with faults latched: clear everything this check reported (one
+/// event, 1 s earlier), then re-assert what is still missing (an issm latch made under
+/// "always" would otherwise be held forever once issm is no longer expected). Whether
+/// this poll re-baselines.
+fn rebaseline(
+    prev: &CharDevState,
+    mode: IssmMode,
+    now: OffsetDateTime,
+    stamp: &Stamp,
+    events: &mut Vec<HealthEvent>,
+) -> bool {
     let rebaseline = prev.issm_mode.is_some_and(|m| m != mode) && !prev.missing_char_devices.is_empty();
     if rebaseline {
         events.push(HealthEvent::new(
-            check,
+            Check::InfiniBandCharDeviceCheck,
             stamp,
             now - Duration::seconds(1),
             &format!(
@@ -214,17 +251,25 @@ pub fn evaluate(
             ),
         ));
     }
+    rebaseline
+}
 
-    let mut findings = Vec::new();
-    for key in &expected {
+/// What judging one expected entry reads.
+struct Poll<'a> {
+    prev: &'a CharDevState,
+    now: OffsetDateTime,
+    stamp: &'a Stamp,
+    /// This poll re-baselines ([`rebaseline`]).
+    rebaseline: bool,
+}
+
+impl Poll<'_> {
+    /// One expected entry: `seen` is `None` when its directory is held, else whether it is
+    /// listed.
+    fn entry(&self, key: &CharKey, seen: Option<bool>, out: &mut Outcome) {
         let k = key.key();
-        let latched = prev.missing_char_devices.contains_key(&k);
-        let misses = prev.misses.get(&k).copied().unwrap_or(0);
-        let seen = present
-            .get(&key.kind)
-            .and_then(Option::as_ref)
-            .filter(|_| !hold_all)
-            .map(|s| s.contains(&(key.device.as_str(), key.port)));
+        let latched = self.prev.missing_char_devices.contains_key(&k);
+        let misses = self.prev.misses.get(&k).copied().unwrap_or(0);
         let mut finding = Finding {
             kind: key.kind,
             device: key.device.clone(),
@@ -237,75 +282,72 @@ pub fn evaluate(
             // Held: keep whatever was known.
             None => {
                 if latched {
-                    next.missing_char_devices.insert(k.clone(), key.clone());
-                    if rebaseline {
-                        events.push(missing_event(key, stamp, now));
-                    }
+                    self.still_missing(key, k.clone(), out);
                 }
                 if misses > 0 {
-                    next.misses.insert(k, misses);
+                    out.state.misses.insert(k, misses);
                 }
             }
             Some(true) => {
                 finding.misses = 0;
                 finding.reported_missing = false;
-                if latched && !rebaseline {
-                    events.push(
-                        HealthEvent::new(
-                            check,
-                            stamp,
-                            now,
-                            &format!(
-                                "{}: InfiniBand character device {} is present again in class/{}",
-                                key.what(),
-                                key.kind.name(),
-                                key.kind.class_dir()
-                            ),
-                        )
-                        .error_code(key.kind.name())
-                        .entities(key.entities()),
-                    );
+                if latched && !self.rebaseline {
+                    out.events.push(present_again_event(key, self.stamp, self.now));
                 }
             }
+            Some(false) if latched => self.still_missing(key, k, out),
             Some(false) => {
-                if latched {
-                    next.missing_char_devices.insert(k, key.clone());
-                    if rebaseline {
-                        events.push(missing_event(key, stamp, now));
-                    }
+                let misses = misses + 1;
+                finding.misses = misses;
+                if misses >= MISSES_BEFORE_REPORT {
+                    finding.reported_missing = true;
+                    out.events.push(missing_event(key, self.stamp, self.now));
+                    out.state.missing_char_devices.insert(k, key.clone());
                 } else {
-                    let misses = misses + 1;
-                    finding.misses = misses;
-                    if misses >= MISSES_BEFORE_REPORT {
-                        finding.reported_missing = true;
-                        events.push(missing_event(key, stamp, now));
-                        next.missing_char_devices.insert(k, key.clone());
-                    } else {
-                        next.misses.insert(k, misses);
-                    }
+                    out.state.misses.insert(k, misses);
                 }
             }
         }
-        findings.push(finding);
+        out.findings.push(finding);
     }
-    // Latched entries not expected now (device absent, unreadable, no longer monitored):
-    // absence is no evidence of recovery — held, unless the re-baseline just cleared them.
-    if !rebaseline {
-        for (k, key) in &prev.missing_char_devices {
-            if !expected.contains(key) {
-                next.missing_char_devices.insert(k.clone(), key.clone());
-                findings.push(Finding {
-                    kind: key.kind,
-                    device: key.device.clone(),
-                    port: (key.kind != CharKind::Uverbs).then_some(key.port),
-                    present: None,
-                    misses: 0,
-                    reported_missing: true,
-                });
-            }
+
+    /// A latched entry stays latched; a re-baseline reports it again.
+    fn still_missing(&self, key: &CharKey, k: String, out: &mut Outcome) {
+        out.state.missing_char_devices.insert(k, key.clone());
+        if self.rebaseline {
+            out.events.push(missing_event(key, self.stamp, self.now));
         }
     }
-    Outcome { events, state: next, notes, findings }
+}
+
+/// Latched entries not expected now (device absent, unreadable, no longer monitored):
+/// absence is no evidence of recovery — held.
+fn hold_unexpected_latches(prev: &CharDevState, expected: &BTreeSet<CharKey>, out: &mut Outcome) {
+    for (k, key) in &prev.missing_char_devices {
+        if !expected.contains(key) {
+            out.state.missing_char_devices.insert(k.clone(), key.clone());
+            out.findings.push(Finding {
+                kind: key.kind,
+                device: key.device.clone(),
+                port: (key.kind != CharKind::Uverbs).then_some(key.port),
+                present: None,
+                misses: 0,
+                reported_missing: true,
+            });
+        }
+    }
+}
+
+fn present_again_event(key: &CharKey, stamp: &Stamp, now: OffsetDateTime) -> HealthEvent {
+    let msg = format!(
+        "{}: InfiniBand character device {} is present again in class/{}",
+        key.what(),
+        key.kind.name(),
+        key.kind.class_dir()
+    );
+    HealthEvent::new(Check::InfiniBandCharDeviceCheck, stamp, now, &msg)
+        .error_code(key.kind.name())
+        .entities(key.entities())
 }
 
 fn missing_event(key: &CharKey, stamp: &Stamp, now: OffsetDateTime) -> HealthEvent {

@@ -3,31 +3,30 @@
 //! A missing file means defaults. An invalid file stops startup with one line naming the
 //! file, the key and the value (lesson 2: never silently disable monitoring). Keys nicmon
 //! does not know are reported as warnings, so an NVSentinel ConfigMap works unchanged.
+//!
+//! One schema: [`Config::default`] holds every default, the key tables (`TOP_LEVEL` and
+//! the sections under it) every key with its validation; the state checks' settings
+//! ([`Config::state_config`]) are derived from them.
+use std::collections::BTreeSet;
 use std::path::Path;
+
+use time::Duration;
 
 use crate::chardev::IssmMode;
 use crate::counters::{CounterDetection, CounterRule};
+use crate::event::Check;
 use crate::kmsg::{self, KmsgConfig, Patterns};
-use crate::linkstate::FlapConfig;
 use crate::linkstate::flap::MAX_THRESHOLD;
+use crate::linkstate::{FlapConfig, StateConfig};
 use crate::roles::{self, NicFilters};
 
-/// The top-level keys, and those of `[stateDetection]` (the other sections' keys are their
-/// structs' fields). Named in the warning about an unknown key.
-pub const TOP_LEVEL_KEYS: [&str; 9] = [
-    "nicExclusionRegex",
-    "nicInclusionRegexOverride",
-    "sysClassInfinibandPath",
-    "sysClassNetPath",
-    "stateDetection",
-    "stateCheck",
-    "counterDetection",
-    "kernelLog",
-    "charDeviceCheck",
-];
-pub const STATE_DETECTION_KEYS: [&str; 2] = ["escalationGraceSeconds", "speedDegradationFatal"];
-pub const STATE_CHECK_KEYS: [&str; 4] = ["portStateHoldDown", "flapThreshold", "flapWindow", "flapSettle"];
-pub const CHAR_DEVICE_CHECK_KEYS: [&str; 1] = ["issm"];
+/// The known keys, as the warning about an unknown one names them: the top-level keys and
+/// those of `[stateDetection]`, `[stateCheck]` and `[charDeviceCheck]` (the other sections'
+/// keys are their structs' fields).
+pub const TOP_LEVEL_KEYS: [&str; 9] = key_names(&TOP_LEVEL);
+pub const STATE_DETECTION_KEYS: [&str; 2] = key_names(&STATE_DETECTION);
+pub const STATE_CHECK_KEYS: [&str; 4] = key_names(&STATE_CHECK);
+pub const CHAR_DEVICE_CHECK_KEYS: [&str; 1] = key_names(&CHAR_DEVICE_CHECK);
 
 /// Default location of the config file in the DaemonSet.
 pub const DEFAULT_PATH: &str = "/etc/nic-health-monitor/config.toml";
@@ -128,116 +127,230 @@ impl Config {
         }
     }
 
-    /// Parse the file's text. Never panics.
+    /// Parse the file's text against `TOP_LEVEL`. Never panics.
     pub fn parse(path: &str, text: &str) -> Result<Config, ConfigError> {
         let fail = |kind: ConfigErrorKind| ConfigError { path: path.to_string(), kind };
-        let err = |message: String| fail(ConfigErrorKind::Value(message));
         let table: toml::Table =
             text.parse().map_err(|e: toml::de::Error| fail(ConfigErrorKind::Syntax(one_line(&e.to_string()))))?;
         let mut cfg = Config::default();
-        for (key, value) in &table {
-            match key.as_str() {
-                "nicExclusionRegex" => {
-                    let s = string(key, value).map_err(err)?;
-                    cfg.filters.exclude = roles::parse_regex_list(key, s).map_err(|e| err(one_line(&e)))?;
-                }
-                "nicInclusionRegexOverride" => {
-                    let s = string(key, value).map_err(err)?;
-                    cfg.filters.include_override = roles::parse_regex_list(key, s).map_err(|e| err(one_line(&e)))?;
-                }
-                "sysClassInfinibandPath" => {
-                    cfg.sys_class_infiniband_path = Some(string(key, value).map_err(err)?.into())
-                }
-                "sysClassNetPath" => cfg.sys_class_net_path = Some(string(key, value).map_err(err)?.into()),
-                "stateDetection" => {
-                    let t = value.as_table().ok_or_else(|| err(format!("{key}: expected a table")))?;
-                    for (k, v) in t {
-                        let full = format!("stateDetection.{k}");
-                        match k.as_str() {
-                            "escalationGraceSeconds" => {
-                                cfg.escalation_grace_secs =
-                                    v.as_integer().and_then(|i| u64::try_from(i).ok()).ok_or_else(|| {
-                                        err(format!("{full} = {v}: expected a whole number of seconds ≥ 0"))
-                                    })?
-                            }
-                            "speedDegradationFatal" => {
-                                cfg.speed_degradation_fatal =
-                                    v.as_bool().ok_or_else(|| err(format!("{full} = {v}: expected true or false")))?
-                            }
-                            _ => cfg.warnings.push(format!(
-                                "config {path}: unknown key {full} ignored (known keys: {})",
-                                STATE_DETECTION_KEYS.join(", ")
-                            )),
-                        }
-                    }
-                }
-                "stateCheck" => {
-                    let t = value.as_table().ok_or_else(|| err(format!("{key}: expected a table")))?;
-                    for (k, v) in t {
-                        let full = format!("stateCheck.{k}");
-                        match k.as_str() {
-                            "portStateHoldDown" => {
-                                cfg.port_state_hold_down = v
-                                    .as_str()
-                                    .ok_or_else(|| "expected a string".to_string())
-                                    .and_then(crate::upstream::go_duration)
-                                    .map_err(|e| err(format!("{full} = {v}: {e}")))?
-                            }
-                            "flapThreshold" => {
-                                cfg.flap.threshold = v
-                                    .as_integer()
-                                    .and_then(|i| u32::try_from(i).ok())
-                                    .filter(|n| *n != 1 && *n <= MAX_THRESHOLD)
-                                    .ok_or_else(|| {
-                                        err(format!(
-                                            "{full} = {v}: expected 0 (off) or a whole number from 2 to {MAX_THRESHOLD}"
-                                        ))
-                                    })?
-                            }
-                            "flapWindow" => cfg.flap.window = flap_duration(&full, v).map_err(err)?,
-                            "flapSettle" => cfg.flap.settle = flap_duration(&full, v).map_err(err)?,
-                            _ => cfg.warnings.push(format!(
-                                "config {path}: unknown key {full} ignored (known keys: {})",
-                                STATE_CHECK_KEYS.join(", ")
-                            )),
-                        }
-                    }
-                }
-                "counterDetection" => {
-                    let cd: CounterDetection = section(key, value).map_err(err)?;
-                    cfg.counter_rules = cd.rules().map_err(|e| err(one_line(&e.to_string())))?;
-                }
-                "charDeviceCheck" => {
-                    let t = value.as_table().ok_or_else(|| err(format!("{key}: expected a table")))?;
-                    for (k, v) in t {
-                        let full = format!("charDeviceCheck.{k}");
-                        match k.as_str() {
-                            "issm" => {
-                                cfg.issm = v
-                                    .as_str()
-                                    .and_then(IssmMode::parse)
-                                    .ok_or_else(|| err(format!("{full} = {v}: expected \"never\" or \"always\"")))?
-                            }
-                            _ => cfg.warnings.push(format!(
-                                "config {path}: unknown key {full} ignored (known keys: {})",
-                                CHAR_DEVICE_CHECK_KEYS.join(", ")
-                            )),
-                        }
-                    }
-                }
-                "kernelLog" => {
-                    let k: KmsgConfig = section(key, value).map_err(err)?;
-                    cfg.patterns = k.compile().map_err(|e| fail(ConfigErrorKind::KernelLog(e)))?;
-                    cfg.kernel_log = k;
-                }
-                _ => cfg.warnings.push(format!(
-                    "config {path}: unknown key {key} ignored (known keys: {})",
-                    TOP_LEVEL_KEYS.join(", ")
-                )),
-            }
-        }
+        read_keys(&mut cfg, path, None, &table, &TOP_LEVEL).map_err(fail)?;
         Ok(cfg)
     }
+
+    /// The state checks' settings from this config, with the checks `--checks` enabled.
+    pub fn state_config(&self, checks: BTreeSet<Check>) -> StateConfig {
+        StateConfig {
+            escalation_grace: Duration::seconds(self.escalation_grace_secs as i64),
+            speed_degradation_fatal: self.speed_degradation_fatal,
+            port_state_hold_down: Duration::try_from(self.port_state_hold_down).unwrap_or(Duration::MAX),
+            flap: self.flap,
+            checks,
+        }
+    }
+}
+
+/// The state checks' defaults are the config file's: every check enabled.
+impl Default for StateConfig {
+    fn default() -> StateConfig {
+        Config::default().state_config(Check::ALL.into_iter().collect())
+    }
+}
+
+/// One key of the config file: its name and how its value is checked and stored.
+struct Key {
+    name: &'static str,
+    read: fn(&mut Config, &KeyAt<'_>, &toml::Value) -> Result<(), ConfigErrorKind>,
+}
+
+/// Where a key is: the file, and the key's full name (`stateCheck.flapWindow`).
+struct KeyAt<'a> {
+    path: &'a str,
+    name: &'a str,
+}
+
+impl KeyAt<'_> {
+    /// A value that is not what the key takes: `<key> = <value>: <expected>`.
+    fn bad(&self, v: &toml::Value, expected: impl std::fmt::Display) -> ConfigErrorKind {
+        ConfigErrorKind::Value(format!("{} = {v}: {expected}", self.name))
+    }
+
+    fn string<'v>(&self, v: &'v toml::Value) -> Result<&'v str, ConfigErrorKind> {
+        string(self.name, v).map_err(ConfigErrorKind::Value)
+    }
+
+    /// The keys of the table this key holds, read against `keys`.
+    fn table(&self, cfg: &mut Config, v: &toml::Value, keys: &[Key]) -> Result<(), ConfigErrorKind> {
+        let t = v.as_table().ok_or_else(|| ConfigErrorKind::Value(format!("{}: expected a table", self.name)))?;
+        read_keys(cfg, self.path, Some(self.name), t, keys)
+    }
+
+    /// The section this key holds, deserialized whole ([`section`]).
+    fn section<T: serde::de::DeserializeOwned>(&self, v: &toml::Value) -> Result<T, ConfigErrorKind> {
+        section(self.name, v).map_err(ConfigErrorKind::Value)
+    }
+}
+
+/// Read every key of `table` (under `prefix`) against `keys`; a key not among them is a
+/// warning naming the known ones.
+fn read_keys(
+    cfg: &mut Config,
+    path: &str,
+    prefix: Option<&str>,
+    table: &toml::Table,
+    keys: &[Key],
+) -> Result<(), ConfigErrorKind> {
+    for (k, v) in table {
+        let full = match prefix {
+            Some(p) => format!("{p}.{k}"),
+            None => k.clone(),
+        };
+        match keys.iter().find(|key| key.name == k) {
+            Some(key) => (key.read)(cfg, &KeyAt { path, name: &full }, v)?,
+            None => {
+                let known: Vec<&str> = keys.iter().map(|key| key.name).collect();
+                cfg.warnings
+                    .push(format!("config {path}: unknown key {full} ignored (known keys: {})", known.join(", ")))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The names of `keys`, in order (the known keys a warning lists).
+const fn key_names<const N: usize>(keys: &[Key; N]) -> [&'static str; N] {
+    let mut names = [""; N];
+    let mut i = 0;
+    while i < N {
+        names[i] = keys[i].name;
+        i += 1;
+    }
+    names
+}
+
+/// The file's top-level keys; the other sections' keys are their structs' fields.
+const TOP_LEVEL: [Key; 9] = [
+    Key {
+        name: "nicExclusionRegex",
+        read: |cfg, at, v| {
+            cfg.filters.exclude = roles::parse_regex_list(at.name, at.string(v)?).map_err(regex_error)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "nicInclusionRegexOverride",
+        read: |cfg, at, v| {
+            cfg.filters.include_override = roles::parse_regex_list(at.name, at.string(v)?).map_err(regex_error)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "sysClassInfinibandPath",
+        read: |cfg, at, v| {
+            cfg.sys_class_infiniband_path = Some(at.string(v)?.into());
+            Ok(())
+        },
+    },
+    Key {
+        name: "sysClassNetPath",
+        read: |cfg, at, v| {
+            cfg.sys_class_net_path = Some(at.string(v)?.into());
+            Ok(())
+        },
+    },
+    Key { name: "stateDetection", read: |cfg, at, v| at.table(cfg, v, &STATE_DETECTION) },
+    Key { name: "stateCheck", read: |cfg, at, v| at.table(cfg, v, &STATE_CHECK) },
+    Key {
+        name: "counterDetection",
+        read: |cfg, at, v| {
+            let cd: CounterDetection = at.section(v)?;
+            cfg.counter_rules = cd.rules().map_err(|e| ConfigErrorKind::Value(one_line(&e.to_string())))?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "kernelLog",
+        read: |cfg, at, v| {
+            let k: KmsgConfig = at.section(v)?;
+            cfg.patterns = k.compile().map_err(ConfigErrorKind::KernelLog)?;
+            cfg.kernel_log = k;
+            Ok(())
+        },
+    },
+    Key { name: "charDeviceCheck", read: |cfg, at, v| at.table(cfg, v, &CHAR_DEVICE_CHECK) },
+];
+
+/// `[stateDetection]`.
+const STATE_DETECTION: [Key; 2] = [
+    Key {
+        name: "escalationGraceSeconds",
+        read: |cfg, at, v| {
+            cfg.escalation_grace_secs = v
+                .as_integer()
+                .and_then(|i| u64::try_from(i).ok())
+                .ok_or_else(|| at.bad(v, "expected a whole number of seconds ≥ 0"))?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "speedDegradationFatal",
+        read: |cfg, at, v| {
+            cfg.speed_degradation_fatal = v.as_bool().ok_or_else(|| at.bad(v, "expected true or false"))?;
+            Ok(())
+        },
+    },
+];
+
+/// `[stateCheck]`.
+const STATE_CHECK: [Key; 4] = [
+    Key {
+        name: "portStateHoldDown",
+        read: |cfg, at, v| {
+            cfg.port_state_hold_down = v
+                .as_str()
+                .ok_or_else(|| "expected a string".to_string())
+                .and_then(crate::upstream::go_duration)
+                .map_err(|e| at.bad(v, e))?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "flapThreshold",
+        read: |cfg, at, v| {
+            cfg.flap.threshold = v
+                .as_integer()
+                .and_then(|i| u32::try_from(i).ok())
+                .filter(|n| *n != 1 && *n <= MAX_THRESHOLD)
+                .ok_or_else(|| at.bad(v, format!("expected 0 (off) or a whole number from 2 to {MAX_THRESHOLD}")))?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "flapWindow",
+        read: |cfg, at, v| {
+            cfg.flap.window = flap_duration(at.name, v).map_err(ConfigErrorKind::Value)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "flapSettle",
+        read: |cfg, at, v| {
+            cfg.flap.settle = flap_duration(at.name, v).map_err(ConfigErrorKind::Value)?;
+            Ok(())
+        },
+    },
+];
+
+/// `[charDeviceCheck]`.
+const CHAR_DEVICE_CHECK: [Key; 1] = [Key {
+    name: "issm",
+    read: |cfg, at, v| {
+        cfg.issm = v.as_str().and_then(IssmMode::parse).ok_or_else(|| at.bad(v, "expected \"never\" or \"always\""))?;
+        Ok(())
+    },
+}];
+
+fn regex_error(e: String) -> ConfigErrorKind {
+    ConfigErrorKind::Value(one_line(&e))
 }
 
 /// Deserialize the section `name`; an error names the key at fault (`kernelLog.enabled =

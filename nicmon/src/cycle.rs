@@ -17,7 +17,7 @@ use crate::chardev;
 use crate::config::Config;
 use crate::counters::{self, CounterPort};
 use crate::discovery::{self, ReadPlan};
-use crate::event::{Check, HealthEvent, Stamp};
+use crate::event::{Check, CheckKind, HealthEvent, Stamp};
 use crate::host::Host;
 use crate::kmsg::{self, DeviceIndex, HostLinks, Record};
 use crate::linkstate::{self, StateConfig};
@@ -162,13 +162,7 @@ impl Monitor {
         boot_id: Option<String>,
     ) -> Monitor {
         Monitor {
-            state_config: StateConfig {
-                escalation_grace: Duration::seconds(config.escalation_grace_secs as i64),
-                speed_degradation_fatal: config.speed_degradation_fatal,
-                port_state_hold_down: Duration::try_from(config.port_state_hold_down).unwrap_or(Duration::MAX),
-                flap: config.flap,
-                checks,
-            },
+            state_config: config.state_config(checks),
             counter_paths: counters::read_paths(&config.counter_rules),
             host,
             config,
@@ -253,6 +247,9 @@ impl Monitor {
     /// Evaluate every check: pure over its arguments. `loaded` says how `prev` was found:
     /// after a reboot, each enabled check first gets one "clear everything" healthy event
     /// with no entities, 1 s before the baselines (lesson 4).
+    ///
+    /// The steps, in order: first-poll deferral; the clears of a reboot or a rescope; link
+    /// state; counters; character devices; kernel log; the filter by enabled check.
     pub fn decide(
         &self,
         prev: &CheckState,
@@ -262,49 +259,13 @@ impl Monitor {
         kmsg_records: &[Record],
     ) -> Poll {
         let Observation { snapshot, links, einval, reads_abandoned, stuck_reads, targeted } = obs;
-        // A targeted read: counters are evaluated for the devices read now only (the others'
-        // values are the previous poll's, at an earlier instant); the character devices and
-        // kernel log records wait for the full poll that follows.
-        let read_now = |name: &str| targeted.as_ref().is_none_or(|t| t.iter().any(|n| n == name));
         // A port whose link layer is unreadable is judged with its last known one.
         let snapshot = linkstate::with_known_link_layers(&prev.links, snapshot);
         let roles = roles::classify(&snapshot, &self.topology, &self.config.filters);
         let first_poll = prev.polls == 0;
         let mut notes = Vec::new();
-        if first_poll && self.defer_first_poll {
-            let unreadable = unreadable_devices(&snapshot, &roles);
-            if !unreadable.is_empty() {
-                if prev.first_poll_deferrals < MAX_FIRST_POLL_DEFERRALS {
-                    // Card homogeneity and the first-seen verdicts need the whole device set:
-                    // wait for it, a bounded number of polls.
-                    let mut next = prev.clone();
-                    let deferred: Vec<Check> =
-                        self.state_config.checks.iter().copied().filter(|c| defers_first_poll(*c)).collect();
-                    if targeted.is_none() {
-                        next.first_poll_deferrals += 1;
-                        notes.push(format!(
-                            "first poll deferred ({}/{MAX_FIRST_POLL_DEFERRALS}): devices unreadable: {}",
-                            next.first_poll_deferrals,
-                            unreadable.join(", ")
-                        ));
-                    }
-                    return Poll {
-                        snapshot,
-                        roles,
-                        next,
-                        notes,
-                        reads_abandoned,
-                        stuck_reads,
-                        deferred: if targeted.is_none() { deferred } else { Vec::new() },
-                        ..Poll::default()
-                    };
-                }
-                notes.push(format!(
-                    "first-poll deferral limit ({MAX_FIRST_POLL_DEFERRALS}) reached: proceeding with the readable \
-                     devices (unreadable: {})",
-                    unreadable.join(", ")
-                ));
-            }
+        if let Some((next, deferred)) = self.defer_first_poll(prev, &snapshot, &roles, targeted.is_some(), &mut notes) {
+            return Poll { snapshot, roles, next, notes, reads_abandoned, stuck_reads, deferred, ..Poll::default() };
         }
         let reboot = loaded.owes_baselines() && first_poll;
         // The discovery scope changed since the state was made (nicExclusionRegex or
@@ -312,16 +273,11 @@ impl Monitor {
         // and re-baseline (their clear, then healthy events); counters and latches are kept.
         let scope = self.config.filters.fingerprint();
         let rescope = !first_poll && prev.scope.as_ref().is_some_and(|s| *s != scope);
+        let mut events = self.clears(reboot, rescope, now);
+
         let no_links = linkstate::LinkState::default();
         let prev_links = if rescope { &no_links } else { &prev.links };
-
-        let mut events = Vec::new();
-        if reboot {
-            events.extend(clear_all(&self.state_config, &self.stamp, now - Duration::seconds(1)));
-        } else if rescope {
-            events.extend(clear_scope(&self.state_config, &self.stamp, now - Duration::seconds(1)));
-        }
-        let out = linkstate::evaluate(
+        let links_out = linkstate::evaluate(
             prev_links,
             first_poll || rescope,
             &snapshot,
@@ -330,57 +286,41 @@ impl Monitor {
             now,
             &self.stamp,
         );
-        events.extend(out.events);
-        notes.extend(out.notes);
-        let holds = out.holds;
-        let flaps = out.flaps;
+        events.extend(links_out.events);
+        notes.extend(links_out.notes);
 
-        // Counters of monitored PF ports only: management NICs and VFs are never evaluated.
-        let monitored = |name: &str| roles.get(name).map(|c| c.monitored).unwrap_or(false);
-        let ports: Vec<CounterPort> = snapshot
-            .devices
-            .iter()
-            .filter(|d| monitored(&d.name) && !d.is_vf() && read_now(&d.name))
-            .flat_map(|d| d.ports.iter().map(move |p| CounterPort::new(&d.name, p)))
-            .collect();
-        let (counter_events, mut counter_state) =
-            counters::evaluate(&prev.counters, &ports, &self.config.counter_rules, now, reboot, &self.stamp);
+        // A targeted read: counters are evaluated for the devices read now only (the others'
+        // values are the previous poll's, at an earlier instant); the character devices and
+        // kernel log records wait for the full poll that follows.
+        let read_now = |name: &str| targeted.as_ref().is_none_or(|t| t.iter().any(|n| n == name));
+        let ports = counter_ports(&snapshot, &roles, read_now);
+        let (counter_events, counter_state) = self.counters(&prev.counters, &ports, now, reboot, &mut notes);
         events.extend(counter_events);
-        for (device, port, rule) in
-            counters::went_unreadable(&prev.counters, &mut counter_state, &ports, &self.config.counter_rules)
-        {
-            notes.push(format!(
-                "counter {rule} on {device} port {port}: unreadable (file gone, or not a number such as N/A): \
-                 not evaluated until it reads a number again"
-            ));
-        }
-        let mut char_devices = Vec::new();
-        let mut char_state = prev.char_devices.clone();
-        if self.state_config.checks.contains(&Check::InfiniBandCharDeviceCheck) && targeted.is_none() {
-            let cd = chardev::evaluate(&prev.char_devices, &snapshot, &roles, self.config.issm, now, &self.stamp);
-            events.extend(cd.events);
-            notes.extend(cd.notes);
-            char_state = cd.state;
-            char_devices = cd.findings;
-        }
-        if first_poll && targeted.is_none() {
+
+        let full = targeted.is_none();
+        let char_devices = self.char_devices(&prev.char_devices, &snapshot, &roles, now, full);
+        let (char_state, char_findings) = match char_devices {
+            Some(cd) => {
+                events.extend(cd.events);
+                notes.extend(cd.notes);
+                (cd.state, cd.findings)
+            }
+            None => (prev.char_devices.clone(), Vec::new()),
+        };
+        if first_poll && full {
             notes.extend(missing_counter_notes(&ports, &self.config.counter_rules));
         }
 
-        // The kernel log records that arrived since the previous poll.
-        let mut kmsg_state = prev.kmsg.clone();
-        if !kmsg_records.is_empty() && targeted.is_none() {
-            let links = links.unwrap_or_default();
-            let index = DeviceIndex::from_snapshot(&snapshot, |d| monitored(&d.name), &links);
-            let processed = kmsg::process(&prev.kmsg, kmsg_records, &index, &self.config.patterns, now, &self.stamp);
-            events.extend(processed.events);
-            kmsg_state = processed.state;
-        }
+        let (kmsg_events, kmsg_state) = match full {
+            true => self.kernel_log(&prev.kmsg, kmsg_records, &snapshot, &roles, links, now),
+            false => (Vec::new(), prev.kmsg.clone()),
+        };
+        events.extend(kmsg_events);
 
         events.retain(|e| e.check().map(|c| self.state_config.checks.contains(&c)).unwrap_or(true));
         let next = CheckState {
             polls: prev.polls.saturating_add(1),
-            links: out.state,
+            links: links_out.state,
             counters: counter_state,
             kmsg: kmsg_state,
             char_devices: char_state,
@@ -396,12 +336,139 @@ impl Monitor {
             notes,
             reads_abandoned,
             stuck_reads,
-            char_devices,
-            holds,
-            flaps,
+            char_devices: char_findings,
+            holds: links_out.holds,
+            flaps: links_out.flaps,
             deferred: Vec::new(),
         }
     }
+
+    /// Step 1, first-poll deferral: on the daemon's first poll of a boot, while monitored
+    /// devices are unreadable, nothing is evaluated, a bounded number of polls. `Some((the
+    /// state to keep, the checks deferred))` when this poll is deferred.
+    fn defer_first_poll(
+        &self,
+        prev: &CheckState,
+        snapshot: &Snapshot,
+        roles: &BTreeMap<String, Classification>,
+        targeted: bool,
+        notes: &mut Vec<String>,
+    ) -> Option<(CheckState, Vec<Check>)> {
+        if prev.polls != 0 || !self.defer_first_poll {
+            return None;
+        }
+        let unreadable = unreadable_devices(snapshot, roles);
+        if unreadable.is_empty() {
+            return None;
+        }
+        if prev.first_poll_deferrals >= MAX_FIRST_POLL_DEFERRALS {
+            notes.push(format!(
+                "first-poll deferral limit ({MAX_FIRST_POLL_DEFERRALS}) reached: proceeding with the readable \
+                 devices (unreadable: {})",
+                unreadable.join(", ")
+            ));
+            return None;
+        }
+        // Card homogeneity and the first-seen verdicts need the whole device set: wait for
+        // it, a bounded number of polls.
+        let mut next = prev.clone();
+        if targeted {
+            return Some((next, Vec::new()));
+        }
+        next.first_poll_deferrals += 1;
+        notes.push(format!(
+            "first poll deferred ({}/{MAX_FIRST_POLL_DEFERRALS}): devices unreadable: {}",
+            next.first_poll_deferrals,
+            unreadable.join(", ")
+        ));
+        let deferred = self.state_config.checks.iter().copied().filter(|c| c.defers_first_poll()).collect();
+        Some((next, deferred))
+    }
+
+    /// Step 2: after a reboot, every enabled check's clear; after a rescope, the state
+    /// checks'. Both 1 s before the baselines.
+    fn clears(&self, reboot: bool, rescope: bool, now: OffsetDateTime) -> Vec<HealthEvent> {
+        if reboot {
+            clear_all(&self.state_config, &self.stamp, now - Duration::seconds(1))
+        } else if rescope {
+            clear_scope(&self.state_config, &self.stamp, now - Duration::seconds(1))
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Step 4, counters: the rules over `ports`; a counter that went unreadable is a note.
+    fn counters(
+        &self,
+        prev: &counters::CounterState,
+        ports: &[CounterPort<'_>],
+        now: OffsetDateTime,
+        reboot: bool,
+        notes: &mut Vec<String>,
+    ) -> (Vec<HealthEvent>, counters::CounterState) {
+        let rules = &self.config.counter_rules;
+        let (events, mut state) = counters::evaluate(prev, ports, rules, now, reboot, &self.stamp);
+        for (device, port, rule) in counters::went_unreadable(prev, &mut state, ports, rules) {
+            notes.push(format!(
+                "counter {rule} on {device} port {port}: unreadable (file gone, or not a number such as N/A): \
+                 not evaluated until it reads a number again"
+            ));
+        }
+        (events, state)
+    }
+
+    /// Step 5, character devices: on a full read, when the check is enabled.
+    fn char_devices(
+        &self,
+        prev: &chardev::CharDevState,
+        snapshot: &Snapshot,
+        roles: &BTreeMap<String, Classification>,
+        now: OffsetDateTime,
+        full: bool,
+    ) -> Option<chardev::Outcome> {
+        (full && self.state_config.checks.contains(&Check::InfiniBandCharDeviceCheck))
+            .then(|| chardev::evaluate(prev, snapshot, roles, self.config.issm, now, &self.stamp))
+    }
+
+    /// Step 6, kernel log: the records that arrived since the previous poll, attributed to
+    /// the monitored devices.
+    fn kernel_log(
+        &self,
+        prev: &kmsg::KmsgState,
+        records: &[Record],
+        snapshot: &Snapshot,
+        roles: &BTreeMap<String, Classification>,
+        links: Option<HostLinks>,
+        now: OffsetDateTime,
+    ) -> (Vec<HealthEvent>, kmsg::KmsgState) {
+        if records.is_empty() {
+            return (Vec::new(), prev.clone());
+        }
+        let links = links.unwrap_or_default();
+        let index = DeviceIndex::from_snapshot(snapshot, |d| monitored(roles, &d.name), &links);
+        let processed = kmsg::process(prev, records, &index, &self.config.patterns, now, &self.stamp);
+        (processed.events, processed.state)
+    }
+}
+
+/// Whether `name` is a monitored device (management NICs are not).
+fn monitored(roles: &BTreeMap<String, Classification>, name: &str) -> bool {
+    roles.get(name).map(|c| c.monitored).unwrap_or(false)
+}
+
+/// The ports whose counters are evaluated: of monitored PFs only (management NICs and VFs
+/// are never evaluated), of the devices read now.
+fn counter_ports<'s>(
+    snapshot: &'s Snapshot,
+    roles: &BTreeMap<String, Classification>,
+    read_now: impl Fn(&str) -> bool,
+) -> Vec<CounterPort<'s>> {
+    snapshot
+        .devices
+        .iter()
+        .filter(|d| monitored(roles, &d.name) && !d.is_vf() && read_now(&d.name))
+        .flat_map(|d| d.ports.iter().map(move |p| CounterPort::new(&d.name, p)))
+        .collect()
 }
 
 /// Monitored devices (PFs of a supported vendor) with a port whose `state`, `phys_state`
@@ -420,20 +487,6 @@ fn unreadable_devices(
         .collect()
 }
 
-/// The checks whose first poll waits for readable devices (upstream's state and counter
-/// checks).
-fn defers_first_poll(c: Check) -> bool {
-    matches!(
-        c,
-        Check::InfiniBandStateCheck
-            | Check::EthernetStateCheck
-            | Check::EFAStateCheck
-            | Check::InfiniBandDegradationCheck
-            | Check::EthernetDegradationCheck
-            | Check::EFADegradationCheck
-    )
-}
-
 /// 001 §7.1: an enabled counter a port does not have is not evaluated there (fail open) and
 /// said once, on the first poll of a boot — one line per counter, naming the ports.
 fn missing_counter_notes(ports: &[CounterPort<'_>], rules: &[counters::CounterRule]) -> Vec<String> {
@@ -450,9 +503,9 @@ fn missing_counter_notes(ports: &[CounterPort<'_>], rules: &[counters::CounterRu
 /// After a discovery-scope change: one entity-less healthy event per enabled state check
 /// (the port and device conditions made under the old scope), before its baselines.
 pub fn clear_scope(cfg: &StateConfig, stamp: &Stamp, at: OffsetDateTime) -> Vec<HealthEvent> {
-    [Check::InfiniBandStateCheck, Check::EthernetStateCheck, Check::EFAStateCheck]
+    Check::ALL
         .into_iter()
-        .filter(|c| cfg.checks.contains(c))
+        .filter(|c| c.kind() == CheckKind::PortState && cfg.checks.contains(c))
         .map(|c| {
             HealthEvent::new(
                 c,

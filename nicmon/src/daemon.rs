@@ -813,9 +813,7 @@ fn update_metrics(metrics: &Metrics, poll: &Poll, next: &crate::state::CheckStat
             *discovered.entry(Check::InfiniBandCharDeviceCheck).or_default() += 1;
         }
     }
-    for check in
-        [Check::InfiniBandStateCheck, Check::EthernetStateCheck, Check::EFAStateCheck, Check::InfiniBandCharDeviceCheck]
-    {
+    for check in Check::ALL.into_iter().filter(|c| c.watches_devices()) {
         metrics.set_devices_discovered(check, discovered.get(&check).copied().unwrap_or(0));
     }
     for check in &poll.deferred {

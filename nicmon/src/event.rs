@@ -13,46 +13,79 @@ pub const AGENT: &str = "nic-health-monitor";
 /// `componentClass` of every event.
 pub const COMPONENT_CLASS: &str = "NIC";
 
-/// The check an event is filed under. The platform keeps one node condition per check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum Check {
-    InfiniBandStateCheck,
-    EthernetStateCheck,
-    EFAStateCheck,
-    InfiniBandDegradationCheck,
-    EthernetDegradationCheck,
-    EFADegradationCheck,
-    InfiniBandCharDeviceCheck,
-    NICKernelLogCheck,
+/// What a check watches: the decider that files events under it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CheckKind {
+    /// Port and device state ([`crate::linkstate`]), one check per link layer.
+    PortState,
+    /// Counter thresholds ([`crate::counters`]), one check per link layer.
+    Counters,
+    /// The RDMA character devices ([`crate::chardev`]).
+    CharDevices,
+    /// The kernel log ([`crate::kmsg`]).
+    KernelLog,
+}
+
+/// The one list of checks: the [`Check`] enum, [`Check::ALL`], each check's name (as the
+/// platform and `--checks` spell it) and its [`CheckKind`] are all made from it.
+macro_rules! checks {
+    ($($(#[$doc:meta])* $name:ident => $kind:ident,)+) => {
+        /// The check an event is filed under. The platform keeps one node condition per check.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        pub enum Check {
+            $($(#[$doc])* $name,)+
+        }
+
+        impl Check {
+            /// Every check, in declaration order (which is also their order).
+            pub const ALL: [Check; [$(stringify!($name)),+].len()] = [$(Check::$name),+];
+
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Check::$name => stringify!($name),)+
+                }
+            }
+
+            pub const fn kind(self) -> CheckKind {
+                match self {
+                    $(Check::$name => CheckKind::$kind,)+
+                }
+            }
+        }
+    };
+}
+
+checks! {
+    InfiniBandStateCheck => PortState,
+    EthernetStateCheck => PortState,
+    EFAStateCheck => PortState,
+    InfiniBandDegradationCheck => Counters,
+    EthernetDegradationCheck => Counters,
+    EFADegradationCheck => Counters,
+    InfiniBandCharDeviceCheck => CharDevices,
+    NICKernelLogCheck => KernelLog,
 }
 
 impl Check {
-    pub const ALL: [Check; 8] = [
-        Check::InfiniBandStateCheck,
-        Check::EthernetStateCheck,
-        Check::EFAStateCheck,
-        Check::InfiniBandDegradationCheck,
-        Check::EthernetDegradationCheck,
-        Check::EFADegradationCheck,
-        Check::InfiniBandCharDeviceCheck,
-        Check::NICKernelLogCheck,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Check::InfiniBandStateCheck => "InfiniBandStateCheck",
-            Check::EthernetStateCheck => "EthernetStateCheck",
-            Check::EFAStateCheck => "EFAStateCheck",
-            Check::InfiniBandDegradationCheck => "InfiniBandDegradationCheck",
-            Check::EthernetDegradationCheck => "EthernetDegradationCheck",
-            Check::EFADegradationCheck => "EFADegradationCheck",
-            Check::InfiniBandCharDeviceCheck => "InfiniBandCharDeviceCheck",
-            Check::NICKernelLogCheck => "NICKernelLogCheck",
-        }
-    }
-
     pub fn parse(s: &str) -> Option<Check> {
         Check::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+
+    /// Every check's name, comma-separated (the default of `--checks`).
+    pub fn all_names() -> String {
+        Check::ALL.map(Check::as_str).join(",")
+    }
+
+    /// Whether this check's first poll of a boot waits for readable devices (upstream's
+    /// state and counter checks).
+    pub fn defers_first_poll(self) -> bool {
+        matches!(self.kind(), CheckKind::PortState | CheckKind::Counters)
+    }
+
+    /// Whether this check watches devices one by one (port state, character devices): the
+    /// checks the `devices_discovered` metric counts devices for.
+    pub fn watches_devices(self) -> bool {
+        matches!(self.kind(), CheckKind::PortState | CheckKind::CharDevices)
     }
 }
 
@@ -261,6 +294,21 @@ mod tests {
         let long = "é".repeat(600);
         let s = sanitize_message(&long);
         assert!(s.len() <= MAX_MESSAGE_LEN && s.ends_with("..."));
+    }
+
+    #[test]
+    fn every_check_is_named_and_parsed_from_the_one_list() {
+        let names = Check::all_names();
+        let parsed: Vec<Check> = names.split(',').map(|n| Check::parse(n).unwrap()).collect();
+        assert_eq!(parsed, Check::ALL);
+        for c in Check::ALL {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());
+        }
+        let deferring: Vec<&str> =
+            Check::ALL.into_iter().filter(|c| c.defers_first_poll()).map(Check::as_str).collect();
+        assert_eq!(deferring.len(), 6, "the state and degradation checks: {deferring:?}");
+        assert!(Check::InfiniBandCharDeviceCheck.watches_devices() && !Check::NICKernelLogCheck.watches_devices());
+        assert_eq!(Check::parse("NICPollStallCheck"), None);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use nicmon::check::{self, CheckArgs};
 use nicmon::cycle::MonitorOptions;
 use nicmon::daemon::RunOptions;
-use nicmon::event::{ProcessingStrategy, Stamp};
+use nicmon::event::{Check, ProcessingStrategy, Stamp};
 use nicmon::paths::{HostPaths, PathInputs};
 use nicmon::wake::WakeOptions;
 
@@ -106,15 +106,12 @@ struct HostArgs {
     config: PathBuf,
 }
 
-/// The default of `--checks`: every check.
-const ALL_CHECKS: &str = "InfiniBandStateCheck,InfiniBandDegradationCheck,EthernetStateCheck,EthernetDegradationCheck,EFAStateCheck,EFADegradationCheck,InfiniBandCharDeviceCheck,NICKernelLogCheck";
-
 #[derive(clap::Args)]
 struct CheckCli {
     #[command(flatten)]
     host: HostArgs,
     /// Comma-separated checks to run; unknown names are logged and skipped.
-    #[arg(long, default_value = ALL_CHECKS)]
+    #[arg(long, default_value_t = Check::all_names())]
     checks: String,
     /// State file: load before the poll, save after (one daemon cycle per invocation).
     #[arg(long, value_name = "FILE")]
@@ -188,7 +185,7 @@ struct RunCli {
     #[command(flatten)]
     host: HostArgs,
     /// Comma-separated checks to run; unknown names are logged and skipped.
-    #[arg(long, default_value = ALL_CHECKS)]
+    #[arg(long, default_value_t = Check::all_names())]
     checks: String,
     /// Poll interval (e.g. 1s, 500ms; 50ms to 1h). Counters are evaluated at least every second.
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
@@ -243,13 +240,8 @@ struct RunCli {
     /// Send NICPollStallCheck events as STORE_ONLY (else with --processing-strategy).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = nicmon::upstream::go_bool)]
     poll_stall_store_only: Option<bool>,
-    /// Retired flag of NVSentinel's older charts: accepted and ignored, with a warning (counters
-    /// are evaluated at least every second).
-    #[arg(long, value_name = "DURATION")]
-    counter_polling_interval: Option<String>,
-    /// Retired flag of NVSentinel's older charts: accepted and ignored, with a warning.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
-    kata_enabled: Option<String>,
+    #[command(flatten)]
+    retired: nicmon::upstream::RetiredFlags,
     /// Base of the connector retry backoff (the contract's 2 s); for tests and demos.
     #[arg(long, hide = true, value_parser = parse_retry_base)]
     connector_retry_base: Option<std::time::Duration>,
@@ -287,21 +279,9 @@ fn parse_strategy(s: &str) -> Result<ProcessingStrategy, String> {
 }
 
 impl RunCli {
-    /// The retired upstream flags given on the command line.
-    fn retired_flags(&self) -> Vec<&'static str> {
-        let mut given = Vec::new();
-        if self.counter_polling_interval.is_some() {
-            given.push("--counter-polling-interval");
-        }
-        if self.kata_enabled.is_some() {
-            given.push("--kata-enabled");
-        }
-        given
-    }
-
     /// Warnings about flags that are accepted but change nothing.
     fn flag_warnings(&self) -> Vec<String> {
-        nicmon::upstream::retired_warning(&self.retired_flags()).into_iter().collect()
+        self.retired.warning().into_iter().collect()
     }
 
     /// The poll-stall watchdog's settings (upstream's chart default deadline when not given).

@@ -165,9 +165,20 @@ impl Report {
         self
     }
 
-    /// One line per port: role, health, rate — then the events.
+    /// One line per port: role, health, rate — then the character devices, held ports,
+    /// topology and events.
     pub fn table(&self) -> String {
         let mut out = String::new();
+        self.port_lines(&mut out);
+        self.char_device_lines(&mut out);
+        self.hold_lines(&mut out);
+        self.topology_lines(&mut out);
+        self.event_lines(&mut out);
+        out
+    }
+
+    /// The header, then one line per port (one per device without ports).
+    fn port_lines(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} NOTE",
@@ -221,6 +232,10 @@ impl Report {
                 );
             }
         }
+    }
+
+    /// The character devices not present (missing, or held unreadable).
+    fn char_device_lines(&self, out: &mut String) {
         for c in self.char_devices.iter().filter(|c| c.present != Some(true)) {
             let at = c.port.map(|p| format!(" port {p}")).unwrap_or_default();
             let status = match (c.present, c.reported_missing) {
@@ -230,6 +245,10 @@ impl Report {
             };
             let _ = writeln!(out, "char device {} of {}{at}: {status}", c.kind.name(), c.device);
         }
+    }
+
+    /// Ports held by the hold-down, and blips.
+    fn hold_lines(&self, out: &mut String) {
         for h in &self.held_ports {
             let _ = writeln!(
                 out,
@@ -248,10 +267,16 @@ impl Report {
                 b.device, b.port, b.check
             );
         }
+    }
+
+    fn topology_lines(&self, out: &mut String) {
         let _ = writeln!(out, "topology source: {}", self.topology_source);
         for n in &self.topology_notes {
             let _ = writeln!(out, "note: {n}");
         }
+    }
+
+    fn event_lines(&self, out: &mut String) {
         if self.events.is_empty() {
             let _ = writeln!(out, "events: none");
         } else {
@@ -272,6 +297,5 @@ impl Report {
                 );
             }
         }
-        out
     }
 }

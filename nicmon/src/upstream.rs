@@ -3,17 +3,98 @@
 //!
 //! Upstream's monitor is a Go program: its chart passes flags only (no subcommand), with
 //! Go's value syntax (`--poll-stall-deadline=10s`, `--poll-stall-store-only=true`), and older
-//! charts pass flags the current code no longer has. Everything here is a pure function of
-//! the arguments; none panics on any input (proptests below).
+//! charts pass flags the current code no longer has ([`RETIRED_FLAGS`], declared here only).
+//! Everything here is a pure function of the arguments; none panics on any input (proptests
+//! below).
 use std::ffi::OsString;
 use std::time::Duration;
 
-/// Flags of earlier released upstream charts (the Kata-era DaemonSets `-regular`/`-kata`) that
-/// nicmon accepts and ignores, with why. Current upstream code has neither.
-pub const RETIRED_FLAGS: &[(&str, &str)] = &[
-    ("--counter-polling-interval", "counters are evaluated at least every second"),
-    ("--kata-enabled", "the same DaemonSet serves Kata and regular nodes"),
+/// A flag of earlier released upstream charts (the Kata-era DaemonSets `-regular`/`-kata`)
+/// that nicmon accepts and ignores, with a warning. Current upstream code has none of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetiredFlag {
+    /// As given on the command line: `--counter-polling-interval`.
+    pub flag: &'static str,
+    /// The kind of value the chart passes with it.
+    pub value_name: &'static str,
+    /// The value may be left out (a Go boolean flag alone means true).
+    pub value_optional: bool,
+    /// Why it changes nothing now.
+    pub why: &'static str,
+}
+
+/// The retired flags: the command line takes exactly these ([`RetiredFlags`]).
+pub const RETIRED_FLAGS: &[RetiredFlag] = &[
+    RetiredFlag {
+        flag: "--counter-polling-interval",
+        value_name: "DURATION",
+        value_optional: false,
+        why: "counters are evaluated at least every second",
+    },
+    RetiredFlag {
+        flag: "--kata-enabled",
+        value_name: "BOOL",
+        value_optional: true,
+        why: "the same DaemonSet serves Kata and regular nodes",
+    },
 ];
+
+impl RetiredFlag {
+    fn long(&self) -> &'static str {
+        self.flag.trim_start_matches('-')
+    }
+
+    fn arg(&self) -> clap::Arg {
+        let arg = clap::Arg::new(self.long())
+            .long(self.long())
+            .value_name(self.value_name)
+            .action(clap::ArgAction::Set)
+            .help(format!(
+                "Retired flag of NVSentinel's older charts: accepted and ignored, with a warning ({}).",
+                self.why
+            ));
+        match self.value_optional {
+            true => arg.num_args(0..=1).default_missing_value("true"),
+            false => arg,
+        }
+    }
+}
+
+/// The [`RETIRED_FLAGS`] as command-line arguments (`#[command(flatten)]`): which were given.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RetiredFlags {
+    /// The retired flags given, in [`RETIRED_FLAGS`] order.
+    pub given: Vec<&'static str>,
+}
+
+impl RetiredFlags {
+    /// The one warning about them, or `None` when none was given.
+    pub fn warning(&self) -> Option<String> {
+        retired_warning(&self.given)
+    }
+}
+
+impl clap::FromArgMatches for RetiredFlags {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let given = RETIRED_FLAGS.iter().filter(|f| m.value_source(f.long()).is_some()).map(|f| f.flag).collect();
+        Ok(RetiredFlags { given })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = RetiredFlags::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl clap::Args for RetiredFlags {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        RETIRED_FLAGS.iter().fold(cmd, |cmd, f| cmd.arg(f.arg()))
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        RetiredFlags::augment_args(cmd)
+    }
+}
 
 /// Tokens that make sense before a subcommand and must not be taken for `run`'s flags.
 const TOP_LEVEL: &[&str] = &["-h", "--help", "-V", "--version"];
@@ -42,11 +123,8 @@ pub fn retired_warning(given: &[&str]) -> Option<String> {
     if given.is_empty() {
         return None;
     }
-    let why: Vec<String> = RETIRED_FLAGS
-        .iter()
-        .filter(|(name, _)| given.contains(name))
-        .map(|(name, why)| format!("{name}: {why}"))
-        .collect();
+    let why: Vec<String> =
+        RETIRED_FLAGS.iter().filter(|f| given.contains(&f.flag)).map(|f| format!("{}: {}", f.flag, f.why)).collect();
     Some(format!("ignored retired NVSentinel flag(s) {} ({})", given.join(", "), why.join("; ")))
 }
 
@@ -156,6 +234,26 @@ mod tests {
         let w = retired_warning(&["--kata-enabled"]).unwrap();
         assert!(!w.contains("--counter-polling-interval"), "{w}");
         assert_eq!(retired_warning(&[]), None);
+    }
+
+    #[test]
+    fn retired_flags_are_taken_from_the_one_table() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            retired: RetiredFlags,
+        }
+        let given = |list: &[&str]| {
+            use clap::Parser;
+            Cli::try_parse_from(args(list)).map(|c| c.retired.given).map_err(|e| e.to_string())
+        };
+        assert_eq!(given(&["nicmon"]), Ok(vec![]));
+        assert_eq!(
+            given(&["nicmon", "--kata-enabled", "--counter-polling-interval", "5s"]),
+            Ok(vec!["--counter-polling-interval", "--kata-enabled"])
+        );
+        assert_eq!(given(&["nicmon", "--kata-enabled=false"]), Ok(vec!["--kata-enabled"]));
+        assert!(given(&["nicmon", "--counter-polling-interval"]).is_err(), "a duration is expected");
     }
 
     #[test]

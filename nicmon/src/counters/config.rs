@@ -15,135 +15,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use super::defaults::COUNTER_DEFINITIONS;
 pub use super::defaults::default_rules;
-
-/// How a rule's threshold is compared (001 §10.4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ThresholdType {
-    /// Increase since the previous poll, compared with `threshold`.
-    Delta,
-    /// Increase per `velocityUnit`, measured over at least one whole unit of real time.
-    Velocity,
-}
-
-impl ThresholdType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ThresholdType::Delta => "delta",
-            ThresholdType::Velocity => "velocity",
-        }
-    }
-
-    fn parse(s: &str) -> Option<ThresholdType> {
-        match s {
-            "delta" => Some(ThresholdType::Delta),
-            "velocity" => Some(ThresholdType::Velocity),
-            _ => None,
-        }
-    }
-}
-
-/// The unit of a velocity threshold, which is also its evaluation window (001 §10.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum VelocityUnit {
-    Second,
-    Minute,
-    Hour,
-}
-
-impl VelocityUnit {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            VelocityUnit::Second => "second",
-            VelocityUnit::Minute => "minute",
-            VelocityUnit::Hour => "hour",
-        }
-    }
-
-    /// Length of the unit (and of the evaluation window) in seconds.
-    pub fn seconds(self) -> u32 {
-        match self {
-            VelocityUnit::Second => 1,
-            VelocityUnit::Minute => 60,
-            VelocityUnit::Hour => 3600,
-        }
-    }
-
-    /// Suffix used in event messages: `rate=20.00/sec` (001 §11).
-    pub fn suffix(self) -> &'static str {
-        match self {
-            VelocityUnit::Second => "sec",
-            VelocityUnit::Minute => "min",
-            VelocityUnit::Hour => "hour",
-        }
-    }
-
-    fn parse(s: &str) -> Option<VelocityUnit> {
-        match s {
-            "second" => Some(VelocityUnit::Second),
-            "minute" => Some(VelocityUnit::Minute),
-            "hour" => Some(VelocityUnit::Hour),
-            _ => None,
-        }
-    }
-}
-
-/// One counter to watch, after merging the operator's entries with the defaults.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CounterRule {
-    /// Identity of the rule: used in events (`errorCode`) and state keys. Unique.
-    pub name: String,
-    /// Relative to the port directory (`counters/link_downed`), or a
-    /// `/sys/class/net/{interface}/...` template. Two rules may share a path
-    /// (`symbol_error` and `symbol_error_fatal`).
-    pub path: String,
-    pub enabled: bool,
-    pub is_fatal: bool,
-    pub threshold_type: ThresholdType,
-    /// A breach is strictly greater than this.
-    pub threshold: f64,
-    /// `Some` exactly when `threshold_type` is `Velocity`.
-    pub velocity_unit: Option<VelocityUnit>,
-    pub description: String,
-    /// The link layers whose ports this counter is read on (owned by the code for the
-    /// built-in rules; every layer for a counter the operator adds).
-    #[serde(default)]
-    pub layers: Layers,
-}
-
-/// Which ports a counter applies to, by link layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Layers {
-    /// InfiniBand and Ethernet (RoCE) ports: the mlx5 PMA and `hw_counters/` counters.
-    Rdma,
-    /// AWS EFA ports only.
-    Efa,
-    /// Every port.
-    #[default]
-    All,
-}
-
-impl Layers {
-    /// Whether a port of link layer `ll` (unknown when unreadable) gets this counter.
-    pub fn covers(self, ll: Option<&crate::model::LinkLayer>) -> bool {
-        use crate::model::LinkLayer;
-        match self {
-            Layers::All => true,
-            Layers::Efa => ll == Some(&LinkLayer::Efa),
-            Layers::Rdma => ll != Some(&LinkLayer::Efa),
-        }
-    }
-}
-
-/// Prefix of the only absolute paths a rule may have; `{interface}` is the port's netdev.
-pub const NET_TEMPLATE_PREFIX: &str = "/sys/class/net/{interface}/";
-/// Prefix of a device-level counter (EFA's `<dev>/hw_counters/`): read on port 1 and
-/// reported against it.
-pub const DEVICE_TEMPLATE_PREFIX: &str = "/sys/class/infiniband/{device}/";
+pub use super::rule::{CounterRule, DEVICE_TEMPLATE_PREFIX, Layers, NET_TEMPLATE_PREFIX, ThresholdType, VelocityUnit};
 
 /// The `[counterDetection]` section as the operator wrote it.
 ///
@@ -364,18 +238,45 @@ pub fn merge(defaults: &[CounterRule], entries: &[CounterEntry]) -> Result<Vec<C
     let mut rules: Vec<CounterRule> = defaults.to_vec();
     let mut seen: Vec<&str> = Vec::new();
     for (i, e) in entries.iter().enumerate() {
-        let name = e.name.as_deref();
-        let Some(n) = name else {
-            return Err(err(i, None, "name: missing (every entry needs a name)"));
+        let name = entry_name(i, e, &seen)?;
+        seen.push(name);
+        let values = EntryValues::parse(i, e)?;
+        let k = match rules.iter().position(|r| r.name == name) {
+            Some(k) => k,
+            None => {
+                rules.push(added_rule(i, e, name)?);
+                rules.len() - 1
+            }
         };
-        if n.trim().is_empty() {
-            return Err(err(i, name, "name = \"\": expected a non-empty name"));
-        }
-        if let Some(j) = seen.iter().position(|s| *s == n) {
-            return Err(err(i, name, format!("name = {n:?}: duplicate of counterDetection.counters[{j}]")));
-        }
-        seen.push(n);
+        values.apply(e, &mut rules[k]).map_err(|problem| err(i, Some(name), problem))?;
+    }
+    Ok(rules)
+}
 
+/// The entry's name: present, not blank, not a duplicate of an earlier entry's.
+fn entry_name<'e>(i: usize, e: &'e CounterEntry, seen: &[&str]) -> Result<&'e str, CounterConfigError> {
+    let name = e.name.as_deref();
+    let Some(n) = name else {
+        return Err(err(i, None, "name: missing (every entry needs a name)"));
+    };
+    if n.trim().is_empty() {
+        return Err(err(i, name, "name = \"\": expected a non-empty name"));
+    }
+    if let Some(j) = seen.iter().position(|s| *s == n) {
+        return Err(err(i, name, format!("name = {n:?}: duplicate of counterDetection.counters[{j}]")));
+    }
+    Ok(n)
+}
+
+/// An entry's typed values, each checked on its own (before the merge).
+struct EntryValues {
+    threshold_type: Option<ThresholdType>,
+    velocity_unit: Option<VelocityUnit>,
+}
+
+impl EntryValues {
+    fn parse(i: usize, e: &CounterEntry) -> Result<EntryValues, CounterConfigError> {
+        let name = e.name.as_deref();
         let threshold_type = match &e.threshold_type {
             Some(s) => Some(
                 ThresholdType::parse(s)
@@ -398,51 +299,11 @@ pub fn merge(defaults: &[CounterRule], entries: &[CounterEntry]) -> Result<Vec<C
         if let Some(p) = &e.path {
             check_path(p).map_err(|why| err(i, name, format!("path = {p:?}: {why}")))?;
         }
+        Ok(EntryValues { threshold_type, velocity_unit })
+    }
 
-        let rule = match rules.iter().position(|r| r.name == n) {
-            Some(k) => &mut rules[k],
-            None => {
-                if e.path.is_none() {
-                    let known: Vec<String> = default_rules().into_iter().map(|r| r.name).collect();
-                    return Err(err(
-                        i,
-                        name,
-                        format!(
-                            "name = {n:?}: not a known counter (known: {}); to watch another counter give its \
-                             path, thresholdType and threshold",
-                            known.join(", ")
-                        ),
-                    ));
-                }
-                let missing: Vec<&str> = [
-                    ("path", e.path.is_none()),
-                    ("thresholdType", e.threshold_type.is_none()),
-                    ("threshold", e.threshold.is_none()),
-                ]
-                .into_iter()
-                .filter_map(|(k, m)| m.then_some(k))
-                .collect();
-                if !missing.is_empty() {
-                    return Err(err(
-                        i,
-                        name,
-                        format!("{}: missing (required for a counter that is not a known one)", missing.join(", ")),
-                    ));
-                }
-                rules.push(CounterRule {
-                    name: n.to_owned(),
-                    path: String::new(),
-                    enabled: true,
-                    is_fatal: false,
-                    threshold_type: ThresholdType::Delta,
-                    threshold: 0.0,
-                    velocity_unit: None,
-                    description: String::new(),
-                    layers: Layers::All,
-                });
-                rules.last_mut().expect("just pushed")
-            }
-        };
+    /// Overrides the keys the entry gives, then checks the rule it makes.
+    fn apply(&self, e: &CounterEntry, rule: &mut CounterRule) -> Result<(), &'static str> {
         if let Some(p) = &e.path {
             rule.path = p.clone();
         }
@@ -452,7 +313,7 @@ pub fn merge(defaults: &[CounterRule], entries: &[CounterEntry]) -> Result<Vec<C
         if let Some(b) = e.is_fatal {
             rule.is_fatal = b;
         }
-        if let Some(t) = threshold_type {
+        if let Some(t) = self.threshold_type {
             rule.threshold_type = t;
         }
         if let Some(t) = e.threshold {
@@ -466,21 +327,60 @@ pub fn merge(defaults: &[CounterRule], entries: &[CounterEntry]) -> Result<Vec<C
             // and ignored; an inherited one is dropped when an override switches to delta.
             ThresholdType::Delta => rule.velocity_unit = None,
             ThresholdType::Velocity => {
-                if let Some(u) = velocity_unit {
+                if let Some(u) = self.velocity_unit {
                     rule.velocity_unit = Some(u);
                 }
                 if rule.velocity_unit.is_none() {
-                    return Err(err(
-                        i,
-                        name,
-                        "velocityUnit: missing (required when thresholdType = \"velocity\"): \
-                         expected one of second, minute, hour",
-                    ));
+                    return Err("velocityUnit: missing (required when thresholdType = \"velocity\"): \
+                         expected one of second, minute, hour");
                 }
             }
         }
+        Ok(())
     }
-    Ok(rules)
+}
+
+/// The blank rule an entry for a counter that is not a known one is merged over: such an
+/// entry must give the path, the threshold type and the threshold.
+fn added_rule(i: usize, e: &CounterEntry, name: &str) -> Result<CounterRule, CounterConfigError> {
+    if e.path.is_none() {
+        let known: Vec<&str> = COUNTER_DEFINITIONS.iter().map(|d| d.name).collect();
+        return Err(err(
+            i,
+            Some(name),
+            format!(
+                "name = {name:?}: not a known counter (known: {}); to watch another counter give its \
+                 path, thresholdType and threshold",
+                known.join(", ")
+            ),
+        ));
+    }
+    let missing: Vec<&str> = [
+        ("path", e.path.is_none()),
+        ("thresholdType", e.threshold_type.is_none()),
+        ("threshold", e.threshold.is_none()),
+    ]
+    .into_iter()
+    .filter_map(|(k, m)| m.then_some(k))
+    .collect();
+    if !missing.is_empty() {
+        return Err(err(
+            i,
+            Some(name),
+            format!("{}: missing (required for a counter that is not a known one)", missing.join(", ")),
+        ));
+    }
+    Ok(CounterRule {
+        name: name.to_owned(),
+        path: String::new(),
+        enabled: true,
+        is_fatal: false,
+        threshold_type: ThresholdType::Delta,
+        threshold: 0.0,
+        velocity_unit: None,
+        description: String::new(),
+        layers: Layers::All,
+    })
 }
 
 /// A rule path is relative to the port directory, or a `/sys/class/net/{interface}/`

@@ -15,7 +15,7 @@
 //!    (never extrapolated from a shorter sample);
 //! 6. a breach emits one unhealthy event and latches.
 //!
-//! A rule is evaluated only on ports of its link layers ([`super::config::Layers`]).
+//! A rule is evaluated only on ports of its link layers ([`super::rule::Layers`]).
 //! Every event is filed under the port's degradation check (`InfiniBandDegradationCheck` /
 //! `EthernetDegradationCheck` / `EFADegradationCheck`) with `errorCode = [<rule name>]`, so a counter's recovery
 //! clears only that counter's condition (lessons 5, 12).
@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
 
-use super::config::{CounterRule, ThresholdType, VelocityUnit};
+use super::rule::{CounterRule, DEVICE_TEMPLATE_PREFIX, ThresholdType, VelocityUnit};
 use super::width;
 use crate::event::{Check, Entity, HealthEvent, Stamp};
 use crate::model::{LinkLayer, Port};
@@ -214,6 +214,11 @@ impl Reading<'_> {
             .error_code(self.rule.name.clone())
     }
 
+    /// This reading as the base of the next window.
+    fn snapshot(&self) -> CounterSnapshot {
+        CounterSnapshot { value: self.value, timestamp: self.now }
+    }
+
     fn where_(&self) -> String {
         format!("port {} port {}", self.port.device, self.port.port)
     }
@@ -231,85 +236,98 @@ fn put<V>(map: &mut BTreeMap<String, V>, key: &str, value: V) -> Option<V> {
     }
 }
 
+/// One (port, rule) reading through the steps of the module doc, in order.
 fn step(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &Reading<'_>, reboot: bool) {
-    let value = at.value;
     let snapshot = st.counter_snapshots.get(key).copied();
-    let last = put(&mut st.last_values, key, value);
-    let fresh = CounterSnapshot { value, timestamp: at.now };
-
+    let last = put(&mut st.last_values, key, at.value);
     let Some(snap) = snapshot else {
-        // First sight of this (port, rule).
-        if reboot {
-            events.push(
-                at.event(at.port.check(), &format!("Counter {} healthy after reboot on {}", at.rule.name, at.where_())),
-            );
-        }
-        put(&mut st.counter_snapshots, key, fresh);
-        saturation(st, events, key, at);
-        return;
+        return first_sight(st, events, key, at, reboot);
     };
-
     // 001 §6.3: the last poll's value first (a reset mid-window), the snapshot after a
     // restart; a value below the snapshot is a reset in any case (monotonic in between).
-    if value < last.unwrap_or(snap.value) || value < snap.value {
-        let breach = st.breach_flags.remove(key).filter(|b| b.breached);
-        let saturated = st.saturation_flags.remove(key);
-        let check_name = breach.map(|b| b.check_name).or(saturated.map(|s| s.check_name));
-        if let Some(name) = check_name {
-            let check = Check::parse(&name).unwrap_or_else(|| at.port.check());
-            events.push(at.event(check, &format!("Counter {} recovered on {}", at.rule.name, at.where_())));
-        }
-        put(&mut st.counter_snapshots, key, fresh);
-        return;
+    if at.value < last.unwrap_or(snap.value) || at.value < snap.value {
+        return reset(st, events, key, at);
     }
-
     if saturation(st, events, key, at) {
         return;
     }
-
     if st.is_breached(key) {
         return; // latched until a reset or a reboot (001 §6.3)
     }
+    if let Some(rate) = threshold(st, key, at, snap) {
+        breach(st, events, key, at, at.value - snap.value, &rate);
+    }
+}
 
-    let delta = value - snap.value;
+/// Step 1: the first reading of this (port, rule) starts its snapshot; after a reboot it is
+/// said healthy.
+fn first_sight(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &Reading<'_>, reboot: bool) {
+    if reboot {
+        events.push(
+            at.event(at.port.check(), &format!("Counter {} healthy after reboot on {}", at.rule.name, at.where_())),
+        );
+    }
+    put(&mut st.counter_snapshots, key, at.snapshot());
+    saturation(st, events, key, at);
+}
+
+/// Step 2: a reset ends a breach or a saturation episode (one healthy event, under the
+/// check it was filed under) and restarts the snapshot.
+fn reset(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &Reading<'_>) {
+    let breach = st.breach_flags.remove(key).filter(|b| b.breached);
+    let saturated = st.saturation_flags.remove(key);
+    let check_name = breach.map(|b| b.check_name).or(saturated.map(|s| s.check_name));
+    if let Some(name) = check_name {
+        let check = Check::parse(&name).unwrap_or_else(|| at.port.check());
+        events.push(at.event(check, &format!("Counter {} recovered on {}", at.rule.name, at.where_())));
+    }
+    put(&mut st.counter_snapshots, key, at.snapshot());
+}
+
+/// Step 5: the rule's threshold against the snapshot, advancing the snapshot as the
+/// threshold type says. `Some(rate as said in the message)` on a breach.
+fn threshold(st: &mut CounterState, key: &str, at: &Reading<'_>, snap: CounterSnapshot) -> Option<String> {
+    let delta = at.value - snap.value;
     let elapsed = at.now - snap.timestamp;
-    let (breach, rate) = match at.rule.threshold_type {
+    match at.rule.threshold_type {
         ThresholdType::Delta => {
-            put(&mut st.counter_snapshots, key, fresh);
-            let breach = delta as f64 > at.rule.threshold;
+            put(&mut st.counter_snapshots, key, at.snapshot());
+            if delta as f64 <= at.rule.threshold {
+                return None;
+            }
             // The rate is only said in a breach's message: made only then.
-            let rate = match breach {
-                false => String::new(),
-                true if elapsed.is_positive() => format!("{:.2}/sec", delta as f64 / elapsed.as_seconds_f64()),
-                true => "n/a".to_owned(),
-            };
-            (breach, rate)
+            Some(match elapsed.is_positive() {
+                true => format!("{:.2}/sec", delta as f64 / elapsed.as_seconds_f64()),
+                false => "n/a".to_owned(),
+            })
         }
         ThresholdType::Velocity => {
             let unit = at.rule.velocity_unit.unwrap_or(VelocityUnit::Second);
             if elapsed.is_negative() {
                 // The wall clock stepped back: no window can be measured against the
                 // snapshot any more, start a new one.
-                put(&mut st.counter_snapshots, key, fresh);
-                return;
+                put(&mut st.counter_snapshots, key, at.snapshot());
+                return None;
             }
             if elapsed < Duration::seconds(i64::from(unit.seconds())) {
-                return; // window not full yet: hold the snapshot
+                return None; // window not full yet: hold the snapshot
             }
-            put(&mut st.counter_snapshots, key, fresh);
+            put(&mut st.counter_snapshots, key, at.snapshot());
             let rate = delta as f64 / elapsed.as_seconds_f64() * f64::from(unit.seconds());
-            (rate > at.rule.threshold, format!("{rate:.2}/{}", unit.suffix()))
+            (rate > at.rule.threshold).then(|| format!("{rate:.2}/{}", unit.suffix()))
         }
-    };
-    if !breach {
-        return;
     }
+}
+
+/// Step 6: a breach emits one unhealthy event and latches.
+fn breach(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &Reading<'_>, delta: u64, rate: &str) {
     let check = at.port.check();
     let what = if at.rule.description.is_empty() {
         at.rule.name.clone()
     } else {
         format!("{} - {}", at.rule.name, at.rule.description)
     };
+    let value = at.value;
     events.push(
         at.event(
             check,
@@ -326,8 +344,8 @@ fn step(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &Re
     );
 }
 
-/// Saturation episodes (SPEC §1.4): report a counter at its maximum once. Returns whether
-/// the counter is saturated now (then its thresholds are not evaluated).
+/// Step 3, saturation episodes (SPEC §1.4): report a counter at its maximum once. Returns
+/// whether the counter is saturated now (then its thresholds are not evaluated).
 fn saturation(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &Reading<'_>) -> bool {
     let w = width::width(&at.rule.path);
     let max = w.and_then(|w| w.saturation_value());
@@ -371,7 +389,7 @@ pub fn missing(ports: &[CounterPort<'_>], rules: &[CounterRule]) -> Vec<(String,
     let mut out = Vec::new();
     for p in ports {
         // A device-level counter is read on port 1 only: not missing elsewhere.
-        let device_level = |r: &CounterRule| r.path.starts_with(super::config::DEVICE_TEMPLATE_PREFIX);
+        let device_level = |r: &CounterRule| r.path.starts_with(DEVICE_TEMPLATE_PREFIX);
         for r in
             rules.iter().filter(|r| r.enabled && r.layers.covers(p.link_layer) && (p.port == 1 || !device_level(r)))
         {

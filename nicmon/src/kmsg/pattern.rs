@@ -377,17 +377,49 @@ impl std::error::Error for ConfigError {}
 const MAX_WINDOW_SECONDS: u64 = 7 * 24 * 3600;
 
 impl KmsgConfig {
-    /// Validate and build the effective pattern set.
+    /// Validate and build the effective pattern set: the built-ins (`BUILTINS`, the
+    /// soft lockup rule), then each entry in file order, checked (`Entry::parse`) and
+    /// applied as an override of a built-in, or an addition.
     pub fn compile(&self) -> Result<Patterns, ConfigError> {
-        let top_err =
-            |key: &'static str, problem: String| ConfigError { index: None, name: String::new(), key, problem };
         if self.dedup_window_seconds > MAX_WINDOW_SECONDS {
-            return Err(top_err(
-                "dedupWindowSeconds",
-                format!("{} is more than {MAX_WINDOW_SECONDS} (a week)", self.dedup_window_seconds),
-            ));
+            return Err(ConfigError {
+                index: None,
+                name: String::new(),
+                key: "dedupWindowSeconds",
+                problem: format!("{} is more than {MAX_WINDOW_SECONDS} (a week)", self.dedup_window_seconds),
+            });
         }
-        let mut line: Vec<Pattern> = BUILTINS
+        let mut line = self.builtins();
+        let mut soft_lockup = Some(self.builtin_soft_lockup());
+        let mut added: Vec<Pattern> = Vec::new();
+        let mut disabled: BTreeSet<String> = BTreeSet::new();
+        let mut seen: BTreeSet<&str> = BTreeSet::new();
+        for (index, pc) in self.patterns.iter().enumerate() {
+            let entry = Entry::parse(index, pc, &mut seen)?;
+            if pc.name == SOFT_LOCKUP_ID {
+                if !entry.enabled {
+                    soft_lockup = None;
+                } else if let Some(rule) = soft_lockup.as_mut() {
+                    entry.override_soft_lockup(rule);
+                }
+            } else if let Some(p) = line.iter_mut().find(|p| p.id == pc.name) {
+                if !entry.enabled {
+                    disabled.insert(pc.name.clone());
+                } else {
+                    entry.override_builtin(p)?;
+                }
+            } else if let Some(p) = entry.added(self.dedup_window_seconds)? {
+                added.push(p);
+            }
+        }
+        line.retain(|p| !disabled.contains(&p.id));
+        added.extend(line);
+        Ok(Patterns { line: added, soft_lockup, default_window_seconds: self.dedup_window_seconds })
+    }
+
+    /// The built-in table, compiled, with this section's default window.
+    fn builtins(&self) -> Vec<Pattern> {
+        BUILTINS
             .iter()
             .map(|b| Pattern {
                 id: b.id.to_string(),
@@ -404,135 +436,145 @@ impl KmsgConfig {
                 },
                 description: b.description.to_string(),
             })
-            .collect();
-        let mut soft_lockup = Some(SoftLockupRule {
+            .collect()
+    }
+
+    fn builtin_soft_lockup(&self) -> SoftLockupRule {
+        SoftLockupRule {
             header: Regex::new(SOFT_LOCKUP_HEADER).expect("built-in regex"),
             frame: Regex::new(SOFT_LOCKUP_FRAME).expect("built-in regex"),
             fatal: true,
             action: REPLACE_VM,
             dedup_window_seconds: self.dedup_window_seconds,
-        });
-        let mut added: Vec<Pattern> = Vec::new();
-        let mut disabled: BTreeSet<String> = BTreeSet::new();
-        let mut seen: BTreeSet<&str> = BTreeSet::new();
-
-        for (index, pc) in self.patterns.iter().enumerate() {
-            let err = |key: &'static str, problem: String| ConfigError {
-                index: Some(index),
-                name: pc.name.clone(),
-                key,
-                problem,
-            };
-            if pc.name.is_empty() || !pc.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
-                return Err(err("name", "must be non-empty and use only letters, digits, '_', '-', '.'".into()));
-            }
-            if !seen.insert(&pc.name) {
-                return Err(err("name", "appears more than once".into()));
-            }
-            let regex = match &pc.regex {
-                Some(r) => {
-                    Some(Regex::new(r).map_err(|e| err("regex", e.to_string().lines().last().unwrap_or("").into()))?)
-                }
-                None => None,
-            };
-            let action = match &pc.action {
-                Some(a) => Some(RecommendedAction::parse(a).ok_or_else(|| {
-                    err(
-                        "action",
-                        format!(
-                            "unknown action {a:?} (NONE, COMPONENT_RESET, CONTACT_SUPPORT, RUN_FIELDDIAG, RESTART_VM, RESTART_BM, REPLACE_VM, RUN_DCGMEUD, CUSTOM, UNKNOWN)"
-                        ),
-                    )
-                })?),
-                None => None,
-            };
-            if let Some(w) = pc.dedup_window_seconds
-                && w > MAX_WINDOW_SECONDS
-            {
-                return Err(err("dedupWindowSeconds", format!("{w} is more than {MAX_WINDOW_SECONDS} (a week)")));
-            }
-            let enabled = pc.enabled.unwrap_or(true);
-
-            if pc.name == SOFT_LOCKUP_ID {
-                if !enabled {
-                    soft_lockup = None;
-                } else if let Some(rule) = soft_lockup.as_mut() {
-                    // The header stays the kernel's; `regex` replaces the frame regex.
-                    if let Some(r) = regex {
-                        rule.frame = r;
-                    }
-                    if let Some(f) = pc.fatal {
-                        rule.fatal = f;
-                        if action.is_none() {
-                            rule.action = default_action(f);
-                        }
-                    }
-                    if let Some(a) = action {
-                        rule.action = a;
-                    }
-                    if let Some(w) = pc.dedup_window_seconds {
-                        rule.dedup_window_seconds = w;
-                    }
-                }
-                continue;
-            }
-
-            if let Some(p) = line.iter_mut().find(|p| p.id == pc.name) {
-                if !enabled {
-                    disabled.insert(pc.name.clone());
-                    continue;
-                }
-                if let Some(r) = regex {
-                    p.regex = r;
-                }
-                if let Some(w) = pc.dedup_window_seconds {
-                    p.dedup_window_seconds = w;
-                }
-                if let Some(d) = &pc.description {
-                    p.description = d.clone();
-                }
-                if let Some(sc) = pc.scope {
-                    p.scope = sc;
-                }
-                match p.outcome {
-                    Outcome::WakeHint => {
-                        if pc.fatal.is_some() || action.is_some() {
-                            return Err(err(
-                                "fatal",
-                                format!("{} is a wake-up hint, not an event: it takes no fatal or action", pc.name),
-                            ));
-                        }
-                    }
-                    Outcome::Event { fatal: old_fatal, action: old_action } => {
-                        let fatal = pc.fatal.unwrap_or(old_fatal);
-                        let action =
-                            action.unwrap_or(if pc.fatal.is_some() { default_action(fatal) } else { old_action });
-                        p.outcome = Outcome::Event { fatal, action };
-                    }
-                }
-                continue;
-            }
-
-            // A new pattern.
-            let Some(regex) = regex else {
-                return Err(err("regex", "required for a pattern that is not a built-in".into()));
-            };
-            if !enabled {
-                continue;
-            }
-            let fatal = pc.fatal.unwrap_or(false);
-            added.push(Pattern {
-                id: pc.name.clone(),
-                regex,
-                outcome: Outcome::Event { fatal, action: action.unwrap_or(default_action(fatal)) },
-                scope: pc.scope.unwrap_or(Card),
-                dedup_window_seconds: pc.dedup_window_seconds.unwrap_or(self.dedup_window_seconds),
-                description: pc.description.clone().unwrap_or_else(|| format!("kernel log pattern {}", pc.name)),
-            });
         }
-        line.retain(|p| !disabled.contains(&p.id));
-        added.extend(line);
-        Ok(Patterns { line: added, soft_lockup, default_window_seconds: self.dedup_window_seconds })
+    }
+}
+
+/// One `[[kernelLog.patterns]]` entry with its values checked and compiled.
+struct Entry<'a> {
+    index: usize,
+    config: &'a PatternConfig,
+    regex: Option<Regex>,
+    action: Option<RecommendedAction>,
+    enabled: bool,
+}
+
+impl<'a> Entry<'a> {
+    /// Check the entry's name (well-formed, not seen before), compile its regex, parse its
+    /// action, bound its window.
+    fn parse(index: usize, pc: &'a PatternConfig, seen: &mut BTreeSet<&'a str>) -> Result<Entry<'a>, ConfigError> {
+        let err = |key: &'static str, problem: String| ConfigError {
+            index: Some(index),
+            name: pc.name.clone(),
+            key,
+            problem,
+        };
+        if pc.name.is_empty() || !pc.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
+            return Err(err("name", "must be non-empty and use only letters, digits, '_', '-', '.'".into()));
+        }
+        if !seen.insert(&pc.name) {
+            return Err(err("name", "appears more than once".into()));
+        }
+        let regex = match &pc.regex {
+            Some(r) => {
+                Some(Regex::new(r).map_err(|e| err("regex", e.to_string().lines().last().unwrap_or("").into()))?)
+            }
+            None => None,
+        };
+        let action = match &pc.action {
+            Some(a) => Some(RecommendedAction::parse(a).ok_or_else(|| {
+                err(
+                    "action",
+                    format!(
+                        "unknown action {a:?} (NONE, COMPONENT_RESET, CONTACT_SUPPORT, RUN_FIELDDIAG, RESTART_VM, RESTART_BM, REPLACE_VM, RUN_DCGMEUD, CUSTOM, UNKNOWN)"
+                    ),
+                )
+            })?),
+            None => None,
+        };
+        if let Some(w) = pc.dedup_window_seconds
+            && w > MAX_WINDOW_SECONDS
+        {
+            return Err(err("dedupWindowSeconds", format!("{w} is more than {MAX_WINDOW_SECONDS} (a week)")));
+        }
+        Ok(Entry { index, config: pc, regex, action, enabled: pc.enabled.unwrap_or(true) })
+    }
+
+    fn err(&self, key: &'static str, problem: String) -> ConfigError {
+        ConfigError { index: Some(self.index), name: self.config.name.clone(), key, problem }
+    }
+
+    /// An entry named [`SOFT_LOCKUP_ID`]: the header stays the kernel's; `regex` replaces
+    /// the frame regex.
+    fn override_soft_lockup(self, rule: &mut SoftLockupRule) {
+        let pc = self.config;
+        if let Some(r) = self.regex {
+            rule.frame = r;
+        }
+        if let Some(f) = pc.fatal {
+            rule.fatal = f;
+            if self.action.is_none() {
+                rule.action = default_action(f);
+            }
+        }
+        if let Some(a) = self.action {
+            rule.action = a;
+        }
+        if let Some(w) = pc.dedup_window_seconds {
+            rule.dedup_window_seconds = w;
+        }
+    }
+
+    /// An entry named as a built-in: the keys it gives override the built-in's.
+    fn override_builtin(self, p: &mut Pattern) -> Result<(), ConfigError> {
+        let pc = self.config;
+        if let Some(r) = self.regex {
+            p.regex = r;
+        }
+        if let Some(w) = pc.dedup_window_seconds {
+            p.dedup_window_seconds = w;
+        }
+        if let Some(d) = &pc.description {
+            p.description = d.clone();
+        }
+        if let Some(sc) = pc.scope {
+            p.scope = sc;
+        }
+        match p.outcome {
+            Outcome::WakeHint if pc.fatal.is_some() || self.action.is_some() => Err(ConfigError {
+                index: Some(self.index),
+                name: pc.name.clone(),
+                key: "fatal",
+                problem: format!("{} is a wake-up hint, not an event: it takes no fatal or action", pc.name),
+            }),
+            Outcome::WakeHint => Ok(()),
+            Outcome::Event { fatal: old_fatal, action: old_action } => {
+                let fatal = pc.fatal.unwrap_or(old_fatal);
+                let action = self.action.unwrap_or(if pc.fatal.is_some() { default_action(fatal) } else { old_action });
+                p.outcome = Outcome::Event { fatal, action };
+                Ok(())
+            }
+        }
+    }
+
+    /// An entry with a new name: a pattern added (`None` when it is disabled).
+    fn added(self, default_window: u64) -> Result<Option<Pattern>, ConfigError> {
+        let Some(regex) = self.regex else {
+            return Err(self.err("regex", "required for a pattern that is not a built-in".into()));
+        };
+        if !self.enabled {
+            return Ok(None);
+        }
+        let pc = self.config;
+        let fatal = pc.fatal.unwrap_or(false);
+        Ok(Some(Pattern {
+            id: pc.name.clone(),
+            regex,
+            outcome: Outcome::Event { fatal, action: self.action.unwrap_or(default_action(fatal)) },
+            scope: pc.scope.unwrap_or(Card),
+            dedup_window_seconds: pc.dedup_window_seconds.unwrap_or(default_window),
+            description: pc.description.clone().unwrap_or_else(|| format!("kernel log pattern {}", pc.name)),
+        }))
     }
 }
 

@@ -47,7 +47,8 @@ pub use ports::MAX_DEFERRED_POLLS;
 pub use state::{KnownDevice, LinkState, PortRecord, Reported, port_key};
 pub use unknown::with_known_link_layers;
 
-/// The knobs of the state checks.
+/// The knobs of the state checks: derived from the config file
+/// (`config::Config::state_config`), whose defaults are theirs (`StateConfig::default`).
 #[derive(Debug, Clone)]
 pub struct StateConfig {
     /// A non-fatal port that was healthy in this boot escalates to fatal after this long.
@@ -59,18 +60,6 @@ pub struct StateConfig {
     pub flap: FlapConfig,
     /// Checks enabled (`--checks`).
     pub checks: BTreeSet<Check>,
-}
-
-impl Default for StateConfig {
-    fn default() -> StateConfig {
-        StateConfig {
-            escalation_grace: Duration::seconds(30),
-            speed_degradation_fatal: false,
-            port_state_hold_down: Duration::ZERO,
-            flap: FlapConfig::default(),
-            checks: Check::ALL.into_iter().collect(),
-        }
-    }
 }
 
 /// The evaluator's output.

@@ -67,97 +67,124 @@ pub(super) fn transition(
     blip: bool,
     out: &mut Emitted,
 ) {
-    let (d, port, ll) = (pv.device, pv.port, pv.ll);
-    let health = port_health(port, ll);
-    let card_below = cards.below(d.card.as_deref());
+    let health = port_health(pv.port, pv.ll);
     match health {
         PortHealth::Unknown | PortHealth::Quiet => {}
-        PortHealth::Healthy => {
-            if blip {
-                blip_transition(ctx, pv, r, out);
-            }
-            match r.flap.healthy(&ctx.cfg.flap, ctx.now) {
-                // Held as flapping: healthy is reported only once it has settled.
-                Settle::Settling => {
-                    r.was_healthy = true;
-                    r.unhealthy_since = None;
-                    return;
-                }
-                Settle::Settled { transitions, stable_for } => {
-                    let msg = format!(
-                        "{} - stable for {} s after flapping ({transitions} transitions)",
-                        healthy_text(&d.name, port, ll),
-                        stable_for.whole_seconds()
-                    );
-                    pv.emit(ctx, out, HealthEvent::new(pv.check, ctx.stamp, ctx.now, &msg));
-                }
-                Settle::NotHeld if r.reported != Reported::Healthy => {
-                    pv.emit(ctx, out, HealthEvent::new(pv.check, ctx.stamp, ctx.now, &healthy_text(&d.name, port, ll)));
-                }
-                Settle::NotHeld => {}
-            }
-            r.reported = Reported::Healthy;
+        PortHealth::Healthy => healthy(ctx, pv, r, blip, out),
+        // No usable previous state, or never healthy in this boot.
+        PortHealth::Fatal | PortHealth::NonFatal { .. } if ctx.first_poll || !known || !r.was_healthy => {
+            defer_never_healthy(pv, cards, r, out)
+        }
+        PortHealth::Fatal | PortHealth::NonFatal { .. } => unhealthy(ctx, pv, cards, health, r, out),
+    }
+}
+
+/// A healthy port: reported when it crosses the boundary, or once it has settled after
+/// flapping.
+fn healthy(ctx: &Ctx<'_>, pv: &PortView<'_>, r: &mut PortRecord, blip: bool, out: &mut Emitted) {
+    let (d, port, ll) = (pv.device, pv.port, pv.ll);
+    if blip {
+        blip_transition(ctx, pv, r, out);
+    }
+    match r.flap.healthy(&ctx.cfg.flap, ctx.now) {
+        // Held as flapping: healthy is reported only once it has settled.
+        Settle::Settling => {
             r.was_healthy = true;
             r.unhealthy_since = None;
-            r.deferred_polls = 0;
+            return;
         }
-        PortHealth::Fatal | PortHealth::NonFatal { .. } if ctx.first_poll || !known || !r.was_healthy => {
-            // No usable previous state, or never healthy in this boot: an unhealthy
-            // port is reported only through its card (peer evidence, lesson 1);
-            // otherwise it is treated as uncabled (decided within 3 polls, lesson 11).
-            if r.deferred_polls < MAX_DEFERRED_POLLS {
-                r.deferred_polls += 1;
-                if r.deferred_polls == MAX_DEFERRED_POLLS && card_below.is_none() {
-                    out.notes.push(format!(
-                        "{}: treated as uncabled (never healthy in this boot, card at its peers' mode)",
-                        state_text(&d.name, port, ll)
-                    ));
-                }
-            }
+        Settle::Settled { transitions, stable_for } => {
+            let msg = format!(
+                "{} - stable for {} s after flapping ({transitions} transitions)",
+                healthy_text(&d.name, port, ll),
+                stable_for.whole_seconds()
+            );
+            pv.emit(ctx, out, HealthEvent::new(pv.check, ctx.stamp, ctx.now, &msg));
         }
-        PortHealth::Fatal | PortHealth::NonFatal { .. } => {
-            let since = r.unhealthy_since.unwrap_or(ctx.now);
-            r.unhealthy_since = Some(since);
-            // Healthy at the previous poll (held or not): this poll is an unhealthy transition.
-            if r.reported == Reported::Healthy || r.flap.held_and_healthy() {
-                match r.flap.unhealthy_transition(&ctx.cfg.flap, ctx.now) {
-                    Transition::Report => flap_counted(pv, r, true, out),
-                    Transition::StartsFlapping { transitions } => {
-                        let msg = format!(
-                            "{} - port flapping: {transitions} transitions in {} s, held until healthy for {} s",
-                            state_text(&d.name, port, ll),
-                            ctx.cfg.flap.window.whole_seconds(),
-                            ctx.cfg.flap.settle.whole_seconds()
-                        );
-                        let ev = HealthEvent::new(pv.check, ctx.stamp, ctx.now, &msg)
-                            .unhealthy(true)
-                            .error_code(flap::ERROR_CODE);
-                        pv.emit(ctx, out, ev);
-                        r.reported = Reported::Fatal;
-                        flap_counted(pv, r, true, out);
-                        return;
-                    }
-                    Transition::Held => {
-                        flap_counted(pv, r, false, out);
-                        return;
-                    }
-                }
-            }
-            if r.flap.is_flapping() {
-                return;
-            }
-            let (fatal, why) = escalate(health, d.card.as_deref(), cards, since, ctx.now, ctx.cfg.escalation_grace);
-            let now_reported = if fatal { Reported::Fatal } else { Reported::NonFatal };
-            let crosses = match r.reported {
-                Reported::Healthy | Reported::Nothing => true,
-                Reported::NonFatal => fatal,
-                Reported::Fatal => false,
-            };
-            if crosses {
-                let msg = format!("{}{why}", state_text(&d.name, port, ll));
-                pv.emit(ctx, out, HealthEvent::new(pv.check, ctx.stamp, ctx.now, &msg).unhealthy(fatal));
-                r.reported = now_reported;
-            }
+        Settle::NotHeld if r.reported != Reported::Healthy => {
+            pv.emit(ctx, out, HealthEvent::new(pv.check, ctx.stamp, ctx.now, &healthy_text(&d.name, port, ll)));
+        }
+        Settle::NotHeld => {}
+    }
+    r.reported = Reported::Healthy;
+    r.was_healthy = true;
+    r.unhealthy_since = None;
+    r.deferred_polls = 0;
+}
+
+/// An unhealthy port never healthy in this boot (or without a usable previous state) is
+/// reported only through its card (peer evidence, lesson 1); otherwise it is treated as
+/// uncabled, decided within [`MAX_DEFERRED_POLLS`] polls (lesson 11).
+fn defer_never_healthy(pv: &PortView<'_>, cards: &Cards, r: &mut PortRecord, out: &mut Emitted) {
+    if r.deferred_polls < MAX_DEFERRED_POLLS {
+        r.deferred_polls += 1;
+        if r.deferred_polls == MAX_DEFERRED_POLLS && cards.below(pv.device.card.as_deref()).is_none() {
+            out.notes.push(format!(
+                "{}: treated as uncabled (never healthy in this boot, card at its peers' mode)",
+                state_text(&pv.device.name, pv.port, pv.ll)
+            ));
+        }
+    }
+}
+
+/// An unhealthy port that was healthy in this boot: flap damping first, then one event per
+/// boundary crossing, fatal at once or after the escalation grace ([`escalate`]).
+fn unhealthy(
+    ctx: &Ctx<'_>,
+    pv: &PortView<'_>,
+    cards: &Cards,
+    health: PortHealth,
+    r: &mut PortRecord,
+    out: &mut Emitted,
+) {
+    let (d, port, ll) = (pv.device, pv.port, pv.ll);
+    let since = r.unhealthy_since.unwrap_or(ctx.now);
+    r.unhealthy_since = Some(since);
+    // Healthy at the previous poll (held or not): this poll is an unhealthy transition.
+    if (r.reported == Reported::Healthy || r.flap.held_and_healthy()) && !passes_flap_damping(ctx, pv, r, out) {
+        return;
+    }
+    if r.flap.is_flapping() {
+        return;
+    }
+    let (fatal, why) = escalate(health, d.card.as_deref(), cards, since, ctx.now, ctx.cfg.escalation_grace);
+    let now_reported = if fatal { Reported::Fatal } else { Reported::NonFatal };
+    let crosses = match r.reported {
+        Reported::Healthy | Reported::Nothing => true,
+        Reported::NonFatal => fatal,
+        Reported::Fatal => false,
+    };
+    if crosses {
+        let msg = format!("{}{why}", state_text(&d.name, port, ll));
+        pv.emit(ctx, out, HealthEvent::new(pv.check, ctx.stamp, ctx.now, &msg).unhealthy(fatal));
+        r.reported = now_reported;
+    }
+}
+
+/// Flap damping of an unhealthy transition: whether it passes, to be reported as usual
+/// (else the port starts flapping, with one fatal event, or the transition is held).
+fn passes_flap_damping(ctx: &Ctx<'_>, pv: &PortView<'_>, r: &mut PortRecord, out: &mut Emitted) -> bool {
+    match r.flap.unhealthy_transition(&ctx.cfg.flap, ctx.now) {
+        Transition::Report => {
+            flap_counted(pv, r, true, out);
+            true
+        }
+        Transition::StartsFlapping { transitions } => {
+            let msg = format!(
+                "{} - port flapping: {transitions} transitions in {} s, held until healthy for {} s",
+                state_text(&pv.device.name, pv.port, pv.ll),
+                ctx.cfg.flap.window.whole_seconds(),
+                ctx.cfg.flap.settle.whole_seconds()
+            );
+            let ev = HealthEvent::new(pv.check, ctx.stamp, ctx.now, &msg).unhealthy(true).error_code(flap::ERROR_CODE);
+            pv.emit(ctx, out, ev);
+            r.reported = Reported::Fatal;
+            flap_counted(pv, r, true, out);
+            false
+        }
+        Transition::Held => {
+            flap_counted(pv, r, false, out);
+            false
         }
     }
 }

@@ -354,14 +354,7 @@ impl Metrics {
         );
         // Series of change-gated counters exist at 0 from the start, so that rate() and
         // alerts see them before the first event.
-        for check in [
-            Check::InfiniBandStateCheck,
-            Check::EthernetStateCheck,
-            Check::EFAStateCheck,
-            Check::InfiniBandDegradationCheck,
-            Check::EthernetDegradationCheck,
-            Check::EFADegradationCheck,
-        ] {
+        for check in Check::ALL.into_iter().filter(|c| c.defers_first_poll()) {
             let _ = m
                 .legacy_first_poll_deferred
                 .get_or_create(&NodeCheck { node: m.node.clone(), check: check.to_string() });
