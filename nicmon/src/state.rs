@@ -256,7 +256,8 @@ fn settled(state: &State) -> State {
 fn settles_to(state: &State, written: &State) -> bool {
     let State { version, boot_id, checks, outbox } = state;
     let CheckState { polls, links, counters, kmsg, char_devices, einval, scope, first_poll_deferrals } = checks;
-    let CounterState { counter_snapshots, last_values, breach_flags, saturation_flags } = counters;
+    // `measured` (the last window's BER and pause share) is volatile like the timestamps.
+    let CounterState { counter_snapshots, last_values, breach_flags, saturation_flags, measured: _ } = counters;
     let w = &written.checks;
     *version == written.version
         && *boot_id == written.boot_id
