@@ -95,7 +95,8 @@ pub fn run_check(args: &CheckArgs) -> Result<String> {
     }
     let mut report =
         Report::new(&monitor.stamp.node_name, boot_id, &poll.snapshot, &monitor.topology, &poll.roles, poll.events)
-            .with_flaps(&poll.next.links);
+            .with_flaps(&poll.next.links)
+            .with_phy(&poll.next.counters);
     report.char_devices = poll.char_devices;
     report.held_ports = poll.holds.held;
     report.blips = poll.holds.blips;

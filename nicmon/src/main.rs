@@ -104,6 +104,11 @@ struct HostArgs {
     /// TOML config (NVSentinel ConfigMap keys). Missing → defaults; invalid → exit 2.
     #[arg(long, value_name = "FILE", default_value = nicmon::config::DEFAULT_PATH)]
     config: PathBuf,
+    /// Read the RoCE ports' ethtool data (FEC, pause, driver statistics) from
+    /// DIR/<netdev>.json instead of the kernel; a missing file = not supported
+    /// [default: the kernel when --sysfs is the live sysfs, else none].
+    #[arg(long, value_name = "DIR")]
+    ethtool_replay: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -423,6 +428,7 @@ fn monitor_options_at(
         boot_id_path,
         checks,
         stamp,
+        ethtool_replay: host.ethtool_replay,
     }
 }
 

@@ -21,6 +21,7 @@
 pub mod ioctl;
 pub mod netlink;
 pub mod phy;
+pub mod ports;
 pub mod reader;
 pub mod replay;
 
