@@ -100,6 +100,9 @@ impl PortReader {
             let read = source.read(&netdev, timeout());
             notes.extend(self.absent_notes(&netdev, &read));
             let snap = read.snapshot();
+            if snap == EthtoolSnapshot::default() {
+                continue; // nothing offered: unknown, said above
+            }
             let values = counters(&snap);
             for p in d.ports.iter_mut().filter(|p| roce(p)) {
                 p.counters.extend(values.iter().map(|(k, v)| (k.clone(), *v)));
