@@ -35,6 +35,7 @@ use crate::check::{self, CheckArgs};
 use crate::config::Config;
 use crate::cycle::Monitor;
 use crate::discovery::{self, ReadPlan};
+use crate::ethtool;
 use crate::event::Stamp;
 use crate::host::{Access, AccessLog, FAILURE_LINK_PREFIX, Host, Tree, open_regular};
 use crate::kmsg::{self, DeviceIndex, HostLinks, Resolution};
@@ -54,6 +55,8 @@ const CONFIG: &str = "config.toml";
 const STATE: &str = "state.json";
 const BOOT_ID: &str = "boot_id";
 const KMSG: &str = "kmsg.txt";
+/// The RoCE netdevs' ethtool replay files (`ethtool/<netdev>.json`, SPEC §1.11).
+const ETHTOOL: &str = "ethtool";
 const VERSION: &str = "version.txt";
 const WAKE: &str = "wake-hooks.txt";
 
@@ -79,6 +82,9 @@ pub struct CaptureArgs {
     /// Port of the running daemon's `/metrics` (wake-up hook status).
     pub metrics_port: Option<u16>,
     pub limits: Limits,
+    /// Where the RoCE netdevs' ethtool data is read from (`--ethtool-replay`; `None`: the
+    /// kernel, when `sysfs` is the live sysfs). Captured as `ethtool/<netdev>.json`.
+    pub ethtool_replay: Option<PathBuf>,
 }
 
 /// The bounds of one capture.
@@ -178,6 +184,8 @@ struct Capture {
     pending: BTreeMap<(Tree, String), (PathBuf, String)>,
     /// Entries added or changed since the staging tree was last written.
     dirty: BTreeSet<(Tree, String)>,
+    /// `ethtool/<netdev>.json` replay files (SPEC §1.11), by netdev.
+    ethtool: BTreeMap<String, Vec<u8>>,
 }
 
 impl Capture {
@@ -531,6 +539,12 @@ fn archive(cap: &Capture, side: &BTreeMap<&'static str, SideFile>, manifest: Opt
             append_file(&mut b, name, bytes)?;
         }
     }
+    if !cap.ethtool.is_empty() {
+        dir(&mut b, ETHTOOL)?;
+    }
+    for (netdev, bytes) in &cap.ethtool {
+        append_file(&mut b, &format!("{ETHTOOL}/{netdev}.json"), bytes)?;
+    }
     for ((tree, rel), node) in &cap.nodes {
         let top = match tree {
             Tree::Sys => SYS,
@@ -608,6 +622,11 @@ impl Replay {
     /// The kernel log records the bundle holds, for `--kmsg`.
     pub fn kmsg(&self) -> Option<PathBuf> {
         Some(self.path(KMSG)).filter(|p| p.exists())
+    }
+
+    /// The ethtool replay directory (`None`: the bundle has none).
+    pub fn ethtool(&self) -> Option<PathBuf> {
+        Some(self.path(ETHTOOL)).filter(|p| p.is_dir())
     }
 
     /// Output with the replay tree's paths shown as the node's (notes name the metadata
@@ -724,6 +743,7 @@ pub fn capture(args: &CaptureArgs) -> Result<Bundle> {
         cut_short: false,
         pending: BTreeMap::new(),
         dirty: BTreeSet::new(),
+        ethtool: BTreeMap::new(),
     };
     let mut passes = 0;
     let mut converged = false;
@@ -749,6 +769,7 @@ pub fn capture(args: &CaptureArgs) -> Result<Bundle> {
         Ok(_) => Config::load(&args.config).unwrap_or_default(),
         Err(_) => Config::default(),
     };
+    cap.ethtool = capture_ethtool(args, &staging, &config);
     write_staging(&mut cap, staging.dir.path())?;
     let (kmsg_text, kmsg_records) = match &args.kmsg {
         Some(p) => match kernel_log(p, &staging, &config, &limits, deadline) {
@@ -814,6 +835,29 @@ pub fn capture(args: &CaptureArgs) -> Result<Bundle> {
     gz.write_all(&tar).context("bundle: compressing")?;
     let bytes = gz.finish().context("bundle: compressing")?;
     Ok(Bundle { bytes, manifest })
+}
+
+/// The ethtool data of every RoCE netdev of the captured tree, as replay files: what the
+/// driver answered, written by [`ethtool::replay::to_json`] (a netdev with nothing offered
+/// has no file: not supported, as on replay).
+fn capture_ethtool(args: &CaptureArgs, staging: &Replay, config: &Config) -> BTreeMap<String, Vec<u8>> {
+    let Some(source) = ethtool::ports::source(config.phy.enabled, args.ethtool_replay.as_deref(), &args.sysfs) else {
+        return BTreeMap::new();
+    };
+    let host = Host::new(staging.sysfs(), staging.procfs());
+    let snapshot = discovery::discover(&host, &ReadPlan::default());
+    let mut out = BTreeMap::new();
+    for d in snapshot.devices.iter().filter(|d| !d.is_vf()) {
+        let roce = d.ports.iter().any(|p| p.link_layer == Some(crate::model::LinkLayer::Ethernet));
+        let Some(netdev) = d.netdev.as_ref().filter(|_| roce) else {
+            continue;
+        };
+        let snap = source.read(netdev, host.timeout()).snapshot();
+        if snap != ethtool::EthtoolSnapshot::default() && ethtool::replay::path(Path::new(ETHTOOL), netdev).is_ok() {
+            out.insert(netdev.clone(), ethtool::replay::to_json(&snap).into_bytes());
+        }
+    }
+    out
 }
 
 /// `nicmon version`'s text.
@@ -973,6 +1017,8 @@ pub fn replay_check(file: &Path, mut args: CheckArgs, node_flag_given: bool, kms
     args.monitor.config = replay.config();
     args.state_file = replay.state_file();
     args.monitor.boot_id_path = replay.boot_id_path();
+    // A bundle is not this host: its ethtool data is its own (none when it has none).
+    args.monitor.ethtool_replay = Some(replay.ethtool().unwrap_or_else(|| replay.path(ETHTOOL)));
     if !node_flag_given {
         args.monitor.stamp.node_name = m.node_name.clone();
     }
@@ -1030,6 +1076,7 @@ mod tests {
             cut_short: false,
             pending: BTreeMap::new(),
             dirty: BTreeSet::new(),
+            ethtool: BTreeMap::new(),
         };
         let m = Manifest {
             format: FORMAT,
@@ -1153,6 +1200,7 @@ mod tests {
             cut_short: false,
             pending: BTreeMap::new(),
             dirty: BTreeSet::new(),
+            ethtool: BTreeMap::new(),
         };
         for f in ["a/fifo", "a/dangling", "a/file"] {
             cap.take(&Access::Read { tree: Tree::Sys, rel: f.into() });

@@ -553,6 +553,7 @@ fn run_bundle(b: BundleCli) -> anyhow::Result<String> {
             total: b.timeout,
             ..nicmon::bundle::Limits::default()
         },
+        ethtool_replay: b.host.ethtool_replay,
     };
     let bundle = nicmon::bundle::capture(&args)?;
     let m = &bundle.manifest;
