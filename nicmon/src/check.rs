@@ -26,7 +26,8 @@ pub struct CheckArgs {
     /// What every polling command shares (host roots, config, metadata, checks, stamp).
     pub monitor: MonitorOptions,
     pub state_file: Option<PathBuf>,
-    pub now: Option<String>,
+    /// The time of the poll (`--now`, checked by [`parse_now`]); `None` is the wall clock.
+    pub now: Option<OffsetDateTime>,
     pub kmsg: Option<PathBuf>,
     pub json: bool,
 }
@@ -55,22 +56,35 @@ fn no_devices_note(host: &Host) -> String {
     format!("no RDMA devices found under {}", host.sys("class/infiniband").display())
 }
 
-/// Parse `--now` (RFC 3339), else the wall clock.
-pub fn parse_now(now: Option<&str>) -> Result<OffsetDateTime> {
-    match now {
-        None => Ok(OffsetDateTime::now_utc()),
-        Some(s) => OffsetDateTime::parse(s, &Rfc3339)
-            .with_context(|| format!("--now {s:?}: expected an RFC 3339 time such as 2026-01-01T00:00:00Z")),
+/// How far before the poll's time the report may date an event: the clear after a reboot
+/// or a scope change is backdated 1 s.
+const EARLIEST_EVENT: time::Duration = time::Duration::seconds(1);
+
+/// `--now` (clap's value parser): an RFC 3339 time the report can print — it and the
+/// backdated clear before it (RFC 3339 has four-digit years, so 0000-01-01T00:00:00Z is
+/// refused: its clear would fall in year -1).
+pub fn parse_now(s: &str) -> std::result::Result<OffsetDateTime, String> {
+    let t = OffsetDateTime::parse(s, &Rfc3339)
+        .map_err(|e| format!("{e}: expected an RFC 3339 time such as 2026-01-01T00:00:00Z"))?;
+    let printable = |t: OffsetDateTime| t.format(&Rfc3339).is_ok();
+    match t.checked_sub(EARLIEST_EVENT) {
+        Some(first) if printable(first) && printable(t) => Ok(t),
+        _ => Err(format!(
+            "the report cannot print {s}: the time and the clear backdated {EARLIEST_EVENT} before it must fall \
+             within RFC 3339's years 0000-9999"
+        )),
     }
 }
 
-pub fn run_check(args: &CheckArgs) -> Result<String> {
-    let now = parse_now(args.now.as_deref())?;
+/// One poll: `emit` writes the report (the caller's output); the state is saved only after it
+/// succeeded, so the next invocation reports a cycle whose output failed again.
+pub fn run_check(args: &CheckArgs, emit: impl FnOnce(String) -> Result<()>) -> Result<()> {
+    let now = args.now.unwrap_or_else(OffsetDateTime::now_utc);
     // One read of the tree: the topology is resolved from this cycle's observation.
     let (mut monitor, topology_from) = Monitor::open_unresolved(&args.monitor)?;
     let boot_id = monitor.boot_id.clone();
     let (prev, loaded) = match &args.state_file {
-        Some(p) => state::load(p, boot_id.as_deref()),
+        Some(p) => state::file::load(p, boot_id.as_deref()),
         None => (State::fresh(boot_id.clone()), Loaded::Missing { reboot: false }),
     };
     match &loaded {
@@ -112,11 +126,19 @@ pub fn run_check(args: &CheckArgs) -> Result<String> {
     };
     // Act in order: the output (this cycle's events) first, then the state. A cycle whose
     // output failed is not saved, so the next invocation reports its events again.
+    emit(out)?;
     if let Some(p) = &args.state_file {
         let next = State { checks: poll.next, ..prev };
-        state::save(p, &next).with_context(|| format!("state file {}: cannot write", p.display()))?;
+        state::file::save(p, &next).with_context(|| format!("state file {}: cannot write", p.display()))?;
     }
-    Ok(out)
+    Ok(())
+}
+
+/// The `emit` of [`run_check`] for the command line: the report on stdout, flushed.
+pub fn to_stdout(out: String) -> Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(out.as_bytes()).and_then(|()| stdout.flush()).context("writing the report to stdout")
 }
 
 pub fn run_topology(

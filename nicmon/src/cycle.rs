@@ -673,7 +673,7 @@ mod tests {
     /// Without the journal the first poll reports nothing and the fatal stays.
     #[tokio::test]
     async fn a_crash_between_send_and_save_then_a_recovery_still_clears_the_fatal() {
-        use crate::outbox::{Courier, Journal};
+        use crate::courier::{Courier, Journal};
         use crate::state::State;
         let node = Platform::H100Oci.build();
         let monitor = Monitor::open(&options(&node)).unwrap();
@@ -692,7 +692,7 @@ mod tests {
             .unwrap();
         let mut state = State::fresh(None);
         state.checks = base.next.clone();
-        crate::state::save(&state_file, &state).unwrap();
+        crate::state::file::save(&state_file, &state).unwrap();
 
         // The port goes down; the poll's commit journals and sends; the sink accepts.
         node.pull_cable(&dev, 1);
@@ -704,12 +704,10 @@ mod tests {
             crate::dispatch::GrpcConfig::new(crate::dispatch::DEFAULT_SOCKET.parse().unwrap()),
         );
         let metrics = std::sync::Arc::new(crate::metrics::Metrics::new("n"));
-        let mut courier = Courier::start(sink, &state.outbox, None, metrics.clone(), std::time::Duration::ZERO);
-        let mut journal = Journal::new(&state_file);
+        let mut courier =
+            Courier::start(sink, &state.outbox, None, metrics.clone(), std::time::Duration::ZERO).keeping(&state_file);
         let mut running = state.clone();
-        courier
-            .commit(&mut running, down.next.clone(), &down.events, |b| journal.record(b), |_| {})
-            .unwrap_or_else(|_| panic!("unbounded"));
+        courier.commit(&mut running, down.next.clone(), &down.events).unwrap_or_else(|_| panic!("unbounded"));
         courier.next_acks().await.expect("the sink accepted the batch");
         // kill -9 here: no save, no journal.saved().
         drop(courier);
@@ -718,7 +716,7 @@ mod tests {
 
         // The port recovers while nicmon is down; the daemon restarts.
         node.repair(&dev, 1);
-        let (mut loaded_state, how) = crate::state::load(&state_file, None);
+        let (mut loaded_state, how) = crate::state::file::load(&state_file, None);
         assert_eq!(how, Loaded::Resumed);
         let recovered = Journal::new(&state_file).recover(&mut loaded_state, true);
         assert!(!recovered.is_empty(), "the journal holds the sent batch");
@@ -739,15 +737,15 @@ mod tests {
         assert_eq!(cleared.len(), fatal.len(), "each fatal sent is cleared by the first poll: {:?}", first.events);
 
         // The same restart without the journal (the hole): nothing would clear it.
-        let (bare, _) = crate::state::load(&state_file, None);
+        let (bare, _) = crate::state::file::load(&state_file, None);
         let unaware = monitor.poll(&bare.checks, &Loaded::Resumed, t0 + Duration::seconds(2), &[]);
         assert!(unaware.events.iter().all(|e| !e.entities_text().contains(&dev)), "{:?}", unaware.events);
 
         // A save empties the journal: a later restart recovers nothing.
         let mut j = Journal::new(&state_file);
-        crate::state::save(&state_file, &running).unwrap();
+        crate::state::file::save(&state_file, &running).unwrap();
         j.saved();
-        let (mut again, _) = crate::state::load(&state_file, None);
+        let (mut again, _) = crate::state::file::load(&state_file, None);
         assert!(j.recover(&mut again, true).is_empty());
     }
 }

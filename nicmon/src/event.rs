@@ -154,6 +154,31 @@ impl ProcessingStrategy {
     }
 }
 
+/// What an entity names. The wire carries it as `entityType` text; the layers after
+/// decide read it through [`Entity::kind`] and [`HealthEvent::device`] /
+/// [`HealthEvent::port`], never by comparing that text themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EntityKind {
+    /// `NIC`: an RDMA device — or, for a card's events, the card (named by its PCI slot).
+    Device,
+    /// `NICPort`: a port of the device named beside it.
+    Port,
+}
+
+impl EntityKind {
+    pub const ALL: [EntityKind; 2] = [EntityKind::Device, EntityKind::Port];
+
+    /// The wire's `entityType`.
+    pub const fn wire_name(self) -> &'static str {
+        match self {
+            EntityKind::Device => "NIC",
+            EntityKind::Port => "NICPort",
+        }
+    }
+}
+
+/// An entity an event impacts, in the wire's shape (`entityType`, `entityValue`). A
+/// node-level event (a poll stall) names none.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Entity {
@@ -162,11 +187,19 @@ pub struct Entity {
 }
 
 impl Entity {
+    pub fn new(kind: EntityKind, value: impl Into<String>) -> Entity {
+        Entity { entity_type: kind.wire_name().into(), entity_value: value.into() }
+    }
     pub fn nic(value: impl Into<String>) -> Entity {
-        Entity { entity_type: "NIC".into(), entity_value: value.into() }
+        Entity::new(EntityKind::Device, value)
     }
     pub fn port(n: u32) -> Entity {
-        Entity { entity_type: "NICPort".into(), entity_value: n.to_string() }
+        Entity::new(EntityKind::Port, n.to_string())
+    }
+
+    /// What the entity names; `None` for an `entityType` nicmon does not write.
+    pub fn kind(&self) -> Option<EntityKind> {
+        EntityKind::ALL.into_iter().find(|k| k.wire_name() == self.entity_type)
     }
 }
 
@@ -245,6 +278,21 @@ impl HealthEvent {
 
     pub fn check(&self) -> Option<Check> {
         Check::parse(&self.check_name)
+    }
+
+    /// The value of the first entity of `kind`.
+    fn entity(&self, kind: EntityKind) -> Option<&str> {
+        self.entities_impacted.iter().find(|e| e.kind() == Some(kind)).map(|e| e.entity_value.as_str())
+    }
+
+    /// The device (or, for a card's events, the card) the event is about.
+    pub fn device(&self) -> Option<&str> {
+        self.entity(EntityKind::Device)
+    }
+
+    /// The port of [`HealthEvent::device`] the event is about.
+    pub fn port(&self) -> Option<u32> {
+        self.entity(EntityKind::Port).and_then(|v| v.parse().ok())
     }
 
     /// The entities as people read them: `NIC=mlx5_0 NICPort=1`.

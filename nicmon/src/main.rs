@@ -128,8 +128,8 @@ struct CheckCli {
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
     /// The time of this poll, RFC 3339 (replay and tests) [default: the wall clock].
-    #[arg(long, value_name = "RFC3339")]
-    now: Option<String>,
+    #[arg(long, value_name = "RFC3339", value_parser = check::parse_now)]
+    now: Option<time::OffsetDateTime>,
     /// Kernel log records (/dev/kmsg format or plain lines) that arrived since the last poll.
     #[arg(long, value_name = "FILE")]
     kmsg: Option<PathBuf>,
@@ -477,8 +477,8 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
                 "  token / window:  {} / {:?}; queue {} batches / {} bytes",
                 d.token.path().map(|p| p.display().to_string()).unwrap_or_default(),
                 d.retry_window,
-                d.queue.max_batches,
-                d.queue.max_bytes
+                d.queue_max_batches,
+                d.queue_max_bytes
             );
         }
         (nicmon::dispatch::SinkSpec::Grpc, None) => {
@@ -630,9 +630,10 @@ fn main() -> ExitCode {
                     json: matches!(c.format, Format::Json),
                 })
                 .and_then(|args| match bundle {
-                    Some(b) => nicmon::bundle::replay_check(&b, args, node_flag_given, bundle_kmsg),
-                    None => check::run_check(&args),
+                    Some(b) => nicmon::bundle::replay_check(&b, args, node_flag_given, bundle_kmsg, check::to_stdout),
+                    None => check::run_check(&args, check::to_stdout),
                 })
+                .map(|()| String::new())
         }
         Command::Topology(t) if t.bundle.is_some() => nicmon::bundle::replay_topology(
             t.bundle.as_deref().unwrap_or(std::path::Path::new("")),

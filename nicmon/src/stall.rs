@@ -6,8 +6,13 @@
 //! has been in flight for the deadline, one node-level `NICPollStallCheck` event (unhealthy,
 //! non-fatal, action `NONE`) is published; when a poll completes again, a healthy one. The
 //! first poll to complete after start publishes a healthy event too, which closes a stall left
-//! open by a restart. Events carry `STORE_ONLY` with `--poll-stall-store-only`, else the
-//! daemon's `--processing-strategy`.
+//! open by a restart. A stall whose publish failed stays owed: it is published even after the
+//! poll ended, then the recovery. Events carry `STORE_ONLY` with `--poll-stall-store-only`,
+//! else the daemon's `--processing-strategy`.
+//!
+//! The message is upstream's: `NIC state cannot be observed: counter poll in flight for 11s,
+//! state poll in flight for 11s` — upstream names each of its two loops (state, counter)
+//! that is stalled, sorted; nicmon's one poll reads both, so a stalled poll is both.
 //!
 //! Independence: the watchdog is its own OS thread with its own sink (its own connection
 //! to the connector), so a poll stuck in a read cannot hold it, and its publishes never wait
@@ -31,11 +36,16 @@ pub const CHECK_NAME: &str = "NICPollStallCheck";
 /// `--poll-stall-deadline` when not given: upstream's chart value.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
 
+/// The loops a stalled poll stops, as upstream names them (its `category` label, sorted):
+/// nicmon's poll reads both the state and the counters.
+pub const STALLED_LOOPS: [&str; 2] = ["counter", "state"];
+
 /// What the watchdog owes the connector now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Due {
     Nothing,
-    /// A poll has been in flight this long (≥ the deadline) and no stall is reported yet.
+    /// A poll has been in flight this long (≥ the deadline) and no stall is reported yet
+    /// (the poll may have ended since: a stall whose publish failed is still owed).
     Stalled(Duration),
     /// No poll is stalled, one has completed, and a stall is reported (or nothing has been
     /// published since start).
@@ -53,6 +63,16 @@ pub struct Tracker {
     reported: bool,
     /// A healthy event has been published since start.
     baselined: bool,
+    /// A stall seen and not yet published.
+    owed: Option<Owed>,
+}
+
+/// A stall seen by [`Tracker::due`] whose publish has not settled.
+#[derive(Debug, Clone, Copy)]
+struct Owed {
+    in_flight: Duration,
+    /// Its poll has completed since (the recovery follows the stall at once).
+    ended: bool,
 }
 
 impl Tracker {
@@ -63,17 +83,25 @@ impl Tracker {
     pub fn end(&mut self) {
         self.started = None;
         self.completed = true;
+        if let Some(o) = &mut self.owed {
+            o.ended = true;
+        }
     }
 
-    /// What is due at `now` with this deadline.
-    pub fn due(&self, now: Instant, deadline: Duration) -> Due {
+    /// What is due at `now` with this deadline. A stall seen here stays owed until it is
+    /// [`settled`](Tracker::settled), whether or not its poll ends first.
+    pub fn due(&mut self, now: Instant, deadline: Duration) -> Due {
         if let Some(started) = self.started {
             let in_flight = now.saturating_duration_since(started);
-            if in_flight >= deadline {
-                return if self.reported { Due::Nothing } else { Due::Stalled(in_flight) };
+            if in_flight >= deadline && !self.reported {
+                self.owed = Some(Owed { in_flight, ended: false });
             }
         }
-        if self.completed && (self.reported || !self.baselined) { Due::Healthy } else { Due::Nothing }
+        if let Some(o) = self.owed {
+            return Due::Stalled(o.in_flight);
+        }
+        let stalled_now = self.started.is_some_and(|s| now.saturating_duration_since(s) >= deadline);
+        if !stalled_now && self.completed && (self.reported || !self.baselined) { Due::Healthy } else { Due::Nothing }
     }
 
     /// `due` was published (accepted, or rejected for good: it will not be accepted later).
@@ -81,7 +109,8 @@ impl Tracker {
         match due {
             Due::Stalled(_) => {
                 self.reported = true;
-                self.completed = false;
+                // A poll completed after the stalled one began: the recovery is due now.
+                self.completed = self.owed.take().is_some_and(|o| o.ended);
             }
             Due::Healthy => {
                 self.reported = false;
@@ -101,7 +130,7 @@ pub fn check_interval(deadline: Duration) -> Duration {
 pub fn event(due: Due, stamp: &Stamp, now: OffsetDateTime) -> Option<HealthEvent> {
     let (message, healthy) = match due {
         Due::Nothing => return None,
-        Due::Stalled(d) => (format!("NIC state cannot be observed: poll in flight for {}", in_flight_text(d)), false),
+        Due::Stalled(d) => (stall_message(d), false),
         Due::Healthy => ("NIC polls are completing".to_string(), true),
     };
     // Built as any event, then filed under the watchdog's own check name.
@@ -113,12 +142,21 @@ pub fn event(due: Due, stamp: &Stamp, now: OffsetDateTime) -> Option<HealthEvent
     Some(e)
 }
 
-/// Whole seconds (as upstream writes them), milliseconds below a second.
-fn in_flight_text(d: Duration) -> String {
-    if d < Duration::from_secs(1) {
-        format!("{}ms", d.as_millis())
-    } else {
-        format!("{}s", (d.as_millis() as f64 / 1000.0).round())
+/// Upstream's message: each stalled loop, sorted, comma-joined.
+fn stall_message(in_flight: Duration) -> String {
+    let loops: Vec<String> =
+        STALLED_LOOPS.iter().map(|l| format!("{l} poll in flight for {}", go_seconds(in_flight))).collect();
+    format!("NIC state cannot be observed: {}", loops.join(", "))
+}
+
+/// `d` as Go prints `d.Round(time.Second)`: `0s`, `11s`, `1m30s`, `2h0m5s`.
+fn go_seconds(d: Duration) -> String {
+    let s = (d.as_millis() + 500) / 1000;
+    let (h, m, s) = (s / 3600, s / 60 % 60, s % 60);
+    match (h, m) {
+        (0, 0) => format!("{s}s"),
+        (0, _) => format!("{m}m{s}s"),
+        _ => format!("{h}h{m}m{s}s"),
     }
 }
 
@@ -289,7 +327,8 @@ mod tests {
         let t0 = Instant::now();
         let mut t = Tracker::default();
         t.begin(t0);
-        t.settled(t.due(t0 + D, D));
+        let due = t.due(t0 + D, D);
+        t.settled(due);
         t.end();
         t.begin(t0 + D);
         // The recovery was not published and the next poll is stalled too: nothing new.
@@ -311,13 +350,73 @@ mod tests {
         assert_eq!(e.recommended_action, RecommendedAction::NONE);
         assert!(e.entities_impacted.is_empty());
         assert_eq!(e.processing_strategy, ProcessingStrategy::STORE_ONLY);
-        assert_eq!(e.message, "NIC state cannot be observed: poll in flight for 10s");
+        assert_eq!(
+            e.message,
+            "NIC state cannot be observed: counter poll in flight for 10s, state poll in flight for 10s"
+        );
         let h = event(Due::Healthy, &stamp, now).unwrap();
         assert!(h.is_healthy && !h.is_fatal && h.check_name == CHECK_NAME);
         assert!(event(Due::Nothing, &stamp, now).is_none());
         let short = event(Due::Stalled(Duration::from_millis(312)), &stamp, now).unwrap();
-        assert_eq!(short.message, "NIC state cannot be observed: poll in flight for 312ms");
+        assert_eq!(
+            short.message,
+            "NIC state cannot be observed: counter poll in flight for 0s, state poll in flight for 0s"
+        );
         assert_eq!(strategy(false, ProcessingStrategy::STORE_AND_ANALYSE), ProcessingStrategy::STORE_AND_ANALYSE);
+    }
+
+    #[test]
+    fn a_stall_whose_publish_failed_is_still_owed_after_the_poll_ended_then_the_recovery() {
+        let t0 = Instant::now();
+        let mut t = Tracker::default();
+        t.begin(t0);
+        t.end();
+        t.settled(Due::Healthy);
+        t.begin(t0 + Duration::from_secs(1));
+        assert_eq!(t.due(t0 + Duration::from_secs(12), D), Due::Stalled(Duration::from_secs(11)));
+        // The publish failed (not settled); the poll ends before the retry.
+        t.end();
+        let due = t.due(t0 + Duration::from_secs(13), D);
+        assert_eq!(due, Due::Stalled(Duration::from_secs(11)), "still owed, as it was seen");
+        assert_eq!(t.due(t0 + Duration::from_secs(14), D), due, "until settled");
+        t.settled(due);
+        // The poll has completed since: the recovery is due at once.
+        let due = t.due(t0 + Duration::from_secs(14), D);
+        assert_eq!(due, Due::Healthy);
+        t.settled(due);
+        assert_eq!(t.due(t0 + Duration::from_secs(15), D), Due::Nothing);
+    }
+
+    #[test]
+    fn an_owed_stall_settled_while_its_poll_is_still_stuck_waits_for_the_poll() {
+        let t0 = Instant::now();
+        let mut t = Tracker::default();
+        t.begin(t0);
+        t.end();
+        t.settled(Due::Healthy);
+        t.begin(t0);
+        let due = t.due(t0 + D, D);
+        t.settled(due);
+        assert_eq!(t.due(t0 + D * 2, D), Due::Nothing, "still stuck: reported once, no recovery");
+        t.end();
+        assert_eq!(t.due(t0 + D * 2, D), Due::Healthy);
+    }
+
+    #[test]
+    fn durations_print_as_go_rounds_them_to_seconds() {
+        let ms = Duration::from_millis;
+        for (d, want) in [
+            (ms(0), "0s"),
+            (ms(499), "0s"),
+            (ms(500), "1s"),
+            (ms(10_400), "10s"),
+            (ms(59_500), "1m0s"),
+            (ms(90_000), "1m30s"),
+            (ms(3_600_000), "1h0m0s"),
+            (ms(7_205_000), "2h0m5s"),
+        ] {
+            assert_eq!(go_seconds(d), want, "{d:?}");
+        }
     }
 
     #[test]

@@ -3,7 +3,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nicmon::dispatch::direct::{DirectConfig, IDEMPOTENCY_KEY, QueueBounds, Transport};
+use nicmon::dispatch::direct::{
+    DEFAULT_QUEUE_MAX_BATCHES, DEFAULT_QUEUE_MAX_BYTES, DirectConfig, IDEMPOTENCY_KEY, Transport,
+};
 use nicmon::dispatch::{DirectSink, SendError, TokenSource};
 use nicmon::event::{Check, HealthEvent, Stamp};
 use nicmon_proto::datamodels::{self as pb, platform_connector_server as server};
@@ -57,7 +59,8 @@ fn config(addr: &str, token: &std::path::Path) -> DirectConfig {
         transport: Transport::Insecure,
         token: TokenSource::file(token),
         retry_window: Duration::from_millis(300),
-        queue: QueueBounds::default(),
+        queue_max_batches: DEFAULT_QUEUE_MAX_BATCHES,
+        queue_max_bytes: DEFAULT_QUEUE_MAX_BYTES,
         initial_backoff: Duration::from_millis(5),
         backoff_factor: 1.5,
         backoff_jitter: 0.1,

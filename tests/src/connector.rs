@@ -167,6 +167,11 @@ impl Connector {
         self.recorder.log.0.lock().unwrap().answers.extend(codes.iter().copied());
     }
 
+    /// Accept every call from now on (the answers `refuse_next` queued are dropped).
+    pub fn accept_all(&self) {
+        self.recorder.log.0.lock().unwrap().answers.clear();
+    }
+
     /// Block until `pred(every call so far)` holds or `timeout` passes.
     pub fn wait_for_calls(&self, timeout: Duration, pred: impl Fn(&[Received]) -> bool) -> bool {
         let deadline = Instant::now() + timeout;

@@ -20,6 +20,8 @@ pub mod deploy;
 pub mod kernel_log;
 pub mod latency;
 pub mod platforms;
+pub mod prometheus;
+pub mod promql;
 
 /// Link layer of a NIC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

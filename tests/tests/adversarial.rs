@@ -157,8 +157,8 @@ fn wait_bounded(mut child: Child, limit: Duration, what: &str) -> (ExitStatus, S
 }
 
 /// `nicmon check --format json` on `node`, bounded in time; panics on a hang or a panic.
-fn check(node: &Node, extra: &[&str], what: &str) -> (ExitStatus, serde_json::Value, String) {
-    let meta = node.metadata_path();
+/// `nicmon check --format json` on `node`, with `extra` flags.
+fn check_command(node: &Node, extra: &[&str]) -> Command {
     let mut cmd = Command::new(nicmon_bin());
     cmd.arg("check")
         .arg("--sysfs")
@@ -166,12 +166,16 @@ fn check(node: &Node, extra: &[&str], what: &str) -> (ExitStatus, serde_json::Va
         .arg("--procfs")
         .arg(node.proc())
         .arg("--metadata")
-        .arg(&meta)
+        .arg(node.metadata_path())
         .args(["--format", "json", "--config", "/nonexistent/nicmon.toml", "--node-name", "node-a"])
         .args(extra)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .env("RUST_LOG", "warn");
+    cmd
+}
+
+fn check(node: &Node, extra: &[&str], what: &str) -> (ExitStatus, serde_json::Value, String) {
+    let mut cmd = check_command(node, extra);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap();
     let mut stdout = child.stdout.take().unwrap();
     let out = std::thread::spawn(move || {
@@ -409,14 +413,47 @@ fn check_saves_no_state_for_a_cycle_whose_output_failed() {
     let (status, _, _) = check(&node, &["--state-file", state.to_str().unwrap()], "baseline");
     assert!(status.success());
     let saved = std::fs::read(&state).unwrap();
-    // After a reboot the first cycle clears everything 1 s before `now`: year -1 cannot be
-    // written as an event timestamp, so the output fails.
+    // After a reboot the first cycle has events to report (the clear-all); stdout is a full
+    // device, so writing them fails.
     node.set_boot_id("11111111-0000-4000-8000-000000000002");
-    let (status, _, stderr) =
-        check(&node, &["--state-file", state.to_str().unwrap(), "--now", "0000-01-01T00:00:00Z"], "year 0");
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let child = check_command(&node, &["--state-file", state.to_str().unwrap()])
+        .stdout(full)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (status, stderr, _) = wait_bounded(child, CHECK_LIMIT, "stdout full");
+    assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("serialising the report"), "{stderr}");
+    assert!(stderr.contains("writing the report to stdout"), "{stderr}");
     assert_eq!(std::fs::read(&state).unwrap(), saved, "state saved for a cycle whose events were not output");
+    // Written, the same cycle is saved.
+    let (status, report, stderr) = check(&node, &["--state-file", state.to_str().unwrap()], "after");
+    assert!(status.success(), "{stderr}");
+    assert!(!report["events"].as_array().unwrap().is_empty(), "the cycle's events are reported again");
+    assert_ne!(std::fs::read(&state).unwrap(), saved);
+}
+
+/// `--now` accepts only times the report can print: refused at parse (exit 2, naming the
+/// flag, before any poll) — at year 0's first second the clear backdated 1 s would fall in
+/// year -1 — while the edges inside RFC 3339's range run (times print at their own offset).
+#[test]
+fn check_refuses_a_now_the_report_cannot_print() {
+    let node = node();
+    let state = node.root().join("state.json");
+    for bad in ["0000-01-01T00:00:00Z", "0000-01-01T00:00:00.5Z", "2026-13-01T00:00:00Z", "yesterday", ""] {
+        let (status, _, stderr) = check(&node, &["--state-file", state.to_str().unwrap(), "--now", bad], bad);
+        assert_eq!(status.code(), Some(2), "{bad}: {stderr}");
+        assert!(stderr.contains("--now"), "{bad}: {stderr}");
+        assert!(!state.exists(), "{bad}: a poll ran");
+    }
+    for good in
+        ["0000-01-01T00:00:01Z", "0000-01-01T00:30:00+01:00", "9999-12-31T23:59:59Z", "2026-01-01T00:00:00+05:30"]
+    {
+        let (status, report, stderr) = check(&node, &["--now", good], good);
+        assert!(status.success(), "{good}: {stderr}");
+        assert!(!report["events"].as_array().unwrap().is_empty(), "{good}: {report}");
+    }
 }
 
 #[test]

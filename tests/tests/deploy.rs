@@ -9,6 +9,7 @@ use std::process::Command;
 
 use nicmon_tests::deploy::{self, CHART, GUIDE, MANIFESTS, capture, k8s};
 use nicmon_tests::nicmon_bin;
+use nicmon_tests::prometheus::{CHART_RULES, RULES};
 use serde_json::{Value, json};
 
 /// The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas.
@@ -434,6 +435,101 @@ fn nvsentinel_values_render_upstreams_daemonset_shape() {
     }
 }
 
+/// Upstream's newer chart values: `global.seLinuxOptions` (the pod's securityContext),
+/// `global.priorityClassName` / `nodeSelector` / `affinity` / `tolerations` winning over the
+/// chart's own, `updateStrategy` from values (upstream's RollingUpdate at 5 %), and
+/// `portStateHoldDown` rendered into config.toml, which the binary then parses.
+#[test]
+fn nvsentinel_globals_update_strategy_and_hold_down_render() {
+    let pod = |objects: &[Value]| daemonset(objects)["spec"]["template"]["spec"].clone();
+    // Upstream's defaults: no priority class, RollingUpdate with maxUnavailable 5 %, no
+    // pod securityContext, the hold-down rendered off.
+    let objects = render(&[NVSENTINEL]);
+    let ds = daemonset(&objects);
+    assert_eq!(
+        ds["spec"]["updateStrategy"],
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "5%"}})
+    );
+    assert!(pod(&objects).get("priorityClassName").is_none(), "{:#}", pod(&objects));
+    assert!(pod(&objects).get("securityContext").is_none());
+    let config = configmap(&objects)["data"]["config.toml"].as_str().unwrap().to_string();
+    assert!(config.ends_with("\n[stateCheck]\nportStateHoldDown = \"0s\"\n"), "{config}");
+    // The chart's own defaults: its priority class and nodeSelector, no hold-down table.
+    let own = render(&[]);
+    assert_eq!(pod(&own)["priorityClassName"], "system-node-critical");
+    assert_eq!(pod(&own)["nodeSelector"], json!({"nvidia.com/gpu.present": "true"}));
+    assert!(!configmap(&own)["data"]["config.toml"].as_str().unwrap().contains("[stateCheck]"));
+
+    // Each global, set: it wins over the value of the same name.
+    let affinity = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["gpu"]}]}]}}});
+    let key = "global.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0]";
+    let affinity_set = format!("{key}.key=pool,{key}.operator=In,{key}.values[0]=gpu");
+    let cases: [(&str, &str, Value); 5] = [
+        (
+            "global.seLinuxOptions.type=spc_t,global.seLinuxOptions.level=s0",
+            "securityContext",
+            json!({"seLinuxOptions": {"type": "spc_t", "level": "s0"}}),
+        ),
+        ("global.priorityClassName=nvsentinel-critical", "priorityClassName", json!("nvsentinel-critical")),
+        ("global.nodeSelector.pool=gpu", "nodeSelector", json!({"pool": "gpu"})),
+        (
+            "global.tolerations[0].key=nvidia.com/gpu,global.tolerations[0].operator=Exists,global.tolerations[0].effect=NoSchedule",
+            "tolerations",
+            json!([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]),
+        ),
+        (&affinity_set, "affinity", affinity),
+    ];
+    for (set, field, want) in &cases {
+        // Over both the chart's own values and the NVSentinel ones (which set the field or not).
+        for base in [vec![], vec![NVSENTINEL]] {
+            let mut values = base.clone();
+            values.push(set);
+            let objects = render(&values);
+            assert_eq!(&pod(&objects)[field], want, "{set} over {base:?}");
+            validate(&objects, "1.30").unwrap();
+        }
+    }
+    // The chart's own value where no global is set; an empty global does not erase it.
+    let own = render(&["priorityClassName=mine", "global.priorityClassName="]);
+    assert_eq!(pod(&own)["priorityClassName"], "mine");
+
+    // updateStrategy from values.
+    let od = render(&[NVSENTINEL, "updateStrategy.type=OnDelete", "updateStrategy.rollingUpdate=null"]);
+    assert_eq!(daemonset(&od)["spec"]["updateStrategy"], json!({"type": "OnDelete"}));
+    validate(&od, "1.30").unwrap();
+
+    // portStateHoldDown reaches the binary's parser: accepted, and a bad value is refused
+    // naming the config key.
+    let hd = render(&[NVSENTINEL, "portStateHoldDown=2s"]);
+    assert!(
+        configmap(&hd)["data"]["config.toml"].as_str().unwrap().contains("[stateCheck]\nportStateHoldDown = \"2s\"\n")
+    );
+    let (code, out) = check_config(&hd, &[]);
+    assert_eq!(code, 0, "{out}");
+    let bad = render(&[NVSENTINEL, "portStateHoldDown=soon"]);
+    let (code, out) = check_config(&bad, &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("stateCheck.portStateHoldDown"), "{out}");
+    // Set both in the value and in the config's own [stateCheck] table: refused at render.
+    let dir = tempfile::tempdir().unwrap();
+    let values = dir.path().join("own-state-check.yaml");
+    std::fs::write(&values, "config: |\n  [stateCheck]\n  flapThreshold = 4\n").unwrap();
+    let out = k8s(&python(), &["render", CHART, "nicmon", "nvsentinel", NVSENTINEL, values.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("portStateHoldDown is set"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Unset, the config's own table stands.
+    let own_table = render(&[NVSENTINEL, values.to_str().unwrap(), "portStateHoldDown="]);
+    let (code, out) = check_config(&own_table, &[]);
+    assert_eq!(code, 0, "{out}");
+}
+
 /// `nicmon run <the rendered args> --check-config`, with the rendered ConfigMap as the
 /// config file: exit code and output.
 fn check_config(objects: &[Value], extra: &[&str]) -> (i32, String) {
@@ -669,4 +765,62 @@ fn the_operator_guide_documents_every_config_key() {
     // (It is the DaemonSet's file: the host's /sys is at /nvsentinel/sys there.)
     let out = probe_with(block, &["--sysfs", "/nvsentinel/sys"]);
     assert!(out.contains("ok: nicmon run would start") && !out.contains("warning"), "{out}");
+}
+
+/// `prometheusRule.enabled` renders deploy/prometheus/nicmon-rules.yaml as a PrometheusRule:
+/// the file's groups as they are, less the group for what the release does not run (the
+/// kernel log off, eBPF off), with absolute runbook links when `runbookBaseUrl` is set.
+#[test]
+fn prometheus_rule_renders_the_rules_file() {
+    let root = deploy::repo_root();
+    assert!(
+        std::fs::read(root.join(RULES)).unwrap() == std::fs::read(root.join(CHART_RULES)).unwrap_or_default(),
+        "{CHART_RULES} is stale: run `cargo xtask generate`"
+    );
+    let file = load(RULES);
+    let groups = file[0]["groups"].as_array().unwrap();
+    let without = |name: &str| -> Vec<Value> { groups.iter().filter(|g| g["name"] != name).cloned().collect() };
+    let rule_of = |objects: &[Value]| -> Value {
+        let rules: Vec<&Value> = objects.iter().filter(|o| o["kind"] == "PrometheusRule").collect();
+        assert_eq!(rules.len(), 1, "{:?}", kinds(objects));
+        rules[0].clone()
+    };
+    assert!(!kinds(&render(&[])).contains(&"PrometheusRule"), "off by default");
+
+    // Default values: the kernel log is off, so its group is left out.
+    let objects = render(&["prometheusRule.enabled=true", "prometheusRule.labels.release=kube-prometheus-stack"]);
+    let rule = rule_of(&objects);
+    assert_eq!(rule["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(rule["metadata"]["namespace"], "nvsentinel");
+    assert_eq!(rule["metadata"]["labels"]["release"], "kube-prometheus-stack");
+    assert_eq!(rule["metadata"]["labels"]["app.kubernetes.io/name"], "nicmon");
+    assert_eq!(rule["spec"]["groups"].as_array().unwrap(), &without("nicmon-kernel-log"));
+    // The other objects are as without it (the validator has no schema for the CRD).
+    let rest: Vec<Value> = objects.into_iter().filter(|o| o["kind"] != "PrometheusRule").collect();
+    assert_eq!(rest, render(&[]));
+
+    // The kernel log watched and eBPF off: the eBPF group goes instead.
+    let objects = render(&[
+        "prometheusRule.enabled=true",
+        "kernelLog.enabled=true",
+        "securityContext.privileged=true",
+        "wake.ebpf=false",
+    ]);
+    assert_eq!(rule_of(&objects)["spec"]["groups"].as_array().unwrap(), &without("nicmon-ebpf"));
+
+    // Absolute runbook links; nothing else changes.
+    let base = "https://git.example.org/nicmon/blob/main/docs/operator-guide.md";
+    let objects = render(&["prometheusRule.enabled=true", &format!("prometheusRule.runbookBaseUrl={base}")]);
+    let linked = rule_of(&objects)["spec"]["groups"].clone();
+    let mut want = without("nicmon-kernel-log");
+    let mut alerts = 0;
+    for rule in want.iter_mut().flat_map(|g| g["rules"].as_array_mut().unwrap()) {
+        if let Some(url) = rule["annotations"]["runbook_url"].as_str() {
+            let anchor = url.strip_prefix("docs/operator-guide.md#").expect("a runbook in the operator guide");
+            rule["annotations"]["runbook_url"] = json!(format!("{base}#{anchor}"));
+            alerts += 1;
+        }
+    }
+    assert!(alerts > 10, "{alerts} alerts");
+    assert_eq!(linked, json!(want));
 }

@@ -482,3 +482,82 @@ fn non_escalating_state_is_fatal_on_a_card_below_its_peers_only() {
     assert_eq!(ev.len(), 2, "{ev:#?}");
     assert!(ev.iter().all(|e| e["isHealthy"] == true));
 }
+
+/// Three dual-PF RoCE cards beside a GPU (storage role); the first card's function 0
+/// (`mlx5_0`, netdev `eth0`) carries the default route when `routed`: a management NIC.
+fn management_sibling_node(routed: bool) -> Node {
+    let mut n = Node::new("mgmt-sibling");
+    let rc = n.root_complex(0, 0);
+    let gpu = n.root_port(&rc, 1);
+    n.gpu(&gpu, 0);
+    for c in 0..3u8 {
+        let rp = n.root_port(&rc, 2 + c);
+        let (a, b) = (2 * c, 2 * c + 1);
+        n.card(
+            &rp,
+            0,
+            vec![
+                NicSpec::eth(&format!("mlx5_{a}"), &format!("eth{a}")),
+                NicSpec::eth(&format!("mlx5_{b}"), &format!("eth{b}")),
+            ],
+        );
+    }
+    if routed {
+        n.default_route("eth0");
+    }
+    n.write_metadata();
+    n
+}
+
+/// A card with a management NIC among its functions is exempt from the peer comparison
+/// (upstream: "management NIC sibling"): its other function, uncabled, is not a card below
+/// its peers, while that port keeps its own transitions; a card event latched on a card that
+/// becomes exempt is cleared with upstream's healthy event.
+#[test]
+fn a_card_with_a_management_sibling_is_exempt_from_peer_comparison() {
+    // Fresh start, the management NIC's sibling uncabled: only the 4 peers' baselines.
+    let node = management_sibling_node(true);
+    node.set_port("mlx5_1", 1, "1: DOWN", "3: Disabled");
+    let tl = Timeline::new(&node);
+    let ev = tl.poll(0);
+    assert!(unhealthy(&ev).is_empty(), "{ev:#?}");
+    assert_eq!(ev.len(), 4, "{ev:#?}");
+    assert!(tl.poll(1).is_empty());
+    // Its own transitions are still reported, with no card event.
+    node.repair("mlx5_1", 1);
+    let ev = tl.poll(2);
+    assert_eq!(brief(&ev[0]), ("EthernetStateCheck".into(), true, false, "NIC=mlx5_1 NICPort=1".into(), String::new()));
+    assert_eq!(ev.len(), 1, "{ev:#?}");
+    node.pull_cable("mlx5_1", 1);
+    let ev = tl.poll(3);
+    assert_eq!(
+        unhealthy(&ev),
+        vec![("EthernetStateCheck".into(), false, true, "NIC=mlx5_1 NICPort=1".into(), String::new())]
+    );
+    assert_eq!(ev.len(), 1, "no card event: {ev:#?}");
+
+    // Without the route the same card is compared: a pull is a card below its peers.
+    let mut node = management_sibling_node(false);
+    let tl = Timeline::new(&node);
+    baseline(&tl, 6);
+    node.pull_cable("mlx5_1", 1);
+    let ev = tl.poll(1);
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    assert_eq!(card_event(&ev[1], "EthernetStateCheck"), (false, true));
+    let card = node.info["mlx5_1"].bdf[..10].to_string();
+    // mlx5_0 becomes the management NIC: the card is exempt, its latched event cleared.
+    drop(tl);
+    node.default_route("eth0");
+    let tl = Timeline::new(&node);
+    let ev = tl.poll(2);
+    assert_eq!(ev.len(), 1, "{ev:#?}");
+    assert_eq!(card_event(&ev[0], "EthernetStateCheck"), (true, false));
+    assert_eq!(ev[0]["entitiesImpacted"][0]["entityValue"], card);
+    assert_eq!(
+        ev[0]["message"],
+        format!("Card {card} exempt from peer comparison (management NIC sibling), clearing anomaly")
+    );
+    assert_eq!(ev[0]["recommendedAction"], "NONE");
+    assert!(tl.poll(3).is_empty(), "cleared once");
+    assert!(tl.poll(4).is_empty());
+}

@@ -250,11 +250,11 @@ fn full_outbox_state(node: &nicmon_tests::Node, path: &Path) -> Result<()> {
     let stamp = Stamp { node_name: "bench".into(), processing_strategy: Default::default() };
     let now = time::OffsetDateTime::now_utc();
     let text = "x".repeat(3000);
-    for i in 0..nicmon::dispatch::OUTBOX_BOUNDS.max_batches {
+    for i in 0..nicmon::outbox::OUTBOX_BOUNDS.max_batches {
         let ev = HealthEvent::new(Check::InfiniBandStateCheck, &stamp, now, &format!("outage filler {i} {text}"));
         st.outbox.enqueue(&[ev]);
     }
-    nicmon::state::save(path, &st)?;
+    nicmon::state::file::save(path, &st)?;
     Ok(())
 }
 

@@ -1,8 +1,10 @@
-//! `cargo xtask deploy-tools` and `cargo xtask generate` (see nicmon_tests::deploy).
+//! `cargo xtask deploy-tools` and `cargo xtask generate` (see nicmon_tests::deploy and
+//! nicmon_tests::prometheus).
 use std::process::Command;
 
 use anyhow::{Context, Result, anyhow};
 use nicmon_tests::deploy::{self, GUIDE, MANIFESTS};
+use nicmon_tests::prometheus::{CHART_RULES, RULES};
 
 pub fn tools() -> Result<()> {
     let python = deploy::ensure_tools(&deploy::repo_root()).map_err(|e| anyhow!(e))?;
@@ -12,6 +14,9 @@ pub fn tools() -> Result<()> {
 
 pub fn generate() -> Result<()> {
     let root = deploy::repo_root();
+    let (from, to) = (root.join(RULES), root.join(CHART_RULES));
+    std::fs::copy(&from, &to).with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+    eprintln!("generate: wrote {}", to.display());
     let python = deploy::ensure_tools(&root).map_err(|e| anyhow!(e))?;
     for m in &MANIFESTS {
         let text = deploy::render_manifest(&python, m).map_err(|e| anyhow!(e))?;

@@ -4,6 +4,7 @@ mod build_ebpf;
 mod demo;
 mod deploy;
 mod latency;
+mod prometheus;
 mod test;
 
 use clap::{Parser, Subcommand};
@@ -31,8 +32,12 @@ enum Task {
     /// Provision .tools/deploy-venv: Helm's engine and the Kubernetes API schemas, for the
     /// offline deployment tests (pinned in tests/deploy/requirements.txt).
     DeployTools,
-    /// Regenerate the derived files: deploy/manifests/*.yaml (the chart rendered) and the
-    /// command-line reference in docs/operator-guide.md (`nicmon run --help`).
+    /// Check the Prometheus rules: `promtool check rules` and the project's `promtool test
+    /// rules` (unpacks Debian's prometheus package into .tools/prometheus where missing).
+    PrometheusRules,
+    /// Regenerate the derived files: deploy/manifests/*.yaml (the chart rendered), the chart's
+    /// copy of the Prometheus rules, and the command-line reference in docs/operator-guide.md
+    /// (`nicmon run --help`).
     Generate,
 }
 
@@ -44,6 +49,7 @@ fn main() -> anyhow::Result<()> {
         Task::Bench(opts) => bench::run(&opts),
         Task::BenchLatency(opts) => latency::run(&opts),
         Task::DeployTools => deploy::tools(),
+        Task::PrometheusRules => prometheus::run(),
         Task::Generate => deploy::generate(),
     }
 }

@@ -3,10 +3,13 @@
 //! 1. build the eBPF programs (provisioning nightly rust-src and bpf-linker on first use),
 //!    so the agent embeds them and the eBPF integration test runs for real;
 //! 2. provision the offline Kubernetes tools for the deployment tests (`deploy-tools`);
-//! 3. `cargo test --workspace` (unit, property, scenario and integration tests);
-//! 4. `cargo fmt --check` and `cargo clippy -D warnings` (host crates, then the eBPF crate
+//! 3. the Prometheus rules: `promtool check rules` and `promtool test rules`
+//!    (`prometheus-rules`, which also provisions the Prometheus that
+//!    tests/tests/prometheus.rs runs);
+//! 4. `cargo test --workspace` (unit, property, scenario and integration tests);
+//! 5. `cargo fmt --check` and `cargo clippy -D warnings` (host crates, then the eBPF crate
 //!    on its own, as a workspace-wide run would unify features);
-//! 5. the host's real kernel log gained no mlx5/AER/NVRM/Xid line while the tests ran
+//! 6. the host's real kernel log gained no mlx5/AER/NVRM/Xid line while the tests ran
 //!    (where it can be read): nothing the suite does may look like a fault to another
 //!    monitor on the machine.
 use std::process::Command;
@@ -43,6 +46,8 @@ pub fn run(opts: &Options) -> Result<()> {
         crate::build_ebpf::run(&crate::build_ebpf::Options::default())?;
     }
     crate::deploy::tools()?;
+    eprintln!("==> prometheus rules");
+    crate::prometheus::run()?;
     step(
         "cargo test --workspace",
         Command::new(&cargo).current_dir(&root).args(["test", "--workspace"]).args(&opts.cargo_test_args),

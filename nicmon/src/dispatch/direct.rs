@@ -14,8 +14,8 @@
 //!   opens a new window. Nothing is lost; the idempotency key (derived from the batch's
 //!   content, so the same after a restart) lets the platform store it once.
 //! - **Bounded queue** (1024 batches / 64 MiB). The outbox is the queue: a poll whose batches
-//!   would not fit is not committed and runs again later ([`QueueBounds::admit`]), which is
-//!   upstream's "queue full: do not record as reported".
+//!   would not fit is not committed and runs again later (`crate::outbox::QueueBounds`), which
+//!   is upstream's "queue full: do not record as reported".
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -30,7 +30,6 @@ use super::SendError;
 use super::convert::to_proto_batch;
 use super::grpc::TokenSource;
 use crate::event::HealthEvent;
-use crate::state::PendingBatch;
 use crate::upstream::{go_bool, go_duration};
 
 pub const ENV_TARGET: &str = "HEALTH_PUBLISH_TARGET";
@@ -59,58 +58,10 @@ pub enum Transport {
     Insecure,
 }
 
-/// The bounded queue: at most `max_batches` batches and `max_bytes` serialized bytes waiting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueueBounds {
-    pub max_batches: usize,
-    pub max_bytes: usize,
-}
-
-impl Default for QueueBounds {
-    fn default() -> Self {
-        QueueBounds { max_batches: 1024, max_bytes: 64 * 1024 * 1024 }
-    }
-}
-
-/// The queue cannot take a poll's batches.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "outbox full: {queued_batches} batch(es) / {queued_bytes} bytes queued, {new_batches} more \
-     would exceed {} batches / {} bytes",
-    bounds.max_batches,
-    bounds.max_bytes
-)]
-pub struct QueueFull {
-    pub queued_batches: usize,
-    pub queued_bytes: usize,
-    pub new_batches: usize,
-    pub bounds: QueueBounds,
-}
-
-/// Serialized size of a batch on the wire.
-pub fn wire_size(events: &[HealthEvent]) -> usize {
-    to_proto_batch(events).encoded_len()
-}
-
-impl QueueBounds {
-    /// Whether `new` (one poll's batches, all or none) fits behind `queued`.
-    pub fn admit(&self, queued: &[PendingBatch], new: &[PendingBatch]) -> Result<(), QueueFull> {
-        if new.is_empty() {
-            return Ok(());
-        }
-        let queued_bytes: usize = queued.iter().map(|b| wire_size(&b.events)).sum();
-        let new_bytes: usize = new.iter().map(|b| wire_size(&b.events)).sum();
-        if queued.len() + new.len() > self.max_batches || queued_bytes + new_bytes > self.max_bytes {
-            return Err(QueueFull {
-                queued_batches: queued.len(),
-                queued_bytes,
-                new_batches: new.len(),
-                bounds: *self,
-            });
-        }
-        Ok(())
-    }
-}
+/// Upstream's bounded queue when `HEALTH_PUBLISH_QUEUE_MAX_BATCHES` is unset.
+pub const DEFAULT_QUEUE_MAX_BATCHES: usize = 1024;
+/// Upstream's bounded queue when `HEALTH_PUBLISH_QUEUE_MAX_BYTES` is unset.
+pub const DEFAULT_QUEUE_MAX_BYTES: usize = 64 * 1024 * 1024;
 
 /// A `HEALTH_PUBLISH_*` variable with a value that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -132,7 +83,10 @@ pub struct DirectConfig {
     /// `HEALTH_PUBLISH_TOKEN_PATH`, re-read for every call (the kubelet rotates it).
     pub token: TokenSource,
     pub retry_window: Duration,
-    pub queue: QueueBounds,
+    /// `HEALTH_PUBLISH_QUEUE_MAX_BATCHES` and `HEALTH_PUBLISH_QUEUE_MAX_BYTES`: the bound the
+    /// outbox keeps to (`crate::outbox::QueueBounds::for_sink`).
+    pub queue_max_batches: usize,
+    pub queue_max_bytes: usize,
     pub initial_backoff: Duration,
     pub backoff_factor: f64,
     pub backoff_jitter: f64,
@@ -176,13 +130,10 @@ impl DirectConfig {
                 },
             }
         };
-        let defaults = QueueBounds::default();
-        let queue = QueueBounds {
-            max_batches: positive(ENV_QUEUE_MAX_BATCHES, defaults.max_batches)?,
-            max_bytes: positive(ENV_QUEUE_MAX_BYTES, defaults.max_bytes)?,
-        };
-        if queue.max_bytes < MAX_MESSAGE_BYTES {
-            let raw = queue.max_bytes.to_string();
+        let queue_max_batches = positive(ENV_QUEUE_MAX_BATCHES, DEFAULT_QUEUE_MAX_BATCHES)?;
+        let queue_max_bytes = positive(ENV_QUEUE_MAX_BYTES, DEFAULT_QUEUE_MAX_BYTES)?;
+        if queue_max_bytes < MAX_MESSAGE_BYTES {
+            let raw = queue_max_bytes.to_string();
             return Err(err(
                 ENV_QUEUE_MAX_BYTES,
                 &raw,
@@ -228,7 +179,8 @@ impl DirectConfig {
             transport,
             token: TokenSource::file(token_path),
             retry_window,
-            queue,
+            queue_max_batches,
+            queue_max_bytes,
             initial_backoff: Duration::from_secs(2),
             backoff_factor: 1.5,
             backoff_jitter: 0.1,
@@ -482,7 +434,7 @@ mod tests {
         );
         assert_eq!(c.token, TokenSource::file("/var/run/secrets/nvsentinel/token"));
         assert_eq!(c.retry_window, Duration::from_secs(300));
-        assert_eq!(c.queue, QueueBounds { max_batches: 1024, max_bytes: 67_108_864 });
+        assert_eq!((c.queue_max_batches, c.queue_max_bytes), (1024, 67_108_864));
 
         let c = DirectConfig::from_env(env(&[
             (ENV_TARGET, "dns:///pc.example:443"),
@@ -494,7 +446,7 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!((c.authority.as_str(), &c.transport), ("pc.example:443", &Transport::Insecure));
-        assert_eq!((c.retry_window, c.queue.max_batches), (Duration::from_secs(90), 8));
+        assert_eq!((c.retry_window, c.queue_max_batches), (Duration::from_secs(90), 8));
     }
 
     #[test]
@@ -549,10 +501,10 @@ mod tests {
         assert_eq!(host_of("pc.ns:50051"), "pc.ns");
     }
 
-    fn batch(id: u64, text: &str) -> PendingBatch {
+    fn batch(id: u64, text: &str) -> crate::outbox::PendingBatch {
         let ev =
             HealthEvent::new(Check::InfiniBandStateCheck, &Stamp::default(), time::OffsetDateTime::UNIX_EPOCH, text);
-        PendingBatch { id, check: Check::InfiniBandStateCheck, events: vec![ev] }
+        crate::outbox::PendingBatch { id, check: Check::InfiniBandStateCheck, events: vec![ev] }
     }
 
     #[test]
@@ -563,20 +515,6 @@ mod tests {
         assert_eq!(key, idempotency_key(&a.clone().events));
         assert_ne!(key, idempotency_key(&b.events));
         assert!(key.len() <= 128 && key.chars().all(|c| c.is_ascii_alphanumeric() || "._:-".contains(c)), "{key}");
-    }
-
-    #[test]
-    fn the_queue_admits_whole_polls_within_its_bounds() {
-        let one = wire_size(&batch(1, "x").events);
-        let bounds = QueueBounds { max_batches: 3, max_bytes: 10 * one };
-        let queued = vec![batch(1, "x"), batch(2, "x")];
-        assert_eq!(bounds.admit(&queued, &[batch(3, "x")]), Ok(()));
-        assert_eq!(bounds.admit(&queued, &[]), Ok(()));
-        let e = bounds.admit(&queued, &[batch(3, "x"), batch(4, "x")]).unwrap_err();
-        assert_eq!((e.queued_batches, e.new_batches), (2, 2));
-        assert!(e.to_string().starts_with("outbox full: 2 batch(es)"), "{e}");
-        let tight = QueueBounds { max_batches: 100, max_bytes: 2 * one };
-        assert!(tight.admit(&queued, &[batch(3, "x")]).is_err());
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! One [`Sink::send`] call delivers one batch (one check's events of one poll cycle) and
 //! says whether it was accepted (`Ok(())`), failed in a way a retry may fix, or was rejected
 //! for good ([`SendError::is_retryable`]). When a batch is sent, how often, and when it
-//! leaves the persisted outbox is decided in [`crate::outbox`] (SPEC §1.7, transactional
-//! dispatch), not here.
+//! leaves the persisted outbox is decided by the courier (`crate::courier`, SPEC §1.7,
+//! transactional dispatch), not here: a sink knows nothing of the outbox.
 //!
 //! - [`grpc`]: the NVSentinel platform connector over its unix socket;
 //! - [`direct`]: the deployment platform connector over TCP+TLS (`HEALTH_PUBLISH_TARGET`);
@@ -18,13 +18,7 @@ pub mod lines;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-pub use direct::{DirectConfig, DirectSink, QueueBounds};
-
-/// The most serialized bytes the outbox holds, whatever the sink.
-pub const OUTBOX_MAX_BYTES: usize = 4 * 1024 * 1024;
-/// The outbox's bound for the socket and JSON-lines sinks: upstream's 1024 batches, and
-/// [`OUTBOX_MAX_BYTES`].
-pub const OUTBOX_BOUNDS: QueueBounds = QueueBounds { max_batches: 1024, max_bytes: OUTBOX_MAX_BYTES };
+pub use direct::{DirectConfig, DirectSink};
 pub use grpc::{
     ConnectPolicy, DEFAULT_SOCKET, GrpcConfig, GrpcSink, RetryPolicy, SocketTarget, TokenError, TokenSource,
 };
@@ -91,20 +85,6 @@ impl FromStr for SinkSpec {
                 None => Err(SinkSpecError::Unknown(s.to_string())),
             },
         }
-    }
-}
-
-impl SinkSpec {
-    /// The bound on the outbox: direct publishing's bounded queue (`HEALTH_PUBLISH_QUEUE_*`,
-    /// upstream's 1024 batches / 64 MiB) with its bytes capped at [`OUTBOX_MAX_BYTES`];
-    /// every other sink [`OUTBOX_BOUNDS`]. The outbox lives in the state file (read up to
-    /// 16 MiB) and in the daemon's memory (peak RSS ≤ 32 MiB), hence the cap.
-    pub fn queue_bounds(&self, grpc: &GrpcConfig) -> QueueBounds {
-        let b = match (self, &grpc.direct) {
-            (SinkSpec::Grpc, Some(d)) => d.queue,
-            _ => OUTBOX_BOUNDS,
-        };
-        QueueBounds { max_batches: b.max_batches, max_bytes: b.max_bytes.min(OUTBOX_MAX_BYTES) }
     }
 }
 
@@ -197,7 +177,7 @@ impl Sink {
 
     /// Make what [`Sink::deliver`] delivered survive a power loss: the file sink syncs the
     /// file's data; for the others the reply (or the write to a stream) is all there is.
-    /// The outbox acknowledges a batch only after this (`crate::outbox`).
+    /// The courier acknowledges a batch only after this (`crate::courier`).
     pub async fn make_durable(&mut self) -> Result<(), SendError> {
         match self {
             Sink::File(s) => s.make_durable().await,

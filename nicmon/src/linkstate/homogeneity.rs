@@ -5,6 +5,12 @@
 //! held as flapping ([`super::flap`]), from the poll after its "port flapping" event until it
 //! has settled, the card stays as it was reported: the flapping port does not make it fall
 //! and recover again with every transition.
+//!
+//! A card with a management NIC among its functions (upstream: a "management NIC sibling")
+//! is exempt: its active member is the management NIC, which is not monitored, so its other
+//! functions (often uncabled by design) would count short of their peers. It is neither
+//! compared nor counted in its group's mode; its ports keep their own checks. A card event
+//! outstanding on it is cleared with a healthy event, as upstream does.
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::health::state_check;
@@ -30,6 +36,8 @@ pub(super) struct Cards {
     /// Cards with a port whose state is unknown this poll: left out of the comparison (no
     /// decision for them, and not counted in their group's mode).
     pub undecided: BTreeSet<String>,
+    /// Cards with a management NIC among their functions: exempt from the comparison.
+    pub exempt: BTreeSet<String>,
 }
 
 impl Cards {
@@ -64,6 +72,7 @@ pub(super) fn unique_mode<T: Ord + Copy>(values: impl IntoIterator<Item = T>) ->
 /// Active ports per card, the mode per group (cards with a missing device, and cards with a
 /// port whose state is unknown, left out: unknown is neither active nor inactive).
 pub(super) fn compare_cards(ctx: &Ctx<'_>, missing_cards: &BTreeSet<String>) -> Cards {
+    let exempt = management_sibling_cards(ctx);
     let mut views: BTreeMap<String, CardView> = BTreeMap::new();
     let mut undecided = BTreeSet::new();
     for d in &ctx.monitored {
@@ -82,7 +91,7 @@ pub(super) fn compare_cards(ctx: &Ctx<'_>, missing_cards: &BTreeSet<String>) -> 
         let view = views.entry(card.clone()).or_insert(CardView { group: (role, ll.clone()), active: 0 });
         view.active += d.ports.iter().filter(|p| p.is_healthy()).count();
     }
-    let left_out = |card: &String| missing_cards.contains(card) || undecided.contains(card);
+    let left_out = |card: &String| missing_cards.contains(card) || undecided.contains(card) || exempt.contains(card);
     let mut group_counts: BTreeMap<Group, Vec<usize>> = BTreeMap::new();
     for (card, v) in &views {
         if !left_out(card) {
@@ -98,7 +107,28 @@ pub(super) fn compare_cards(ctx: &Ctx<'_>, missing_cards: &BTreeSet<String>) -> 
         .filter(|(card, _)| !left_out(card))
         .filter_map(|(card, v)| group_mode.get(&v.group).filter(|m| v.active < **m).map(|m| (card.clone(), *m)))
         .collect();
-    Cards { views, below_mode, undecided }
+    Cards { views, below_mode, undecided, exempt }
+}
+
+/// The cards of management NICs (PFs classified management, so not monitored). VFs never
+/// exempt a card.
+fn management_sibling_cards(ctx: &Ctx<'_>) -> BTreeSet<String> {
+    ctx.snap
+        .devices
+        .iter()
+        .filter(|d| !d.is_vf() && ctx.role_of(d) == Some(Role::Management))
+        .filter_map(|d| d.card.clone())
+        .collect()
+}
+
+/// The check a card event of `card` goes out under: its group's, else (a card with no
+/// monitored function left) its management NIC's link layer.
+fn card_check(ctx: &Ctx<'_>, cards: &Cards, card: &str) -> Option<crate::event::Check> {
+    let ll = match cards.views.get(card) {
+        Some(v) => Some(&v.group.1),
+        None => ctx.snap.devices.iter().filter(|d| d.card.as_deref() == Some(card)).find_map(device_link_layer),
+    };
+    ll.and_then(state_check)
 }
 
 /// Card-level events: a card below its peers' mode is reported once, whether or not port
@@ -144,6 +174,20 @@ pub(super) fn card_events(ctx: &Ctx<'_>, cards: &Cards, st: &mut LinkState, out:
         }
     }
     for card in &st.cards_below_mode {
+        if cards.exempt.contains(card) {
+            // Never compared again: cleared now, or it would be outstanding for good.
+            if let Some(check) = card_check(ctx, cards, card) {
+                // Upstream's text, its `;` a `,` as in every message (event::sanitize_message).
+                let msg = format!("Card {card} exempt from peer comparison (management NIC sibling), clearing anomaly");
+                out.push(
+                    ctx,
+                    check,
+                    HealthEvent::new(check, ctx.stamp, ctx.now, &msg).entities(vec![Entity::nic(card.clone())]),
+                );
+            }
+            still_below.remove(card);
+            continue;
+        }
         if still_below.contains(card) {
             continue;
         }

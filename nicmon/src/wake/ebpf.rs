@@ -131,6 +131,53 @@ pub enum LoadError {
     Reactor(#[source] io::Error),
 }
 
+/// Why a hook did not attach by one mechanism: the step that failed, what it named and
+/// the kernel's answer. A hook's reasons are rendered once, into [`HookStatus::reason`]
+/// (several joined by `; `).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AttachError {
+    /// No stand-in BTF for the fentry programs: reading or indexing the kernel's BTF
+    /// (`/sys/kernel/btf/vmlinux`) failed.
+    #[error("fentry unavailable: {0}")]
+    NoBtf(String),
+    /// The kernel refuses fentry programs outright (lockdown, an LSM policy, a capability).
+    #[error("fentry refused: EPERM")]
+    FentryRefused,
+    /// The kernel has no kprobes.
+    #[error("kprobes unavailable: CONFIG_KPROBES off (no kprobe PMU, no kprobe_events)")]
+    NoKprobes,
+    /// The kprobe's function is not in `/proc/kallsyms`.
+    #[error("kprobe: {function} not in /proc/kallsyms ({})", match .module {
+        Some(m) => format!("module {m} not loaded"),
+        None => "not in this kernel, or inlined".to_string(),
+    })]
+    NotInKallsyms { function: String, module: Option<String> },
+    /// No tracefs to find the tracepoint in (why).
+    #[error("tracepoint {system}:{event}: {why}")]
+    NoTracefs { system: String, event: String, why: String },
+    /// The tracepoint is not in tracefs.
+    #[error("tracepoint {system}:{event} not present {}", match .module {
+        Some(m) => format!("(module {m} not loaded)"),
+        None => "in this kernel".to_string(),
+    })]
+    NoTracepoint { system: String, event: String, module: Option<String> },
+    /// The eBPF object lacks the program.
+    #[error("program {0} missing from the eBPF object")]
+    MissingProgram(String),
+    /// The object's program is not of the mechanism's type.
+    #[error("{mechanism} program {program}: {why}")]
+    ProgramType { mechanism: &'static str, program: String, why: String },
+    /// A BPF syscall failed: loading the program (`refused`) or attaching it (`attach
+    /// failed`); `answer` is the errno's name, with the call or the verifier's first line.
+    #[error("{mechanism} {step}: {answer}")]
+    Syscall { mechanism: &'static str, step: &'static str, answer: String },
+}
+
+/// A hook's reasons as its status says them.
+fn reasons(errors: &[AttachError]) -> String {
+    errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
 /// The loaded kernel programs. Holds the [`Ebpf`] object: dropping it detaches every hook.
 pub struct EbpfWakes {
     _ebpf: Ebpf,
@@ -422,7 +469,7 @@ fn parse_kallsyms(mut text: impl io::BufRead, wanted: &[&str]) -> io::Result<Has
 fn attach(
     ebpf: &mut Ebpf,
     a: &Attach,
-    btf: &Result<Btf, String>,
+    btf: &Result<Btf, AttachError>,
     tracefs: &Result<PathBuf, String>,
     facts: &KernelFacts,
 ) -> HookStatus {
@@ -435,8 +482,11 @@ fn attach(
         }
     };
     let status = match status {
-        Ok((via, refused)) => HookStatus { hook: a.hook, attached: true, via: Some(via), reason: refused },
-        Err(reason) => HookStatus { hook: a.hook, attached: false, via: None, reason: Some(reason) },
+        Ok((via, refused)) => {
+            let reason = (!refused.is_empty()).then(|| reasons(&refused));
+            HookStatus { hook: a.hook, attached: true, via: Some(via), reason }
+        }
+        Err(errors) => HookStatus { hook: a.hook, attached: false, via: None, reason: Some(reasons(&errors)) },
     };
     match status.attached {
         true => tracing::debug!(hook = a.hook.name(), "{status}"),
@@ -447,7 +497,7 @@ fn attach(
 
 /// The BTF the fentry programs attach against: the kernel's ids of their target functions
 /// only (see [`super::btf`]); or why there is none, which every fentry hook then reports.
-fn fentry_btf() -> Result<Btf, String> {
+fn fentry_btf() -> Result<Btf, AttachError> {
     let names: Vec<&str> = ATTACH
         .iter()
         .filter_map(|a| match a.target {
@@ -460,22 +510,22 @@ fn fentry_btf() -> Result<Btf, String> {
         .and_then(|f| super::btf::func_ids(f, &names).map_err(|e| format!("{VMLINUX_BTF}: {e}")))
         .map_err(|e| {
             tracing::info!("fentry unavailable: {e}");
-            format!("fentry unavailable: {e}")
+            AttachError::NoBtf(e)
         })?;
     // The stand-in costs 72 bytes per kernel type below the largest id (~7 MiB on a
     // distribution kernel): not built where the kernel refuses fentry programs outright.
     if let Some(&id) = ids.values().min() {
         fentry_refused(id)?;
     }
-    super::btf::stand_in(&ids).map_err(|e| format!("fentry unavailable: {e}"))
+    super::btf::stand_in(&ids).map_err(AttachError::NoBtf)
 }
 
-/// `Err("fentry refused: EPERM")` when the kernel refuses, with `EPERM`, a two-instruction
+/// [`AttachError::FentryRefused`] when the kernel refuses, with `EPERM`, a two-instruction
 /// fentry program on the kernel function with BTF id `btf_id` (kernel lockdown, an LSM
 /// policy, a missing capability: every fentry program would be refused the same way).
 /// Any other answer, success included, is `Ok`: the real programs then find out for
 /// themselves.
-fn fentry_refused(btf_id: u32) -> Result<(), String> {
+fn fentry_refused(btf_id: u32) -> Result<(), AttachError> {
     use aya_obj::generated::{bpf_attach_type, bpf_attr, bpf_cmd, bpf_prog_type};
     // r0 = 0; exit (an fentry program must return 0).
     let insns: [u64; 2] = [0xb7, 0x95];
@@ -507,61 +557,54 @@ fn fentry_refused(btf_id: u32) -> Result<(), String> {
         return Ok(());
     }
     match io::Error::last_os_error().raw_os_error() {
-        Some(libc::EPERM) => Err("fentry refused: EPERM".to_string()),
+        Some(libc::EPERM) => Err(AttachError::FentryRefused),
         _ => Ok(()),
     }
 }
 
-/// `Ok((mechanism, why the preferred mechanism was refused))` or `Err(every reason)`.
+/// `Ok((mechanism, why the preferred mechanisms were refused))` or `Err(every reason)`.
 fn attach_function(
     ebpf: &mut Ebpf,
     name: &str,
     fentry: Option<&str>,
     kprobe: &str,
     module: Option<&str>,
-    btf: &Result<Btf, String>,
+    btf: &Result<Btf, AttachError>,
     facts: &KernelFacts,
-) -> Result<(Mechanism, Option<String>), String> {
+) -> Result<(Mechanism, Vec<AttachError>), Vec<AttachError>> {
     let mut refused = Vec::new();
     if let Some(prog) = fentry {
         match try_fentry(ebpf, prog, name, btf) {
-            Ok(()) => return Ok((Mechanism::Fentry, None)),
+            Ok(()) => return Ok((Mechanism::Fentry, Vec::new())),
             Err(e) => refused.push(e),
         }
     }
     let kprobe_result = if !facts.kprobes {
-        Err("kprobes unavailable: CONFIG_KPROBES off (no kprobe PMU, no kprobe_events)".to_string())
+        Err(AttachError::NoKprobes)
     } else if facts.kallsyms_readable && !facts.symbols.contains_key(name) {
-        Err(match module {
-            Some(m) => format!("kprobe: {name} not in /proc/kallsyms (module {m} not loaded)"),
-            None => {
-                format!("kprobe: {name} not in /proc/kallsyms (not in this kernel, or inlined)")
-            }
-        })
+        Err(AttachError::NotInKallsyms { function: name.to_string(), module: module.map(str::to_string) })
     } else {
         try_kprobe(ebpf, kprobe, name)
     };
     match kprobe_result {
-        Ok(()) => Ok((Mechanism::Kprobe, (!refused.is_empty()).then(|| refused.join("; ")))),
+        Ok(()) => Ok((Mechanism::Kprobe, refused)),
         Err(e) => {
             refused.push(e);
-            Err(refused.join("; "))
+            Err(refused)
         }
     }
 }
 
-fn try_fentry(ebpf: &mut Ebpf, prog: &str, function: &str, btf: &Result<Btf, String>) -> Result<(), String> {
-    let btf = btf.as_ref().map_err(String::clone)?;
-    let p: &mut FEntry =
-        program(ebpf, prog)?.try_into().map_err(|e: ProgramError| format!("fentry program {prog}: {e}"))?;
+fn try_fentry(ebpf: &mut Ebpf, prog: &str, function: &str, btf: &Result<Btf, AttachError>) -> Result<(), AttachError> {
+    let btf = btf.as_ref().map_err(AttachError::clone)?;
+    let p: &mut FEntry = program(ebpf, prog)?.try_into().map_err(|e| program_type("fentry", prog, e))?;
     p.load(function, btf).map_err(|e| describe("fentry", "refused", &e))?;
     p.attach().map_err(|e| describe("fentry", "attach failed", &e))?;
     Ok(())
 }
 
-fn try_kprobe(ebpf: &mut Ebpf, prog: &str, function: &str) -> Result<(), String> {
-    let p: &mut KProbe =
-        program(ebpf, prog)?.try_into().map_err(|e: ProgramError| format!("kprobe program {prog}: {e}"))?;
+fn try_kprobe(ebpf: &mut Ebpf, prog: &str, function: &str) -> Result<(), AttachError> {
+    let p: &mut KProbe = program(ebpf, prog)?.try_into().map_err(|e| program_type("kprobe", prog, e))?;
     p.load().map_err(|e| describe("kprobe", "refused", &e))?;
     p.attach(function, 0).map_err(|e| describe("kprobe", "attach failed", &e))?;
     Ok(())
@@ -574,41 +617,49 @@ fn attach_tracepoint(
     prog: &str,
     module: Option<&str>,
     tracefs: &Result<PathBuf, String>,
-) -> Result<(Mechanism, Option<String>), String> {
-    let tfs = tracefs.as_ref().map_err(|e| format!("tracepoint {system}:{event}: {e}"))?;
+) -> Result<(Mechanism, Vec<AttachError>), Vec<AttachError>> {
+    let named = || (system.to_string(), event.to_string());
+    let tfs = tracefs.as_ref().map_err(|why| {
+        let (system, event) = named();
+        vec![AttachError::NoTracefs { system, event, why: why.clone() }]
+    })?;
     if !tracefs::event_dir(tfs, system, event).is_dir() {
-        return Err(match module {
-            Some(m) => format!("tracepoint {system}:{event} not present (module {m} not loaded)"),
-            None => format!("tracepoint {system}:{event} not present in this kernel"),
-        });
+        let (system, event) = named();
+        return Err(vec![AttachError::NoTracepoint { system, event, module: module.map(str::to_string) }]);
     }
-    let p: &mut TracePoint =
-        program(ebpf, prog)?.try_into().map_err(|e: ProgramError| format!("tracepoint program {prog}: {e}"))?;
-    p.load().map_err(|e| describe("tracepoint", "refused", &e))?;
-    p.attach(system, event).map_err(|e| describe("tracepoint", "attach failed", &e))?;
-    Ok((Mechanism::Tracepoint, None))
+    let attached = (|| {
+        let p: &mut TracePoint = program(ebpf, prog)?.try_into().map_err(|e| program_type("tracepoint", prog, e))?;
+        p.load().map_err(|e| describe("tracepoint", "refused", &e))?;
+        p.attach(system, event).map_err(|e| describe("tracepoint", "attach failed", &e))?;
+        Ok(())
+    })();
+    attached.map(|()| (Mechanism::Tracepoint, Vec::new())).map_err(|e| vec![e])
 }
 
-fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program, String> {
-    ebpf.program_mut(name).ok_or_else(|| format!("program {name} missing from the eBPF object"))
+fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program, AttachError> {
+    ebpf.program_mut(name).ok_or_else(|| AttachError::MissingProgram(name.to_string()))
+}
+
+/// The object's program `prog` is not a `mechanism` program.
+fn program_type(mechanism: &'static str, prog: &str, e: ProgramError) -> AttachError {
+    AttachError::ProgramType { mechanism, program: prog.to_string(), why: e.to_string() }
 }
 
 /// "fentry refused: EPERM", with the verifier's first line when it said something.
-fn describe(mechanism: &str, what: &str, e: &ProgramError) -> String {
-    match e {
+fn describe(mechanism: &'static str, step: &'static str, e: &ProgramError) -> AttachError {
+    let answer = match e {
         ProgramError::LoadError { io_error, verifier_log } => {
             let log = verifier_log.to_string();
             let first = log.lines().map(str::trim).find(|l| !l.is_empty());
             match first {
-                Some(l) => format!("{mechanism} {what}: {} ({l})", errno_name(io_error)),
-                None => format!("{mechanism} {what}: {}", errno_name(io_error)),
+                Some(l) => format!("{} ({l})", errno_name(io_error)),
+                None => errno_name(io_error),
             }
         }
-        ProgramError::SyscallError(s) => {
-            format!("{mechanism} {what}: {} in {}", errno_name(&s.io_error), s.call)
-        }
-        other => format!("{mechanism} {what}: {other}"),
-    }
+        ProgramError::SyscallError(s) => format!("{} in {}", errno_name(&s.io_error), s.call),
+        other => other.to_string(),
+    };
+    AttachError::Syscall { mechanism, step, answer }
 }
 
 /// The errno's symbolic name when it is one the BPF syscalls commonly return.
@@ -674,6 +725,58 @@ async fn drive_logger(mut fd: AsyncFd<aya_log::EbpfLogger<TracingLog>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The reasons a hook's status gives, as people and tests read them.
+    #[test]
+    fn attach_errors_say_the_step_what_it_named_and_the_answer() {
+        let named = |s: &str| s.to_string();
+        let cases = [
+            (
+                AttachError::NoBtf(named("cannot read /sys/kernel/btf/vmlinux: x")),
+                "fentry unavailable: cannot read /sys/kernel/btf/vmlinux: x",
+            ),
+            (AttachError::FentryRefused, "fentry refused: EPERM"),
+            (
+                AttachError::NotInKallsyms { function: named("f"), module: Some(named("mlx5_core")) },
+                "kprobe: f not in /proc/kallsyms (module mlx5_core not loaded)",
+            ),
+            (
+                AttachError::NotInKallsyms { function: named("f"), module: None },
+                "kprobe: f not in /proc/kallsyms (not in this kernel, or inlined)",
+            ),
+            (
+                AttachError::NoTracefs { system: named("mlx5"), event: named("e"), why: named("no tracefs") },
+                "tracepoint mlx5:e: no tracefs",
+            ),
+            (
+                AttachError::NoTracepoint {
+                    system: named("mlx5"),
+                    event: named("e"),
+                    module: Some(named("mlx5_core")),
+                },
+                "tracepoint mlx5:e not present (module mlx5_core not loaded)",
+            ),
+            (
+                AttachError::NoTracepoint { system: named("net"), event: named("e"), module: None },
+                "tracepoint net:e not present in this kernel",
+            ),
+            (
+                AttachError::Syscall {
+                    mechanism: "kprobe",
+                    step: "attach failed",
+                    answer: named("EBUSY in perf_event_open"),
+                },
+                "kprobe attach failed: EBUSY in perf_event_open",
+            ),
+        ];
+        for (e, text) in cases {
+            assert_eq!(e.to_string(), text);
+        }
+        assert_eq!(
+            reasons(&[AttachError::FentryRefused, AttachError::NoKprobes]),
+            "fentry refused: EPERM; kprobes unavailable: CONFIG_KPROBES off (no kprobe PMU, no kprobe_events)"
+        );
+    }
 
     #[test]
     fn every_kernel_hook_has_an_attach_point() {
@@ -763,9 +866,10 @@ mod tests {
                 return;
             }
         };
-        let probe = fentry_refused(id);
+        let probe = fentry_refused(id).map_err(|e| e.to_string());
+        let btf = crate::wake::btf::stand_in(&ids).map_err(AttachError::NoBtf);
         let real =
-            try_fentry(&mut ebpf, "fentry_netif_carrier_off", "netif_carrier_off", &crate::wake::btf::stand_in(&ids));
+            try_fentry(&mut ebpf, "fentry_netif_carrier_off", "netif_carrier_off", &btf).map_err(|e| e.to_string());
         match probe {
             Err(reason) => assert_eq!(real, Err(reason)),
             Ok(()) => assert_ne!(real, Err("fentry refused: EPERM".to_string())),

@@ -1,4 +1,4 @@
-//! Import of upstream NVSentinel's schema-v2 state file (`reference/nvsentinel-upstream.md`
+//! Import of upstream NVSentinel's old (schema-v2) state file (`reference/nvsentinel-upstream.md`
 //! §6; SPEC §1.6), so that a node migrating from its `nic-health-monitor` keeps what is
 //! outstanding on the platform: port states, counter snapshots and latched breaches.
 //!
@@ -10,10 +10,10 @@ use serde::Deserialize;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use super::{CheckState, State, VERSION};
 use crate::counters::eval::{Breach, CounterSnapshot};
 use crate::linkstate::{PortRecord, Reported};
 use crate::model::{LinkLayer, PhysState, PortState};
-use crate::state::{CheckState, State, VERSION};
 
 /// The schema version upstream writes.
 pub const UPSTREAM_VERSION: u32 = 2;
@@ -90,11 +90,22 @@ fn when(s: &str) -> Option<OffsetDateTime> {
     OffsetDateTime::parse(s, &Rfc3339).ok()
 }
 
+/// Why an upstream file could not be imported.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ImportError {
+    /// Not upstream's schema (the parser's message).
+    #[error("not an upstream v2 state file: {0}")]
+    Parse(String),
+    /// Upstream's schema, another version.
+    #[error("unsupported state file version {0}")]
+    Version(u32),
+}
+
 /// Parse an upstream v2 file. Errors say what is wrong; nothing panics.
-pub fn import(bytes: &[u8]) -> Result<Imported, String> {
-    let v: V2 = serde_json::from_slice(bytes).map_err(|e| format!("not an upstream v2 state file: {e}"))?;
+pub fn import(bytes: &[u8]) -> Result<Imported, ImportError> {
+    let v: V2 = serde_json::from_slice(bytes).map_err(|e| ImportError::Parse(e.to_string()))?;
     if v.version != UPSTREAM_VERSION {
-        return Err(format!("unsupported state file version {}", v.version));
+        return Err(ImportError::Version(v.version));
     }
     let mut checks = CheckState { polls: 1, scope: v.scope.clone(), ..CheckState::default() };
     let mut skipped = Vec::new();
@@ -203,7 +214,7 @@ mod tests {
         for cut in [0, 1, 10, SAMPLE.len() / 2, SAMPLE.len() - 2] {
             assert!(import(&SAMPLE.as_bytes()[..cut]).is_err(), "cut at {cut}");
         }
-        assert!(import(br#"{"version": 3}"#).unwrap_err().contains("version 3"));
+        assert!(import(br#"{"version": 3}"#).unwrap_err().to_string().contains("version 3"));
         assert!(import(br#"{"version": 2}"#).is_ok());
     }
 

@@ -1,78 +1,19 @@
-//! The persistent state file (SPEC §1.6, 001 §6.5–6.6): what nicmon remembers between
-//! polls and across restarts within one boot.
+//! nicmon's own state file: load, save and when to write.
 //!
 //! Written atomically (temp file in the same directory, fsync, rename, fsync of the
 //! directory) and only when its bytes changed. A missing or corrupt file means a fresh start
-//! with a warning; never a crash.
-use std::collections::BTreeSet;
+//! with a warning; never a crash. A file upstream NVSentinel wrote is imported
+//! ([`super::upstream_import`]).
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
-use crate::chardev::CharDevState;
+use super::upstream_import::ImportError;
+use super::{CheckState, State, VERSION};
 use crate::counters::CounterState;
-use crate::kmsg::KmsgState;
-use crate::linkstate::LinkState;
-use crate::outbox::Outbox;
-pub use crate::outbox::PendingBatch;
+use crate::host::ReadError;
 
-/// Version of the file format.
-pub const VERSION: u32 = 1;
-
-/// Default location in the DaemonSet (a hostPath directory).
-pub const DEFAULT_PATH: &str = "/var/run/nic_health_monitor/state.json";
-
-/// What the checks carry from one poll to the next: the decide layer's input and output.
-/// The outbox (act's data) is not part of it.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct CheckState {
-    /// Polls evaluated in this boot (0 = no usable previous state).
-    #[serde(default)]
-    pub polls: u64,
-    /// Port records, known devices, cards below their peers (the state checks' memory).
-    #[serde(flatten)]
-    pub links: LinkState,
-    /// Counter snapshots, breach and saturation flags (the counter check's state).
-    #[serde(default)]
-    pub counters: CounterState,
-    /// Kernel log cursor and dedup memory.
-    #[serde(default)]
-    pub kmsg: KmsgState,
-    /// Character-device miss counts, latches and the issm mode they were made under.
-    #[serde(default)]
-    pub char_devices: CharDevState,
-    /// sysfs files whose read failed with EINVAL in this boot: never read again.
-    #[serde(default)]
-    pub einval: BTreeSet<String>,
-    /// The discovery scope the state checks' memory was made under (upstream's fingerprint
-    /// `incl=<nicInclusionRegexOverride>;excl=<nicExclusionRegex>`). `None`: not recorded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scope: Option<String>,
-    /// First polls deferred in this run because devices were unreadable (in memory only, as
-    /// upstream's: a deferred poll commits nothing, so a restart still owes the first poll).
-    #[serde(skip)]
-    pub first_poll_deferrals: u32,
-}
-
-/// Everything persisted. Field names are the file's JSON keys; the flattened parts keep
-/// the file's flat shape (`polls`, `port_states`, ..., `outbox`, `next_batch_id`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct State {
-    pub version: u32,
-    pub boot_id: Option<String>,
-    #[serde(flatten)]
-    pub checks: CheckState,
-    /// Batches not yet accepted by the connector (see [`crate::outbox`]).
-    #[serde(flatten)]
-    pub outbox: Outbox,
-}
-
-impl State {
-    pub fn fresh(boot_id: Option<String>) -> State {
-        State { version: VERSION, boot_id, checks: CheckState::default(), outbox: Outbox::default() }
-    }
-}
+/// The largest state file nicmon reads back; a bigger one is treated as corrupt.
+pub const MAX_BYTES: usize = 16 << 20;
 
 /// How the previous state was found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,7 +25,7 @@ pub enum Loaded {
     /// poll sends the clear-all and baselines); `false`: a plain first start (`nicmon check`).
     Missing { reboot: bool },
     /// The file was unusable: fresh start (the reason is logged).
-    Corrupt(String),
+    Corrupt(LoadError),
     /// The boot ID changed: the host rebooted. State from the previous boot is discarded.
     Rebooted { previous: Option<String> },
     /// Upstream NVSentinel's schema-v2 file of this boot was imported (port states, counter
@@ -108,14 +49,37 @@ impl Loaded {
     }
 }
 
-/// The largest state file nicmon reads back; a bigger one is treated as corrupt.
-pub const MAX_BYTES: usize = 16 << 20;
+/// Why a state file could not be used: the file, and what was wrong with it. The loader
+/// then starts fresh ([`Loaded::Corrupt`]) and says this once.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("state file {}: {kind}", path.display())]
+pub struct LoadError {
+    pub path: PathBuf,
+    pub kind: LoadErrorKind,
+}
+
+/// What was wrong with a state file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadErrorKind {
+    /// The read failed: unreadable, not a regular file, too large, stuck.
+    #[error("cannot read: {0}")]
+    Read(ReadError),
+    /// Not nicmon's format (the parser's message).
+    #[error("{0}")]
+    Parse(String),
+    /// nicmon's format, another version.
+    #[error("unsupported state file version {0}")]
+    Version(u32),
+    /// It says it is upstream's schema v2, and the import failed.
+    #[error(transparent)]
+    Upstream(#[from] ImportError),
+}
 
 /// Parse a state file's bytes; never panics.
-pub fn parse(bytes: &[u8]) -> Result<State, String> {
-    let s: State = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+pub fn parse(bytes: &[u8]) -> Result<State, LoadErrorKind> {
+    let s: State = serde_json::from_slice(bytes).map_err(|e| LoadErrorKind::Parse(e.to_string()))?;
     if s.version != VERSION {
-        return Err(format!("unsupported state file version {}", s.version));
+        return Err(LoadErrorKind::Version(s.version));
     }
     Ok(s)
 }
@@ -125,14 +89,13 @@ pub fn parse(bytes: &[u8]) -> Result<State, String> {
 pub fn load(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
     remove_stale_temp_files(path);
     let fresh = || State::fresh(boot_id.map(str::to_string));
+    let corrupt = |kind| Loaded::Corrupt(LoadError { path: path.to_path_buf(), kind });
     let bytes = match crate::host::read_file(path, MAX_BYTES) {
         Ok(b) => b,
-        Err(crate::host::ReadError::Missing) => return (fresh(), Loaded::Missing { reboot: false }),
-        Err(e) => {
-            return (fresh(), Loaded::Corrupt(format!("state file {}: cannot read: {e}", path.display())));
-        }
+        Err(ReadError::Missing) => return (fresh(), Loaded::Missing { reboot: false }),
+        Err(e) => return (fresh(), corrupt(LoadErrorKind::Read(e))),
     };
-    let parsed = parse(&bytes).map(|s| (s, None)).or_else(|e| match crate::state_v2::import(&bytes) {
+    let parsed = parse(&bytes).map(|s| (s, None)).or_else(|e| match super::upstream_import::import(&bytes) {
         Ok(i) => {
             for s in &i.skipped {
                 tracing::info!(entry = %s, "upstream state file: entry with no nicmon counterpart not imported");
@@ -141,11 +104,13 @@ pub fn load(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
         }
         // Not a v2 file either: say what is wrong with it as nicmon's own format, unless it
         // says it is version 2.
-        Err(v2) if bytes.windows(12).any(|w| w == b"\"version\": 2" || w.starts_with(b"\"version\":2")) => Err(v2),
+        Err(v2) if bytes.windows(12).any(|w| w == b"\"version\": 2" || w.starts_with(b"\"version\":2")) => {
+            Err(LoadErrorKind::Upstream(v2))
+        }
         Err(_) => Err(e),
     });
     match parsed {
-        Err(e) => (fresh(), Loaded::Corrupt(format!("state file {}: {e}", path.display()))),
+        Err(kind) => (fresh(), corrupt(kind)),
         Ok((prev, _)) if prev.boot_id.as_deref() != boot_id => {
             let mut s = fresh();
             s.outbox = prev.outbox;
@@ -455,11 +420,11 @@ mod tests {
         let p = dir.path().join("state.json");
         std::os::unix::fs::symlink("/dev/zero", &p).unwrap();
         let (s, how) = load(&p, Some("b"));
-        assert!(matches!(&how, Loaded::Corrupt(w) if w.contains("not a regular file")), "{how:?}");
+        assert!(matches!(&how, Loaded::Corrupt(w) if w.to_string().contains("not a regular file")), "{how:?}");
         assert_eq!(s, State::fresh(Some("b".into())));
         std::fs::remove_file(&p).unwrap();
         std::fs::write(&p, vec![b' '; MAX_BYTES + 1]).unwrap();
-        assert!(matches!(load(&p, None).1, Loaded::Corrupt(w) if w.contains("larger than")));
+        assert!(matches!(load(&p, None).1, Loaded::Corrupt(w) if w.to_string().contains("larger than")));
         // Saving replaces whatever is there.
         assert!(save(&p, &s).unwrap());
         assert_eq!(load(&p, Some("b")).1, Loaded::Resumed);

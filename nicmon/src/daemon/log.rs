@@ -1,0 +1,59 @@
+//! The daemon's log lines about a poll's outcome (events, flaps, blips, notes).
+use crate::cycle::Poll;
+use crate::event::Check;
+
+/// Log what a poll found: its notes, flaps and events (in check order).
+pub(super) fn poll(poll: &Poll) {
+    for n in &poll.notes {
+        tracing::info!("{n}");
+    }
+    log_flaps(&poll.flaps);
+    for check in Check::ALL {
+        for e in poll.events.iter().filter(|e| e.check() == Some(check)) {
+            log_event(e);
+        }
+    }
+}
+
+/// Held port transitions that recovered within `portStateHoldDown` (once committed).
+pub(super) fn blips(blips: &[crate::linkstate::Blip]) {
+    for b in blips {
+        tracing::info!(
+            check = %b.check,
+            device = %b.device,
+            port = b.port,
+            "port recovered within portStateHoldDown: blip, not reported"
+        );
+    }
+}
+
+fn log_event(e: &crate::event::HealthEvent) {
+    let ents = e.entities_text();
+    tracing::info!(
+        check = %e.check_name,
+        healthy = e.is_healthy,
+        fatal = e.is_fatal,
+        action = ?e.recommended_action,
+        entities = %ents,
+        error_code = %e.error_code.join(","),
+        "{}", e.message
+    );
+}
+
+/// One line per unhealthy transition flap damping counted: those it held publish nothing,
+/// so this line (and the metric) is where they show.
+fn log_flaps(flaps: &[crate::linkstate::FlapTransition]) {
+    for f in flaps {
+        if f.flapping && !f.published {
+            tracing::info!(
+                device = %f.device, port = f.port, check = %f.check, transitions = f.transitions,
+                "port held as flapping: unhealthy transition not published"
+            );
+        } else if f.flapping {
+            tracing::warn!(
+                device = %f.device, port = f.port, check = %f.check, transitions = f.transitions,
+                "port flapping: one fatal event sent, further transitions held until it settles"
+            );
+        }
+    }
+}

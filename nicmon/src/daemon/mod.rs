@@ -1,0 +1,251 @@
+//! `nicmon run` (and `nicmon trace`): the daemon loop. One poll → evaluate → commit cycle
+//! at a time, on a 1 s tick and on every wake-up (eBPF, rtnetlink, kernel log), until
+//! SIGTERM or SIGINT, which finish the cycle; then flush what can be sent within a bound,
+//! save, exit. Its rooms:
+//! - `startup.rs`: everything before the first poll ([`Daemon::start`]), in named steps;
+//! - `wakeup.rs`: where a wake-up becomes a poll (coalescing, targeted then full polls);
+//! - `options.rs`: what `nicmon run` is told;
+//! - `trace.rs`: what trace mode prints; `log.rs`: the log lines about a poll's outcome.
+//!
+//! Metrics observe each poll ([`crate::metrics::Metrics::observe`]). When an event is sent
+//! and when it leaves the outbox: [`crate::courier`].
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use tokio::signal::unix::Signal;
+use tokio::sync::mpsc;
+
+use crate::courier::Courier;
+use crate::cycle::{Monitor, Poll};
+use crate::kmsg::{Delivery, KmsgTail, Record};
+use crate::metrics::Metrics;
+use crate::metrics::server::{Liveness, MetricsServer};
+use crate::state::{Loaded, State};
+use crate::wake::{Wake, WakeSource};
+
+mod log;
+mod options;
+mod startup;
+mod trace;
+mod wakeup;
+
+pub use options::{PollStall, RunOptions, parse_checks};
+use trace::PollKind;
+pub use trace::trace_summary;
+use wakeup::{TRAILING_POLL, Wakeup};
+
+/// How long a signal waits for queued batches to be delivered. With the last poll (at most
+/// [`crate::host::Deadlines::poll`]) and the final save, exit comes within 5 s of SIGTERM
+/// whatever is stuck; what was not delivered stays in the outbox for the next start.
+pub const SHUTDOWN_FLUSH: Duration = Duration::from_secs(2);
+
+/// Run the daemon until a signal.
+pub async fn run(opts: RunOptions) -> Result<()> {
+    let mut daemon = Daemon::start(&opts).await?;
+    daemon.run_loop().await?;
+    daemon.shutdown().await;
+    Ok(())
+}
+
+/// The running daemon.
+pub struct Daemon<'a> {
+    opts: &'a RunOptions,
+    monitor: Monitor,
+    state: State,
+    loaded: Loaded,
+    metrics: Arc<Metrics>,
+    liveness: Liveness,
+    _server: Option<MetricsServer>,
+    wakes: Option<WakeSource>,
+    /// Declared before `_tail`, so dropped first: a tail thread blocked on a full channel
+    /// then ends, and dropping the tail (which joins it) cannot wait for ever.
+    kmsg: mpsc::Receiver<Delivery>,
+    _tail: Option<KmsgTail>,
+    courier: Courier,
+    sigterm: Signal,
+    tick: tokio::time::Interval,
+    /// When the earliest port held by `portStateHoldDown` is due: a poll then reports it
+    /// (or finds it recovered) without waiting for the next tick.
+    hold_due: Option<tokio::time::Instant>,
+    pending_records: Vec<Record>,
+    /// When the last wake-driven poll started (the rate limit's reference).
+    last_wake_poll: Option<tokio::time::Instant>,
+    /// When the last full poll started.
+    last_full_poll: Option<Instant>,
+    /// When the trailing poll of the last wake-driven one is due ([`TRAILING_POLL`]).
+    trailing_due: Option<tokio::time::Instant>,
+    /// The last full poll's snapshot: what a wake-up's hint can name, and the base of a
+    /// targeted poll.
+    last_snapshot: Option<crate::model::Snapshot>,
+    /// Devices named by wake-ups since the last full poll: it reads their static
+    /// attributes again.
+    statics_owed: BTreeSet<String>,
+    /// Trace mode's kernel → poll-end latencies.
+    trace_latencies: trace::Latencies,
+    /// Wake records the kernel programs lost to a full ring buffer, as last read.
+    lost_wakes: crate::wake::LostWakes,
+    /// The poll-stall watchdog (`None`: `--poll-stall-deadline=0s`).
+    stall: Option<crate::stall::Watchdog>,
+}
+
+impl<'a> Daemon<'a> {
+    /// The loop: wait, then poll (or take acknowledgements), until a signal.
+    pub async fn run_loop(&mut self) -> Result<()> {
+        loop {
+            let woke = match self.wait().await {
+                Wakeup::Acks(ids) => {
+                    self.courier.delivered(&mut self.state, ids);
+                    continue;
+                }
+                Wakeup::Poll(woke) => {
+                    if !woke.is_empty() {
+                        let now = tokio::time::Instant::now();
+                        self.last_wake_poll = Some(now);
+                        self.trailing_due = Some(now + TRAILING_POLL);
+                    }
+                    woke
+                }
+                Wakeup::Trailing => {
+                    self.trailing_due = None;
+                    Vec::new()
+                }
+                Wakeup::Stop => {
+                    self.cycle(&[]).await;
+                    tracing::info!("signal received: flushing and exiting");
+                    return Ok(());
+                }
+            };
+            self.cycle(&woke).await;
+        }
+    }
+
+    /// Shutdown: give the sender a bounded time to deliver what is queued, save.
+    pub async fn shutdown(&mut self) {
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_FLUSH;
+        self.courier.flush(&mut self.state, deadline).await;
+        if !self.state.outbox.is_empty() {
+            tracing::warn!(
+                pending = self.state.outbox.len(),
+                "exiting with undelivered batches: they are sent after the next start"
+            );
+        }
+        if self.opts.trace {
+            let lost = self.count_lost_wakes();
+            println!("{}", self.trace_latencies.summary(lost));
+        }
+    }
+
+    /// One cycle: read → decide, then act — metrics, logs, trace, and the courier's commit
+    /// ([`Daemon::polls`]), watched by the poll-stall watchdog.
+    async fn cycle(&mut self, woke: &[Wake]) {
+        if let Some(s) = &self.stall {
+            s.begin();
+        }
+        self.polls(woke).await;
+        if let Some(s) = &self.stall {
+            s.end();
+        }
+    }
+
+    /// Read the kernel programs' count of wake records lost to a full ring buffer (once per
+    /// full poll, off the latency path): the metric, a trace line, and a warning at most
+    /// once per [`crate::wake::LOST_WARN_EVERY`]. The total, when it could be read.
+    fn count_lost_wakes(&mut self) -> Option<u64> {
+        let total = self.wakes.as_ref().and_then(|w| w.lost_records())?;
+        let update = self.lost_wakes.update(total, Instant::now());
+        if update.new > 0 {
+            self.metrics.ebpf_wake_records_lost(update.new);
+            if self.opts.trace {
+                trace::print_lost(update.new, update.total);
+            }
+        }
+        if let Some(lost) = update.warn {
+            tracing::warn!(
+                lost,
+                total = update.total,
+                "wake records dropped in the kernel: the eBPF ring buffer was full (harmless: the 1 s full poll \
+                 still runs; the agent fell behind, see nicmon_ebpf_wake_records_lost_total)"
+            );
+        }
+        Some(update.total)
+    }
+
+    /// Act on one poll's result: the courier's commit, then trace, metrics, logs and the
+    /// save. `records`: the kernel log records the poll consumed (kept for the next poll when
+    /// the commit is refused).
+    fn act(
+        &mut self,
+        poll: Poll,
+        woke: &[Wake],
+        woke_at: Instant,
+        elapsed: Duration,
+        kind: PollKind<'_>,
+        records: Vec<Record>,
+    ) {
+        // The send first: nothing but the commit's bookkeeping stands between the decision
+        // and the hand-off to the sender task (logs, metrics and the trace come after; the
+        // state file is saved after them, see crate::courier for why that order is safe).
+        let mut poll = poll;
+        let next = std::mem::take(&mut poll.next);
+        let committed = self.courier.commit(&mut self.state, next, &poll.events);
+        let handed_at = Instant::now();
+        let next = match &committed {
+            Ok(()) => &self.state.checks,
+            Err((_, checks)) => checks.as_ref(),
+        };
+        if self.opts.trace {
+            trace::print_trace(woke, woke_at, &poll, elapsed, &kind, handed_at, self.state.outbox.last_id());
+            self.trace_latencies.record(woke, &kind);
+        }
+        self.metrics.observe(&poll, next);
+        log::poll(&poll);
+
+        // The earliest held port's due time (rounded up; measured from after the poll, whose
+        // clock reading was earlier, so the poll then finds it due).
+        self.hold_due = poll
+            .holds
+            .held
+            .iter()
+            .map(|h| h.left_ms.max(0) as u64 + 1)
+            .min()
+            .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
+        let deferred = !poll.deferred.is_empty();
+        match committed {
+            Ok(()) => {
+                // A targeted poll's batches are on the latency path: its commit is saved
+                // once they are delivered (`wakeup::targeted_poll`), so the state file's write and
+                // sync do not compete with the sink's write.
+                if !matches!(kind, PollKind::Targeted(_)) {
+                    self.save();
+                }
+                // A deferred first poll ran nothing: the first poll (and the baselines a reboot
+                // owes) is still to come.
+                if !deferred {
+                    self.loaded = Loaded::Resumed;
+                }
+                // Counted once committed: a poll that runs again finds the same blip.
+                log::blips(&poll.holds.blips);
+                for b in &poll.holds.blips {
+                    self.metrics.port_state_blip(b.check, &b.device, b.port);
+                }
+            }
+            Err((full, _)) => {
+                // The bounded outbox: a poll whose events do not fit is not committed (its
+                // state does not advance) and runs again on the next cycle. So nothing queued
+                // is dropped, and once there is room the poll queues the newest state of every
+                // (check, entity) against what was last committed.
+                tracing::warn!("{full}: this poll is not committed and runs again");
+                self.pending_records.splice(0..0, records);
+            }
+        }
+        if !matches!(kind, PollKind::Targeted(_)) {
+            self.liveness.cycle_completed();
+        }
+    }
+
+    fn save(&mut self) {
+        self.courier.save(&self.state);
+    }
+}

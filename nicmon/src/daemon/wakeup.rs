@@ -1,0 +1,306 @@
+//! Where a wake-up becomes a poll. The wake sources (`crate::wake`: eBPF ring-buffer
+//! records, rtnetlink, the kernel log) hand the loop [`Wake`]s; here they are coalesced and
+//! rate-limited ([`Daemon::wait`]), their hints resolved to devices, and served by a
+//! targeted poll of those devices followed by the full poll ([`Daemon::polls`], SPEC §1.8).
+use std::time::{Duration, Instant};
+
+use time::OffsetDateTime;
+
+use super::Daemon;
+use super::trace::PollKind;
+use crate::discovery;
+use crate::kmsg::{self, Delivery};
+use crate::wake::Wake;
+
+/// The shortest gap between the starts of two wake-driven polls. A wake-up after a quiet
+/// spell is polled at once (no coalescing sleep); wake-ups arriving within this gap of the
+/// previous wake-driven poll wait for its end and are all served by one poll — so a flood
+/// (a flapping link, a tracepoint hit thousands of times a second) costs at most
+/// 1 s / `WAKE_POLL_GAP` polls a second on top of the interval's.
+pub const WAKE_POLL_GAP: Duration = Duration::from_millis(50);
+
+/// The trailing edge of the wake-up rate limits: a full poll this long after each
+/// wake-driven poll (unless another wake-driven poll came first and moved it). The kernel
+/// programs drop records within `RATE_WINDOW_NS` of the previous one of the same key, and
+/// this loop serves at most one wake-driven poll per [`WAKE_POLL_GAP`]: so the last change
+/// of any burst is polled at most this long after the last poll that served the burst,
+/// never left to the interval's tick.
+pub const TRAILING_POLL: Duration =
+    Duration::from_nanos(nicmon_common::RATE_WINDOW_NS).saturating_add(Duration::from_millis(5));
+
+/// Within a burst, the shortest gap between the starts of two full polls that follow a
+/// targeted one (the trailing poll and the tick's poll are not held back).
+pub const BURST_FULL_POLL_GAP: Duration = Duration::from_millis(250);
+
+/// How long the full poll that follows a targeted one waits for the targeted poll's
+/// batches to be delivered (so the two do not compete for the CPU on the latency path).
+pub const TARGETED_DELIVERY_WAIT: Duration = Duration::from_millis(50);
+
+/// What woke the loop.
+pub(super) enum Wakeup {
+    /// The interval tick, a wake source (the coalesced burst) or kernel log records:
+    /// poll now.
+    Poll(Vec<Wake>),
+    /// The trailing poll after a wake-driven one is due.
+    Trailing,
+    /// The courier's sender acknowledged these batches.
+    Acks(Vec<u64>),
+    /// SIGTERM or SIGINT: one last poll, then shut down.
+    Stop,
+}
+
+impl Daemon<'_> {
+    /// Wait for the next reason to act. Kernel log records are collected on the way.
+    pub(super) async fn wait(&mut self) -> Wakeup {
+        let (wakes, kmsg, courier) = (&mut self.wakes, &mut self.kmsg, &mut self.courier);
+        let metrics = &self.metrics;
+        let (tick, sigterm, records) = (&mut self.tick, &mut self.sigterm, &mut self.pending_records);
+        let rate_limit_until = self.last_wake_poll.map(|t| t + WAKE_POLL_GAP);
+        let hold_due = self.hold_due;
+        let trailing_due = self.trailing_due;
+        tokio::select! {
+            _ = async { match trailing_due { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
+                Wakeup::Trailing
+            }
+            _ = tick.tick() => Wakeup::Poll(Vec::new()),
+            _ = async { match hold_due { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
+                Wakeup::Poll(Vec::new())
+            }
+            Some(w) = async { match wakes.as_mut() { Some(w) => w.recv().await, None => std::future::pending().await } } => {
+                let mut woke = vec![w];
+                // Rate limit: within the gap after the previous wake-driven poll, wait for
+                // its end; everything that arrived by then is served by this one poll.
+                if let Some(until) = rate_limit_until.filter(|u| *u > tokio::time::Instant::now()) {
+                    tokio::time::sleep_until(until).await;
+                }
+                if let Some(ws) = wakes.as_mut() {
+                    while let Some(w) = ws.try_recv() { woke.push(w); }
+                }
+                Wakeup::Poll(woke)
+            }
+            Some(d) = kmsg.recv() => {
+                match d {
+                    Delivery::Records(r) => records.extend(r),
+                    Delivery::Failed(e) => {
+                        tracing::warn!(error = %e, "kernel log watcher stopped");
+                        metrics.set_kernel_log_watching(false, &format!("watcher stopped: {e}"));
+                    }
+                }
+                Wakeup::Poll(Vec::new())
+            }
+            Some(ids) = courier.next_acks() => Wakeup::Acks(ids),
+            _ = tokio::signal::ctrl_c() => Wakeup::Stop,
+            _ = sigterm.recv() => Wakeup::Stop,
+        }
+    }
+
+    /// The polls of one cycle for the wake-ups `woke` (none: the tick's, the trailing or
+    /// a held port's poll). Wake-ups whose hints name devices first get a targeted poll of
+    /// those devices (its events are dispatched first), then the full poll follows — unless
+    /// in a burst.
+    pub(super) async fn polls(&mut self, woke: &[Wake]) {
+        self.take_kernel_log_records();
+        let woke_at = Instant::now();
+        let targets = self.devices_named(woke);
+        let targeted = self.targeted_poll(woke, woke_at, &targets).await;
+        // A burst (a full poll ran moments ago): the targeted poll served the named
+        // devices; the rest waits for the trailing poll or the tick, so a storm of hinted
+        // wake-ups costs targeted polls, not full ones.
+        if targeted && self.last_full_poll.is_some_and(|t| t.elapsed() < BURST_FULL_POLL_GAP) {
+            for w in woke {
+                self.metrics.wakeup(w.hook.name(), w.delivery_latency_ns().map(Duration::from_nanos));
+            }
+            return;
+        }
+        self.full_poll(woke, (!targeted).then_some(woke_at));
+    }
+
+    /// Kernel log records delivered since the last cycle, within their bound.
+    fn take_kernel_log_records(&mut self) {
+        while let Ok(d) = self.kmsg.try_recv() {
+            if let Delivery::Records(r) = d {
+                self.pending_records.extend(r);
+            }
+            if self.pending_records.len() >= kmsg::MAX_PENDING_RECORDS {
+                break;
+            }
+        }
+        let dropped = kmsg::keep_newest(&mut self.pending_records);
+        if dropped > 0 {
+            tracing::warn!(
+                dropped,
+                "kernel log records waiting for a committed poll exceed the bound: the oldest are dropped \
+                 (counted as lost records by their sequence gap)"
+            );
+        }
+    }
+
+    /// The devices the wake-ups' hints name in the last full poll's snapshot. Each is owed
+    /// a re-read of its static attributes by the next full poll (a targeted poll, on the
+    /// latency path, uses the kept ones of the same incarnation: the `device` link is read
+    /// on every poll, targeted ones included).
+    fn devices_named(&mut self, woke: &[Wake]) -> Vec<String> {
+        let mut targets: Vec<String> = Vec::new();
+        if let Some(last) = &self.last_snapshot {
+            for w in woke {
+                if let crate::wake::Hint::Name(n) = &w.hint {
+                    for dev in discovery::devices_named(&self.monitor.host, last, n) {
+                        if !targets.contains(&dev) {
+                            targets.push(dev);
+                        }
+                    }
+                }
+            }
+        }
+        for dev in &targets {
+            self.statics_owed.insert(dev.clone());
+        }
+        targets
+    }
+
+    /// The targeted poll of `targets` (read on the last full poll's snapshot), acted on and
+    /// delivered before anything else. Whether it ran.
+    async fn targeted_poll(&mut self, woke: &[Wake], woke_at: Instant, targets: &[String]) -> bool {
+        let Some(base) = self.last_snapshot.as_ref().filter(|_| !targets.is_empty()) else { return false };
+        let Some(obs) = self.monitor.observe_targeted(&self.state.checks, base, targets) else { return false };
+        let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, OffsetDateTime::now_utc(), &[]);
+        let elapsed = woke_at.elapsed();
+        let before = self.state.outbox.last_id();
+        self.act(poll, woke, woke_at, elapsed, PollKind::Targeted(targets), Vec::new());
+        // The targeted poll's events go out before anything else: the full poll (which
+        // competes with the sender for the CPU) starts once they are delivered, or after
+        // TARGETED_DELIVERY_WAIT at the latest (a connector that is down).
+        let sent = self.state.outbox.last_id();
+        if sent > before {
+            let deadline = tokio::time::Instant::now() + TARGETED_DELIVERY_WAIT;
+            self.courier.await_delivery(&mut self.state, sent, deadline).await;
+        }
+        // The targeted commit's save (deferred by `act` until its batches were delivered:
+        // the journal covers a crash before it).
+        self.save();
+        true
+    }
+
+    /// The full poll. `woke_at`: when the wake-ups woke the loop, unless a targeted poll
+    /// served them first (then the trace measures this poll from its own start).
+    fn full_poll(&mut self, woke: &[Wake], woke_at: Option<Instant>) {
+        // The static attributes of every device a wake-up named since the last full poll
+        // are read again by this one.
+        for dev in std::mem::take(&mut self.statics_owed) {
+            self.monitor.statics.invalidate(&dev);
+        }
+        let started = Instant::now();
+        self.last_full_poll = Some(started);
+        let records = std::mem::take(&mut self.pending_records);
+        let poll = self.monitor.poll(&self.state.checks, &self.loaded, OffsetDateTime::now_utc(), &records);
+        let elapsed = started.elapsed();
+        let completed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or_default();
+        self.metrics.observe_poll(elapsed, completed);
+        self.last_snapshot = Some(poll.snapshot.clone());
+        for w in woke {
+            self.metrics.wakeup(w.hook.name(), w.delivery_latency_ns().map(Duration::from_nanos));
+        }
+        let kind = if woke_at.is_some() { PollKind::Full } else { PollKind::FullAfterTargeted };
+        self.act(poll, woke, woke_at.unwrap_or(started), elapsed, kind, records);
+        let _ = self.count_lost_wakes();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::{PollStall, RunOptions};
+    use crate::dispatch::{GrpcConfig, SinkSpec};
+    use crate::wake::WakeOptions;
+
+    /// A daemon over a fixture node, with no wake source, metrics endpoint or kernel log
+    /// (its loop's cycles are driven by the test).
+    fn run_options(node: &nicmon_tests::Node) -> RunOptions {
+        RunOptions {
+            monitor: crate::cycle::fixture_options(node),
+            state_file: node.root().join("state.json"),
+            interval: Duration::from_secs(1),
+            sink: SinkSpec::File(node.root().join("events.jsonl")),
+            grpc: GrpcConfig::new(crate::dispatch::DEFAULT_SOCKET.parse().unwrap()),
+            metrics_port: None,
+            metrics_bind_address: std::net::Ipv4Addr::LOCALHOST.into(),
+            kmsg_path: None,
+            wake: WakeOptions::default(),
+            no_wake: true,
+            trace: false,
+            poll_stall: PollStall { deadline: Duration::ZERO, store_only: false },
+        }
+    }
+
+    fn wake_naming(netdev: &str) -> Wake {
+        Wake {
+            hook: crate::wake::Hook::Rtnetlink,
+            kernel_ts_ns: None,
+            hint: crate::wake::Hint::Name(netdev.to_string()),
+            received: Instant::now(),
+            received_ns: crate::wake::monotonic_ns(),
+        }
+    }
+
+    /// The firmware version of `dev` in the last full poll's snapshot.
+    fn fw_ver(daemon: &Daemon<'_>, dev: &str) -> Option<String> {
+        let snap = daemon.last_snapshot.as_ref().expect("a full poll ran");
+        snap.devices.iter().find(|d| d.name == dev).and_then(|d| d.fw_ver.clone())
+    }
+
+    /// Issue #18's read path through the daemon's own cycle: a wake-up naming a device
+    /// (here by its netdev) makes the next full poll read that device's static attributes
+    /// again — the targeted poll it causes does not (it uses the kept ones) — while a
+    /// device no wake-up named keeps its kept attributes (until `STATIC_REFRESH`).
+    #[tokio::test]
+    async fn a_wake_naming_a_device_makes_the_next_full_poll_read_its_statics_again() {
+        let mut node = nicmon_tests::Node::new("statics-wake");
+        let rc = node.root_complex(0, 0);
+        let rp = node.root_port(&rc, 1);
+        node.card(&rp, 0, vec![nicmon_tests::NicSpec::eth("mlx5_0", "eth0")]);
+        let rp2 = node.root_port(&rc, 2);
+        node.card(&rp2, 0, vec![nicmon_tests::NicSpec::eth("mlx5_1", "eth1")]);
+        let opts = run_options(&node);
+        let mut daemon = Daemon::start(&opts).await.unwrap();
+
+        // The tick's first full poll reads both devices' static attributes.
+        daemon.cycle(&[]).await;
+        assert_eq!(fw_ver(&daemon, "mlx5_0").as_deref(), Some("28.39.1002"));
+        assert_eq!(daemon.monitor.statics.reads(), 2);
+        // The next tick reads none of them.
+        daemon.cycle(&[]).await;
+        assert_eq!(daemon.monitor.statics.reads(), 2, "kept between full polls");
+
+        // Both devices' firmware changes on disk (as a firmware reset would show it).
+        node.write_device_file("mlx5_0", "fw_ver", "28.40.1000\n");
+        node.write_device_file("mlx5_1", "fw_ver", "28.40.1000\n");
+
+        // A hinted wake-up in a burst (a full poll ran moments ago): the targeted poll
+        // alone runs; it reads no static attribute, and the device is owed a re-read.
+        daemon.last_full_poll = Some(Instant::now());
+        daemon.cycle(&[wake_naming("eth0")]).await;
+        assert_eq!(daemon.monitor.statics.reads(), 2, "a targeted poll uses the kept static attributes");
+        assert!(daemon.statics_owed.contains("mlx5_0"), "{:?}", daemon.statics_owed);
+        assert_eq!(fw_ver(&daemon, "mlx5_0").as_deref(), Some("28.39.1002"), "no full poll ran yet");
+
+        // The trailing (or the tick's) full poll: mlx5_0 is read again, mlx5_1 is not.
+        daemon.cycle(&[]).await;
+        assert_eq!(daemon.monitor.statics.reads(), 3, "exactly the named device's attributes are read again");
+        assert!(daemon.statics_owed.is_empty());
+        assert_eq!(fw_ver(&daemon, "mlx5_0").as_deref(), Some("28.40.1000"), "the named device is read again");
+        assert_eq!(fw_ver(&daemon, "mlx5_1").as_deref(), Some("28.39.1002"), "an unnamed device keeps its kept value");
+
+        // Outside a burst: one cycle runs the targeted poll and the full poll that follows,
+        // which reads the named device again (here mlx5_1, named by its netdev too).
+        node.write_device_file("mlx5_1", "fw_ver", "28.41.2000\n");
+        daemon.last_full_poll = None;
+        daemon.cycle(&[wake_naming("eth1")]).await;
+        assert_eq!(daemon.monitor.statics.reads(), 4);
+        assert_eq!(fw_ver(&daemon, "mlx5_1").as_deref(), Some("28.41.2000"));
+        assert_eq!(fw_ver(&daemon, "mlx5_0").as_deref(), Some("28.40.1000"));
+        daemon.shutdown().await;
+    }
+}

@@ -1,0 +1,449 @@
+//! The reader pool and its deadlines: every read runs on a reader thread, handed over in
+//! batches; the caller watches each item's deadline (per read, and per poll) and abandons a
+//! read past it with its thread (marked stuck; at most [`MAX_STUCK`] at once).
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, mpsc};
+use std::time::{Duration, Instant};
+
+use super::file::{Past, read_regular};
+use super::kept::{Kept, KeptFile, read_kept};
+use super::{MAX_STUCK, PAGE, ReadError};
+
+/// How long reads may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    /// One read (sysfs attributes normally answer in microseconds; a firmware command
+    /// behind one can take seconds).
+    pub read: Duration,
+    /// All the reads of one poll together: past it, the poll's remaining reads are
+    /// abandoned (unknown), so a cycle always completes.
+    pub poll: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Deadlines {
+        // Well inside /healthz's window (3 poll intervals of at least 1 s) and SIGTERM's 5 s.
+        Deadlines { read: Duration::from_millis(1000), poll: Duration::from_millis(2000) }
+    }
+}
+
+/// Counts of what the reader did, for metrics and tests.
+#[derive(Debug, Default)]
+pub struct ReadStats {
+    pub files_read: AtomicU64,
+    pub einval_skipped: AtomicU64,
+    /// Reads abandoned at their deadline.
+    pub reads_abandoned: AtomicU64,
+    /// Batches read ahead of the poll's listings and used ([`crate::discovery::discover`]).
+    pub read_ahead_used: AtomicU64,
+    /// Batches read ahead and dropped (the poll's files were not the same).
+    pub read_ahead_dropped: AtomicU64,
+    /// When `Some`: every file read is appended (benchmarks measure the open/read/close
+    /// floor of exactly the files a poll reads).
+    pub recorded: Mutex<Option<Vec<PathBuf>>>,
+}
+
+impl ReadStats {
+    pub(super) fn record(&self, path: &Path) {
+        if let Ok(mut r) = self.recorded.lock()
+            && let Some(v) = r.as_mut()
+        {
+            v.push(path.to_path_buf());
+        }
+    }
+}
+
+/// One file of a batch handed to the reader thread.
+#[derive(Debug, Clone)]
+pub(super) struct Item {
+    pub(super) path: PathBuf,
+    pub(super) limit: usize,
+    pub(super) past: Past,
+    /// Keep the file open after the read and `pread` it next time ([`Kept`]).
+    pub(super) keep: bool,
+}
+
+/// A batch: the thread reads its items from `start` on, in order, notes each result in
+/// `progress`, and says `done` when all are read.
+pub(super) struct Job {
+    items: Arc<[Item]>,
+    start: usize,
+    progress: Arc<Progress>,
+    done: mpsc::SyncSender<()>,
+}
+
+/// A batch's results by index (`None`: not read yet).
+type Slots = Vec<Option<Result<Vec<u8>, ReadError>>>;
+
+/// How far a batch is: the item being read (its index) and since when, and the results so
+/// far (by index). Uncontended locks: the caller looks only when a deadline comes.
+struct Progress {
+    current: Mutex<(usize, Instant)>,
+    results: Mutex<Slots>,
+}
+
+/// A batch handed to the reader and not collected yet ([`Reader::start_many`]).
+pub(super) struct Pending {
+    pub(super) items: Arc<[Item]>,
+    out: Slots,
+    /// The first item not handed to a thread yet (or handed to the one in `flight`).
+    next: usize,
+    flight: Option<Flight>,
+}
+
+/// The part of a [`Pending`] batch a reader thread is reading.
+struct Flight {
+    progress: Arc<Progress>,
+    finished: mpsc::Receiver<()>,
+    id: u64,
+}
+
+impl Pending {
+    /// Give the items from `next` on `e` as their result.
+    fn fill(&mut self, e: ReadError) {
+        for slot in &mut self.out[self.next..] {
+            *slot = Some(Err(e.clone()));
+        }
+        self.next = self.out.len();
+    }
+
+    /// Take the results the thread has stored so far.
+    fn collect(&mut self, progress: &Progress) {
+        let mut results = progress.results.lock().unwrap_or_else(|p| p.into_inner());
+        for (slot, r) in self.out.iter_mut().zip(results.iter_mut()) {
+            if let Some(r) = r.take() {
+                *slot = Some(r);
+            }
+        }
+    }
+}
+
+/// Sysfs files read together ([`super::Host::start_files`]), their paths joined once: a poll's
+/// batch is the same files poll after poll, so it is made once and read again and again.
+#[derive(Debug)]
+pub struct FileSet {
+    pub(super) rels: Vec<String>,
+    pub(super) items: Arc<[Item]>,
+}
+
+impl FileSet {
+    /// The sysfs-relative files, in read order.
+    pub fn rels(&self) -> &[String] {
+        &self.rels
+    }
+}
+
+/// The results a batch knows before reading (files in the `EINVAL` memo), by index in its
+/// set (`None`: read), and where each file handed to the reader goes.
+pub(super) type Memo = (Vec<Option<Result<String, ReadError>>>, Vec<usize>);
+
+/// Sysfs reads begun with [`super::Host::start_files`], not collected yet.
+pub struct PendingReads {
+    pub(super) set: Arc<FileSet>,
+    /// Only when files of the set are in the `EINVAL` memo: the results known before
+    /// reading, by index in the set, and where each item handed to the reader goes.
+    pub(super) memo: Option<Memo>,
+    pub(super) pending: Pending,
+}
+
+impl PendingReads {
+    /// The files being read.
+    pub fn files(&self) -> &Arc<FileSet> {
+        &self.set
+    }
+}
+
+/// A read that has not returned: which thread is in it, since when.
+#[derive(Debug, Clone)]
+pub(super) struct Stuck {
+    pub(super) worker: u64,
+    pub(super) since: Instant,
+}
+
+#[derive(Default)]
+pub(super) struct Shared {
+    pub(super) stuck: Mutex<BTreeMap<PathBuf, Stuck>>,
+    pub(super) kept: Mutex<Kept>,
+}
+
+impl Shared {
+    pub(super) fn stuck(&self) -> MutexGuard<'_, BTreeMap<PathBuf, Stuck>> {
+        self.stuck.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn kept(&self) -> MutexGuard<'_, Kept> {
+        self.kept.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Put a file back among the kept ones, if the budget allows (else it is closed).
+    fn keep(&self, key: std::ffi::OsString, file: KeptFile, generation: u64) {
+        self.kept().put_back(key, file, generation);
+    }
+}
+
+/// Reads files on a reader thread, with a deadline. When a read passes its deadline the
+/// thread is left to it (marked stuck, not joined) and the next read starts a new thread.
+pub struct Reader {
+    pub(super) shared: Arc<Shared>,
+    pub(super) worker: Mutex<Option<(u64, mpsc::Sender<Job>)>>,
+    pub(super) next_id: AtomicU64,
+    pub(super) read_fn: ReadFn,
+}
+
+pub(super) type ReadFn = fn(&Path, usize, Past) -> Result<Vec<u8>, ReadError>;
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader").field("stuck", &self.stuck_paths()).finish()
+    }
+}
+
+impl Default for Reader {
+    fn default() -> Reader {
+        Reader { shared: Arc::default(), worker: Mutex::new(None), next_id: AtomicU64::new(1), read_fn: read_regular }
+    }
+}
+
+impl Reader {
+    /// Read at most `limit` bytes of the regular file `path`, waiting at most `timeout`.
+    pub(super) fn read(&self, path: &Path, limit: usize, past: Past, timeout: Duration) -> Result<Vec<u8>, ReadError> {
+        let item = Item { path: path.to_path_buf(), limit, past, keep: false };
+        self.read_many(Arc::from([item]), timeout, None).pop().unwrap_or_else(|| Err(ReadError::Io("not read".into())))
+    }
+
+    /// Read `items` in one hand-off to the reader thread, which reads them in order and
+    /// answers once, when all are read (one thread wake-up each way per batch). Meanwhile
+    /// the caller watches the item in progress: one that has not returned within `read` of
+    /// its start, or by `poll_end`, is abandoned with its thread (marked stuck, as a single
+    /// read is), the items read before it keep their results, and the items after it go to
+    /// a fresh thread, or are refused when the poll's deadline has passed or too many reads
+    /// are stuck. The results are in `items`' order.
+    fn read_many(
+        &self,
+        items: Arc<[Item]>,
+        read: Duration,
+        poll_end: Option<Instant>,
+    ) -> Vec<Result<Vec<u8>, ReadError>> {
+        let pending = self.start_many(items, read, poll_end);
+        self.finish_many(pending, read, poll_end)
+    }
+
+    /// [`Reader::read_many`]'s hand-off, without waiting: the reader thread reads while the
+    /// caller does something else; [`Reader::finish_many`] collects (and watches the
+    /// deadlines, which count from each item's start, not from the collection).
+    pub(super) fn start_many(&self, items: Arc<[Item]>, read: Duration, poll_end: Option<Instant>) -> Pending {
+        let n = items.len();
+        let mut pending = Pending { items, out: (0..n).map(|_| None).collect(), next: 0, flight: None };
+        if n > 0 {
+            self.launch(&mut pending, read, poll_end);
+        }
+        pending
+    }
+
+    /// Hand the items of `p` from `p.next` on to a reader thread; `false` (the rest filled
+    /// with why) when they cannot be read now.
+    fn launch(&self, p: &mut Pending, read: Duration, poll_end: Option<Instant>) -> bool {
+        if read.is_zero() || poll_end.is_some_and(|end| end <= Instant::now()) {
+            p.fill(ReadError::Stuck("the poll's read deadline had passed: not read".into()));
+            return false;
+        }
+        {
+            let stuck = self.shared.stuck();
+            if stuck.len() >= MAX_STUCK {
+                let e = ReadError::Stuck(format!("{} reads are stuck: no reader thread left", stuck.len()));
+                drop(stuck);
+                p.fill(e);
+                return false;
+            }
+        }
+        let n = p.items.len();
+        let progress = Arc::new(Progress {
+            current: Mutex::new((p.next, Instant::now())),
+            results: Mutex::new((0..n).map(|_| None).collect()),
+        });
+        let (done, finished) = mpsc::sync_channel(1);
+        let job = Job { items: p.items.clone(), start: p.next, progress: progress.clone(), done };
+        match self.submit(job) {
+            Ok(id) => {
+                p.flight = Some(Flight { progress, finished, id });
+                true
+            }
+            Err(e) => {
+                p.fill(e);
+                false
+            }
+        }
+    }
+
+    /// Wait for the reads of `p` (see [`Reader::read_many`]); the results in its items' order.
+    pub(super) fn finish_many(
+        &self,
+        mut p: Pending,
+        read: Duration,
+        poll_end: Option<Instant>,
+    ) -> Vec<Result<Vec<u8>, ReadError>> {
+        let n = p.items.len();
+        'batches: while p.next < n {
+            let Some(Flight { progress, finished, id }) = p.flight.take() else {
+                if self.launch(&mut p, read, poll_end) {
+                    continue;
+                }
+                break;
+            };
+            loop {
+                let (current, since) = *progress.current.lock().unwrap_or_else(|p| p.into_inner());
+                let mut until = since + read;
+                if let Some(end) = poll_end {
+                    until = until.min(end);
+                }
+                match finished.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                    Ok(()) => {
+                        p.collect(&progress);
+                        break 'batches;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        p.collect(&progress);
+                        p.next = p.out.iter().position(Option::is_none).unwrap_or(n);
+                        p.fill(ReadError::Io("the reader thread ended".into()));
+                        break 'batches;
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        let mut stuck = self.shared.stuck();
+                        // The thread stores each result while holding this lock: either the
+                        // item was answered before we took it (it moved on: keep waiting), or
+                        // the thread will find the path marked stuck and end.
+                        if finished.try_recv().is_ok() {
+                            drop(stuck);
+                            p.collect(&progress);
+                            break 'batches;
+                        }
+                        let (now_at, now_since) = *progress.current.lock().unwrap_or_else(|p| p.into_inner());
+                        let answered = progress.results.lock().unwrap_or_else(|p| p.into_inner())[current].is_some();
+                        if answered || now_at != current || now_since != since {
+                            continue;
+                        }
+                        let path = &p.items[current].path;
+                        stuck.insert(path.clone(), Stuck { worker: id, since });
+                        drop(stuck);
+                        let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
+                        if w.as_ref().is_some_and(|(wid, _)| *wid == id) {
+                            *w = None;
+                        }
+                        drop(w);
+                        let waited = since.elapsed();
+                        tracing::warn!(
+                            path = %path.display(),
+                            timeout = ?waited,
+                            "read did not return in time: abandoned for this poll, not retried until it returns"
+                        );
+                        p.collect(&progress);
+                        p.out[current] = Some(Err(ReadError::Stuck(format!("no answer within {waited:.1?}"))));
+                        p.next = current + 1;
+                        continue 'batches;
+                    }
+                }
+            }
+        }
+        p.out.into_iter().map(|r| r.unwrap_or_else(|| Err(ReadError::Io("not read".into())))).collect()
+    }
+
+    /// Hand `job` to the current reader thread (starting one if needed); its id.
+    fn submit(&self, job: Job) -> Result<u64, ReadError> {
+        let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
+        let mut job = job;
+        for _ in 0..2 {
+            if w.is_none() {
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                let (tx, rx) = mpsc::channel::<Job>();
+                let shared = Arc::clone(&self.shared);
+                let read_fn = self.read_fn;
+                std::thread::Builder::new()
+                    .name("nicmon-read".into())
+                    .spawn(move || reader_thread(id, &rx, &shared, read_fn))
+                    .map_err(|e| ReadError::Io(format!("cannot start a reader thread: {e}")))?;
+                *w = Some((id, tx));
+            }
+            let (id, tx) = w.as_ref().expect("set above");
+            match tx.send(job) {
+                Ok(()) => return Ok(*id),
+                Err(mpsc::SendError(back)) => {
+                    job = back;
+                    *w = None;
+                }
+            }
+        }
+        Err(ReadError::Io("no reader thread".into()))
+    }
+
+    /// Paths whose read has not returned, with how long ago it started.
+    pub fn stuck_paths(&self) -> Vec<(PathBuf, Duration)> {
+        self.shared.stuck().iter().map(|(p, s)| (p.clone(), s.since.elapsed())).collect()
+    }
+
+    /// Close the kept-open files whose path starts with `prefix` (all of them: `None`).
+    pub(super) fn forget_kept(&self, prefix: Option<&Path>) {
+        let mut k = self.shared.kept();
+        k.generation = k.generation.wrapping_add(1);
+        match prefix {
+            None => k.files.clear(),
+            Some(p) => k.files.retain(|path, _| !Path::new(path).starts_with(p)),
+        }
+    }
+
+    pub(super) fn kept_count(&self) -> usize {
+        self.shared.kept().files.len()
+    }
+}
+
+fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: ReadFn) {
+    // The first read of a kept file lands here (on the heap, zeroed once per thread).
+    let mut scratch = vec![0u8; PAGE + 1].into_boxed_slice();
+    while let Ok(job) = jobs.recv() {
+        if job.items[job.start..].iter().any(|item| item.keep) {
+            shared.kept().drop_changed();
+        }
+        for (index, item) in job.items.iter().enumerate().skip(job.start) {
+            *job.progress.current.lock().unwrap_or_else(|p| p.into_inner()) = (index, Instant::now());
+            let earlier = shared.stuck().get(&item.path).map(|s| s.since.elapsed());
+            if let Some(ago) = earlier {
+                let e = ReadError::Stuck(format!(
+                    "an earlier read has not returned ({ago:.1?} ago): not read again until it does"
+                ));
+                job.progress.results.lock().unwrap_or_else(|p| p.into_inner())[index] = Some(Err(e));
+                continue;
+            }
+            let (result, keep) = if item.keep {
+                read_kept(&shared.kept, &item.path, item.limit, item.past, &mut scratch)
+            } else {
+                (read_fn(&item.path, item.limit, item.past), None)
+            };
+            let mut stuck = shared.stuck();
+            job.progress.results.lock().unwrap_or_else(|p| p.into_inner())[index] = Some(result);
+            if stuck.get(&item.path).is_some_and(|s| s.worker == id) {
+                let s = stuck.remove(&item.path).expect("checked above");
+                tracing::info!(path = %item.path.display(), after = ?s.since.elapsed(), "a stuck read returned");
+                // Abandoned: a newer thread serves the reader now (and the rest of this
+                // batch was handed to it). A file it had kept is closed here.
+                return;
+            }
+            drop(stuck);
+            if let Some((key, file, generation)) = keep {
+                shared.keep(key.unwrap_or_else(|| item.path.as_os_str().to_os_string()), file, generation);
+            }
+        }
+        let _ = job.done.send(());
+    }
+}
+
+/// How long [`read_file`] waits for one file.
+pub const FILE_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Read a whole file nicmon reads outside sysfs (state, config, metadata, `--kmsg`): only a
+/// regular file, at most `limit` bytes (more is [`ReadError::TooLarge`]), within
+/// [`FILE_READ_TIMEOUT`] — the same rules as sysfs reads, on a shared reader.
+pub fn read_file(path: &Path, limit: usize) -> Result<Vec<u8>, ReadError> {
+    static FILES: OnceLock<Reader> = OnceLock::new();
+    FILES.get_or_init(Reader::default).read(path, limit, Past::Error, FILE_READ_TIMEOUT)
+}
