@@ -174,7 +174,7 @@ impl Monitor {
     ) -> Monitor {
         Monitor {
             state_config: config.state_config(checks),
-            counter_paths: counters::read_paths(&config.counter_rules),
+            counter_paths: read_paths(&config),
             host,
             config,
             topology,
@@ -499,10 +499,24 @@ fn counter_ports<'s>(
         .collect()
 }
 
+/// The counter files a poll reads: the rules' and, while `[phyCheck]` is enabled, the
+/// ECN/CNP congestion counters (metrics only).
+fn read_paths(config: &Config) -> Vec<String> {
+    let mut paths = counters::read_paths(&config.counter_rules);
+    if config.phy.enabled {
+        for p in ethtool::CONGESTION.iter().map(|n| ethtool::congestion_path(n)) {
+            if !paths.contains(&p) {
+                paths.push(p);
+            }
+        }
+    }
+    paths
+}
+
 /// Each RoCE port's pre-FEC BER threshold where its FEC code sets it
 /// ([`crate::config::PhyConfig::port_ber_threshold`]).
 fn with_ber_thresholds(ports: &mut [CounterPort<'_>], snapshot: &Snapshot, config: &Config) {
-    let Some(rule) = config.counter_rules.iter().find(|r| r.name == "pre_fec_ber") else {
+    let Some(rule) = config.counter_rules.iter().find(|r| r.name == crate::counters::rule::PRE_FEC_BER_RULE) else {
         return;
     };
     for cp in ports.iter_mut() {

@@ -189,11 +189,12 @@ impl Report {
     /// Fill in each RoCE port's last measured pre-FEC BER and pause share from the counter
     /// checks' state after the poll.
     pub fn with_phy(mut self, counters: &crate::counters::CounterState) -> Report {
+        use crate::counters::rule::{PAUSE_VICTIM_RULE, PRE_FEC_BER_RULE};
         for d in &mut self.devices {
             for p in &mut d.ports {
                 if let Some(phy) = &mut p.phy {
-                    phy.pre_fec_ber = counters.measured(&d.name, p.port, "pre_fec_ber");
-                    phy.pause_share = counters.measured(&d.name, p.port, "pause_victim");
+                    phy.pre_fec_ber = counters.measured(&d.name, p.port, PRE_FEC_BER_RULE);
+                    phy.pause_share = counters.measured(&d.name, p.port, PAUSE_VICTIM_RULE);
                 }
             }
         }

@@ -517,7 +517,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
     // RoCE physical layer and lossless fabric (SPEC §1.11), from the netdev's ethtool data.
     // `[phyCheck]` sets the pre-FEC BER and pause-share thresholds.
     CounterDefinition {
-        name: "pre_fec_ber",
+        name: super::rule::PRE_FEC_BER_RULE,
         path: "ethtool/fec_corrected_bits",
         enabled: true,
         is_fatal: false,
@@ -565,7 +565,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         description: "PFC storm error - storm prevention disabled pause on this port: the host is not draining its receive queue",
     },
     CounterDefinition {
-        name: "pause_victim",
+        name: super::rule::PAUSE_VICTIM_RULE,
         path: "ethtool/pause_duration",
         enabled: true,
         is_fatal: false,

@@ -168,3 +168,9 @@ pub const DEVICE_TEMPLATE_PREFIX: &str = "/sys/class/infiniband/{device}/";
 /// one of the port-level values [`crate::ethtool::counters`] derives
 /// (`ethtool/fec_corrected_bits`, `ethtool/fec_uncorrectable`, `ethtool/pause_duration`).
 pub const ETHTOOL_PREFIX: &str = "ethtool/";
+
+/// The RoCE rule whose measure is the pre-FEC BER ([`Measure::BitErrorRate`]).
+pub const PRE_FEC_BER_RULE: &str = "pre_fec_ber";
+/// The RoCE rule whose measure is the share of time the fabric paused the port
+/// ([`Measure::TimeShare`]).
+pub const PAUSE_VICTIM_RULE: &str = "pause_victim";

@@ -211,22 +211,30 @@ const PICKED: &[Pick] = &[
     Pick::Numbered("rx_prio", "_pause_duration"),
     // The same for link-level (non-PFC) pause.
     Pick::Exact("rx_global_pause_duration"),
-    // ECN/CNP (congestion, metrics only). mlx5 gives these as RDMA port `hw_counters`
-    // (sysfs), not here; kept for drivers that put them in their ethtool statistics.
-    Pick::Exact("np_ecn_marked_roce_packets"),
-    Pick::Exact("np_cnp_sent"),
-    Pick::Exact("rp_cnp_handled"),
+    // ECN/CNP: [`CONGESTION`].
 ];
+
+/// The ECN/CNP congestion counters (metrics only: congestion is not a NIC fault). mlx5
+/// gives them as the RDMA port's `hw_counters/<name>` (sysfs, read on RoCE ports while
+/// `[phyCheck]` is enabled); picked here too for drivers that put them in their ethtool
+/// statistics.
+pub const CONGESTION: &[&str] = &["np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled"];
+
+/// The RDMA port directory's file of a [`CONGESTION`] counter.
+pub fn congestion_path(name: &str) -> String {
+    format!("hw_counters/{name}")
+}
 
 /// Whether nicmon keeps the driver statistic `name`.
 pub fn picked(name: &str) -> bool {
-    PICKED.iter().any(|p| match *p {
-        Pick::Exact(n) => n == name,
-        Pick::Numbered(prefix, suffix) => name
-            .strip_prefix(prefix)
-            .and_then(|rest| rest.strip_suffix(suffix))
-            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
-    })
+    CONGESTION.contains(&name)
+        || PICKED.iter().any(|p| match *p {
+            Pick::Exact(n) => n == name,
+            Pick::Numbered(prefix, suffix) => name
+                .strip_prefix(prefix)
+                .and_then(|rest| rest.strip_suffix(suffix))
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
+        })
 }
 
 /// The number in a [`Pick::Numbered`] name `<prefix>N<suffix>` (a priority, a lane).
