@@ -110,7 +110,8 @@ pub fn run_check(args: &CheckArgs, emit: impl FnOnce(String) -> Result<()>) -> R
     let mut report =
         Report::new(&monitor.stamp.node_name, boot_id, &poll.snapshot, &monitor.topology, &poll.roles, poll.events)
             .with_flaps(&poll.next.links)
-            .with_history(&poll.next.history);
+            .with_history(&poll.next.history)
+            .with_phy(&poll.next.counters);
     report.char_devices = poll.char_devices;
     report.held_ports = poll.holds.held;
     report.blips = poll.holds.blips;

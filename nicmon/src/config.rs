@@ -22,13 +22,14 @@ use crate::pcie::aer::AerThresholds;
 use crate::roles::{self, NicFilters};
 
 /// The known keys, as the warning about an unknown one names them: the top-level keys and
-/// those of `[stateDetection]`, `[stateCheck]`, `[charDeviceCheck]` and `[pcieCheck]` (the other sections'
-/// keys are their structs' fields).
-pub const TOP_LEVEL_KEYS: [&str; 10] = key_names(&TOP_LEVEL);
+/// those of `[stateDetection]`, `[stateCheck]`, `[charDeviceCheck]`, `[pcieCheck]` and `[phyCheck]`
+/// (the other sections' keys are their structs' fields).
+pub const TOP_LEVEL_KEYS: [&str; 11] = key_names(&TOP_LEVEL);
 pub const STATE_DETECTION_KEYS: [&str; 2] = key_names(&STATE_DETECTION);
 pub const STATE_CHECK_KEYS: [&str; 4] = key_names(&STATE_CHECK);
 pub const CHAR_DEVICE_CHECK_KEYS: [&str; 1] = key_names(&CHAR_DEVICE_CHECK);
 pub const PCIE_CHECK_KEYS: [&str; 3] = key_names(&PCIE_CHECK);
+pub const PHY_CHECK_KEYS: [&str; 3] = key_names(&PHY_CHECK);
 
 /// Default location of the config file in the DaemonSet.
 pub const DEFAULT_PATH: &str = "/etc/nic-health-monitor/config.toml";
@@ -53,6 +54,8 @@ pub struct Config {
     /// `[counterDetection]`: the merged, validated counter rules (001 §10); empty when
     /// `enabled = false`.
     pub counter_rules: Vec<CounterRule>,
+    /// `[phyCheck]`: the RoCE physical layer and lossless fabric (SPEC §1.11).
+    pub phy: PhyConfig,
     /// `[counterDetection] enabled = false`: the degradation checks are skipped and the
     /// section's entries are not validated (as upstream); `None` when counters are on.
     pub counters_off: Option<CountersOff>,
@@ -75,6 +78,7 @@ impl Default for Config {
         Config {
             filters: NicFilters::default(),
             sys_class_infiniband_path: None,
+            phy: PhyConfig::default(),
             sys_class_net_path: None,
             escalation_grace_secs: 30,
             speed_degradation_fatal: false,
@@ -143,6 +147,7 @@ impl Config {
             text.parse().map_err(|e: toml::de::Error| fail(ConfigErrorKind::Syntax(one_line(&e.to_string()))))?;
         let mut cfg = Config::default();
         read_keys(&mut cfg, path, None, &table, &TOP_LEVEL).map_err(fail)?;
+        cfg.phy.apply(&mut cfg.counter_rules);
         Ok(cfg)
     }
 
@@ -159,6 +164,48 @@ impl Config {
             flap: self.flap,
             checks,
         }
+    }
+}
+
+/// `[phyCheck]`: whether the RoCE ports' ethtool data is read, and the thresholds of the
+/// rates judged from it (the rules are `[counterDetection]`'s `pre_fec_ber` and
+/// `pause_victim`; these keys, when given, set their thresholds).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PhyConfig {
+    /// `enabled`: read each monitored RoCE netdev's ethtool data (default true).
+    pub enabled: bool,
+    /// `preFecBerThreshold`: `None` = the default of each port's FEC code
+    /// ([`crate::ethtool::phy::RsCode::default_threshold`]; 1e-4 where it is not known).
+    pub pre_fec_ber_threshold: Option<f64>,
+    /// `pauseVictimShare`: share of a minute paused by the fabric above which a port is a
+    /// pause victim (default 0.5).
+    pub pause_victim_share: Option<f64>,
+}
+
+impl Default for PhyConfig {
+    fn default() -> PhyConfig {
+        PhyConfig { enabled: true, pre_fec_ber_threshold: None, pause_victim_share: None }
+    }
+}
+
+impl PhyConfig {
+    /// Set the thresholds given here on their rules.
+    fn apply(&self, rules: &mut [CounterRule]) {
+        for r in rules {
+            match (r.name.as_str(), self.pre_fec_ber_threshold, self.pause_victim_share) {
+                ("pre_fec_ber", Some(t), _) | ("pause_victim", _, Some(t)) => r.threshold = t,
+                _ => {}
+            }
+        }
+    }
+
+    /// The pre-FEC BER threshold of a port whose FEC code is `code`, where it differs from
+    /// the rule's: when the operator set no threshold (neither here nor on the rule), the
+    /// code's own default.
+    pub fn port_ber_threshold(&self, rule_threshold: f64, code: Option<crate::ethtool::phy::RsCode>) -> Option<f64> {
+        let untouched = self.pre_fec_ber_threshold.is_none()
+            && rule_threshold == crate::ethtool::phy::DEFAULT_PRE_FEC_BER_THRESHOLD;
+        code.filter(|_| untouched).map(|c| c.default_threshold())
     }
 }
 
@@ -256,7 +303,7 @@ const fn key_names<const N: usize>(keys: &[Key; N]) -> [&'static str; N] {
 }
 
 /// The file's top-level keys; the other sections' keys are their structs' fields.
-const TOP_LEVEL: [Key; 10] = [
+const TOP_LEVEL: [Key; 11] = [
     Key {
         name: "nicExclusionRegex",
         read: |cfg, at, v| {
@@ -299,6 +346,7 @@ const TOP_LEVEL: [Key; 10] = [
     },
     Key { name: "charDeviceCheck", read: |cfg, at, v| at.table(cfg, v, &CHAR_DEVICE_CHECK) },
     Key { name: "pcieCheck", read: |cfg, at, v| at.table(cfg, v, &PCIE_CHECK) },
+    Key { name: "phyCheck", read: |cfg, at, v| at.table(cfg, v, &PHY_CHECK) },
 ];
 
 /// `[counterDetection]`: with `enabled = false` nothing else in it is validated (what would
@@ -486,6 +534,40 @@ const PCIE_CHECK: [Key; 3] = [
     },
 ];
 
+/// `[phyCheck]`.
+const PHY_CHECK: [Key; 3] = [
+    Key {
+        name: "enabled",
+        read: |cfg, at, v| {
+            cfg.phy.enabled = v.as_bool().ok_or_else(|| at.bad(v, "expected true or false"))?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "preFecBerThreshold",
+        read: |cfg, at, v| {
+            let t = fraction(v).filter(|t| *t < 1.0);
+            cfg.phy.pre_fec_ber_threshold =
+                Some(t.ok_or_else(|| at.bad(v, "expected a bit error rate above 0 and below 1 (1e-4)"))?);
+            Ok(())
+        },
+    },
+    Key {
+        name: "pauseVictimShare",
+        read: |cfg, at, v| {
+            cfg.phy.pause_victim_share =
+                Some(fraction(v).ok_or_else(|| at.bad(v, "expected a share of time above 0 and at most 1 (0.5)"))?);
+            Ok(())
+        },
+    },
+];
+
+/// A number in (0, 1] (an integer 1 too).
+fn fraction(v: &toml::Value) -> Option<f64> {
+    let x = v.as_float().or_else(|| v.as_integer().map(|i| i as f64))?;
+    (x.is_finite() && x > 0.0 && x <= 1.0).then_some(x)
+}
+
 fn regex_error(e: String) -> ConfigErrorKind {
     ConfigErrorKind::Value(one_line(&e))
 }
@@ -595,12 +677,14 @@ enabled = true
                    sysClassNetPath = \"/b\"\n[stateDetection]\nescalationGraceSeconds = 5\nspeedDegradationFatal = true\n\
                    [counterDetection]\n[kernelLog]\n[charDeviceCheck]\nissm = \"always\"\n\
                    [pcieCheck]\nenabled = false\ncorrectableThreshold = 10\ncorrectableVelocityUnit = \"hour\"\n\
+                   [phyCheck]\nenabled = true\npreFecBerThreshold = 2e-5\npauseVictimShare = 0.8\n\
                    [stateCheck]\nportStateHoldDown = \"2s\"\nflapThreshold = 4\nflapWindow = \"2m\"\nflapSettle = 30\n";
         let c = Config::parse("x.toml", all).unwrap();
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
         assert!(TOP_LEVEL_KEYS.iter().all(|k| all.contains(&format!("{k} =")) || all.contains(&format!("[{k}]"))));
         assert!(STATE_DETECTION_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
         assert!(CHAR_DEVICE_CHECK_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
+        assert!(PHY_CHECK_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
         assert!(STATE_CHECK_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
         assert!(PCIE_CHECK_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
         assert_eq!(c.issm, IssmMode::Always);
@@ -734,8 +818,40 @@ enabled = true
         assert!(Config::parse("c.toml", "[counterDetection]\nenabled = \"false\"\n").is_err());
     }
 
+    #[test]
+    fn phy_check_sets_the_rate_thresholds_and_rejects_nonsense() {
+        use crate::ethtool::phy::RsCode;
+        let find = |c: &Config, n: &str| c.counter_rules.iter().find(|r| r.name == n).unwrap().threshold;
+        let d = Config::default();
+        assert!(d.phy.enabled);
+        assert_eq!((find(&d, "pre_fec_ber"), find(&d, "pause_victim")), (1e-4, 0.5));
+        // No threshold set: each port's FEC code picks its own default.
+        assert_eq!(d.phy.port_ber_threshold(1e-4, Some(RsCode::Kr4)), Some(1e-5));
+        assert_eq!(d.phy.port_ber_threshold(1e-4, None), None);
+        let c = Config::parse("x.toml", "[phyCheck]\npreFecBerThreshold = 3e-5\npauseVictimShare = 1\nenabled = false")
+            .unwrap();
+        assert_eq!((find(&c, "pre_fec_ber"), find(&c, "pause_victim"), c.phy.enabled), (3e-5, 1.0, false));
+        assert_eq!(c.phy.port_ber_threshold(3e-5, Some(RsCode::Kr4)), None, "the operator's holds");
+        // A threshold set on the rule holds too.
+        let c =
+            Config::parse("x.toml", "[[counterDetection.counters]]\nname = \"pre_fec_ber\"\nthreshold = 1e-6").unwrap();
+        assert_eq!(c.phy.port_ber_threshold(find(&c, "pre_fec_ber"), Some(RsCode::Kr4)), None);
+        for (text, key) in [
+            ("preFecBerThreshold = 0", "phyCheck.preFecBerThreshold = 0"),
+            ("preFecBerThreshold = 1.0", "phyCheck.preFecBerThreshold = 1.0"),
+            ("preFecBerThreshold = \"1e-4\"", "phyCheck.preFecBerThreshold"),
+            ("pauseVictimShare = 1.5", "phyCheck.pauseVictimShare = 1.5"),
+            ("pauseVictimShare = nan", "phyCheck.pauseVictimShare = nan"),
+            ("enabled = 1", "phyCheck.enabled = 1"),
+        ] {
+            let e = Config::parse("x.toml", &format!("[phyCheck]\n{text}")).unwrap_err().to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
+    }
+
     proptest! {
         #[test]
+    #[test]
         fn never_panics(s in "\\PC{0,200}") {
             let _ = Config::parse("p", &s);
         }

@@ -17,6 +17,7 @@ use crate::chardev;
 use crate::config::Config;
 use crate::counters::{self, CounterPort};
 use crate::discovery::{self, ReadPlan};
+use crate::ethtool;
 use crate::event::{Check, CheckKind, HealthEvent, Stamp};
 use crate::history;
 use crate::host::Host;
@@ -41,6 +42,9 @@ pub struct MonitorOptions {
     /// Checks enabled (`--checks`).
     pub checks: BTreeSet<Check>,
     pub stamp: Stamp,
+    /// `--ethtool-replay DIR`: the RoCE ports' ethtool data from `DIR/<netdev>.json`
+    /// instead of the kernel (SPEC §1.11).
+    pub ethtool_replay: Option<PathBuf>,
 }
 
 /// Where the topology comes from ([`Monitor::resolve_topology`]).
@@ -66,6 +70,9 @@ pub struct Monitor {
     /// [`MAX_FIRST_POLL_DEFERRALS`] times (the daemon, as upstream's monitor; a one-shot
     /// `nicmon check` reports what it reads).
     pub defer_first_poll: bool,
+    /// Where the RoCE ports' ethtool data comes from (`None`: not read), and its reader.
+    pub ethtool: Option<ethtool::EthtoolSource>,
+    pub ethtool_ports: ethtool::ports::PortReader,
 }
 
 /// Upstream's first-poll deferral limit: after this many deferred polls the first poll runs
@@ -87,6 +94,8 @@ pub struct Observation {
     /// A targeted read ([`Monitor::observe_targeted`]): only these devices were read now,
     /// the rest of the snapshot is the previous full poll's. `None`: a full read.
     pub targeted: Option<Vec<String>>,
+    /// What the ethtool read of the RoCE ports found absent, said once per netdev.
+    pub ethtool_notes: Vec<String>,
     /// The wake-ups this poll answers (hook names; empty: the interval's poll), for the port
     /// history. Set by the daemon.
     pub woken_by: Vec<String>,
@@ -148,7 +157,9 @@ impl Monitor {
             levels: Default::default(),
             notes: Vec::new(),
         };
-        let monitor = Monitor::new(host, config, topology, opts.stamp.clone(), enabled.checks, boot_id);
+        let ethtool = ethtool::ports::source(config.phy.enabled, opts.ethtool_replay.as_deref(), &opts.sysfs);
+        let mut monitor = Monitor::new(host, config, topology, opts.stamp.clone(), enabled.checks, boot_id);
+        monitor.ethtool = ethtool;
         Ok((monitor, TopologySource { metadata: opts.metadata.clone(), required: opts.metadata_required }))
     }
 
@@ -172,7 +183,7 @@ impl Monitor {
     ) -> Monitor {
         Monitor {
             state_config: config.state_config(checks),
-            counter_paths: counters::read_paths(&config.counter_rules),
+            counter_paths: read_paths(&config),
             host,
             config,
             topology,
@@ -180,6 +191,8 @@ impl Monitor {
             boot_id,
             statics: Default::default(),
             defer_first_poll: false,
+            ethtool: None,
+            ethtool_ports: Default::default(),
         }
     }
 
@@ -198,7 +211,8 @@ impl Monitor {
         self.host.begin_poll();
         // The memo goes into the reader for this read and comes back out with it.
         self.host.remember_einval(prev.einval.iter().cloned());
-        let snapshot = discovery::discover(&self.host, &plan);
+        let mut snapshot = discovery::discover(&self.host, &plan);
+        let ethtool_notes = self.read_ethtool(&mut snapshot, None);
         let links = links.then(|| {
             // Devices that went since an earlier poll: their last lines explain why.
             let departed = prev
@@ -217,7 +231,27 @@ impl Monitor {
         let einval = self.host.take_einval();
         let reads_abandoned = self.host.stats.reads_abandoned.load(std::sync::atomic::Ordering::Relaxed);
         let stuck_reads = self.host.stuck_reads();
-        Observation { snapshot, links, einval, reads_abandoned, stuck_reads, targeted: None, woken_by: Vec::new() }
+        Observation {
+            snapshot,
+            links,
+            einval,
+            reads_abandoned,
+            stuck_reads,
+            targeted: None,
+            woken_by: Vec::new(),
+            ethtool_notes,
+        }
+    }
+
+    /// The RoCE ports' ethtool data into `snapshot` (of the monitored devices; of
+    /// `devices` only, on a targeted read), under the host's read deadlines.
+    fn read_ethtool(&self, snapshot: &mut Snapshot, devices: Option<&[String]>) -> Vec<String> {
+        let Some(source) = &self.ethtool else {
+            return Vec::new();
+        };
+        let roles = roles::classify(snapshot, &self.topology, &self.config.filters);
+        let wanted = |name: &str| monitored(&roles, name) && devices.is_none_or(|d| d.iter().any(|n| n == name));
+        self.ethtool_ports.read(source, snapshot, wanted, || self.host.timeout())
     }
 
     /// The targeted read of a hinted wake-up (SPEC §1.8): `devices` read again now, by the
@@ -234,7 +268,8 @@ impl Monitor {
         self.host.remember_einval(prev.einval.iter().cloned());
         let snapshot = discovery::rediscover(&self.host, &plan, base, devices);
         let einval = self.host.take_einval();
-        let snapshot = snapshot?;
+        let mut snapshot = snapshot?;
+        let ethtool_notes = self.read_ethtool(&mut snapshot, Some(devices));
         let reads_abandoned = self.host.stats.reads_abandoned.load(std::sync::atomic::Ordering::Relaxed);
         let stuck_reads = self.host.stuck_reads();
         Some(Observation {
@@ -244,6 +279,7 @@ impl Monitor {
             reads_abandoned,
             stuck_reads,
             targeted: Some(devices.to_vec()),
+            ethtool_notes,
             woken_by: Vec::new(),
         })
     }
@@ -268,12 +304,13 @@ impl Monitor {
         now: OffsetDateTime,
         kmsg_records: &[Record],
     ) -> Poll {
-        let Observation { snapshot, links, einval, reads_abandoned, stuck_reads, targeted, woken_by } = obs;
+        let Observation { snapshot, links, einval, reads_abandoned, stuck_reads, targeted, woken_by, ethtool_notes } =
+            obs;
         // A port whose link layer is unreadable is judged with its last known one.
         let snapshot = linkstate::with_known_link_layers(&prev.links, snapshot);
         let roles = roles::classify(&snapshot, &self.topology, &self.config.filters);
         let first_poll = prev.polls == 0;
-        let mut notes = Vec::new();
+        let mut notes = ethtool_notes;
         if let Some((next, deferred)) = self.defer_first_poll(prev, &snapshot, &roles, targeted.is_some(), &mut notes) {
             return Poll { snapshot, roles, next, notes, reads_abandoned, stuck_reads, deferred, ..Poll::default() };
         }
@@ -303,7 +340,8 @@ impl Monitor {
         // values are the previous poll's, at an earlier instant); the character devices and
         // kernel log records wait for the full poll that follows.
         let read_now = |name: &str| targeted.as_ref().is_none_or(|t| t.iter().any(|n| n == name));
-        let ports = counter_ports(&snapshot, &roles, read_now);
+        let mut ports = counter_ports(&snapshot, &roles, read_now);
+        with_ber_thresholds(&mut ports, &snapshot, &self.config);
         let (counter_events, counter_state) = self.counters(&prev.counters, &ports, now, reboot, &mut notes);
         events.extend(counter_events);
 
@@ -558,6 +596,41 @@ fn port_decisions(
     }
 }
 
+/// The counter files a poll reads: the rules' and, while `[phyCheck]` is enabled, the
+/// ECN/CNP congestion counters (metrics only).
+fn read_paths(config: &Config) -> Vec<String> {
+    let mut paths = counters::read_paths(&config.counter_rules);
+    if config.phy.enabled {
+        for p in ethtool::CONGESTION.iter().map(|n| ethtool::congestion_path(n)) {
+            if !paths.contains(&p) {
+                paths.push(p);
+            }
+        }
+    }
+    paths
+}
+
+/// Each RoCE port's pre-FEC BER threshold where its FEC code sets it
+/// ([`crate::config::PhyConfig::port_ber_threshold`]).
+fn with_ber_thresholds(ports: &mut [CounterPort<'_>], snapshot: &Snapshot, config: &Config) {
+    let Some(rule) = config.counter_rules.iter().find(|r| r.name == crate::counters::rule::PRE_FEC_BER_RULE) else {
+        return;
+    };
+    for cp in ports.iter_mut() {
+        let port = snapshot
+            .devices
+            .iter()
+            .find(|d| d.name == cp.device)
+            .and_then(|d| d.ports.iter().find(|p| p.number == cp.port));
+        let Some(fec) = port.and_then(|p| p.ethtool.as_ref()).and_then(|e| e.fec.as_ref()) else {
+            continue;
+        };
+        let lanes = (!fec.lanes.is_empty()).then_some(fec.lanes.len());
+        let code = ethtool::phy::rs_code(fec.active, cp.rate_bps.unwrap_or(0.0), lanes);
+        cp.ber_threshold = config.phy.port_ber_threshold(rule.threshold, code);
+    }
+}
+
 /// Monitored devices (PFs of a supported vendor) with a port whose `state`, `phys_state`
 /// or `link_layer` could not be read: upstream's "unreadable devices".
 fn unreadable_devices(
@@ -625,6 +698,7 @@ pub(crate) fn fixture_options(node: &nicmon_tests::Node) -> MonitorOptions {
         boot_id_path: None,
         checks: Check::ALL.into_iter().collect(),
         stamp: Stamp { node_name: "n1".into(), ..Stamp::default() },
+        ethtool_replay: None,
     }
 }
 

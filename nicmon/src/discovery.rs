@@ -811,6 +811,7 @@ fn finish_port(
         carrier: p.carrier.and_then(read).and_then(parse::carrier),
         counters,
         unknown,
+        ethtool: None,
     }
 }
 

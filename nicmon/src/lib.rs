@@ -24,6 +24,7 @@ pub mod cycle;
 pub mod daemon;
 pub mod discovery;
 pub mod dispatch;
+pub mod ethtool;
 pub mod event;
 pub mod history;
 pub mod host;

@@ -112,6 +112,11 @@ struct HostArgs {
     /// TOML config (NVSentinel ConfigMap keys). Missing → defaults; invalid → exit 2.
     #[arg(long, value_name = "FILE", default_value = nicmon::config::DEFAULT_PATH)]
     config: PathBuf,
+    /// Read the RoCE ports' ethtool data (FEC, pause, driver statistics) from
+    /// DIR/<netdev>.json instead of the kernel; a missing file = not supported
+    /// [default: the kernel when --sysfs is the live sysfs, else none].
+    #[arg(long, value_name = "DIR")]
+    ethtool_replay: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -447,6 +452,7 @@ fn monitor_options_at(
         boot_id_path,
         checks,
         stamp,
+        ethtool_replay: host.ethtool_replay,
     }
 }
 
@@ -574,6 +580,7 @@ fn run_bundle(b: BundleCli) -> anyhow::Result<String> {
             total: b.timeout,
             ..nicmon::bundle::Limits::default()
         },
+        ethtool_replay: b.host.ethtool_replay,
     };
     let bundle = nicmon::bundle::capture(&args)?;
     let m = &bundle.manifest;

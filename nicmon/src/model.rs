@@ -189,6 +189,11 @@ pub struct Port {
     /// value: the decide layer makes no decision from it (issue #14).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub unknown: BTreeMap<String, String>,
+    /// A RoCE port's ethtool data, as its netdev's driver answered this poll (SPEC §1.11);
+    /// its values are in `counters` as `ethtool/...`. `None`: not read (not RoCE, not
+    /// supported, no source).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ethtool: Option<crate::ethtool::EthtoolSnapshot>,
 }
 
 impl Port {

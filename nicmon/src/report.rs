@@ -120,10 +120,40 @@ pub struct PortReport {
     pub flapping_since: Option<time::OffsetDateTime>,
     /// The port's last transitions, oldest first (see [`crate::history`]).
     pub history: Vec<crate::history::Transition>,
+    /// A RoCE port's physical layer (SPEC §1.11); absent where no ethtool data was read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phy: Option<PhyReport>,
 }
 
-/// The display name of a configured counter path: its file name.
+/// A RoCE port's physical layer and lossless fabric, as the last windows measured them.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct PhyReport {
+    /// The active FEC (`RS`, `BASER`, `LLRS`, `off`); `None`: not given.
+    pub fec_mode: Option<String>,
+    /// Pre-FEC bit error rate over the last full window (`None`: no window yet).
+    pub pre_fec_ber: Option<f64>,
+    /// Share of the last window the fabric held the port paused.
+    pub pause_share: Option<f64>,
+}
+
+impl PhyReport {
+    /// For the table: `FEC RS, pre-FEC BER 1.2e-9, paused 3%`.
+    pub fn line(&self) -> String {
+        let ber = self.pre_fec_ber.map_or("-".to_string(), |b| format!("{b:.1e}"));
+        let mut line = format!("FEC {}, pre-FEC BER {ber}", self.fec_mode.as_deref().unwrap_or("?"));
+        if let Some(share) = self.pause_share {
+            let _ = write!(line, ", paused {:.0}%", share * 100.0);
+        }
+        line
+    }
+}
+
+/// The display name of a configured counter path: its file name; an ethtool counter keeps
+/// its `ethtool/` prefix (a driver statistic may share a sysfs counter's name).
 pub fn counter_display_name(path: &str) -> &str {
+    if path.starts_with(crate::counters::rule::ETHTOOL_PREFIX) {
+        return path;
+    }
     path.rsplit('/').next().unwrap_or(path)
 }
 
@@ -178,6 +208,11 @@ impl Report {
                             flapping: false,
                             flap_transitions: 0,
                             flapping_since: None,
+                            phy: p.ethtool.as_ref().map(|e| PhyReport {
+                                fec_mode: e.fec.as_ref().and_then(|f| f.active).map(|m| m.name()),
+                                pre_fec_ber: None,
+                                pause_share: None,
+                            }),
                             history: Vec::new(),
                         })
                         .collect(),
@@ -197,6 +232,21 @@ impl Report {
             blips: Vec::new(),
             events,
         }
+    }
+
+    /// Fill in each RoCE port's last measured pre-FEC BER and pause share from the counter
+    /// checks' state after the poll.
+    pub fn with_phy(mut self, counters: &crate::counters::CounterState) -> Report {
+        use crate::counters::rule::{PAUSE_VICTIM_RULE, PRE_FEC_BER_RULE};
+        for d in &mut self.devices {
+            for p in &mut d.ports {
+                if let Some(phy) = &mut p.phy {
+                    phy.pre_fec_ber = counters.measured(&d.name, p.port, PRE_FEC_BER_RULE);
+                    phy.pause_share = counters.measured(&d.name, p.port, PAUSE_VICTIM_RULE);
+                }
+            }
+        }
+        self
     }
 
     /// Fill in each port's flap damping state from the state checks' memory after the poll.
@@ -275,6 +325,10 @@ impl Report {
                         p.flap_transitions
                     ),
                     _ => note.clone(),
+                };
+                let note = match &p.phy {
+                    Some(phy) => format!("{}; {note}", phy.line()),
+                    None => note,
                 };
                 let _ = writeln!(
                     out,

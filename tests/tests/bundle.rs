@@ -310,3 +310,46 @@ fn the_port_history_is_in_check_json_and_in_the_bundle() {
     assert!(lines[1].starts_with("2026-01-01T00:00:01.250Z  mlx5_3/1"), "{text}");
     assert!(lines[1].contains("DOWN/Polling") && lines[1].contains("reported  (no wake-up)"), "{text}");
 }
+
+#[test]
+fn roce_ethtool_data_is_captured_and_replayed_byte_identically() {
+    // A RoCE node whose netdevs' ethtool data is replayed from a directory (the testbed's
+    // stand-in for netlink): the bundle holds each as ethtool/<netdev>.json, byte for byte,
+    // and `check --bundle` replays the same report as the live run.
+    let node = Platform::L40sOci.build();
+    let dir = node.root().join("ethtool");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = "{\n  \"fec\": {\n    \"active\": \"RS\",\n    \"corrected_blocks\": 40,\n    \"uncorrectable_blocks\": 2,\n    \
+                \"corrected_bits\": 12000,\n    \"lanes\": [\n      {\n        \"corrected_blocks\": 40,\n        \
+                \"uncorrectable_blocks\": 2\n      }\n    ]\n  },\n  \"pause\": {\n    \"tx_frames\": 5,\n    \
+                \"rx_frames\": 7\n  },\n  \"stats\": {\n    \"rx_prio3_pause_duration\": 900,\n    \
+                \"tx_pause_storm_warning_events\": 0\n  }\n}\n";
+    for i in [0, 3] {
+        std::fs::write(dir.join(format!("rdma{i}.json")), text).unwrap();
+    }
+    let state = node.root().join("state.json");
+    let replay_flag = ["--ethtool-replay".to_string(), dir.to_str().unwrap().to_string()];
+    let file = node.root().join("b.tar.gz");
+    let mut args: Vec<String> = vec!["bundle".into()];
+    args.extend(host_flags(&node, &state));
+    args.extend(replay_flag.iter().cloned());
+    args.extend(["--node-name", NODE, "--no-kmsg", "--no-metrics", "-o"].map(String::from));
+    args.push(file.to_str().unwrap().into());
+    ok(nicmon(&args).output().unwrap(), "nicmon bundle");
+    for i in [0, 3] {
+        assert_eq!(bundle_file(&file, &format!("ethtool/rdma{i}.json")).as_deref(), Some(text.as_bytes()), "rdma{i}");
+    }
+    assert_eq!(bundle_file(&file, "ethtool/rdma1.json"), None, "no data, no file");
+    let now = "2026-03-01T12:00:00Z";
+    let mut live: Vec<String> = vec!["check".into()];
+    live.extend(host_flags(&node, &state));
+    live.extend(replay_flag.iter().cloned());
+    live.extend(["--node-name", NODE, "--format", "json", "--now", now].map(String::from));
+    let live = ok(nicmon(&live).output().unwrap(), "live nicmon check");
+    let replay = replay_check(&file, now);
+    assert_same(&node, &live, &replay, "RoCE ethtool");
+    let report: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
+    let d0 = report["devices"].as_array().unwrap().iter().find(|d| d["name"] == "mlx5_0").unwrap();
+    assert_eq!(d0["ports"][0]["phy"]["fec_mode"], "RS");
+    assert_eq!(d0["ports"][0]["counters"]["ethtool/fec_uncorrectable"], 2);
+}

@@ -395,3 +395,44 @@ fn a_taken_metrics_port_is_logged_and_the_monitor_runs_without_metrics() {
     assert!(line.contains("running without /metrics and /healthz"), "{line}");
     drop(taken);
 }
+
+/// `nicmon run --ethtool-replay DIR` on a RoCE node: the RoCE ports' physical-layer series
+/// (FEC mode, uncorrectable blocks; ECN/CNP from sysfs `hw_counters/`) are scraped from
+/// `/metrics` with the values the replayed ethtool data and sysfs give.
+#[test]
+fn run_with_ethtool_replay_exports_the_roce_physical_layer() {
+    let node = Platform::L40sOci.build();
+    let dir = node.root().join("ethtool");
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..6 {
+        let uncorrectable = 7 + i;
+        let text = format!(
+            r#"{{"fec": {{"active": "RS", "corrected_bits": 1000, "uncorrectable_blocks": {uncorrectable}}}}}"#
+        );
+        std::fs::write(dir.join(format!("rdma{i}.json")), text).unwrap();
+    }
+    node.set_counter("mlx5_1", 1, "hw_counters/np_cnp_sent", 42);
+    let conn = Connector::start(&node.root().join("c.sock"));
+    let port = free_port();
+    let replay = dir.to_str().unwrap();
+    let d = start(&node, &conn.target(), &["--metrics-port", &port.to_string(), "--ethtool-replay", replay]);
+    // The first poll's events: the daemon is up and serving.
+    assert!(conn.wait_until(WAIT, |ev| !ev.is_empty()));
+    let want = [
+        r#"nicmon_port_fec_mode{device="mlx5_1",port="1",mode="RS"} 1"#,
+        r#"nicmon_port_fec_uncorrectable_blocks{device="mlx5_1",port="1"} 8.0"#,
+        r#"nicmon_port_fec_uncorrectable_blocks{device="mlx5_3",port="1"} 10.0"#,
+        r#"nicmon_port_congestion{device="mlx5_1",port="1",counter="np_cnp_sent"} 42.0"#,
+    ];
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let (code, body) = http_get(port, "/metrics");
+        let missing: Vec<&str> = want.iter().copied().filter(|w| !body.lines().any(|l| l == *w)).collect();
+        if code == 200 && missing.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "/metrics lacks {missing:#?}:\n{body}");
+        std::thread::sleep(Duration::from_millis(100)); // probing an HTTP endpoint
+    }
+    drop(d);
+}

@@ -744,6 +744,8 @@ fn the_operator_guide_documents_every_config_key() {
         ("kernelLog.", "[kernelLog]\nzzUnknown = 1\n"),
         ("kernelLog.patterns[].", "[[kernelLog.patterns]]\nname = \"x\"\nzzUnknown = 1\n"),
         ("charDeviceCheck.", "[charDeviceCheck]\nzzUnknown = 1\n"),
+        ("pcieCheck.", "[pcieCheck]\nzzUnknown = 1\n"),
+        ("phyCheck.", "[phyCheck]\nzzUnknown = 1\n"),
     ];
     let guide = std::fs::read_to_string(deploy::repo_root().join(GUIDE)).unwrap();
     let mut keys = Vec::new();

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use super::{MANIFEST, Manifest, Node, Nodes, PROC, SYS, SideFile, top};
+use super::{ETHTOOL, EthtoolFiles, MANIFEST, Manifest, Node, Nodes, PROC, SYS, SideFile, top};
 use crate::host::{FAILURE_LINK_PREFIX, Tree};
 
 /// Write the entries added since the last call into a staging tree laid out as a bundle
@@ -36,6 +36,7 @@ pub(super) fn write_staging(nodes: &Nodes, dirty: BTreeSet<(Tree, String)>, dir:
 pub(super) fn archive(
     nodes: &Nodes,
     side: &BTreeMap<&'static str, SideFile>,
+    ethtool: &EthtoolFiles,
     manifest: Option<&Manifest>,
 ) -> Result<Vec<u8>> {
     let mut b = tar::Builder::new(Vec::new());
@@ -53,6 +54,12 @@ pub(super) fn archive(
         if let Ok(bytes) = f {
             append_file(&mut b, name, bytes)?;
         }
+    }
+    if !ethtool.is_empty() {
+        dir(&mut b, ETHTOOL)?;
+    }
+    for (netdev, bytes) in ethtool {
+        append_file(&mut b, &format!("{ETHTOOL}/{netdev}.json"), bytes)?;
     }
     for ((tree, rel), node) in nodes {
         let path = format!("{}/{rel}", top(*tree));

@@ -13,13 +13,14 @@ use super::copier::read_all;
 use super::replay::{Replay, unpack_from};
 use super::side::{kernel_log, side_file, version_text, wake_hooks};
 use super::{
-    BOOT_ID, Bundle, CONFIG, CaptureArgs, FORMAT, Failure, HostPaths, KMSG, Limits, METADATA, Manifest, Node, Nodes,
-    STATE, SideFile, VERSION, WAKE,
+    BOOT_ID, Bundle, CONFIG, CaptureArgs, ETHTOOL, EthtoolFiles, FORMAT, Failure, HostPaths, KMSG, Limits, METADATA,
+    Manifest, Node, Nodes, STATE, SideFile, VERSION, WAKE,
 };
 use crate::check;
 use crate::config::Config;
 use crate::cycle::Monitor;
 use crate::discovery::{self, ReadPlan};
+use crate::ethtool;
 use crate::event::Stamp;
 use crate::host::{Access, AccessLog, Host, Tree};
 use crate::kmsg;
@@ -318,13 +319,18 @@ pub fn capture(args: &CaptureArgs) -> Result<Bundle> {
     let mut side = read_side_files(args, deadline);
     let mut cap = Capture::new(args, einval_memo(&side), deadline);
     // The staging tree: the side files once, then each pass's new entries.
-    let staging = unpack_from(&archive(&cap.nodes, &side, None)?[..], "staging tree")?;
+    let staging = unpack_from(&archive(&cap.nodes, &side, &EthtoolFiles::new(), None)?[..], "staging tree")?;
     let (passes, converged) = converge(&mut cap, &staging)?;
     write_staging(&cap.nodes, std::mem::take(&mut cap.dirty), staging.dir.path())?;
-    let kmsg_records = add_facts(args, &mut side, &staging, deadline);
+    let config = match &side[CONFIG] {
+        Ok(_) => Config::load(&args.config).unwrap_or_default(),
+        Err(_) => Config::default(),
+    };
+    let ethtool = ethtool_files(args, &staging, &config);
+    let kmsg_records = add_facts(args, &mut side, &staging, &config, deadline);
     let complete = converged && !cap.cut_short;
     let manifest = manifest(args, &cap, &side, Progress { passes, complete, kmsg_records, started });
-    let tar = archive(&cap.nodes, &side, Some(&manifest))?;
+    let tar = archive(&cap.nodes, &side, &ethtool, Some(&manifest))?;
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
     gz.write_all(&tar).context("bundle: compressing")?;
     let bytes = gz.finish().context("bundle: compressing")?;
@@ -381,14 +387,11 @@ fn add_facts(
     args: &CaptureArgs,
     side: &mut BTreeMap<&'static str, SideFile>,
     staging: &Replay,
+    config: &Config,
     deadline: Instant,
 ) -> usize {
-    let config = match &side[CONFIG] {
-        Ok(_) => Config::load(&args.config).unwrap_or_default(),
-        Err(_) => Config::default(),
-    };
     let (kmsg_text, kmsg_records) = match &args.kmsg {
-        Some(p) => match kernel_log(p, staging, &config, &args.limits, deadline) {
+        Some(p) => match kernel_log(p, staging, config, &args.limits, deadline) {
             Ok((text, n)) => (Ok(text), n),
             Err(e) => (Err(format!("not captured: {e}")), 0),
         },
@@ -404,6 +407,29 @@ fn add_facts(
         },
     );
     kmsg_records
+}
+
+/// The ethtool data of every RoCE netdev of the captured tree, as replay files: what the
+/// driver answered, written by [`ethtool::replay::to_json`] (a netdev with nothing offered
+/// has no file: not supported, as on replay).
+fn ethtool_files(args: &CaptureArgs, staging: &Replay, config: &Config) -> EthtoolFiles {
+    let Some(source) = ethtool::ports::source(config.phy.enabled, args.ethtool_replay.as_deref(), &args.sysfs) else {
+        return EthtoolFiles::new();
+    };
+    let host = Host::new(staging.sysfs(), staging.procfs());
+    let snapshot = discovery::discover(&host, &ReadPlan::default());
+    let mut out = EthtoolFiles::new();
+    for d in snapshot.devices.iter().filter(|d| !d.is_vf()) {
+        let roce = d.ports.iter().any(|p| p.link_layer == Some(crate::model::LinkLayer::Ethernet));
+        let Some(netdev) = d.netdev.as_ref().filter(|_| roce) else {
+            continue;
+        };
+        let snap = source.read(netdev, host.timeout()).snapshot();
+        if snap != ethtool::EthtoolSnapshot::default() && ethtool::replay::path(Path::new(ETHTOOL), netdev).is_ok() {
+            out.insert(netdev.clone(), ethtool::replay::to_json(&snap).into_bytes());
+        }
+    }
+    out
 }
 
 /// How the capture went, for the manifest.

@@ -58,6 +58,8 @@ pub(super) const BOOT_ID: &str = "boot_id";
 pub(super) const KMSG: &str = "kmsg.txt";
 pub(super) const VERSION: &str = "version.txt";
 pub(super) const WAKE: &str = "wake-hooks.txt";
+/// The RoCE netdevs' ethtool replay files (`ethtool/<netdev>.json`, SPEC §1.11).
+pub(super) const ETHTOOL: &str = "ethtool";
 
 /// What `nicmon bundle` reads and where it writes.
 #[derive(Debug, Clone)]
@@ -74,6 +76,9 @@ pub struct CaptureArgs {
     /// Port of the running daemon's `/metrics` (wake-up hook status).
     pub metrics_port: Option<u16>,
     pub limits: Limits,
+    /// Where the RoCE netdevs' ethtool data is read from (`--ethtool-replay`; `None`: the
+    /// kernel, when `sysfs` is the live sysfs). Captured as `ethtool/<netdev>.json`.
+    pub ethtool_replay: Option<PathBuf>,
 }
 
 /// The bounds of one capture.
@@ -166,6 +171,9 @@ pub(super) type Nodes = BTreeMap<(Tree, String), Node>;
 /// A file outside the trees (metadata, config, state, boot ID): its bytes, or why not.
 pub(super) type SideFile = std::result::Result<Vec<u8>, String>;
 
+/// `ethtool/<netdev>.json` replay files (SPEC §1.11), by netdev.
+pub(super) type EthtoolFiles = BTreeMap<String, Vec<u8>>;
+
 /// The top directory of `tree` in a bundle.
 pub(super) fn top(tree: Tree) -> &'static str {
     match tree {
@@ -243,7 +251,8 @@ mod tests {
         };
         let mut side = BTreeMap::new();
         side.insert(METADATA, Ok(b"{}".to_vec()));
-        let replay = unpack_from(&archive(&cap.nodes, &side, Some(&m)).unwrap()[..], "t").unwrap();
+        let replay =
+            unpack_from(&archive(&cap.nodes, &side, &EthtoolFiles::new(), Some(&m)).unwrap()[..], "t").unwrap();
         assert_eq!(replay.manifest.as_ref(), Some(&m));
         assert_eq!(std::fs::read(replay.metadata()).unwrap(), b"{}");
         assert!(replay.state_file().is_none());
@@ -252,7 +261,9 @@ mod tests {
         assert_eq!(shown, "/m.json: bad");
         // A newer format is refused with a message naming it.
         let newer = Manifest { format: FORMAT + 1, ..m };
-        let err = unpack_from(&archive(&cap.nodes, &side, Some(&newer)).unwrap()[..], "bundle x").err().unwrap();
+        let err = unpack_from(&archive(&cap.nodes, &side, &EthtoolFiles::new(), Some(&newer)).unwrap()[..], "bundle x")
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("bundle x: bundle format 2"), "{err}");
     }
 
@@ -351,7 +362,8 @@ mod tests {
         assert_eq!(cap.nodes[&(Tree::Sys, "a/dangling".into())], Node::Link("../nowhere".into()));
         assert_eq!(cap.nodes[&(Tree::Sys, "a/file".into())], Node::File(b"1\n".to_vec()));
         // The replayed tree fails the same way through the host reader.
-        let replay = unpack_from(&archive(&cap.nodes, &BTreeMap::new(), None).unwrap()[..], "t").unwrap();
+        let replay =
+            unpack_from(&archive(&cap.nodes, &BTreeMap::new(), &EthtoolFiles::new(), None).unwrap()[..], "t").unwrap();
         let live = Host::new(&sys, "/nonexistent");
         let again = Host::new(replay.sysfs(), "/nonexistent");
         for f in ["a/fifo", "a/dangling", "a/file", "a/none"] {

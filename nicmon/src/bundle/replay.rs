@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use super::{BOOT_ID, CONFIG, FORMAT, KMSG, MANIFEST, METADATA, Manifest, PROC, STATE, SYS};
+use super::{BOOT_ID, CONFIG, ETHTOOL, FORMAT, KMSG, MANIFEST, METADATA, Manifest, PROC, STATE, SYS};
 use crate::check::{self, CheckArgs};
 
 /// A bundle unpacked into a temporary directory (removed on drop).
@@ -47,6 +47,11 @@ impl Replay {
     /// The kernel log records the bundle holds, for `--kmsg`.
     pub fn kmsg(&self) -> Option<PathBuf> {
         Some(self.path(KMSG)).filter(|p| p.exists())
+    }
+
+    /// The ethtool replay directory (`None`: the bundle has none).
+    pub fn ethtool(&self) -> Option<PathBuf> {
+        Some(self.path(ETHTOOL)).filter(|p| p.is_dir())
     }
 
     /// Output with the replay tree's paths shown as the node's (notes name the metadata
@@ -119,6 +124,9 @@ pub fn replay_check(
     args.monitor.config = replay.config();
     args.state_file = replay.state_file();
     args.monitor.boot_id_path = replay.boot_id_path();
+    // A bundle is not this host: its ethtool data is its own. Without one nothing is read
+    // (the replay tree is not the live sysfs), as on a node whose ethtool data was not read.
+    args.monitor.ethtool_replay = replay.ethtool();
     if !node_flag_given {
         args.monitor.stamp.node_name = m.node_name.clone();
     }

@@ -17,7 +17,10 @@ use thiserror::Error;
 
 use super::defaults::COUNTER_DEFINITIONS;
 pub use super::defaults::default_rules;
-pub use super::rule::{CounterRule, DEVICE_TEMPLATE_PREFIX, Layers, NET_TEMPLATE_PREFIX, ThresholdType, VelocityUnit};
+pub use super::rule::{
+    CounterRule, DEVICE_TEMPLATE_PREFIX, ETHTOOL_PREFIX, Layers, Measure, NET_TEMPLATE_PREFIX, ThresholdType,
+    VelocityUnit,
+};
 
 /// The `[counterDetection]` section as the operator wrote it.
 ///
@@ -223,9 +226,10 @@ impl CounterDetection {
 }
 
 /// The distinct paths the read layer must read for `rules`, in rule order.
+/// `ethtool/` counters are not files: they come from the netdev's ethtool data.
 pub fn read_paths(rules: &[CounterRule]) -> Vec<String> {
     let mut paths: Vec<String> = Vec::new();
-    for r in rules.iter().filter(|r| r.enabled) {
+    for r in rules.iter().filter(|r| r.enabled && !r.path.starts_with(ETHTOOL_PREFIX)) {
         if !paths.contains(&r.path) {
             paths.push(r.path.clone());
         }
@@ -323,6 +327,10 @@ impl EntryValues {
         if let Some(d) = &e.description {
             rule.description = d.clone();
         }
+        if rule.measure != Measure::Count && rule.threshold_type == ThresholdType::Delta {
+            return Err("thresholdType = \"delta\": this counter is judged as a rate over a window: \
+                 expected velocity");
+        }
         match rule.threshold_type {
             // A velocityUnit on a delta rule is accepted (NVSentinel configs may carry one)
             // and ignored; an inherited one is dropped when an override switches to delta.
@@ -381,6 +389,7 @@ fn added_rule(i: usize, e: &CounterEntry, name: &str) -> Result<CounterRule, Cou
         velocity_unit: None,
         description: String::new(),
         layers: Layers::All,
+        measure: Measure::Count,
     })
 }
 
@@ -437,10 +446,11 @@ mod tests {
     #[test]
     fn defaults_are_001_section_10_2() {
         let r = rules("").unwrap();
-        // 14 mlx5/netdev rules, 6 of the 13 EFA rules (upstream chart's defaults); the rest
-        // of upstream's allow-list (38 names) is known but not watched by default.
-        assert_eq!(r.len(), 20);
-        assert_eq!(default_rules().len(), 38);
+        // 14 mlx5/netdev rules, 6 of the 13 EFA rules (upstream chart's defaults), 5 RoCE
+        // physical-layer rules; the rest of upstream's allow-list (38 names) is known but
+        // not watched by default.
+        assert_eq!(r.len(), 25);
+        assert_eq!(default_rules().len(), 43);
         assert_eq!(r, default_rules().into_iter().filter(|r| r.enabled).collect::<Vec<_>>());
         let fatal: Vec<&str> = r.iter().filter(|r| r.is_fatal).map(|r| r.name.as_str()).collect();
         assert_eq!(
@@ -460,6 +470,7 @@ mod tests {
                 "carrier_changes" | "rx_crc_errors" | "rx_errors" | "rx_missed_errors" | "tx_carrier_errors"
                 | "tx_errors" => Layers::All,
                 n if n.starts_with("efa_") => Layers::Efa,
+                "pre_fec_ber" | "fec_uncorrectable" | "pfc_storm" | "pfc_storm_error" | "pause_victim" => Layers::Roce,
                 _ => Layers::Rdma,
             };
             assert_eq!(r.layers, want, "{}", r.name);
@@ -492,7 +503,7 @@ mod tests {
             .unwrap()
             .into_iter()
             .zip(default_rules())
-            .map(|(m, d)| CounterRule { layers: d.layers, ..m })
+            .map(|(m, d)| CounterRule { layers: d.layers, measure: d.measure, ..m })
             .collect();
         assert_eq!(merged, default_rules());
     }
@@ -659,7 +670,38 @@ mod tests {
         ] {
             assert!(known.iter().any(|k| k == n), "{n}");
         }
-        assert_eq!(known.len(), 38);
+        // Upstream's 38 and nicmon's RoCE physical-layer rules.
+        assert_eq!(known.len(), 43);
+    }
+
+    #[test]
+    fn roce_phy_rules_take_operator_overrides_but_stay_rates() {
+        let r = rules(
+            r#"
+            [[counterDetection.counters]]
+            name = "fec_uncorrectable"
+            isFatal = true
+            [[counterDetection.counters]]
+            name = "pre_fec_ber"
+            threshold = 1e-6
+            "#,
+        )
+        .unwrap();
+        let fu = find(&r, "fec_uncorrectable");
+        assert_eq!((fu.is_fatal, fu.layers, fu.path.as_str()), (true, Layers::Roce, "ethtool/fec_uncorrectable"));
+        let ber = find(&r, "pre_fec_ber");
+        assert_eq!((ber.threshold, ber.measure), (1e-6, Measure::BitErrorRate));
+        let e = rules(
+            r#"
+            [[counterDetection.counters]]
+            name = "pause_victim"
+            thresholdType = "delta"
+            "#,
+        )
+        .unwrap_err();
+        assert!(e.contains("pause_victim") && e.contains("expected velocity"), "{e}");
+        // The ethtool counters are not files: the read layer is not asked for them.
+        assert!(read_paths(&default_rules()).iter().all(|p| !p.starts_with(ETHTOOL_PREFIX)));
     }
 
     #[test]

@@ -2,9 +2,10 @@
 //! config file says nothing, written once as a const table like upstream's
 //! `counterDefinitions`. The `[counterDetection]` section overrides them by name
 //! ([`super::config`]).
+use super::rule::Measure::{BitErrorRate, Count, TimeShare};
 use super::rule::ThresholdType::{Delta, Velocity};
 use super::rule::VelocityUnit::{Hour, Minute, Second};
-use super::rule::{CounterRule, Layers, ThresholdType, VelocityUnit};
+use super::rule::{CounterRule, Layers, Measure, ThresholdType, VelocityUnit};
 
 /// One built-in counter, as written in [`COUNTER_DEFINITIONS`]; [`CounterDefinition::rule`]
 /// makes the [`CounterRule`] the evaluator reads.
@@ -22,6 +23,7 @@ pub struct CounterDefinition {
     pub threshold: f64,
     pub velocity_unit: Option<VelocityUnit>,
     pub layers: Layers,
+    pub measure: Measure,
     pub description: &'static str,
 }
 
@@ -37,6 +39,7 @@ impl CounterDefinition {
             velocity_unit: self.velocity_unit,
             description: self.description.into(),
             layers: self.layers,
+            measure: self.measure,
         }
     }
 }
@@ -59,6 +62,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 0.0,
         velocity_unit: None,
         layers: Layers::Rdma,
+        measure: Count,
         description: "Port Training State Machine failed - QP disconnect",
     },
     CounterDefinition {
@@ -70,6 +74,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 0.0,
         velocity_unit: None,
         layers: Layers::Rdma,
+        measure: Count,
         description: "HCA internal buffer overflow - lossless contract violated",
     },
     CounterDefinition {
@@ -81,6 +86,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 0.0,
         velocity_unit: None,
         layers: Layers::Rdma,
+        measure: Count,
         description: "Physical errors exceed LocalPhyErrors hardware cap",
     },
     CounterDefinition {
@@ -92,6 +98,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 0.0,
         velocity_unit: None,
         layers: Layers::Rdma,
+        measure: Count,
         description: "Receiver Not Ready NAK retry exhausted - connection severed",
     },
     CounterDefinition {
@@ -103,6 +110,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 10.0,
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
+        measure: Count,
         description: "PHY bit errors before FEC - physical layer degradation",
     },
     CounterDefinition {
@@ -114,6 +122,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 120.0,
         velocity_unit: Some(Hour),
         layers: Layers::Rdma,
+        measure: Count,
         description: "Symbol errors exceed IBTA BER threshold (10E-12) - link outside spec",
     },
     CounterDefinition {
@@ -125,6 +134,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 5.0,
         velocity_unit: Some(Minute),
         layers: Layers::Rdma,
+        measure: Count,
         description: "Link retraining events - micro-flapping",
     },
     CounterDefinition {
@@ -136,6 +146,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 10.0,
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
+        measure: Count,
         description: "Malformed packets received",
     },
     CounterDefinition {
@@ -147,6 +158,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 100.0,
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
+        measure: Count,
         description: "Fabric routing issues - out of sequence packets",
     },
     CounterDefinition {
@@ -158,6 +170,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 1.0,
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
+        measure: Count,
         description: "ACK timeout - potential fabric black hole",
     },
     CounterDefinition {
@@ -169,6 +182,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 100.0,
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
+        measure: Count,
         description: "TX discards due to congestion",
     },
     CounterDefinition {
@@ -180,6 +194,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 10000.0,
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
+        measure: Count,
         description: "TX wait ticks - congestion backpressure",
     },
     CounterDefinition {
@@ -191,6 +206,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 10.0,
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
+        measure: Count,
         description: "Victim flow oscillation",
     },
     CounterDefinition {
@@ -202,6 +218,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 2.0,
         velocity_unit: None,
         layers: Layers::All,
+        measure: Count,
         description: "Link instability - carrier state changes",
     },
     // AWS EFA (upstream's allow-list and chart defaults): per-port `hw_counters/<name
@@ -216,6 +233,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 0.0,
         velocity_unit: None,
         layers: Layers::Efa,
+        measure: Count,
         description: "EFA admin commands that never completed - the device stopped responding",
     },
     CounterDefinition {
@@ -227,6 +245,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 10.0,
         velocity_unit: Some(Minute),
         layers: Layers::Efa,
+        measure: Count,
         description: "EFA admin command errors",
     },
     CounterDefinition {
@@ -238,6 +257,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 100.0,
         velocity_unit: Some(Second),
         layers: Layers::Efa,
+        measure: Count,
         description: "EFA receive drops",
     },
     CounterDefinition {
@@ -249,6 +269,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 1.0,
         velocity_unit: Some(Second),
         layers: Layers::Efa,
+        measure: Count,
         description: "EFA retransmission timeouts",
     },
     CounterDefinition {
@@ -260,6 +281,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 1.0,
         velocity_unit: Some(Second),
         layers: Layers::Efa,
+        measure: Count,
         description: "EFA remote peers not responding",
     },
     CounterDefinition {
@@ -271,6 +293,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 1.0,
         velocity_unit: Some(Second),
         layers: Layers::Efa,
+        measure: Count,
         description: "EFA connections to remote peers impaired",
     },
     CounterDefinition {
@@ -282,6 +305,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 0.0,
         velocity_unit: None,
         layers: Layers::Efa,
+        measure: Count,
         description: "EFA RDMA read work request errors",
     },
     CounterDefinition {
@@ -293,6 +317,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 0.0,
         velocity_unit: None,
         layers: Layers::Efa,
+        measure: Count,
         description: "EFA RDMA write work request errors",
     },
     CounterDefinition {
@@ -304,6 +329,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 0.0,
         velocity_unit: None,
         layers: Layers::Efa,
+        measure: Count,
         description: "EFA device keep-alive events received",
     },
     CounterDefinition {
@@ -315,6 +341,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 0.0,
         velocity_unit: None,
         layers: Layers::Efa,
+        measure: Count,
         description: "EFA memory registration errors",
     },
     CounterDefinition {
@@ -326,6 +353,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 0.0,
         velocity_unit: None,
         layers: Layers::Efa,
+        measure: Count,
         description: "EFA queue pair creation errors",
     },
     CounterDefinition {
@@ -337,6 +365,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 0.0,
         velocity_unit: None,
         layers: Layers::Efa,
+        measure: Count,
         description: "EFA completion queue creation errors",
     },
     CounterDefinition {
@@ -348,6 +377,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 0.0,
         velocity_unit: None,
         layers: Layers::Efa,
+        measure: Count,
         description: "EFA address handle creation errors",
     },
     // The rest of upstream's allow-list: known by name (a config may list them), not
@@ -361,6 +391,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 100.0,
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
+        measure: Count,
         description: "RX discards due to congestion or buffer pressure",
     },
     CounterDefinition {
@@ -372,6 +403,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 10.0,
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
+        measure: Count,
         description: "Remote physical-layer errors received on this port",
     },
     CounterDefinition {
@@ -383,6 +415,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 10.0,
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
+        measure: Count,
         description: "Packets discarded because switch relay forwarding failed",
     },
     CounterDefinition {
@@ -394,6 +427,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 10.0,
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
+        measure: Count,
         description: "Implied NAK sequence errors - retransmission pressure",
     },
     CounterDefinition {
@@ -405,6 +439,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 10.0,
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
+        measure: Count,
         description: "Packet sequence errors - retransmission pressure",
     },
     CounterDefinition {
@@ -416,6 +451,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 0.0,
         velocity_unit: None,
         layers: Layers::Rdma,
+        measure: Count,
         description: "Requester transport retry limit exceeded",
     },
     CounterDefinition {
@@ -427,6 +463,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 10.0,
         velocity_unit: Some(Second),
         layers: Layers::All,
+        measure: Count,
         description: "RX packets with CRC/FCS errors",
     },
     CounterDefinition {
@@ -438,6 +475,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 10.0,
         velocity_unit: Some(Second),
         layers: Layers::All,
+        measure: Count,
         description: "Aggregate RX packet errors",
     },
     CounterDefinition {
@@ -449,6 +487,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 100.0,
         velocity_unit: Some(Second),
         layers: Layers::All,
+        measure: Count,
         description: "RX packets missed due to receive-side capacity pressure",
     },
     CounterDefinition {
@@ -460,6 +499,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 10.0,
         velocity_unit: Some(Second),
         layers: Layers::All,
+        measure: Count,
         description: "TX carrier-sense errors",
     },
     CounterDefinition {
@@ -471,6 +511,69 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         threshold: 10.0,
         velocity_unit: Some(Second),
         layers: Layers::All,
+        measure: Count,
         description: "Aggregate TX packet errors",
+    },
+    // RoCE physical layer and lossless fabric (SPEC §1.11), from the netdev's ethtool data.
+    // `[phyCheck]` sets the pre-FEC BER and pause-share thresholds.
+    CounterDefinition {
+        name: super::rule::PRE_FEC_BER_RULE,
+        path: "ethtool/fec_corrected_bits",
+        enabled: true,
+        is_fatal: false,
+        threshold_type: Velocity,
+        threshold: crate::ethtool::phy::DEFAULT_PRE_FEC_BER_THRESHOLD,
+        velocity_unit: Some(Minute),
+        layers: Layers::Roce,
+        measure: BitErrorRate,
+        description: "Pre-FEC bit error rate near the FEC's correction limit - clean or replace the optic, check the cable and switch port",
+    },
+    CounterDefinition {
+        name: "fec_uncorrectable",
+        path: "ethtool/fec_uncorrectable",
+        enabled: true,
+        is_fatal: false,
+        threshold_type: Delta,
+        threshold: 0.0,
+        velocity_unit: None,
+        layers: Layers::Roce,
+        measure: Count,
+        description: "Codewords the FEC could not correct - frames lost and retransmitted",
+    },
+    CounterDefinition {
+        name: "pfc_storm",
+        path: "ethtool/tx_pause_storm_warning_events",
+        enabled: true,
+        is_fatal: false,
+        threshold_type: Delta,
+        threshold: 0.0,
+        velocity_unit: None,
+        layers: Layers::Roce,
+        measure: Count,
+        description: "PFC storm warning - this NIC has been sending pause frames for too long",
+    },
+    CounterDefinition {
+        name: "pfc_storm_error",
+        path: "ethtool/tx_pause_storm_error_events",
+        enabled: true,
+        is_fatal: false,
+        threshold_type: Delta,
+        threshold: 0.0,
+        velocity_unit: None,
+        layers: Layers::Roce,
+        measure: Count,
+        description: "PFC storm error - storm prevention disabled pause on this port: the host is not draining its receive queue",
+    },
+    CounterDefinition {
+        name: super::rule::PAUSE_VICTIM_RULE,
+        path: "ethtool/pause_duration",
+        enabled: true,
+        is_fatal: false,
+        threshold_type: Velocity,
+        threshold: crate::ethtool::phy::PAUSE_VICTIM_SHARE,
+        velocity_unit: Some(Minute),
+        layers: Layers::Roce,
+        measure: TimeShare,
+        description: "Paused by the fabric most of the time - a host or switch downstream is not draining",
     },
 ];

@@ -8,11 +8,16 @@
 //!    restarts from the new value;
 //! 3. a value at the maximum of a saturating counter: one non-fatal saturation event per
 //!    episode, no threshold evaluation (SPEC §1.4);
-//! 4. a breached counter stays latched: nothing is evaluated, nothing is sent;
+//! 4. a breached counter stays latched: nothing is evaluated, nothing is sent — except a
+//!    rate of the RoCE physical layer ([`Measure::clears`]: pre-FEC BER, time paused),
+//!    which is still measured each window and clears (one healthy event) when a window
+//!    measures at or below its threshold again;
 //! 5. delta: `value - snapshot > threshold`, snapshot advanced every poll; velocity: once
 //!    at least one `velocityUnit` of real time has passed since the snapshot,
 //!    `(value - snapshot) / elapsed` in that unit `> threshold`, then the snapshot advances
-//!    (never extrapolated from a shorter sample);
+//!    (never extrapolated from a shorter sample); a [`Measure::BitErrorRate`] rule divides
+//!    the per-second increase by the port's rate, a [`Measure::TimeShare`] rule the
+//!    microseconds per second by 10^6;
 //! 6. a breach emits one unhealthy event and latches.
 //!
 //! A rule is evaluated only on ports of its link layers ([`super::rule::Layers`]).
@@ -24,7 +29,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
 
-use super::rule::{CounterRule, DEVICE_TEMPLATE_PREFIX, ThresholdType, VelocityUnit};
+use super::rule::{CounterRule, DEVICE_TEMPLATE_PREFIX, Measure, ThresholdType, VelocityUnit};
 use super::width;
 use crate::event::{Check, Entity, HealthEvent, Stamp};
 use crate::model::{LinkLayer, Port};
@@ -38,11 +43,24 @@ pub struct CounterPort<'a> {
     pub link_layer: Option<&'a LinkLayer>,
     /// Values keyed by rule path (`counters/link_downed`); unreadable ones absent.
     pub counters: &'a BTreeMap<String, u64>,
+    /// The port's rate in bit/s (its RDMA `rate`), for [`Measure::BitErrorRate`] rules;
+    /// `None`: unknown, and such rules are not evaluated on the port.
+    pub rate_bps: Option<f64>,
+    /// The pre-FEC BER threshold of this port's FEC code, where the operator set none and
+    /// the code is known ([`crate::ethtool::phy::rs_code`]); else the rule's threshold.
+    pub ber_threshold: Option<f64>,
 }
 
 impl<'a> CounterPort<'a> {
     pub fn new(device: &'a str, port: &'a Port) -> CounterPort<'a> {
-        CounterPort { device, port: port.number, link_layer: port.link_layer.as_ref(), counters: &port.counters }
+        CounterPort {
+            device,
+            port: port.number,
+            link_layer: port.link_layer.as_ref(),
+            counters: &port.counters,
+            rate_bps: port.rate.as_ref().map(|r| r.gbps * 1e9).filter(|r| r.is_finite() && *r > 0.0),
+            ber_threshold: None,
+        }
     }
 
     /// The check this port's counter events are filed under. Anything not Ethernet or EFA
@@ -120,6 +138,11 @@ pub struct CounterState {
     pub breach_flags: BTreeMap<String, Breach>,
     #[serde(default)]
     pub saturation_flags: BTreeMap<String, Saturation>,
+    /// The last full window's measure of each [`Measure::BitErrorRate`] and
+    /// [`Measure::TimeShare`] rule (the BER, the share of time paused), for the report and
+    /// the metrics.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub measured: BTreeMap<String, f64>,
 }
 
 impl CounterState {
@@ -136,6 +159,11 @@ impl CounterState {
     /// an unhealthy event about it this poll is its saturation event, not a breach.
     pub fn is_saturated(&self, device: &str, port: u32, rule_name: &str) -> bool {
         self.saturation_flags.contains_key(&counter_key(device, port, rule_name))
+    }
+
+    /// The last full window's measure of `rule_name` on a port ([`CounterState::measured`]).
+    pub fn measured(&self, device: &str, port: u32, rule_name: &str) -> Option<f64> {
+        self.measured.get(&counter_key(device, port, rule_name)).copied()
     }
 
     /// The (device, port, rule name) of every counter saturated now.
@@ -251,11 +279,14 @@ fn step(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &Re
     if saturation(st, events, key, at) {
         return;
     }
-    if st.is_breached(key) {
+    let breached = st.is_breached(key);
+    if breached && !at.rule.measure.clears() {
         return; // latched until a reset or a reboot (001 §6.3)
     }
-    if let Some(rate) = threshold(st, key, at, snap) {
-        breach(st, events, key, at, at.value - snap.value, &rate);
+    match (threshold(st, key, at, snap), breached) {
+        (Judged::Above(rate), false) => breach(st, events, key, at, at.value - snap.value, &rate),
+        (Judged::Below, true) => fell_back(st, events, key, at),
+        _ => {}
     }
 }
 
@@ -284,19 +315,28 @@ fn reset(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &R
     put(&mut st.counter_snapshots, key, at.snapshot());
 }
 
+/// What a threshold comparison found.
+enum Judged {
+    /// No window to judge yet (velocity: the window is not full; the rate is unknown).
+    NotYet,
+    Below,
+    /// A breach, with the rate as said in its message.
+    Above(String),
+}
+
 /// Step 5: the rule's threshold against the snapshot, advancing the snapshot as the
-/// threshold type says. `Some(rate as said in the message)` on a breach.
-fn threshold(st: &mut CounterState, key: &str, at: &Reading<'_>, snap: CounterSnapshot) -> Option<String> {
+/// threshold type says.
+fn threshold(st: &mut CounterState, key: &str, at: &Reading<'_>, snap: CounterSnapshot) -> Judged {
     let delta = at.value - snap.value;
     let elapsed = at.now - snap.timestamp;
     match at.rule.threshold_type {
         ThresholdType::Delta => {
             put(&mut st.counter_snapshots, key, at.snapshot());
             if delta as f64 <= at.rule.threshold {
-                return None;
+                return Judged::Below;
             }
             // The rate is only said in a breach's message: made only then.
-            Some(match elapsed.is_positive() {
+            Judged::Above(match elapsed.is_positive() {
                 true => format!("{:.2}/sec", delta as f64 / elapsed.as_seconds_f64()),
                 false => "n/a".to_owned(),
             })
@@ -307,16 +347,54 @@ fn threshold(st: &mut CounterState, key: &str, at: &Reading<'_>, snap: CounterSn
                 // The wall clock stepped back: no window can be measured against the
                 // snapshot any more, start a new one.
                 put(&mut st.counter_snapshots, key, at.snapshot());
-                return None;
+                return Judged::NotYet;
             }
             if elapsed < Duration::seconds(i64::from(unit.seconds())) {
-                return None; // window not full yet: hold the snapshot
+                return Judged::NotYet; // window not full yet: hold the snapshot
             }
             put(&mut st.counter_snapshots, key, at.snapshot());
-            let rate = delta as f64 / elapsed.as_seconds_f64() * f64::from(unit.seconds());
-            (rate > at.rule.threshold).then(|| format!("{rate:.2}/{}", unit.suffix()))
+            let per_second = delta as f64 / elapsed.as_seconds_f64();
+            match at.rule.measure {
+                Measure::Count => {
+                    let rate = per_second * f64::from(unit.seconds());
+                    judge(rate > at.rule.threshold, || format!("{rate:.2}/{}", unit.suffix()))
+                }
+                Measure::BitErrorRate | Measure::TimeShare => measured(st, key, at, per_second),
+            }
         }
     }
+}
+
+fn judge(above: bool, rate: impl FnOnce() -> String) -> Judged {
+    if above { Judged::Above(rate()) } else { Judged::Below }
+}
+
+/// A [`Measure::BitErrorRate`] or [`Measure::TimeShare`] window: the measure kept in
+/// [`CounterState::measured`] and compared with the rule's (or the port's) threshold.
+fn measured(st: &mut CounterState, key: &str, at: &Reading<'_>, per_second: f64) -> Judged {
+    let (value, threshold, label) = match at.rule.measure {
+        Measure::BitErrorRate => {
+            let Some(rate) = at.port.rate_bps else {
+                st.measured.remove(key);
+                return Judged::NotYet; // no port rate: no BER
+            };
+            (per_second / rate, at.port.ber_threshold.unwrap_or(at.rule.threshold), "BER")
+        }
+        _ => ((per_second / 1e6).min(1.0), at.rule.threshold, "share of time"),
+    };
+    put(&mut st.measured, key, value);
+    judge(value > threshold, || format!("{label} {value:.2e} > {threshold:.2e} over the last window"))
+}
+
+/// A [`Measure::clears`] rule whose window measured at or below its threshold again: one
+/// healthy event under the check the breach was filed under; the latch is lifted.
+fn fell_back(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &Reading<'_>) {
+    let Some(b) = st.breach_flags.remove(key) else {
+        return;
+    };
+    let check = Check::parse(&b.check_name).unwrap_or_else(|| at.port.check());
+    let now = st.measured.get(key).map(|v| format!(" ({v:.2e})")).unwrap_or_default();
+    events.push(at.event(check, &format!("Counter {} back below its threshold{now} on {}", at.rule.name, at.where_())));
 }
 
 /// Step 6: a breach emits one unhealthy event and latches.

@@ -98,6 +98,35 @@ pub struct CounterRule {
     /// built-in rules; every layer for a counter the operator adds).
     #[serde(default)]
     pub layers: Layers,
+    /// What a velocity rule's threshold is compared with (owned by the code: a count for
+    /// every rule but the RoCE physical-layer rates).
+    #[serde(default)]
+    pub measure: Measure,
+}
+
+/// What a velocity window measures, and whether its breach latches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Measure {
+    /// Increase per `velocityUnit` (or per poll, for delta): a breach latches until a
+    /// counter reset or a reboot (001 §6.3).
+    #[default]
+    Count,
+    /// Increase per second over the port's rate in bit/s: a bit error rate (pre-FEC BER,
+    /// SPEC §1.11). A breach clears at the first full window at or below the threshold.
+    BitErrorRate,
+    /// Increase of a microsecond duration per second of real time: the share of the
+    /// window (0 to 1) something lasted (time paused by the fabric, SPEC §1.11). Clears
+    /// like [`Measure::BitErrorRate`].
+    TimeShare,
+}
+
+impl Measure {
+    /// Whether a breach clears when a later window measures at or below the threshold
+    /// (a rate that falls back), instead of latching until a reset.
+    pub fn clears(self) -> bool {
+        self != Measure::Count
+    }
 }
 
 /// Which ports a counter applies to, by link layer.
@@ -111,6 +140,8 @@ pub enum Layers {
     /// Every port.
     #[default]
     All,
+    /// RoCE (Ethernet link layer) ports only: their netdev's ethtool data (SPEC §1.11).
+    Roce,
 }
 
 impl Layers {
@@ -121,6 +152,7 @@ impl Layers {
             Layers::All => true,
             Layers::Efa => ll == Some(&LinkLayer::Efa),
             Layers::Rdma => ll != Some(&LinkLayer::Efa),
+            Layers::Roce => ll == Some(&LinkLayer::Ethernet),
         }
     }
 }
@@ -130,3 +162,15 @@ pub const NET_TEMPLATE_PREFIX: &str = "/sys/class/net/{interface}/";
 /// Prefix of a device-level counter (EFA's `<dev>/hw_counters/`): read on port 1 and
 /// reported against it.
 pub const DEVICE_TEMPLATE_PREFIX: &str = "/sys/class/infiniband/{device}/";
+
+/// Prefix of a counter read from the port's netdev's ethtool data rather than a file
+/// (SPEC §1.11): `ethtool/<driver statistic>` (`ethtool/tx_pause_storm_error_events`) or
+/// one of the port-level values [`crate::ethtool::counters`] derives
+/// (`ethtool/fec_corrected_bits`, `ethtool/fec_uncorrectable`, `ethtool/pause_duration`).
+pub const ETHTOOL_PREFIX: &str = "ethtool/";
+
+/// The RoCE rule whose measure is the pre-FEC BER ([`Measure::BitErrorRate`]).
+pub const PRE_FEC_BER_RULE: &str = "pre_fec_ber";
+/// The RoCE rule whose measure is the share of time the fabric paused the port
+/// ([`Measure::TimeShare`]).
+pub const PAUSE_VICTIM_RULE: &str = "pause_victim";

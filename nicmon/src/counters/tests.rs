@@ -20,6 +20,8 @@ struct Node {
     rules: Vec<CounterRule>,
     state: CounterState,
     stamp: Stamp,
+    /// The port's rate in bit/s (pre-FEC BER rules).
+    rate_bps: Option<f64>,
 }
 
 impl Node {
@@ -31,6 +33,7 @@ impl Node {
             rules: default_rules(),
             state: CounterState::default(),
             stamp: Stamp { node_name: "gpu-node-1".into(), ..Stamp::default() },
+            rate_bps: None,
         }
     }
 
@@ -46,6 +49,8 @@ impl Node {
             port: self.port,
             link_layer: Some(&self.link_layer),
             counters: &counters,
+            rate_bps: self.rate_bps,
+            ber_threshold: None,
         }];
         let now = T0 + Duration::milliseconds(ms);
         let (events, next) = evaluate(&self.state, &ports, &self.rules, now, reboot, &self.stamp);
@@ -310,8 +315,14 @@ fn missing_counters_fail_open() {
     assert!(n.poll(1, &present).is_empty());
     assert!(n.poll(2, &[]).is_empty());
     let counters: BTreeMap<String, u64> = present.iter().map(|(k, v)| (k.to_string(), *v)).collect();
-    let ports =
-        [CounterPort { device: "mlx5_0", port: 1, link_layer: Some(&LinkLayer::Ethernet), counters: &counters }];
+    let ports = [CounterPort {
+        device: "mlx5_0",
+        port: 1,
+        link_layer: Some(&LinkLayer::Ethernet),
+        counters: &counters,
+        rate_bps: None,
+        ber_threshold: None,
+    }];
     let gone = missing(&ports, &n.rules);
     assert!(gone.contains(&("mlx5_0".into(), 1, "roce_slow_restart".into())));
     assert!(!gone.iter().any(|(_, _, c)| c == "link_downed"));
@@ -390,6 +401,7 @@ fn a_wide_data_counter_passing_u32_max_ends_the_episode() {
         velocity_unit: None,
         description: String::new(),
         layers: Default::default(),
+        measure: Default::default(),
     }];
     let p = "counters/port_xmit_data";
     assert_eq!(n.poll(0, &[(p, u32::MAX as u64)]).len(), 1);
@@ -612,6 +624,7 @@ proptest! {
             velocity_unit: Some(VelocityUnit::Minute),
             description: String::new(),
             layers: Default::default(),
+            measure: Default::default(),
         });
         let mut state = CounterState::default();
         let mut now = T0;
@@ -625,7 +638,7 @@ proptest! {
                 .filter_map(|(p, v)| v.map(|v| (p.to_string(), v)))
                 .collect();
             let ll = LinkLayer::InfiniBand;
-            let ports = [CounterPort { device: "mlx5_0", port: 1, link_layer: Some(&ll), counters: &counters }];
+            let ports = [CounterPort { device: "mlx5_0", port: 1, link_layer: Some(&ll), counters: &counters, rate_bps: None, ber_threshold: None }];
             let (events, next) = evaluate(&state, &ports, &rules, now, reboot, &Stamp::default());
             for e in &events {
                 prop_assert_eq!(e.error_code.len(), 1);
@@ -658,7 +671,14 @@ fn a_counter_that_goes_unreadable_is_said_once_per_episode() {
     let empty = BTreeMap::new();
     let readable: BTreeMap<String, u64> = [(SYMBOL_ERROR.to_string(), 0)].into();
     let unreadable = |n: &mut Node, counters: &BTreeMap<String, u64>| {
-        let ports = [CounterPort { device: n.device, port: n.port, link_layer: Some(&n.link_layer), counters }];
+        let ports = [CounterPort {
+            device: n.device,
+            port: n.port,
+            link_layer: Some(&n.link_layer),
+            counters,
+            rate_bps: None,
+            ber_threshold: None,
+        }];
         let prev = n.state.clone();
         let gone = went_unreadable(&prev, &mut n.state, &ports, &n.rules);
         gone.into_iter().map(|(d, p, r)| format!("{d}:{p}:{r}")).collect::<Vec<_>>()
@@ -671,4 +691,126 @@ fn a_counter_that_goes_unreadable_is_said_once_per_episode() {
     let all = unreadable(&mut n, &empty);
     assert!(all.contains(&"mlx5_0:1:link_downed".to_string()) && all.iter().any(|k| k.ends_with("symbol_error")));
     assert!(n.poll(3, &[(LINK_DOWNED, 0)]).is_empty(), "readable again at its old value: no event");
+}
+
+mod roce_phy {
+    //! The RoCE physical-layer rules (SPEC §1.11) through the same engine.
+    use super::*;
+
+    const BITS: &str = "ethtool/fec_corrected_bits";
+    const PAUSE: &str = "ethtool/pause_duration";
+
+    /// A 400G RoCE port: 2.4e13 bits a minute.
+    fn roce() -> Node {
+        Node { rate_bps: Some(400e9), ..Node::new(LinkLayer::Ethernet) }
+    }
+
+    fn codes(events: &[HealthEvent]) -> Vec<(String, bool)> {
+        events.iter().map(|e| (e.error_code.join(","), e.is_healthy)).collect()
+    }
+
+    #[test]
+    fn pre_fec_ber_breaches_once_and_clears_when_it_falls() {
+        let mut n = roce();
+        assert!(n.poll_ms(0, &[(BITS, 0)], false).is_empty());
+        // Healthy, 1e-9: 24,000 bits a minute.
+        assert!(n.poll_ms(60_000, &[(BITS, 24_000)], false).is_empty());
+        let ber = n.state.measured("mlx5_0", 1, "pre_fec_ber").unwrap();
+        assert!((ber / 1e-9 - 1.0).abs() < 1e-9, "{ber:e}");
+        // 1.5e-4: above 1e-4, one non-fatal event with the BER in its message.
+        let e = n.poll_ms(120_000, &[(BITS, 24_000 + 3_600_000_000)], false);
+        assert_eq!(codes(&e), [("pre_fec_ber".to_string(), false)]);
+        assert!(!e[0].is_fatal);
+        assert!(e[0].message.contains("BER 1.50e-4"), "{}", e[0].message);
+        // Still high: latched, nothing new; halfway through a window: nothing.
+        assert!(n.poll_ms(180_000, &[(BITS, 24_000 + 7_200_000_000)], false).is_empty());
+        assert!(n.poll_ms(200_000, &[(BITS, 24_000 + 7_200_000_100)], false).is_empty());
+        // Falls back to 1e-8: one healthy event for the same error code.
+        let e = n.poll_ms(240_000, &[(BITS, 24_000 + 7_200_240_000)], false);
+        assert_eq!(codes(&e), [("pre_fec_ber".to_string(), true)]);
+        assert!(n.poll_ms(300_000, &[(BITS, 24_000 + 7_200_480_000)], false).is_empty());
+    }
+
+    #[test]
+    fn pre_fec_ber_without_a_port_rate_is_not_judged() {
+        let mut n = Node { rate_bps: None, ..roce() };
+        n.poll_ms(0, &[(BITS, 0)], false);
+        assert!(n.poll_ms(60_000, &[(BITS, u64::from(u32::MAX))], false).is_empty());
+        assert_eq!(n.state.measured("mlx5_0", 1, "pre_fec_ber"), None);
+    }
+
+    #[test]
+    fn a_port_threshold_of_its_fec_code_holds_over_the_rule() {
+        // KR4 (25G lanes) defaults to 1e-5: 5e-5 breaches there and not under KP4's 1e-4.
+        for (port_threshold, want) in [(None, 0), (Some(1e-5), 1)] {
+            let mut n = Node { rate_bps: Some(100e9), ..roce() };
+            let counters = |v: u64| -> BTreeMap<String, u64> { [(BITS.to_string(), v)].into() };
+            let (c0, c1) = (counters(0), counters(300_000_000));
+            let mut events = Vec::new();
+            for (secs, c) in [(0, &c0), (60, &c1)] {
+                let ports = [CounterPort {
+                    device: "mlx5_0",
+                    port: 1,
+                    link_layer: Some(&LinkLayer::Ethernet),
+                    counters: c,
+                    rate_bps: n.rate_bps,
+                    ber_threshold: port_threshold,
+                }];
+                let (e, next) = evaluate(&n.state, &ports, &n.rules, T0 + Duration::seconds(secs), false, &n.stamp);
+                n.state = next;
+                events.extend(e);
+            }
+            assert_eq!(events.len(), want, "{port_threshold:?}: {events:?}");
+        }
+    }
+
+    #[test]
+    fn a_reset_or_reboot_is_handled_like_the_other_counters() {
+        let mut n = roce();
+        n.poll_ms(0, &[(BITS, 1_000)], false);
+        assert_eq!(codes(&n.poll_ms(60_000, &[(BITS, 6_000_000_000)], false)), [("pre_fec_ber".to_string(), false)]);
+        // The driver reset the counter: a recovery, the window restarts from the new value.
+        assert_eq!(codes(&n.poll_ms(70_000, &[(BITS, 10)], false)), [("pre_fec_ber".to_string(), true)]);
+        assert!(n.poll_ms(130_000, &[(BITS, 20)], false).is_empty());
+        // A reboot: state cleared, one healthy baseline per RoCE rule the port has.
+        let mut r = roce();
+        let e = r.poll_ms(0, &[(BITS, 5), (PAUSE, 9)], true);
+        assert_eq!(codes(&e), [("pre_fec_ber".to_string(), true), ("pause_victim".to_string(), true)]);
+    }
+
+    #[test]
+    fn pause_victim_over_half_a_minute_and_back() {
+        let mut n = roce();
+        n.poll_ms(0, &[(PAUSE, 0)], false);
+        // Paused 20 s of 60: a busy congested fabric, no event.
+        assert!(n.poll_ms(60_000, &[(PAUSE, 20_000_000)], false).is_empty());
+        // Paused 45 s of 60: a victim.
+        let e = n.poll_ms(120_000, &[(PAUSE, 65_000_000)], false);
+        assert_eq!(codes(&e), [("pause_victim".to_string(), false)]);
+        assert!(!e[0].is_fatal);
+        let share = n.state.measured("mlx5_0", 1, "pause_victim").unwrap();
+        assert!((share - 0.75).abs() < 1e-12, "{share}");
+        assert_eq!(codes(&n.poll_ms(180_000, &[(PAUSE, 66_000_000)], false)), [("pause_victim".to_string(), true)]);
+    }
+
+    #[test]
+    fn storms_and_uncorrectable_blocks_are_non_fatal_and_latch() {
+        let mut n = roce();
+        let (w, e, u) = (
+            "ethtool/tx_pause_storm_warning_events",
+            "ethtool/tx_pause_storm_error_events",
+            "ethtool/fec_uncorrectable",
+        );
+        n.poll_ms(0, &[(w, 0), (e, 0), (u, 0)], false);
+        let got = n.poll_ms(10_000, &[(w, 1), (e, 0), (u, 3)], false);
+        assert_eq!(codes(&got), [("fec_uncorrectable".to_string(), false), ("pfc_storm".to_string(), false)]);
+        assert!(got.iter().all(|e| !e.is_fatal && e.recommended_action == RecommendedAction::NONE));
+        assert!(n.poll_ms(20_000, &[(w, 2), (e, 0), (u, 9)], false).is_empty(), "latched");
+        let got = n.poll_ms(30_000, &[(w, 2), (e, 1), (u, 9)], false);
+        assert_eq!(codes(&got), [("pfc_storm_error".to_string(), false)]);
+        // On an InfiniBand port none of these rules applies.
+        let mut ib = Node::ib();
+        ib.poll_ms(0, &[(w, 0), (u, 0)], false);
+        assert!(ib.poll_ms(10_000, &[(w, 5), (u, 5)], false).is_empty());
+    }
 }

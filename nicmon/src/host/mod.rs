@@ -227,7 +227,8 @@ impl Host {
     }
 
     /// The time one read may take now: the read deadline, cut to what is left of the poll's.
-    fn timeout(&self) -> Duration {
+    /// Other readers under the same deadlines (ethtool) ask it too.
+    pub fn timeout(&self) -> Duration {
         let poll = *self.poll_deadline.lock().unwrap_or_else(|p| p.into_inner());
         match poll {
             Some(end) => self.deadlines.read.min(end.saturating_duration_since(Instant::now())),

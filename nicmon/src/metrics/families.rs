@@ -66,6 +66,26 @@ families! {
         => "nicmon_port_counter",
         "The value of a port counter a counter rule reads, as the last poll read it (the kernel's own \
          counter: use rate() or increase())";
+    port_pre_fec_ber: Family<PortLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+        => "nicmon_port_pre_fec_ber",
+        "Pre-FEC bit error rate of a RoCE port over the last full counter window (FEC-corrected \
+         bits / (port rate x window)); absent until a window was measured";
+    port_fec_mode: Family<FecModeLabels, Gauge> = Family::default() => "nicmon_port_fec_mode",
+        "1 for the FEC encoding active on a RoCE port (RS, BASER, LLRS, off), as its driver \
+         reports it";
+    port_fec_uncorrectable: Family<PortLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+        => "nicmon_port_fec_uncorrectable_blocks",
+        "Codewords the FEC of a RoCE port could not correct (uncorrectable blocks, else mlx5's \
+         rx_pcs_symbol_err_phy), as the last poll read it (the driver's counter: use increase())";
+    port_pause_share: Family<PortLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+        => "nicmon_port_pause_time_share",
+        "Share (0 to 1) of the last full counter window the fabric held a RoCE port paused (PFC \
+         or link-level pause)";
+    port_congestion: Family<CounterLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+        => "nicmon_port_congestion",
+        "ECN/CNP counters of a RoCE port (np_ecn_marked_roce_packets, np_cnp_sent, \
+         rp_cnp_handled), as the last poll read them (the NIC's counters: use rate()); congestion, \
+         never an event";
     pcie_link_speed: Family<DeviceLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
         => "nicmon_pcie_link_speed_gts",
         "PCIe link speed of a monitored PF in GT/s per lane (32 = Gen5); absent while the link is down";
@@ -169,6 +189,13 @@ pub(super) struct HookLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct SourceLabels {
     pub(super) source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct FecModeLabels {
+    pub(super) device: String,
+    pub(super) port: u32,
+    pub(super) mode: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

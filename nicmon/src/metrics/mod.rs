@@ -9,6 +9,7 @@
 //!   dashboards people already have keep working after the switch.
 mod families;
 mod observe;
+mod phy;
 pub mod server;
 
 use std::time::Duration;

@@ -32,6 +32,7 @@ impl Metrics {
             next.links.port_states.values().filter(|r| r.flap.is_flapping()).map(|r| (r.device.as_str(), r.port)),
         );
         self.observe_errors(poll, next);
+        self.observe_phy(poll, next);
     }
 
     /// Monitored devices per role.

@@ -56,6 +56,7 @@ pub fn rules(t: &AerThresholds) -> Vec<CounterRule> {
                 velocity_unit,
                 description: String::new(),
                 layers: Layers::default(),
+                measure: crate::counters::rule::Measure::Count,
             }
         })
         .collect()
@@ -112,7 +113,14 @@ pub fn evaluate(
     let engine_ports: Vec<CounterPort<'_>> = ports
         .iter()
         .zip(&readings)
-        .map(|(p, counters)| CounterPort { device: p.nic, port: 0, link_layer: None, counters })
+        .map(|(p, counters)| CounterPort {
+            device: p.nic,
+            port: 0,
+            link_layer: None,
+            counters,
+            rate_bps: None,
+            ber_threshold: None,
+        })
         .collect();
     // The engine's own events are not used: its state says what happened (module doc).
     let (_, counters) = counters::evaluate(&prev.counters, &engine_ports, &rules, now, reboot, &Stamp::default());

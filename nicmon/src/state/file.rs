@@ -311,7 +311,8 @@ fn settles_to(state: &State, written: &Settled) -> bool {
 
 /// [`settles_to`] of a counter engine's state (every field named).
 fn counters_settle_to(counters: &CounterState, w: &CounterState) -> bool {
-    let CounterState { counter_snapshots, last_values, breach_flags, saturation_flags } = counters;
+    // `measured` (the last window's BER and pause share) is volatile like the timestamps.
+    let CounterState { counter_snapshots, last_values, breach_flags, saturation_flags, measured: _ } = counters;
     *last_values == w.last_values
         && *breach_flags == w.breach_flags
         && *saturation_flags == w.saturation_flags
