@@ -349,7 +349,8 @@ fn counter_values_appear_in_the_report() {
     assert_eq!(c["rnr_nak_retry_err"], 0);
     assert_eq!(c["link_downed"], 0);
     assert!(!c.contains_key("carrier_changes"), "an IB port has no netdev: {c:?}");
-    // Only the configured counters are read, by their file names.
+    // Only the configured counters are read, by their file names: the rules', and the
+    // ECN/CNP congestion counters while `[phyCheck]` is enabled (metrics only).
     let mut names: Vec<&str> = c.keys().map(String::as_str).collect();
     names.sort();
     assert_eq!(
@@ -360,12 +361,15 @@ fn counter_values_appear_in_the_report() {
             "link_error_recovery",
             "local_ack_timeout_err",
             "local_link_integrity_errors",
+            "np_cnp_sent",
+            "np_ecn_marked_roce_packets",
             "out_of_sequence",
             "port_rcv_errors",
             "port_xmit_discards",
             "port_xmit_wait",
             "rnr_nak_retry_err",
             "roce_slow_restart",
+            "rp_cnp_handled",
             "symbol_error",
         ]
     );
