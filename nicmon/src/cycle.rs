@@ -304,13 +304,12 @@ impl Monitor {
         now: OffsetDateTime,
         kmsg_records: &[Record],
     ) -> Poll {
-        let Observation { snapshot, links, einval, reads_abandoned, stuck_reads, targeted, woken_by, ethtool_notes } =
-            obs;
+        let mut notes = obs.ethtool_notes;
+        let Observation { snapshot, links, einval, reads_abandoned, stuck_reads, targeted, woken_by, .. } = obs;
         // A port whose link layer is unreadable is judged with its last known one.
         let snapshot = linkstate::with_known_link_layers(&prev.links, snapshot);
         let roles = roles::classify(&snapshot, &self.topology, &self.config.filters);
         let first_poll = prev.polls == 0;
-        let mut notes = ethtool_notes;
         if let Some((next, deferred)) = self.defer_first_poll(prev, &snapshot, &roles, targeted.is_some(), &mut notes) {
             return Poll { snapshot, roles, next, notes, reads_abandoned, stuck_reads, deferred, ..Poll::default() };
         }
