@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-/// Transitions kept per port (the oldest go first).
-pub const PER_PORT: usize = 32;
+/// Transitions kept per port (the oldest go first; SPEC §1.12).
+pub const PER_PORT: usize = 64;
 /// Ports kept (those whose last transition is oldest go first): bounds a node whose device
 /// names keep changing.
 pub const MAX_PORTS: usize = 256;
