@@ -630,7 +630,8 @@ fn run_history(h: HistoryCli) -> anyhow::Result<String> {
         Ok(b) => b,
         Err(e) => anyhow::bail!("state file {}: cannot read: {e}", path.display()),
     };
-    let state = nicmon::state::file::parse(&bytes).map_err(|e| anyhow::anyhow!("state file {}: {e}", path.display()))?;
+    let state =
+        nicmon::state::file::parse(&bytes).map_err(|e| anyhow::anyhow!("state file {}: {e}", path.display()))?;
     let history = state.checks.history.select(h.port.as_deref());
     Ok(match h.format {
         Format::Json => serde_json::to_string_pretty(&history).context("serialising the history")? + "\n",
