@@ -4,20 +4,57 @@
 //! one invocation is exactly one daemon cycle.
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
-
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use crate::config::Config;
-use crate::cycle::{Monitor, MonitorOptions};
+use crate::config::{Config, ConfigError};
+use crate::cycle::{Monitor, MonitorOptions, OpenError};
 use crate::discovery::{self, ReadPlan};
 use crate::host::Host;
 use crate::kmsg;
 use crate::report::Report;
 use crate::roles;
 use crate::state::{self, Loaded, State};
-use crate::topology;
+use crate::topology::{self, MetadataError};
+
+/// Why `nicmon check` or `nicmon topology` failed. A kind that wraps a cause names the
+/// operation and the path; the cause is its [`source`](std::error::Error::source) (the
+/// command line prints the chain).
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// The start-up of the poll (config, checks, required metadata).
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// The config file (`nicmon topology`).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The required GPU metadata file (`nicmon topology`).
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+    /// The `--kmsg` file of kernel log records.
+    #[error("--kmsg {}", path.display())]
+    KernelLog {
+        path: PathBuf,
+        #[source]
+        why: std::io::Error,
+    },
+    /// The report could not be serialised.
+    #[error("serialising the report")]
+    Report(#[source] serde_json::Error),
+    /// The topology could not be serialised.
+    #[error(transparent)]
+    Topology(serde_json::Error),
+    /// The report could not be written.
+    #[error("writing the report to stdout")]
+    Stdout(#[source] std::io::Error),
+    /// The state file could not be written after the report.
+    #[error("state file {}: cannot write", path.display())]
+    SaveState {
+        path: PathBuf,
+        #[source]
+        why: std::io::Error,
+    },
+}
 
 /// Where NVSentinel's metadata collector writes the GPU metadata.
 pub const DEFAULT_METADATA_PATH: &str = "/var/lib/nvsentinel/gpu_metadata.json";
@@ -78,7 +115,7 @@ pub fn parse_now(s: &str) -> std::result::Result<OffsetDateTime, String> {
 
 /// One poll: `emit` writes the report (the caller's output); the state is saved only after it
 /// succeeded, so the next invocation reports a cycle whose output failed again.
-pub fn run_check(args: &CheckArgs, emit: impl FnOnce(String) -> Result<()>) -> Result<()> {
+pub fn run_check(args: &CheckArgs, emit: impl FnOnce(String) -> Result<(), CheckError>) -> Result<(), CheckError> {
     let now = args.now.unwrap_or_else(OffsetDateTime::now_utc);
     // One read of the tree: the topology is resolved from this cycle's observation.
     let (mut monitor, topology_from) = Monitor::open_unresolved(&args.monitor)?;
@@ -98,7 +135,7 @@ pub fn run_check(args: &CheckArgs, emit: impl FnOnce(String) -> Result<()>) -> R
         _ => {}
     }
     let records = match &args.kmsg {
-        Some(p) => kmsg::read_file(p).with_context(|| format!("--kmsg {}", p.display()))?,
+        Some(p) => kmsg::read_file(p).map_err(|why| CheckError::KernelLog { path: p.clone(), why })?,
         None => Vec::new(),
     };
     let obs = monitor.observe(&prev.checks, !records.is_empty());
@@ -119,7 +156,7 @@ pub fn run_check(args: &CheckArgs, emit: impl FnOnce(String) -> Result<()>) -> R
         tracing::warn!("{}", no_devices_note(&monitor.host));
     }
     let out = if args.json {
-        serde_json::to_string_pretty(&report).context("serialising the report")? + "\n"
+        serde_json::to_string_pretty(&report).map_err(CheckError::Report)? + "\n"
     } else if poll.snapshot.devices.is_empty() {
         format!("{}\n", no_devices_note(&monitor.host))
     } else {
@@ -130,16 +167,16 @@ pub fn run_check(args: &CheckArgs, emit: impl FnOnce(String) -> Result<()>) -> R
     emit(out)?;
     if let Some(p) = &args.state_file {
         let next = State { checks: poll.next, ..prev };
-        state::file::save(p, &next).with_context(|| format!("state file {}: cannot write", p.display()))?;
+        state::file::save(p, &next).map_err(|why| CheckError::SaveState { path: p.clone(), why })?;
     }
     Ok(())
 }
 
 /// The `emit` of [`run_check`] for the command line: the report on stdout, flushed.
-pub fn to_stdout(out: String) -> Result<()> {
+pub fn to_stdout(out: String) -> Result<(), CheckError> {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
-    stdout.write_all(out.as_bytes()).and_then(|()| stdout.flush()).context("writing the report to stdout")
+    stdout.write_all(out.as_bytes()).and_then(|()| stdout.flush()).map_err(CheckError::Stdout)
 }
 
 pub fn run_topology(
@@ -149,7 +186,7 @@ pub fn run_topology(
     metadata_required: bool,
     config: &Path,
     json: bool,
-) -> Result<String> {
+) -> Result<String, CheckError> {
     let config = Config::load(config)?;
     let host = Host::new(sysfs, procfs);
     let snapshot = discovery::discover(&host, &ReadPlan::default());
@@ -171,7 +208,7 @@ pub fn run_topology(
             .collect();
         let v = serde_json::json!({"topology_source": topo.source.as_str(), "gpus": topo.gpus,
             "notes": topo.notes, "devices": rows});
-        return Ok(serde_json::to_string_pretty(&v)? + "\n");
+        return Ok(serde_json::to_string_pretty(&v).map_err(CheckError::Topology)? + "\n");
     }
     if snapshot.devices.is_empty() {
         return Ok(format!("{}\n", no_devices_note(&host)));
@@ -189,4 +226,59 @@ pub fn run_topology(
         out.push_str(&format!("{:<14} {:<11} {:<10} {:<14} {}\n", d.name, role, link, mon, why));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+    use nicmon_tests::platforms::Platform;
+
+    fn args(node: &nicmon_tests::Node) -> CheckArgs {
+        CheckArgs { monitor: crate::cycle::fixture_options(node), state_file: None, now: None, kmsg: None, json: false }
+    }
+
+    /// Each failure is its own kind, naming the operation and the path; the cause is the
+    /// source, not repeated in the text.
+    #[test]
+    fn a_failure_names_its_operation_and_path() {
+        let node = Platform::H100Oci.build();
+        let missing = node.root().join("no-such-kmsg");
+        let err = run_check(&CheckArgs { kmsg: Some(missing.clone()), ..args(&node) }, |_| Ok(())).unwrap_err();
+        assert!(matches!(&err, CheckError::KernelLog { path, .. } if *path == missing), "{err:?}");
+        assert_eq!(err.to_string(), format!("--kmsg {}", missing.display()));
+        assert!(err.source().is_some_and(|s| s.to_string().contains("missing")), "{:?}", err.source());
+
+        // A state file under a regular file: its directory cannot be made.
+        std::fs::write(node.root().join("a-file"), "").unwrap();
+        let unwritable = node.root().join("a-file/state.json");
+        let err =
+            run_check(&CheckArgs { state_file: Some(unwritable.clone()), ..args(&node) }, |_| Ok(())).unwrap_err();
+        assert!(matches!(&err, CheckError::SaveState { path, .. } if *path == unwritable), "{err:?}");
+        assert_eq!(err.to_string(), format!("state file {}: cannot write", unwritable.display()));
+
+        let bad = node.root().join("bad.toml");
+        std::fs::write(&bad, "stateDetection = 3\n").unwrap();
+        let mut opts = args(&node);
+        opts.monitor.config = bad.clone();
+        let err = run_check(&opts, |_| Ok(())).unwrap_err();
+        assert!(matches!(err, CheckError::Open(OpenError::Config(_))), "{err:?}");
+        assert_eq!(err.to_string(), format!("config {}: stateDetection: expected a table", bad.display()));
+        assert!(err.source().is_none(), "a config error is rendered whole");
+    }
+
+    /// A failed output is the caller's error, and the state is not saved after it.
+    #[test]
+    fn a_failed_output_is_not_followed_by_a_save() {
+        let node = Platform::H100Oci.build();
+        let state = node.root().join("state.json");
+        let full = std::io::Error::from_raw_os_error(libc::ENOSPC);
+        let err =
+            run_check(&CheckArgs { state_file: Some(state.clone()), ..args(&node) }, |_| Err(CheckError::Stdout(full)))
+                .unwrap_err();
+        assert!(matches!(err, CheckError::Stdout(_)), "{err:?}");
+        assert_eq!(err.to_string(), "writing the report to stdout");
+        assert!(!state.exists(), "no state saved after a failed output");
+    }
 }

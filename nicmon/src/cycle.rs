@@ -10,11 +10,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use anyhow::Result;
 use time::{Duration, OffsetDateTime};
 
 use crate::chardev;
-use crate::config::Config;
+use crate::config::{Config, ConfigError, NoCheckEnabled};
 use crate::counters::{self, CounterPort};
 use crate::discovery::{self, ReadPlan};
 use crate::ethtool;
@@ -27,7 +26,7 @@ use crate::model::Snapshot;
 use crate::pcie::{self, PcieState};
 use crate::roles::{self, Classification};
 use crate::state::{CheckState, Loaded};
-use crate::topology::{self, Topology};
+use crate::topology::{self, MetadataError, Topology};
 
 /// What `nicmon check`, `run` and `trace` all start from, resolved from their flags.
 #[derive(Debug, Clone)]
@@ -52,6 +51,21 @@ pub struct MonitorOptions {
 pub struct TopologySource {
     pub metadata: Option<PathBuf>,
     pub required: bool,
+}
+
+/// Why a polling command cannot start ([`Monitor::open`]): each kind's text is the one-line
+/// error the command prints, naming the file at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The config file cannot be used.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The config disables every check requested.
+    #[error(transparent)]
+    NoCheck(#[from] NoCheckEnabled),
+    /// The GPU metadata file is required and cannot be used.
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
 }
 
 /// What stays fixed between polls.
@@ -129,7 +143,7 @@ impl Monitor {
     /// The start-up of every command that polls: load the config (an invalid one is the
     /// error; its warnings are logged), open the host, read the boot ID, resolve the
     /// topology once (its notes are logged).
-    pub fn open(opts: &MonitorOptions) -> Result<Monitor> {
+    pub fn open(opts: &MonitorOptions) -> Result<Monitor, OpenError> {
         let (mut monitor, opened) = Monitor::open_unresolved(opts)?;
         let snapshot0 = discovery::discover(&monitor.host, &ReadPlan::default());
         monitor.resolve_topology(&opened, &snapshot0)?;
@@ -139,7 +153,7 @@ impl Monitor {
     /// [`Monitor::open`] without the topology: the caller resolves it
     /// ([`Monitor::resolve_topology`]) from its first observation, so a one-shot command
     /// (`nicmon check`) reads the tree once.
-    pub fn open_unresolved(opts: &MonitorOptions) -> Result<(Monitor, TopologySource)> {
+    pub fn open_unresolved(opts: &MonitorOptions) -> Result<(Monitor, TopologySource), OpenError> {
         let config = Config::load(&opts.config)?;
         for w in &config.warnings {
             tracing::warn!("{w}");
@@ -164,7 +178,7 @@ impl Monitor {
     }
 
     /// Resolve the topology from `snapshot` (its notes are logged).
-    pub fn resolve_topology(&mut self, from: &TopologySource, snapshot: &Snapshot) -> Result<()> {
+    pub fn resolve_topology(&mut self, from: &TopologySource, snapshot: &Snapshot) -> Result<(), OpenError> {
         self.topology = topology::resolve(&self.host, snapshot, from.metadata.as_deref(), from.required)?;
         for n in &self.topology.notes {
             tracing::warn!("{n}");

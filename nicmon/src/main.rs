@@ -677,8 +677,10 @@ fn main() -> ExitCode {
                     json: matches!(c.format, Format::Json),
                 })
                 .and_then(|args| match bundle {
-                    Some(b) => nicmon::bundle::replay_check(&b, args, node_flag_given, bundle_kmsg, check::to_stdout),
-                    None => check::run_check(&args, check::to_stdout),
+                    Some(b) => {
+                        Ok(nicmon::bundle::replay_check(&b, args, node_flag_given, bundle_kmsg, check::to_stdout)?)
+                    }
+                    None => Ok(check::run_check(&args, check::to_stdout)?),
                 })
                 .map(|()| String::new())
         }
@@ -686,17 +688,18 @@ fn main() -> ExitCode {
             t.bundle.as_deref().unwrap_or(std::path::Path::new("")),
             t.host.metadata_required,
             matches!(t.format, Format::Json),
-        ),
+        )
+        .map_err(anyhow::Error::from),
         Command::Bundle(b) => run_bundle(*b),
         Command::Topology(t) => host_paths(&t.host, None).and_then(|paths| {
-            check::run_topology(
+            Ok(check::run_topology(
                 &paths.sysfs.path,
                 &paths.procfs.path,
                 &t.host.metadata,
                 t.host.metadata_required,
                 &t.host.config,
                 matches!(t.format, Format::Json),
-            )
+            )?)
         }),
         Command::Run(r) => run_daemon(*r, false),
         Command::Trace(r) => run_daemon(*r, true),

@@ -3,22 +3,21 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use anyhow::{Context, Result};
-
+use super::error::BundleError;
 use super::{ETHTOOL, EthtoolFiles, MANIFEST, Manifest, Node, Nodes, PROC, SYS, SideFile, top};
 use crate::host::{FAILURE_LINK_PREFIX, Tree};
 
 /// Write the entries added since the last call into a staging tree laid out as a bundle
 /// unpacks (the same kinds as [`archive`] writes; replay tests compare the two).
-pub(super) fn write_staging(nodes: &Nodes, dirty: BTreeSet<(Tree, String)>, dir: &Path) -> Result<()> {
+pub(super) fn write_staging(nodes: &Nodes, dirty: BTreeSet<(Tree, String)>, dir: &Path) -> Result<(), BundleError> {
     for key in dirty {
         let Some(node) = nodes.get(&key) else { continue };
         let path = dir.join(top(key.0)).join(&key.1);
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).with_context(|| format!("staging {}", parent.display()))?;
+            std::fs::create_dir_all(parent).map_err(|why| BundleError::Staging { path: parent.into(), why })?;
         }
         if !matches!(node, Node::Dir { .. }) && std::fs::symlink_metadata(&path).is_ok() {
-            std::fs::remove_file(&path).with_context(|| format!("staging {}", path.display()))?;
+            std::fs::remove_file(&path).map_err(|why| BundleError::Staging { path: path.clone(), why })?;
         }
         let done = match node {
             Node::Dir { .. } => std::fs::create_dir_all(&path),
@@ -27,7 +26,7 @@ pub(super) fn write_staging(nodes: &Nodes, dirty: BTreeSet<(Tree, String)>, dir:
             Node::Link(target) => std::os::unix::fs::symlink(target, &path),
             Node::Failed(why) => std::os::unix::fs::symlink(format!("{FAILURE_LINK_PREFIX}{why}"), &path),
         };
-        done.with_context(|| format!("staging {}", path.display()))?;
+        done.map_err(|why| BundleError::Staging { path, why })?;
     }
     Ok(())
 }
@@ -38,16 +37,16 @@ pub(super) fn archive(
     side: &BTreeMap<&'static str, SideFile>,
     ethtool: &EthtoolFiles,
     manifest: Option<&Manifest>,
-) -> Result<Vec<u8>> {
+) -> Result<Vec<u8>, BundleError> {
     let mut b = tar::Builder::new(Vec::new());
-    let dir = |b: &mut tar::Builder<Vec<u8>>, path: &str| -> Result<()> {
+    let dir = |b: &mut tar::Builder<Vec<u8>>, path: &str| -> Result<(), BundleError> {
         let mut h = header(tar::EntryType::Directory, 0o755, 0);
-        b.append_data(&mut h, path, std::io::empty()).with_context(|| format!("bundle: adding {path}"))
+        b.append_data(&mut h, path, std::io::empty()).map_err(|why| BundleError::Add { path: path.into(), why })
     };
     dir(&mut b, SYS)?;
     dir(&mut b, PROC)?;
     if let Some(m) = manifest {
-        let bytes = serde_json::to_vec_pretty(m)?;
+        let bytes = serde_json::to_vec_pretty(m).map_err(BundleError::WriteManifest)?;
         append_file(&mut b, MANIFEST, &bytes)?;
     }
     for (name, f) in side {
@@ -71,7 +70,7 @@ pub(super) fn archive(
             Node::Failed(why) => append_link(&mut b, &path, &format!("{FAILURE_LINK_PREFIX}{why}"))?,
         }
     }
-    b.into_inner().context("bundle: finishing the archive")
+    b.into_inner().map_err(BundleError::Finish)
 }
 
 fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
@@ -85,12 +84,16 @@ fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
     h
 }
 
-fn append_file(b: &mut tar::Builder<Vec<u8>>, path: &str, bytes: &[u8]) -> Result<()> {
+fn append_file(b: &mut tar::Builder<Vec<u8>>, path: &str, bytes: &[u8]) -> Result<(), BundleError> {
     let mut h = header(tar::EntryType::Regular, 0o644, bytes.len() as u64);
-    b.append_data(&mut h, path, bytes).with_context(|| format!("bundle: adding {path}"))
+    b.append_data(&mut h, path, bytes).map_err(|why| BundleError::Add { path: path.into(), why })
 }
 
-fn append_link(b: &mut tar::Builder<Vec<u8>>, path: &str, target: &str) -> Result<()> {
+fn append_link(b: &mut tar::Builder<Vec<u8>>, path: &str, target: &str) -> Result<(), BundleError> {
     let mut h = header(tar::EntryType::Symlink, 0o777, 0);
-    b.append_link(&mut h, path, target).with_context(|| format!("bundle: adding link {path} -> {target}"))
+    b.append_link(&mut h, path, target).map_err(|why| BundleError::AddLink {
+        path: path.into(),
+        target: target.into(),
+        why,
+    })
 }

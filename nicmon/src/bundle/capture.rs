@@ -6,10 +6,9 @@ use std::io::Write;
 use std::path::{Component, Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, Result};
-
 use super::archive::{archive, write_staging};
 use super::copier::read_all;
+use super::error::BundleError;
 use super::replay::{Replay, unpack_from};
 use super::side::{kernel_log, side_file, version_text, wake_hooks};
 use super::{
@@ -313,7 +312,7 @@ fn reads_of(replay: &Replay) -> BTreeSet<Access> {
 }
 
 /// Capture this node (see the module documentation).
-pub fn capture(args: &CaptureArgs) -> Result<Bundle> {
+pub fn capture(args: &CaptureArgs) -> Result<Bundle, BundleError> {
     let started = Instant::now();
     let deadline = started + args.limits.total;
     let mut side = read_side_files(args, deadline);
@@ -332,8 +331,8 @@ pub fn capture(args: &CaptureArgs) -> Result<Bundle> {
     let manifest = manifest(args, &cap, &side, Progress { passes, complete, kmsg_records, started });
     let tar = archive(&cap.nodes, &side, &ethtool, Some(&manifest))?;
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-    gz.write_all(&tar).context("bundle: compressing")?;
-    let bytes = gz.finish().context("bundle: compressing")?;
+    gz.write_all(&tar).map_err(BundleError::Compress)?;
+    let bytes = gz.finish().map_err(BundleError::Compress)?;
     Ok(Bundle { bytes, manifest })
 }
 
@@ -364,7 +363,7 @@ fn einval_memo(side: &BTreeMap<&'static str, SideFile>) -> BTreeSet<String> {
 /// The passes: write the staging tree, run the read code against it, copy what it asked
 /// for, until it asks for nothing new (or [`MAX_PASSES`]). The passes run, and whether
 /// the capture converged.
-fn converge(cap: &mut Capture, staging: &Replay) -> Result<(u32, bool)> {
+fn converge(cap: &mut Capture, staging: &Replay) -> Result<(u32, bool), BundleError> {
     let mut passes = 0;
     while passes < MAX_PASSES {
         passes += 1;

@@ -26,7 +26,8 @@
 //! Rooms: `capture.rs` (the capture loop, in named steps), `copier.rs` (the bounded copier:
 //! the only code that touches the live node), `side.rs` (the files beside the trees: the
 //! kernel log, the version, the daemon's wake-up hooks), `archive.rs` (the tar archive and
-//! the staging tree), `replay.rs` (unpacking a bundle and replaying `check`/`topology`).
+//! the staging tree), `replay.rs` (unpacking a bundle and replaying `check`/`topology`),
+//! `error.rs` (why a capture or a replay failed: [`BundleError`]).
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -38,10 +39,12 @@ use crate::host::Tree;
 mod archive;
 pub mod capture;
 mod copier;
+mod error;
 pub mod replay;
 mod side;
 
 pub use capture::capture;
+pub use error::BundleError;
 pub use replay::{Replay, replay_check, replay_topology, unpack};
 pub use side::version_text;
 

@@ -3,10 +3,9 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
-
+use super::error::BundleError;
 use super::{BOOT_ID, CONFIG, ETHTOOL, FORMAT, KMSG, MANIFEST, METADATA, Manifest, PROC, STATE, SYS};
-use crate::check::{self, CheckArgs};
+use crate::check::{self, CheckArgs, CheckError};
 
 /// A bundle unpacked into a temporary directory (removed on drop).
 pub struct Replay {
@@ -73,35 +72,36 @@ impl Replay {
 }
 
 /// Unpack a tar stream into a fresh temporary directory.
-pub(super) fn unpack_from(reader: impl Read, what: &str) -> Result<Replay> {
-    let dir = tempfile::Builder::new().prefix("nicmon-bundle-").tempdir().context("creating a temporary directory")?;
+pub(super) fn unpack_from(reader: impl Read, what: &str) -> Result<Replay, BundleError> {
+    let dir = tempfile::Builder::new().prefix("nicmon-bundle-").tempdir().map_err(BundleError::TempDir)?;
     let mut ar = tar::Archive::new(reader);
     ar.set_preserve_permissions(false);
     ar.set_preserve_mtime(false);
     ar.set_overwrite(true);
-    ar.unpack(dir.path()).map_err(|e| anyhow::anyhow!("{what}: cannot unpack (not a nicmon bundle?): {e}"))?;
+    ar.unpack(dir.path()).map_err(|why| BundleError::Unpack { what: what.into(), why })?;
     let mpath = dir.path().join(MANIFEST);
     let manifest = match std::fs::read(&mpath) {
-        Ok(b) => {
-            Some(serde_json::from_slice::<Manifest>(&b).with_context(|| format!("{what}: {MANIFEST} is invalid"))?)
-        }
+        Ok(b) => Some(
+            serde_json::from_slice::<Manifest>(&b)
+                .map_err(|why| BundleError::InvalidManifest { what: what.into(), why })?,
+        ),
         Err(_) => None,
     };
     if let Some(m) = &manifest
         && m.format != FORMAT
     {
-        bail!("{what}: bundle format {} (this nicmon reads format {FORMAT})", m.format);
+        return Err(BundleError::Format { what: what.into(), format: m.format });
     }
     Ok(Replay { dir, manifest })
 }
 
 /// Unpack a bundle file (`.tar.gz`) for a replay.
-pub fn unpack(file: &Path) -> Result<Replay> {
-    let f = std::fs::File::open(file).map_err(|e| anyhow::anyhow!("bundle {}: cannot open: {e}", file.display()))?;
+pub fn unpack(file: &Path) -> Result<Replay, BundleError> {
+    let f = std::fs::File::open(file).map_err(|why| BundleError::Open { path: file.into(), why })?;
     let shown = format!("bundle {}", file.display());
     let replay = unpack_from(flate2::read::GzDecoder::new(f), &shown)?;
     if replay.manifest.is_none() {
-        bail!("{shown}: no {MANIFEST}: not a nicmon bundle");
+        return Err(BundleError::NoManifest { what: shown });
     }
     Ok(replay)
 }
@@ -114,8 +114,8 @@ pub fn replay_check(
     mut args: CheckArgs,
     node_flag_given: bool,
     kmsg_from_bundle: bool,
-    emit: impl FnOnce(String) -> Result<()>,
-) -> Result<()> {
+    emit: impl FnOnce(String) -> Result<(), CheckError>,
+) -> Result<(), BundleError> {
     let replay = unpack(file)?;
     let m = replay.manifest.as_ref().expect("unpack checks the manifest");
     args.monitor.sysfs = replay.sysfs();
@@ -133,11 +133,11 @@ pub fn replay_check(
     if kmsg_from_bundle {
         args.kmsg = replay.kmsg();
     }
-    check::run_check(&args, |out| emit(replay.show_as_node(out)))
+    Ok(check::run_check(&args, |out| emit(replay.show_as_node(out)))?)
 }
 
 /// `nicmon topology --bundle`.
-pub fn replay_topology(file: &Path, metadata_required: bool, json: bool) -> Result<String> {
+pub fn replay_topology(file: &Path, metadata_required: bool, json: bool) -> Result<String, BundleError> {
     let replay = unpack(file)?;
     let out = check::run_topology(
         &replay.sysfs(),

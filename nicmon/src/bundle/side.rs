@@ -4,9 +4,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-
 use super::copier::read_all;
+use super::error::BundleError;
 use super::replay::Replay;
 use super::{Limits, SideFile};
 use crate::config::Config;
@@ -50,14 +49,14 @@ pub(super) fn kernel_log(
     config: &Config,
     limits: &Limits,
     deadline: Instant,
-) -> Result<(String, usize)> {
+) -> Result<(String, usize), BundleError> {
     let raw: Vec<Vec<u8>> = if std::fs::metadata(path).map(|m| m.is_file()).unwrap_or(false) {
         let bytes = read_all(vec![path.to_path_buf()], limits.total_bytes, limits, deadline)
             .remove(0)
-            .map_err(|why| anyhow::anyhow!("{}: {why}", path.display()))?;
+            .map_err(|why| BundleError::KernelLogFile { path: path.into(), why })?;
         split_records(&bytes)
     } else {
-        read_kmsg_device(path).with_context(|| format!("{}", path.display()))?
+        read_kmsg_device(path).map_err(|why| BundleError::KernelLogDevice { path: path.into(), why })?
     };
     let host = Host::new(staging.sysfs(), staging.procfs());
     let snapshot = discovery::discover(&host, &ReadPlan::default());
@@ -147,11 +146,29 @@ pub(super) fn wake_hooks(port: u16) -> String {
             }
             out
         }
-        Err(e) => format!("the daemon's metrics at http://127.0.0.1:{port}/metrics could not be read: {e:#}\n"),
+        Err(e) => {
+            format!("the daemon's metrics at http://127.0.0.1:{port}/metrics could not be read: {}\n", chain(&*e))
+        }
     }
 }
 
-fn fetch_metrics(port: u16) -> Result<String> {
+/// Why the daemon's metrics could not be fetched: whatever failed on the way (a socket, HTTP,
+/// the status), shown with its causes ([`chain`]).
+type FetchError = Box<dyn std::error::Error + Send + Sync>;
+
+/// An error and its causes, one after the other: `outer: cause: cause's cause`.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
+}
+
+fn fetch_metrics(port: u16) -> Result<String, FetchError> {
     use http_body_util::{BodyExt, Empty};
     use hyper::body::Bytes;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -163,12 +180,12 @@ fn fetch_metrics(port: u16) -> Result<String> {
             let req = hyper::Request::get("/metrics").header("host", "127.0.0.1").body(Empty::<Bytes>::new())?;
             let resp = send.send_request(req).await?;
             if !resp.status().is_success() {
-                bail!("HTTP {}", resp.status());
+                return Err(format!("HTTP {}", resp.status()).into());
             }
             let body = resp.into_body().collect().await?.to_bytes();
-            Ok(String::from_utf8_lossy(&body).into_owned())
+            Ok::<_, FetchError>(String::from_utf8_lossy(&body).into_owned())
         })
         .await
-        .map_err(|_| anyhow::anyhow!("no answer within 3 s"))?
+        .map_err(|_| FetchError::from("no answer within 3 s"))?
     })
 }

@@ -2,7 +2,8 @@
 //! at a time, on a 1 s tick and on every wake-up (eBPF, rtnetlink, kernel log), until
 //! SIGTERM or SIGINT, which finish the cycle; then flush what can be sent within a bound,
 //! save, exit. Its rooms:
-//! - `startup.rs`: everything before the first poll ([`Daemon::start`]), in named steps;
+//! - `startup.rs`: everything before the first poll ([`Daemon::start`]), in named steps, and
+//!   what stops it ([`StartError`]);
 //! - `wakeup.rs`: where a wake-up becomes a poll (coalescing, targeted then full polls);
 //! - `options.rs`: what `nicmon run` is told;
 //! - `trace.rs`: what trace mode prints; `log.rs`: the log lines about a poll's outcome.
@@ -13,7 +14,6 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
 use tokio::signal::unix::Signal;
 use tokio::sync::mpsc;
 
@@ -32,6 +32,7 @@ mod trace;
 mod wakeup;
 
 pub use options::{PollStall, RunOptions, parse_checks};
+pub use startup::StartError;
 use trace::PollKind;
 pub use trace::trace_summary;
 use wakeup::{TRAILING_POLL, Wakeup};
@@ -42,9 +43,9 @@ use wakeup::{TRAILING_POLL, Wakeup};
 pub const SHUTDOWN_FLUSH: Duration = Duration::from_secs(2);
 
 /// Run the daemon until a signal.
-pub async fn run(opts: RunOptions) -> Result<()> {
+pub async fn run(opts: RunOptions) -> Result<(), StartError> {
     let mut daemon = Daemon::start(&opts).await?;
-    daemon.run_loop().await?;
+    daemon.run_loop().await;
     daemon.shutdown().await;
     Ok(())
 }
@@ -92,7 +93,7 @@ pub struct Daemon<'a> {
 
 impl<'a> Daemon<'a> {
     /// The loop: wait, then poll (or take acknowledgements), until a signal.
-    pub async fn run_loop(&mut self) -> Result<()> {
+    pub async fn run_loop(&mut self) {
         loop {
             let woke = match self.wait().await {
                 Wakeup::Acks(ids) => {
@@ -114,7 +115,7 @@ impl<'a> Daemon<'a> {
                 Wakeup::Stop => {
                     self.cycle(&[]).await;
                     tracing::info!("signal received: flushing and exiting");
-                    return Ok(());
+                    return;
                 }
             };
             self.cycle(&woke).await;

@@ -4,13 +4,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
 use tokio::signal::unix::SignalKind;
 use tokio::sync::mpsc;
 
 use super::{Daemon, RunOptions};
 use crate::courier::Courier;
-use crate::cycle::Monitor;
+use crate::cycle::{Monitor, OpenError};
 use crate::dispatch::Sink;
 use crate::event::Check;
 use crate::kmsg::{Delivery, KmsgTail, Start};
@@ -24,13 +23,28 @@ use crate::wake::{WakeOptions, WakeSource};
 /// [`crate::kmsg::reader::MAX_BATCH_BYTES`] of text).
 const KMSG_CHANNEL_BATCHES: usize = 2;
 
+/// Why `nicmon run` could not start: what must stop the daemon. A kind that wraps a cause
+/// names the operation; the cause is its [`source`](std::error::Error::source).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The SIGTERM handler could not be installed.
+    #[error(transparent)]
+    Signal(std::io::Error),
+    /// The shared start-up: an invalid config, no check left, unusable required metadata.
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// The poll-stall watchdog's thread or runtime could not be started.
+    #[error("cannot start the poll stall watchdog")]
+    StallWatchdog(#[source] std::io::Error),
+}
+
 impl<'a> Daemon<'a> {
     /// Start-up: everything before the first poll. Fails only on what must stop the
     /// daemon (invalid config, unusable required metadata).
-    pub async fn start(opts: &'a RunOptions) -> Result<Daemon<'a>> {
+    pub async fn start(opts: &'a RunOptions) -> Result<Daemon<'a>, StartError> {
         // First: a SIGTERM that arrives while the daemon starts is kept and handled by the
         // loop (one last poll, flush, exit 0) instead of killing it half-started.
-        let sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
+        let sigterm = tokio::signal::unix::signal(SignalKind::terminate()).map_err(StartError::Signal)?;
         let monitor = open_monitor(opts)?;
         let (mut state, loaded) = load_state(&opts.state_file, monitor.boot_id.as_deref());
         log_topology(&monitor);
@@ -77,7 +91,7 @@ impl<'a> Daemon<'a> {
 }
 
 /// The shared start-up ([`Monitor::open`]), with the daemon's first-poll deferral.
-fn open_monitor(opts: &RunOptions) -> Result<Monitor> {
+fn open_monitor(opts: &RunOptions) -> Result<Monitor, OpenError> {
     let mut monitor = Monitor::open(&opts.monitor)?;
     monitor.defer_first_poll = true;
     if monitor.boot_id.is_none() {
@@ -153,7 +167,7 @@ fn start_courier(opts: &RunOptions, state: &mut State, loaded: &Loaded, metrics:
 }
 
 /// The poll-stall watchdog (`None`: `--poll-stall-deadline=0s`).
-fn start_stall_watchdog(opts: &RunOptions, monitor: &Monitor) -> Result<Option<crate::stall::Watchdog>> {
+fn start_stall_watchdog(opts: &RunOptions, monitor: &Monitor) -> Result<Option<crate::stall::Watchdog>, StartError> {
     if opts.poll_stall.deadline.is_zero() {
         tracing::info!("NIC poll stall detection off (--poll-stall-deadline=0s)");
         return Ok(None);
@@ -163,7 +177,7 @@ fn start_stall_watchdog(opts: &RunOptions, monitor: &Monitor) -> Result<Option<c
         processing_strategy: crate::stall::strategy(opts.poll_stall.store_only, monitor.stamp.processing_strategy),
     };
     let watchdog = crate::stall::Watchdog::start(opts.poll_stall.deadline, stamp, &opts.sink, opts.grpc.clone())
-        .context("cannot start the poll stall watchdog")?;
+        .map_err(StartError::StallWatchdog)?;
     Ok(Some(watchdog))
 }
 
