@@ -78,8 +78,8 @@ impl CharKey {
 
     fn entities(&self) -> Vec<Entity> {
         match self.kind {
-            CharKind::Uverbs => vec![Entity::nic(self.device.clone())],
-            CharKind::Umad | CharKind::Issm => vec![Entity::nic(self.device.clone()), Entity::port(self.port)],
+            CharKind::Uverbs => vec![Entity::device(self.device.clone())],
+            CharKind::Umad | CharKind::Issm => vec![Entity::device(self.device.clone()), Entity::port(self.port)],
         }
     }
 
@@ -572,6 +572,29 @@ mod tests {
         let quiet =
             run(&CharDevState { issm_mode: Some(IssmMode::Always), ..Default::default() }, &snap(), IssmMode::Never, 0);
         assert!(quiet.events.is_empty());
+    }
+
+    /// A missing `uverbs` is about its device, a missing `umad`/`issm` about its port, and
+    /// the clear of an issm mode change about the node (no entity).
+    #[test]
+    fn each_event_names_its_device_port_or_the_node() {
+        use crate::event::{EntityKind, Subject};
+        let mut s = snap();
+        remove(&mut s, CharKind::Uverbs, "mlx5_1", None);
+        remove(&mut s, CharKind::Issm, "mlx5_0", Some(2));
+        let mut st = CharDevState::default();
+        let mut fired = Vec::new();
+        for at in 0..3 {
+            let out = run(&st, &s, IssmMode::Always, at);
+            fired.extend(out.events);
+            st = out.state;
+        }
+        let mut subjects: Vec<Subject<'_>> = fired.iter().map(HealthEvent::subject).collect();
+        subjects.sort_by_key(|s| format!("{s:?}"));
+        assert_eq!(subjects, [Subject::Device("mlx5_1"), Subject::Port { device: "mlx5_0", port: 2 }]);
+        let out = run(&st, &s, IssmMode::Never, 3);
+        assert_eq!(out.events[0].kind(), EntityKind::Node, "{:?}", out.events);
+        assert!(out.events[0].is_healthy);
     }
 
     #[test]

@@ -89,8 +89,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::dispatch::{SendError, Sink};
-use crate::event::Check;
 use crate::event::HealthEvent;
+use crate::event::{Check, Subject};
 use crate::metrics::{Metrics, SendOutcome};
 use crate::outbox::{Outbox, PendingBatch, QueueBounds, QueueFull};
 use crate::state::file::Writer;
@@ -194,7 +194,7 @@ fn apply_sent(state: &mut State, batches: &[PendingBatch]) {
         if !matches!(e.check(), Some(Check::InfiniBandStateCheck | Check::EthernetStateCheck | Check::EFAStateCheck)) {
             continue;
         }
-        let (Some(device), Some(port)) = (e.device(), e.port()) else { continue };
+        let Subject::Port { device, port } = e.subject() else { continue };
         if let Some(r) = state.checks.links.port_states.get_mut(&port_key(device, port)) {
             r.reported = match (e.is_healthy, e.is_fatal) {
                 (true, _) => Reported::Healthy,
@@ -492,7 +492,7 @@ mod tests {
         let event = |e: u32, (healthy, fatal): (bool, bool)| {
             let ev =
                 HealthEvent::new(Check::InfiniBandStateCheck, &Stamp::default(), time::OffsetDateTime::UNIX_EPOCH, "x")
-                    .entities(vec![Entity::nic(format!("mlx5_{e}"))]);
+                    .entities(vec![Entity::device(format!("mlx5_{e}"))]);
             if healthy { ev } else { ev.unhealthy(fatal) }
         };
         let mut delivered: Vec<HealthEvent> = Vec::new();

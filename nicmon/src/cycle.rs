@@ -17,7 +17,7 @@ use crate::config::{Config, ConfigError, NoCheckEnabled};
 use crate::counters::{self, CounterPort};
 use crate::discovery::{self, ReadPlan};
 use crate::ethtool;
-use crate::event::{Check, CheckKind, HealthEvent, Stamp};
+use crate::event::{Check, CheckKind, HealthEvent, Stamp, Subject};
 use crate::history;
 use crate::host::Host;
 use crate::kmsg::{self, DeviceIndex, HostLinks, Record};
@@ -590,9 +590,9 @@ fn port_decisions(
     let reported = events
         .iter()
         .filter(state_check)
-        .filter_map(|e| {
-            let entity = |kind: &str| e.entities_impacted.iter().find(|x| x.entity_type == kind);
-            Some((entity("NIC")?.entity_value.clone(), entity("NICPort")?.entity_value.parse().ok()?))
+        .filter_map(|e| match e.subject() {
+            Subject::Port { device, port } => Some((device.to_string(), port)),
+            _ => None,
         })
         .collect();
     let flapping = flaps
@@ -871,5 +871,18 @@ mod tests {
         j.saved();
         let (mut again, _) = crate::state::file::load(&state_file, None);
         assert!(j.recover(&mut again, true).is_empty());
+    }
+
+    /// The clears of a reboot and of a scope change are about the node: one per check,
+    /// no entity.
+    #[test]
+    fn clears_are_about_the_node() {
+        let cfg = StateConfig::default();
+        let at = OffsetDateTime::UNIX_EPOCH;
+        let clears = [clear_all(&cfg, &Stamp::default(), at), clear_scope(&cfg, &Stamp::default(), at)].concat();
+        assert!(clears.len() > Check::ALL.len(), "{clears:?}");
+        for e in &clears {
+            assert_eq!(e.subject(), Subject::Node, "{e:?}");
+        }
     }
 }

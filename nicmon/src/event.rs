@@ -157,52 +157,128 @@ impl ProcessingStrategy {
     }
 }
 
-/// What an entity names. The wire carries it as `entityType` text; the layers after
-/// decide read it through [`Entity::kind`] and [`HealthEvent::device`] /
-/// [`HealthEvent::port`], never by comparing that text themselves.
+/// What an event is about. Decide names it with typed [`Entity`] values; the layers after
+/// decide read it through [`HealthEvent::subject`], never from the wire's text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EntityKind {
-    /// `NIC`: an RDMA device — or, for a card's events, the card (named by its PCI slot).
+    /// An RDMA device (`NIC=<device>`).
     Device,
-    /// `NICPort`: a port of the device named beside it.
+    /// A port of a device (`NIC=<device>` + `NICPort=<n>`).
     Port,
+    /// A card: the functions of one PCI slot (`NIC=<PCI domain:bus:device>`).
+    Card,
+    /// The node: no entity on the wire (a check-scoped clear, a poll stall), or several
+    /// devices at once (a kernel-log line that names no device, filed against every
+    /// monitored card).
+    Node,
 }
 
-impl EntityKind {
-    pub const ALL: [EntityKind; 2] = [EntityKind::Device, EntityKind::Port];
+/// An entity an event impacts. On the wire (`entityType`, `entityValue`) a device and a
+/// card are both `NIC`: read back from the wire form (the state file's outbox, the journal)
+/// a card is a [`Entity::Device`] — what is done with a batch read back (sending it again,
+/// reading its ports) never needs the difference.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize)]
+#[serde(try_from = "WireEntity")]
+pub enum Entity {
+    /// `NIC=<device>`.
+    Device(String),
+    /// `NICPort=<n>`: a port of the device named beside it.
+    Port(u32),
+    /// `NIC=<PCI domain:bus:device>`: a card (a port-state check's card-level events).
+    Card(String),
+}
+
+/// The wire's `entityType` of a device or a card, and of a port.
+const NIC: &str = "NIC";
+const NIC_PORT: &str = "NICPort";
+
+impl Entity {
+    pub fn device(name: impl Into<String>) -> Entity {
+        Entity::Device(name.into())
+    }
+    pub fn port(n: u32) -> Entity {
+        Entity::Port(n)
+    }
+    pub fn card(slot: impl Into<String>) -> Entity {
+        Entity::Card(slot.into())
+    }
+
+    pub fn kind(&self) -> EntityKind {
+        match self {
+            Entity::Device(_) => EntityKind::Device,
+            Entity::Port(_) => EntityKind::Port,
+            Entity::Card(_) => EntityKind::Card,
+        }
+    }
 
     /// The wire's `entityType`.
-    pub const fn wire_name(self) -> &'static str {
+    pub fn wire_type(&self) -> &'static str {
         match self {
-            EntityKind::Device => "NIC",
-            EntityKind::Port => "NICPort",
+            Entity::Device(_) | Entity::Card(_) => NIC,
+            Entity::Port(_) => NIC_PORT,
+        }
+    }
+
+    /// The wire's `entityValue`.
+    pub fn wire_value(&self) -> String {
+        match self {
+            Entity::Device(name) | Entity::Card(name) => name.clone(),
+            Entity::Port(n) => n.to_string(),
         }
     }
 }
 
-/// An entity an event impacts, in the wire's shape (`entityType`, `entityValue`). A
-/// node-level event (a poll stall) names none.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Entity {
-    pub entity_type: String,
-    pub entity_value: String,
+impl Serialize for Entity {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("Entity", 2)?;
+        st.serialize_field("entityType", self.wire_type())?;
+        st.serialize_field("entityValue", &self.wire_value())?;
+        st.end()
+    }
 }
 
-impl Entity {
-    pub fn new(kind: EntityKind, value: impl Into<String>) -> Entity {
-        Entity { entity_type: kind.wire_name().into(), entity_value: value.into() }
-    }
-    pub fn nic(value: impl Into<String>) -> Entity {
-        Entity::new(EntityKind::Device, value)
-    }
-    pub fn port(n: u32) -> Entity {
-        Entity::new(EntityKind::Port, n.to_string())
-    }
+/// An entity in the wire's shape, as the state file holds it.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireEntity {
+    entity_type: String,
+    entity_value: String,
+}
 
-    /// What the entity names; `None` for an `entityType` nicmon does not write.
-    pub fn kind(&self) -> Option<EntityKind> {
-        EntityKind::ALL.into_iter().find(|k| k.wire_name() == self.entity_type)
+impl TryFrom<WireEntity> for Entity {
+    type Error = String;
+
+    fn try_from(w: WireEntity) -> Result<Entity, String> {
+        match w.entity_type.as_str() {
+            NIC => Ok(Entity::Device(w.entity_value)),
+            NIC_PORT => w
+                .entity_value
+                .parse()
+                .map(Entity::Port)
+                .map_err(|_| format!("NICPort {:?}: not a port number", w.entity_value)),
+            other => Err(format!("entity type {other:?}: not one nicmon writes")),
+        }
+    }
+}
+
+/// What an event is about, from its typed entities ([`HealthEvent::subject`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subject<'a> {
+    Device(&'a str),
+    Port { device: &'a str, port: u32 },
+    Card(&'a str),
+    Node,
+}
+
+impl Subject<'_> {
+    pub fn kind(&self) -> EntityKind {
+        match self {
+            Subject::Device(_) => EntityKind::Device,
+            Subject::Port { .. } => EntityKind::Port,
+            Subject::Card(_) => EntityKind::Card,
+            Subject::Node => EntityKind::Node,
+        }
     }
 }
 
@@ -283,25 +359,40 @@ impl HealthEvent {
         Check::parse(&self.check_name)
     }
 
-    /// The value of the first entity of `kind`.
-    fn entity(&self, kind: EntityKind) -> Option<&str> {
-        self.entities_impacted.iter().find(|e| e.kind() == Some(kind)).map(|e| e.entity_value.as_str())
+    /// What the event is about: a port (its device and number), a device, a card, or the
+    /// node (no entity, or several devices).
+    pub fn subject(&self) -> Subject<'_> {
+        let mut device = None;
+        let mut devices = 0;
+        let mut port = None;
+        let mut card = None;
+        for e in &self.entities_impacted {
+            match e {
+                Entity::Device(d) => {
+                    device = device.or(Some(d.as_str()));
+                    devices += 1;
+                }
+                Entity::Port(n) => port = port.or(Some(*n)),
+                Entity::Card(c) => card = card.or(Some(c.as_str())),
+            }
+        }
+        match (device, port, card) {
+            (Some(device), Some(port), _) => Subject::Port { device, port },
+            (_, _, Some(card)) => Subject::Card(card),
+            (Some(device), None, None) if devices == 1 => Subject::Device(device),
+            _ => Subject::Node,
+        }
     }
 
-    /// The device (or, for a card's events, the card) the event is about.
-    pub fn device(&self) -> Option<&str> {
-        self.entity(EntityKind::Device)
-    }
-
-    /// The port of [`HealthEvent::device`] the event is about.
-    pub fn port(&self) -> Option<u32> {
-        self.entity(EntityKind::Port).and_then(|v| v.parse().ok())
+    /// [`HealthEvent::subject`]'s kind.
+    pub fn kind(&self) -> EntityKind {
+        self.subject().kind()
     }
 
     /// The entities as people read them: `NIC=mlx5_0 NICPort=1`.
     pub fn entities_text(&self) -> String {
         let parts: Vec<String> =
-            self.entities_impacted.iter().map(|x| format!("{}={}", x.entity_type, x.entity_value)).collect();
+            self.entities_impacted.iter().map(|x| format!("{}={}", x.wire_type(), x.wire_value())).collect();
         parts.join(" ")
     }
 }
@@ -372,12 +463,72 @@ mod tests {
             "Port mlx5_0 port 1: state DOWN",
         )
         .unhealthy(true)
-        .entities(vec![Entity::nic("mlx5_0"), Entity::port(1)]);
+        .entities(vec![Entity::device("mlx5_0"), Entity::port(1)]);
         let v = serde_json::to_value(&ev).unwrap();
         assert_eq!(v["checkName"], "InfiniBandStateCheck");
         assert_eq!(v["recommendedAction"], "REPLACE_VM");
         assert_eq!(v["processingStrategy"], "STORE_ONLY");
         assert_eq!(v["generatedTimestamp"], "2026-01-02T03:04:05Z");
         assert_eq!(v["entitiesImpacted"][1]["entityType"], "NICPort");
+    }
+
+    /// Each kind's wire form is what the derived `{entityType, entityValue}` struct wrote
+    /// (the JSON-lines sinks, `nicmon check`, the state file), and it reads back.
+    #[test]
+    fn entities_keep_the_wire_form() {
+        let cases = [
+            (Entity::device("mlx5_0"), r#"{"entityType":"NIC","entityValue":"mlx5_0"}"#),
+            (Entity::port(2), r#"{"entityType":"NICPort","entityValue":"2"}"#),
+            (Entity::card("0000:1a:00"), r#"{"entityType":"NIC","entityValue":"0000:1a:00"}"#),
+        ];
+        for (e, wire) in &cases {
+            assert_eq!(serde_json::to_string(e).unwrap(), *wire);
+        }
+        let back: Vec<Entity> = cases.iter().map(|(_, w)| serde_json::from_str(w).unwrap()).collect();
+        // A card reads back as a device: the wire does not tell them apart.
+        assert_eq!(back, [Entity::device("mlx5_0"), Entity::port(2), Entity::device("0000:1a:00")]);
+        // Field order and unknown keys do not matter, as for the derived struct.
+        let e: Entity = serde_json::from_str(r#"{"entityValue":"3","x":1,"entityType":"NICPort"}"#).unwrap();
+        assert_eq!(e, Entity::port(3));
+        for bad in [
+            r#"{"entityType":"NICPort","entityValue":"one"}"#,
+            r#"{"entityType":"GPU","entityValue":"0"}"#,
+            r#"{"entityType":"NIC"}"#,
+        ] {
+            assert!(serde_json::from_str::<Entity>(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// What an event is about, from its typed entities.
+    #[test]
+    fn the_subject_of_each_entity_list() {
+        let ev = |entities: Vec<Entity>| {
+            HealthEvent::new(Check::InfiniBandStateCheck, &Stamp::default(), OffsetDateTime::UNIX_EPOCH, "x")
+                .entities(entities)
+        };
+        let cases = [
+            (vec![Entity::device("mlx5_0"), Entity::port(1)], Subject::Port { device: "mlx5_0", port: 1 }),
+            (vec![Entity::device("mlx5_0")], Subject::Device("mlx5_0")),
+            (vec![Entity::card("0000:1a:00")], Subject::Card("0000:1a:00")),
+            (vec![], Subject::Node),
+            (vec![Entity::device("mlx5_0"), Entity::device("mlx5_4")], Subject::Node),
+        ];
+        for (entities, want) in cases {
+            let e = ev(entities);
+            assert_eq!(e.subject(), want, "{e:?}");
+            assert_eq!(e.kind(), want.kind());
+        }
+        let port = ev(vec![Entity::device("mlx5_0"), Entity::port(1)]);
+        assert_eq!(port.entities_text(), "NIC=mlx5_0 NICPort=1");
+        let v = serde_json::to_value(&port).unwrap();
+        assert_eq!(
+            v["entitiesImpacted"],
+            serde_json::json!([
+                {"entityType": "NIC", "entityValue": "mlx5_0"},
+                {"entityType": "NICPort", "entityValue": "1"},
+            ])
+        );
+        let back: HealthEvent = serde_json::from_value(v).unwrap();
+        assert_eq!(back, port);
     }
 }

@@ -337,6 +337,16 @@ mod tests {
         assert_eq!(t.due(t0 + D * 3, D), Due::Healthy);
     }
 
+    /// A stall and its recovery are about the node: no device, no port.
+    #[test]
+    fn a_stall_is_about_the_node() {
+        let now = OffsetDateTime::UNIX_EPOCH;
+        for due in [Due::Stalled(Duration::from_secs(11)), Due::Healthy] {
+            let e = event(due, &Stamp::default(), now).unwrap();
+            assert_eq!(e.kind(), crate::event::EntityKind::Node, "{e:?}");
+        }
+    }
+
     #[test]
     fn events_are_node_level_non_fatal_with_action_none() {
         let stamp = Stamp {

@@ -238,7 +238,7 @@ struct Reading<'a> {
 impl Reading<'_> {
     fn event(&self, check: Check, message: &str) -> HealthEvent {
         HealthEvent::new(check, self.stamp, self.now, message)
-            .entities(vec![Entity::nic(self.port.device), Entity::port(self.port.port)])
+            .entities(vec![Entity::device(self.port.device), Entity::port(self.port.port)])
             .error_code(self.rule.name.clone())
     }
 

@@ -102,9 +102,9 @@ fn link_downed_timeline(restart: impl Fn(&mut Node)) {
         "Port mlx5_0 port 1: link_downed - Port Training State Machine failed - QP disconnect \
          (value=1, delta=1, rate=0.20/sec)"
     );
-    assert_eq!(ev[0].entities_impacted[0].entity_value, "mlx5_0");
-    assert_eq!(ev[0].entities_impacted[1].entity_type, "NICPort");
-    assert_eq!(ev[0].entities_impacted[1].entity_value, "1");
+    assert_eq!(ev[0].entities_impacted[0].wire_value(), "mlx5_0");
+    assert_eq!(ev[0].entities_impacted[1].wire_type(), "NICPort");
+    assert_eq!(ev[0].entities_impacted[1].wire_value(), "1");
     assert_eq!(ev[0].node_name, "gpu-node-1");
     assert_eq!(ev[0].generated_timestamp, T0 + Duration::seconds(5));
 
@@ -813,4 +813,14 @@ mod roce_phy {
         ib.poll_ms(0, &[(w, 0), (u, 0)], false);
         assert!(ib.poll_ms(10_000, &[(w, 5), (u, 5)], false).is_empty());
     }
+}
+
+/// A counter breach is about the port whose counter rose.
+#[test]
+fn a_breach_is_about_its_port() {
+    let mut n = Node::ib();
+    assert!(n.poll(0, &[(LINK_DOWNED, 0)]).is_empty());
+    let ev = n.poll(5, &[(LINK_DOWNED, 1)]);
+    assert_eq!(ev.len(), 1, "{ev:#?}");
+    assert_eq!(ev[0].subject(), crate::event::Subject::Port { device: "mlx5_0", port: 1 });
 }

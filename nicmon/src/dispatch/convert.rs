@@ -41,7 +41,7 @@ pub fn to_proto(ev: &HealthEvent) -> pb::HealthEvent {
 }
 
 fn entity(e: &event::Entity) -> pb::Entity {
-    pb::Entity { entity_type: e.entity_type.clone(), entity_value: e.entity_value.clone() }
+    pb::Entity { entity_type: e.wire_type().into(), entity_value: e.wire_value() }
 }
 
 pub fn timestamp(t: OffsetDateTime) -> prost_types::Timestamp {
@@ -123,7 +123,7 @@ mod tests {
         let mut ev =
             HealthEvent::new(Check::InfiniBandDegradationCheck, &stamp, t, "mlx5_3 port 1: symbol_error rose by 12")
                 .unhealthy(true)
-                .entities(vec![Entity::nic("mlx5_3"), Entity::port(1)])
+                .entities(vec![Entity::device("mlx5_3"), Entity::port(1)])
                 .error_code("symbol_error");
         ev.metadata.insert("card".into(), "0000:3b:00".into());
 

@@ -252,9 +252,9 @@ mod tests {
         vec![
             HealthEvent::new(Check::InfiniBandStateCheck, &stamp, t, "mlx5_0 port 1 down")
                 .unhealthy(true)
-                .entities(vec![Entity::nic("mlx5_0"), Entity::port(1)]),
+                .entities(vec![Entity::device("mlx5_0"), Entity::port(1)]),
             HealthEvent::new(Check::InfiniBandStateCheck, &stamp, t, "mlx5_1 port 1 up")
-                .entities(vec![Entity::nic("mlx5_1"), Entity::port(1)]),
+                .entities(vec![Entity::device("mlx5_1"), Entity::port(1)]),
         ]
     }
 

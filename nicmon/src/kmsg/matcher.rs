@@ -130,7 +130,7 @@ pub fn process(
                         continue;
                     }
                     let msg = format!("{} on {}: {}", pattern.description, device, quote(&rec.text));
-                    events.push(event(&pattern.id, fatal, action, vec![Entity::nic(device)], &msg, now, stamp));
+                    events.push(event(&pattern.id, fatal, action, vec![Entity::device(device)], &msg, now, stamp));
                 }
             }
         }
@@ -182,7 +182,7 @@ fn soft_lockup(
         SOFT_LOCKUP_ID,
         rule.fatal,
         rule.action,
-        targets.into_iter().map(|t| Entity::nic(t.card_device)).collect(),
+        targets.into_iter().map(|t| Entity::device(t.card_device)).collect(),
         &msg,
         now,
         stamp,

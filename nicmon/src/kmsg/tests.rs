@@ -167,7 +167,7 @@ fn as_kmsg(seq: u64, line: &str) -> Record {
 
 fn summary(e: &HealthEvent) -> (String, bool, RecommendedAction, String) {
     assert_eq!(e.entities_impacted.len(), 1, "{e:?}");
-    (e.error_code[0].clone(), e.is_fatal, e.recommended_action, e.entities_impacted[0].entity_value.clone())
+    (e.error_code[0].clone(), e.is_fatal, e.recommended_action, e.entities_impacted[0].wire_value())
 }
 
 #[test]
@@ -182,7 +182,7 @@ fn every_reference_line_yields_its_documented_event() {
                 assert_eq!(e.check_name, "NICKernelLogCheck");
                 assert!(!e.is_healthy);
                 assert_eq!(e.node_name, "gpu-node-7");
-                assert_eq!(e.entities_impacted[0].entity_type, "NIC");
+                assert_eq!(e.entities_impacted[0].wire_type(), "NIC");
                 assert!(!e.message.contains(';'));
                 // The matched line is quoted (after the mlx5 prefix, at least).
                 let tail = line.rsplit(": ").next().unwrap();
@@ -476,7 +476,7 @@ fn one_event_per_card_per_dedup_window() {
         &stamp(),
     );
     assert_eq!(out.events.len(), 1);
-    assert_eq!(out.events[0].entities_impacted[0].entity_value, "mlx5_3");
+    assert_eq!(out.events[0].entities_impacted[0].wire_value(), "mlx5_3");
     // 30 s later, still within the window: nothing.
     let out = process(
         &out.state,
@@ -497,7 +497,7 @@ fn one_event_per_card_per_dedup_window() {
         &stamp(),
     );
     assert_eq!(out.events.len(), 1);
-    assert_eq!(out.events[0].entities_impacted[0].entity_value, "mlx5_3");
+    assert_eq!(out.events[0].entities_impacted[0].wire_value(), "mlx5_3");
     // Another card is another key.
     let out = process(
         &out.state,
@@ -889,4 +889,20 @@ fn read_file_parses_both_formats() {
     let out = run(&recs);
     assert_eq!(out.events.len(), 2);
     assert_eq!(out.state.last_seq, Some(7));
+}
+
+/// A line attributed to a NIC is about that device; a soft lockup, whose trace names no
+/// device, is about the node (it names every monitored card).
+#[test]
+fn a_line_is_about_its_device_a_soft_lockup_about_the_node() {
+    use crate::event::{EntityKind, Subject};
+    let (line, (_, _, _, device)) = reference_lines().into_iter().find_map(|(line, want)| Some((line, want?))).unwrap();
+    let out = run(&[Record::plain(line)]);
+    assert_eq!(out.events.len(), 1, "{line}");
+    assert_eq!(out.events[0].subject(), Subject::Device(device), "{line}");
+
+    let out = run(&lockup_trace(20, " mlx5e_napi_poll+0x12b/0x5c0 [mlx5_core]"));
+    assert_eq!(out.events.len(), 1);
+    assert!(out.events[0].entities_impacted.len() > 1, "every monitored card: {:?}", out.events[0]);
+    assert_eq!(out.events[0].kind(), EntityKind::Node);
 }

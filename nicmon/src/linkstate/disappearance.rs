@@ -55,7 +55,7 @@ pub(super) fn missing_devices(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitt
                     &format!("NIC {name} disappeared from /sys/class/infiniband/ - {why}"),
                 )
                 .unhealthy(true)
-                .entities(vec![Entity::nic(name.clone())]),
+                .entities(vec![Entity::device(name.clone())]),
             );
         }
     }
@@ -84,7 +84,7 @@ pub(super) fn present_devices(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitt
                     ctx.now,
                     &format!("NIC {} is present again in /sys/class/infiniband/", d.name),
                 )
-                .entities(vec![Entity::nic(d.name.clone())]),
+                .entities(vec![Entity::device(d.name.clone())]),
             );
         }
         entry.misses = 0;

@@ -169,7 +169,7 @@ pub(super) fn card_events(ctx: &Ctx<'_>, cards: &Cards, st: &mut LinkState, out:
                 check,
                 HealthEvent::new(check, ctx.stamp, ctx.now, &msg)
                     .unhealthy(true)
-                    .entities(vec![Entity::nic(card.to_string())]),
+                    .entities(vec![Entity::card(card.to_string())]),
             );
         }
     }
@@ -182,7 +182,7 @@ pub(super) fn card_events(ctx: &Ctx<'_>, cards: &Cards, st: &mut LinkState, out:
                 out.push(
                     ctx,
                     check,
-                    HealthEvent::new(check, ctx.stamp, ctx.now, &msg).entities(vec![Entity::nic(card.clone())]),
+                    HealthEvent::new(check, ctx.stamp, ctx.now, &msg).entities(vec![Entity::card(card.clone())]),
                 );
             }
             still_below.remove(card);
@@ -207,7 +207,7 @@ pub(super) fn card_events(ctx: &Ctx<'_>, cards: &Cards, st: &mut LinkState, out:
             out.push(
                 ctx,
                 check,
-                HealthEvent::new(check, ctx.stamp, ctx.now, &msg).entities(vec![Entity::nic(card.clone())]),
+                HealthEvent::new(check, ctx.stamp, ctx.now, &msg).entities(vec![Entity::card(card.clone())]),
             );
         }
     }

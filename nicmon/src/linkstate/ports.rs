@@ -28,7 +28,7 @@ impl PortView<'_> {
         out.push(
             ctx,
             self.check,
-            ev.entities(vec![Entity::nic(self.device.name.clone()), Entity::port(self.port.number)]),
+            ev.entities(vec![Entity::device(self.device.name.clone()), Entity::port(self.port.number)]),
         );
     }
 

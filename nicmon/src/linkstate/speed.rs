@@ -43,7 +43,7 @@ pub(super) fn speed(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitted) {
                 continue;
             };
             let below = rate_key(rate.gbps) < mode;
-            let ents = vec![Entity::nic(d.name.clone()), Entity::port(p.number)];
+            let ents = vec![Entity::device(d.name.clone()), Entity::port(p.number)];
             let mode_gbps = mode as f64 / 1000.0;
             if below && !r.speed_degraded {
                 r.speed_degraded = true;

@@ -7,7 +7,7 @@ use time::{Duration, OffsetDateTime};
 
 use super::flap::{ERROR_CODE, FlapConfig};
 use super::{LinkState, StateConfig, evaluate};
-use crate::event::{HealthEvent, Stamp};
+use crate::event::{EntityKind, HealthEvent, Stamp, Subject};
 use crate::model::{Device, Function, LinkLayer, PhysState, Port, PortState, Snapshot};
 use crate::roles::{Classification, Role};
 
@@ -50,7 +50,7 @@ fn roles() -> BTreeMap<String, Classification> {
 }
 
 fn is_port(e: &HealthEvent) -> bool {
-    e.entities_impacted.iter().any(|x| x.entity_type == "NICPort")
+    e.entities_impacted.iter().any(|x| x.wire_type() == "NICPort")
 }
 
 proptest! {
@@ -117,4 +117,40 @@ proptest! {
             st = out.state;
         }
     }
+}
+
+/// Each event of the port-state check names what it is about, typed from here to the
+/// sinks: a port's state its port, a card below its peers its card (by PCI slot), a
+/// device gone from `class/infiniband` the device.
+#[test]
+fn each_event_names_its_port_card_or_device() {
+    let cfg = StateConfig::default();
+    let stamp = Stamp::default();
+    let roles = roles();
+    let base = evaluate(&LinkState::default(), true, &snapshot(true), &roles, &cfg, T0, &stamp);
+    let subjects = |events: &[HealthEvent]| -> Vec<(bool, String)> {
+        events.iter().map(|e| (e.is_healthy, format!("{:?}", e.subject()))).collect()
+    };
+    assert!(base.events.iter().all(|e| e.is_healthy), "{:?}", subjects(&base.events));
+    assert!(base.events.iter().any(|e| e.subject() == Subject::Port { device: "mlx5_0", port: 1 }));
+
+    let down = evaluate(&base.state, false, &snapshot(false), &roles, &cfg, T0 + Duration::seconds(1), &stamp);
+    let unhealthy: Vec<Subject<'_>> = down.events.iter().filter(|e| !e.is_healthy).map(HealthEvent::subject).collect();
+    assert!(unhealthy.contains(&Subject::Port { device: "mlx5_0", port: 1 }), "{:?}", subjects(&down.events));
+    assert!(unhealthy.contains(&Subject::Card("0000:10:00")), "{:?}", subjects(&down.events));
+    let card = down.events.iter().find(|e| e.kind() == EntityKind::Card).unwrap();
+    assert_eq!(card.entities_text(), "NIC=0000:10:00", "a card is `NIC` on the wire");
+
+    let mut gone = snapshot(true);
+    gone.devices.retain(|d| d.name != "mlx5_2");
+    let mut st = base.state;
+    let mut events = Vec::new();
+    for i in 1..=super::disappearance::MISSES_BEFORE_REPORT {
+        let out = evaluate(&st, false, &gone, &roles, &cfg, T0 + Duration::seconds(i.into()), &stamp);
+        events.extend(out.events);
+        st = out.state;
+    }
+    let gone: Vec<&HealthEvent> = events.iter().filter(|e| !e.is_healthy).collect();
+    assert_eq!(gone.len(), 1, "{:?}", subjects(&events));
+    assert_eq!(gone[0].subject(), Subject::Device("mlx5_2"));
 }

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use super::Metrics;
 use crate::cycle::Poll;
-use crate::event::Check;
+use crate::event::{Check, Subject};
 use crate::state::CheckState;
 
 impl Metrics {
@@ -92,8 +92,12 @@ impl Metrics {
     /// breach: no thresholds are evaluated while it is saturated).
     fn observe_errors(&self, poll: &Poll, next: &CheckState) {
         for e in poll.events.iter().filter(|e| !e.is_healthy) {
-            let dev = e.device().unwrap_or("");
-            let port = e.port().unwrap_or(0);
+            // A card's errors are labelled with the card; the node's with no device.
+            let (dev, port) = match e.subject() {
+                Subject::Port { device, port } => (device, port),
+                Subject::Device(name) | Subject::Card(name) => (name, 0),
+                Subject::Node => ("", 0),
+            };
             let Some(check) = e.check() else { continue };
             match check {
                 Check::InfiniBandStateCheck
@@ -123,7 +127,7 @@ mod tests {
 
     fn degradation(counter: &str, fatal: bool) -> HealthEvent {
         HealthEvent::new(Check::InfiniBandDegradationCheck, &Stamp::default(), OffsetDateTime::UNIX_EPOCH, "x")
-            .entities(vec![Entity::nic("mlx5_0".to_string()), Entity::port(1)])
+            .entities(vec![Entity::device("mlx5_0".to_string()), Entity::port(1)])
             .error_code(counter)
             .unhealthy(fatal)
     }

@@ -56,7 +56,7 @@ impl Finding {
     /// The health event, filed under `check`.
     pub fn event(&self, check: Check, stamp: &Stamp, now: OffsetDateTime) -> HealthEvent {
         let ev = HealthEvent::new(check, stamp, now, &self.message)
-            .entities(vec![Entity::nic(self.nic.clone())])
+            .entities(vec![Entity::device(self.nic.clone())])
             .error_code(self.error_code);
         match self.health {
             Health::Healthy => ev,

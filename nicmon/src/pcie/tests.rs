@@ -346,3 +346,16 @@ mod on_the_testbed {
         assert!(!read::read(&host, &bdf).aer.available());
     }
 }
+
+/// A card's PCIe finding is filed against the NIC that names it: a device entity (the
+/// wire's `NIC=<device>`), not the card's PCI slot.
+#[test]
+fn a_pcie_event_is_about_the_nic_naming_the_card() {
+    use crate::event::Subject;
+    let x8 = reading(8, Speed::GEN5, 16, Speed::GEN5);
+    let (f, _) = link::evaluate(&LinkState::default(), &[card("0000:1a:00", "mlx5_0", &x8)], false);
+    assert_eq!(f.len(), 1);
+    let e = f[0].event(Check::NICPCIeCheck, &Stamp::default(), T0);
+    assert_eq!(e.subject(), Subject::Device("mlx5_0"));
+    assert_eq!(e.entities_text(), "NIC=mlx5_0");
+}
