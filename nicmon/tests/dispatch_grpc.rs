@@ -105,13 +105,13 @@ fn batch() -> Vec<HealthEvent> {
     let mut down =
         HealthEvent::new(Check::InfiniBandStateCheck, &stamp, t, "Port mlx5_3 port 1: state DOWN, phys_state Disabled")
             .unhealthy(true)
-            .entities(vec![Entity::nic("mlx5_3"), Entity::port(1)])
+            .entities(vec![Entity::device("mlx5_3"), Entity::port(1)])
             .error_code("PORT_DOWN");
     down.metadata.insert("role".into(), "compute".into());
     let card = HealthEvent::new(Check::InfiniBandStateCheck, &stamp, t, "Card 0000:3b:00 degraded")
         .unhealthy(false)
         .action(RecommendedAction::CONTACT_SUPPORT)
-        .entities(vec![Entity::nic("0000:3b:00")]);
+        .entities(vec![Entity::card("0000:3b:00")]);
     vec![down, card]
 }
 
