@@ -233,7 +233,10 @@ impl Serialize for Entity {
         use serde::ser::SerializeStruct;
         let mut st = s.serialize_struct("Entity", 2)?;
         st.serialize_field("entityType", self.wire_type())?;
-        st.serialize_field("entityValue", &self.wire_value())?;
+        match self {
+            Entity::Device(name) | Entity::Card(name) => st.serialize_field("entityValue", name)?,
+            Entity::Port(n) => st.serialize_field("entityValue", &n.to_string())?,
+        }
         st.end()
     }
 }
