@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 pub mod blocking;
 pub mod connector;
 pub mod daemon;
+pub mod debian;
 pub mod deploy;
 pub mod kernel_log;
 pub mod latency;
