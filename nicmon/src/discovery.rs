@@ -1124,6 +1124,38 @@ mod tests {
     }
 
     #[test]
+    fn roce_ports_read_congestion_counters_and_the_speed_where_the_rate_is_missing() {
+        // H100 OCI: InfiniBand mlx5_0, RoCE mlx5_2 (100G); every port lists the ECN/CNP files.
+        let node = Platform::H100Oci.build();
+        let host = Host::new(node.sys(), node.proc());
+        let cache = Arc::new(StaticCache::default());
+        let cnp = "hw_counters/np_cnp_sent";
+        let roce = RoceReads { counter_paths: vec![cnp.into()], speed: true };
+        let plan = ReadPlan { statics: Some(cache.clone()), roce, ..ReadPlan::default() };
+        let port = |s: &Snapshot, dev: &str| s.devices.iter().find(|d| d.name == dev).unwrap().ports[0].clone();
+        let first = discover(&host, &plan);
+        // The congestion counter on the RoCE port only; the speed read on the first poll.
+        assert_eq!((counter_of(&first, "mlx5_2", cnp), counter_of(&first, "mlx5_0", cnp)), (Some(0), None));
+        assert_eq!((port(&first, "mlx5_2").netdev_speed, port(&first, "mlx5_0").netdev_speed), (Some(100_000), None));
+        // The rate gave a rate: the speed is not read again.
+        assert_eq!(port(&discover(&host, &plan), "mlx5_2").netdev_speed, None);
+        // The rate goes: the next poll notes it, the one after reads the speed, which
+        // gives the port its rate.
+        node.remove_port_file("mlx5_2", 1, "rate");
+        assert_eq!(port(&discover(&host, &plan), "mlx5_2").netdev_speed, None);
+        let p = port(&discover(&host, &plan), "mlx5_2");
+        assert_eq!((p.rate.clone(), p.netdev_speed, p.rate_bps()), (None, Some(100_000), Some(100e9)));
+        // No link (-1): unknown, no rate at all.
+        node.set_speed(node.info["mlx5_2"].netdev.as_deref().unwrap(), "-1");
+        let p = port(&discover(&host, &plan), "mlx5_2");
+        assert_eq!((p.netdev_speed, p.rate_bps()), (None, None));
+        // Nothing of it without the RoCE reads (`[phyCheck] enabled = false`).
+        let off = ReadPlan { statics: Some(Arc::new(StaticCache::default())), ..ReadPlan::default() };
+        let s = discover(&host, &off);
+        assert_eq!((counter_of(&s, "mlx5_2", cnp), port(&s, "mlx5_2").netdev_speed), (None, None));
+    }
+
+    #[test]
     fn static_attributes_are_read_once_per_device_incarnation() {
         let node = Platform::H100Oci.build();
         let host = Host::new(node.sys(), node.proc());
