@@ -672,7 +672,7 @@ fn missing_counter_notes(ports: &[CounterPort<'_>], rules: &[counters::CounterRu
         .map(|(rule, at)| format!("counter {rule} absent on {}: not evaluated there", at.join(", ")));
     let phy = by_set.into_iter().map(|(rules, at)| {
         format!(
-            "RoCE physical-layer counters {} absent on {} (no ethtool data from the netdev's driver): not \
+            "RoCE physical-layer counters {} absent on {} (not in the ethtool data of their netdev's driver): not \
              evaluated there",
             rules.join(", "),
             at.join(", ")
@@ -879,5 +879,45 @@ mod tests {
         j.saved();
         let (mut again, _) = crate::state::file::load(&state_file, None);
         assert!(j.recover(&mut again, true).is_empty());
+    }
+
+    #[test]
+    fn missing_ethtool_counters_are_one_line_per_set_of_ports() {
+        let rules = Config::default().counter_rules;
+        let ll = crate::model::LinkLayer::Ethernet;
+        let with = |paths: &[&str]| -> BTreeMap<String, u64> {
+            let mut c: BTreeMap<String, u64> = rules.iter().map(|r| (r.path.clone(), 0)).collect();
+            c.retain(|k, _| !k.starts_with("ethtool/") || paths.contains(&k.as_str()));
+            c
+        };
+        // Two ports without ethtool data, one with FEC data only, one with everything.
+        let (none, fec, all) = (with(&[]), with(&["ethtool/fec_corrected_bits", "ethtool/fec_uncorrectable"]), {
+            let paths: Vec<&str> = rules.iter().map(|r| r.path.as_str()).collect();
+            with(&paths)
+        });
+        let mut no_carrier = none.clone();
+        no_carrier.remove("/sys/class/net/{interface}/carrier_changes");
+        let port = |device, counters| CounterPort {
+            device,
+            port: 1,
+            link_layer: Some(&ll),
+            counters,
+            rate_bps: None,
+            ber_threshold: None,
+            ethtool_age: Default::default(),
+        };
+        let ports = [port("mlx5_0", &no_carrier), port("mlx5_1", &none), port("mlx5_2", &fec), port("mlx5_3", &all)];
+        let notes = missing_counter_notes(&ports, &rules);
+        assert_eq!(
+            notes,
+            [
+                "counter carrier_changes absent on mlx5_0 port 1: not evaluated there",
+                "RoCE physical-layer counters pfc_storm, pfc_storm_error, pause_victim absent on mlx5_2 port 1 (not in \
+                 the ethtool data of their netdev's driver): not evaluated there",
+                "RoCE physical-layer counters pre_fec_ber, fec_uncorrectable, pfc_storm, pfc_storm_error, pause_victim \
+                 absent on mlx5_0 port 1, mlx5_1 port 1 (not in the ethtool data of their netdev's driver): not \
+                 evaluated there",
+            ]
+        );
     }
 }
