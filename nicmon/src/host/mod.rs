@@ -9,7 +9,9 @@
 //!   on every read). The set is data, not reader state: a cycle seeds it from the state
 //!   file before its read ([`Host::remember_einval`]) and takes it back out after
 //!   ([`Host::take_einval`]) into its observation, so the state file carries it across
-//!   polls and restarts within one boot;
+//!   polls and restarts within one boot. Except a netdev's `speed`
+//!   ([`einval_is_a_state`]), which answers `EINVAL` whenever the netdev is down: a state
+//!   of the link, not a restricted attribute;
 //! - no read can stall the monitor: every read runs on a reader thread with a deadline (per
 //!   read, and per poll — see [`Host::begin_poll`]). A read past it is abandoned for that
 //!   poll ([`ReadError::Stuck`]); the path is not read again until the abandoned read has
@@ -525,7 +527,7 @@ impl Host {
                 Ok(String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
             }
             Err(err) => {
-                if err == ReadError::Invalid {
+                if err == ReadError::Invalid && !einval_is_a_state(key) {
                     if let Ok(mut s) = self.einval.lock() {
                         s.insert(key.to_string());
                     }
@@ -535,6 +537,13 @@ impl Host {
             }
         }
     }
+}
+
+/// Whether a file's `EINVAL` says a state that passes rather than a restricted attribute
+/// (not memoized): `class/net/<if>/speed`, which the kernel answers only while the netdev
+/// is running.
+pub fn einval_is_a_state(key: &str) -> bool {
+    key.strip_prefix("class/net/").and_then(|rest| rest.strip_suffix("/speed")).is_some_and(|nd| !nd.contains('/'))
 }
 
 /// The last component of a link's target (`../../devices/.../mlx5_core` → `mlx5_core`).
@@ -591,6 +600,33 @@ mod tests {
         again.remember_einval(host.einval_paths());
         assert_eq!(again.read_sys("x/restricted"), Err(ReadError::Invalid));
         assert_eq!(again.stats.files_read.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_netdev_speed_failing_with_einval_is_read_again() {
+        if std::fs::read("/sys/class/net/lo/speed").map_err(|e| e.raw_os_error()) != Err(Some(libc::EINVAL)) {
+            eprintln!("skipped: /sys/class/net/lo/speed does not fail with EINVAL on this host");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path().join("sys");
+        std::fs::create_dir_all(sys.join("class/net/eth0")).unwrap();
+        std::os::unix::fs::symlink("/sys/class/net/lo/speed", sys.join("class/net/eth0/speed")).unwrap();
+        let host = Host::new(&sys, dir.path().join("proc"));
+        // Down: EINVAL, not memoized; up again: read.
+        assert_eq!(host.read_sys("class/net/eth0/speed"), Err(ReadError::Invalid));
+        assert!(host.einval_paths().is_empty());
+        std::fs::remove_file(sys.join("class/net/eth0/speed")).unwrap();
+        std::fs::write(sys.join("class/net/eth0/speed"), "200000\n").unwrap();
+        assert_eq!(host.read_sys("class/net/eth0/speed").as_deref(), Ok("200000\n"));
+        for (key, state) in [
+            ("class/net/eth0/speed", true),
+            ("class/net/eth0/carrier", false),
+            ("class/net/eth0/x/speed", false),
+            ("class/infiniband/mlx5_0/ports/1/speed", false),
+        ] {
+            assert_eq!(einval_is_a_state(key), state, "{key}");
+        }
     }
 
     fn fixture() -> (tempfile::TempDir, Host) {
