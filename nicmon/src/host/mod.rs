@@ -9,8 +9,8 @@
 //!   on every read). The set is data, not reader state: a cycle seeds it from the state
 //!   file before its read ([`Host::remember_einval`]) and takes it back out after
 //!   ([`Host::take_einval`]) into its observation, so the state file carries it across
-//!   polls and restarts within one boot. Except a netdev's `speed`
-//!   ([`einval_is_a_state`]), which answers `EINVAL` whenever the netdev is down: a state
+//!   polls and restarts within one boot. Except a netdev's `speed` and `carrier`
+//!   ([`einval_is_a_state`]), which answer `EINVAL` whenever the netdev is down: a state
 //!   of the link, not a restricted attribute;
 //! - no read can stall the monitor: every read runs on a reader thread with a deadline (per
 //!   read, and per poll — see [`Host::begin_poll`]). A read past it is abandoned for that
@@ -540,10 +540,13 @@ impl Host {
 }
 
 /// Whether a file's `EINVAL` says a state that passes rather than a restricted attribute
-/// (not memoized): `class/net/<if>/speed`, which the kernel answers only while the netdev
-/// is running.
+/// (not memoized): a netdev's `speed` and `carrier`, which the kernel answers only while the
+/// netdev is running (`EINVAL` while it is administratively down: memoizing that would
+/// leave the port's carrier unknown for the rest of the boot once it is brought up again).
 pub fn einval_is_a_state(key: &str) -> bool {
-    key.strip_prefix("class/net/").and_then(|rest| rest.strip_suffix("/speed")).is_some_and(|nd| !nd.contains('/'))
+    key.strip_prefix("class/net/")
+        .and_then(|rest| rest.strip_suffix("/speed").or_else(|| rest.strip_suffix("/carrier")))
+        .is_some_and(|nd| !nd.contains('/'))
 }
 
 /// The last component of a link's target (`../../devices/.../mlx5_core` → `mlx5_core`).
@@ -621,12 +624,46 @@ mod tests {
         assert_eq!(host.read_sys("class/net/eth0/speed").as_deref(), Ok("200000\n"));
         for (key, state) in [
             ("class/net/eth0/speed", true),
-            ("class/net/eth0/carrier", false),
+            ("class/net/eth0/carrier", true),
+            ("class/net/eth0/carrier_changes", false),
             ("class/net/eth0/x/speed", false),
             ("class/infiniband/mlx5_0/ports/1/speed", false),
         ] {
             assert_eq!(einval_is_a_state(key), state, "{key}");
         }
+    }
+
+    /// A veth is created administratively down: its `carrier` answers `EINVAL` (the real
+    /// kernel), which is not memoized, and once the netdev is brought up it is read again.
+    #[test]
+    fn a_netdev_carrier_failing_with_einval_while_down_is_read_again_once_up() {
+        let (a, b) =
+            (format!("nmcar{}a", std::process::id() % 100_000), format!("nmcar{}b", std::process::id() % 100_000));
+        let added = std::process::Command::new("ip")
+            .args(["link", "add", &a, "type", "veth", "peer", "name", &b])
+            .stderr(std::process::Stdio::null())
+            .status();
+        if !added.is_ok_and(|s| s.success()) {
+            eprintln!("skipped: cannot create a veth on this host (needs root and `ip`)");
+            return;
+        }
+        struct Del(String);
+        impl Drop for Del {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("ip").args(["link", "del", &self.0]).status();
+            }
+        }
+        let _del = Del(a.clone());
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path().join("sys");
+        std::fs::create_dir_all(sys.join("class/net/eth0")).unwrap();
+        std::os::unix::fs::symlink(format!("/sys/class/net/{a}/carrier"), sys.join("class/net/eth0/carrier")).unwrap();
+        let host = Host::new(&sys, dir.path().join("proc"));
+        assert_eq!(host.read_sys("class/net/eth0/carrier"), Err(ReadError::Invalid), "admin-down veth");
+        assert!(host.einval_paths().is_empty(), "a down netdev's carrier is a state, not a restricted file");
+        nicmon_tests::latency::set_link_up(&a, true).unwrap();
+        let up = host.read_sys("class/net/eth0/carrier");
+        assert!(matches!(up.as_deref(), Ok("0\n") | Ok("1\n")), "read again once up: {up:?}");
     }
 
     fn fixture() -> (tempfile::TempDir, Host) {
