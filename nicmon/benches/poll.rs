@@ -1,7 +1,9 @@
 //! One full poll (read the host tree + evaluate every check) on the DGX-H100-like testbed
 //! node: median and p99 wall time, and in the same run the floor: open/read/close of every
 //! file a cold poll reads (the files a naive poller reads each time), and the ratio.
-//! Run with `cargo bench -p nicmon --bench poll`.
+//! Run with `cargo bench -p nicmon --bench poll`. `NICMON_BENCH_TREE=<dir>` polls a node tree
+//! built elsewhere instead (`<dir>/sys`, `<dir>/proc`, `<dir>/gpu_metadata.json`; the scale
+//! series of `cargo xtask bench` builds them), described in the output by `NICMON_BENCH_LABEL`.
 use std::time::Instant;
 
 use nicmon::config::Config;
@@ -15,10 +17,19 @@ use nicmon_tests::platforms::Platform;
 
 fn main() {
     let polls: usize = std::env::var("NICMON_BENCH_POLLS").ok().and_then(|v| v.parse().ok()).unwrap_or(3000);
-    let node = Platform::DgxH100.build();
-    let host = Host::new(node.sys(), node.proc());
+    let built;
+    let root = match std::env::var_os("NICMON_BENCH_TREE") {
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => {
+            built = Platform::DgxH100.build();
+            built.root().to_path_buf()
+        }
+    };
+    let label =
+        std::env::var("NICMON_BENCH_LABEL").unwrap_or_else(|_| "DGX-H100-like node (12 PFs, 16 VFs)".to_string());
+    let host = Host::new(root.join("sys"), root.join("proc"));
     let snap0 = discovery::discover(&host, &ReadPlan::default());
-    let topo = topology::resolve(&host, &snap0, Some(&node.metadata_path()), false).expect("topology");
+    let topo = topology::resolve(&host, &snap0, Some(&root.join("gpu_metadata.json")), false).expect("topology");
     let config = Config::default();
     let stamp = Stamp { node_name: "bench".into(), processing_strategy: Default::default() };
     let monitor = Monitor::new(host, config, topo, stamp, Check::ALL.into_iter().collect(), Some("bench".into()));
@@ -79,7 +90,7 @@ fn main() {
     us.sort_by(|a, b| a.total_cmp(b));
     let pct = |p: f64| us[((us.len() as f64 - 1.0) * p).round() as usize];
     println!(
-        "poll: DGX-H100-like node (12 PFs, 16 VFs), {files:.0} files read per poll, {polls} polls: \
+        "poll: {label}, {files:.0} files read per poll, {polls} polls: \
          median {:.3} ms, p99 {:.3} ms, max {:.3} ms   [bar: median <= 2 ms]",
         pct(0.5) / 1000.0,
         pct(0.99) / 1000.0,

@@ -29,7 +29,7 @@ pub const STATE_DETECTION_KEYS: [&str; 2] = key_names(&STATE_DETECTION);
 pub const STATE_CHECK_KEYS: [&str; 4] = key_names(&STATE_CHECK);
 pub const CHAR_DEVICE_CHECK_KEYS: [&str; 1] = key_names(&CHAR_DEVICE_CHECK);
 pub const PCIE_CHECK_KEYS: [&str; 3] = key_names(&PCIE_CHECK);
-pub const PHY_CHECK_KEYS: [&str; 3] = key_names(&PHY_CHECK);
+pub const PHY_CHECK_KEYS: [&str; 4] = key_names(&PHY_CHECK);
 
 /// Default location of the config file in the DaemonSet.
 pub const DEFAULT_PATH: &str = "/etc/nic-health-monitor/config.toml";
@@ -180,11 +180,30 @@ pub struct PhyConfig {
     /// `pauseVictimShare`: share of a minute paused by the fabric above which a port is a
     /// pause victim (default 0.5).
     pub pause_victim_share: Option<f64>,
+    /// `readInterval`: a netdev's ethtool data is read at most once per this (default
+    /// [`DEFAULT_PHY_READ_INTERVAL`]; zero: every poll), the last reading kept in between.
+    pub read_interval: std::time::Duration,
 }
+
+/// How often a RoCE netdev's ethtool data is read by default. mlx5 answers every read with
+/// firmware register reads (`PPCNT`, one per counter group); the rules judging the data need
+/// far less than the 1 s poll: `pre_fec_ber` and `pause_victim` are one-minute windows (a
+/// 10 s pace closes each within 10 s of its minute, measured between the reads), and
+/// `fec_uncorrectable` and `pfc_storm` latch on an increase, which a 10 s pace reports at
+/// most 10 s later. A tenth of the firmware commands, no rule weakened.
+pub const DEFAULT_PHY_READ_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The longest `[phyCheck] readInterval` accepted.
+const MAX_PHY_READ_INTERVAL: time::Duration = time::Duration::hours(1);
 
 impl Default for PhyConfig {
     fn default() -> PhyConfig {
-        PhyConfig { enabled: true, pre_fec_ber_threshold: None, pause_victim_share: None }
+        PhyConfig {
+            enabled: true,
+            pre_fec_ber_threshold: None,
+            pause_victim_share: None,
+            read_interval: DEFAULT_PHY_READ_INTERVAL,
+        }
     }
 }
 
@@ -535,7 +554,7 @@ const PCIE_CHECK: [Key; 3] = [
 ];
 
 /// `[phyCheck]`.
-const PHY_CHECK: [Key; 3] = [
+const PHY_CHECK: [Key; 4] = [
     Key {
         name: "enabled",
         read: |cfg, at, v| {
@@ -557,6 +576,14 @@ const PHY_CHECK: [Key; 3] = [
         read: |cfg, at, v| {
             cfg.phy.pause_victim_share =
                 Some(fraction(v).ok_or_else(|| at.bad(v, "expected a share of time above 0 and at most 1 (0.5)"))?);
+            Ok(())
+        },
+    },
+    Key {
+        name: "readInterval",
+        read: |cfg, at, v| {
+            let d = duration(at.name, v, MAX_PHY_READ_INTERVAL).map_err(ConfigErrorKind::Value)?;
+            cfg.phy.read_interval = d.try_into().unwrap_or(DEFAULT_PHY_READ_INTERVAL);
             Ok(())
         },
     },
@@ -598,13 +625,22 @@ const MAX_FLAP_DURATION: time::Duration = time::Duration::hours(24);
 /// A flap damping duration: whole seconds (`60`) or a Go duration string (`"60s"`, `"2m"`),
 /// at most a day.
 fn flap_duration(key: &str, v: &toml::Value) -> Result<time::Duration, String> {
-    let expected = || format!("{key} = {v}: expected seconds (60) or a duration (\"60s\", \"2m\") of at most 24h");
+    duration(key, v, MAX_FLAP_DURATION)
+}
+
+/// A duration key: whole seconds (`60`) or a Go duration string (`"60s"`, `"2m"`), from
+/// zero to `max` (a whole number of hours).
+fn duration(key: &str, v: &toml::Value, max: time::Duration) -> Result<time::Duration, String> {
+    let expected = || {
+        let max = max.whole_hours();
+        format!("{key} = {v}: expected seconds (60) or a duration (\"60s\", \"2m\") of at most {max}h")
+    };
     let d = match v {
         toml::Value::Integer(i) => u32::try_from(*i).ok().map(|s| time::Duration::seconds(i64::from(s))),
         toml::Value::String(s) => crate::upstream::go_duration(s).ok().and_then(|d| time::Duration::try_from(d).ok()),
         _ => None,
     };
-    d.filter(|d| *d <= MAX_FLAP_DURATION).ok_or_else(expected)
+    d.filter(|d| *d <= max).ok_or_else(expected)
 }
 
 fn string<'a>(key: &str, v: &'a toml::Value) -> Result<&'a str, String> {
@@ -677,7 +713,7 @@ enabled = true
                    sysClassNetPath = \"/b\"\n[stateDetection]\nescalationGraceSeconds = 5\nspeedDegradationFatal = true\n\
                    [counterDetection]\n[kernelLog]\n[charDeviceCheck]\nissm = \"always\"\n\
                    [pcieCheck]\nenabled = false\ncorrectableThreshold = 10\ncorrectableVelocityUnit = \"hour\"\n\
-                   [phyCheck]\nenabled = true\npreFecBerThreshold = 2e-5\npauseVictimShare = 0.8\n\
+                   [phyCheck]\nenabled = true\npreFecBerThreshold = 2e-5\npauseVictimShare = 0.8\nreadInterval = \"30s\"\n\
                    [stateCheck]\nportStateHoldDown = \"2s\"\nflapThreshold = 4\nflapWindow = \"2m\"\nflapSettle = 30\n";
         let c = Config::parse("x.toml", all).unwrap();
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
@@ -832,6 +868,12 @@ enabled = true
             .unwrap();
         assert_eq!((find(&c, "pre_fec_ber"), find(&c, "pause_victim"), c.phy.enabled), (3e-5, 1.0, false));
         assert_eq!(c.phy.port_ber_threshold(3e-5, Some(RsCode::Kr4)), None, "the operator's holds");
+        // The read pace: 10 s unless set; seconds or a duration, 0 = every poll.
+        assert_eq!(d.phy.read_interval, std::time::Duration::from_secs(10));
+        for (text, want) in [("30", 30), ("\"1m\"", 60), ("0", 0), ("\"1h\"", 3600)] {
+            let c = Config::parse("x.toml", &format!("[phyCheck]\nreadInterval = {text}")).unwrap();
+            assert_eq!(c.phy.read_interval, std::time::Duration::from_secs(want), "{text}");
+        }
         // A threshold set on the rule holds too.
         let c =
             Config::parse("x.toml", "[[counterDetection.counters]]\nname = \"pre_fec_ber\"\nthreshold = 1e-6").unwrap();
@@ -843,6 +885,9 @@ enabled = true
             ("pauseVictimShare = 1.5", "phyCheck.pauseVictimShare = 1.5"),
             ("pauseVictimShare = nan", "phyCheck.pauseVictimShare = nan"),
             ("enabled = 1", "phyCheck.enabled = 1"),
+            ("readInterval = -1", "phyCheck.readInterval = -1"),
+            ("readInterval = \"2h\"", "phyCheck.readInterval = \"2h\": expected seconds (60) or a duration"),
+            ("readInterval = 1.5", "phyCheck.readInterval = 1.5"),
         ] {
             let e = Config::parse("x.toml", &format!("[phyCheck]\n{text}")).unwrap_err().to_string();
             assert!(e.contains(key), "{text}: {e}");

@@ -76,6 +76,8 @@ pub struct Monitor {
     pub stamp: Stamp,
     pub state_config: StateConfig,
     pub counter_paths: Vec<String>,
+    /// What the RoCE ports read besides, while `[phyCheck]` is enabled.
+    pub roce_reads: discovery::RoceReads,
     /// The boot ID read at start-up (`None`: unreadable).
     pub boot_id: Option<String>,
     /// Static device attributes kept between polls ([`discovery::StaticCache`]).
@@ -195,9 +197,11 @@ impl Monitor {
         checks: BTreeSet<Check>,
         boot_id: Option<String>,
     ) -> Monitor {
+        let ethtool_ports = ethtool::ports::PortReader::new(config.phy.read_interval);
         Monitor {
             state_config: config.state_config(checks),
-            counter_paths: read_paths(&config),
+            counter_paths: counters::read_paths(&config.counter_rules),
+            roce_reads: roce_reads(&config),
             host,
             config,
             topology,
@@ -206,22 +210,14 @@ impl Monitor {
             statics: Default::default(),
             defer_first_poll: false,
             ethtool: None,
-            ethtool_ports: Default::default(),
+            ethtool_ports,
         }
     }
 
     /// Read the host once. `links`: also read what attributing kernel log lines needs.
     pub fn observe(&self, prev: &CheckState, links: bool) -> Observation {
-        let plan = ReadPlan {
-            counter_paths: self.counter_paths.clone(),
-            known: prev
-                .links
-                .known_devices
-                .iter()
-                .filter_map(|(n, k)| k.pci_address.clone().map(|p| (n.clone(), p)))
-                .collect(),
-            statics: Some(self.statics.clone()),
-        };
+        let known = prev.links.known_devices.iter().filter_map(|(n, k)| k.pci_address.clone().map(|p| (n.clone(), p)));
+        let plan = self.read_plan(known.collect());
         self.host.begin_poll();
         // The memo goes into the reader for this read and comes back out with it.
         self.host.remember_einval(prev.einval.iter().cloned());
@@ -257,6 +253,16 @@ impl Monitor {
         }
     }
 
+    /// What a poll reads; `known`: the devices known from earlier polls (name, PCI address).
+    fn read_plan(&self, known: Vec<(String, String)>) -> ReadPlan {
+        ReadPlan {
+            counter_paths: self.counter_paths.clone(),
+            known,
+            statics: Some(self.statics.clone()),
+            roce: self.roce_reads.clone(),
+        }
+    }
+
     /// The RoCE ports' ethtool data into `snapshot` (of the monitored devices; of
     /// `devices` only, on a targeted read), under the host's read deadlines.
     fn read_ethtool(&self, snapshot: &mut Snapshot, devices: Option<&[String]>) -> Vec<String> {
@@ -265,7 +271,7 @@ impl Monitor {
         };
         let roles = roles::classify(snapshot, &self.topology, &self.config.filters);
         let wanted = |name: &str| monitored(&roles, name) && devices.is_none_or(|d| d.iter().any(|n| n == name));
-        self.ethtool_ports.read(source, snapshot, wanted, || self.host.timeout())
+        self.ethtool_ports.read(source, snapshot, wanted, || self.host.timeout(), std::time::Instant::now())
     }
 
     /// The targeted read of a hinted wake-up (SPEC §1.8): `devices` read again now, by the
@@ -273,11 +279,7 @@ impl Monitor {
     /// snapshot. `None` when the device set changed since `base` (only a full poll may
     /// decide about devices that came or went).
     pub fn observe_targeted(&self, prev: &CheckState, base: &Snapshot, devices: &[String]) -> Option<Observation> {
-        let plan = ReadPlan {
-            counter_paths: self.counter_paths.clone(),
-            known: Vec::new(),
-            statics: Some(self.statics.clone()),
-        };
+        let plan = self.read_plan(Vec::new());
         self.host.begin_poll();
         self.host.remember_einval(prev.einval.iter().cloned());
         let snapshot = discovery::rediscover(&self.host, &plan, base, devices);
@@ -609,18 +611,17 @@ fn port_decisions(
     }
 }
 
-/// The counter files a poll reads: the rules' and, while `[phyCheck]` is enabled, the
-/// ECN/CNP congestion counters (metrics only).
-fn read_paths(config: &Config) -> Vec<String> {
-    let mut paths = counters::read_paths(&config.counter_rules);
-    if config.phy.enabled {
-        for p in ethtool::CONGESTION.iter().map(|n| ethtool::congestion_path(n)) {
-            if !paths.contains(&p) {
-                paths.push(p);
-            }
-        }
+/// What RoCE ports read besides, while `[phyCheck]` is enabled: the ECN/CNP congestion
+/// counters (metrics only) and the netdev's `speed` (the BER's port rate where the RDMA
+/// port's `rate` gives none).
+fn roce_reads(config: &Config) -> discovery::RoceReads {
+    if !config.phy.enabled {
+        return discovery::RoceReads::default();
     }
-    paths
+    let rules = counters::read_paths(&config.counter_rules);
+    let counter_paths =
+        ethtool::CONGESTION.iter().map(|n| ethtool::congestion_path(n)).filter(|p| !rules.contains(p)).collect();
+    discovery::RoceReads { counter_paths, speed: true }
 }
 
 /// Each RoCE port's pre-FEC BER threshold where its FEC code sets it
@@ -661,16 +662,37 @@ fn unreadable_devices(
 }
 
 /// 001 §7.1: an enabled counter a port does not have is not evaluated there (fail open) and
-/// said once, on the first poll of a boot — one line per counter, naming the ports.
+/// said once, on the first poll of a boot — one line per counter, naming the ports. The
+/// counters of a RoCE port's ethtool data go or come together (a netdev whose driver gives
+/// none: veth, virtio): one line names them with the ports that lack the same ones.
 fn missing_counter_notes(ports: &[CounterPort<'_>], rules: &[counters::CounterRule]) -> Vec<String> {
+    let from_ethtool =
+        |name: &str| rules.iter().any(|r| r.name == name && r.path.starts_with(crate::counters::rule::ETHTOOL_PREFIX));
     let mut by_rule: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut by_port: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (device, port, rule) in counters::missing(ports, rules) {
-        by_rule.entry(rule).or_default().push(format!("{device} port {port}"));
+        let at = format!("{device} port {port}");
+        match from_ethtool(&rule) {
+            true => by_port.entry(at).or_default().push(rule),
+            false => by_rule.entry(rule).or_default().push(at),
+        }
     }
-    by_rule
+    let mut by_set: BTreeMap<Vec<String>, Vec<String>> = BTreeMap::new();
+    for (at, rules) in by_port {
+        by_set.entry(rules).or_default().push(at);
+    }
+    let counters = by_rule
         .into_iter()
-        .map(|(rule, at)| format!("counter {rule} absent on {}: not evaluated there", at.join(", ")))
-        .collect()
+        .map(|(rule, at)| format!("counter {rule} absent on {}: not evaluated there", at.join(", ")));
+    let phy = by_set.into_iter().map(|(rules, at)| {
+        format!(
+            "RoCE physical-layer counters {} absent on {} (not in the ethtool data of their netdev's driver): not \
+             evaluated there",
+            rules.join(", "),
+            at.join(", ")
+        )
+    });
+    counters.chain(phy).collect()
 }
 
 /// After a discovery-scope change: one entity-less healthy event per enabled state check
@@ -871,6 +893,46 @@ mod tests {
         j.saved();
         let (mut again, _) = crate::state::file::load(&state_file, None);
         assert!(j.recover(&mut again, true).is_empty());
+    }
+
+    #[test]
+    fn missing_ethtool_counters_are_one_line_per_set_of_ports() {
+        let rules = Config::default().counter_rules;
+        let ll = crate::model::LinkLayer::Ethernet;
+        let with = |paths: &[&str]| -> BTreeMap<String, u64> {
+            let mut c: BTreeMap<String, u64> = rules.iter().map(|r| (r.path.clone(), 0)).collect();
+            c.retain(|k, _| !k.starts_with("ethtool/") || paths.contains(&k.as_str()));
+            c
+        };
+        // Two ports without ethtool data, one with FEC data only, one with everything.
+        let (none, fec, all) = (with(&[]), with(&["ethtool/fec_corrected_bits", "ethtool/fec_uncorrectable"]), {
+            let paths: Vec<&str> = rules.iter().map(|r| r.path.as_str()).collect();
+            with(&paths)
+        });
+        let mut no_carrier = none.clone();
+        no_carrier.remove("/sys/class/net/{interface}/carrier_changes");
+        let port = |device, counters| CounterPort {
+            device,
+            port: 1,
+            link_layer: Some(&ll),
+            counters,
+            rate_bps: None,
+            ber_threshold: None,
+            ethtool_age: Default::default(),
+        };
+        let ports = [port("mlx5_0", &no_carrier), port("mlx5_1", &none), port("mlx5_2", &fec), port("mlx5_3", &all)];
+        let notes = missing_counter_notes(&ports, &rules);
+        assert_eq!(
+            notes,
+            [
+                "counter carrier_changes absent on mlx5_0 port 1: not evaluated there",
+                "RoCE physical-layer counters pfc_storm, pfc_storm_error, pause_victim absent on mlx5_2 port 1 (not in \
+                 the ethtool data of their netdev's driver): not evaluated there",
+                "RoCE physical-layer counters pre_fec_ber, fec_uncorrectable, pfc_storm, pfc_storm_error, pause_victim \
+                 absent on mlx5_0 port 1, mlx5_1 port 1 (not in the ethtool data of their netdev's driver): not \
+                 evaluated there",
+            ]
+        );
     }
 
     /// The clears of a reboot and of a scope change are about the node: one per check,

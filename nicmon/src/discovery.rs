@@ -30,6 +30,21 @@ pub struct ReadPlan {
     /// Where the static attributes of each device incarnation are kept between reads;
     /// `None`: read everything every time.
     pub statics: Option<Arc<StaticCache>>,
+    /// What RoCE ports read besides (SPEC §1.11); nothing by default.
+    pub roce: RoceReads,
+}
+
+/// The files read on RoCE (Ethernet link layer) ports of monitored PFs only, while
+/// `[phyCheck]` is enabled. A port's link layer is known before its files are planned from
+/// its device's static attributes; a port whose link layer was not known then has them
+/// read too, and kept only if the poll reads it Ethernet.
+#[derive(Debug, Clone, Default)]
+pub struct RoceReads {
+    /// Paths relative to the port directory (the ECN/CNP `hw_counters/`), kept in the
+    /// port's `counters` under the path.
+    pub counter_paths: Vec<String>,
+    /// The netdev's `speed` ([`Port::netdev_speed`]).
+    pub speed: bool,
 }
 
 /// How long the static attributes of a device are trusted without a re-read.
@@ -56,6 +71,9 @@ struct Statics {
     board_id: Option<String>,
     /// The PCIe maxima of a PF's link, both ends (`None` for a VF or without a PCI address).
     pcie: Option<PcieStatics>,
+    /// The link layer of each listed port that read InfiniBand or Ethernet (fixed when the
+    /// device registers, like its ports): which ports are RoCE ([`RoceReads`]).
+    link_layers: BTreeMap<u32, LinkLayer>,
     read_at: Instant,
     /// The device's directory, kept open: the per-poll `device` link and netdev listing
     /// are looked up in it. Once the device is removed every lookup in it fails, which
@@ -123,6 +141,10 @@ struct CacheInner {
     /// Per device: files found absent (`ENOENT`) in this incarnation, not tried again until
     /// the device's static attributes are read again.
     absent: BTreeMap<String, std::collections::BTreeSet<String>>,
+    /// Per device: the ports whose `rate` gave a rate at the last poll in this incarnation.
+    /// Their netdev's `speed` ([`RoceReads::speed`]) is not read: it only stands in for a
+    /// missing rate, and each read of it costs mlx5 a firmware command.
+    rated: BTreeMap<String, std::collections::BTreeSet<u32>>,
     /// Static attribute sets read so far (one per device read from the host).
     reads: u64,
     /// The per-poll files of the last full poll (its devices' and the character devices'):
@@ -137,6 +159,7 @@ impl StaticCache {
         if let Ok(mut c) = self.inner.lock() {
             c.by_device.remove(device);
             c.absent.remove(device);
+            c.rated.remove(device);
         }
     }
 
@@ -150,6 +173,24 @@ impl StaticCache {
             && c.by_device.contains_key(device)
         {
             c.absent.entry(device.to_string()).or_default().insert(rel.to_string());
+        }
+    }
+
+    /// Whether `port` of `device` gave a rate at its last poll in this incarnation.
+    fn is_rated(&self, device: &str, port: u32) -> bool {
+        self.inner.lock().map(|c| c.rated.get(device).is_some_and(|r| r.contains(&port))).unwrap_or(false)
+    }
+
+    fn set_rated(&self, device: &str, port: u32, rated: bool) {
+        if let Ok(mut c) = self.inner.lock()
+            && c.by_device.contains_key(device)
+        {
+            let ports = c.rated.entry(device.to_string()).or_default();
+            if rated {
+                ports.insert(port);
+            } else {
+                ports.remove(&port);
+            }
         }
     }
 
@@ -177,6 +218,7 @@ impl StaticCache {
             c.names = names.to_vec();
             c.by_device.clear();
             c.absent.clear();
+            c.rated.clear();
             return true;
         }
         false
@@ -193,6 +235,7 @@ impl StaticCache {
             c.reads += 1;
             c.by_device.insert(device.to_string(), statics);
             c.absent.remove(device);
+            c.rated.remove(device);
         }
     }
 }
@@ -418,8 +461,17 @@ fn read_statics(host: &Host, base: &str, link: Option<String>) -> Statics {
         Function::Unknown
     };
     let pcie = pci_address.as_deref().filter(|_| function != Function::Vf).map(|a| PcieStatics::read(host, a));
+    let ports = list_ports(host, base);
+    let link_layers = ports
+        .iter()
+        .filter_map(|n| {
+            let ll = host.read_sys(&format!("{base}/ports/{n}/link_layer")).ok().and_then(|v| parse::link_layer(&v))?;
+            matches!(ll, LinkLayer::InfiniBand | LinkLayer::Ethernet).then_some((*n, ll))
+        })
+        .collect();
     Statics {
-        ports: list_ports(host, base),
+        ports,
+        link_layers,
         link,
         pci_address,
         driver: host.link_name_sys(&format!("{base}/device/driver")),
@@ -531,6 +583,18 @@ struct PortRead {
     carrier: Option<usize>,
     /// (index of the configured path in the plan, index of the file)
     counters: Vec<(usize, usize)>,
+    /// The same for [`RoceReads::counter_paths`], and the netdev's `speed`: read on a port
+    /// that may be RoCE, kept on one that is.
+    roce_counters: Vec<(usize, usize)>,
+    speed: Option<usize>,
+}
+
+/// What a monitored port reads beyond its fixed files: the plan's counters and, on a port
+/// that may be RoCE, the plan's [`RoceReads`].
+#[derive(Clone, Copy)]
+struct PortPlan<'p> {
+    plan: &'p ReadPlan,
+    roce: bool,
 }
 
 /// Files read ahead: begun before the listings, under the kept-file generation then.
@@ -628,7 +692,9 @@ fn plan_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> D
         .into_iter()
         .map(|n| {
             let port_netdev = port_netdev(host, &base, &netdevs, n).or_else(|| netdev.clone());
-            plan_port(name, n, port_netdev.as_deref(), read_counters.then_some(plan), batch)
+            let roce = !efa && statics.link_layers.get(&n).is_none_or(|l| *l == LinkLayer::Ethernet);
+            let reads = read_counters.then_some(PortPlan { plan, roce });
+            plan_port(name, n, port_netdev.as_deref(), reads, batch)
         })
         .collect();
     let pcie = read_counters.then(|| plan_pcie(name, &statics, plan, batch)).flatten();
@@ -741,24 +807,85 @@ fn port_netdev(host: &Host, base: &str, netdevs: &[String], n: u32) -> Option<St
 }
 
 /// The files of port `n` that every poll reads, added to `batch`.
-fn plan_port(dev: &str, n: u32, netdev: Option<&str>, plan: Option<&ReadPlan>, batch: &mut Batch) -> PortRead {
+fn plan_port(dev: &str, n: u32, netdev: Option<&str>, reads: Option<PortPlan<'_>>, batch: &mut Batch) -> PortRead {
     let mut file = |f: &str| batch.add(format_args!("class/infiniband/{dev}/ports/{n}/{f}"));
     let (link_layer, state, phys_state, rate, lid, sm_lid) =
         (file("link_layer"), file("state"), file("phys_state"), file("rate"), file("lid"), file("sm_lid"));
     let operstate = netdev.map(|nd| batch.add(format_args!("class/net/{nd}/operstate")));
     let carrier = netdev.map(|nd| batch.add(format_args!("class/net/{nd}/carrier")));
-    let mut counters = Vec::new();
-    if let Some(plan) = plan {
+    let (mut counters, mut roce_counters, mut speed) = (Vec::new(), Vec::new(), None);
+    if let Some(PortPlan { plan, roce }) = reads {
         let cache = plan.statics.as_deref();
-        for (k, path) in plan.counter_paths.iter().enumerate() {
-            let Some(file) = CounterFile::of(dev, n, path, netdev) else { continue };
-            let absent = |rel: &str| cache.is_some_and(|c| c.is_absent(dev, rel));
-            if let Some(i) = batch.add_unless(format_args!("{file}"), absent) {
-                counters.push((k, i));
-            }
+        counters = plan_counters(dev, n, netdev, &plan.counter_paths, cache, batch);
+        if roce {
+            roce_counters = plan_counters(dev, n, netdev, &plan.roce.counter_paths, cache, batch);
+            let rated = cache.is_some_and(|c| c.is_rated(dev, n));
+            speed =
+                netdev.filter(|_| plan.roce.speed && !rated).map(|nd| batch.add(format_args!("class/net/{nd}/speed")));
         }
     }
-    PortRead { number: n, link_layer, state, phys_state, rate, lid, sm_lid, operstate, carrier, counters }
+    PortRead {
+        number: n,
+        link_layer,
+        state,
+        phys_state,
+        rate,
+        lid,
+        sm_lid,
+        operstate,
+        carrier,
+        counters,
+        roce_counters,
+        speed,
+    }
+}
+
+/// The counter files of `paths` on port `n`, added to `batch` unless found absent in this
+/// incarnation: (index in `paths`, index of the file).
+fn plan_counters(
+    dev: &str,
+    n: u32,
+    netdev: Option<&str>,
+    paths: &[String],
+    cache: Option<&StaticCache>,
+    batch: &mut Batch,
+) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for (k, path) in paths.iter().enumerate() {
+        let Some(file) = CounterFile::of(dev, n, path, netdev) else { continue };
+        let absent = |rel: &str| cache.is_some_and(|c| c.is_absent(dev, rel));
+        if let Some(i) = batch.add_unless(format_args!("{file}"), absent) {
+            out.push((k, i));
+        }
+    }
+    out
+}
+
+/// The values of the counter files planned by [`plan_counters`] into `out` (under their
+/// path); a file found absent is remembered (not read again in this incarnation).
+fn finish_counters(
+    dev: &str,
+    planned: Vec<(usize, usize)>,
+    paths: &[String],
+    read: (&[Result<String, ReadError>], &FileSet, &ReadPlan),
+    out: &mut BTreeMap<String, u64>,
+) {
+    let (results, files, plan) = read;
+    for (k, i) in planned {
+        match results.get(i) {
+            Some(Ok(raw)) => {
+                if let Some(v) = parse::counter(raw) {
+                    out.insert(paths[k].clone(), v);
+                }
+            }
+            Some(Err(ReadError::Missing)) => {
+                if let (Some(c), Some(rel)) = (plan.statics.as_deref(), files.rels().get(i)) {
+                    c.mark_absent(dev, rel);
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 fn finish_port(
@@ -784,27 +911,25 @@ fn finish_port(
         unknown.insert("phys_state".to_string(), why);
     }
     let mut counters = BTreeMap::new();
-    for (k, i) in p.counters {
-        match results.get(i) {
-            Some(Ok(raw)) => {
-                if let Some(v) = parse::counter(raw) {
-                    counters.insert(plan.counter_paths[k].clone(), v);
-                }
-            }
-            Some(Err(ReadError::Missing)) => {
-                if let (Some(c), Some(rel)) = (plan.statics.as_deref(), files.rels().get(i)) {
-                    c.mark_absent(dev, rel);
-                }
-            }
-            _ => {}
-        }
+    finish_counters(dev, p.counters, &plan.counter_paths, (results, files, plan), &mut counters);
+    // Read where the port may have been RoCE; kept where it is.
+    let mut roce_counters = BTreeMap::new();
+    finish_counters(dev, p.roce_counters, &plan.roce.counter_paths, (results, files, plan), &mut roce_counters);
+    let roce = link_layer == Some(LinkLayer::Ethernet);
+    let netdev_speed = p.speed.and_then(read).and_then(parse::netdev_speed).filter(|_| roce);
+    if roce {
+        counters.extend(roce_counters);
+    }
+    let rate = read(p.rate).and_then(parse::rate);
+    if let Some(c) = plan.statics.as_deref().filter(|_| roce && plan.roce.speed) {
+        c.set_rated(dev, p.number, rate.as_ref().is_some_and(|r| r.gbps > 0.0));
     }
     Port {
         number: p.number,
         link_layer,
         state,
         phys_state,
-        rate: read(p.rate).and_then(parse::rate),
+        rate,
         lid: read(p.lid).and_then(parse::hex_u32),
         sm_lid: read(p.sm_lid).and_then(parse::hex_u32),
         operstate: p.operstate.and_then(read).and_then(parse::operstate),
@@ -812,6 +937,8 @@ fn finish_port(
         counters,
         unknown,
         ethtool: None,
+        ethtool_age: None,
+        netdev_speed,
     }
 }
 
@@ -994,6 +1121,38 @@ mod tests {
         assert_eq!(counter_of(&discover(&host, &plain), "mlx5_0", path), None);
         std::fs::write(&file, "8\n").unwrap();
         assert_eq!(counter_of(&discover(&host, &plain), "mlx5_0", path), Some(8));
+    }
+
+    #[test]
+    fn roce_ports_read_congestion_counters_and_the_speed_where_the_rate_is_missing() {
+        // H100 OCI: InfiniBand mlx5_0, RoCE mlx5_2 (100G); every port lists the ECN/CNP files.
+        let node = Platform::H100Oci.build();
+        let host = Host::new(node.sys(), node.proc());
+        let cache = Arc::new(StaticCache::default());
+        let cnp = "hw_counters/np_cnp_sent";
+        let roce = RoceReads { counter_paths: vec![cnp.into()], speed: true };
+        let plan = ReadPlan { statics: Some(cache.clone()), roce, ..ReadPlan::default() };
+        let port = |s: &Snapshot, dev: &str| s.devices.iter().find(|d| d.name == dev).unwrap().ports[0].clone();
+        let first = discover(&host, &plan);
+        // The congestion counter on the RoCE port only; the speed read on the first poll.
+        assert_eq!((counter_of(&first, "mlx5_2", cnp), counter_of(&first, "mlx5_0", cnp)), (Some(0), None));
+        assert_eq!((port(&first, "mlx5_2").netdev_speed, port(&first, "mlx5_0").netdev_speed), (Some(100_000), None));
+        // The rate gave a rate: the speed is not read again.
+        assert_eq!(port(&discover(&host, &plan), "mlx5_2").netdev_speed, None);
+        // The rate goes: the next poll notes it, the one after reads the speed, which
+        // gives the port its rate.
+        node.remove_port_file("mlx5_2", 1, "rate");
+        assert_eq!(port(&discover(&host, &plan), "mlx5_2").netdev_speed, None);
+        let p = port(&discover(&host, &plan), "mlx5_2");
+        assert_eq!((p.rate.clone(), p.netdev_speed, p.rate_bps()), (None, Some(100_000), Some(100e9)));
+        // No link (-1): unknown, no rate at all.
+        node.set_speed(node.info["mlx5_2"].netdev.as_deref().unwrap(), "-1");
+        let p = port(&discover(&host, &plan), "mlx5_2");
+        assert_eq!((p.netdev_speed, p.rate_bps()), (None, None));
+        // Nothing of it without the RoCE reads (`[phyCheck] enabled = false`).
+        let off = ReadPlan { statics: Some(Arc::new(StaticCache::default())), ..ReadPlan::default() };
+        let s = discover(&host, &off);
+        assert_eq!((counter_of(&s, "mlx5_2", cnp), port(&s, "mlx5_2").netdev_speed), (None, None));
     }
 
     #[test]

@@ -194,9 +194,26 @@ pub struct Port {
     /// supported, no source).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ethtool: Option<crate::ethtool::EthtoolSnapshot>,
+    /// How long before this poll `ethtool` was read: reads are paced
+    /// (`[phyCheck] readInterval`) and the last one is kept in between. `None`: not read.
+    #[serde(skip)]
+    pub ethtool_age: Option<std::time::Duration>,
+    /// A RoCE port's netdev `speed` in Mb/s, read while `[phyCheck]` is enabled: the port
+    /// rate of the pre-FEC BER where `rate` gives none. `None`: not read, unreadable, or
+    /// unknown (`-1`, no link).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netdev_speed: Option<u64>,
 }
 
 impl Port {
+    /// The port's rate in bit/s: the RDMA port's `rate`, else its netdev's `speed`; `None`
+    /// when neither gives a rate above zero.
+    pub fn rate_bps(&self) -> Option<f64> {
+        let positive = |r: &f64| r.is_finite() && *r > 0.0;
+        let rate = self.rate.as_ref().map(|r| r.gbps * 1e9).filter(positive);
+        rate.or_else(|| self.netdev_speed.map(|mbps| mbps as f64 * 1e6).filter(positive))
+    }
+
     /// Healthy = `ACTIVE` and `LinkUp` (000 §3.4).
     pub fn is_healthy(&self) -> bool {
         self.state == Some(PortState::Active) && self.phys_state == Some(PhysState::LinkUp)

@@ -142,6 +142,12 @@ pub fn numa_node(raw: &str) -> Option<i32> {
     text(raw)?.parse::<i32>().ok().filter(|n| *n >= 0)
 }
 
+/// `class/net/<if>/speed`: Mb/s in decimal (`%d`); `-1` (`SPEED_UNKNOWN`: no link), `0`
+/// and anything else → `None`.
+pub fn netdev_speed(raw: &str) -> Option<u64> {
+    text(raw)?.parse::<u64>().ok().filter(|n| *n > 0)
+}
+
 /// `class/net/<if>/operstate`.
 pub fn operstate(raw: &str) -> Option<OperState> {
     let t = text(raw)?;
@@ -327,6 +333,15 @@ mod tests {
     }
 
     #[test]
+    fn netdev_speed_values() {
+        assert_eq!(netdev_speed("200000\n"), Some(200_000));
+        assert_eq!(netdev_speed("25000"), Some(25_000));
+        for unknown in ["-1\n", "0\n", "", "fast\n", "4294967295000000000000\n"] {
+            assert_eq!(netdev_speed(unknown), None, "{unknown:?}");
+        }
+    }
+
+    #[test]
     fn carrier_values() {
         assert_eq!(carrier("1\n"), Some(true));
         assert_eq!(carrier("0"), Some(false));
@@ -348,6 +363,7 @@ mod tests {
             let _ = numa_node(&s);
             let _ = operstate(&s);
             let _ = carrier(&s);
+            let _ = netdev_speed(&s);
             let _ = uevent_pci_slot(&s);
             let _ = pci_address(&s);
             let _ = card_of(&s);

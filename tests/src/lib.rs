@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 pub mod blocking;
 pub mod connector;
 pub mod daemon;
+pub mod debian;
 pub mod deploy;
 pub mod kernel_log;
 pub mod latency;
@@ -117,6 +118,13 @@ impl NicSpec {
             netdev: netdev.map(str::to_string),
         }
     }
+}
+
+/// The netdev `speed` (Mb/s) of a port whose RDMA `rate` is `rate` (`"200 Gb/sec (4X
+/// HDR)"` → 200000); `-1` (unknown) when the rate names none.
+fn speed_of(rate: &str) -> i64 {
+    let gbps = rate.split_whitespace().next().and_then(|n| n.parse::<f64>().ok());
+    gbps.filter(|g| g.is_finite() && *g > 0.0).map_or(-1, |g| (g * 1000.0) as i64)
 }
 
 /// Facts about a NIC the tests need to mutate it.
@@ -574,7 +582,7 @@ impl Node {
             write(&nd_path.join("carrier_changes"), "2\n");
             write(&nd_path.join("ifindex"), format!("{}\n", self.next_ifindex));
             write(&nd_path.join("dev_port"), "0\n");
-            write(&nd_path.join("speed"), "200000\n");
+            write(&nd_path.join("speed"), format!("{}\n", speed_of(&spec.rate)));
             write(&nd_path.join("address"), "b8:3f:d2:c3:65:c4\n");
             link(&format!("../../../{bdf}"), &nd_path.join("device"));
             link(&format!("{}{net_dir}", up("class/net")), &self.sys().join(format!("class/net/{nd}")));
@@ -884,6 +892,11 @@ impl Node {
 
     pub fn set_operstate(&self, netdev: &str, state: &str) {
         write(&self.sys().join(format!("class/net/{netdev}/operstate")), format!("{state}\n"));
+    }
+
+    /// Write a netdev's `speed` verbatim (Mb/s: `"200000"`; `"-1"` without link).
+    pub fn set_speed(&self, netdev: &str, text: &str) {
+        write(&self.sys().join(format!("class/net/{netdev}/speed")), format!("{text}\n"));
     }
 
     pub fn set_rate(&self, dev: &str, port: u32, rate: &str) {

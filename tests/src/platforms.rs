@@ -78,6 +78,17 @@ impl Platform {
         n
     }
 
+    /// The DGX-H100-like node under `root` with `vfs_per_pf` SR-IOV VFs on each of its 8
+    /// InfiniBand PFs instead of 2 (0: none), as a host running the SR-IOV network operator
+    /// or Kata VMs shows them: the scale series of `cargo xtask bench`.
+    pub fn dgx_h100_with_vfs(root: &std::path::Path, vfs_per_pf: u32) -> Node {
+        let mut n = Node::at(Platform::DgxH100.name(), root);
+        dgx_h100_vfs(&mut n, vfs_per_pf);
+        n.plain_netdev("lo");
+        n.write_metadata();
+        n
+    }
+
     fn populate(self, n: &mut Node) {
         match self {
             Platform::A100Oci => a100_oci(n),
@@ -222,6 +233,11 @@ fn gb200_nvl4(n: &mut Node) {
 /// PCIe switch), NVSwitch functions, 2 dual-port Ethernet storage cards on CPU root ports
 /// (4 PFs), and 2 SR-IOV VFs per compute PF (16 VFs, DOWN).
 fn dgx_h100(n: &mut Node) {
+    dgx_h100_vfs(n, 2);
+}
+
+/// The DGX-H100-like node with `vfs_per_pf` VFs per compute PF.
+fn dgx_h100_vfs(n: &mut Node, vfs_per_pf: u32) {
     for g in 0..8 {
         let numa = if g < 4 { 0 } else { 1 };
         let rc = n.root_complex(0, numa);
@@ -239,7 +255,7 @@ fn dgx_h100(n: &mut Node) {
     own_rc_card(n, 0, 0, vec![roce(8), roce(9)]);
     own_rc_card(n, 0, 1, vec![roce(10), roce(11)]);
     for g in 0..8 {
-        n.vfs(&format!("mlx5_{g}"), 2);
+        n.vfs(&format!("mlx5_{g}"), vfs_per_pf);
     }
 }
 

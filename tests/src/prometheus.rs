@@ -9,8 +9,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::deploy::capture;
-
 /// The alerting and recording rules.
 pub const RULES: &str = "deploy/prometheus/nicmon-rules.yaml";
 /// Their `promtool test rules` files.
@@ -28,10 +26,6 @@ pub struct Tools {
     pub promtool: PathBuf,
 }
 
-fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(name)).find(|p| p.is_file())
-}
-
 fn unpacked(root: &Path) -> Tools {
     let bin = root.join(".tools/prometheus/usr/bin");
     Tools { prometheus: bin.join("prometheus"), promtool: bin.join("promtool") }
@@ -39,7 +33,9 @@ fn unpacked(root: &Path) -> Tools {
 
 /// The binaries when this machine already has them (on `PATH`, or unpacked in `.tools`).
 pub fn find_tools(root: &Path) -> Option<Tools> {
-    if let (Some(prometheus), Some(promtool)) = (on_path("prometheus"), on_path("promtool")) {
+    if let (Some(prometheus), Some(promtool)) =
+        (crate::debian::on_path("prometheus"), crate::debian::on_path("promtool"))
+    {
         return Some(Tools { prometheus, promtool });
     }
     let t = unpacked(root);
@@ -52,31 +48,7 @@ pub fn ensure_tools(root: &Path) -> Result<Tools, String> {
     if let Some(t) = find_tools(root) {
         return Ok(t);
     }
-    let dir = root.join(".tools/prometheus");
-    let download = root.join(".tools/prometheus.download");
-    eprintln!("prometheus: unpacking Debian's prometheus package into {} (~20 MB download)", dir.display());
-    let _ = std::fs::remove_dir_all(&download);
-    std::fs::create_dir_all(&download).map_err(|e| format!("{}: {e}", download.display()))?;
-    let fetch = || {
-        capture(
-            Command::new("apt-get").current_dir(&download).args(["download", "prometheus"]),
-            "apt-get download prometheus",
-        )
-    };
-    if let Err(first) = fetch() {
-        // A machine whose package lists were never fetched: fetch them (root only) and retry.
-        capture(Command::new("apt-get").args(["update", "-qq"]), "apt-get update")
-            .map_err(|e| format!("{first}; {e}"))?;
-        fetch()?;
-    }
-    let deb = std::fs::read_dir(&download)
-        .map_err(|e| format!("{}: {e}", download.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "deb"))
-        .ok_or_else(|| format!("apt-get download prometheus left no .deb in {}", download.display()))?;
-    let _ = std::fs::remove_dir_all(&dir);
-    capture(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&dir), "dpkg-deb -x")?;
-    let _ = std::fs::remove_dir_all(&download);
+    let dir = crate::debian::unpack(root, "prometheus", "~20 MB")?;
     find_tools(root).ok_or_else(|| format!("{} has no usr/bin/prometheus and promtool", dir.display()))
 }
 

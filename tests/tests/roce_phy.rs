@@ -174,14 +174,18 @@ fn uncorrectable_blocks_storms_and_resets() {
     fabric.minute(1e-9, 0.0, 0, |p| p[2].uncorrectable = 9);
     assert!(tl.poll(30).is_empty());
 
-    // mlx5_3 sends pause frames too long: one pfc_storm; storm prevention then disables
-    // pause on it: one pfc_storm_error. Neither is fatal.
+    // mlx5_3 sends pause frames too long: one pfc_storm (the warning); storm prevention
+    // then disables pause on it: pfc_storm again, its message naming the error. Neither
+    // is fatal.
     fabric.minute(1e-9, 0.0, 0, |p| p[3].storm_warnings = 1);
-    assert_eq!(briefs(&tl.poll(40)), vec![eth(false, "mlx5_3", "pfc_storm")]);
+    let ev = tl.poll(40);
+    assert_eq!(briefs(&ev), vec![eth(false, "mlx5_3", "pfc_storm")]);
+    assert!(ev[0]["message"].as_str().unwrap().contains("PFC storm warning"), "{ev:#?}");
     fabric.minute(1e-9, 0.0, 0, |p| p[3].storm_errors = 1);
     let ev = tl.poll(50);
-    assert_eq!(briefs(&ev), vec![eth(false, "mlx5_3", "pfc_storm_error")]);
-    assert!(ev[0]["message"].as_str().unwrap().contains("not draining"), "{ev:#?}");
+    assert_eq!(briefs(&ev), vec![eth(false, "mlx5_3", "pfc_storm")]);
+    let msg = ev[0]["message"].as_str().unwrap();
+    assert!(msg.contains("PFC storm error") && msg.contains("not draining"), "{ev:#?}");
 
     // The driver reloads on mlx5_2: its counters restart at 0. One recovery, like the
     // other counters; then re-armed.
@@ -189,6 +193,10 @@ fn uncorrectable_blocks_storms_and_resets() {
     assert_eq!(briefs(&tl.poll(60)), vec![eth(true, "mlx5_2", "fec_uncorrectable")]);
     fabric.minute(1e-9, 0.0, 0, |p| p[2].uncorrectable = 1);
     assert_eq!(briefs(&tl.poll(70)), vec![eth(false, "mlx5_2", "fec_uncorrectable")]);
+
+    // mlx5_3's driver reloads too: both storm counters restart, the code clears once.
+    fabric.minute(1e-9, 0.0, 0, |p| p[3] = Phy::default());
+    assert_eq!(briefs(&tl.poll(80)), vec![eth(true, "mlx5_3", "pfc_storm")]);
 }
 
 #[test]
@@ -209,7 +217,9 @@ fn a_reboot_rebaselines_the_phy_counters() {
     let ev = tl.poll(900);
     assert!(ev.iter().all(|e| e["isHealthy"] == true), "{ev:#?}");
     let of = |code: &str| briefs(&ev).into_iter().filter(|b| b.4 == code).collect::<Vec<_>>();
-    for code in ["pre_fec_ber", "fec_uncorrectable", "pfc_storm", "pfc_storm_error", "pause_victim"] {
+    // One baseline per error code: the storm's warning and error rules share `pfc_storm`.
+    assert!(of("pfc_storm_error").is_empty());
+    for code in ["pre_fec_ber", "fec_uncorrectable", "pfc_storm", "pause_victim"] {
         let want: Vec<Brief> = (0..6).map(|i| eth(true, &format!("mlx5_{i}"), code)).collect();
         assert_eq!(of(code), want, "{code}");
     }
@@ -253,4 +263,107 @@ fn netdevs_without_ethtool_data_are_unknown_not_errors() {
     let report = tl.report(60);
     assert_eq!(report["events"], json!([]));
     assert!(phy(&report, "mlx5_0").is_null());
+}
+
+#[test]
+fn missing_ethtool_data_is_said_once_in_a_few_lines() {
+    // The first poll's log on a RoCE node without ethtool data: one line per netdev (its
+    // ethtool data not supported), one line naming the physical-layer counters and ports,
+    // not one line per counter.
+    let node = Platform::L40sOci.build();
+    let empty = node.root().join("no-ethtool");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = std::process::Command::new(nicmon_tests::nicmon_bin())
+        .args(["check", "--config", "/nonexistent.toml"])
+        .arg("--ethtool-replay")
+        .arg(&empty)
+        .arg("--sysfs")
+        .arg(node.sys())
+        .arg("--procfs")
+        .arg(node.proc())
+        .env_remove("NODE_NAME")
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let log = String::from_utf8_lossy(&out.stderr);
+    let lines = |needle: &str| log.lines().filter(|l| l.contains(needle)).collect::<Vec<_>>();
+    let phy = lines("RoCE physical-layer counters");
+    assert_eq!(phy.len(), 1, "{log}");
+    for name in ["pre_fec_ber", "fec_uncorrectable", "pfc_storm", "pfc_storm_error", "pause_victim"] {
+        assert!(phy[0].contains(name), "{name}: {log}");
+    }
+    for i in 0..6 {
+        assert!(phy[0].contains(&format!("mlx5_{i} port 1")), "mlx5_{i}: {log}");
+    }
+    assert!(lines(" absent on ").len() == 1, "one absent line: {log}");
+    for i in 0..6 {
+        let netdev = lines(&format!("of rdma{i}: not supported"));
+        assert_eq!(netdev.len(), 1, "rdma{i}: {log}");
+        assert!(netdev[0].contains("ethtool FEC, pause and statistics of"), "{log}");
+    }
+}
+
+#[test]
+fn a_port_without_a_usable_rate_gets_its_ber_from_the_netdev_speed() {
+    // mlx5_1's RDMA `rate` is gone, mlx5_2's unparsable: their BER comes from the netdev's
+    // `speed` (100 Gb/s here, half the 200G rate: a BER twice the others'). mlx5_3 has
+    // neither (no link speed, -1): its BER is unknown, not a guess.
+    let node = Platform::L40sOci.build();
+    node.remove_port_file("mlx5_1", 1, "rate");
+    node.write_port_file("mlx5_2", 1, "rate", "N/A\n");
+    node.set_speed("rdma1", "100000");
+    node.set_speed("rdma2", "100000");
+    node.remove_port_file("mlx5_3", 1, "rate");
+    node.set_speed("rdma3", "-1");
+    let mut fabric = Fabric::new(&node);
+    let tl = timeline(&node, &fabric.dir);
+    tl.poll(0);
+    fabric.minute(1e-9, 0.0, 0, |_| {});
+    let report = tl.report(60);
+    assert_eq!(report["events"], json!([]));
+    let ber = |dev: &str| phy(&report, dev)["pre_fec_ber"].as_f64();
+    for (dev, want) in [("mlx5_0", Some(1e-9)), ("mlx5_1", Some(2e-9)), ("mlx5_2", Some(2e-9)), ("mlx5_3", None)] {
+        match (ber(dev), want) {
+            (Some(got), Some(want)) => assert!((got / want - 1.0).abs() < 1e-6, "{dev}: {got:e}"),
+            (got, want) => assert_eq!(got, want, "{dev}"),
+        }
+    }
+    // A degrading optic on the speed-rated port is judged at that rate: 1.5e-4 at 100G.
+    fabric.minute(1e-9, 0.0, 0, |p| p[1].corrected_bits += (BITS_PER_MINUTE as f64 * 0.75e-4) as u64);
+    let ev = tl.poll(120);
+    assert_eq!(briefs(&ev), vec![eth(false, "mlx5_1", "pre_fec_ber")], "{ev:#?}");
+    assert!(ev[0]["message"].as_str().unwrap().contains("BER 1.50e-4"), "{ev:#?}");
+}
+
+#[test]
+fn congestion_counters_are_read_on_roce_ports_only() {
+    // H100 OCI: InfiniBand compute ports and two RoCE storage ports; mlx5 lists the ECN/CNP
+    // files on every port. They are a RoCE port's (metrics only), not an IB port's.
+    let node = Platform::H100Oci.build();
+    let report = node.check_json(&[]);
+    let mut seen = (0, 0);
+    for d in report["devices"].as_array().unwrap() {
+        for p in d["ports"].as_array().unwrap() {
+            let has =
+                ["np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled"].map(|c| p["counters"].get(c).is_some());
+            match p["link_layer"].as_str() {
+                Some("Ethernet") => {
+                    assert_eq!(has, [true; 3], "{}: {p:#}", d["name"]);
+                    seen.0 += 1;
+                }
+                _ => {
+                    assert_eq!(has, [false; 3], "{}: {p:#}", d["name"]);
+                    seen.1 += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(seen, (2, 16));
+    // `[phyCheck] enabled = false`: not read on RoCE ports either.
+    let cfg = node.root().join("nophy.toml");
+    std::fs::write(&cfg, "[phyCheck]\nenabled = false\n").unwrap();
+    let report = node.check_json(&["--config", cfg.to_str().unwrap()]);
+    let text = report["devices"].to_string();
+    assert!(!text.contains("np_cnp_sent"), "{text}");
 }

@@ -8,7 +8,10 @@
 //!   inputs"), one fresh daemon per case: a 100 MB state file; every port file and the
 //!   state file a link to `/dev/zero`; a long outage with the outbox at its bound while a
 //!   100 MB kernel log file floods `--kmsg-path`; a device with 1,000 ports (no state
-//!   file: the first poll baselines every port and counter).
+//!   file: the first poll baselines every port and counter);
+//! - node_exporter's infiniband collector on the same tree in the same run, the peer the poll
+//!   is compared with (`node_exporter.rs`);
+//! - the scale series: 0, 16 and 64 VFs per PF and the 1,000-port device (`scale.rs`).
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -31,6 +34,60 @@ pub struct Options {
     /// (`VmRSS`/`VmHWM` sampled every millisecond for the first 3 s).
     #[arg(long, conflicts_with = "hostile_only")]
     daemon_only: bool,
+    /// Only the scale series (0, 16, 64 VFs per PF; a device with 1,000 ports).
+    #[arg(long, conflicts_with_all = ["hostile_only", "daemon_only"])]
+    scale_only: bool,
+    /// Polls timed per case of the scale series.
+    #[arg(long, default_value_t = 300)]
+    scale_polls: usize,
+    /// Scrapes of node_exporter timed on the DGX-H100-like node.
+    #[arg(long, default_value_t = 200)]
+    scrapes: usize,
+    /// Leave node_exporter out (a machine without apt or network).
+    #[arg(long)]
+    no_peer: bool,
+}
+
+/// What `cargo bench --bench poll` measured on one tree.
+pub struct PollFigures {
+    pub median_ms: f64,
+    pub p99_ms: f64,
+    pub cpu_ms: f64,
+    /// Poll / open-read-close floor.
+    pub floor_ratio: f64,
+}
+
+/// The number after `key` in `out` (up to the next space or `x`).
+fn figure(out: &str, key: &str) -> Result<f64> {
+    out.split(key)
+        .nth(1)
+        .and_then(|r| r.split(|c: char| c.is_whitespace() || c == 'x' || c == ';' || c == ',').next())
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no `{key}` figure in the poll bench's output"))
+}
+
+/// `cargo bench -p nicmon --bench poll` (release build) with `polls` polls, on the default
+/// DGX-H100-like node or on `tree` (its directory and label); prints its output.
+pub fn poll_bench(root: &Path, tree: Option<(&Path, &str)>, polls: usize) -> Result<PollFigures> {
+    let mut cmd = Command::new(cargo());
+    cmd.current_dir(root)
+        .args(["bench", "--quiet", "-p", "nicmon", "--bench", "poll"])
+        .env("NICMON_BENCH_POLLS", polls.to_string());
+    if let Some((dir, label)) = tree {
+        cmd.env("NICMON_BENCH_TREE", dir).env("NICMON_BENCH_LABEL", label);
+    }
+    let st = cmd.output()?;
+    let out = String::from_utf8_lossy(&st.stdout);
+    print!("{out}");
+    if !st.status.success() {
+        bail!("cargo bench -p nicmon --bench poll failed: {}", String::from_utf8_lossy(&st.stderr));
+    }
+    Ok(PollFigures {
+        median_ms: figure(&out, "median ")?,
+        p99_ms: figure(&out, "p99 ")?,
+        cpu_ms: figure(&out, "per poll: ")?,
+        floor_ratio: figure(&out, "poll / floor = ")?,
+    })
 }
 
 fn cargo() -> String {
@@ -66,7 +123,7 @@ fn proc_cpu_ticks(pid: u32) -> Result<u64> {
     Ok(f.get(11).context("utime")?.parse::<u64>()? + f.get(12).context("stime")?.parse::<u64>()?)
 }
 
-fn proc_kib(pid: u32, key: &str) -> Result<u64> {
+pub fn proc_kib(pid: u32, key: &str) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let line = status.lines().find(|l| l.starts_with(key)).with_context(|| format!("{key} not in status"))?;
     Ok(line.split_whitespace().nth(1).context("value")?.parse()?)
@@ -81,6 +138,12 @@ pub fn run(opts: &Options) -> Result<()> {
         bail!("cargo build --release -p nicmon failed");
     }
     let bin = root.join("target/release/nicmon");
+    if opts.scale_only {
+        let peer = peer(&root, opts)?;
+        let ok = crate::scale::run(&root, &bin, peer.as_deref(), opts.scale_polls)?;
+        println!("{}", if ok { "all bars met" } else { "SOME BARS NOT MET" });
+        return Ok(());
+    }
     if opts.hostile_only {
         let worst = hostile_rss(&bin)?;
         println!("{}", if worst <= 32.0 { "all bars met" } else { "SOME BARS NOT MET" });
@@ -97,36 +160,41 @@ pub fn run(opts: &Options) -> Result<()> {
         return Ok(());
     }
 
-    // 1. Poll duration, in-process and in release mode.
-    let st = Command::new(cargo())
-        .current_dir(&root)
-        .args(["bench", "--quiet", "-p", "nicmon", "--bench", "poll"])
-        .env("NICMON_BENCH_POLLS", opts.polls.to_string())
-        .output()?;
-    let out = String::from_utf8_lossy(&st.stdout);
-    print!("{out}");
-    if !st.status.success() {
-        bail!("cargo bench -p nicmon --bench poll failed: {}", String::from_utf8_lossy(&st.stderr));
-    }
-    let ratio: f64 = out
-        .split("poll / floor = ")
-        .nth(1)
-        .and_then(|r| r.split('x').next())
-        .and_then(|v| v.parse().ok())
-        .context("no poll / floor ratio in the bench output")?;
-    let median_ms: f64 = out
-        .split("median ")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .context("no median in the bench output")?;
+    // 1. Poll duration, in-process and in release mode, and node_exporter on the same tree.
+    let poll = poll_bench(&root, Some((tmp.path(), "DGX-H100-like node (12 PFs, 16 VFs)")), opts.polls)?;
+    let peer = peer(&root, opts)?;
+    let peer_ok = match &peer {
+        Some(bin) => {
+            let ms = crate::node_exporter::collector_ms(bin, tmp.path(), opts.scrapes)?;
+            let (median, p99) = (ms[ms.len() / 2], ms[((ms.len() - 1) as f64 * 0.99).round() as usize]);
+            let ratio = poll.median_ms / median;
+            println!(
+                "node_exporter {} infiniband collector, same tree, {} scrapes: median {median:.3} ms, p99 {p99:.3} ms; \
+                 nicmon poll / node_exporter = {ratio:.2}x   [bar: <= 0.35x]",
+                bin.display(),
+                ms.len()
+            );
+            ratio <= 0.35
+        }
+        None => true,
+    };
 
     // 2. Steady-state CPU and RSS at the default 1 s interval.
     let d = steady_daemon(&bin, &node, tmp.path(), opts.seconds)?;
     let worst = hostile_rss(&bin)?;
-    let ok = median_ms <= 2.0 && ratio <= 0.5 && d.met() && worst <= 32.0;
+    // 3. The scale series.
+    let scale = crate::scale::run(&root, &bin, peer.as_deref(), opts.scale_polls)?;
+    let ok = poll.median_ms <= 2.0 && poll.floor_ratio <= 0.5 && peer_ok && d.met() && worst <= 32.0 && scale;
     println!("{}", if ok { "all bars met" } else { "SOME BARS NOT MET" });
     Ok(())
+}
+
+/// node_exporter's binary unless `--no-peer` (fetched where missing).
+fn peer(root: &Path, opts: &Options) -> Result<Option<std::path::PathBuf>> {
+    if opts.no_peer {
+        return Ok(None);
+    }
+    crate::node_exporter::ensure(root).map(Some).context("node_exporter, the peer (--no-peer leaves it out)")
 }
 
 /// What the steady daemon measured.
@@ -261,7 +329,7 @@ fn full_outbox_state(node: &nicmon_tests::Node, path: &Path) -> Result<()> {
 
 /// The node's first PF gets ports 2 to 1,000, each a copy of its port 1 (state, rate,
 /// every counter): with no state file, the first poll baselines them all.
-fn thousand_ports(node: &nicmon_tests::Node) -> Result<()> {
+pub fn thousand_ports(node: &nicmon_tests::Node) -> Result<()> {
     let dev = node.pfs().into_iter().next().context("the node has no PF")?;
     let ports = node.sys().join(format!("class/infiniband/{dev}/ports"));
     for p in 2..=1000 {

@@ -4,7 +4,9 @@ mod build_ebpf;
 mod demo;
 mod deploy;
 mod latency;
+mod node_exporter;
 mod prometheus;
+mod scale;
 mod test;
 
 use clap::{Parser, Subcommand};

@@ -390,6 +390,7 @@ fn added_rule(i: usize, e: &CounterEntry, name: &str) -> Result<CounterRule, Cou
         description: String::new(),
         layers: Layers::All,
         measure: Measure::Count,
+        error_code: None,
     })
 }
 
@@ -503,7 +504,7 @@ mod tests {
             .unwrap()
             .into_iter()
             .zip(default_rules())
-            .map(|(m, d)| CounterRule { layers: d.layers, measure: d.measure, ..m })
+            .map(|(m, d)| CounterRule { layers: d.layers, measure: d.measure, error_code: d.error_code, ..m })
             .collect();
         assert_eq!(merged, default_rules());
     }

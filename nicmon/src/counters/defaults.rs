@@ -24,6 +24,8 @@ pub struct CounterDefinition {
     pub velocity_unit: Option<VelocityUnit>,
     pub layers: Layers,
     pub measure: Measure,
+    /// The events' `errorCode` when it is not the rule's name ([`CounterRule::error_code`]).
+    pub error_code: Option<&'static str>,
     pub description: &'static str,
 }
 
@@ -40,6 +42,7 @@ impl CounterDefinition {
             description: self.description.into(),
             layers: self.layers,
             measure: self.measure,
+            error_code: self.error_code.map(str::to_owned),
         }
     }
 }
@@ -63,6 +66,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: None,
         layers: Layers::Rdma,
         measure: Count,
+        error_code: None,
         description: "Port Training State Machine failed - QP disconnect",
     },
     CounterDefinition {
@@ -75,6 +79,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: None,
         layers: Layers::Rdma,
         measure: Count,
+        error_code: None,
         description: "HCA internal buffer overflow - lossless contract violated",
     },
     CounterDefinition {
@@ -87,6 +92,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: None,
         layers: Layers::Rdma,
         measure: Count,
+        error_code: None,
         description: "Physical errors exceed LocalPhyErrors hardware cap",
     },
     CounterDefinition {
@@ -99,6 +105,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: None,
         layers: Layers::Rdma,
         measure: Count,
+        error_code: None,
         description: "Receiver Not Ready NAK retry exhausted - connection severed",
     },
     CounterDefinition {
@@ -111,6 +118,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
         measure: Count,
+        error_code: None,
         description: "PHY bit errors before FEC - physical layer degradation",
     },
     CounterDefinition {
@@ -123,6 +131,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Hour),
         layers: Layers::Rdma,
         measure: Count,
+        error_code: None,
         description: "Symbol errors exceed IBTA BER threshold (10E-12) - link outside spec",
     },
     CounterDefinition {
@@ -135,6 +144,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Minute),
         layers: Layers::Rdma,
         measure: Count,
+        error_code: None,
         description: "Link retraining events - micro-flapping",
     },
     CounterDefinition {
@@ -147,6 +157,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
         measure: Count,
+        error_code: None,
         description: "Malformed packets received",
     },
     CounterDefinition {
@@ -159,6 +170,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
         measure: Count,
+        error_code: None,
         description: "Fabric routing issues - out of sequence packets",
     },
     CounterDefinition {
@@ -171,6 +183,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
         measure: Count,
+        error_code: None,
         description: "ACK timeout - potential fabric black hole",
     },
     CounterDefinition {
@@ -183,6 +196,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
         measure: Count,
+        error_code: None,
         description: "TX discards due to congestion",
     },
     CounterDefinition {
@@ -195,6 +209,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
         measure: Count,
+        error_code: None,
         description: "TX wait ticks - congestion backpressure",
     },
     CounterDefinition {
@@ -207,6 +222,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
         measure: Count,
+        error_code: None,
         description: "Victim flow oscillation",
     },
     CounterDefinition {
@@ -219,6 +235,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: None,
         layers: Layers::All,
         measure: Count,
+        error_code: None,
         description: "Link instability - carrier state changes",
     },
     // AWS EFA (upstream's allow-list and chart defaults): per-port `hw_counters/<name
@@ -234,6 +251,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: None,
         layers: Layers::Efa,
         measure: Count,
+        error_code: None,
         description: "EFA admin commands that never completed - the device stopped responding",
     },
     CounterDefinition {
@@ -246,6 +264,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Minute),
         layers: Layers::Efa,
         measure: Count,
+        error_code: None,
         description: "EFA admin command errors",
     },
     CounterDefinition {
@@ -258,6 +277,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::Efa,
         measure: Count,
+        error_code: None,
         description: "EFA receive drops",
     },
     CounterDefinition {
@@ -270,6 +290,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::Efa,
         measure: Count,
+        error_code: None,
         description: "EFA retransmission timeouts",
     },
     CounterDefinition {
@@ -282,6 +303,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::Efa,
         measure: Count,
+        error_code: None,
         description: "EFA remote peers not responding",
     },
     CounterDefinition {
@@ -294,6 +316,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::Efa,
         measure: Count,
+        error_code: None,
         description: "EFA connections to remote peers impaired",
     },
     CounterDefinition {
@@ -306,6 +329,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: None,
         layers: Layers::Efa,
         measure: Count,
+        error_code: None,
         description: "EFA RDMA read work request errors",
     },
     CounterDefinition {
@@ -318,6 +342,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: None,
         layers: Layers::Efa,
         measure: Count,
+        error_code: None,
         description: "EFA RDMA write work request errors",
     },
     CounterDefinition {
@@ -330,6 +355,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: None,
         layers: Layers::Efa,
         measure: Count,
+        error_code: None,
         description: "EFA device keep-alive events received",
     },
     CounterDefinition {
@@ -342,6 +368,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: None,
         layers: Layers::Efa,
         measure: Count,
+        error_code: None,
         description: "EFA memory registration errors",
     },
     CounterDefinition {
@@ -354,6 +381,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: None,
         layers: Layers::Efa,
         measure: Count,
+        error_code: None,
         description: "EFA queue pair creation errors",
     },
     CounterDefinition {
@@ -366,6 +394,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: None,
         layers: Layers::Efa,
         measure: Count,
+        error_code: None,
         description: "EFA completion queue creation errors",
     },
     CounterDefinition {
@@ -378,6 +407,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: None,
         layers: Layers::Efa,
         measure: Count,
+        error_code: None,
         description: "EFA address handle creation errors",
     },
     // The rest of upstream's allow-list: known by name (a config may list them), not
@@ -392,6 +422,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
         measure: Count,
+        error_code: None,
         description: "RX discards due to congestion or buffer pressure",
     },
     CounterDefinition {
@@ -404,6 +435,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
         measure: Count,
+        error_code: None,
         description: "Remote physical-layer errors received on this port",
     },
     CounterDefinition {
@@ -416,6 +448,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
         measure: Count,
+        error_code: None,
         description: "Packets discarded because switch relay forwarding failed",
     },
     CounterDefinition {
@@ -428,6 +461,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
         measure: Count,
+        error_code: None,
         description: "Implied NAK sequence errors - retransmission pressure",
     },
     CounterDefinition {
@@ -440,6 +474,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::Rdma,
         measure: Count,
+        error_code: None,
         description: "Packet sequence errors - retransmission pressure",
     },
     CounterDefinition {
@@ -452,6 +487,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: None,
         layers: Layers::Rdma,
         measure: Count,
+        error_code: None,
         description: "Requester transport retry limit exceeded",
     },
     CounterDefinition {
@@ -464,6 +500,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::All,
         measure: Count,
+        error_code: None,
         description: "RX packets with CRC/FCS errors",
     },
     CounterDefinition {
@@ -476,6 +513,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::All,
         measure: Count,
+        error_code: None,
         description: "Aggregate RX packet errors",
     },
     CounterDefinition {
@@ -488,6 +526,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::All,
         measure: Count,
+        error_code: None,
         description: "RX packets missed due to receive-side capacity pressure",
     },
     CounterDefinition {
@@ -500,6 +539,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::All,
         measure: Count,
+        error_code: None,
         description: "TX carrier-sense errors",
     },
     CounterDefinition {
@@ -512,6 +552,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Second),
         layers: Layers::All,
         measure: Count,
+        error_code: None,
         description: "Aggregate TX packet errors",
     },
     // RoCE physical layer and lossless fabric (SPEC §1.11), from the netdev's ethtool data.
@@ -526,6 +567,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Minute),
         layers: Layers::Roce,
         measure: BitErrorRate,
+        error_code: None,
         description: "Pre-FEC bit error rate near the FEC's correction limit - clean or replace the optic, check the cable and switch port",
     },
     CounterDefinition {
@@ -538,6 +580,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: None,
         layers: Layers::Roce,
         measure: Count,
+        error_code: None,
         description: "Codewords the FEC could not correct - frames lost and retransmitted",
     },
     CounterDefinition {
@@ -550,6 +593,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: None,
         layers: Layers::Roce,
         measure: Count,
+        error_code: None,
         description: "PFC storm warning - this NIC has been sending pause frames for too long",
     },
     CounterDefinition {
@@ -562,6 +606,9 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: None,
         layers: Layers::Roce,
         measure: Count,
+        // The same condition as the warning, one step on: operators see one `pfc_storm`,
+        // its message saying which; the rule (state, `[counterDetection]` name) stays its own.
+        error_code: Some("pfc_storm"),
         description: "PFC storm error - storm prevention disabled pause on this port: the host is not draining its receive queue",
     },
     CounterDefinition {
@@ -574,6 +621,7 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         velocity_unit: Some(Minute),
         layers: Layers::Roce,
         measure: TimeShare,
+        error_code: None,
         description: "Paused by the fabric most of the time - a host or switch downstream is not draining",
     },
 ];

@@ -22,14 +22,22 @@
 //!
 //! A rule is evaluated only on ports of its link layers ([`super::rule::Layers`]).
 //! Every event is filed under the port's degradation check (`InfiniBandDegradationCheck` /
-//! `EthernetDegradationCheck` / `EFADegradationCheck`) with `errorCode = [<rule name>]`, so a counter's recovery
-//! clears only that counter's condition (lessons 5, 12).
+//! `EthernetDegradationCheck` / `EFADegradationCheck`) with `errorCode = [<rule name>]`, so a
+//! counter's recovery clears only that counter's condition (lessons 5, 12). Rules that
+//! share an error code ([`CounterRule::error_code`]: two stages of one condition) file
+//! their breaches under it; a healthy event for it (a recovery, a reboot's baseline) is sent
+//! once, when no rule sharing it still holds a breach or a saturation on the port.
+//!
+//! Time: a reading is stamped with the poll's `now`, except a port's ethtool counters
+//! ([`super::rule::ETHTOOL_PREFIX`]), which are read at their own pace and kept in between:
+//! they are stamped with the time they were read ([`CounterPort::ethtool_age`] before
+//! `now`), so deltas and velocity windows span the reads, not the polls. Events carry `now`.
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
 
-use super::rule::{CounterRule, DEVICE_TEMPLATE_PREFIX, Measure, ThresholdType, VelocityUnit};
+use super::rule::{CounterRule, DEVICE_TEMPLATE_PREFIX, ETHTOOL_PREFIX, Measure, ThresholdType, VelocityUnit};
 use super::width;
 use crate::event::{Check, Entity, HealthEvent, Stamp};
 use crate::model::{LinkLayer, Port};
@@ -49,6 +57,8 @@ pub struct CounterPort<'a> {
     /// The pre-FEC BER threshold of this port's FEC code, where the operator set none and
     /// the code is known ([`crate::ethtool::phy::rs_code`]); else the rule's threshold.
     pub ber_threshold: Option<f64>,
+    /// How long before `now` the port's ethtool counters were read (zero: this poll).
+    pub ethtool_age: std::time::Duration,
 }
 
 impl<'a> CounterPort<'a> {
@@ -58,8 +68,9 @@ impl<'a> CounterPort<'a> {
             port: port.number,
             link_layer: port.link_layer.as_ref(),
             counters: &port.counters,
-            rate_bps: port.rate.as_ref().map(|r| r.gbps * 1e9).filter(|r| r.is_finite() && *r > 0.0),
+            rate_bps: port.rate_bps(),
             ber_threshold: None,
+            ethtool_age: port.ethtool_age.unwrap_or_default(),
         }
     }
 
@@ -188,17 +199,43 @@ pub fn evaluate(
     let mut next = prev.clone();
     let mut events = Vec::new();
     let mut key = String::new();
+    let shared = Shared::of(rules);
     for p in ports {
-        for rule in rules.iter().filter(|r| r.enabled && r.layers.covers(p.link_layer)) {
+        let ethtool_at = now - p.ethtool_age;
+        for (i, rule) in rules.iter().enumerate().filter(|(_, r)| r.enabled && r.layers.covers(p.link_layer)) {
             let Some(&value) = p.counters.get(&rule.path) else {
                 continue;
             };
-            let at = Reading { port: p, rule, value, now, stamp };
+            let read_at = if rule.path.starts_with(ETHTOOL_PREFIX) { ethtool_at } else { now };
+            let at = Reading { port: p, rule, value, now, read_at, stamp, shared: &shared[i] };
             write_counter_key(&mut key, p.device, p.port, &rule.name);
             step(&mut next, &mut events, &key, &at, reboot);
         }
     }
     (events, next)
+}
+
+/// The other enabled rules that share a rule's error code, and whether it is the first of
+/// them in rule order (the one that says a reboot's baseline for the code).
+#[derive(Debug, Default)]
+struct Shared<'r> {
+    others: Vec<&'r str>,
+    first: bool,
+}
+
+impl<'r> Shared<'r> {
+    /// Per rule, in `rules` order.
+    fn of(rules: &'r [CounterRule]) -> Vec<Shared<'r>> {
+        rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let same = |o: &&CounterRule| o.enabled && o.code() == r.code();
+                let others = rules.iter().filter(same).filter(|o| o.name != r.name).map(|o| o.name.as_str()).collect();
+                Shared { others, first: !rules[..i].iter().any(|o| same(&o)) }
+            })
+            .collect()
+    }
 }
 
 /// Counters read at the previous poll that are unreadable at this one (the file gone, or
@@ -231,20 +268,34 @@ struct Reading<'a> {
     port: &'a CounterPort<'a>,
     rule: &'a CounterRule,
     value: u64,
+    /// The poll's time: the events'.
     now: OffsetDateTime,
+    /// When the value was read: the windows' (see the module doc).
+    read_at: OffsetDateTime,
     stamp: &'a Stamp,
+    shared: &'a Shared<'a>,
 }
 
 impl Reading<'_> {
     fn event(&self, check: Check, message: &str) -> HealthEvent {
         HealthEvent::new(check, self.stamp, self.now, message)
             .entities(vec![Entity::device(self.port.device), Entity::port(self.port.port)])
-            .error_code(self.rule.name.clone())
+            .error_code(self.rule.code())
+    }
+
+    /// A healthy event for this rule's error code, unless a rule sharing the code still
+    /// holds a breach or a saturation on the port (its own recovery says it later).
+    fn healthy(&self, st: &CounterState, check: Check, message: &str) -> Option<HealthEvent> {
+        let held = self.shared.others.iter().any(|other| {
+            let key = counter_key(self.port.device, self.port.port, other);
+            st.is_breached(&key) || st.saturation_flags.contains_key(&key)
+        });
+        (!held).then(|| self.event(check, message))
     }
 
     /// This reading as the base of the next window.
     fn snapshot(&self) -> CounterSnapshot {
-        CounterSnapshot { value: self.value, timestamp: self.now }
+        CounterSnapshot { value: self.value, timestamp: self.read_at }
     }
 
     fn where_(&self) -> String {
@@ -293,7 +344,7 @@ fn step(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &Re
 /// Step 1: the first reading of this (port, rule) starts its snapshot; after a reboot it is
 /// said healthy.
 fn first_sight(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &Reading<'_>, reboot: bool) {
-    if reboot {
+    if reboot && at.shared.first {
         events.push(
             at.event(at.port.check(), &format!("Counter {} healthy after reboot on {}", at.rule.name, at.where_())),
         );
@@ -310,7 +361,7 @@ fn reset(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &R
     let check_name = breach.map(|b| b.check_name).or(saturated.map(|s| s.check_name));
     if let Some(name) = check_name {
         let check = Check::parse(&name).unwrap_or_else(|| at.port.check());
-        events.push(at.event(check, &format!("Counter {} recovered on {}", at.rule.name, at.where_())));
+        events.extend(at.healthy(st, check, &format!("Counter {} recovered on {}", at.rule.name, at.where_())));
     }
     put(&mut st.counter_snapshots, key, at.snapshot());
 }
@@ -328,7 +379,7 @@ enum Judged {
 /// threshold type says.
 fn threshold(st: &mut CounterState, key: &str, at: &Reading<'_>, snap: CounterSnapshot) -> Judged {
     let delta = at.value - snap.value;
-    let elapsed = at.now - snap.timestamp;
+    let elapsed = at.read_at - snap.timestamp;
     match at.rule.threshold_type {
         ThresholdType::Delta => {
             put(&mut st.counter_snapshots, key, at.snapshot());
@@ -394,7 +445,8 @@ fn fell_back(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at
     };
     let check = Check::parse(&b.check_name).unwrap_or_else(|| at.port.check());
     let now = st.measured.get(key).map(|v| format!(" ({v:.2e})")).unwrap_or_default();
-    events.push(at.event(check, &format!("Counter {} back below its threshold{now} on {}", at.rule.name, at.where_())));
+    let message = format!("Counter {} back below its threshold{now} on {}", at.rule.name, at.where_());
+    events.extend(at.healthy(st, check, &message));
 }
 
 /// Step 6: a breach emits one unhealthy event and latches.
@@ -434,7 +486,7 @@ fn saturation(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, a
             && !st.is_breached(key)
         {
             let check = Check::parse(&s.check_name).unwrap_or_else(|| at.port.check());
-            events.push(at.event(check, &format!("Counter {} recovered on {}", at.rule.name, at.where_())));
+            events.extend(at.healthy(st, check, &format!("Counter {} recovered on {}", at.rule.name, at.where_())));
         }
         return false;
     }

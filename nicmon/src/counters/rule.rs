@@ -80,7 +80,8 @@ impl VelocityUnit {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CounterRule {
-    /// Identity of the rule: used in events (`errorCode`) and state keys. Unique.
+    /// Identity of the rule: used in state keys, in `[counterDetection]` and, unless
+    /// [`CounterRule::error_code`] says otherwise, as the events' `errorCode`. Unique.
     pub name: String,
     /// Relative to the port directory (`counters/link_downed`), or a
     /// `/sys/class/net/{interface}/...` template. Two rules may share a path
@@ -102,6 +103,19 @@ pub struct CounterRule {
     /// every rule but the RoCE physical-layer rates).
     #[serde(default)]
     pub measure: Measure,
+    /// The events' `errorCode` when it is not `name` (owned by the code): two rules that
+    /// watch one condition at two stages (`pfc_storm`'s warning and error) file it under one
+    /// code. The evaluator then sends a healthy event for the code only when no rule sharing
+    /// it is still breached on the port (lesson 12: one recovery must not clear a sibling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<String>,
+}
+
+impl CounterRule {
+    /// The `errorCode` of this rule's events.
+    pub fn code(&self) -> &str {
+        self.error_code.as_deref().unwrap_or(&self.name)
+    }
 }
 
 /// What a velocity window measures, and whether its breach latches.

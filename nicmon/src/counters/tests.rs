@@ -22,6 +22,8 @@ struct Node {
     stamp: Stamp,
     /// The port's rate in bit/s (pre-FEC BER rules).
     rate_bps: Option<f64>,
+    /// How old the port's ethtool counters are at the poll.
+    ethtool_age: std::time::Duration,
 }
 
 impl Node {
@@ -34,6 +36,7 @@ impl Node {
             state: CounterState::default(),
             stamp: Stamp { node_name: "gpu-node-1".into(), ..Stamp::default() },
             rate_bps: None,
+            ethtool_age: Default::default(),
         }
     }
 
@@ -51,6 +54,7 @@ impl Node {
             counters: &counters,
             rate_bps: self.rate_bps,
             ber_threshold: None,
+            ethtool_age: self.ethtool_age,
         }];
         let now = T0 + Duration::milliseconds(ms);
         let (events, next) = evaluate(&self.state, &ports, &self.rules, now, reboot, &self.stamp);
@@ -322,6 +326,7 @@ fn missing_counters_fail_open() {
         counters: &counters,
         rate_bps: None,
         ber_threshold: None,
+        ethtool_age: Default::default(),
     }];
     let gone = missing(&ports, &n.rules);
     assert!(gone.contains(&("mlx5_0".into(), 1, "roce_slow_restart".into())));
@@ -402,6 +407,7 @@ fn a_wide_data_counter_passing_u32_max_ends_the_episode() {
         description: String::new(),
         layers: Default::default(),
         measure: Default::default(),
+        error_code: None,
     }];
     let p = "counters/port_xmit_data";
     assert_eq!(n.poll(0, &[(p, u32::MAX as u64)]).len(), 1);
@@ -625,6 +631,7 @@ proptest! {
             description: String::new(),
             layers: Default::default(),
             measure: Default::default(),
+            error_code: None,
         });
         let mut state = CounterState::default();
         let mut now = T0;
@@ -638,7 +645,7 @@ proptest! {
                 .filter_map(|(p, v)| v.map(|v| (p.to_string(), v)))
                 .collect();
             let ll = LinkLayer::InfiniBand;
-            let ports = [CounterPort { device: "mlx5_0", port: 1, link_layer: Some(&ll), counters: &counters, rate_bps: None, ber_threshold: None }];
+            let ports = [CounterPort { device: "mlx5_0", port: 1, link_layer: Some(&ll), counters: &counters, rate_bps: None, ber_threshold: None, ethtool_age: Default::default() }];
             let (events, next) = evaluate(&state, &ports, &rules, now, reboot, &Stamp::default());
             for e in &events {
                 prop_assert_eq!(e.error_code.len(), 1);
@@ -678,6 +685,7 @@ fn a_counter_that_goes_unreadable_is_said_once_per_episode() {
             counters,
             rate_bps: None,
             ber_threshold: None,
+            ethtool_age: Default::default(),
         }];
         let prev = n.state.clone();
         let gone = went_unreadable(&prev, &mut n.state, &ports, &n.rules);
@@ -755,6 +763,7 @@ mod roce_phy {
                     counters: c,
                     rate_bps: n.rate_bps,
                     ber_threshold: port_threshold,
+                    ethtool_age: Default::default(),
                 }];
                 let (e, next) = evaluate(&n.state, &ports, &n.rules, T0 + Duration::seconds(secs), false, &n.stamp);
                 n.state = next;
@@ -806,12 +815,65 @@ mod roce_phy {
         assert_eq!(codes(&got), [("fec_uncorrectable".to_string(), false), ("pfc_storm".to_string(), false)]);
         assert!(got.iter().all(|e| !e.is_fatal && e.recommended_action == RecommendedAction::NONE));
         assert!(n.poll_ms(20_000, &[(w, 2), (e, 0), (u, 9)], false).is_empty(), "latched");
+        // Storm prevention then disabled pause: the same error code, the message says which.
         let got = n.poll_ms(30_000, &[(w, 2), (e, 1), (u, 9)], false);
-        assert_eq!(codes(&got), [("pfc_storm_error".to_string(), false)]);
+        assert_eq!(codes(&got), [("pfc_storm".to_string(), false)]);
+        assert!(got[0].message.contains("pfc_storm_error - PFC storm error"), "{}", got[0].message);
+        assert!(!got[0].is_fatal);
+        // The rules keep their own state: the error rule latched under its own key.
+        assert!(n.state.is_breached("mlx5_0:1:pfc_storm_error") && n.state.is_breached("mlx5_0:1:pfc_storm"));
         // On an InfiniBand port none of these rules applies.
         let mut ib = Node::ib();
         ib.poll_ms(0, &[(w, 0), (u, 0)], false);
         assert!(ib.poll_ms(10_000, &[(w, 5), (u, 5)], false).is_empty());
+    }
+
+    #[test]
+    fn storm_stages_share_one_code_and_recover_once() {
+        let (w, e) = ("ethtool/tx_pause_storm_warning_events", "ethtool/tx_pause_storm_error_events");
+        let mut n = roce();
+        n.poll_ms(0, &[(w, 4), (e, 2)], false);
+        assert_eq!(codes(&n.poll_ms(10_000, &[(w, 5), (e, 2)], false)), [("pfc_storm".to_string(), false)]);
+        assert_eq!(codes(&n.poll_ms(20_000, &[(w, 5), (e, 3)], false)), [("pfc_storm".to_string(), false)]);
+        // The driver reloads: both counters restart, both rules recover, and the code is
+        // cleared once (the first recovery is held while its sibling is still breached).
+        let got = n.poll_ms(30_000, &[(w, 0), (e, 0)], false);
+        assert_eq!(codes(&got), [("pfc_storm".to_string(), true)]);
+        assert!(n.state.breach_flags.is_empty());
+        // Only the warning resets while the error is latched: no healthy event for the
+        // code, which would clear the error's condition.
+        n.poll_ms(40_000, &[(w, 1), (e, 0)], false);
+        n.poll_ms(50_000, &[(w, 1), (e, 1)], false);
+        assert!(n.poll_ms(60_000, &[(w, 0), (e, 1)], false).is_empty(), "the error still holds pfc_storm");
+        assert_eq!(codes(&n.poll_ms(70_000, &[(w, 0), (e, 0)], false)), [("pfc_storm".to_string(), true)]);
+        // A reboot: one baseline for the code, not one per rule.
+        let mut r = roce();
+        assert_eq!(codes(&r.poll_ms(0, &[(w, 0), (e, 0)], true)), [("pfc_storm".to_string(), true)]);
+    }
+
+    #[test]
+    fn kept_ethtool_readings_are_judged_at_their_read_time() {
+        // 400G: 2.4e13 bits a minute. Read at 0 s; the poll at 70 s gets the reading taken
+        // at 50 s (kept, 20 s old): only 50 s of the window have been read, no BER yet.
+        let mut n = roce();
+        n.poll_ms(0, &[(BITS, 0)], false);
+        n.ethtool_age = std::time::Duration::from_secs(20);
+        assert!(n.poll_ms(70_000, &[(BITS, 1_000_000)], false).is_empty());
+        assert_eq!(n.state.measured("mlx5_0", 1, "pre_fec_ber"), None);
+        // Read again at 75 s: the window is 0 s to 75 s, the BER over exactly that.
+        n.ethtool_age = std::time::Duration::ZERO;
+        assert!(n.poll_ms(75_000, &[(BITS, 3_000_000)], false).is_empty());
+        let ber = n.state.measured("mlx5_0", 1, "pre_fec_ber").unwrap();
+        let want = 3_000_000.0 / (400e9 * 75.0);
+        assert!((ber / want - 1.0).abs() < 1e-12, "{ber:e}, want {want:e}");
+        // The same reading again at a later poll: nothing moves.
+        n.ethtool_age = std::time::Duration::from_secs(5);
+        assert!(n.poll_ms(80_000, &[(BITS, 3_000_000)], false).is_empty());
+        let snap = n.state.counter_snapshots["mlx5_0:1:pre_fec_ber"];
+        assert_eq!(snap.timestamp, T0 + Duration::seconds(75));
+        // Counters read from sysfs keep the poll's time.
+        n.poll_ms(80_000, &[(BITS, 3_000_000), (LINK_DOWNED, 0)], false);
+        assert_eq!(n.state.counter_snapshots["mlx5_0:1:link_downed"].timestamp, T0 + Duration::seconds(80));
     }
 }
 

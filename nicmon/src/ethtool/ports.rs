@@ -9,10 +9,16 @@
 //! - `ethtool/pause_duration`: the largest pause duration (µs) over the PFC priorities and
 //!   link-level pause. The largest of monotonic counters is monotonic; RoCE runs on one
 //!   lossless priority, whose increase it then is.
+//!
+//! **Pace.** A netdev is read at most once per `[phyCheck] readInterval` (mlx5 answers each
+//! read with firmware commands); in between, its ports get the last reading again, with its
+//! age ([`crate::model::Port::ethtool_age`]): the counter engine stamps the values with the
+//! time they were read, so windows and deltas span reads, not polls. A one-shot
+//! `nicmon check` reads once.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::phy::{corrected_bits, uncorrectable};
 use super::{EthtoolRead, EthtoolReader, EthtoolSnapshot, EthtoolSource, numbered};
@@ -67,11 +73,16 @@ fn is_pause_duration(name: &str) -> bool {
     name == "rx_global_pause_duration" || numbered(name, "rx_prio", "_pause_duration").is_some()
 }
 
-/// Reads the ethtool data of a poll's RoCE ports, and says once per netdev what is absent.
+/// Reads the ethtool data of a poll's RoCE ports at its pace, and says once per netdev
+/// what is absent.
 #[derive(Default)]
 pub struct PortReader {
     /// Netdevs whose absent parts were said (`<netdev>: <part>`), so each is said once.
     said: Mutex<BTreeSet<String>>,
+    /// The last reading of each netdev and when it was taken (module doc: pace).
+    kept: Mutex<BTreeMap<String, (EthtoolSnapshot, Instant)>>,
+    /// A netdev is read again once its last reading is this old (zero: every poll).
+    interval: Duration,
 }
 
 impl std::fmt::Debug for PortReader {
@@ -81,39 +92,60 @@ impl std::fmt::Debug for PortReader {
 }
 
 impl PortReader {
+    /// A reader that reads a netdev at most once per `interval`.
+    pub fn new(interval: Duration) -> PortReader {
+        PortReader { interval, ..PortReader::default() }
+    }
+
     /// Read the netdev of every device `wanted` keeps that has a RoCE (Ethernet) port, each
-    /// within `timeout`, into its Ethernet ports' [`crate::model::Port::ethtool`] and
-    /// counters. Returns the notes: what is not supported or failed, each said once.
+    /// within `timeout` (or take its last reading, younger than the interval at `now`), into
+    /// its Ethernet ports' [`crate::model::Port::ethtool`], `ethtool_age` and counters.
+    /// Returns the notes: what is not supported or failed, each said once.
     pub fn read(
         &self,
         source: &EthtoolSource,
         snapshot: &mut Snapshot,
         wanted: impl Fn(&str) -> bool,
         timeout: impl Fn() -> Duration,
+        now: Instant,
     ) -> Vec<String> {
         let mut notes = Vec::new();
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        kept.retain(|_, (_, at)| now.saturating_duration_since(*at) < self.interval);
         for d in snapshot.devices.iter_mut().filter(|d| !d.is_vf() && wanted(&d.name)) {
             let roce = |p: &crate::model::Port| p.link_layer == Some(LinkLayer::Ethernet);
             let Some(netdev) = d.netdev.clone().filter(|_| d.ports.iter().any(roce)) else {
                 continue;
             };
-            let read = source.read(&netdev, timeout());
-            notes.extend(self.absent_notes(&netdev, &read));
-            let snap = read.snapshot();
+            let (snap, age) = match kept.get(&netdev) {
+                Some((snap, at)) => (snap.clone(), now.saturating_duration_since(*at)),
+                None => {
+                    let read = source.read(&netdev, timeout());
+                    notes.extend(self.absent_notes(&netdev, &read));
+                    let snap = read.snapshot();
+                    // A read that failed altogether is tried again at the next poll.
+                    if !failed(&read) {
+                        kept.insert(netdev.clone(), (snap.clone(), now));
+                    }
+                    (snap, Duration::ZERO)
+                }
+            };
             if snap == EthtoolSnapshot::default() {
-                continue; // nothing offered: unknown, said above
+                continue; // nothing offered: unknown, said when read
             }
             let values = counters(&snap);
             for p in d.ports.iter_mut().filter(|p| roce(p)) {
                 p.counters.extend(values.iter().map(|(k, v)| (k.clone(), *v)));
                 p.ethtool = Some(snap.clone());
+                p.ethtool_age = Some(age);
             }
         }
         notes
     }
 
-    /// One note per (netdev, part) the first time it is absent; a failure is said again
-    /// after the part was read once more.
+    /// One note per (netdev, part) the first time it is absent, the parts absent for the
+    /// same reason in one note (`ethtool FEC, pause and statistics of veth0: not
+    /// supported: ...`); a failure is said again after the part was read once more.
     fn absent_notes(&self, netdev: &str, read: &EthtoolRead) -> Vec<String> {
         let mut said = self.said.lock().unwrap_or_else(|p| p.into_inner());
         let parts = [
@@ -121,20 +153,43 @@ impl PortReader {
             ("pause", read.pause.as_ref().err()),
             ("statistics", read.stats.as_ref().err()),
         ];
-        let mut notes = Vec::new();
+        // Reason → the parts newly absent for it, in part order.
+        let mut by_reason: Vec<(String, Vec<&str>)> = Vec::new();
         for (part, why) in parts {
             let key = format!("{netdev}: {part}");
             match why {
-                Some(why) if said.insert(key.clone()) => notes
-                    .push(format!("ethtool {part} of {netdev}: {why} (RoCE physical-layer checks see it as unknown)")),
+                Some(why) if !said.contains(&key) => {
+                    said.insert(key);
+                    let why = why.to_string();
+                    match by_reason.iter_mut().find(|(w, _)| *w == why) {
+                        Some((_, ps)) => ps.push(part),
+                        None => by_reason.push((why, vec![part])),
+                    }
+                }
                 Some(_) => {}
                 None => {
                     said.remove(&key);
                 }
             }
         }
-        notes
+        by_reason
+            .into_iter()
+            .map(|(why, ps)| {
+                let ps = match ps.as_slice() {
+                    [one] => one.to_string(),
+                    [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+                    [] => String::new(),
+                };
+                format!("ethtool {ps} of {netdev}: {why} (RoCE physical-layer checks see it as unknown)")
+            })
+            .collect()
     }
+}
+
+/// Whether every part of `read` failed (none read, none unsupported).
+fn failed(read: &EthtoolRead) -> bool {
+    let failed = |r: Option<&super::Absent>| r.is_some_and(|a| !a.is_unsupported());
+    failed(read.fec.as_ref().err()) && failed(read.pause.as_ref().err()) && failed(read.stats.as_ref().err())
 }
 
 /// The replay directory of a bundle or host tree: `<root>/ethtool`.
@@ -174,9 +229,21 @@ mod tests {
     fn absent_parts_are_said_once() {
         let r = PortReader::default();
         let unsupported = EthtoolRead::absent(Absent::Unsupported("veth".into()));
-        assert_eq!(r.absent_notes("eth0", &unsupported).len(), 3);
+        // Every part absent for one reason: one note.
+        assert_eq!(
+            r.absent_notes("eth0", &unsupported),
+            [
+                "ethtool FEC, pause and statistics of eth0: not supported: veth (RoCE physical-layer checks see it as unknown)"
+            ]
+        );
         assert!(r.absent_notes("eth0", &unsupported).is_empty());
-        assert_eq!(r.absent_notes("eth1", &unsupported).len(), 3);
+        assert_eq!(r.absent_notes("eth1", &unsupported).len(), 1);
+        // Two reasons: a note each.
+        let mixed = EthtoolRead { pause: Err(Absent::Failed("deadline".into())), ..unsupported.clone() };
+        let notes = r.absent_notes("eth2", &mixed);
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(notes[0].starts_with("ethtool FEC and statistics of eth2: not supported"), "{notes:?}");
+        assert!(notes[1].starts_with("ethtool pause of eth2: deadline"), "{notes:?}");
         // Read again, then failed: said again.
         let ok = EthtoolRead { fec: Ok(FecSnapshot::default()), ..unsupported.clone() };
         assert!(r.absent_notes("eth0", &ok).is_empty());
@@ -184,6 +251,86 @@ mod tests {
         let notes = r.absent_notes("eth0", &failed);
         assert_eq!(notes.len(), 1);
         assert!(notes[0].contains("deadline"), "{notes:?}");
+    }
+
+    /// A probe that counts its reads and answers the count as the corrected bits.
+    struct Counting(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+    impl crate::ethtool::reader::Probe for Counting {
+        fn read(&mut self, _netdev: &str) -> EthtoolRead {
+            let n = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            let fec = FecSnapshot { corrected_bits: Some(n), ..Default::default() };
+            EthtoolRead { fec: Ok(fec), ..EthtoolRead::absent(Absent::Unsupported("no pause".into())) }
+        }
+    }
+
+    #[test]
+    fn a_netdev_is_read_at_most_once_per_interval() {
+        use nicmon_tests::platforms::Platform;
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let node = Platform::L40sOci.build();
+        let host = crate::host::Host::new(node.sys(), node.proc());
+        let discovered = crate::discovery::discover(&host, &crate::discovery::ReadPlan::default());
+        let reads = Arc::new(AtomicU64::new(0));
+        let counted = reads.clone();
+        let probe = Arc::new(move || Box::new(Counting(counted.clone())) as Box<dyn crate::ethtool::reader::Probe>);
+        let source = EthtoolSource::Kernel(crate::ethtool::EthtoolReader::with_probe(probe));
+        let r = PortReader::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        // The six RoCE netdevs, read once each; their ports get the reading, age zero.
+        let poll = |at: Duration| {
+            let mut snap = discovered.clone();
+            r.read(&source, &mut snap, |_| true, || Duration::from_secs(5), t0 + at);
+            let p = &snap.devices.iter().find(|d| d.name == "mlx5_0").unwrap().ports[0];
+            (p.counters.get("ethtool/fec_corrected_bits").copied(), p.ethtool_age)
+        };
+        let (bits, age) = poll(Duration::ZERO);
+        assert_eq!((reads.load(Ordering::SeqCst), age), (6, Some(Duration::ZERO)));
+        assert!(bits.is_some());
+        // 5 s and 9.9 s on: the last reading again, with its age; nothing asked.
+        for secs in [5.0, 9.9] {
+            let (again, age) = poll(Duration::from_secs_f64(secs));
+            assert_eq!((reads.load(Ordering::SeqCst), again), (6, bits), "{secs}");
+            assert_eq!(age, Some(Duration::from_secs_f64(secs)));
+        }
+        // 10 s on: read again.
+        let (later, age) = poll(Duration::from_secs(10));
+        assert_eq!((reads.load(Ordering::SeqCst), age), (12, Some(Duration::ZERO)));
+        assert_ne!(later, bits);
+        // No pace: every call reads.
+        let every = PortReader::new(Duration::ZERO);
+        let mut snap = discovered.clone();
+        every.read(&source, &mut snap, |_| true, || Duration::from_secs(5), t0);
+        every.read(&source, &mut snap, |_| true, || Duration::from_secs(5), t0);
+        assert_eq!(reads.load(Ordering::SeqCst), 24);
+    }
+
+    #[test]
+    fn a_read_that_failed_is_tried_again_at_the_next_poll() {
+        use nicmon_tests::platforms::Platform;
+        let node = Platform::L40sOci.build();
+        let host = crate::host::Host::new(node.sys(), node.proc());
+        let discovered = crate::discovery::discover(&host, &crate::discovery::ReadPlan::default());
+        let dir = tempfile::tempdir().unwrap();
+        let source = EthtoolSource::Replay(dir.path().to_path_buf());
+        let r = PortReader::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        let poll = |at: u64| {
+            let mut snap = discovered.clone();
+            r.read(&source, &mut snap, |_| true, || Duration::from_secs(5), t0 + Duration::from_secs(at));
+            let has = |dev: &str| snap.devices.iter().find(|d| d.name == dev).unwrap().ports[0].ethtool.is_some();
+            (has("mlx5_0"), has("mlx5_1"))
+        };
+        // rdma0's file is broken (a failed read), rdma1 has none (not supported).
+        std::fs::write(dir.path().join("rdma0.json"), "not json").unwrap();
+        assert_eq!(poll(0), (false, false));
+        // A second later both have data: rdma0 is read again, rdma1 waits for the pace.
+        let good = r#"{"fec": {"active": "RS", "corrected_bits": 5}}"#;
+        std::fs::write(dir.path().join("rdma0.json"), good).unwrap();
+        std::fs::write(dir.path().join("rdma1.json"), good).unwrap();
+        assert_eq!(poll(1), (true, false));
+        assert_eq!(poll(10), (true, true));
     }
 
     #[test]

@@ -9,7 +9,9 @@
 //!   on every read). The set is data, not reader state: a cycle seeds it from the state
 //!   file before its read ([`Host::remember_einval`]) and takes it back out after
 //!   ([`Host::take_einval`]) into its observation, so the state file carries it across
-//!   polls and restarts within one boot;
+//!   polls and restarts within one boot. Except a netdev's `speed` and `carrier`
+//!   ([`einval_is_a_state`]), which answer `EINVAL` whenever the netdev is down: a state
+//!   of the link, not a restricted attribute;
 //! - no read can stall the monitor: every read runs on a reader thread with a deadline (per
 //!   read, and per poll — see [`Host::begin_poll`]). A read past it is abandoned for that
 //!   poll ([`ReadError::Stuck`]); the path is not read again until the abandoned read has
@@ -525,7 +527,7 @@ impl Host {
                 Ok(String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
             }
             Err(err) => {
-                if err == ReadError::Invalid {
+                if err == ReadError::Invalid && !einval_is_a_state(key) {
                     if let Ok(mut s) = self.einval.lock() {
                         s.insert(key.to_string());
                     }
@@ -535,6 +537,16 @@ impl Host {
             }
         }
     }
+}
+
+/// Whether a file's `EINVAL` says a state that passes rather than a restricted attribute
+/// (not memoized): a netdev's `speed` and `carrier`, which the kernel answers only while the
+/// netdev is running (`EINVAL` while it is administratively down: memoizing that would
+/// leave the port's carrier unknown for the rest of the boot once it is brought up again).
+pub fn einval_is_a_state(key: &str) -> bool {
+    key.strip_prefix("class/net/")
+        .and_then(|rest| rest.strip_suffix("/speed").or_else(|| rest.strip_suffix("/carrier")))
+        .is_some_and(|nd| !nd.contains('/'))
 }
 
 /// The last component of a link's target (`../../devices/.../mlx5_core` → `mlx5_core`).
@@ -591,6 +603,67 @@ mod tests {
         again.remember_einval(host.einval_paths());
         assert_eq!(again.read_sys("x/restricted"), Err(ReadError::Invalid));
         assert_eq!(again.stats.files_read.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_netdev_speed_failing_with_einval_is_read_again() {
+        if std::fs::read("/sys/class/net/lo/speed").map_err(|e| e.raw_os_error()) != Err(Some(libc::EINVAL)) {
+            eprintln!("skipped: /sys/class/net/lo/speed does not fail with EINVAL on this host");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path().join("sys");
+        std::fs::create_dir_all(sys.join("class/net/eth0")).unwrap();
+        std::os::unix::fs::symlink("/sys/class/net/lo/speed", sys.join("class/net/eth0/speed")).unwrap();
+        let host = Host::new(&sys, dir.path().join("proc"));
+        // Down: EINVAL, not memoized; up again: read.
+        assert_eq!(host.read_sys("class/net/eth0/speed"), Err(ReadError::Invalid));
+        assert!(host.einval_paths().is_empty());
+        std::fs::remove_file(sys.join("class/net/eth0/speed")).unwrap();
+        std::fs::write(sys.join("class/net/eth0/speed"), "200000\n").unwrap();
+        assert_eq!(host.read_sys("class/net/eth0/speed").as_deref(), Ok("200000\n"));
+        for (key, state) in [
+            ("class/net/eth0/speed", true),
+            ("class/net/eth0/carrier", true),
+            ("class/net/eth0/carrier_changes", false),
+            ("class/net/eth0/x/speed", false),
+            ("class/infiniband/mlx5_0/ports/1/speed", false),
+        ] {
+            assert_eq!(einval_is_a_state(key), state, "{key}");
+        }
+    }
+
+    /// A veth is created administratively down: its `carrier` answers `EINVAL` (the real
+    /// kernel), which is not memoized, and once the netdev is brought up it is read again.
+    #[test]
+    fn a_netdev_carrier_failing_with_einval_while_down_is_read_again_once_up() {
+        let (a, b) =
+            (format!("nmcar{}a", std::process::id() % 100_000), format!("nmcar{}b", std::process::id() % 100_000));
+        let added = std::process::Command::new("ip")
+            .args(["link", "add", &a, "type", "veth", "peer", "name", &b])
+            .stderr(std::process::Stdio::null())
+            .status();
+        if !added.is_ok_and(|s| s.success()) {
+            eprintln!("skipped: cannot create a veth on this host (needs root and `ip`)");
+            return;
+        }
+        struct Del(String);
+        impl Drop for Del {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("ip").args(["link", "del", &self.0]).status();
+            }
+        }
+        let _del = Del(a.clone());
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path().join("sys");
+        std::fs::create_dir_all(sys.join("class/net/eth0")).unwrap();
+        std::os::unix::fs::symlink(format!("/sys/class/net/{a}/carrier"), sys.join("class/net/eth0/carrier")).unwrap();
+        let host = Host::new(&sys, dir.path().join("proc"));
+        assert_eq!(host.read_sys("class/net/eth0/carrier"), Err(ReadError::Invalid), "admin-down veth");
+        assert!(host.einval_paths().is_empty(), "a down netdev's carrier is a state, not a restricted file");
+        nicmon_tests::latency::set_link_up(&a, true).unwrap();
+        let up = host.read_sys("class/net/eth0/carrier");
+        assert!(matches!(up.as_deref(), Ok("0\n") | Ok("1\n")), "read again once up: {up:?}");
     }
 
     fn fixture() -> (tempfile::TempDir, Host) {

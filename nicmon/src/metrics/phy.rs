@@ -136,7 +136,10 @@ mod tests {
         let dir = node.root().join("ethtool");
         std::fs::create_dir_all(&dir).unwrap();
         let opts = crate::cycle::MonitorOptions { ethtool_replay: Some(dir.clone()), ..fixture_options(&node) };
-        let monitor = Monitor::open(&opts).unwrap();
+        let mut monitor = Monitor::open(&opts).unwrap();
+        // The polls below are a minute apart on the clock they are given, not in real time:
+        // read the ethtool data at every one (no pace).
+        monitor.ethtool_ports = crate::ethtool::ports::PortReader::new(std::time::Duration::ZERO);
         let t0 = OffsetDateTime::now_utc();
         let probe = monitor.poll(&CheckState::default(), &Loaded::Missing { reboot: false }, t0, &[]);
         let mut roce: Vec<(String, String)> = probe

@@ -57,6 +57,7 @@ pub fn rules(t: &AerThresholds) -> Vec<CounterRule> {
                 description: String::new(),
                 layers: Layers::default(),
                 measure: crate::counters::rule::Measure::Count,
+                error_code: None,
             }
         })
         .collect()
@@ -120,6 +121,7 @@ pub fn evaluate(
             counters,
             rate_bps: None,
             ber_threshold: None,
+            ethtool_age: Default::default(),
         })
         .collect();
     // The engine's own events are not used: its state says what happened (module doc).
