@@ -2,6 +2,11 @@
 //! node: median and p99 wall time, and in the same run the floor: open/read/close of every
 //! file a cold poll reads (the files a naive poller reads each time), and the ratio.
 //! Run with `cargo bench -p nicmon --bench poll`.
+//!
+//! The node: `NICMON_BENCH_VFS=N` gives each InfiniBand PF `N` SR-IOV VFs (unmonitored
+//! functions; 2 by default, the platform's), `NICMON_BENCH_PORTS=N` gives the first PF `N`
+//! ports (copies of its port 1). `NICMON_BENCH_TREE=DIR` only builds that node under `DIR`
+//! (kept: a daemon can be run on it) and prints nothing else.
 use std::time::Instant;
 
 use nicmon::config::Config;
@@ -11,11 +16,11 @@ use nicmon::event::{Check, Stamp};
 use nicmon::host::Host;
 use nicmon::state::{CheckState, Loaded};
 use nicmon::topology;
-use nicmon_tests::platforms::Platform;
+use nicmon_tests::platforms;
 
 fn main() {
     let polls: usize = std::env::var("NICMON_BENCH_POLLS").ok().and_then(|v| v.parse().ok()).unwrap_or(3000);
-    let node = Platform::DgxH100.build();
+    let Some((node, what)) = bench_node() else { return };
     let host = Host::new(node.sys(), node.proc());
     let snap0 = discovery::discover(&host, &ReadPlan::default());
     let topo = topology::resolve(&host, &snap0, Some(&node.metadata_path()), false).expect("topology");
@@ -79,7 +84,7 @@ fn main() {
     us.sort_by(|a, b| a.total_cmp(b));
     let pct = |p: f64| us[((us.len() as f64 - 1.0) * p).round() as usize];
     println!(
-        "poll: DGX-H100-like node (12 PFs, 16 VFs), {files:.0} files read per poll, {polls} polls: \
+        "poll: DGX-H100-like node ({what}), {files:.0} files read per poll, {polls} polls: \
          median {:.3} ms, p99 {:.3} ms, max {:.3} ms   [bar: median <= 2 ms]",
         pct(0.5) / 1000.0,
         pct(0.99) / 1000.0,
@@ -106,6 +111,21 @@ fn main() {
         cpu_floor_us / 1000.0,
         cpu_poll_us / cpu_floor_us
     );
+}
+
+/// The node the environment asks for, and what it is; `None` when it was only to be built.
+fn bench_node() -> Option<(nicmon_tests::Node, String)> {
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
+    let vfs = env("NICMON_BENCH_VFS").unwrap_or(2);
+    let ports = env("NICMON_BENCH_PORTS").unwrap_or(1);
+    let tree = std::env::var_os("NICMON_BENCH_TREE").map(std::path::PathBuf::from);
+    let node = platforms::dgx_h100_with_vfs(vfs, tree.as_deref());
+    if ports > 1 {
+        let first = node.pfs().into_iter().next().expect("a PF");
+        platforms::copy_ports(&node, &first, ports).expect("copying ports");
+    }
+    let what = format!("12 PFs, {} VFs, {ports} port(s) on the first PF", 8 * vfs);
+    tree.is_none().then_some((node, what))
 }
 
 /// CPU time used by this process so far (user + system, all threads), in seconds.

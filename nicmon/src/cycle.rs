@@ -198,6 +198,7 @@ impl Monitor {
 
     /// Read the host once. `links`: also read what attributing kernel log lines needs.
     pub fn observe(&self, prev: &CheckState, links: bool) -> Observation {
+        let judge = |d: &crate::model::Device, route: &[String]| self.unmonitored(d, route);
         let plan = ReadPlan {
             counter_paths: self.counter_paths.clone(),
             known: prev
@@ -207,6 +208,7 @@ impl Monitor {
                 .filter_map(|(n, k)| k.pci_address.clone().map(|p| (n.clone(), p)))
                 .collect(),
             statics: Some(self.statics.clone()),
+            unmonitored: Some(&judge),
         };
         self.host.begin_poll();
         // The memo goes into the reader for this read and comes back out with it.
@@ -243,6 +245,13 @@ impl Monitor {
         }
     }
 
+    /// Whether `device` is not monitored, as [`Monitor::decide`] classifies it (given the
+    /// devices behind the default route): discovery reads such a device once per
+    /// incarnation ([`discovery::Unmonitored`]).
+    fn unmonitored(&self, device: &crate::model::Device, route: &[String]) -> bool {
+        !roles::classify_device(device, route, &self.topology, &self.config.filters).monitored
+    }
+
     /// The RoCE ports' ethtool data into `snapshot` (of the monitored devices; of
     /// `devices` only, on a targeted read), under the host's read deadlines.
     fn read_ethtool(&self, snapshot: &mut Snapshot, devices: Option<&[String]>) -> Vec<String> {
@@ -259,10 +268,12 @@ impl Monitor {
     /// snapshot. `None` when the device set changed since `base` (only a full poll may
     /// decide about devices that came or went).
     pub fn observe_targeted(&self, prev: &CheckState, base: &Snapshot, devices: &[String]) -> Option<Observation> {
+        let judge = |d: &crate::model::Device, route: &[String]| self.unmonitored(d, route);
         let plan = ReadPlan {
             counter_paths: self.counter_paths.clone(),
             known: Vec::new(),
             statics: Some(self.statics.clone()),
+            unmonitored: Some(&judge),
         };
         self.host.begin_poll();
         self.host.remember_einval(prev.einval.iter().cloned());

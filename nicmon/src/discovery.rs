@@ -18,9 +18,13 @@ use crate::pcie::parse::AerSeverity;
 use crate::pcie::reading::{Aer, PcieLink, PcieReading, UpstreamPort, aer_file};
 use std::sync::atomic::Ordering;
 
+mod unmonitored;
+pub use unmonitored::Unmonitored;
+use unmonitored::{CharEntry, Frozen};
+
 /// What to read beyond the fixed set of files.
-#[derive(Debug, Clone, Default)]
-pub struct ReadPlan {
+#[derive(Clone, Default)]
+pub struct ReadPlan<'a> {
     /// Counter paths as configured: relative to the port directory (`counters/link_downed`)
     /// or a netdev template (`/sys/class/net/{interface}/carrier_changes`).
     pub counter_paths: Vec<String>,
@@ -30,6 +34,21 @@ pub struct ReadPlan {
     /// Where the static attributes of each device incarnation are kept between reads;
     /// `None`: read everything every time.
     pub statics: Option<Arc<StaticCache>>,
+    /// Which devices are not monitored (the role classification): with a static cache,
+    /// such a device is read once per incarnation and then only looked for in the listing
+    /// ([`unmonitored`]). `None`: every device is read every time.
+    pub unmonitored: Option<Unmonitored<'a>>,
+}
+
+impl std::fmt::Debug for ReadPlan<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadPlan")
+            .field("counter_paths", &self.counter_paths)
+            .field("known", &self.known)
+            .field("statics", &self.statics)
+            .field("unmonitored", &self.unmonitored.is_some())
+            .finish()
+    }
 }
 
 /// How long the static attributes of a device are trusted without a re-read.
@@ -129,6 +148,8 @@ struct CacheInner {
     /// the next full poll has the reader read them while it lists the devices (they are the
     /// same files unless a device, port, netdev or character device came or went).
     last_batch: Option<Arc<FileSet>>,
+    /// The unmonitored devices as read once in their incarnation ([`unmonitored`]).
+    frozen: Frozen,
 }
 
 impl StaticCache {
@@ -137,6 +158,7 @@ impl StaticCache {
         if let Ok(mut c) = self.inner.lock() {
             c.by_device.remove(device);
             c.absent.remove(device);
+            c.frozen.thaw(device);
         }
     }
 
@@ -177,6 +199,7 @@ impl StaticCache {
             c.names = names.to_vec();
             c.by_device.clear();
             c.absent.clear();
+            c.frozen.clear();
             return true;
         }
         false
@@ -193,7 +216,47 @@ impl StaticCache {
             c.reads += 1;
             c.by_device.insert(device.to_string(), statics);
             c.absent.remove(device);
+            c.frozen.thaw(device);
         }
+    }
+
+    /// `device`'s frozen reading, while `judge` says it is not monitored; dropped (and its
+    /// class entries) once it says it is.
+    fn frozen_reading(&self, device: &str, judge: Unmonitored<'_>, route: &[String]) -> Option<Arc<Device>> {
+        let mut c = self.inner.lock().ok()?;
+        let d = c.frozen.get(device)?;
+        if judge(&d, route) {
+            return Some(d);
+        }
+        c.frozen.thaw(device);
+        None
+    }
+
+    /// Keep `device`, just read, as its incarnation's reading; its static attributes are
+    /// not kept apart any more (read again should it be monitored).
+    fn freeze(&self, device: &Device) {
+        if let Ok(mut c) = self.inner.lock() {
+            c.by_device.remove(&device.name);
+            c.absent.remove(&device.name);
+            c.frozen.freeze(device.clone());
+        }
+    }
+
+    /// The class entry `name` of directory `dir` (0: verbs, 1: mad) when it names a frozen
+    /// device.
+    fn char_entry(&self, dir: usize, name: &str) -> Option<CharEntry> {
+        self.inner.lock().ok()?.frozen.char_entry(dir, name)
+    }
+
+    fn freeze_chars(&self, chars: &CharDevices) {
+        if let Ok(mut c) = self.inner.lock() {
+            c.frozen.freeze_chars(chars);
+        }
+    }
+
+    /// How many unmonitored devices are served from their frozen reading.
+    pub fn frozen_count(&self) -> usize {
+        self.inner.lock().map(|c| c.frozen.len()).unwrap_or(0)
     }
 }
 
@@ -221,26 +284,20 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
     // Attributes that change are kept open between polls where the reads are kept across
     // polls (a plan with a static cache: the monitor's polls).
     let keep = plan.statics.is_some();
+    // The default route first: whether a device is a management NIC (not monitored, not
+    // read) depends on it.
+    let (default_route_ifaces, default_route_devices) = default_route(host);
     let mut batch = Batch::against(last);
-    let reads: Vec<DeviceRead> = names.iter().map(|n| plan_device(host, n, plan, &mut batch)).collect();
-    let chars = plan_char_devices(host, &mut batch);
+    let reads: Vec<Planned> =
+        names.iter().map(|n| plan_device(host, n, plan, &default_route_devices, &mut batch)).collect();
+    let chars = plan_char_devices(host, plan.statics.as_deref(), &mut batch);
     let files = batch.finish(host, keep);
     let results = read_batch(host, &files, prefetch);
-    let devices = reads.into_iter().map(|r| finish_device(r, &results, &files, plan)).collect();
+    let devices = finish_devices(reads, &results, &files, plan, &default_route_devices);
     let char_devices = finish_char_devices(chars, &results);
     if let Some(cache) = &plan.statics {
         cache.set_last_batch(files);
-    }
-
-    let default_route_ifaces =
-        host.read_proc("net/route").map(|raw| parse::default_route_ifaces(&raw)).unwrap_or_default();
-    let mut default_route_devices = Vec::new();
-    for iface in &default_route_ifaces {
-        for dev in ib_devices_of_iface(host, iface) {
-            if !default_route_devices.contains(&dev) {
-                default_route_devices.push(dev);
-            }
-        }
+        cache.freeze_chars(&char_devices);
     }
 
     let mut pci_probes = BTreeMap::new();
@@ -251,6 +308,47 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
     }
 
     Snapshot { devices, default_route_ifaces, default_route_devices, pci_probes, char_devices }
+}
+
+/// The interfaces that carry a default route (`<procfs>/net/route`) and the IB devices
+/// behind them.
+fn default_route(host: &Host) -> (Vec<String>, Vec<String>) {
+    let ifaces = host.read_proc("net/route").map(|raw| parse::default_route_ifaces(&raw)).unwrap_or_default();
+    let mut devices = Vec::new();
+    for iface in &ifaces {
+        for dev in ib_devices_of_iface(host, iface) {
+            if !devices.contains(&dev) {
+                devices.push(dev);
+            }
+        }
+    }
+    (ifaces, devices)
+}
+
+/// The devices of a poll from their reads: a frozen reading as it is, a device read now
+/// finished from the results (and frozen when it may be, see [`unmonitored`]).
+fn finish_devices(
+    reads: Vec<Planned>,
+    results: &[Result<String, ReadError>],
+    files: &FileSet,
+    plan: &ReadPlan,
+    route: &[String],
+) -> Vec<Device> {
+    reads
+        .into_iter()
+        .map(|r| match r {
+            Planned::Frozen(d) => Device::clone(&d),
+            Planned::Read(r) => {
+                let d = finish_device(r, results, files, plan);
+                if let (Some(cache), Some(judge)) = (&plan.statics, plan.unmonitored)
+                    && unmonitored::freezable(&d, judge, route)
+                {
+                    cache.freeze(&d);
+                }
+                d
+            }
+        })
+        .collect()
 }
 
 /// The targeted read of a hinted wake-up (SPEC §1.8): `base` (the previous full poll's
@@ -264,10 +362,11 @@ pub fn rediscover(host: &Host, plan: &ReadPlan, base: &Snapshot, names: &[String
     let mut s = base.clone();
     let named: Vec<String> = s.devices.iter().filter(|d| names.contains(&d.name)).map(|d| d.name.clone()).collect();
     let mut batch = Batch::default();
-    let reads: Vec<DeviceRead> = named.iter().map(|n| plan_device(host, n, plan, &mut batch)).collect();
+    let route = &base.default_route_devices;
+    let reads: Vec<Planned> = named.iter().map(|n| plan_device(host, n, plan, route, &mut batch)).collect();
     let files = batch.finish(host, plan.statics.is_some());
     let results = host.read_files(&files);
-    let mut read = reads.into_iter().map(|r| finish_device(r, &results, &files, plan));
+    let mut read = finish_devices(reads, &results, &files, plan, route).into_iter();
     for d in s.devices.iter_mut().filter(|d| names.contains(&d.name)) {
         if let Some(new) = read.next() {
             *d = new;
@@ -301,7 +400,7 @@ pub fn devices_named(host: &Host, snapshot: &Snapshot, hint: &str) -> Vec<String
 /// port through its own `ibdev` and `port` attributes (never through its number).
 pub fn char_devices(host: &Host) -> CharDevices {
     let mut batch = Batch::default();
-    let listed = plan_char_devices(host, &mut batch);
+    let listed = plan_char_devices(host, None, &mut batch);
     let files = batch.finish(host, false);
     let results = if files.rels().is_empty() { Vec::new() } else { host.read_files(&files) };
     finish_char_devices(listed, &results)
@@ -311,13 +410,21 @@ pub fn char_devices(host: &Host) -> CharDevices {
 /// [`Batch`], not read yet.
 enum ListedChars {
     Done(ClassDir),
-    /// (kind, name, index of `ibdev`, index of `port`)
-    Entries(Vec<(CharKind, String, usize, Option<usize>)>),
+    Entries(Vec<(CharKind, String, CharAttrs)>),
 }
 
-/// List both character-device class directories; every entry's attributes go into `batch`.
-fn plan_char_devices(host: &Host, batch: &mut Batch) -> [ListedChars; 2] {
-    let mut list = |dir: &str, kinds: &[CharKind]| -> ListedChars {
+/// Where an entry's `ibdev` and `port` come from.
+enum CharAttrs {
+    /// Read now: their indices in the batch.
+    Read(usize, Option<usize>),
+    /// An entry of a frozen (unmonitored) device: as read in its incarnation.
+    Frozen(CharEntry),
+}
+
+/// List both character-device class directories; every entry's attributes go into `batch`,
+/// except those of an entry naming a frozen device (`cache`).
+fn plan_char_devices(host: &Host, cache: Option<&StaticCache>, batch: &mut Batch) -> [ListedChars; 2] {
+    let mut list = |k: usize, dir: &str, kinds: &[CharKind]| -> ListedChars {
         let rel = format!("class/{dir}");
         let names = match host.list_sys_dir(&rel) {
             Ok(names) => names,
@@ -329,19 +436,22 @@ fn plan_char_devices(host: &Host, batch: &mut Batch) -> [ListedChars; 2] {
                 .into_iter()
                 .filter_map(|name| {
                     let kind = CharKind::of_entry(&name).filter(|k| kinds.contains(k))?;
+                    if let Some(e) = cache.and_then(|c| c.char_entry(k, &name)) {
+                        return Some((kind, name, CharAttrs::Frozen(e)));
+                    }
                     let ibdev = batch.add(format_args!("{rel}/{name}/ibdev"));
                     let port = match kind {
                         CharKind::Uverbs => None,
                         CharKind::Umad | CharKind::Issm => Some(batch.add(format_args!("{rel}/{name}/port"))),
                     };
-                    Some((kind, name, ibdev, port))
+                    Some((kind, name, CharAttrs::Read(ibdev, port)))
                 })
                 .collect(),
         )
     };
     [
-        list(CharKind::Uverbs.class_dir(), &[CharKind::Uverbs]),
-        list(CharKind::Umad.class_dir(), &[CharKind::Umad, CharKind::Issm]),
+        list(0, CharKind::Uverbs.class_dir(), &[CharKind::Uverbs]),
+        list(1, CharKind::Umad.class_dir(), &[CharKind::Umad, CharKind::Issm]),
     ]
 }
 
@@ -351,11 +461,14 @@ fn finish_char_devices(listed: [ListedChars; 2], results: &[Result<String, ReadE
         ListedChars::Entries(entries) => ClassDir::Listed(
             entries
                 .into_iter()
-                .map(|(kind, name, ibdev, port)| CharNode {
-                    kind,
-                    name,
-                    device: opt(at(results, ibdev)),
-                    port: port.and_then(|i| opt(at(results, i))).and_then(|p| p.parse::<u32>().ok()),
+                .map(|(kind, name, attrs)| match attrs {
+                    CharAttrs::Read(ibdev, port) => CharNode {
+                        kind,
+                        name,
+                        device: opt(at(results, ibdev)),
+                        port: port.and_then(|i| opt(at(results, i))).and_then(|p| p.parse::<u32>().ok()),
+                    },
+                    CharAttrs::Frozen(e) => CharNode { kind, name, device: e.device, port: e.port },
                 })
                 .collect(),
         ),
@@ -563,7 +676,25 @@ fn list_ports(host: &Host, base: &str) -> Vec<u32> {
     host.list_sys(&format!("{base}/ports")).into_iter().filter_map(|p| p.parse::<u32>().ok()).collect()
 }
 
-fn plan_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> DeviceRead {
+/// A device of a poll before its per-poll files are read.
+enum Planned {
+    /// Its frozen reading: nothing of it is read ([`unmonitored`]).
+    Frozen(Arc<Device>),
+    Read(DeviceRead),
+}
+
+fn plan_device(host: &Host, name: &str, plan: &ReadPlan, route: &[String], batch: &mut Batch) -> Planned {
+    if let (Some(cache), Some(judge)) = (&plan.statics, plan.unmonitored)
+        && let Some(d) = cache.frozen_reading(name, judge, route)
+    {
+        return Planned::Frozen(d);
+    }
+    Planned::Read(read_device(host, name, plan, batch))
+}
+
+/// Plan the read of a device: its static attributes (kept or read now), its listings, and
+/// its per-poll files into `batch`.
+fn read_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> DeviceRead {
     let base = format!("class/infiniband/{name}");
     let link_by_path = || host.link_name_sys(&format!("{base}/device"));
     // The incarnation check: the `device` link read again, in the kept directory when there

@@ -79,10 +79,21 @@ pub fn device_link_layer(dev: &Device) -> Option<&LinkLayer> {
 
 /// Classify every device of the snapshot.
 pub fn classify(snapshot: &Snapshot, topo: &Topology, filters: &NicFilters) -> BTreeMap<String, Classification> {
-    snapshot.devices.iter().map(|d| (d.name.clone(), classify_one(d, snapshot, topo, filters))).collect()
+    snapshot
+        .devices
+        .iter()
+        .map(|d| (d.name.clone(), classify_device(d, &snapshot.default_route_devices, topo, filters)))
+        .collect()
 }
 
-fn classify_one(dev: &Device, snapshot: &Snapshot, topo: &Topology, filters: &NicFilters) -> Classification {
+/// Classify one device; `default_route_devices`: the snapshot's (the devices behind the
+/// host's default route).
+pub fn classify_device(
+    dev: &Device,
+    default_route_devices: &[String],
+    topo: &Topology,
+    filters: &NicFilters,
+) -> Classification {
     if let Some(re) = filters.exclude.iter().find(|re| re.is_match(&dev.name)) {
         return Classification::skip(format!("excluded by nicExclusionRegex {:?}", re.as_str()));
     }
@@ -106,7 +117,7 @@ fn classify_one(dev: &Device, snapshot: &Snapshot, topo: &Topology, filters: &Ni
     }
 
     // 1. The default route.
-    if snapshot.default_route_devices.contains(&dev.name) {
+    if default_route_devices.contains(&dev.name) {
         return Classification::role(Role::Management, "carries the host's default route".into());
     }
     // 2. The NUMA gate. Skipped when no GPU has a known NUMA node: it could not tell; and
