@@ -410,9 +410,9 @@ mod tests {
     fn snap() -> Snapshot {
         Snapshot {
             devices: vec![
-                device("mlx5_0", LinkLayer::InfiniBand, 2),
-                device("mlx5_1", LinkLayer::InfiniBand, 1),
-                device("mlx5_2", LinkLayer::Ethernet, 1),
+                device("mlx5_0", LinkLayer::InfiniBand, 2).into(),
+                device("mlx5_1", LinkLayer::InfiniBand, 1).into(),
+                device("mlx5_2", LinkLayer::Ethernet, 1).into(),
             ],
             char_devices: CharDevices {
                 verbs: ClassDir::Listed(vec![
@@ -428,13 +428,15 @@ mod tests {
                     node(CharKind::Issm, 1, "mlx5_0", Some(2)),
                     node(CharKind::Issm, 2, "mlx5_1", Some(1)),
                 ]),
-            },
+            }
+            .into(),
             ..Snapshot::default()
         }
     }
 
     fn remove(s: &mut Snapshot, kind: CharKind, dev: &str, port: Option<u32>) {
-        let dir = if kind == CharKind::Uverbs { &mut s.char_devices.verbs } else { &mut s.char_devices.mad };
+        let chars = std::sync::Arc::make_mut(&mut s.char_devices);
+        let dir = if kind == CharKind::Uverbs { &mut chars.verbs } else { &mut chars.mad };
         if let ClassDir::Listed(nodes) = dir {
             nodes.retain(|n| !(n.kind == kind && n.device.as_deref() == Some(dev) && n.port == port));
         }
@@ -518,7 +520,7 @@ mod tests {
         }
         assert!(st.missing_char_devices.contains_key("umad/mlx5_1_1"));
         // ib_umad unloaded: no recovery, no new misses (the verbs entries included), one note.
-        s.char_devices.mad = ClassDir::Absent;
+        std::sync::Arc::make_mut(&mut s.char_devices).mad = ClassDir::Absent;
         remove(&mut s, CharKind::Uverbs, "mlx5_0", None);
         let out = run(&st, &s, IssmMode::Never, 3);
         assert!(out.events.is_empty());
@@ -534,7 +536,7 @@ mod tests {
             assert!(out.events.is_empty(), "{:?}", out.events);
             st = out.state;
         }
-        s.char_devices.mad = ClassDir::Unreadable("not a directory".into());
+        std::sync::Arc::make_mut(&mut s.char_devices).mad = ClassDir::Unreadable("not a directory".into());
         assert!(run(&st, &s, IssmMode::Never, 8).events.is_empty());
         // Readable again: the uverbs loss now counts from its first miss.
         let mut s2 = snap();
@@ -577,7 +579,7 @@ mod tests {
     #[test]
     fn entries_with_unreadable_attributes_do_not_count() {
         let mut s = snap();
-        if let ClassDir::Listed(nodes) = &mut s.char_devices.verbs {
+        if let ClassDir::Listed(nodes) = &mut std::sync::Arc::make_mut(&mut s.char_devices).verbs {
             nodes[0].device = None;
         }
         let mut st = CharDevState::default();

@@ -8,19 +8,18 @@ use std::time::{Duration, Instant};
 
 use regex::Regex;
 
-use crate::host::{FileSet, Host, PendingReads, ReadError, SysDir};
-use crate::model::{
-    CharDevices, CharKind, CharNode, ClassDir, Device, Function, LinkLayer, PciGpu, PciPresence, PhysState, Port,
-    PortState, Snapshot,
-};
+use crate::host::{FileSet, Host, Listing, PendingReads, ReadError, SysDir};
+use crate::model::{Device, Function, LinkLayer, PciGpu, PciPresence, PhysState, Port, PortState, Snapshot};
 use crate::parse;
 use crate::pcie::parse::AerSeverity;
 use crate::pcie::reading::{Aer, PcieLink, PcieReading, UpstreamPort, aer_file};
 use std::sync::atomic::Ordering;
 
+mod chars;
 mod unmonitored;
+pub use chars::char_devices;
+use unmonitored::Frozen;
 pub use unmonitored::Unmonitored;
-use unmonitored::{CharEntry, Frozen};
 
 /// What to read beyond the fixed set of files.
 #[derive(Clone, Default)]
@@ -136,8 +135,8 @@ pub struct StaticCache {
 
 #[derive(Debug, Default)]
 struct CacheInner {
-    /// The device listing the entries were read under.
-    names: Vec<String>,
+    /// The device listing (`class/infiniband`) the entries were read under.
+    listing: Listing,
     by_device: BTreeMap<String, Arc<Statics>>,
     /// Per device: files found absent (`ENOENT`) in this incarnation, not tried again until
     /// the device's static attributes are read again.
@@ -150,15 +149,36 @@ struct CacheInner {
     last_batch: Option<Arc<FileSet>>,
     /// The unmonitored devices as read once in their incarnation ([`unmonitored`]).
     frozen: Frozen,
+    /// The character-device class directories as the last full poll listed and read them.
+    chars: chars::Kept,
+}
+
+impl CacheInner {
+    /// The names of the last device listing.
+    fn names(&self) -> &[String] {
+        self.listing.names().map(|n| &**n).unwrap_or(&[])
+    }
+
+    /// Where `device` is in the last device listing.
+    fn position(&self, device: &str) -> Option<usize> {
+        self.names().binary_search_by(|n| n.as_str().cmp(device)).ok()
+    }
+
+    /// Forget everything about `device` but its presence.
+    fn forget(&mut self, device: &str) {
+        self.by_device.remove(device);
+        self.absent.remove(device);
+        if let Some(i) = self.position(device) {
+            self.frozen.thaw(i);
+        }
+    }
 }
 
 impl StaticCache {
     /// Forget `device`'s static attributes: the next poll reads them again.
     pub fn invalidate(&self, device: &str) {
         if let Ok(mut c) = self.inner.lock() {
-            c.by_device.remove(device);
-            c.absent.remove(device);
-            c.frozen.thaw(device);
+            c.forget(device);
         }
     }
 
@@ -190,19 +210,20 @@ impl StaticCache {
         self.inner.lock().map(|c| c.reads).unwrap_or(0)
     }
 
-    /// A new listing: when the set of devices differs from the last one, drop everything
-    /// (and say so).
-    fn listing(&self, names: &[String]) -> bool {
-        if let Ok(mut c) = self.inner.lock()
-            && c.names != names
-        {
-            c.names = names.to_vec();
+    /// List the devices again: their names, and whether the set differs from the last
+    /// listing's (then everything kept about the devices is dropped).
+    fn relist(&self, host: &Host) -> (Arc<[String]>, bool) {
+        let Ok(mut c) = self.inner.lock() else { return (host.list_sys(DEVICES).into(), true) };
+        let mut listing = std::mem::take(&mut c.listing);
+        let changed = host.relist_sys(DEVICES, &mut listing);
+        c.listing = listing;
+        let names: Arc<[String]> = c.listing.names().cloned().unwrap_or_else(|_| Arc::from([]));
+        if changed {
             c.by_device.clear();
             c.absent.clear();
-            c.frozen.clear();
-            return true;
+            c.frozen.reset(names.len());
         }
-        false
+        (names, changed)
     }
 
     /// `device`'s static attributes as kept, if they are less than [`STATIC_REFRESH`] old.
@@ -213,44 +234,41 @@ impl StaticCache {
 
     fn put(&self, device: &str, statics: Arc<Statics>) {
         if let Ok(mut c) = self.inner.lock() {
+            c.forget(device);
             c.reads += 1;
             c.by_device.insert(device.to_string(), statics);
-            c.absent.remove(device);
-            c.frozen.thaw(device);
         }
     }
 
-    /// `device`'s frozen reading, while `judge` says it is not monitored; dropped (and its
-    /// class entries) once it says it is.
-    fn frozen_reading(&self, device: &str, judge: Unmonitored<'_>, route: &[String]) -> Option<Arc<Device>> {
+    /// The frozen readings by position in the device listing, those `judge` says are
+    /// monitored now dropped ([`unmonitored`]).
+    fn frozen(&self, judge: Unmonitored<'_>, route: &[String]) -> Vec<Option<Arc<Device>>> {
+        self.inner.lock().map(|mut c| c.frozen.judged(judge, route)).unwrap_or_default()
+    }
+
+    /// `device`'s frozen reading, unless `judge` says it is monitored now.
+    fn frozen_named(&self, device: &str, judge: Unmonitored<'_>, route: &[String]) -> Option<Arc<Device>> {
         let mut c = self.inner.lock().ok()?;
-        let d = c.frozen.get(device)?;
+        let i = c.position(device)?;
+        let d = c.frozen.get(i)?;
         if judge(&d, route) {
             return Some(d);
         }
-        c.frozen.thaw(device);
+        c.frozen.thaw(i);
         None
     }
 
     /// Keep `device`, just read, as its incarnation's reading; its static attributes are
     /// not kept apart any more (read again should it be monitored).
-    fn freeze(&self, device: &Device) {
-        if let Ok(mut c) = self.inner.lock() {
+    fn freeze(&self, device: Arc<Device>) {
+        if let Ok(mut c) = self.inner.lock()
+            && let Some(i) = c.position(&device.name)
+        {
             c.by_device.remove(&device.name);
             c.absent.remove(&device.name);
-            c.frozen.freeze(device.clone());
-        }
-    }
-
-    /// The class entry `name` of directory `dir` (0: verbs, 1: mad) when it names a frozen
-    /// device.
-    fn char_entry(&self, dir: usize, name: &str) -> Option<CharEntry> {
-        self.inner.lock().ok()?.frozen.char_entry(dir, name)
-    }
-
-    fn freeze_chars(&self, chars: &CharDevices) {
-        if let Ok(mut c) = self.inner.lock() {
-            c.frozen.freeze_chars(chars);
+            c.frozen.freeze(i, device);
+            // Its files are not the next poll's: nothing is read ahead.
+            c.last_batch = None;
         }
     }
 
@@ -259,6 +277,9 @@ impl StaticCache {
         self.inner.lock().map(|c| c.frozen.len()).unwrap_or(0)
     }
 }
+
+/// Where the RDMA devices are listed.
+const DEVICES: &str = "class/infiniband";
 
 static MLX5_NAME: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^mlx5_(bond_)?\d+$").expect("static regex"));
 
@@ -274,31 +295,48 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
     let last = plan.statics.as_ref().and_then(|c| c.last_batch());
     let prefetch =
         last.as_ref().map(|files| Prefetch { generation: host.kept_generation(), reads: host.start_files(files) });
-    let names = host.list_sys("class/infiniband");
-    if let Some(cache) = &plan.statics
-        && cache.listing(&names)
-    {
-        // A device came or went: every kept-open file is opened again.
-        host.forget_kept(None);
-    }
+    let names: Arc<[String]> = match &plan.statics {
+        Some(cache) => {
+            let (names, changed) = cache.relist(host);
+            if changed {
+                // A device came or went: every kept-open file is opened again.
+                host.forget_kept(None);
+            }
+            names
+        }
+        None => host.list_sys(DEVICES).into(),
+    };
     // Attributes that change are kept open between polls where the reads are kept across
     // polls (a plan with a static cache: the monitor's polls).
     let keep = plan.statics.is_some();
     // The default route first: whether a device is a management NIC (not monitored, not
     // read) depends on it.
     let (default_route_ifaces, default_route_devices) = default_route(host);
-    let mut batch = Batch::against(last);
-    let reads: Vec<Planned> =
-        names.iter().map(|n| plan_device(host, n, plan, &default_route_devices, &mut batch)).collect();
-    let chars = plan_char_devices(host, plan.statics.as_deref(), &mut batch);
+    let mut batch = Batch::against(last.clone());
+    let frozen = match (&plan.statics, plan.unmonitored) {
+        (Some(cache), Some(judge)) => cache.frozen(judge, &default_route_devices),
+        _ => Vec::new(),
+    };
+    let reads: Vec<Planned> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| match frozen.get(i).cloned().flatten() {
+            Some(d) => Planned::Frozen(d),
+            None => Planned::Read(read_device(host, n, plan, &mut batch)),
+        })
+        .collect();
+    let chars = chars::plan(host, plan.statics.as_deref(), &mut batch);
     let files = batch.finish(host, keep);
     let results = read_batch(host, &files, prefetch);
-    let devices = finish_devices(reads, &results, &files, plan, &default_route_devices);
-    let char_devices = finish_char_devices(chars, &results);
-    if let Some(cache) = &plan.statics {
-        cache.set_last_batch(files);
-        cache.freeze_chars(&char_devices);
+    if keep && !last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &files)) {
+        // Other files than the last poll's: those no longer read are not kept open.
+        host.keep_only(&files);
     }
+    if let Some(cache) = &plan.statics {
+        cache.set_last_batch(files.clone());
+    }
+    let devices = finish_devices(reads, &results, &files, plan, &default_route_devices);
+    let char_devices = chars::finish(chars, &results, plan.statics.as_deref());
 
     let mut pci_probes = BTreeMap::new();
     for (name, pci) in &plan.known {
@@ -333,17 +371,17 @@ fn finish_devices(
     files: &FileSet,
     plan: &ReadPlan,
     route: &[String],
-) -> Vec<Device> {
+) -> Vec<Arc<Device>> {
     reads
         .into_iter()
         .map(|r| match r {
-            Planned::Frozen(d) => Device::clone(&d),
+            Planned::Frozen(d) => d,
             Planned::Read(r) => {
-                let d = finish_device(r, results, files, plan);
+                let d = Arc::new(finish_device(r, results, files, plan));
                 if let (Some(cache), Some(judge)) = (&plan.statics, plan.unmonitored)
                     && unmonitored::freezable(&d, judge, route)
                 {
-                    cache.freeze(&d);
+                    cache.freeze(d.clone());
                 }
                 d
             }
@@ -394,87 +432,6 @@ pub fn devices_named(host: &Host, snapshot: &Snapshot, hint: &str) -> Vec<String
         return named;
     }
     ib_devices_of_iface(host, hint).into_iter().filter(|n| snapshot.devices.iter().any(|d| &d.name == n)).collect()
-}
-
-/// The InfiniBand character-device class directories, each entry mapped to its device and
-/// port through its own `ibdev` and `port` attributes (never through its number).
-pub fn char_devices(host: &Host) -> CharDevices {
-    let mut batch = Batch::default();
-    let listed = plan_char_devices(host, None, &mut batch);
-    let files = batch.finish(host, false);
-    let results = if files.rels().is_empty() { Vec::new() } else { host.read_files(&files) };
-    finish_char_devices(listed, &results)
-}
-
-/// A character-device class directory listed, its entries' attribute files added to a
-/// [`Batch`], not read yet.
-enum ListedChars {
-    Done(ClassDir),
-    Entries(Vec<(CharKind, String, CharAttrs)>),
-}
-
-/// Where an entry's `ibdev` and `port` come from.
-enum CharAttrs {
-    /// Read now: their indices in the batch.
-    Read(usize, Option<usize>),
-    /// An entry of a frozen (unmonitored) device: as read in its incarnation.
-    Frozen(CharEntry),
-}
-
-/// List both character-device class directories; every entry's attributes go into `batch`,
-/// except those of an entry naming a frozen device (`cache`).
-fn plan_char_devices(host: &Host, cache: Option<&StaticCache>, batch: &mut Batch) -> [ListedChars; 2] {
-    let mut list = |k: usize, dir: &str, kinds: &[CharKind]| -> ListedChars {
-        let rel = format!("class/{dir}");
-        let names = match host.list_sys_dir(&rel) {
-            Ok(names) => names,
-            Err(ReadError::Missing) => return ListedChars::Done(ClassDir::Absent),
-            Err(e) => return ListedChars::Done(ClassDir::Unreadable(format!("{}: {e}", host.sys(&rel).display()))),
-        };
-        ListedChars::Entries(
-            names
-                .into_iter()
-                .filter_map(|name| {
-                    let kind = CharKind::of_entry(&name).filter(|k| kinds.contains(k))?;
-                    if let Some(e) = cache.and_then(|c| c.char_entry(k, &name)) {
-                        return Some((kind, name, CharAttrs::Frozen(e)));
-                    }
-                    let ibdev = batch.add(format_args!("{rel}/{name}/ibdev"));
-                    let port = match kind {
-                        CharKind::Uverbs => None,
-                        CharKind::Umad | CharKind::Issm => Some(batch.add(format_args!("{rel}/{name}/port"))),
-                    };
-                    Some((kind, name, CharAttrs::Read(ibdev, port)))
-                })
-                .collect(),
-        )
-    };
-    [
-        list(0, CharKind::Uverbs.class_dir(), &[CharKind::Uverbs]),
-        list(1, CharKind::Umad.class_dir(), &[CharKind::Umad, CharKind::Issm]),
-    ]
-}
-
-fn finish_char_devices(listed: [ListedChars; 2], results: &[Result<String, ReadError>]) -> CharDevices {
-    let finish = |l: ListedChars| match l {
-        ListedChars::Done(d) => d,
-        ListedChars::Entries(entries) => ClassDir::Listed(
-            entries
-                .into_iter()
-                .map(|(kind, name, attrs)| match attrs {
-                    CharAttrs::Read(ibdev, port) => CharNode {
-                        kind,
-                        name,
-                        device: opt(at(results, ibdev)),
-                        port: port.and_then(|i| opt(at(results, i))).and_then(|p| p.parse::<u32>().ok()),
-                    },
-                    CharAttrs::Frozen(e) => CharNode { kind, name, device: e.device, port: e.port },
-                })
-                .collect(),
-        ),
-    };
-    let [verbs, mad] = listed;
-    CharDevices { verbs: finish(verbs), mad: finish(mad) }
 }
 
 /// The result of file `i` of a batch (by reference; an error cloned).
@@ -683,9 +640,10 @@ enum Planned {
     Read(DeviceRead),
 }
 
+/// Plan device `name` (a targeted read): its frozen reading while it has one, else its read.
 fn plan_device(host: &Host, name: &str, plan: &ReadPlan, route: &[String], batch: &mut Batch) -> Planned {
     if let (Some(cache), Some(judge)) = (&plan.statics, plan.unmonitored)
-        && let Some(d) = cache.frozen_reading(name, judge, route)
+        && let Some(d) = cache.frozen_named(name, judge, route)
     {
         return Planned::Frozen(d);
     }
@@ -1092,6 +1050,7 @@ pub fn pci_node(host: &Host, address: &str) -> Option<PciNode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{CharKind, ClassDir};
     use nicmon_tests::platforms::Platform;
 
     fn fw_of(s: &Snapshot, dev: &str) -> Option<String> {

@@ -66,8 +66,9 @@
 //! an [`AccessLog`] the reader also notes every path it was asked about.
 //!
 //! Rooms: `reader.rs` (the reader pool and its deadlines), `kept.rs` (kept-open files),
-//! `file.rs` (one regular file, read whole and bounded), `access.rs` (the access log and a
-//! bundle's failure links); the [`Host`] facade is here.
+//! `listing.rs` (a directory listed poll after poll), `file.rs` (one regular file, read
+//! whole and bounded), `access.rs` (the access log and a bundle's failure links); the
+//! [`Host`] facade is here.
 use std::collections::BTreeSet;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
@@ -79,12 +80,14 @@ use std::time::{Duration, Instant};
 mod access;
 mod file;
 mod kept;
+mod listing;
 mod reader;
 
 pub use access::{Access, AccessLog, FAILURE_LINK_PREFIX, failure_link_error};
 pub use file::{NOT_REGULAR, non_regular_kind, open_regular};
 use file::{Past, list_dir, list_dir_at};
 pub use kept::KEPT_REFRESH;
+pub use listing::Listing;
 pub use reader::{Deadlines, FILE_READ_TIMEOUT, FileSet, PendingReads, ReadStats, read_file};
 use reader::{Item, Reader};
 
@@ -344,6 +347,12 @@ impl Host {
         }
     }
 
+    /// Close the kept-open files that are not files of `set` (a poll's batch: files read
+    /// before and no longer, such as a device's that is now read once per incarnation).
+    pub fn keep_only(&self, set: &FileSet) {
+        self.reader.keep_only(&set.items);
+    }
+
     /// How many files are kept open now.
     pub fn kept_files(&self) -> usize {
         self.reader.kept_count()
@@ -407,6 +416,13 @@ impl Host {
     pub fn list_sys(&self, rel: &str) -> Vec<String> {
         self.note_sys(rel, |tree, rel| Access::List { tree, rel });
         list_dir(&self.sys(rel)).unwrap_or_default()
+    }
+
+    /// List sysfs directory `rel` again into `listing` (kept by the caller between polls):
+    /// whether its names differ from the last time (see [`Listing`]).
+    pub fn relist_sys(&self, rel: &str, listing: &mut Listing) -> bool {
+        self.note_sys(rel, |tree, rel| Access::List { tree, rel });
+        listing.relist(&self.sys(rel))
     }
 
     /// Names in a sysfs directory, sorted, or why it could not be listed: `Missing` when

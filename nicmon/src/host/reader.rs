@@ -392,6 +392,17 @@ impl Reader {
         }
     }
 
+    /// Close the kept-open files that are not among `items`.
+    pub(super) fn keep_only(&self, items: &[Item]) {
+        let wanted: std::collections::HashSet<&std::ffi::OsStr> = items.iter().map(|i| i.path.as_os_str()).collect();
+        let mut k = self.shared.kept();
+        let before = k.files.len();
+        k.files.retain(|path, _| wanted.contains(path.as_os_str()));
+        if k.files.len() != before {
+            k.generation = k.generation.wrapping_add(1);
+        }
+    }
+
     pub(super) fn kept_count(&self) -> usize {
         self.shared.kept().files.len()
     }

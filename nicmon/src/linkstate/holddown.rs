@@ -118,7 +118,7 @@ pub(super) fn hold<'a>(
     }
     let mut owned = snap.into_owned();
     for (di, pi) in rewrite {
-        let p = &mut owned.devices[di].ports[pi];
+        let p = &mut std::sync::Arc::make_mut(&mut owned.devices[di]).ports[pi];
         p.state = Some(PortState::Active);
         p.phys_state = Some(PhysState::LinkUp);
     }

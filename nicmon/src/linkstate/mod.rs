@@ -146,6 +146,7 @@ pub fn evaluate(
         .devices
         .iter()
         .filter(|d| roles.get(&d.name).map(|c| c.monitored).unwrap_or(false) && !d.is_vf())
+        .map(|d| &**d)
         .collect();
     let ctx = Ctx { snap, roles, monitored, cfg, now, stamp, first_poll };
     let mut out = Emitted { notes: efa_notes, ..Emitted::default() };

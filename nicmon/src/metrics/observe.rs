@@ -190,7 +190,7 @@ mod tests {
         let classification =
             crate::roles::Classification { monitored: true, reason: None, role: None, role_reason: None };
         let poll = Poll {
-            snapshot: crate::model::Snapshot { devices: vec![dev], ..Default::default() },
+            snapshot: crate::model::Snapshot { devices: vec![dev.into()], ..Default::default() },
             roles: [("mlx5_0".to_string(), classification)].into(),
             ..Default::default()
         };
