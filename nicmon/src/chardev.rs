@@ -109,6 +109,14 @@ pub struct CharDevState {
     pub held_dirs: BTreeSet<String>,
 }
 
+impl CharDevState {
+    /// Whether an entry is missing or latched, or a directory held: then an entry that comes
+    /// back must be seen, and discovery lists the class directories on every poll.
+    pub fn watching(&self) -> bool {
+        !self.misses.is_empty() || !self.missing_char_devices.is_empty() || !self.held_dirs.is_empty()
+    }
+}
+
 /// One expected (or latched) entry as `nicmon check` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Finding {
@@ -170,7 +178,7 @@ pub fn evaluate(
         notes: Vec::new(),
         findings: Vec::new(),
     };
-    let present = listings(snap);
+    let present = listings(snap, &expected);
     hold_unlisted_dirs(prev, snap, &expected, &mut out);
     let hold_all = !out.state.held_dirs.is_empty();
     let poll = Poll { prev, now, stamp, rebaseline: rebaseline(prev, mode, now, stamp, &mut out.events) };
@@ -188,9 +196,13 @@ pub fn evaluate(
     out
 }
 
-/// Which entries each readable class directory lists, as (device, port); `None` for a
-/// directory that is absent or cannot be listed.
-fn listings(snap: &Snapshot) -> BTreeMap<CharKind, Option<BTreeSet<(&str, u32)>>> {
+/// Which entries of the `expected` devices each readable class directory lists, as
+/// (device, port); `None` for a directory that is absent or cannot be listed.
+fn listings<'s>(
+    snap: &'s Snapshot,
+    expected: &BTreeSet<CharKey>,
+) -> BTreeMap<CharKind, Option<BTreeSet<(&'s str, u32)>>> {
+    let devices: BTreeSet<&str> = expected.iter().map(|k| k.device.as_str()).collect();
     let mut present = BTreeMap::new();
     for kind in CharKind::ALL {
         let seen = match snap.char_devices.dir(kind) {
@@ -199,6 +211,7 @@ fn listings(snap: &Snapshot) -> BTreeMap<CharKind, Option<BTreeSet<(&str, u32)>>
                     .iter()
                     .filter(|n| n.kind == kind)
                     .filter_map(|n| Some((n.device.as_deref()?, if kind == CharKind::Uverbs { 0 } else { n.port? })))
+                    .filter(|(d, _)| devices.contains(d))
                     .collect(),
             ),
             ClassDir::Absent | ClassDir::Unreadable(_) => None,

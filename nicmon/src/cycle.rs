@@ -209,6 +209,7 @@ impl Monitor {
                 .collect(),
             statics: Some(self.statics.clone()),
             unmonitored: Some(&judge),
+            char_listing_may_stand: !prev.char_devices.watching(),
         };
         self.host.begin_poll();
         // The memo goes into the reader for this read and comes back out with it.
@@ -258,8 +259,15 @@ impl Monitor {
         let Some(source) = &self.ethtool else {
             return Vec::new();
         };
-        let roles = roles::classify(snapshot, &self.topology, &self.config.filters);
-        let wanted = |name: &str| monitored(&roles, name) && devices.is_none_or(|d| d.iter().any(|n| n == name));
+        // The PFs' roles (a VF is not read, nor classified).
+        let route = &snapshot.default_route_devices;
+        let monitored: BTreeSet<String> = snapshot
+            .devices
+            .iter()
+            .filter(|d| !d.is_vf() && !self.unmonitored(d, route))
+            .map(|d| d.name.clone())
+            .collect();
+        let wanted = |name: &str| monitored.contains(name) && devices.is_none_or(|d| d.iter().any(|n| n == name));
         self.ethtool_ports.read(source, snapshot, wanted, || self.host.timeout())
     }
 
@@ -274,6 +282,7 @@ impl Monitor {
             known: Vec::new(),
             statics: Some(self.statics.clone()),
             unmonitored: Some(&judge),
+            char_listing_may_stand: false,
         };
         self.host.begin_poll();
         self.host.remember_einval(prev.einval.iter().cloned());
@@ -550,7 +559,7 @@ fn counter_ports<'s>(
     snapshot
         .devices
         .iter()
-        .filter(|d| monitored(roles, &d.name) && !d.is_vf() && read_now(&d.name))
+        .filter(|d| !d.is_vf() && monitored(roles, &d.name) && read_now(&d.name))
         .flat_map(|d| d.ports.iter().map(move |p| CounterPort::new(&d.name, p)))
         .collect()
 }

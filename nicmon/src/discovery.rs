@@ -37,6 +37,10 @@ pub struct ReadPlan<'a> {
     /// such a device is read once per incarnation and then only looked for in the listing
     /// ([`unmonitored`]). `None`: every device is read every time.
     pub unmonitored: Option<Unmonitored<'a>>,
+    /// With a static cache: the character-device class directories need not be listed
+    /// again while the last listing stands ([`chars`]), because no entry that comes or goes
+    /// unseen then matters (the check has none missing). `false`: listed on every read.
+    pub char_listing_may_stand: bool,
 }
 
 impl std::fmt::Debug for ReadPlan<'_> {
@@ -46,6 +50,7 @@ impl std::fmt::Debug for ReadPlan<'_> {
             .field("known", &self.known)
             .field("statics", &self.statics)
             .field("unmonitored", &self.unmonitored.is_some())
+            .field("char_listing_may_stand", &self.char_listing_may_stand)
             .finish()
     }
 }
@@ -325,7 +330,7 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
             None => Planned::Read(read_device(host, n, plan, &mut batch)),
         })
         .collect();
-    let chars = chars::plan(host, plan.statics.as_deref(), &mut batch);
+    let chars = chars::plan(host, plan.statics.as_deref(), !plan.char_listing_may_stand, &mut batch);
     let files = batch.finish(host, keep);
     let results = read_batch(host, &files, prefetch);
     if keep && !last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &files)) {

@@ -3,15 +3,20 @@
 //! `ibdev` and `port` attributes (never through its number).
 //!
 //! With a [`StaticCache`] (the monitor's polls), the entries naming a frozen (unmonitored)
-//! device are not read ([`super::unmonitored`]), and while both directories list the same
-//! entries as at the last full poll and no entry was frozen or thawed since, only the
-//! entries read then are read again, and the last poll's result is the poll's while they
-//! read the same: an unchanged directory of a thousand entries costs its listing.
+//! device are not read ([`super::unmonitored`]). And the directories are not listed again
+//! while the last listing stands: no device came or went and no entry was frozen or thawed
+//! since, every entry read then (those of the devices read on every poll) is still there
+//! (looked up in the directory, kept open, which is still the one at its path), it is
+//! less than [`STATIC_REFRESH`] old, and the plan lets it stand (the monitor's does while
+//! the check has no entry missing: one that comes back must be seen). Then only
+//! those entries are read again, and the last result is the poll's while they read the
+//! same: a directory of a thousand entries, most of them a VF's, costs a few lookups.
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::unmonitored::CharEntry;
-use super::{Batch, StaticCache, at, opt};
-use crate::host::{Host, Listing, ReadError};
+use super::{Batch, STATIC_REFRESH, StaticCache, at, opt};
+use crate::host::{Host, Listing, ReadError, SysDir};
 use crate::model::{CharDevices, CharKind, CharNode, ClassDir};
 
 /// The class directories (below `class/`), with the entry kinds each holds.
@@ -22,16 +27,19 @@ const DIRS: [(&str, &[CharKind]); 2] =
 #[derive(Debug, Default)]
 pub(super) struct Kept {
     listings: [Listing; 2],
+    /// The directories as last listed, kept open for the lookups.
+    dirs: [Option<SysDir>; 2],
     last: Option<Last>,
 }
 
 /// A full poll's class directories: the result, the positions (per directory) of the
-/// entries read, and the frozen entries' generation then.
+/// entries read, the frozen entries' generation, and when they were listed.
 #[derive(Debug, Clone)]
 pub(super) struct Last {
     chars: Arc<CharDevices>,
     read: [Vec<usize>; 2],
     generation: u64,
+    listed_at: Instant,
 }
 
 /// The class directories listed, their entries' attribute files added to a [`Batch`], not
@@ -63,27 +71,43 @@ pub(super) enum CharAttrs {
 /// The class directories of `host` read now, nothing kept.
 pub fn char_devices(host: &Host) -> CharDevices {
     let mut batch = Batch::default();
-    let listed = plan(host, None, &mut batch);
+    let listed = plan(host, None, true, &mut batch);
     let files = batch.finish(host, false);
     let results = if files.rels().is_empty() { Vec::new() } else { host.read_files(&files) };
     Arc::unwrap_or_clone(finish(listed, &results, None))
 }
 
 impl StaticCache {
-    /// List both class directories again: their names (or why not), and the last full
-    /// poll's result when both list what they did then and no entry was frozen or thawed.
-    fn relist_chars(&self, host: &Host) -> Option<([Result<Arc<[String]>, ReadError>; 2], Option<Last>)> {
+    /// The last poll's class directories when their listing stands (see the module notes).
+    fn standing_chars(&self, host: &Host) -> Option<Last> {
+        let c = self.inner.lock().ok()?;
+        let last = c.chars.last.as_ref()?;
+        if last.generation != c.frozen.generation() || last.listed_at.elapsed() >= STATIC_REFRESH {
+            return None;
+        }
+        for (k, dir) in c.chars.dirs.iter().enumerate() {
+            // A directory absent or unreadable then is listed again (that costs nothing).
+            let (Some(dir), Some(nodes)) = (dir, listed(&last.chars, k)) else { return None };
+            let there = |i: &usize| nodes.get(*i).is_some_and(|n| host.exists_in(dir, &n.name));
+            if !host.still_at_path(dir) || !last.read[k].iter().all(there) {
+                return None;
+            }
+        }
+        Some(last.clone())
+    }
+
+    /// List both class directories again: their names, or why not.
+    fn relist_chars(&self, host: &Host) -> Option<[Result<Arc<[String]>, ReadError>; 2]> {
         let mut c = self.inner.lock().ok()?;
         let mut listings = std::mem::take(&mut c.chars.listings);
-        let mut changed = false;
-        for (l, (dir, _)) in listings.iter_mut().zip(DIRS) {
-            changed |= host.relist_sys(&format!("class/{dir}"), l);
+        for (k, (l, (dir, _))) in listings.iter_mut().zip(DIRS).enumerate() {
+            let rel = format!("class/{dir}");
+            host.relist_sys(&rel, l);
+            c.chars.dirs[k] = l.names().is_ok().then(|| host.open_dir_sys(&rel)).flatten();
         }
         let names = [0, 1].map(|k| listings[k].names().cloned().map_err(Clone::clone));
         c.chars.listings = listings;
-        let generation = c.frozen.generation();
-        let last = c.chars.last.clone().filter(|l| !changed && l.generation == generation);
-        Some((names, last))
+        Some(names)
     }
 
     /// The class entry `name` of directory `dir` (0: verbs, 1: mad) when it names a frozen
@@ -92,9 +116,9 @@ impl StaticCache {
         self.inner.lock().ok()?.frozen.char_entry(dir, name)
     }
 
-    /// Keep this full poll's result; the entries read now that name a frozen device are
-    /// frozen with it.
-    fn keep_chars(&self, chars: &Arc<CharDevices>, read: [Vec<usize>; 2]) {
+    /// Keep this poll's result (`listed_at`: when its directories were listed); the entries
+    /// read now that name a frozen device are frozen with it.
+    fn keep_chars(&self, chars: &Arc<CharDevices>, read: [Vec<usize>; 2], listed_at: Instant) {
         if let Ok(mut c) = self.inner.lock() {
             let c = &mut *c;
             // Entries frozen now make this result stale: the next poll lists them anew.
@@ -108,17 +132,20 @@ impl StaticCache {
                 // Their files are not the next poll's: nothing is read ahead.
                 c.last_batch = None;
             }
-            c.chars.last = Some(Last { chars: chars.clone(), read, generation });
+            c.chars.last = Some(Last { chars: chars.clone(), read, generation, listed_at });
         }
     }
 }
 
-/// List both class directories (with `cache`: through its listings) and add the attribute
-/// files to read to `batch`.
-pub(super) fn plan(host: &Host, cache: Option<&StaticCache>, batch: &mut Batch) -> CharRead {
+/// List both class directories (with `cache`: through its listings, unless the last
+/// listing stands and `list` does not ask for one) and add the attribute files to read to
+/// `batch`.
+pub(super) fn plan(host: &Host, cache: Option<&StaticCache>, list: bool, batch: &mut Batch) -> CharRead {
+    if let Some(last) = cache.filter(|_| !list).and_then(|c| c.standing_chars(host)) {
+        return plan_same(last, batch);
+    }
     let listed = match cache.and_then(|c| c.relist_chars(host)) {
-        Some((_, Some(last))) => return plan_same(last, batch),
-        Some((names, None)) => names,
+        Some(names) => names,
         None => DIRS.map(|(dir, _)| host.list_sys_dir(&format!("class/{dir}")).map(Arc::from)),
     };
     let mut k = 0;
@@ -133,7 +160,7 @@ pub(super) fn plan(host: &Host, cache: Option<&StaticCache>, batch: &mut Batch) 
 fn plan_same(last: Last, batch: &mut Batch) -> CharRead {
     let mut read: [Vec<(usize, usize, Option<usize>)>; 2] = Default::default();
     for k in 0..2 {
-        let Some(nodes) = dir(&last.chars, k) else { continue };
+        let Some(nodes) = listed(&last.chars, k) else { continue };
         let rel = DIRS[k].0;
         for &i in &last.read[k] {
             let Some(n) = nodes.get(i) else { continue };
@@ -201,7 +228,7 @@ pub(super) fn finish(
                 for &(i, ibdev, port) in entries {
                     let e = read_entry(results, ibdev, port);
                     let same = |n: &CharNode| n.device == e.device && n.port == e.port;
-                    if dir(&chars, k).is_none_or(|nodes| nodes.get(i).is_none_or(same)) {
+                    if listed(&chars, k).is_none_or(|nodes| nodes.get(i).is_none_or(same)) {
                         continue;
                     }
                     let c = Arc::make_mut(&mut chars);
@@ -213,7 +240,7 @@ pub(super) fn finish(
                 }
             }
             if let Some(cache) = cache {
-                cache.keep_chars(&chars, last.read);
+                cache.keep_chars(&chars, last.read, last.listed_at);
             }
             chars
         }
@@ -222,7 +249,7 @@ pub(super) fn finish(
 }
 
 /// The entries of directory `k` (0: verbs, 1: mad), if it was listed.
-fn dir(chars: &CharDevices, k: usize) -> Option<&[CharNode]> {
+fn listed(chars: &CharDevices, k: usize) -> Option<&[CharNode]> {
     match if k == 0 { &chars.verbs } else { &chars.mad } {
         ClassDir::Listed(nodes) => Some(nodes),
         ClassDir::Absent | ClassDir::Unreadable(_) => None,
@@ -236,6 +263,7 @@ fn finish_listed(
     cache: Option<&StaticCache>,
 ) -> Arc<CharDevices> {
     // Per directory, the positions of the entries read now.
+    let listed_at = Instant::now();
     let mut read_now: [Vec<usize>; 2] = Default::default();
     let mut finish = |k: usize, l: ListedChars| match l {
         ListedChars::Done(d) => d,
@@ -259,7 +287,7 @@ fn finish_listed(
     let [verbs, mad] = listed;
     let chars = Arc::new(CharDevices { verbs: finish(0, verbs), mad: finish(1, mad) });
     if let Some(cache) = cache {
-        cache.keep_chars(&chars, read_now);
+        cache.keep_chars(&chars, read_now, listed_at);
     }
     chars
 }

@@ -456,6 +456,21 @@ impl Host {
         Some(SysDir { fd: Arc::new(fd), rel: rel.to_string() })
     }
 
+    /// Whether entry `name` exists in `dir` (a dangling link counts).
+    pub fn exists_in(&self, dir: &SysDir, name: &str) -> bool {
+        self.note(|| Access::Entry { tree: Tree::Sys, rel: format!("{}/{name}", dir.rel) });
+        rustix::fs::statat(&*dir.fd, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).is_ok()
+    }
+
+    /// Whether `dir` is still the directory at its path (not removed, renamed or replaced).
+    pub fn still_at_path(&self, dir: &SysDir) -> bool {
+        self.note(|| Access::Entry { tree: Tree::Sys, rel: dir.rel.clone() });
+        let (Ok(kept), Ok(now)) = (rustix::fs::fstat(&*dir.fd), rustix::fs::stat(self.sys(&dir.rel))) else {
+            return false;
+        };
+        (kept.st_dev, kept.st_ino) == (now.st_dev, now.st_ino)
+    }
+
     /// [`Host::link_name_sys`] of `name` in `dir`.
     pub fn link_name_in(&self, dir: &SysDir, name: &str) -> Option<String> {
         self.note(|| Access::Entry { tree: Tree::Sys, rel: format!("{}/{name}", dir.rel) });
