@@ -250,7 +250,7 @@ impl Monitor {
     /// devices behind the default route): discovery reads such a device once per
     /// incarnation ([`discovery::Unmonitored`]).
     fn unmonitored(&self, device: &crate::model::Device, route: &[String]) -> bool {
-        !roles::classify_device(device, route, &self.topology, &self.config.filters).monitored
+        !roles::is_monitored(device, route, &self.topology, &self.config.filters)
     }
 
     /// The RoCE ports' ethtool data into `snapshot` (of the monitored devices; of
