@@ -527,6 +527,10 @@ struct Batch {
     /// Every file added, once one differed from `prev`'s (`None` while they are the same).
     rels: Option<Vec<String>>,
     scratch: String,
+    /// The files added that are read once, not kept open (by index, ascending).
+    once: Vec<usize>,
+    /// Whether the files added now are read once ([`Batch::read_once`]).
+    reading_once: bool,
 }
 
 impl Batch {
@@ -539,6 +543,12 @@ impl Batch {
         self.add_unless(rel, |_| false).unwrap_or_default()
     }
 
+    /// The files added from now on are read once, not kept open (`once`), or kept open as
+    /// the batch's files are (see [`Batch::finish`]).
+    fn read_once(&mut self, once: bool) {
+        self.reading_once = once;
+    }
+
     /// Add a file unless `skip` says so (given its path); its index in the results.
     fn add_unless(&mut self, rel: std::fmt::Arguments<'_>, skip: impl FnOnce(&str) -> bool) -> Option<usize> {
         use std::fmt::Write;
@@ -549,12 +559,18 @@ impl Batch {
         }
         let i = self.len;
         self.len += 1;
+        if self.reading_once {
+            self.once.push(i);
+        }
         match &mut self.rels {
             Some(rels) => rels.push(self.scratch.clone()),
             None => {
-                let prev = self.prev.as_ref().map(|p| p.rels()).unwrap_or_default();
-                if prev.get(i) != Some(&self.scratch) {
-                    let mut rels = prev[..i].to_vec();
+                // The same file as the last batch's at this place (whether it is kept open
+                // the same way is seen in `finish`).
+                if self.prev.as_ref().and_then(|p| p.rel(i)) != Some(self.scratch.as_str()) {
+                    let prev = self.prev.as_ref();
+                    let mut rels: Vec<String> =
+                        (0..i).filter_map(|j| prev.and_then(|p| p.rel(j)).map(str::to_string)).collect();
                     rels.push(self.scratch.clone());
                     self.rels = Some(rels);
                 }
@@ -563,12 +579,18 @@ impl Batch {
         Some(i)
     }
 
-    /// The files added (`keep`: see [`Host::file_set`]).
+    /// The files added (`keep`: see [`Host::file_set`]; those added to be read once are
+    /// not kept whatever it says).
     fn finish(self, host: &Host, keep: bool) -> Arc<FileSet> {
+        let once = self.once;
+        let kept = |i: usize| keep && once.binary_search(&i).is_err();
         match (self.rels, self.prev) {
-            (Some(rels), _) => host.file_set(rels, keep),
-            (None, Some(prev)) if prev.rels().len() == self.len => prev,
-            (None, prev) => host.file_set(prev.map(|p| p.rels()[..self.len].to_vec()).unwrap_or_default(), keep),
+            (Some(rels), _) => host.file_set_keeping(rels, kept),
+            (None, Some(prev)) if prev.len() == self.len && (0..prev.len()).all(|i| prev.kept(i) == kept(i)) => prev,
+            (None, prev) => {
+                let rels = (0..self.len).filter_map(|i| prev.as_ref().and_then(|p| p.rel(i)).map(str::to_string));
+                host.file_set_keeping(rels.collect(), kept)
+            }
         }
     }
 }
@@ -628,7 +650,7 @@ fn read_batch(host: &Host, files: &Arc<FileSet>, prefetch: Option<Prefetch>) -> 
                 host.finish_files(p.reads);
                 host.stats.read_ahead_dropped.fetch_add(1, Ordering::Relaxed);
             }
-            if files.rels().is_empty() { Vec::new() } else { host.read_files(files) }
+            if files.is_empty() { Vec::new() } else { host.read_files(files) }
         }
     }
 }
@@ -718,6 +740,9 @@ fn read_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> D
     // for the report, but no counters.
     let read_counters = supported && statics.function != Function::Vf;
     let numbers = if statics.ports.is_empty() { list_ports(host, &base) } else { statics.ports.clone() };
+    // Their files are not kept open: a monitor reads such a device once per incarnation
+    // ([`unmonitored`]).
+    batch.read_once(!read_counters);
     let ports = numbers
         .into_iter()
         .map(|n| {
@@ -725,6 +750,7 @@ fn read_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> D
             plan_port(name, n, port_netdev.as_deref(), read_counters.then_some(plan), batch)
         })
         .collect();
+    batch.read_once(false);
     let pcie = read_counters.then(|| plan_pcie(name, &statics, plan, batch)).flatten();
     DeviceRead { name: name.to_string(), statics, efa, unsupported, netdev, ports, pcie }
 }
@@ -766,8 +792,7 @@ fn finish_pcie(
     let mut aer = Aer::default();
     for (s, i) in p.aer {
         let raw = results.get(i);
-        if let (Some(Err(ReadError::Missing)), Some(c), Some(rel)) = (raw, plan.statics.as_deref(), files.rels().get(i))
-        {
+        if let (Some(Err(ReadError::Missing)), Some(c), Some(rel)) = (raw, plan.statics.as_deref(), files.rel(i)) {
             c.mark_absent(dev, rel);
         }
         *aer.slot(s) = raw.and_then(|r| aer_file(r.as_deref(), s));
@@ -886,7 +911,7 @@ fn finish_port(
                 }
             }
             Some(Err(ReadError::Missing)) => {
-                if let (Some(c), Some(rel)) = (plan.statics.as_deref(), files.rels().get(i)) {
+                if let (Some(c), Some(rel)) = (plan.statics.as_deref(), files.rel(i)) {
                     c.mark_absent(dev, rel);
                 }
             }

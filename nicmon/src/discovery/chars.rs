@@ -73,7 +73,7 @@ pub fn char_devices(host: &Host) -> CharDevices {
     let mut batch = Batch::default();
     let listed = plan(host, None, true, &mut batch);
     let files = batch.finish(host, false);
-    let results = if files.rels().is_empty() { Vec::new() } else { host.read_files(&files) };
+    let results = if files.is_empty() { Vec::new() } else { host.read_files(&files) };
     Arc::unwrap_or_clone(finish(listed, &results, None))
 }
 

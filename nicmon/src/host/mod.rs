@@ -263,8 +263,18 @@ impl Host {
     /// change, read every poll: keep them open and read them again with `pread` at offset 0
     /// (see the module doc, "Kept-open files").
     pub fn file_set(&self, rels: Vec<String>, keep: bool) -> Arc<FileSet> {
-        let items = rels.iter().map(|rel| Item { path: self.sys(rel), limit: PAGE, past: Past::Error, keep }).collect();
-        Arc::new(FileSet { rels, items })
+        self.file_set_keeping(rels, |_| keep)
+    }
+
+    /// [`Host::file_set`], keeping open the files whose index `keep` says.
+    pub fn file_set_keeping(&self, rels: Vec<String>, keep: impl Fn(usize) -> bool) -> Arc<FileSet> {
+        // Each relative path is dropped once joined: the set holds each path once.
+        let items = rels
+            .into_iter()
+            .enumerate()
+            .map(|(i, rel)| Item { path: self.sys(&rel), limit: PAGE, past: Past::Error, keep: keep(i) })
+            .collect();
+        Arc::new(FileSet { rel_start: self.sys("").as_os_str().len(), items })
     }
 
     /// Read the files of `set` as text, in one hand-off to the reader thread: the same rules
@@ -280,14 +290,15 @@ impl Host {
     pub fn start_files(&self, set: &Arc<FileSet>) -> PendingReads {
         let (items, memo) = {
             let einval = self.einval.lock().unwrap_or_else(|p| p.into_inner());
-            if einval.is_empty() || !set.rels.iter().any(|r| einval.contains(r.as_str())) {
+            let memoized = |i: usize| set.rel(i).is_some_and(|r| einval.contains(r));
+            if einval.is_empty() || !(0..set.len()).any(memoized) {
                 (set.items.clone(), None)
             } else {
-                let mut out = Vec::with_capacity(set.rels.len());
+                let mut out = Vec::with_capacity(set.len());
                 let mut at = Vec::new();
                 let mut items = Vec::new();
-                for (rel, item) in set.rels.iter().zip(set.items.iter()) {
-                    if einval.contains(rel.as_str()) {
+                for (i, item) in set.items.iter().enumerate() {
+                    if memoized(i) {
                         out.push(Some(Err(ReadError::Invalid)));
                     } else {
                         at.push(out.len());
@@ -298,13 +309,13 @@ impl Host {
                 (Arc::from(items), Some((out, at)))
             }
         };
-        let skipped = set.rels.len() - items.len();
+        let skipped = set.len() - items.len();
         if skipped > 0 {
             self.stats.einval_skipped.fetch_add(skipped as u64, Ordering::Relaxed);
         }
         self.stats.files_read.fetch_add(items.len() as u64, Ordering::Relaxed);
         if self.accesses.is_some() {
-            for rel in &set.rels {
+            for rel in set.rels() {
                 self.note_sys(rel, |tree, rel| Access::Read { tree, rel });
             }
         }
@@ -320,7 +331,9 @@ impl Host {
         let PendingReads { set, memo, pending } = reads;
         let items = pending.items.clone();
         let results = self.reader.finish_many(pending, self.deadlines.read, self.poll_end());
-        let text = |i: usize, item: &Item, r| self.text_of(&item.path, &set.rels[i], self.after_read(&item.path, r));
+        let text = |i: usize, item: &Item, r| {
+            self.text_of(&item.path, || set.rel(i).unwrap_or_default().to_string(), self.after_read(&item.path, r))
+        };
         match memo {
             None => results.into_iter().zip(items.iter()).enumerate().map(|(i, (r, item))| text(i, item, r)).collect(),
             Some((mut out, at)) => {
@@ -546,11 +559,16 @@ impl Host {
         self.stats.files_read.fetch_add(1, Ordering::Relaxed);
         self.stats.record(path);
         let r = self.read_bytes(path, limit, Past::Error);
-        self.text_of(path, key, r)
+        self.text_of(path, || key.to_string(), r)
     }
 
     /// A read's bytes as text (lossy UTF-8); an `EINVAL` goes into the memo.
-    fn text_of(&self, path: &Path, key: &str, r: Result<Vec<u8>, ReadError>) -> Result<String, ReadError> {
+    fn text_of(
+        &self,
+        path: &Path,
+        key: impl FnOnce() -> String,
+        r: Result<Vec<u8>, ReadError>,
+    ) -> Result<String, ReadError> {
         match r {
             Ok(bytes) => {
                 Ok(String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
@@ -558,7 +576,7 @@ impl Host {
             Err(err) => {
                 if err == ReadError::Invalid {
                     if let Ok(mut s) = self.einval.lock() {
-                        s.insert(key.to_string());
+                        s.insert(key());
                     }
                     tracing::warn!(path = %path.display(), "read failed with EINVAL: not reading it again in this boot");
                 }
