@@ -109,6 +109,14 @@ pub struct CharDevState {
     pub held_dirs: BTreeSet<String>,
 }
 
+impl CharDevState {
+    /// Whether an entry is missing or latched, or a directory held: then an entry that comes
+    /// back must be seen, and discovery lists the class directories on every poll.
+    pub fn watching(&self) -> bool {
+        !self.misses.is_empty() || !self.missing_char_devices.is_empty() || !self.held_dirs.is_empty()
+    }
+}
+
 /// One expected (or latched) entry as `nicmon check` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Finding {
@@ -170,7 +178,7 @@ pub fn evaluate(
         notes: Vec::new(),
         findings: Vec::new(),
     };
-    let present = listings(snap);
+    let present = listings(snap, &expected);
     hold_unlisted_dirs(prev, snap, &expected, &mut out);
     let hold_all = !out.state.held_dirs.is_empty();
     let poll = Poll { prev, now, stamp, rebaseline: rebaseline(prev, mode, now, stamp, &mut out.events) };
@@ -188,9 +196,13 @@ pub fn evaluate(
     out
 }
 
-/// Which entries each readable class directory lists, as (device, port); `None` for a
-/// directory that is absent or cannot be listed.
-fn listings(snap: &Snapshot) -> BTreeMap<CharKind, Option<BTreeSet<(&str, u32)>>> {
+/// Which entries of the `expected` devices each readable class directory lists, as
+/// (device, port); `None` for a directory that is absent or cannot be listed.
+fn listings<'s>(
+    snap: &'s Snapshot,
+    expected: &BTreeSet<CharKey>,
+) -> BTreeMap<CharKind, Option<BTreeSet<(&'s str, u32)>>> {
+    let devices: BTreeSet<&str> = expected.iter().map(|k| k.device.as_str()).collect();
     let mut present = BTreeMap::new();
     for kind in CharKind::ALL {
         let seen = match snap.char_devices.dir(kind) {
@@ -199,6 +211,7 @@ fn listings(snap: &Snapshot) -> BTreeMap<CharKind, Option<BTreeSet<(&str, u32)>>
                     .iter()
                     .filter(|n| n.kind == kind)
                     .filter_map(|n| Some((n.device.as_deref()?, if kind == CharKind::Uverbs { 0 } else { n.port? })))
+                    .filter(|(d, _)| devices.contains(d))
                     .collect(),
             ),
             ClassDir::Absent | ClassDir::Unreadable(_) => None,
@@ -410,9 +423,9 @@ mod tests {
     fn snap() -> Snapshot {
         Snapshot {
             devices: vec![
-                device("mlx5_0", LinkLayer::InfiniBand, 2),
-                device("mlx5_1", LinkLayer::InfiniBand, 1),
-                device("mlx5_2", LinkLayer::Ethernet, 1),
+                device("mlx5_0", LinkLayer::InfiniBand, 2).into(),
+                device("mlx5_1", LinkLayer::InfiniBand, 1).into(),
+                device("mlx5_2", LinkLayer::Ethernet, 1).into(),
             ],
             char_devices: CharDevices {
                 verbs: ClassDir::Listed(vec![
@@ -428,13 +441,15 @@ mod tests {
                     node(CharKind::Issm, 1, "mlx5_0", Some(2)),
                     node(CharKind::Issm, 2, "mlx5_1", Some(1)),
                 ]),
-            },
+            }
+            .into(),
             ..Snapshot::default()
         }
     }
 
     fn remove(s: &mut Snapshot, kind: CharKind, dev: &str, port: Option<u32>) {
-        let dir = if kind == CharKind::Uverbs { &mut s.char_devices.verbs } else { &mut s.char_devices.mad };
+        let chars = std::sync::Arc::make_mut(&mut s.char_devices);
+        let dir = if kind == CharKind::Uverbs { &mut chars.verbs } else { &mut chars.mad };
         if let ClassDir::Listed(nodes) = dir {
             nodes.retain(|n| !(n.kind == kind && n.device.as_deref() == Some(dev) && n.port == port));
         }
@@ -518,7 +533,7 @@ mod tests {
         }
         assert!(st.missing_char_devices.contains_key("umad/mlx5_1_1"));
         // ib_umad unloaded: no recovery, no new misses (the verbs entries included), one note.
-        s.char_devices.mad = ClassDir::Absent;
+        std::sync::Arc::make_mut(&mut s.char_devices).mad = ClassDir::Absent;
         remove(&mut s, CharKind::Uverbs, "mlx5_0", None);
         let out = run(&st, &s, IssmMode::Never, 3);
         assert!(out.events.is_empty());
@@ -534,7 +549,7 @@ mod tests {
             assert!(out.events.is_empty(), "{:?}", out.events);
             st = out.state;
         }
-        s.char_devices.mad = ClassDir::Unreadable("not a directory".into());
+        std::sync::Arc::make_mut(&mut s.char_devices).mad = ClassDir::Unreadable("not a directory".into());
         assert!(run(&st, &s, IssmMode::Never, 8).events.is_empty());
         // Readable again: the uverbs loss now counts from its first miss.
         let mut s2 = snap();
@@ -600,7 +615,7 @@ mod tests {
     #[test]
     fn entries_with_unreadable_attributes_do_not_count() {
         let mut s = snap();
-        if let ClassDir::Listed(nodes) = &mut s.char_devices.verbs {
+        if let ClassDir::Listed(nodes) = &mut std::sync::Arc::make_mut(&mut s.char_devices).verbs {
             nodes[0].device = None;
         }
         let mut st = CharDevState::default();

@@ -216,8 +216,20 @@ impl Monitor {
 
     /// Read the host once. `links`: also read what attributing kernel log lines needs.
     pub fn observe(&self, prev: &CheckState, links: bool) -> Observation {
-        let known = prev.links.known_devices.iter().filter_map(|(n, k)| k.pci_address.clone().map(|p| (n.clone(), p)));
-        let plan = self.read_plan(known.collect());
+        let judge = |d: &crate::model::Device, route: &[String]| self.unmonitored(d, route);
+        let plan = ReadPlan {
+            counter_paths: self.counter_paths.clone(),
+            known: prev
+                .links
+                .known_devices
+                .iter()
+                .filter_map(|(n, k)| k.pci_address.clone().map(|p| (n.clone(), p)))
+                .collect(),
+            statics: Some(self.statics.clone()),
+            roce: self.roce_reads.clone(),
+            unmonitored: Some(&judge),
+            char_listing_may_stand: !prev.char_devices.watching(),
+        };
         self.host.begin_poll();
         // The memo goes into the reader for this read and comes back out with it.
         self.host.remember_einval(prev.einval.iter().cloned());
@@ -253,14 +265,11 @@ impl Monitor {
         }
     }
 
-    /// What a poll reads; `known`: the devices known from earlier polls (name, PCI address).
-    fn read_plan(&self, known: Vec<(String, String)>) -> ReadPlan {
-        ReadPlan {
-            counter_paths: self.counter_paths.clone(),
-            known,
-            statics: Some(self.statics.clone()),
-            roce: self.roce_reads.clone(),
-        }
+    /// Whether `device` is not monitored, as [`Monitor::decide`] classifies it (given the
+    /// devices behind the default route): discovery reads such a device once per
+    /// incarnation ([`discovery::Unmonitored`]).
+    fn unmonitored(&self, device: &crate::model::Device, route: &[String]) -> bool {
+        !roles::is_monitored(device, route, &self.topology, &self.config.filters)
     }
 
     /// The RoCE ports' ethtool data into `snapshot` (of the monitored devices; of
@@ -269,8 +278,15 @@ impl Monitor {
         let Some(source) = &self.ethtool else {
             return Vec::new();
         };
-        let roles = roles::classify(snapshot, &self.topology, &self.config.filters);
-        let wanted = |name: &str| monitored(&roles, name) && devices.is_none_or(|d| d.iter().any(|n| n == name));
+        // The PFs' roles (a VF is not read, nor classified).
+        let route = &snapshot.default_route_devices;
+        let monitored: BTreeSet<String> = snapshot
+            .devices
+            .iter()
+            .filter(|d| !d.is_vf() && !self.unmonitored(d, route))
+            .map(|d| d.name.clone())
+            .collect();
+        let wanted = |name: &str| monitored.contains(name) && devices.is_none_or(|d| d.iter().any(|n| n == name));
         self.ethtool_ports.read(source, snapshot, wanted, || self.host.timeout(), std::time::Instant::now())
     }
 
@@ -279,7 +295,15 @@ impl Monitor {
     /// snapshot. `None` when the device set changed since `base` (only a full poll may
     /// decide about devices that came or went).
     pub fn observe_targeted(&self, prev: &CheckState, base: &Snapshot, devices: &[String]) -> Option<Observation> {
-        let plan = self.read_plan(Vec::new());
+        let judge = |d: &crate::model::Device, route: &[String]| self.unmonitored(d, route);
+        let plan = ReadPlan {
+            counter_paths: self.counter_paths.clone(),
+            known: Vec::new(),
+            statics: Some(self.statics.clone()),
+            roce: self.roce_reads.clone(),
+            unmonitored: Some(&judge),
+            char_listing_may_stand: false,
+        };
         self.host.begin_poll();
         self.host.remember_einval(prev.einval.iter().cloned());
         let snapshot = discovery::rediscover(&self.host, &plan, base, devices);
@@ -555,7 +579,7 @@ fn counter_ports<'s>(
     snapshot
         .devices
         .iter()
-        .filter(|d| monitored(roles, &d.name) && !d.is_vf() && read_now(&d.name))
+        .filter(|d| !d.is_vf() && monitored(roles, &d.name) && read_now(&d.name))
         .flat_map(|d| d.ports.iter().map(move |p| CounterPort::new(&d.name, p)))
         .collect()
 }
@@ -755,6 +779,122 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    /// The sysfs paths `log` holds (emptied).
+    fn take(log: &crate::host::AccessLog) -> Vec<String> {
+        use crate::host::Access;
+        std::mem::take(&mut *log.lock().unwrap())
+            .into_iter()
+            .filter_map(|a| match a {
+                Access::Read { rel, .. } | Access::List { rel, .. } | Access::Entry { rel, .. } => Some(rel),
+                Access::BootIdFile => None,
+            })
+            .collect()
+    }
+
+    /// The paths of `rels` with any of `names` as a component.
+    fn naming<'r>(rels: &'r [String], names: &[String]) -> Vec<&'r String> {
+        rels.iter().filter(|rel| rel.split('/').any(|c| names.iter().any(|n| n == c))).collect()
+    }
+
+    /// A monitor of `node` whose host notes every path it is asked about in the log returned.
+    fn logged_monitor(node: &nicmon_tests::Node) -> (Monitor, crate::host::AccessLog) {
+        let mut monitor = Monitor::open(&options(node)).unwrap();
+        let log = crate::host::AccessLog::default();
+        monitor.host = Host::new(node.sys(), node.proc()).with_access_log(log.clone());
+        (monitor, log)
+    }
+
+    /// Unmonitored functions cost nothing per poll: the poll that discovers a VF reads it
+    /// whole (ports, `device` link, class entries); the polls after it read, list or look up
+    /// nothing of it, whatever its port does, until the device listing changes.
+    #[test]
+    fn a_vf_is_read_once_per_incarnation() {
+        let node = nicmon_tests::platforms::dgx_h100_with_vfs(4, None);
+        let (monitor, log) = logged_monitor(&node);
+        let vfs: Vec<String> = node.info.iter().filter(|(_, i)| i.is_vf).map(|(n, _)| n.clone()).collect();
+        assert_eq!(vfs.len(), 32);
+        let t0 = OffsetDateTime::now_utc();
+        let first = monitor.poll(&CheckState::default(), &Loaded::Missing { reboot: false }, t0, &[]);
+        // Their class entries (`uverbsN`, `umadN`, `issmN`) by name.
+        let chars = |p: &Poll| -> Vec<String> {
+            let (crate::model::ClassDir::Listed(v), crate::model::ClassDir::Listed(m)) =
+                (&p.snapshot.char_devices.verbs, &p.snapshot.char_devices.mad)
+            else {
+                panic!("both class directories listed")
+            };
+            v.iter()
+                .chain(m)
+                .filter(|n| n.device.as_ref().is_some_and(|d| vfs.contains(d)))
+                .map(|n| n.name.clone())
+                .collect()
+        };
+        let entries = chars(&first);
+        assert_eq!(entries.len(), 3 * vfs.len());
+        let read = take(&log);
+        for vf in &vfs {
+            let state = format!("class/infiniband/{vf}/ports/1/state");
+            assert!(naming(&read, &vfs).contains(&&state), "{vf} read on discovery");
+        }
+        assert_eq!(naming(&read, &entries).len(), 5 * vfs.len(), "ibdev of each, port of umad and issm");
+        assert_eq!(monitor.statics.frozen_count(), vfs.len());
+
+        // Its port comes up (a VF assigned to a guest): not even looked at.
+        node.set_port(&vfs[0], 1, "4: ACTIVE", "5: LinkUp");
+        let mut state = first.next.clone();
+        for t in 1..4 {
+            let p = monitor.poll(&state, &Loaded::Resumed, t0 + Duration::seconds(t), &[]);
+            let read = take(&log);
+            assert_eq!(naming(&read, &vfs), Vec::<&String>::new(), "poll {t}: nothing of a VF");
+            assert_eq!(naming(&read, &entries), Vec::<&String>::new(), "poll {t}: nothing of a VF's class entries");
+            assert_eq!(p.snapshot.devices, first.snapshot.devices, "poll {t}: the same devices");
+            assert_eq!(p.snapshot.char_devices, first.snapshot.char_devices, "poll {t}");
+            let pf = naming(&read, &["mlx5_0".to_string()]);
+            assert!(pf.iter().any(|r| r.ends_with("ports/1/state")), "PFs are read: {pf:?}");
+            assert!(p.events.is_empty(), "{:?}", p.events);
+            state = p.next;
+        }
+
+        // The VF goes and comes back: a new incarnation, read whole again (then not).
+        node.remove_device(&vfs[0]);
+        let gone = monitor.poll(&state, &Loaded::Resumed, t0 + Duration::seconds(5), &[]);
+        assert!(gone.snapshot.devices.iter().all(|d| d.name != vfs[0]));
+        node.restore_device(&vfs[0]);
+        log.lock().unwrap().clear();
+        let back = monitor.poll(&gone.next, &Loaded::Resumed, t0 + Duration::seconds(6), &[]);
+        let read = take(&log);
+        assert!(read.contains(&format!("class/infiniband/{}/ports/1/state", vfs[0])), "read again");
+        let vf = back.snapshot.devices.iter().find(|d| d.name == vfs[0]).unwrap();
+        assert_eq!(vf.ports[0].state, Some(crate::model::PortState::Active), "read again: its port as it is now");
+        assert!(back.events.is_empty(), "{:?}", back.events);
+        monitor.poll(&back.next, &Loaded::Resumed, t0 + Duration::seconds(7), &[]);
+        assert_eq!(naming(&take(&log), &vfs), Vec::<&String>::new());
+    }
+
+    /// A management NIC (the default route's) is read once too, while it is one: once the
+    /// route leaves it, it is monitored and read on every poll, from that poll on.
+    #[test]
+    fn a_management_nic_is_read_again_once_it_is_monitored() {
+        let node = Platform::OnPremL40s.build();
+        let (monitor, log) = logged_monitor(&node);
+        let mgmt = vec!["mlx5_0".to_string()];
+        let t0 = OffsetDateTime::now_utc();
+        let first = monitor.poll(&CheckState::default(), &Loaded::Missing { reboot: false }, t0, &[]);
+        assert!(!first.roles["mlx5_0"].monitored);
+        assert!(take(&log).contains(&"class/infiniband/mlx5_0/ports/1/state".to_string()));
+        let second = monitor.poll(&first.next, &Loaded::Resumed, t0 + Duration::seconds(1), &[]);
+        assert_eq!(naming(&take(&log), &mgmt), Vec::<&String>::new(), "not read while management");
+        // Its port goes down, unseen; the route moves off it: read again, judged as it is now.
+        node.set_port("mlx5_0", 1, "1: DOWN", "3: Disabled");
+        std::fs::write(node.proc().join("net/route"), "Iface\tDestination\tGateway\n").unwrap();
+        let third = monitor.poll(&second.next, &Loaded::Resumed, t0 + Duration::seconds(2), &[]);
+        assert!(third.roles["mlx5_0"].monitored, "{:?}", third.roles["mlx5_0"]);
+        assert!(take(&log).contains(&"class/infiniband/mlx5_0/ports/1/state".to_string()));
+        let dev = third.snapshot.devices.iter().find(|d| d.name == "mlx5_0").unwrap();
+        assert_eq!(dev.ports[0].state, Some(crate::model::PortState::Down));
+        monitor.poll(&third.next, &Loaded::Resumed, t0 + Duration::seconds(3), &[]);
+        assert!(take(&log).contains(&"class/infiniband/mlx5_0/ports/1/state".to_string()), "read every poll now");
     }
 
     /// A targeted poll reports the named device's change, not another device's; the full

@@ -8,19 +8,22 @@ use std::time::{Duration, Instant};
 
 use regex::Regex;
 
-use crate::host::{FileSet, Host, PendingReads, ReadError, SysDir};
-use crate::model::{
-    CharDevices, CharKind, CharNode, ClassDir, Device, Function, LinkLayer, PciGpu, PciPresence, PhysState, Port,
-    PortState, Snapshot,
-};
+use crate::host::{FileSet, Host, Listing, PendingReads, ReadError, SysDir};
+use crate::model::{Device, Function, LinkLayer, PciGpu, PciPresence, PhysState, Port, PortState, Snapshot};
 use crate::parse;
 use crate::pcie::parse::AerSeverity;
 use crate::pcie::reading::{Aer, PcieLink, PcieReading, UpstreamPort, aer_file};
 use std::sync::atomic::Ordering;
 
+mod chars;
+mod unmonitored;
+pub use chars::char_devices;
+use unmonitored::Frozen;
+pub use unmonitored::Unmonitored;
+
 /// What to read beyond the fixed set of files.
-#[derive(Debug, Clone, Default)]
-pub struct ReadPlan {
+#[derive(Clone, Default)]
+pub struct ReadPlan<'a> {
     /// Counter paths as configured: relative to the port directory (`counters/link_downed`)
     /// or a netdev template (`/sys/class/net/{interface}/carrier_changes`).
     pub counter_paths: Vec<String>,
@@ -32,6 +35,27 @@ pub struct ReadPlan {
     pub statics: Option<Arc<StaticCache>>,
     /// What RoCE ports read besides (SPEC §1.11); nothing by default.
     pub roce: RoceReads,
+    /// Which devices are not monitored (the role classification): with a static cache,
+    /// such a device is read once per incarnation and then only looked for in the listing
+    /// ([`unmonitored`]). `None`: every device is read every time.
+    pub unmonitored: Option<Unmonitored<'a>>,
+    /// With a static cache: the character-device class directories need not be listed
+    /// again while the last listing stands ([`chars`]), because no entry that comes or goes
+    /// unseen then matters (the check has none missing). `false`: listed on every read.
+    pub char_listing_may_stand: bool,
+}
+
+impl std::fmt::Debug for ReadPlan<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadPlan")
+            .field("counter_paths", &self.counter_paths)
+            .field("known", &self.known)
+            .field("statics", &self.statics)
+            .field("roce", &self.roce)
+            .field("unmonitored", &self.unmonitored.is_some())
+            .field("char_listing_may_stand", &self.char_listing_may_stand)
+            .finish()
+    }
 }
 
 /// The files read on RoCE (Ethernet link layer) ports of monitored PFs only, while
@@ -135,8 +159,8 @@ pub struct StaticCache {
 
 #[derive(Debug, Default)]
 struct CacheInner {
-    /// The device listing the entries were read under.
-    names: Vec<String>,
+    /// The device listing (`class/infiniband`) the entries were read under.
+    listing: Listing,
     by_device: BTreeMap<String, Arc<Statics>>,
     /// Per device: files found absent (`ENOENT`) in this incarnation, not tried again until
     /// the device's static attributes are read again.
@@ -151,15 +175,39 @@ struct CacheInner {
     /// the next full poll has the reader read them while it lists the devices (they are the
     /// same files unless a device, port, netdev or character device came or went).
     last_batch: Option<Arc<FileSet>>,
+    /// The unmonitored devices as read once in their incarnation ([`unmonitored`]).
+    frozen: Frozen,
+    /// The character-device class directories as the last full poll listed and read them.
+    chars: chars::Kept,
+}
+
+impl CacheInner {
+    /// The names of the last device listing.
+    fn names(&self) -> &[String] {
+        self.listing.names().map(|n| &**n).unwrap_or(&[])
+    }
+
+    /// Where `device` is in the last device listing.
+    fn position(&self, device: &str) -> Option<usize> {
+        self.names().binary_search_by(|n| n.as_str().cmp(device)).ok()
+    }
+
+    /// Forget everything about `device` but its presence.
+    fn forget(&mut self, device: &str) {
+        self.by_device.remove(device);
+        self.absent.remove(device);
+        self.rated.remove(device);
+        if let Some(i) = self.position(device) {
+            self.frozen.thaw(i);
+        }
+    }
 }
 
 impl StaticCache {
     /// Forget `device`'s static attributes: the next poll reads them again.
     pub fn invalidate(&self, device: &str) {
         if let Ok(mut c) = self.inner.lock() {
-            c.by_device.remove(device);
-            c.absent.remove(device);
-            c.rated.remove(device);
+            c.forget(device);
         }
     }
 
@@ -209,19 +257,21 @@ impl StaticCache {
         self.inner.lock().map(|c| c.reads).unwrap_or(0)
     }
 
-    /// A new listing: when the set of devices differs from the last one, drop everything
-    /// (and say so).
-    fn listing(&self, names: &[String]) -> bool {
-        if let Ok(mut c) = self.inner.lock()
-            && c.names != names
-        {
-            c.names = names.to_vec();
+    /// List the devices again: their names, and whether the set differs from the last
+    /// listing's (then everything kept about the devices is dropped).
+    fn relist(&self, host: &Host) -> (Arc<[String]>, bool) {
+        let Ok(mut c) = self.inner.lock() else { return (host.list_sys(DEVICES).into(), true) };
+        let mut listing = std::mem::take(&mut c.listing);
+        let changed = host.relist_sys(DEVICES, &mut listing);
+        c.listing = listing;
+        let names: Arc<[String]> = c.listing.names().cloned().unwrap_or_else(|_| Arc::from([]));
+        if changed {
             c.by_device.clear();
             c.absent.clear();
             c.rated.clear();
-            return true;
+            c.frozen.reset(names.len());
         }
-        false
+        (names, changed)
     }
 
     /// `device`'s static attributes as kept, if they are less than [`STATIC_REFRESH`] old.
@@ -232,13 +282,53 @@ impl StaticCache {
 
     fn put(&self, device: &str, statics: Arc<Statics>) {
         if let Ok(mut c) = self.inner.lock() {
+            c.forget(device);
             c.reads += 1;
             c.by_device.insert(device.to_string(), statics);
-            c.absent.remove(device);
-            c.rated.remove(device);
         }
     }
+
+    /// The frozen readings by position in the device listing, those `judge` says are
+    /// monitored now dropped ([`unmonitored`]).
+    fn frozen(&self, judge: Unmonitored<'_>, route: &[String]) -> Vec<Option<Arc<Device>>> {
+        self.inner.lock().map(|mut c| c.frozen.judged(judge, route)).unwrap_or_default()
+    }
+
+    /// `device`'s frozen reading, unless `judge` says it is monitored now.
+    fn frozen_named(&self, device: &str, judge: Unmonitored<'_>, route: &[String]) -> Option<Arc<Device>> {
+        let mut c = self.inner.lock().ok()?;
+        let i = c.position(device)?;
+        let d = c.frozen.get(i)?;
+        if judge(&d, route) {
+            return Some(d);
+        }
+        c.frozen.thaw(i);
+        None
+    }
+
+    /// Keep `device`, just read, as its incarnation's reading; its static attributes are
+    /// not kept apart any more (read again should it be monitored).
+    fn freeze(&self, device: Arc<Device>) {
+        if let Ok(mut c) = self.inner.lock()
+            && let Some(i) = c.position(&device.name)
+        {
+            c.by_device.remove(&device.name);
+            c.absent.remove(&device.name);
+            c.rated.remove(&device.name);
+            c.frozen.freeze(i, device);
+            // Its files are not the next poll's: nothing is read ahead.
+            c.last_batch = None;
+        }
+    }
+
+    /// How many unmonitored devices are served from their frozen reading.
+    pub fn frozen_count(&self) -> usize {
+        self.inner.lock().map(|c| c.frozen.len()).unwrap_or(0)
+    }
 }
+
+/// Where the RDMA devices are listed.
+const DEVICES: &str = "class/infiniband";
 
 static MLX5_NAME: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^mlx5_(bond_)?\d+$").expect("static regex"));
 
@@ -254,37 +344,48 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
     let last = plan.statics.as_ref().and_then(|c| c.last_batch());
     let prefetch =
         last.as_ref().map(|files| Prefetch { generation: host.kept_generation(), reads: host.start_files(files) });
-    let names = host.list_sys("class/infiniband");
-    if let Some(cache) = &plan.statics
-        && cache.listing(&names)
-    {
-        // A device came or went: every kept-open file is opened again.
-        host.forget_kept(None);
-    }
+    let names: Arc<[String]> = match &plan.statics {
+        Some(cache) => {
+            let (names, changed) = cache.relist(host);
+            if changed {
+                // A device came or went: every kept-open file is opened again.
+                host.forget_kept(None);
+            }
+            names
+        }
+        None => host.list_sys(DEVICES).into(),
+    };
     // Attributes that change are kept open between polls where the reads are kept across
     // polls (a plan with a static cache: the monitor's polls).
     let keep = plan.statics.is_some();
-    let mut batch = Batch::against(last);
-    let reads: Vec<DeviceRead> = names.iter().map(|n| plan_device(host, n, plan, &mut batch)).collect();
-    let chars = plan_char_devices(host, &mut batch);
+    // The default route first: whether a device is a management NIC (not monitored, not
+    // read) depends on it.
+    let (default_route_ifaces, default_route_devices) = default_route(host);
+    let mut batch = Batch::against(last.clone());
+    let frozen = match (&plan.statics, plan.unmonitored) {
+        (Some(cache), Some(judge)) => cache.frozen(judge, &default_route_devices),
+        _ => Vec::new(),
+    };
+    let reads: Vec<Planned> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| match frozen.get(i).cloned().flatten() {
+            Some(d) => Planned::Frozen(d),
+            None => Planned::Read(read_device(host, n, plan, &mut batch)),
+        })
+        .collect();
+    let chars = chars::plan(host, plan.statics.as_deref(), !plan.char_listing_may_stand, &mut batch);
     let files = batch.finish(host, keep);
     let results = read_batch(host, &files, prefetch);
-    let devices = reads.into_iter().map(|r| finish_device(r, &results, &files, plan)).collect();
-    let char_devices = finish_char_devices(chars, &results);
+    if keep && !last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &files)) {
+        // Other files than the last poll's: those no longer read are not kept open.
+        host.keep_only(&files);
+    }
     if let Some(cache) = &plan.statics {
-        cache.set_last_batch(files);
+        cache.set_last_batch(files.clone());
     }
-
-    let default_route_ifaces =
-        host.read_proc("net/route").map(|raw| parse::default_route_ifaces(&raw)).unwrap_or_default();
-    let mut default_route_devices = Vec::new();
-    for iface in &default_route_ifaces {
-        for dev in ib_devices_of_iface(host, iface) {
-            if !default_route_devices.contains(&dev) {
-                default_route_devices.push(dev);
-            }
-        }
-    }
+    let devices = finish_devices(reads, &results, &files, plan, &default_route_devices);
+    let char_devices = chars::finish(chars, &results, plan.statics.as_deref());
 
     let mut pci_probes = BTreeMap::new();
     for (name, pci) in &plan.known {
@@ -294,6 +395,47 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
     }
 
     Snapshot { devices, default_route_ifaces, default_route_devices, pci_probes, char_devices }
+}
+
+/// The interfaces that carry a default route (`<procfs>/net/route`) and the IB devices
+/// behind them.
+fn default_route(host: &Host) -> (Vec<String>, Vec<String>) {
+    let ifaces = host.read_proc("net/route").map(|raw| parse::default_route_ifaces(&raw)).unwrap_or_default();
+    let mut devices = Vec::new();
+    for iface in &ifaces {
+        for dev in ib_devices_of_iface(host, iface) {
+            if !devices.contains(&dev) {
+                devices.push(dev);
+            }
+        }
+    }
+    (ifaces, devices)
+}
+
+/// The devices of a poll from their reads: a frozen reading as it is, a device read now
+/// finished from the results (and frozen when it may be, see [`unmonitored`]).
+fn finish_devices(
+    reads: Vec<Planned>,
+    results: &[Result<String, ReadError>],
+    files: &FileSet,
+    plan: &ReadPlan,
+    route: &[String],
+) -> Vec<Arc<Device>> {
+    reads
+        .into_iter()
+        .map(|r| match r {
+            Planned::Frozen(d) => d,
+            Planned::Read(r) => {
+                let d = Arc::new(finish_device(r, results, files, plan));
+                if let (Some(cache), Some(judge)) = (&plan.statics, plan.unmonitored)
+                    && unmonitored::freezable(&d, judge, route)
+                {
+                    cache.freeze(d.clone());
+                }
+                d
+            }
+        })
+        .collect()
 }
 
 /// The targeted read of a hinted wake-up (SPEC §1.8): `base` (the previous full poll's
@@ -307,10 +449,11 @@ pub fn rediscover(host: &Host, plan: &ReadPlan, base: &Snapshot, names: &[String
     let mut s = base.clone();
     let named: Vec<String> = s.devices.iter().filter(|d| names.contains(&d.name)).map(|d| d.name.clone()).collect();
     let mut batch = Batch::default();
-    let reads: Vec<DeviceRead> = named.iter().map(|n| plan_device(host, n, plan, &mut batch)).collect();
+    let route = &base.default_route_devices;
+    let reads: Vec<Planned> = named.iter().map(|n| plan_device(host, n, plan, route, &mut batch)).collect();
     let files = batch.finish(host, plan.statics.is_some());
     let results = host.read_files(&files);
-    let mut read = reads.into_iter().map(|r| finish_device(r, &results, &files, plan));
+    let mut read = finish_devices(reads, &results, &files, plan, route).into_iter();
     for d in s.devices.iter_mut().filter(|d| names.contains(&d.name)) {
         if let Some(new) = read.next() {
             *d = new;
@@ -338,73 +481,6 @@ pub fn devices_named(host: &Host, snapshot: &Snapshot, hint: &str) -> Vec<String
         return named;
     }
     ib_devices_of_iface(host, hint).into_iter().filter(|n| snapshot.devices.iter().any(|d| &d.name == n)).collect()
-}
-
-/// The InfiniBand character-device class directories, each entry mapped to its device and
-/// port through its own `ibdev` and `port` attributes (never through its number).
-pub fn char_devices(host: &Host) -> CharDevices {
-    let mut batch = Batch::default();
-    let listed = plan_char_devices(host, &mut batch);
-    let files = batch.finish(host, false);
-    let results = if files.rels().is_empty() { Vec::new() } else { host.read_files(&files) };
-    finish_char_devices(listed, &results)
-}
-
-/// A character-device class directory listed, its entries' attribute files added to a
-/// [`Batch`], not read yet.
-enum ListedChars {
-    Done(ClassDir),
-    /// (kind, name, index of `ibdev`, index of `port`)
-    Entries(Vec<(CharKind, String, usize, Option<usize>)>),
-}
-
-/// List both character-device class directories; every entry's attributes go into `batch`.
-fn plan_char_devices(host: &Host, batch: &mut Batch) -> [ListedChars; 2] {
-    let mut list = |dir: &str, kinds: &[CharKind]| -> ListedChars {
-        let rel = format!("class/{dir}");
-        let names = match host.list_sys_dir(&rel) {
-            Ok(names) => names,
-            Err(ReadError::Missing) => return ListedChars::Done(ClassDir::Absent),
-            Err(e) => return ListedChars::Done(ClassDir::Unreadable(format!("{}: {e}", host.sys(&rel).display()))),
-        };
-        ListedChars::Entries(
-            names
-                .into_iter()
-                .filter_map(|name| {
-                    let kind = CharKind::of_entry(&name).filter(|k| kinds.contains(k))?;
-                    let ibdev = batch.add(format_args!("{rel}/{name}/ibdev"));
-                    let port = match kind {
-                        CharKind::Uverbs => None,
-                        CharKind::Umad | CharKind::Issm => Some(batch.add(format_args!("{rel}/{name}/port"))),
-                    };
-                    Some((kind, name, ibdev, port))
-                })
-                .collect(),
-        )
-    };
-    [
-        list(CharKind::Uverbs.class_dir(), &[CharKind::Uverbs]),
-        list(CharKind::Umad.class_dir(), &[CharKind::Umad, CharKind::Issm]),
-    ]
-}
-
-fn finish_char_devices(listed: [ListedChars; 2], results: &[Result<String, ReadError>]) -> CharDevices {
-    let finish = |l: ListedChars| match l {
-        ListedChars::Done(d) => d,
-        ListedChars::Entries(entries) => ClassDir::Listed(
-            entries
-                .into_iter()
-                .map(|(kind, name, ibdev, port)| CharNode {
-                    kind,
-                    name,
-                    device: opt(at(results, ibdev)),
-                    port: port.and_then(|i| opt(at(results, i))).and_then(|p| p.parse::<u32>().ok()),
-                })
-                .collect(),
-        ),
-    };
-    let [verbs, mad] = listed;
-    CharDevices { verbs: finish(verbs), mad: finish(mad) }
 }
 
 /// The result of file `i` of a batch (by reference; an error cloned).
@@ -504,6 +580,10 @@ struct Batch {
     /// Every file added, once one differed from `prev`'s (`None` while they are the same).
     rels: Option<Vec<String>>,
     scratch: String,
+    /// The files added that are read once, not kept open (by index, ascending).
+    once: Vec<usize>,
+    /// Whether the files added now are read once ([`Batch::read_once`]).
+    reading_once: bool,
 }
 
 impl Batch {
@@ -516,6 +596,12 @@ impl Batch {
         self.add_unless(rel, |_| false).unwrap_or_default()
     }
 
+    /// The files added from now on are read once, not kept open (`once`), or kept open as
+    /// the batch's files are (see [`Batch::finish`]).
+    fn read_once(&mut self, once: bool) {
+        self.reading_once = once;
+    }
+
     /// Add a file unless `skip` says so (given its path); its index in the results.
     fn add_unless(&mut self, rel: std::fmt::Arguments<'_>, skip: impl FnOnce(&str) -> bool) -> Option<usize> {
         use std::fmt::Write;
@@ -526,12 +612,18 @@ impl Batch {
         }
         let i = self.len;
         self.len += 1;
+        if self.reading_once {
+            self.once.push(i);
+        }
         match &mut self.rels {
             Some(rels) => rels.push(self.scratch.clone()),
             None => {
-                let prev = self.prev.as_ref().map(|p| p.rels()).unwrap_or_default();
-                if prev.get(i) != Some(&self.scratch) {
-                    let mut rels = prev[..i].to_vec();
+                // The same file as the last batch's at this place (whether it is kept open
+                // the same way is seen in `finish`).
+                if self.prev.as_ref().and_then(|p| p.rel(i)) != Some(self.scratch.as_str()) {
+                    let prev = self.prev.as_ref();
+                    let mut rels: Vec<String> =
+                        (0..i).filter_map(|j| prev.and_then(|p| p.rel(j)).map(str::to_string)).collect();
                     rels.push(self.scratch.clone());
                     self.rels = Some(rels);
                 }
@@ -540,12 +632,18 @@ impl Batch {
         Some(i)
     }
 
-    /// The files added (`keep`: see [`Host::file_set`]).
+    /// The files added (`keep`: see [`Host::file_set`]; those added to be read once are
+    /// not kept whatever it says).
     fn finish(self, host: &Host, keep: bool) -> Arc<FileSet> {
+        let once = self.once;
+        let kept = |i: usize| keep && once.binary_search(&i).is_err();
         match (self.rels, self.prev) {
-            (Some(rels), _) => host.file_set(rels, keep),
-            (None, Some(prev)) if prev.rels().len() == self.len => prev,
-            (None, prev) => host.file_set(prev.map(|p| p.rels()[..self.len].to_vec()).unwrap_or_default(), keep),
+            (Some(rels), _) => host.file_set_keeping(rels, kept),
+            (None, Some(prev)) if prev.len() == self.len && (0..prev.len()).all(|i| prev.kept(i) == kept(i)) => prev,
+            (None, prev) => {
+                let rels = (0..self.len).filter_map(|i| prev.as_ref().and_then(|p| p.rel(i)).map(str::to_string));
+                host.file_set_keeping(rels.collect(), kept)
+            }
         }
     }
 }
@@ -593,7 +691,7 @@ struct PortRead {
 /// that may be RoCE, the plan's [`RoceReads`].
 #[derive(Clone, Copy)]
 struct PortPlan<'p> {
-    plan: &'p ReadPlan,
+    plan: &'p ReadPlan<'p>,
     roce: bool,
 }
 
@@ -617,7 +715,7 @@ fn read_batch(host: &Host, files: &Arc<FileSet>, prefetch: Option<Prefetch>) -> 
                 host.finish_files(p.reads);
                 host.stats.read_ahead_dropped.fetch_add(1, Ordering::Relaxed);
             }
-            if files.rels().is_empty() { Vec::new() } else { host.read_files(files) }
+            if files.is_empty() { Vec::new() } else { host.read_files(files) }
         }
     }
 }
@@ -627,7 +725,26 @@ fn list_ports(host: &Host, base: &str) -> Vec<u32> {
     host.list_sys(&format!("{base}/ports")).into_iter().filter_map(|p| p.parse::<u32>().ok()).collect()
 }
 
-fn plan_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> DeviceRead {
+/// A device of a poll before its per-poll files are read.
+enum Planned {
+    /// Its frozen reading: nothing of it is read ([`unmonitored`]).
+    Frozen(Arc<Device>),
+    Read(DeviceRead),
+}
+
+/// Plan device `name` (a targeted read): its frozen reading while it has one, else its read.
+fn plan_device(host: &Host, name: &str, plan: &ReadPlan, route: &[String], batch: &mut Batch) -> Planned {
+    if let (Some(cache), Some(judge)) = (&plan.statics, plan.unmonitored)
+        && let Some(d) = cache.frozen_named(name, judge, route)
+    {
+        return Planned::Frozen(d);
+    }
+    Planned::Read(read_device(host, name, plan, batch))
+}
+
+/// Plan the read of a device: its static attributes (kept or read now), its listings, and
+/// its per-poll files into `batch`.
+fn read_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> DeviceRead {
     let base = format!("class/infiniband/{name}");
     let link_by_path = || host.link_name_sys(&format!("{base}/device"));
     // The incarnation check: the `device` link read again, in the kept directory when there
@@ -688,6 +805,9 @@ fn plan_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> D
     // for the report, but no counters.
     let read_counters = supported && statics.function != Function::Vf;
     let numbers = if statics.ports.is_empty() { list_ports(host, &base) } else { statics.ports.clone() };
+    // Their files are not kept open: a monitor reads such a device once per incarnation
+    // ([`unmonitored`]).
+    batch.read_once(!read_counters);
     let ports = numbers
         .into_iter()
         .map(|n| {
@@ -697,6 +817,7 @@ fn plan_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> D
             plan_port(name, n, port_netdev.as_deref(), reads, batch)
         })
         .collect();
+    batch.read_once(false);
     let pcie = read_counters.then(|| plan_pcie(name, &statics, plan, batch)).flatten();
     DeviceRead { name: name.to_string(), statics, efa, unsupported, netdev, ports, pcie }
 }
@@ -738,8 +859,7 @@ fn finish_pcie(
     let mut aer = Aer::default();
     for (s, i) in p.aer {
         let raw = results.get(i);
-        if let (Some(Err(ReadError::Missing)), Some(c), Some(rel)) = (raw, plan.statics.as_deref(), files.rels().get(i))
-        {
+        if let (Some(Err(ReadError::Missing)), Some(c), Some(rel)) = (raw, plan.statics.as_deref(), files.rel(i)) {
             c.mark_absent(dev, rel);
         }
         *aer.slot(s) = raw.and_then(|r| aer_file(r.as_deref(), s));
@@ -879,7 +999,7 @@ fn finish_counters(
                 }
             }
             Some(Err(ReadError::Missing)) => {
-                if let (Some(c), Some(rel)) = (plan.statics.as_deref(), files.rels().get(i)) {
+                if let (Some(c), Some(rel)) = (plan.statics.as_deref(), files.rel(i)) {
                     c.mark_absent(dev, rel);
                 }
             }
@@ -1088,6 +1208,7 @@ pub fn pci_node(host: &Host, address: &str) -> Option<PciNode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{CharKind, ClassDir};
     use nicmon_tests::platforms::Platform;
 
     fn fw_of(s: &Snapshot, dev: &str) -> Option<String> {

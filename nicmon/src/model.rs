@@ -305,7 +305,9 @@ pub enum PciPresence {
 /// Everything one poll read from the host.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Snapshot {
-    pub devices: Vec<Device>,
+    /// Shared: an unmonitored device's reading is the same from poll to poll
+    /// ([`crate::discovery::Unmonitored`]), and a poll's snapshot is kept by the next.
+    pub devices: Vec<std::sync::Arc<Device>>,
     /// Interfaces that carry a default route (`<procfs>/net/route`).
     pub default_route_ifaces: Vec<String>,
     /// The IB devices behind those interfaces (`class/net/<if>/device/infiniband/*`).
@@ -314,8 +316,9 @@ pub struct Snapshot {
     pub pci_probes: BTreeMap<String, PciPresence>,
     /// The InfiniBand character-device class directories (`class/infiniband_verbs`,
     /// `class/infiniband_mad`): what udev makes `/dev/infiniband/*` from.
+    /// Shared: the same from poll to poll while the directories list the same entries.
     #[serde(default)]
-    pub char_devices: CharDevices,
+    pub char_devices: std::sync::Arc<CharDevices>,
 }
 
 /// The kind of an InfiniBand character device (the prefix of its class entry's name).
@@ -401,6 +404,6 @@ impl CharDevices {
 
 impl Snapshot {
     pub fn device(&self, name: &str) -> Option<&Device> {
-        self.devices.iter().find(|d| d.name == name)
+        self.devices.iter().find(|d| d.name == name).map(|d| &**d)
     }
 }

@@ -79,10 +79,27 @@ pub fn device_link_layer(dev: &Device) -> Option<&LinkLayer> {
 
 /// Classify every device of the snapshot.
 pub fn classify(snapshot: &Snapshot, topo: &Topology, filters: &NicFilters) -> BTreeMap<String, Classification> {
-    snapshot.devices.iter().map(|d| (d.name.clone(), classify_one(d, snapshot, topo, filters))).collect()
+    snapshot
+        .devices
+        .iter()
+        .map(|d| (d.name.clone(), classify_device(d, &snapshot.default_route_devices, topo, filters)))
+        .collect()
 }
 
-fn classify_one(dev: &Device, snapshot: &Snapshot, topo: &Topology, filters: &NicFilters) -> Classification {
+/// Whether one device is monitored: [`classify_device`]'s answer, a VF's and an
+/// unsupported device's (never monitored, whatever else) without classifying it.
+pub fn is_monitored(dev: &Device, default_route_devices: &[String], topo: &Topology, filters: &NicFilters) -> bool {
+    !dev.is_vf() && dev.unsupported.is_none() && classify_device(dev, default_route_devices, topo, filters).monitored
+}
+
+/// Classify one device; `default_route_devices`: the snapshot's (the devices behind the
+/// host's default route).
+pub fn classify_device(
+    dev: &Device,
+    default_route_devices: &[String],
+    topo: &Topology,
+    filters: &NicFilters,
+) -> Classification {
     if let Some(re) = filters.exclude.iter().find(|re| re.is_match(&dev.name)) {
         return Classification::skip(format!("excluded by nicExclusionRegex {:?}", re.as_str()));
     }
@@ -106,7 +123,7 @@ fn classify_one(dev: &Device, snapshot: &Snapshot, topo: &Topology, filters: &Ni
     }
 
     // 1. The default route.
-    if snapshot.default_route_devices.contains(&dev.name) {
+    if default_route_devices.contains(&dev.name) {
         return Classification::role(Role::Management, "carries the host's default route".into());
     }
     // 2. The NUMA gate. Skipped when no GPU has a known NUMA node: it could not tell; and
@@ -160,4 +177,30 @@ pub fn parse_regex_list(key: &str, value: &str) -> Result<Vec<Regex>, String> {
         .filter(|p| !p.is_empty())
         .map(|p| Regex::new(p).map_err(|e| format!("{key} = {value:?}: invalid regex {p:?}: {e}")))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::{self, ReadPlan};
+    use crate::host::Host;
+    use nicmon_tests::platforms::Platform;
+
+    #[test]
+    fn is_monitored_answers_as_the_classification() {
+        let excluded = NicFilters { exclude: parse_regex_list("x", "mlx5_1$").unwrap(), ..NicFilters::default() };
+        for platform in Platform::ALL {
+            let node = platform.build();
+            let host = Host::new(node.sys(), node.proc());
+            let snap = discovery::discover(&host, &ReadPlan::default());
+            let topo = crate::topology::resolve(&host, &snap, Some(&node.metadata_path()), false).unwrap();
+            for filters in [&NicFilters::default(), &excluded] {
+                for d in &snap.devices {
+                    let route = &snap.default_route_devices;
+                    let c = classify_device(d, route, &topo, filters);
+                    assert_eq!(is_monitored(d, route, &topo, filters), c.monitored, "{platform:?} {}: {c:?}", d.name);
+                }
+            }
+        }
+    }
 }

@@ -78,17 +78,6 @@ impl Platform {
         n
     }
 
-    /// The DGX-H100-like node under `root` with `vfs_per_pf` SR-IOV VFs on each of its 8
-    /// InfiniBand PFs instead of 2 (0: none), as a host running the SR-IOV network operator
-    /// or Kata VMs shows them: the scale series of `cargo xtask bench`.
-    pub fn dgx_h100_with_vfs(root: &std::path::Path, vfs_per_pf: u32) -> Node {
-        let mut n = Node::at(Platform::DgxH100.name(), root);
-        dgx_h100_vfs(&mut n, vfs_per_pf);
-        n.plain_netdev("lo");
-        n.write_metadata();
-        n
-    }
-
     fn populate(self, n: &mut Node) {
         match self {
             Platform::A100Oci => a100_oci(n),
@@ -96,7 +85,7 @@ impl Platform {
             Platform::L40sOci => l40s_oci(n),
             Platform::OnPremL40s => onprem_l40s(n),
             Platform::Gb200Nvl4 => gb200_nvl4(n),
-            Platform::DgxH100 => dgx_h100(n),
+            Platform::DgxH100 => dgx_h100(n, 2),
             Platform::AwsP5 => aws_p5(n),
             Platform::AwsP4d => aws_p4d(n),
         }
@@ -231,13 +220,8 @@ fn gb200_nvl4(n: &mut Node) {
 
 /// DGX-H100-like: 2 sockets, 8 GPUs each PIX to one single-port IB compute NIC (same
 /// PCIe switch), NVSwitch functions, 2 dual-port Ethernet storage cards on CPU root ports
-/// (4 PFs), and 2 SR-IOV VFs per compute PF (16 VFs, DOWN).
-fn dgx_h100(n: &mut Node) {
-    dgx_h100_vfs(n, 2);
-}
-
-/// The DGX-H100-like node with `vfs_per_pf` VFs per compute PF.
-fn dgx_h100_vfs(n: &mut Node, vfs_per_pf: u32) {
+/// (4 PFs), and `vfs` SR-IOV VFs per compute PF (2 on the platform: 16 VFs, DOWN).
+fn dgx_h100(n: &mut Node, vfs: u32) {
     for g in 0..8 {
         let numa = if g < 4 { 0 } else { 1 };
         let rc = n.root_complex(0, numa);
@@ -255,8 +239,36 @@ fn dgx_h100_vfs(n: &mut Node, vfs_per_pf: u32) {
     own_rc_card(n, 0, 0, vec![roce(8), roce(9)]);
     own_rc_card(n, 0, 1, vec![roce(10), roce(11)]);
     for g in 0..8 {
-        n.vfs(&format!("mlx5_{g}"), vfs_per_pf);
+        n.vfs(&format!("mlx5_{g}"), vfs);
     }
+}
+
+/// The DGX-H100-like node with `vfs` SR-IOV VFs per InfiniBand PF instead of 2 (0: none),
+/// under `root` when given (kept on disk), else in a temporary directory: what unmonitored
+/// functions cost is measured on it.
+pub fn dgx_h100_with_vfs(vfs: u32, root: Option<&std::path::Path>) -> Node {
+    let name = Platform::DgxH100.name();
+    let mut n = match root {
+        Some(root) => Node::at(name, root),
+        None => Node::new(name),
+    };
+    dgx_h100(&mut n, vfs);
+    n.plain_netdev("lo");
+    n.write_metadata();
+    n
+}
+
+/// Give PF `dev` of `node` ports 2 to `ports`, each a copy of its port 1 (state, rate,
+/// every counter): a device with that many ports.
+pub fn copy_ports(node: &Node, dev: &str, ports: u32) -> std::io::Result<()> {
+    let dir = node.sys().join(&node.info[dev].ib_dir).join("ports");
+    for p in 2..=ports {
+        let st = std::process::Command::new("cp").arg("-r").arg(dir.join("1")).arg(dir.join(p.to_string())).status()?;
+        if !st.success() {
+            return Err(std::io::Error::other(format!("copying {}/1 to port {p} failed", dir.display())));
+        }
+    }
+    Ok(())
 }
 
 /// The primary ENA interface of an AWS instance: a plain netdev (no RDMA device) that

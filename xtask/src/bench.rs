@@ -55,6 +55,9 @@ pub struct PollFigures {
     pub cpu_ms: f64,
     /// Poll / open-read-close floor.
     pub floor_ratio: f64,
+    /// With VFs or ports asked for: the poll against the same node without them, polled
+    /// alternately in the same run.
+    pub versus_base: Option<f64>,
 }
 
 /// The number after `key` in `out` (up to the next space or `x`).
@@ -66,15 +69,17 @@ fn figure(out: &str, key: &str) -> Result<f64> {
         .with_context(|| format!("no `{key}` figure in the poll bench's output"))
 }
 
-/// `cargo bench -p nicmon --bench poll` (release build) with `polls` polls, on the default
-/// DGX-H100-like node or on `tree` (its directory and label); prints its output.
-pub fn poll_bench(root: &Path, tree: Option<(&Path, &str)>, polls: usize) -> Result<PollFigures> {
+/// `cargo bench -p nicmon --bench poll` (release build) with `polls` polls, on the
+/// DGX-H100-like node as `env` asks for it (`NICMON_BENCH_VFS`, `NICMON_BENCH_PORTS`: see
+/// the bench); prints its output.
+pub fn poll_bench(root: &Path, env: &[(&str, String)], polls: usize) -> Result<PollFigures> {
     let mut cmd = Command::new(cargo());
     cmd.current_dir(root)
         .args(["bench", "--quiet", "-p", "nicmon", "--bench", "poll"])
-        .env("NICMON_BENCH_POLLS", polls.to_string());
-    if let Some((dir, label)) = tree {
-        cmd.env("NICMON_BENCH_TREE", dir).env("NICMON_BENCH_LABEL", label);
+        .env("NICMON_BENCH_POLLS", polls.to_string())
+        .env_remove("NICMON_BENCH_TREE");
+    for (k, v) in env {
+        cmd.env(k, v);
     }
     let st = cmd.output()?;
     let out = String::from_utf8_lossy(&st.stdout);
@@ -87,6 +92,11 @@ pub fn poll_bench(root: &Path, tree: Option<(&Path, &str)>, polls: usize) -> Res
         p99_ms: figure(&out, "p99 ")?,
         cpu_ms: figure(&out, "per poll: ")?,
         floor_ratio: figure(&out, "poll / floor = ")?,
+        versus_base: out
+            .lines()
+            .find(|l| l.starts_with("against the same node without them"))
+            .and_then(|l| l.rsplit(": ").next())
+            .and_then(|r| r.trim_end_matches('x').trim().parse().ok()),
     })
 }
 
@@ -161,7 +171,7 @@ pub fn run(opts: &Options) -> Result<()> {
     }
 
     // 1. Poll duration, in-process and in release mode, and node_exporter on the same tree.
-    let poll = poll_bench(&root, Some((tmp.path(), "DGX-H100-like node (12 PFs, 16 VFs)")), opts.polls)?;
+    let poll = poll_bench(&root, &[], opts.polls)?;
     let peer = peer(&root, opts)?;
     let peer_ok = match &peer {
         Some(bin) => {
@@ -331,14 +341,7 @@ fn full_outbox_state(node: &nicmon_tests::Node, path: &Path) -> Result<()> {
 /// every counter): with no state file, the first poll baselines them all.
 pub fn thousand_ports(node: &nicmon_tests::Node) -> Result<()> {
     let dev = node.pfs().into_iter().next().context("the node has no PF")?;
-    let ports = node.sys().join(format!("class/infiniband/{dev}/ports"));
-    for p in 2..=1000 {
-        let st = Command::new("cp").arg("-r").arg(ports.join("1")).arg(ports.join(p.to_string())).status()?;
-        if !st.success() {
-            bail!("copying {}/1 to port {p} failed", ports.display());
-        }
-    }
-    Ok(())
+    Ok(nicmon_tests::platforms::copy_ports(node, &dev, 1000)?)
 }
 
 /// Peak RSS (MiB) of one fresh daemon per hostile case; returns the worst.

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use nicmon_tests::Node;
-use nicmon_tests::platforms::Platform;
+use nicmon_tests::platforms::{self, Platform};
 
 use crate::bench::{PollFigures, poll_bench, proc_kib};
 
@@ -27,17 +27,23 @@ struct Row {
 /// Builds a case's tree under the given directory.
 type Build = Box<dyn Fn(&Path) -> Result<Node>>;
 
-/// The trees of the series: (label, builder).
-fn cases() -> Vec<(String, Build)> {
-    let mut v: Vec<(String, Build)> = Vec::new();
+/// One case of the series: its label, the poll bench's environment for the same node, and
+/// the builder of its tree (for node_exporter and the daemon).
+type Case = (String, Vec<(&'static str, String)>, Build);
+
+/// The cases of the series.
+fn cases() -> Vec<Case> {
+    let mut v: Vec<Case> = Vec::new();
     for per_pf in [0u32, 16, 64] {
         v.push((
             format!("{per_pf} VFs per IB PF ({} VFs)", per_pf * 8),
-            Box::new(move |root: &Path| Ok(Platform::dgx_h100_with_vfs(root, per_pf))),
+            vec![("NICMON_BENCH_VFS", per_pf.to_string())],
+            Box::new(move |root: &Path| Ok(platforms::dgx_h100_with_vfs(per_pf, Some(root)))),
         ));
     }
     v.push((
         "a device with 1,000 ports".to_string(),
+        vec![("NICMON_BENCH_PORTS", "1000".to_string())],
         Box::new(|root: &Path| {
             let node = Platform::DgxH100.build_at(root);
             crate::bench::thousand_ports(&node)?;
@@ -76,11 +82,11 @@ fn rdma_devices(node: &Node) -> usize {
 /// Runs the series and prints it; returns whether its bars hold.
 pub fn run(root: &Path, bin: &Path, peer: Option<&Path>, polls: usize) -> Result<bool> {
     let mut rows = Vec::new();
-    for (label, build) in cases() {
+    for (label, env, build) in cases() {
         eprintln!("==> scale series: {label}");
         let tmp = tempfile::Builder::new().prefix("nicmon-scale-").tempdir()?;
         let node = build(tmp.path())?;
-        let poll = poll_bench(root, Some((tmp.path(), &label)), polls)?;
+        let poll = poll_bench(root, &env, polls)?;
         let peer_ms = match peer {
             Some(p) => Some(crate::node_exporter::collector_ms(p, tmp.path(), 20)?[10]),
             None => None,
@@ -106,7 +112,9 @@ pub fn run(root: &Path, bin: &Path, peer: Option<&Path>, polls: usize) -> Result
         );
     }
     let (base, vfs, ports) = (&rows[0], &rows[2], &rows[3]);
-    let poll_ratio = vfs.poll.median_ms / base.poll.median_ms;
+    // The bench's own comparison (the two nodes polled alternately, the same load on both)
+    // where it gave one, else the two rows' medians.
+    let poll_ratio = vfs.poll.versus_base.unwrap_or(vfs.poll.median_ms / base.poll.median_ms);
     let rss_delta = vfs.hwm_mib - base.hwm_mib;
     println!(
         "  512 VFs vs none: poll {poll_ratio:.2}x   [bar: <= 1.5x]; peak RSS {rss_delta:+.1} MiB   [bar: <= +4 MiB]\n  \

@@ -134,7 +134,7 @@ impl PortReader {
                 continue; // nothing offered: unknown, said when read
             }
             let values = counters(&snap);
-            for p in d.ports.iter_mut().filter(|p| roce(p)) {
+            for p in std::sync::Arc::make_mut(d).ports.iter_mut().filter(|p| roce(p)) {
                 p.counters.extend(values.iter().map(|(k, v)| (k.clone(), *v)));
                 p.ethtool = Some(snap.clone());
                 p.ethtool_age = Some(age);

@@ -68,8 +68,9 @@
 //! an [`AccessLog`] the reader also notes every path it was asked about.
 //!
 //! Rooms: `reader.rs` (the reader pool and its deadlines), `kept.rs` (kept-open files),
-//! `file.rs` (one regular file, read whole and bounded), `access.rs` (the access log and a
-//! bundle's failure links); the [`Host`] facade is here.
+//! `listing.rs` (a directory listed poll after poll), `file.rs` (one regular file, read
+//! whole and bounded), `access.rs` (the access log and a bundle's failure links); the
+//! [`Host`] facade is here.
 use std::collections::BTreeSet;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
@@ -81,12 +82,14 @@ use std::time::{Duration, Instant};
 mod access;
 mod file;
 mod kept;
+mod listing;
 mod reader;
 
 pub use access::{Access, AccessLog, FAILURE_LINK_PREFIX, failure_link_error};
 pub use file::{NOT_REGULAR, non_regular_kind, open_regular};
 use file::{Past, list_dir, list_dir_at};
 pub use kept::KEPT_REFRESH;
+pub use listing::Listing;
 pub use reader::{Deadlines, FILE_READ_TIMEOUT, FileSet, PendingReads, ReadStats, read_file};
 use reader::{Item, Reader};
 
@@ -262,8 +265,18 @@ impl Host {
     /// change, read every poll: keep them open and read them again with `pread` at offset 0
     /// (see the module doc, "Kept-open files").
     pub fn file_set(&self, rels: Vec<String>, keep: bool) -> Arc<FileSet> {
-        let items = rels.iter().map(|rel| Item { path: self.sys(rel), limit: PAGE, past: Past::Error, keep }).collect();
-        Arc::new(FileSet { rels, items })
+        self.file_set_keeping(rels, |_| keep)
+    }
+
+    /// [`Host::file_set`], keeping open the files whose index `keep` says.
+    pub fn file_set_keeping(&self, rels: Vec<String>, keep: impl Fn(usize) -> bool) -> Arc<FileSet> {
+        // Each relative path is dropped once joined: the set holds each path once.
+        let items = rels
+            .into_iter()
+            .enumerate()
+            .map(|(i, rel)| Item { path: self.sys(&rel), limit: PAGE, past: Past::Error, keep: keep(i) })
+            .collect();
+        Arc::new(FileSet { rel_start: self.sys("").as_os_str().len(), items })
     }
 
     /// Read the files of `set` as text, in one hand-off to the reader thread: the same rules
@@ -279,14 +292,15 @@ impl Host {
     pub fn start_files(&self, set: &Arc<FileSet>) -> PendingReads {
         let (items, memo) = {
             let einval = self.einval.lock().unwrap_or_else(|p| p.into_inner());
-            if einval.is_empty() || !set.rels.iter().any(|r| einval.contains(r.as_str())) {
+            let memoized = |i: usize| set.rel(i).is_some_and(|r| einval.contains(r));
+            if einval.is_empty() || !(0..set.len()).any(memoized) {
                 (set.items.clone(), None)
             } else {
-                let mut out = Vec::with_capacity(set.rels.len());
+                let mut out = Vec::with_capacity(set.len());
                 let mut at = Vec::new();
                 let mut items = Vec::new();
-                for (rel, item) in set.rels.iter().zip(set.items.iter()) {
-                    if einval.contains(rel.as_str()) {
+                for (i, item) in set.items.iter().enumerate() {
+                    if memoized(i) {
                         out.push(Some(Err(ReadError::Invalid)));
                     } else {
                         at.push(out.len());
@@ -297,13 +311,13 @@ impl Host {
                 (Arc::from(items), Some((out, at)))
             }
         };
-        let skipped = set.rels.len() - items.len();
+        let skipped = set.len() - items.len();
         if skipped > 0 {
             self.stats.einval_skipped.fetch_add(skipped as u64, Ordering::Relaxed);
         }
         self.stats.files_read.fetch_add(items.len() as u64, Ordering::Relaxed);
         if self.accesses.is_some() {
-            for rel in &set.rels {
+            for rel in set.rels() {
                 self.note_sys(rel, |tree, rel| Access::Read { tree, rel });
             }
         }
@@ -319,7 +333,9 @@ impl Host {
         let PendingReads { set, memo, pending } = reads;
         let items = pending.items.clone();
         let results = self.reader.finish_many(pending, self.deadlines.read, self.poll_end());
-        let text = |i: usize, item: &Item, r| self.text_of(&item.path, &set.rels[i], self.after_read(&item.path, r));
+        let text = |i: usize, item: &Item, r| {
+            self.text_of(&item.path, || set.rel(i).unwrap_or_default().to_string(), self.after_read(&item.path, r))
+        };
         match memo {
             None => results.into_iter().zip(items.iter()).enumerate().map(|(i, (r, item))| text(i, item, r)).collect(),
             Some((mut out, at)) => {
@@ -344,6 +360,12 @@ impl Host {
             Some(rel) => self.reader.forget_kept(Some(&self.sys(rel))),
             None => self.reader.forget_kept(None),
         }
+    }
+
+    /// Close the kept-open files that are not files of `set` (a poll's batch: files read
+    /// before and no longer, such as a device's that is now read once per incarnation).
+    pub fn keep_only(&self, set: &FileSet) {
+        self.reader.keep_only(&set.items);
     }
 
     /// How many files are kept open now.
@@ -411,6 +433,13 @@ impl Host {
         list_dir(&self.sys(rel)).unwrap_or_default()
     }
 
+    /// List sysfs directory `rel` again into `listing` (kept by the caller between polls):
+    /// whether its names differ from the last time (see [`Listing`]).
+    pub fn relist_sys(&self, rel: &str, listing: &mut Listing) -> bool {
+        self.note_sys(rel, |tree, rel| Access::List { tree, rel });
+        listing.relist(&self.sys(rel))
+    }
+
     /// Names in a sysfs directory, sorted, or why it could not be listed: `Missing` when
     /// absent, `Io` naming the cause otherwise (a file where a directory should be).
     pub fn list_sys_dir(&self, rel: &str) -> Result<Vec<String>, ReadError> {
@@ -440,6 +469,21 @@ impl Host {
         let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
         let fd = rustix::fs::open(self.sys(rel), flags, Mode::empty()).ok()?;
         Some(SysDir { fd: Arc::new(fd), rel: rel.to_string() })
+    }
+
+    /// Whether entry `name` exists in `dir` (a dangling link counts).
+    pub fn exists_in(&self, dir: &SysDir, name: &str) -> bool {
+        self.note(|| Access::Entry { tree: Tree::Sys, rel: format!("{}/{name}", dir.rel) });
+        rustix::fs::statat(&*dir.fd, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).is_ok()
+    }
+
+    /// Whether `dir` is still the directory at its path (not removed, renamed or replaced).
+    pub fn still_at_path(&self, dir: &SysDir) -> bool {
+        self.note(|| Access::Entry { tree: Tree::Sys, rel: dir.rel.clone() });
+        let (Ok(kept), Ok(now)) = (rustix::fs::fstat(&*dir.fd), rustix::fs::stat(self.sys(&dir.rel))) else {
+            return false;
+        };
+        (kept.st_dev, kept.st_ino) == (now.st_dev, now.st_ino)
     }
 
     /// [`Host::link_name_sys`] of `name` in `dir`.
@@ -517,19 +561,25 @@ impl Host {
         self.stats.files_read.fetch_add(1, Ordering::Relaxed);
         self.stats.record(path);
         let r = self.read_bytes(path, limit, Past::Error);
-        self.text_of(path, key, r)
+        self.text_of(path, || key.to_string(), r)
     }
 
     /// A read's bytes as text (lossy UTF-8); an `EINVAL` goes into the memo.
-    fn text_of(&self, path: &Path, key: &str, r: Result<Vec<u8>, ReadError>) -> Result<String, ReadError> {
+    fn text_of(
+        &self,
+        path: &Path,
+        key: impl FnOnce() -> String,
+        r: Result<Vec<u8>, ReadError>,
+    ) -> Result<String, ReadError> {
         match r {
             Ok(bytes) => {
                 Ok(String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
             }
             Err(err) => {
-                if err == ReadError::Invalid && !einval_is_a_state(key) {
+                let key = key();
+                if err == ReadError::Invalid && !einval_is_a_state(&key) {
                     if let Ok(mut s) = self.einval.lock() {
-                        s.insert(key.to_string());
+                        s.insert(key);
                     }
                     tracing::warn!(path = %path.display(), "read failed with EINVAL: not reading it again in this boot");
                 }

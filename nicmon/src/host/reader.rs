@@ -122,16 +122,39 @@ impl Pending {
 
 /// Sysfs files read together ([`super::Host::start_files`]), their paths joined once: a poll's
 /// batch is the same files poll after poll, so it is made once and read again and again.
+/// Each path is held once: the sysfs-relative path is the end of the joined one.
 #[derive(Debug)]
 pub struct FileSet {
-    pub(super) rels: Vec<String>,
+    /// Where the sysfs-relative part of each item's path starts (past the root and a `/`).
+    pub(super) rel_start: usize,
     pub(super) items: Arc<[Item]>,
 }
 
 impl FileSet {
+    /// How many files.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// The sysfs-relative path of file `i`.
+    pub fn rel(&self, i: usize) -> Option<&str> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = self.items.get(i)?.path.as_os_str().as_bytes();
+        std::str::from_utf8(path.get(self.rel_start..)?).ok()
+    }
+
+    /// Whether file `i` is kept open between reads ([`super::Host::file_set`]).
+    pub fn kept(&self, i: usize) -> bool {
+        self.items.get(i).is_some_and(|item| item.keep)
+    }
+
     /// The sysfs-relative files, in read order.
-    pub fn rels(&self) -> &[String] {
-        &self.rels
+    pub fn rels(&self) -> Vec<&str> {
+        (0..self.len()).filter_map(|i| self.rel(i)).collect()
     }
 }
 
@@ -389,6 +412,17 @@ impl Reader {
         match prefix {
             None => k.files.clear(),
             Some(p) => k.files.retain(|path, _| !Path::new(path).starts_with(p)),
+        }
+    }
+
+    /// Close the kept-open files that are not among `items`.
+    pub(super) fn keep_only(&self, items: &[Item]) {
+        let wanted: std::collections::HashSet<&std::ffi::OsStr> = items.iter().map(|i| i.path.as_os_str()).collect();
+        let mut k = self.shared.kept();
+        let before = k.files.len();
+        k.files.retain(|path, _| wanted.contains(path.as_os_str()));
+        if k.files.len() != before {
+            k.generation = k.generation.wrapping_add(1);
         }
     }
 

@@ -520,22 +520,25 @@ mod tests {
         std::fs::create_dir_all(root.join("class/net/ib0")).unwrap();
         std::fs::write(root.join("class/net/ib0/ifindex"), "7\n").unwrap();
         let snap = Snapshot {
-            devices: vec![crate::model::Device {
-                name: "mlx5_0".into(),
-                unsupported: None,
-                pci_address: Some("0000:03:00.0".into()),
-                card: Some("0000:03:00".into()),
-                numa_node: None,
-                hca_type: None,
-                fw_ver: None,
-                board_id: None,
-                driver: None,
-                function: crate::model::Function::Pf,
-                netdev: Some("ib0".into()),
-                ports: vec![],
-                unknown: Default::default(),
-                pcie: None,
-            }],
+            devices: vec![
+                crate::model::Device {
+                    name: "mlx5_0".into(),
+                    unsupported: None,
+                    pci_address: Some("0000:03:00.0".into()),
+                    card: Some("0000:03:00".into()),
+                    numa_node: None,
+                    hca_type: None,
+                    fw_ver: None,
+                    board_id: None,
+                    driver: None,
+                    function: crate::model::Function::Pf,
+                    netdev: Some("ib0".into()),
+                    ports: vec![],
+                    unknown: Default::default(),
+                    pcie: None,
+                }
+                .into(),
+            ],
             ..Default::default()
         };
         let links = HostLinks::read(&crate::host::Host::new(root, "/nonexistent"), &snap, Vec::new());

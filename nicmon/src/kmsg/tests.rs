@@ -718,10 +718,10 @@ fn from_snapshot_uses_the_callers_roles() {
     };
     let snap = Snapshot {
         devices: vec![
-            dev("mlx5_0", "0000:3b:00.0", Function::Pf),
-            dev("mlx5_1", "0000:3b:00.1", Function::Pf),
-            dev("mlx5_2", "0000:3b:00.2", Function::Vf),
-            dev("mlx5_3", "0000:c1:00.0", Function::Pf),
+            dev("mlx5_0", "0000:3b:00.0", Function::Pf).into(),
+            dev("mlx5_1", "0000:3b:00.1", Function::Pf).into(),
+            dev("mlx5_2", "0000:3b:00.2", Function::Vf).into(),
+            dev("mlx5_3", "0000:c1:00.0", Function::Pf).into(),
         ],
         ..Default::default()
     };

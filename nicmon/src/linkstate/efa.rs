@@ -41,12 +41,13 @@ pub fn netdev_verdict(port: &Port) -> NetdevVerdict {
 pub(super) fn fold_netdev(snap: &Snapshot) -> (Cow<'_, Snapshot>, Vec<String>) {
     let efa_with_netdev =
         |d: &crate::model::Device| d.netdev.is_some() && device_link_layer(d) == Some(&LinkLayer::Efa);
-    if !snap.devices.iter().any(efa_with_netdev) {
+    if !snap.devices.iter().any(|d| efa_with_netdev(d)) {
         return (Cow::Borrowed(snap), Vec::new());
     }
     let mut notes = Vec::new();
     let mut out = snap.clone();
     for d in out.devices.iter_mut().filter(|d| efa_with_netdev(d)) {
+        let d = std::sync::Arc::make_mut(d);
         let nd = d.netdev.clone().unwrap_or_default();
         for p in &mut d.ports {
             match netdev_verdict(p) {

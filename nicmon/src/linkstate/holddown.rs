@@ -65,7 +65,7 @@ pub(super) fn hold<'a>(
         }
         return (snap, holds);
     }
-    let monitored = |d: &Device| roles.get(&d.name).map(|c| c.monitored).unwrap_or(false) && !d.is_vf();
+    let monitored = |d: &Device| !d.is_vf() && roles.get(&d.name).map(|c| c.monitored).unwrap_or(false);
     // (device index, port index) of the ports to show as last healthy.
     let mut rewrite = Vec::new();
     for (di, d) in snap.devices.iter().enumerate().filter(|(_, d)| monitored(d)) {
@@ -118,7 +118,7 @@ pub(super) fn hold<'a>(
     }
     let mut owned = snap.into_owned();
     for (di, pi) in rewrite {
-        let p = &mut owned.devices[di].ports[pi];
+        let p = &mut std::sync::Arc::make_mut(&mut owned.devices[di]).ports[pi];
         p.state = Some(PortState::Active);
         p.phys_state = Some(PhysState::LinkUp);
     }

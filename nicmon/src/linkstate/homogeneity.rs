@@ -126,7 +126,7 @@ fn management_sibling_cards(ctx: &Ctx<'_>) -> BTreeSet<String> {
 fn card_check(ctx: &Ctx<'_>, cards: &Cards, card: &str) -> Option<crate::event::Check> {
     let ll = match cards.views.get(card) {
         Some(v) => Some(&v.group.1),
-        None => ctx.snap.devices.iter().filter(|d| d.card.as_deref() == Some(card)).find_map(device_link_layer),
+        None => ctx.snap.devices.iter().filter(|d| d.card.as_deref() == Some(card)).find_map(|d| device_link_layer(d)),
     };
     ll.and_then(state_check)
 }

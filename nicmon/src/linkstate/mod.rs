@@ -145,7 +145,8 @@ pub fn evaluate(
     let monitored = snap
         .devices
         .iter()
-        .filter(|d| roles.get(&d.name).map(|c| c.monitored).unwrap_or(false) && !d.is_vf())
+        .filter(|d| !d.is_vf() && roles.get(&d.name).map(|c| c.monitored).unwrap_or(false))
+        .map(|d| &**d)
         .collect();
     let ctx = Ctx { snap, roles, monitored, cfg, now, stamp, first_poll };
     let mut out = Emitted { notes: efa_notes, ..Emitted::default() };

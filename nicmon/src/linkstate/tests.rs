@@ -37,7 +37,7 @@ fn snapshot(up: bool) -> Snapshot {
         unknown: Default::default(),
         pcie: None,
     };
-    Snapshot { devices: vec![dev(0, up), dev(1, true), dev(2, true)], ..Snapshot::default() }
+    Snapshot { devices: vec![dev(0, up).into(), dev(1, true).into(), dev(2, true).into()], ..Snapshot::default() }
 }
 
 fn roles() -> BTreeMap<String, Classification> {

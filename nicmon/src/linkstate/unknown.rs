@@ -55,9 +55,11 @@ pub(super) fn unknown_state(ctx: &Ctx<'_>, pv: &PortView<'_>, r: &mut PortRecord
 /// port's record, else its device's), so that what is readable is still judged. The reason
 /// stays in the port's `unknown` map, saying which link layer it was judged with.
 pub fn with_known_link_layers(prev: &LinkState, mut snap: Snapshot) -> Snapshot {
-    for d in &mut snap.devices {
+    let unknown = |p: &crate::model::Port| matches!(p.link_layer, None | Some(LinkLayer::Unknown(_)));
+    for d in snap.devices.iter_mut().filter(|d| d.ports.iter().any(unknown)) {
+        let d = std::sync::Arc::make_mut(d);
         for p in &mut d.ports {
-            if !matches!(p.link_layer, None | Some(LinkLayer::Unknown(_))) {
+            if !unknown(p) {
                 continue;
             }
             let last = prev

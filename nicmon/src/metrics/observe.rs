@@ -51,7 +51,8 @@ impl Metrics {
         let mut ports = Vec::new();
         let mut unknown = Vec::new();
         for d in &poll.snapshot.devices {
-            if poll.roles.get(&d.name).map(|c| c.monitored).unwrap_or(false) {
+            // A VF is never monitored (asked first: it is cheaper).
+            if !d.is_vf() && poll.roles.get(&d.name).map(|c| c.monitored).unwrap_or(false) {
                 for p in &d.ports {
                     unknown.extend(p.unknown.keys().map(|a| (d.name.as_str(), p.number, a.as_str())));
                     // Unknown is not a value: a port whose state is unknown is neither healthy
@@ -194,7 +195,7 @@ mod tests {
         let classification =
             crate::roles::Classification { monitored: true, reason: None, role: None, role_reason: None };
         let poll = Poll {
-            snapshot: crate::model::Snapshot { devices: vec![dev], ..Default::default() },
+            snapshot: crate::model::Snapshot { devices: vec![dev.into()], ..Default::default() },
             roles: [("mlx5_0".to_string(), classification)].into(),
             ..Default::default()
         };

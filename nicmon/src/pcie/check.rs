@@ -50,6 +50,7 @@ fn judged<'s>(snapshot: &'s Snapshot, roles: &BTreeMap<String, Classification>) 
         .devices
         .iter()
         .filter(|d| !d.is_vf() && d.pcie.is_some() && roles.get(&d.name).is_some_and(|c| c.monitored))
+        .map(|d| &**d)
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out
