@@ -162,6 +162,8 @@ impl Daemon<'_> {
     /// delivered before anything else. Whether it ran.
     async fn targeted_poll(&mut self, woke: &[Wake], woke_at: Instant, targets: &[String]) -> bool {
         let Some(base) = self.last_snapshot.as_ref().filter(|_| !targets.is_empty()) else { return false };
+        // The reads' thread wakes while the read is planned, not when it is handed over.
+        self.monitor.host.expect_reads();
         let Some(mut obs) = self.monitor.observe_targeted(&self.state.checks, base, targets) else { return false };
         obs.woken_by = crate::wake::hook_names(woke);
         let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, OffsetDateTime::now_utc(), &[]);
