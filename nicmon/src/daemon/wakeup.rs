@@ -112,7 +112,7 @@ impl Daemon<'_> {
             }
             return;
         }
-        self.full_poll(woke, (!targeted).then_some(woke_at));
+        self.full_poll(woke, (!targeted).then_some(woke_at)).await;
     }
 
     /// Kernel log records delivered since the last cycle, within their bound.
@@ -162,12 +162,14 @@ impl Daemon<'_> {
     /// delivered before anything else. Whether it ran.
     async fn targeted_poll(&mut self, woke: &[Wake], woke_at: Instant, targets: &[String]) -> bool {
         let Some(base) = self.last_snapshot.as_ref().filter(|_| !targets.is_empty()) else { return false };
+        // The reads' thread wakes while the read is planned, not when it is handed over.
+        self.monitor.host.expect_reads();
         let Some(mut obs) = self.monitor.observe_targeted(&self.state.checks, base, targets) else { return false };
         obs.woken_by = crate::wake::hook_names(woke);
         let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, OffsetDateTime::now_utc(), &[]);
         let elapsed = woke_at.elapsed();
         let before = self.state.outbox.last_id();
-        self.act(poll, woke, woke_at, elapsed, PollKind::Targeted(targets), Vec::new());
+        self.act(poll, woke, woke_at, elapsed, PollKind::Targeted(targets), Vec::new()).await;
         // The targeted poll's events go out before anything else: the full poll (which
         // competes with the sender for the CPU) starts once they are delivered, or after
         // TARGETED_DELIVERY_WAIT at the latest (a connector that is down).
@@ -184,7 +186,7 @@ impl Daemon<'_> {
 
     /// The full poll. `woke_at`: when the wake-ups woke the loop, unless a targeted poll
     /// served them first (then the trace measures this poll from its own start).
-    fn full_poll(&mut self, woke: &[Wake], woke_at: Option<Instant>) {
+    async fn full_poll(&mut self, woke: &[Wake], woke_at: Option<Instant>) {
         // The static attributes of every device a wake-up named since the last full poll
         // are read again by this one.
         for dev in std::mem::take(&mut self.statics_owed) {
@@ -208,7 +210,7 @@ impl Daemon<'_> {
             self.metrics.wakeup(w.hook.name(), w.delivery_latency_ns().map(Duration::from_nanos));
         }
         let kind = if woke_at.is_some() { PollKind::Full } else { PollKind::FullAfterTargeted };
-        self.act(poll, woke, woke_at.unwrap_or(started), elapsed, kind, records);
+        self.act(poll, woke, woke_at.unwrap_or(started), elapsed, kind, records).await;
         let _ = self.count_lost_wakes();
     }
 }

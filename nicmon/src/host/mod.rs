@@ -220,6 +220,13 @@ impl Host {
         *self.poll_deadline.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + self.deadlines.poll);
     }
 
+    /// Reads are coming soon (a wake-up's targeted poll is being planned): the reader
+    /// thread wakes now instead of when they are handed over, and waits for them awake (at
+    /// most 0.5 ms, `reader::EXPECT_SPIN`).
+    pub fn expect_reads(&self) {
+        self.reader.expect();
+    }
+
     /// Sysfs/procfs paths whose read has not returned (abandoned at a deadline), with how
     /// long ago each started: for the log, metrics and `/healthz`.
     pub fn stuck_reads(&self) -> Vec<(PathBuf, Duration)> {
