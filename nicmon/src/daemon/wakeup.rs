@@ -101,6 +101,11 @@ impl Daemon<'_> {
     pub(super) async fn polls(&mut self, woke: &[Wake]) {
         self.take_kernel_log_records();
         let woke_at = Instant::now();
+        // A hint naming a device makes a targeted poll: the reads' thread wakes now, while
+        // the hint is resolved and the read planned, not when the reads are handed over.
+        if self.last_snapshot.is_some() && woke.iter().any(|w| matches!(w.hint, crate::wake::Hint::Name(_))) {
+            self.monitor.host.expect_reads();
+        }
         let targets = self.devices_named(woke);
         let targeted = self.targeted_poll(woke, woke_at, &targets).await;
         // A burst (a full poll ran moments ago): the targeted poll served the named
@@ -162,8 +167,6 @@ impl Daemon<'_> {
     /// delivered before anything else. Whether it ran.
     async fn targeted_poll(&mut self, woke: &[Wake], woke_at: Instant, targets: &[String]) -> bool {
         let Some(base) = self.last_snapshot.as_ref().filter(|_| !targets.is_empty()) else { return false };
-        // The reads' thread wakes while the read is planned, not when it is handed over.
-        self.monitor.host.expect_reads();
         let Some(mut obs) = self.monitor.observe_targeted(&self.state.checks, base, targets) else { return false };
         obs.woken_by = crate::wake::hook_names(woke);
         let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, OffsetDateTime::now_utc(), &[]);

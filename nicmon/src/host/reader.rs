@@ -36,7 +36,8 @@ pub struct ReadStats {
     pub einval_skipped: AtomicU64,
     /// Reads abandoned at their deadline.
     pub reads_abandoned: AtomicU64,
-    /// Batches read ahead of the poll's listings and used ([`crate::discovery::discover`]).
+    /// Batches read ahead of the poll's listings and used ([`crate::discovery::discover`],
+    /// and a targeted read's: [`super::Host::read_ahead`]).
     pub read_ahead_used: AtomicU64,
     /// Batches read ahead and dropped (the poll's files were not the same).
     pub read_ahead_dropped: AtomicU64,
@@ -166,6 +167,11 @@ impl FileSet {
     /// The sysfs-relative files, in read order.
     pub fn rels(&self) -> Vec<&str> {
         (0..self.len()).filter_map(|i| self.rel(i)).collect()
+    }
+
+    /// The same files, read the same way (kept open or not).
+    pub(super) fn same_files(&self, other: &FileSet) -> bool {
+        self.rels == other.rels && self.items.iter().zip(other.items.iter()).all(|(a, b)| a.keep == b.keep)
     }
 }
 
