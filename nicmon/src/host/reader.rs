@@ -171,7 +171,8 @@ impl FileSet {
 
     /// The same files, read the same way (kept open or not).
     pub(super) fn same_files(&self, other: &FileSet) -> bool {
-        self.rels == other.rels && self.items.iter().zip(other.items.iter()).all(|(a, b)| a.keep == b.keep)
+        self.len() == other.len()
+            && self.items.iter().zip(other.items.iter()).all(|(a, b)| a.keep == b.keep && a.path == b.path)
     }
 }
 
