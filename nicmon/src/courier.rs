@@ -10,9 +10,11 @@
 //! 2. otherwise it appends them to the [`Outbox`], advances the checks' state, records them
 //!    in the journal (below), **hands the new batches to the sender task at once** — and the
 //!    caller then saves the state file ([`Courier::save`]; the outbox is part of it). The
-//!    send does not wait for the fsync: the sender task runs on another worker thread while
-//!    the cycle writes (a targeted poll's commit, on the latency path, is saved once its
-//!    batches were acknowledged, or after at most 50 ms: [`Courier::await_delivery`]);
+//!    send does not wait for the fsync: the daemon's loop yields to the sender task (on
+//!    the same thread) right after the commit, so the sink has the batches before the
+//!    cycle's trace, metrics, logs and save (a targeted poll's commit, on the latency path,
+//!    is saved once its batches were acknowledged, or after at most 50 ms:
+//!    [`Courier::await_delivery`]);
 //! 3. the sender task sends batches **strictly in order** through the [`Sink`], retrying a
 //!    failing head batch forever (never skipping ahead);
 //! 4. a batch the sink accepted — delivered, then made durable (below) — or rejected

@@ -282,7 +282,11 @@ impl Monitor {
         let plan = self.read_plan(Vec::new());
         self.host.begin_poll();
         self.host.remember_einval(prev.einval.iter().cloned());
+        // The files the last targeted read of these devices read are read again while
+        // the devices are listed and their reads planned (the same files: used).
+        self.host.read_ahead(devices);
         let snapshot = discovery::rediscover(&self.host, &plan, base, devices);
+        self.host.end_read_ahead();
         let einval = self.host.take_einval();
         let mut snapshot = snapshot?;
         let ethtool_notes = self.read_ethtool(&mut snapshot, Some(devices));

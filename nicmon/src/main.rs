@@ -392,7 +392,10 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
         trace,
         poll_stall,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    // One thread for the loop, its wake sources and the courier's sender (a wake-up, its
+    // poll and the sink's write take no thread hop: see nicmon::daemon); the metrics
+    // endpoint, the host readers, the watchdog and blocking writes have threads of their own.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let result = rt.block_on(nicmon::daemon::run(opts));
     // A sink write stuck in a blocking thread (a FIFO nobody reads) must not hold the exit:
     // dropping the runtime would wait for it forever.

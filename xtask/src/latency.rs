@@ -16,22 +16,17 @@ pub struct Options {
     /// Seconds of the wake storm (0: skip it).
     #[arg(long, default_value_t = 30)]
     storm_seconds: u64,
+    /// Measure this nicmon binary instead of building one (to compare two builds in the
+    /// same conditions).
+    #[arg(long)]
+    bin: Option<std::path::PathBuf>,
 }
 
 pub fn run(opts: &Options) -> Result<()> {
-    let root = crate::build_ebpf::repo_root()?;
-    crate::build_ebpf::run(&crate::build_ebpf::Options::default())?;
-    eprintln!("==> building nicmon (release, eBPF built in)");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    if !Command::new(cargo)
-        .current_dir(&root)
-        .args(["build", "--release", "--quiet", "-p", "nicmon"])
-        .status()?
-        .success()
-    {
-        bail!("cargo build --release -p nicmon failed");
-    }
-    let bin = root.join("target/release/nicmon");
+    let bin = match &opts.bin {
+        Some(bin) => bin.clone(),
+        None => build()?,
+    };
     println!(
         "detection latency, veth carrier loss + fixture port DOWN -> event generatedTimestamp, {} faults per mode, 1 s poll interval",
         opts.reps
@@ -121,4 +116,21 @@ pub fn run(opts: &Options) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Build the release nicmon with the eBPF programs built in; its path.
+fn build() -> Result<std::path::PathBuf> {
+    let root = crate::build_ebpf::repo_root()?;
+    crate::build_ebpf::run(&crate::build_ebpf::Options::default())?;
+    eprintln!("==> building nicmon (release, eBPF built in)");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    if !Command::new(cargo)
+        .current_dir(&root)
+        .args(["build", "--release", "--quiet", "-p", "nicmon"])
+        .status()?
+        .success()
+    {
+        bail!("cargo build --release -p nicmon failed");
+    }
+    Ok(root.join("target/release/nicmon"))
 }

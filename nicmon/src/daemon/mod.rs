@@ -58,7 +58,7 @@ pub struct Daemon<'a> {
     loaded: Loaded,
     metrics: Arc<Metrics>,
     liveness: Liveness,
-    _server: Option<tokio::task::JoinHandle<()>>,
+    _server: Option<crate::metrics::server::ServerThread>,
     wakes: Option<WakeSource>,
     /// Declared before `_tail`, so dropped first: a tail thread blocked on a full channel
     /// then ends, and dropping the tail (which joins it) cannot wait for ever.
@@ -176,7 +176,7 @@ impl<'a> Daemon<'a> {
     /// Act on one poll's result: the courier's commit, then trace, metrics, logs and the
     /// save. `records`: the kernel log records the poll consumed (kept for the next poll when
     /// the commit is refused).
-    fn act(
+    async fn act(
         &mut self,
         poll: Poll,
         woke: &[Wake],
@@ -190,8 +190,15 @@ impl<'a> Daemon<'a> {
         // state file is saved after them, see crate::courier for why that order is safe).
         let mut poll = poll;
         let next = std::mem::take(&mut poll.next);
+        let before = self.state.outbox.last_id();
         let committed = self.courier.commit(&mut self.state, next, &poll.events);
         let handed_at = Instant::now();
+        // The sender task runs on this thread (the daemon's runtime has one): yield to it,
+        // so it writes the new batches now rather than after the trace, metrics, logs and
+        // the save.
+        if self.state.outbox.last_id() > before {
+            tokio::task::yield_now().await;
+        }
         let next = match &committed {
             Ok(()) => &self.state.checks,
             Err((_, checks)) => checks.as_ref(),

@@ -51,7 +51,7 @@ impl<'a> Daemon<'a> {
         let metrics = Arc::new(Metrics::new(&monitor.stamp.node_name));
         metrics.set_topology_source(monitor.topology.source.as_str());
         let liveness = Liveness::new(opts.interval.max(Duration::from_secs(1)));
-        let server = start_metrics_server(opts, &metrics, &liveness).await;
+        let server = start_metrics_server(opts, &metrics, &liveness).await?;
         let wakes = if opts.no_wake { None } else { Some(start_wakes(&opts.wake, &metrics)) };
         // Bounded: a kernel log flood (or a huge file at --kmsg-path) waits in the kernel's
         // ring or the file, not in the daemon's memory.
@@ -112,16 +112,18 @@ fn log_topology(monitor: &Monitor) {
     }
 }
 
-/// The `/metrics` and `/healthz` endpoint (`None`: disabled). A port that cannot be bound
-/// is logged and tried again; the monitor runs without it.
+/// The `/metrics` and `/healthz` endpoint on its own thread (`None`: disabled). A port that
+/// cannot be bound is logged and tried again; the monitor runs without it.
 async fn start_metrics_server(
     opts: &RunOptions,
     metrics: &Arc<Metrics>,
     liveness: &Liveness,
-) -> Option<tokio::task::JoinHandle<()>> {
-    let port = opts.metrics_port?;
+) -> Result<Option<metrics_server::ServerThread>> {
+    let Some(port) = opts.metrics_port else { return Ok(None) };
     let addr = (opts.metrics_bind_address, port).into();
-    Some(metrics_server::start_or_retry(addr, metrics.clone(), liveness.clone(), metrics_server::REBIND_EVERY).await)
+    let every = metrics_server::REBIND_EVERY;
+    let server = metrics_server::ServerThread::start(addr, metrics.clone(), liveness.clone(), every).await;
+    Ok(Some(server.context("starting the metrics endpoint's thread")?))
 }
 
 /// The kernel log watcher, when `NICKernelLogCheck` runs and a path is given (else the

@@ -101,6 +101,11 @@ impl Daemon<'_> {
     pub(super) async fn polls(&mut self, woke: &[Wake]) {
         self.take_kernel_log_records();
         let woke_at = Instant::now();
+        // A hint naming a device makes a targeted poll: the reads' thread wakes now, while
+        // the hint is resolved and the read planned, not when the reads are handed over.
+        if self.last_snapshot.is_some() && woke.iter().any(|w| matches!(w.hint, crate::wake::Hint::Name(_))) {
+            self.monitor.host.expect_reads();
+        }
         let targets = self.devices_named(woke);
         let targeted = self.targeted_poll(woke, woke_at, &targets).await;
         // A burst (a full poll ran moments ago): the targeted poll served the named
@@ -112,7 +117,7 @@ impl Daemon<'_> {
             }
             return;
         }
-        self.full_poll(woke, (!targeted).then_some(woke_at));
+        self.full_poll(woke, (!targeted).then_some(woke_at)).await;
     }
 
     /// Kernel log records delivered since the last cycle, within their bound.
@@ -167,7 +172,7 @@ impl Daemon<'_> {
         let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, OffsetDateTime::now_utc(), &[]);
         let elapsed = woke_at.elapsed();
         let before = self.state.outbox.last_id();
-        self.act(poll, woke, woke_at, elapsed, PollKind::Targeted(targets), Vec::new());
+        self.act(poll, woke, woke_at, elapsed, PollKind::Targeted(targets), Vec::new()).await;
         // The targeted poll's events go out before anything else: the full poll (which
         // competes with the sender for the CPU) starts once they are delivered, or after
         // TARGETED_DELIVERY_WAIT at the latest (a connector that is down).
@@ -184,7 +189,7 @@ impl Daemon<'_> {
 
     /// The full poll. `woke_at`: when the wake-ups woke the loop, unless a targeted poll
     /// served them first (then the trace measures this poll from its own start).
-    fn full_poll(&mut self, woke: &[Wake], woke_at: Option<Instant>) {
+    async fn full_poll(&mut self, woke: &[Wake], woke_at: Option<Instant>) {
         // The static attributes of every device a wake-up named since the last full poll
         // are read again by this one.
         for dev in std::mem::take(&mut self.statics_owed) {
@@ -208,7 +213,7 @@ impl Daemon<'_> {
             self.metrics.wakeup(w.hook.name(), w.delivery_latency_ns().map(Duration::from_nanos));
         }
         let kind = if woke_at.is_some() { PollKind::Full } else { PollKind::FullAfterTargeted };
-        self.act(poll, woke, woke_at.unwrap_or(started), elapsed, kind, records);
+        self.act(poll, woke, woke_at.unwrap_or(started), elapsed, kind, records).await;
         let _ = self.count_lost_wakes();
     }
 }

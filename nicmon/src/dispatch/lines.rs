@@ -117,12 +117,13 @@ impl FileSink {
         // hop (the sync, which waits for the disk, runs on a blocking thread). Anything else
         // (a FIFO whose reader may stall) is written on a blocking thread, bounded.
         let file = open_append(&self.path).map_err(fail)?;
-        let regular = file.metadata().map_err(fail)?.is_file();
+        let md = file.metadata().map_err(fail)?;
         // Either way the lines are streamed, never held whole.
-        if !regular {
+        if !md.is_file() {
             return self.deliver_blocking(file, events).await;
         }
-        self.unsynced = append_whole(file, events, |f, evs| write_lines(f, evs)).map_err(fail)?;
+        let file = append_regular(file, md.len(), events, |f, evs| write_lines(f, evs)).map_err(fail)?;
+        self.unsynced = Some(file);
         Ok(())
     }
 
@@ -202,30 +203,22 @@ fn open_append(path: &Path) -> io::Result<std::fs::File> {
     })
 }
 
-/// Append `bytes` to `file` ([`open_append`]) as a whole: on a regular file a failed
-/// `write` is rolled back (truncated to the previous length). Returns the file when it is
-/// a regular one (its data to be synced).
-fn append_whole<T: ?Sized>(
+/// Append `bytes` to the regular `file` ([`open_append`]), `before` bytes long, as a whole:
+/// a failed `write` is rolled back (truncated to `before`). Returns the file (its data to
+/// be synced).
+fn append_regular<T: ?Sized>(
     mut file: std::fs::File,
+    before: u64,
     bytes: &T,
     write: impl FnOnce(&mut std::fs::File, &T) -> io::Result<()>,
-) -> io::Result<Option<std::fs::File>> {
-    // Durability is a property of regular files; a FIFO, /dev/null or a tty has nothing
-    // to sync (and answers EINVAL), nor can a partial write to one be taken back.
-    if !file.metadata()?.is_file() {
-        set_blocking(&file)?;
-        write(&mut file, bytes)?;
-        file.flush()?;
-        return Ok(None);
-    }
-    let before = file.metadata()?.len();
+) -> io::Result<std::fs::File> {
     if let Err(e) = write(&mut file, bytes).and_then(|()| file.flush()) {
         return match file.set_len(before) {
             Ok(()) => Err(e),
             Err(t) => Err(io::Error::new(e.kind(), format!("{e}; removing the partial record failed too: {t}"))),
         };
     }
-    Ok(Some(file))
+    Ok(file)
 }
 
 /// Clear `O_NONBLOCK` (set only so that opening a FIFO cannot wait for a reader).
@@ -310,6 +303,16 @@ mod tests {
         let mut null = FileSink::new("/dev/null".into());
         null.deliver(&events()).await.unwrap();
         assert!(null.unsynced.is_none());
+    }
+
+    /// [`append_regular`] to a regular file, as the sink appends a batch.
+    fn append_whole<T: ?Sized>(
+        file: std::fs::File,
+        bytes: &T,
+        write: impl FnOnce(&mut std::fs::File, &T) -> io::Result<()>,
+    ) -> io::Result<std::fs::File> {
+        let before = file.metadata()?.len();
+        append_regular(file, before, bytes, write)
     }
 
     #[test]

@@ -34,8 +34,9 @@ pub fn open_regular(path: &Path) -> io::Result<std::fs::File> {
 pub const NOT_REGULAR: &str = "not a regular file";
 
 /// The names in directory `path` (not `.` and `..`), sorted: one `open`, `getdents64`
-/// until the end, one `close` (no `fstat`, which `opendir` adds; a poll lists ~60
-/// directories). A directory removed while it is listed ends the listing.
+/// until the end (into a buffer on the stack: no heap buffer grown per listing), one
+/// `close` (no `fstat`, which `opendir` adds; a poll lists ~60 directories). A directory
+/// removed while it is listed ends the listing.
 pub(super) fn list_dir(path: &Path) -> io::Result<Vec<String>> {
     list_dir_at(rustix::fs::CWD, path)
 }
@@ -44,10 +45,17 @@ pub(super) fn list_dir(path: &Path) -> io::Result<Vec<String>> {
 pub(super) fn list_dir_at<Fd: std::os::fd::AsFd>(at: Fd, path: &Path) -> io::Result<Vec<String>> {
     use rustix::fs::{Mode, OFlags};
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NONBLOCK;
-    let mut dir = rustix::fs::Dir::new(rustix::fs::openat(at, path, flags, Mode::empty())?)?;
+    let fd = rustix::fs::openat(at, path, flags, Mode::empty())?;
+    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+    let mut dir = rustix::fs::RawDir::new(fd, &mut buf);
     let mut names = Vec::new();
-    while let Some(entry) = dir.read() {
-        let entry = entry?;
+    while let Some(entry) = dir.next() {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::NOENT) => break,
+            Err(e) => return Err(e.into()),
+        };
         let name = entry.file_name().to_bytes();
         if name != b"." && name != b".." {
             names.push(String::from_utf8_lossy(name).into_owned());

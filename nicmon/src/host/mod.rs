@@ -170,7 +170,25 @@ pub struct Host {
     deadlines: Deadlines,
     poll_deadline: Mutex<Option<Instant>>,
     accesses: Option<AccessLog>,
+    read_ahead: Mutex<ReadAhead>,
     pub stats: ReadStats,
+}
+
+/// The read-ahead of a wake-up's targeted read ([`Host::read_ahead`]).
+#[derive(Default)]
+struct ReadAhead {
+    /// The next [`Host::read_files`] is the targeted read of these devices.
+    armed: Option<Vec<String>>,
+    /// The devices the last targeted read was of, and the files it read.
+    last: Option<(Vec<String>, Arc<FileSet>)>,
+    /// The read-ahead begun, under this kept-file generation.
+    begun: Option<(u64, PendingReads)>,
+}
+
+impl std::fmt::Debug for ReadAhead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadAhead").field("armed", &self.armed).field("begun", &self.begun.is_some()).finish()
+    }
 }
 
 impl Host {
@@ -184,6 +202,7 @@ impl Host {
             deadlines: Deadlines::default(),
             poll_deadline: Mutex::new(None),
             accesses: None,
+            read_ahead: Mutex::default(),
             stats: ReadStats::default(),
         }
     }
@@ -215,6 +234,13 @@ impl Host {
     /// Start a poll: its reads together get [`Deadlines::poll`] from now.
     pub fn begin_poll(&self) {
         *self.poll_deadline.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + self.deadlines.poll);
+    }
+
+    /// Reads are coming soon (a wake-up's targeted poll is being planned): the reader
+    /// thread wakes now instead of when they are handed over, and waits for them awake (at
+    /// most 0.5 ms, `reader::EXPECT_SPIN`).
+    pub fn expect_reads(&self) {
+        self.reader.expect();
     }
 
     /// Sysfs/procfs paths whose read has not returned (abandoned at a deadline), with how
@@ -270,8 +296,67 @@ impl Host {
     /// and results as [`Host::read_sys`] on each (the `EINVAL` memo, the deadlines per read
     /// and per poll, stuck reads), at the cost of one thread wake-up for them all.
     pub fn read_files(&self, set: &Arc<FileSet>) -> Vec<Result<String, ReadError>> {
+        if let Some(results) = self.take_read_ahead(set) {
+            return results;
+        }
         let pending = self.start_files(set);
         self.finish_files(pending)
+    }
+
+    /// A wake-up's targeted read of `devices` begins (after its `EINVAL` memo was seeded,
+    /// [`Host::remember_einval`]): the files the last targeted read of the same devices
+    /// read are read again now, while the caller plans this one (lists the devices, checks
+    /// their `device` links) — the next [`Host::read_files`] is that read, and uses them
+    /// when it asks for exactly those files and no kept-open file was forgotten meanwhile
+    /// (a new incarnation); otherwise they are dropped and its files are read then.
+    /// [`Host::end_read_ahead`] ends the targeted read. Counted in
+    /// [`ReadStats::read_ahead_used`] and [`ReadStats::read_ahead_dropped`].
+    pub fn read_ahead(&self, devices: &[String]) {
+        let last = {
+            let mut ra = self.read_ahead.lock().unwrap_or_else(|p| p.into_inner());
+            ra.armed = Some(devices.to_vec());
+            ra.last.as_ref().filter(|(d, _)| d == devices).map(|(_, set)| set.clone())
+        };
+        self.end_unused_read_ahead();
+        if let Some(set) = last {
+            let begun = (self.kept_generation(), self.start_files(&set));
+            self.read_ahead.lock().unwrap_or_else(|p| p.into_inner()).begun = Some(begun);
+        }
+    }
+
+    /// The targeted read [`Host::read_ahead`] announced is over: a read-ahead it did not use
+    /// is collected (its results dropped; an `EINVAL` it met is remembered all the same).
+    pub fn end_read_ahead(&self) {
+        self.read_ahead.lock().unwrap_or_else(|p| p.into_inner()).armed = None;
+        self.end_unused_read_ahead();
+    }
+
+    fn end_unused_read_ahead(&self) {
+        let begun = self.read_ahead.lock().unwrap_or_else(|p| p.into_inner()).begun.take();
+        if let Some((_, reads)) = begun {
+            // Collected: the reader must be free for the next batch.
+            self.finish_files(reads);
+            self.stats.read_ahead_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// When a targeted read was announced ([`Host::read_ahead`]): `set` is its files,
+    /// remembered for the next one; the read-ahead's results when it read exactly these.
+    fn take_read_ahead(&self, set: &Arc<FileSet>) -> Option<Vec<Result<String, ReadError>>> {
+        let begun = {
+            let mut ra = self.read_ahead.lock().unwrap_or_else(|p| p.into_inner());
+            let devices = ra.armed.take()?;
+            ra.last = Some((devices, set.clone()));
+            ra.begun.take()
+        };
+        let (generation, reads) = begun?;
+        if reads.set.same_files(set) && generation == self.kept_generation() {
+            self.stats.read_ahead_used.fetch_add(1, Ordering::Relaxed);
+            return Some(self.finish_files(reads));
+        }
+        self.finish_files(reads);
+        self.stats.read_ahead_dropped.fetch_add(1, Ordering::Relaxed);
+        None
     }
 
     /// [`Host::read_files`] begun: the reader thread reads `set` while the caller goes on;
@@ -671,6 +756,85 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("sys/p")).unwrap();
         let host = Host::new(dir.path().join("sys"), dir.path().join("proc"));
         (dir, host)
+    }
+
+    /// A listing larger than one `getdents64` buffer comes whole and sorted (a node with
+    /// hundreds of VFs lists `class/net` so); a missing directory is `Missing`, a file where
+    /// a directory should be is an error, `.` and `..` are never names.
+    #[test]
+    fn listings_span_several_getdents_calls() {
+        let (dir, host) = fixture();
+        let mut want: Vec<String> = (0..700).map(|i| format!("ib_device_with_a_long_sysfs_name_{i:04}")).collect();
+        for name in want.iter().rev() {
+            std::fs::write(dir.path().join("sys/p").join(name), "").unwrap();
+        }
+        want.sort();
+        assert_eq!(host.list_sys("p"), want);
+        assert_eq!(host.list_sys_dir("p"), Ok(want));
+        std::fs::create_dir_all(dir.path().join("sys/empty")).unwrap();
+        assert_eq!(host.list_sys_dir("empty"), Ok(Vec::new()));
+        assert_eq!(host.list_sys_dir("none"), Err(ReadError::Missing));
+        assert_eq!(host.list_sys("none"), Vec::<String>::new());
+        let not_dir = host.list_sys_dir("p/ib_device_with_a_long_sysfs_name_0001");
+        assert_eq!(not_dir, Err(ReadError::Io("not a directory".into())));
+    }
+
+    /// A targeted read's read-ahead: the last targeted read's files of the same devices,
+    /// used when the read asks for exactly those and no kept file was forgotten; dropped
+    /// otherwise (the read then reads its own); a file in the `EINVAL` memo is not opened.
+    #[test]
+    fn a_targeted_read_uses_its_read_ahead_only_when_it_reads_the_same_files() {
+        let (dir, host) = fixture();
+        let p = dir.path().join("sys/p");
+        for (f, v) in [("a", "1\n"), ("b", "2\n"), ("c", "3\n")] {
+            std::fs::write(p.join(f), v).unwrap();
+        }
+        let stat = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let set = |files: &[&str]| host.file_set(files.iter().map(|f| format!("p/{f}")).collect(), true);
+        let text = |r: Vec<Result<String, ReadError>>| r.into_iter().map(|r| r.unwrap()).collect::<Vec<_>>();
+        let d = ["mlx5_0".to_string()];
+        // The first targeted read of a device has nothing to read ahead.
+        host.read_ahead(&d);
+        assert_eq!(text(host.read_files(&set(&["a", "b"]))), ["1\n", "2\n"]);
+        host.end_read_ahead();
+        assert_eq!((stat(&host.stats.read_ahead_used), stat(&host.stats.read_ahead_dropped)), (0, 0));
+        // The next one reads the same files ahead (their values now) and uses them.
+        std::fs::write(p.join("a"), "5\n").unwrap();
+        host.read_ahead(&d);
+        assert_eq!(text(host.read_files(&set(&["a", "b"]))), ["5\n", "2\n"]);
+        host.end_read_ahead();
+        assert_eq!((stat(&host.stats.read_ahead_used), stat(&host.stats.read_ahead_dropped)), (1, 0));
+        // Other files than those read ahead: dropped, the read's own files are read.
+        host.read_ahead(&d);
+        assert_eq!(text(host.read_files(&set(&["a", "c"]))), ["5\n", "3\n"]);
+        host.end_read_ahead();
+        assert_eq!((stat(&host.stats.read_ahead_used), stat(&host.stats.read_ahead_dropped)), (1, 1));
+        // Another device: nothing read ahead (the last read was of mlx5_0).
+        let before = stat(&host.stats.files_read);
+        host.read_ahead(&["mlx5_1".to_string()]);
+        assert_eq!(stat(&host.stats.files_read), before, "nothing read ahead");
+        host.end_read_ahead();
+        // A kept file forgotten meanwhile (a new incarnation): dropped.
+        host.read_ahead(&d);
+        host.forget_kept(Some("p"));
+        assert_eq!(text(host.read_files(&set(&["a", "c"]))), ["5\n", "3\n"]);
+        host.end_read_ahead();
+        assert_eq!((stat(&host.stats.read_ahead_used), stat(&host.stats.read_ahead_dropped)), (1, 2));
+        // Not used at all (the read ended before its files were read): collected, dropped;
+        // a later read that was not announced is not remembered.
+        host.read_ahead(&d);
+        host.end_read_ahead();
+        assert_eq!(stat(&host.stats.read_ahead_dropped), 3);
+        assert_eq!(text(host.read_files(&set(&["b"]))), ["2\n"]);
+        // A file in the EINVAL memo is not opened by the read-ahead either.
+        host.remember_einval(["p/c".to_string()]);
+        let before = stat(&host.stats.files_read);
+        host.read_ahead(&d);
+        let r = host.read_files(&set(&["a", "c"]));
+        host.end_read_ahead();
+        assert_eq!(r, vec![Ok("5\n".to_string()), Err(ReadError::Invalid)]);
+        assert_eq!(stat(&host.stats.files_read), before + 1, "only p/a was read");
+        assert_eq!((stat(&host.stats.read_ahead_used), stat(&host.stats.read_ahead_dropped)), (2, 3));
     }
 
     fn mkfifo(p: &Path) {

@@ -36,7 +36,8 @@ pub struct ReadStats {
     pub einval_skipped: AtomicU64,
     /// Reads abandoned at their deadline.
     pub reads_abandoned: AtomicU64,
-    /// Batches read ahead of the poll's listings and used ([`crate::discovery::discover`]).
+    /// Batches read ahead of the poll's listings and used ([`crate::discovery::discover`],
+    /// and a targeted read's: [`super::Host::read_ahead`]).
     pub read_ahead_used: AtomicU64,
     /// Batches read ahead and dropped (the poll's files were not the same).
     pub read_ahead_dropped: AtomicU64,
@@ -73,6 +74,17 @@ pub(super) struct Job {
     progress: Arc<Progress>,
     done: mpsc::SyncSender<()>,
 }
+
+/// What the reader thread is handed.
+pub(super) enum Msg {
+    Job(Job),
+    /// A batch is coming soon ([`Reader::expect`]): wake now and wait for it awake.
+    Expect,
+}
+
+/// How long the reader thread, woken by [`Reader::expect`], waits for the batch without
+/// sleeping (yielding the CPU to whatever else is runnable) before it sleeps again.
+pub const EXPECT_SPIN: Duration = Duration::from_micros(500);
 
 /// A batch's results by index (`None`: not read yet).
 type Slots = Vec<Option<Result<Vec<u8>, ReadError>>>;
@@ -133,6 +145,11 @@ impl FileSet {
     pub fn rels(&self) -> &[String] {
         &self.rels
     }
+
+    /// The same files, read the same way (kept open or not).
+    pub(super) fn same_files(&self, other: &FileSet) -> bool {
+        self.rels == other.rels && self.items.iter().zip(other.items.iter()).all(|(a, b)| a.keep == b.keep)
+    }
 }
 
 /// The results a batch knows before reading (files in the `EINVAL` memo), by index in its
@@ -187,7 +204,7 @@ impl Shared {
 /// thread is left to it (marked stuck, not joined) and the next read starts a new thread.
 pub struct Reader {
     pub(super) shared: Arc<Shared>,
-    pub(super) worker: Mutex<Option<(u64, mpsc::Sender<Job>)>>,
+    pub(super) worker: Mutex<Option<(u64, mpsc::Sender<Msg>)>>,
     pub(super) next_id: AtomicU64,
     pub(super) read_fn: ReadFn,
 }
@@ -356,7 +373,7 @@ impl Reader {
         for _ in 0..2 {
             if w.is_none() {
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                let (tx, rx) = mpsc::channel::<Job>();
+                let (tx, rx) = mpsc::channel::<Msg>();
                 let shared = Arc::clone(&self.shared);
                 let read_fn = self.read_fn;
                 std::thread::Builder::new()
@@ -366,15 +383,27 @@ impl Reader {
                 *w = Some((id, tx));
             }
             let (id, tx) = w.as_ref().expect("set above");
-            match tx.send(job) {
+            match tx.send(Msg::Job(job)) {
                 Ok(()) => return Ok(*id),
-                Err(mpsc::SendError(back)) => {
+                Err(mpsc::SendError(Msg::Job(back))) => {
                     job = back;
                     *w = None;
                 }
+                Err(mpsc::SendError(Msg::Expect)) => unreachable!("a job was sent"),
             }
         }
         Err(ReadError::Io("no reader thread".into()))
+    }
+
+    /// A batch is coming soon (a wake-up's targeted read is being planned): the reader
+    /// thread, if there is one, wakes now — the caller's planning hides its wake-up (on an
+    /// idle virtual machine, waking a halted vCPU costs ~0.1 ms) — and waits for the batch
+    /// awake for at most [`EXPECT_SPIN`].
+    pub(super) fn expect(&self) {
+        let w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, tx)) = w.as_ref() {
+            let _ = tx.send(Msg::Expect);
+        }
     }
 
     /// Paths whose read has not returned, with how long ago it started.
@@ -397,10 +426,37 @@ impl Reader {
     }
 }
 
-fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: ReadFn) {
+/// The next batch for the reader thread; `None` once the reader is gone. Woken by
+/// [`Msg::Expect`], it waits for the batch awake (yielding the CPU) for [`EXPECT_SPIN`].
+fn next_job(jobs: &mpsc::Receiver<Msg>) -> Option<Job> {
+    let mut awake_until: Option<Instant> = None;
+    loop {
+        let msg = match awake_until {
+            None => jobs.recv().ok()?,
+            Some(until) => match jobs.try_recv() {
+                Ok(msg) => msg,
+                Err(mpsc::TryRecvError::Disconnected) => return None,
+                Err(mpsc::TryRecvError::Empty) => {
+                    if Instant::now() >= until {
+                        awake_until = None;
+                    } else {
+                        std::thread::yield_now();
+                    }
+                    continue;
+                }
+            },
+        };
+        match msg {
+            Msg::Job(job) => return Some(job),
+            Msg::Expect => awake_until = Some(Instant::now() + EXPECT_SPIN),
+        }
+    }
+}
+
+fn reader_thread(id: u64, jobs: &mpsc::Receiver<Msg>, shared: &Shared, read_fn: ReadFn) {
     // The first read of a kept file lands here (on the heap, zeroed once per thread).
     let mut scratch = vec![0u8; PAGE + 1].into_boxed_slice();
-    while let Ok(job) = jobs.recv() {
+    while let Some(job) = next_job(jobs) {
         if job.items[job.start..].iter().any(|item| item.keep) {
             shared.kept().drop_changed();
         }

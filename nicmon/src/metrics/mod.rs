@@ -2,8 +2,8 @@
 //!
 //! [`Metrics`] owns the registry; the daemon loop holds an `Arc<Metrics>` and calls its
 //! update methods ([`Metrics::observe`] for each poll: `observe.rs`), [`server::start_or_retry`]
-//! serves it. Every family is declared once, in `families.rs`. Two sets of names are
-//! exported:
+//! serves it (in the daemon on a thread of its own: [`server::ServerThread`]). Every family
+//! is declared once, in `families.rs`. Two sets of names are exported:
 //! - `nicmon_*`: this monitor's own view (roles, eBPF hooks, wake-ups, ...);
 //! - `nic_health_monitor_*`: the existing NIC monitor's names and labels, so the
 //!   dashboards people already have keep working after the switch.

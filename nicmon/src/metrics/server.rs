@@ -99,6 +99,43 @@ pub async fn start_or_retry(
     })
 }
 
+/// The endpoint on a thread of its own, with its own single-threaded runtime
+/// ([`ServerThread::start`]): the daemon's loop runs each poll on its thread from start to
+/// end, and a scrape or a liveness probe never waits for one. Dropping it stops the
+/// endpoint.
+pub struct ServerThread {
+    /// Dropped with the daemon: the endpoint's thread then ends.
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl ServerThread {
+    /// [`start_or_retry`] on a new thread; returns once the first bind was tried (as
+    /// [`start_or_retry`] does).
+    pub async fn start(
+        addr: SocketAddr,
+        metrics: Arc<Metrics>,
+        liveness: Liveness,
+        every: Duration,
+    ) -> std::io::Result<ServerThread> {
+        let (ready_tx, ready) = tokio::sync::oneshot::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        std::thread::Builder::new().name("nicmon-metrics".into()).spawn(move || {
+            rt.block_on(async move {
+                let task = start_or_retry(addr, metrics, liveness, every).await;
+                let _ = ready_tx.send(());
+                // Until the daemon drops its end of `stop` (or the endpoint's task ends).
+                tokio::select! {
+                    _ = stopped => {}
+                    _ = task => {}
+                }
+            });
+        })?;
+        let _ = ready.await;
+        Ok(ServerThread { _stop: stop })
+    }
+}
+
 /// Serve on an already bound listener (tests bind port 0); `note`: a line `/healthz` adds.
 pub fn serve(
     listener: TcpListener,
