@@ -36,6 +36,10 @@ pub enum StartError {
     /// The poll-stall watchdog's thread or runtime could not be started.
     #[error("cannot start the poll stall watchdog")]
     StallWatchdog(#[source] std::io::Error),
+    /// The metrics endpoint's thread could not be started (a port that cannot be bound is
+    /// not this: it is logged and tried again).
+    #[error("starting the metrics endpoint's thread")]
+    MetricsThread(#[source] std::io::Error),
 }
 
 impl<'a> Daemon<'a> {
@@ -118,12 +122,12 @@ async fn start_metrics_server(
     opts: &RunOptions,
     metrics: &Arc<Metrics>,
     liveness: &Liveness,
-) -> Result<Option<metrics_server::ServerThread>> {
+) -> Result<Option<metrics_server::ServerThread>, StartError> {
     let Some(port) = opts.metrics_port else { return Ok(None) };
     let addr = (opts.metrics_bind_address, port).into();
     let every = metrics_server::REBIND_EVERY;
     let server = metrics_server::ServerThread::start(addr, metrics.clone(), liveness.clone(), every).await;
-    Ok(Some(server.context("starting the metrics endpoint's thread")?))
+    Ok(Some(server.map_err(StartError::MetricsThread)?))
 }
 
 /// The kernel log watcher, when `NICKernelLogCheck` runs and a path is given (else the
