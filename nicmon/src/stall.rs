@@ -23,7 +23,7 @@
 //! thread, during which it checks nothing (a stall is reported once that publish settles).
 //!
 //! Split as elsewhere: [`Tracker`] decides (pure, on given instants); the thread acts.
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
@@ -167,7 +167,9 @@ pub fn strategy(store_only: bool, daemon: ProcessingStrategy) -> ProcessingStrat
 
 struct Shared {
     tracker: Mutex<Tracker>,
-    wake: Condvar,
+    /// Notified (`notify_waiters`: as a condition variable, only who waits hears it) when a
+    /// poll ends and at stop.
+    wake: tokio::sync::Notify,
     stop: std::sync::atomic::AtomicBool,
 }
 
@@ -188,7 +190,7 @@ impl Watchdog {
     pub fn start(deadline: Duration, stamp: Stamp, sink: &SinkSpec, grpc: GrpcConfig) -> std::io::Result<Watchdog> {
         let shared = Arc::new(Shared {
             tracker: Mutex::new(Tracker::default()),
-            wake: Condvar::new(),
+            wake: tokio::sync::Notify::new(),
             stop: std::sync::atomic::AtomicBool::new(false),
         });
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -214,38 +216,46 @@ impl Watchdog {
     /// The poll completed.
     pub fn end(&self) {
         self.shared.tracker().end();
-        self.shared.wake.notify_one();
+        self.shared.wake.notify_waiters();
     }
 }
 
 impl Drop for Watchdog {
     fn drop(&mut self) {
         self.shared.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.shared.wake.notify_one();
+        self.shared.wake.notify_waiters();
     }
 }
 
 /// The watchdog thread: look every [`check_interval`] (and at once when a poll ends),
 /// publish what is due, one event at a time, so a recovery never overtakes its stall.
-fn watch(shared: &Shared, deadline: Duration, stamp: &Stamp, mut sink: Sink, rt: &tokio::runtime::Runtime) {
+/// All of it runs on the thread's own runtime, waits included: the sink's connection is
+/// served between publishes too (a connector's shutdown waits for its peers to answer).
+fn watch(shared: &Shared, deadline: Duration, stamp: &Stamp, sink: Sink, rt: &tokio::runtime::Runtime) {
+    rt.block_on(watch_loop(shared, deadline, stamp, sink));
+}
+
+async fn watch_loop(shared: &Shared, deadline: Duration, stamp: &Stamp, mut sink: Sink) {
     let every = check_interval(deadline);
     loop {
-        let due = {
-            let mut tracker = shared.tracker();
-            loop {
-                if shared.stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    return;
+        let due = loop {
+            if shared.stop.load(std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
+            // Listening before the look: a poll that ends after it wakes the wait.
+            let woken = shared.wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let due = shared.tracker().due(Instant::now(), deadline);
+            match due {
+                Due::Nothing => {
+                    let _ = tokio::time::timeout(every, woken).await;
                 }
-                match tracker.due(Instant::now(), deadline) {
-                    Due::Nothing => {
-                        tracker = shared.wake.wait_timeout(tracker, every).unwrap_or_else(|p| p.into_inner()).0;
-                    }
-                    due => break due,
-                }
+                due => break due,
             }
         };
         let Some(e) = event(due, stamp, OffsetDateTime::now_utc()) else { continue };
-        match rt.block_on(sink.send(std::slice::from_ref(&e))) {
+        match sink.send(std::slice::from_ref(&e)).await {
             Ok(()) => {
                 if e.is_healthy {
                     tracing::info!(check = CHECK_NAME, "NIC polls are completing: healthy event sent");
@@ -260,8 +270,7 @@ fn watch(shared: &Shared, deadline: Duration, stamp: &Stamp, mut sink: Sink, rt:
             }
             Err(err) => {
                 tracing::warn!(check = CHECK_NAME, healthy = e.is_healthy, error = %err, "poll stall event not sent: retried");
-                let tracker = shared.tracker();
-                let _ = shared.wake.wait_timeout(tracker, every.max(Duration::from_millis(100)));
+                let _ = tokio::time::timeout(every.max(Duration::from_millis(100)), shared.wake.notified()).await;
             }
         }
     }
