@@ -204,6 +204,12 @@ impl StaticCache {
         self.inner.lock().ok()?.last_batch.clone()
     }
 
+    fn clear_last_batch(&self) {
+        if let Ok(mut c) = self.inner.lock() {
+            c.last_batch = None;
+        }
+    }
+
     fn set_last_batch(&self, files: Arc<FileSet>) {
         if let Ok(mut c) = self.inner.lock() {
             c.last_batch = Some(files);
@@ -298,7 +304,7 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
     // The reader starts on the last full poll's files while this thread lists the devices
     // and plans this poll's files; used only if those are the same files.
     let last = plan.statics.as_ref().and_then(|c| c.last_batch());
-    let prefetch =
+    let mut prefetch =
         last.as_ref().map(|files| Prefetch { generation: host.kept_generation(), reads: host.start_files(files) });
     let names: Arc<[String]> = match &plan.statics {
         Some(cache) => {
@@ -317,7 +323,7 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
     // The default route first: whether a device is a management NIC (not monitored, not
     // read) depends on it.
     let (default_route_ifaces, default_route_devices) = default_route(host);
-    let mut batch = Batch::against(last.clone());
+    let mut batch = Batch::against(last);
     let frozen = match (&plan.statics, plan.unmonitored) {
         (Some(cache), Some(judge)) => cache.frozen(judge, &default_route_devices),
         _ => Vec::new(),
@@ -331,10 +337,20 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
         })
         .collect();
     let chars = chars::plan(host, plan.statics.as_deref(), !plan.char_listing_may_stand, &mut batch);
+    let same = batch.is_prev(keep);
+    if !same {
+        // Other files than the last poll's: the last batch (and what was read ahead of it)
+        // goes before this one is made (a device of a thousand ports: one set of tens of
+        // thousands of paths at a time).
+        drop_prefetch(host, prefetch.take());
+        if let Some(cache) = &plan.statics {
+            cache.clear_last_batch();
+        }
+    }
     let files = batch.finish(host, keep);
     let results = read_batch(host, &files, prefetch);
-    if keep && !last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &files)) {
-        // Other files than the last poll's: those no longer read are not kept open.
+    if keep && !same {
+        // Those no longer read are not kept open.
         host.keep_only(&files);
     }
     if let Some(cache) = &plan.statics {
@@ -582,16 +598,29 @@ impl Batch {
     /// The files added (`keep`: see [`Host::file_set`]; those added to be read once are
     /// not kept whatever it says).
     fn finish(self, host: &Host, keep: bool) -> Arc<FileSet> {
-        let once = self.once;
-        let kept = |i: usize| keep && once.binary_search(&i).is_err();
-        match (self.rels, self.prev) {
-            (Some(rels), _) => host.file_set_keeping(rels, kept),
-            (None, Some(prev)) if prev.len() == self.len && (0..prev.len()).all(|i| prev.kept(i) == kept(i)) => prev,
-            (None, prev) => {
-                let rels = (0..self.len).filter_map(|i| prev.as_ref().and_then(|p| p.rel(i)).map(str::to_string));
-                host.file_set_keeping(rels.collect(), kept)
-            }
+        if self.is_prev(keep)
+            && let Some(prev) = self.prev
+        {
+            return prev;
         }
+        let kept = |i: usize| keep && self.once.binary_search(&i).is_err();
+        let rels = match self.rels {
+            Some(rels) => rels,
+            None => {
+                (0..self.len).filter_map(|i| self.prev.as_ref().and_then(|p| p.rel(i)).map(str::to_string)).collect()
+            }
+        };
+        // This batch's reference to the last one goes before the new set is made.
+        drop(self.prev);
+        host.file_set_keeping(rels, kept)
+    }
+
+    /// Whether the files added are the last batch's, kept open the same way (`keep`: as
+    /// [`Batch::finish`]'s): then it is that batch again.
+    fn is_prev(&self, keep: bool) -> bool {
+        let kept = |i: usize| keep && self.once.binary_search(&i).is_err();
+        self.rels.is_none()
+            && self.prev.as_ref().is_some_and(|p| p.len() == self.len && (0..p.len()).all(|i| p.kept(i) == kept(i)))
     }
 }
 
@@ -645,13 +674,18 @@ fn read_batch(host: &Host, files: &Arc<FileSet>, prefetch: Option<Prefetch>) -> 
             host.finish_files(p.reads)
         }
         other => {
-            if let Some(p) = other {
-                // Collected (the reader must be free for this batch) and dropped.
-                host.finish_files(p.reads);
-                host.stats.read_ahead_dropped.fetch_add(1, Ordering::Relaxed);
-            }
+            drop_prefetch(host, other);
             if files.is_empty() { Vec::new() } else { host.read_files(files) }
         }
+    }
+}
+
+/// Files read ahead and not used: collected (the reader must be free for the poll's batch)
+/// and dropped.
+fn drop_prefetch(host: &Host, prefetch: Option<Prefetch>) {
+    if let Some(p) = prefetch {
+        host.finish_files(p.reads);
+        host.stats.read_ahead_dropped.fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -1,9 +1,10 @@
 //! Kept-open files: the attributes read every poll stay open between polls and are read
 //! with `pread` at offset 0 (the module notes of [`super`] say when a kept file is opened by
 //! its path again, and how a fixture tree is watched for what sysfs cannot do).
+use std::ffi::OsStr;
 use std::io;
 use std::path::Path;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::file::{Past, open_read};
@@ -18,7 +19,7 @@ pub const KEPT_REFRESH: Duration = Duration::from_secs(60);
 pub(super) struct Kept {
     /// By the path's bytes (hashing a `PathBuf` walks its components), with a fast
     /// non-cryptographic hash (the keys are nicmon's own paths; looked up twice per read).
-    pub(super) files: std::collections::HashMap<std::ffi::OsString, KeptFile, foldhash::fast::RandomState>,
+    pub(super) files: std::collections::HashMap<KeptKey, KeptFile, foldhash::fast::RandomState>,
     /// Bumped by every [`Reader::forget_kept`]: a file taken out for a read under an older
     /// generation is closed after it, not put back (it may belong to a device forgotten
     /// meanwhile).
@@ -32,12 +33,44 @@ pub(super) struct Kept {
 /// descriptor stands for (one inode may be kept by several paths).
 pub(super) struct Watch {
     inotify: inotify::Inotify,
-    paths: std::collections::HashMap<inotify::WatchDescriptor, Vec<std::ffi::OsString>>,
+    paths: std::collections::HashMap<inotify::WatchDescriptor, Vec<KeptKey>>,
+}
+
+/// A kept file's path: the path of its file set's item, shared (not copied: a device of a
+/// thousand ports keeps thousands of files), hashed and compared as its bytes.
+#[derive(Debug, Clone)]
+pub(super) struct KeptKey(pub(super) Arc<Path>);
+
+impl PartialEq for KeptKey {
+    fn eq(&self, other: &KeptKey) -> bool {
+        self.0.as_os_str() == other.0.as_os_str()
+    }
+}
+
+impl Eq for KeptKey {}
+
+impl std::hash::Hash for KeptKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // As `OsStr` hashes: a lookup by `&OsStr` ([`std::borrow::Borrow`]) finds it.
+        self.0.as_os_str().hash(state)
+    }
+}
+
+impl std::borrow::Borrow<OsStr> for KeptKey {
+    fn borrow(&self) -> &OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl AsRef<OsStr> for KeptKey {
+    fn as_ref(&self) -> &OsStr {
+        self.0.as_os_str()
+    }
 }
 
 impl Kept {
     /// Put a file back among the kept ones, if the budget allows (else it is closed).
-    pub(super) fn put_back(&mut self, key: std::ffi::OsString, file: KeptFile, generation: u64) {
+    pub(super) fn put_back(&mut self, key: KeptKey, file: KeptFile, generation: u64) {
         if self.generation != generation {
             return;
         }
@@ -95,25 +128,25 @@ impl Kept {
 
     /// Watch `path`, just opened as `file`, for being removed or replaced: `true` when the
     /// watch holds (the file needs no check after its reads).
-    pub(super) fn watch(&mut self, path: &Path, file: &std::fs::File) -> bool {
+    pub(super) fn watch(&mut self, path: &Arc<Path>, file: &std::fs::File) -> bool {
         use std::os::unix::fs::MetadataExt;
         let watch = self.watch.get_or_insert_with(|| {
             inotify::Inotify::init().map(|inotify| Watch { inotify, paths: Default::default() }).map_err(|_| ())
         });
         let Ok(watch) = watch else { return false };
         let mask = inotify::WatchMask::ATTRIB | inotify::WatchMask::DELETE_SELF | inotify::WatchMask::MOVE_SELF;
-        let Ok(wd) = watch.inotify.watches().add(path, mask) else { return false };
+        let Ok(wd) = watch.inotify.watches().add(&**path, mask) else { return false };
         // The watch is on what `path` names now: the file opened, unless it was replaced
         // between the open and the watch (then the file is not kept: read by its path next time).
-        let same = match (file.metadata(), std::fs::metadata(path)) {
+        let same = match (file.metadata(), std::fs::metadata(&**path)) {
             (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()) && a.nlink() > 0,
             _ => false,
         };
         if same {
             // One path per inode as a rule: room for one (a default push makes room for four).
             let paths = watch.paths.entry(wd).or_insert_with(|| Vec::with_capacity(1));
-            if !paths.iter().any(|p| p.as_os_str() == path.as_os_str()) {
-                paths.push(path.as_os_str().to_os_string());
+            if !paths.iter().any(|p| p.0.as_os_str() == path.as_os_str()) {
+                paths.push(KeptKey(path.clone()));
             }
         }
         same
@@ -193,11 +226,11 @@ fn kept_budget() -> usize {
 /// again; a file that opens and reads is kept for the next read.
 /// A file to keep after its read: its key when it was kept before, the file, and the
 /// [`Kept::generation`] it was taken out under.
-pub(super) type PutBack = (Option<std::ffi::OsString>, KeptFile, u64);
+pub(super) type PutBack = (Option<KeptKey>, KeptFile, u64);
 
 pub(super) fn read_kept(
     kept: &Mutex<Kept>,
-    path: &Path,
+    path: &Arc<Path>,
     limit: usize,
     past: Past,
     scratch: &mut [u8],

@@ -272,7 +272,7 @@ impl Host {
         let items = rels
             .into_iter()
             .enumerate()
-            .map(|(i, rel)| Item { path: self.sys(&rel), limit: PAGE, past: Past::Error, keep: keep(i) })
+            .map(|(i, rel)| Item { path: Arc::from(self.sys(&rel)), limit: PAGE, past: Past::Error, keep: keep(i) })
             .collect();
         Arc::new(FileSet { rel_start: self.sys("").as_os_str().len(), items })
     }

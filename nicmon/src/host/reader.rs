@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use super::file::{Past, read_regular};
-use super::kept::{Kept, KeptFile, read_kept};
+use super::kept::{Kept, KeptFile, KeptKey, read_kept};
 use super::{MAX_STUCK, PAGE, ReadError};
 
 /// How long reads may take.
@@ -58,7 +58,8 @@ impl ReadStats {
 /// One file of a batch handed to the reader thread.
 #[derive(Debug, Clone)]
 pub(super) struct Item {
-    pub(super) path: PathBuf,
+    /// Shared with the kept file's key ([`super::kept::KeptKey`]).
+    pub(super) path: Arc<Path>,
     pub(super) limit: usize,
     pub(super) past: Past,
     /// Keep the file open after the read and `pread` it next time ([`Kept`]).
@@ -201,7 +202,7 @@ impl Shared {
     }
 
     /// Put a file back among the kept ones, if the budget allows (else it is closed).
-    fn keep(&self, key: std::ffi::OsString, file: KeptFile, generation: u64) {
+    fn keep(&self, key: KeptKey, file: KeptFile, generation: u64) {
         self.kept().put_back(key, file, generation);
     }
 }
@@ -232,7 +233,7 @@ impl Default for Reader {
 impl Reader {
     /// Read at most `limit` bytes of the regular file `path`, waiting at most `timeout`.
     pub(super) fn read(&self, path: &Path, limit: usize, past: Past, timeout: Duration) -> Result<Vec<u8>, ReadError> {
-        let item = Item { path: path.to_path_buf(), limit, past, keep: false };
+        let item = Item { path: Arc::from(path), limit, past, keep: false };
         self.read_many(Arc::from([item]), timeout, None).pop().unwrap_or_else(|| Err(ReadError::Io("not read".into())))
     }
 
@@ -348,7 +349,7 @@ impl Reader {
                             continue;
                         }
                         let path = &p.items[current].path;
-                        stuck.insert(path.clone(), Stuck { worker: id, since });
+                        stuck.insert(path.to_path_buf(), Stuck { worker: id, since });
                         drop(stuck);
                         let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
                         if w.as_ref().is_some_and(|(wid, _)| *wid == id) {
@@ -411,7 +412,7 @@ impl Reader {
         k.generation = k.generation.wrapping_add(1);
         match prefix {
             None => k.files.clear(),
-            Some(p) => k.files.retain(|path, _| !Path::new(path).starts_with(p)),
+            Some(p) => k.files.retain(|path, _| !path.0.starts_with(p)),
         }
     }
 
@@ -420,7 +421,7 @@ impl Reader {
         let wanted: std::collections::HashSet<&std::ffi::OsStr> = items.iter().map(|i| i.path.as_os_str()).collect();
         let mut k = self.shared.kept();
         let before = k.files.len();
-        k.files.retain(|path, _| wanted.contains(path.as_os_str()));
+        k.files.retain(|path, _| wanted.contains(path.0.as_os_str()));
         if k.files.len() != before {
             k.generation = k.generation.wrapping_add(1);
         }
@@ -440,7 +441,7 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: 
         }
         for (index, item) in job.items.iter().enumerate().skip(job.start) {
             *job.progress.current.lock().unwrap_or_else(|p| p.into_inner()) = (index, Instant::now());
-            let earlier = shared.stuck().get(&item.path).map(|s| s.since.elapsed());
+            let earlier = shared.stuck().get(&*item.path).map(|s| s.since.elapsed());
             if let Some(ago) = earlier {
                 let e = ReadError::Stuck(format!(
                     "an earlier read has not returned ({ago:.1?} ago): not read again until it does"
@@ -455,8 +456,8 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: 
             };
             let mut stuck = shared.stuck();
             job.progress.results.lock().unwrap_or_else(|p| p.into_inner())[index] = Some(result);
-            if stuck.get(&item.path).is_some_and(|s| s.worker == id) {
-                let s = stuck.remove(&item.path).expect("checked above");
+            if stuck.get(&*item.path).is_some_and(|s| s.worker == id) {
+                let s = stuck.remove(&*item.path).expect("checked above");
                 tracing::info!(path = %item.path.display(), after = ?s.since.elapsed(), "a stuck read returned");
                 // Abandoned: a newer thread serves the reader now (and the rest of this
                 // batch was handed to it). A file it had kept is closed here.
@@ -464,7 +465,7 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: 
             }
             drop(stuck);
             if let Some((key, file, generation)) = keep {
-                shared.keep(key.unwrap_or_else(|| item.path.as_os_str().to_os_string()), file, generation);
+                shared.keep(key.unwrap_or_else(|| KeptKey(item.path.clone())), file, generation);
             }
         }
         let _ = job.done.send(());
