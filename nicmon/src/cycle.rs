@@ -362,7 +362,7 @@ impl Monitor {
         let mut ports = counter_ports(&snapshot, &roles, read_now);
         with_ber_thresholds(&mut ports, &snapshot, &self.config);
         let (counter_events, counter_state) = self.counters(&prev.counters, &ports, now, reboot, &mut notes);
-        events.extend(counter_events);
+        let mut events = concat(events, counter_events);
 
         let full = targeted.is_none();
         let char_devices = self.char_devices(&prev.char_devices, &snapshot, &roles, now, full);
@@ -615,6 +615,19 @@ fn port_decisions(
     }
 }
 
+/// `front` then `back` in one vector, that of whichever has room for both (a reboot's
+/// counter baselines on a device of a thousand ports are tens of thousands of events: they
+/// are not copied into a third vector).
+fn concat<T>(mut front: Vec<T>, mut back: Vec<T>) -> Vec<T> {
+    if front.capacity() - front.len() >= back.len() || front.len() >= back.len() {
+        front.append(&mut back);
+        front
+    } else {
+        back.splice(0..0, front);
+        back
+    }
+}
+
 /// The counter files a poll reads: the rules' and, while `[phyCheck]` is enabled, the
 /// ECN/CNP congestion counters (metrics only).
 fn read_paths(config: &Config) -> Vec<String> {
@@ -830,6 +843,32 @@ mod tests {
         assert!(back.events.is_empty(), "{:?}", back.events);
         monitor.poll(&back.next, &Loaded::Resumed, t0 + Duration::seconds(7), &[]);
         assert_eq!(naming(&take(&log), &vfs), Vec::<&String>::new());
+    }
+
+    #[test]
+    fn concat_keeps_the_order_in_whichever_vector_has_room() {
+        let big = |n: usize| -> Vec<usize> {
+            let mut v = Vec::with_capacity(2 * n);
+            v.extend(100..100 + n);
+            v
+        };
+        let (front, back) = (vec![1, 2, 3], big(10));
+        let at = back.as_ptr();
+        let all = concat(front, back);
+        assert_eq!(all, [1, 2, 3].into_iter().chain(100..110).collect::<Vec<_>>());
+        assert_eq!(all.as_ptr(), at, "the back vector's buffer");
+        let (front, back) = (big(10), vec![1, 2, 3]);
+        let at = front.as_ptr();
+        let all = concat(front, back);
+        assert_eq!(all, (100..110).chain([1, 2, 3]).collect::<Vec<_>>());
+        assert_eq!(all.as_ptr(), at, "the front vector's buffer");
+        assert_eq!(concat(vec![1], Vec::<i32>::new()), [1]);
+        assert_eq!(concat(Vec::<i32>::new(), vec![2]), [2]);
+        // Neither has room: one buffer grows.
+        let (mut front, mut back) = (Vec::with_capacity(2), Vec::with_capacity(3));
+        front.extend([1, 2]);
+        back.extend([3, 4, 5]);
+        assert_eq!(concat(front, back), [1, 2, 3, 4, 5]);
     }
 
     /// A management NIC (the default route's) is read once too, while it is one: once the

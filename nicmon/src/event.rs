@@ -3,6 +3,7 @@
 //! Serialises to proto3 JSON form (camelCase field names, enums by name, timestamps as
 //! RFC 3339), which is what `nicmon check` prints and the JSON-lines sinks write. The gRPC
 //! dispatcher converts it to the prost message.
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -185,13 +186,14 @@ impl EntityKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Entity {
-    pub entity_type: String,
+    /// Shared, not allocated: one of nicmon's few entity types (or a value read back).
+    pub entity_type: Cow<'static, str>,
     pub entity_value: String,
 }
 
 impl Entity {
     pub fn new(kind: EntityKind, value: impl Into<String>) -> Entity {
-        Entity { entity_type: kind.wire_name().into(), entity_value: value.into() }
+        Entity { entity_type: Cow::Borrowed(kind.wire_name()), entity_value: value.into() }
     }
     pub fn nic(value: impl Into<String>) -> Entity {
         Entity::new(EntityKind::Device, value)
@@ -211,9 +213,12 @@ impl Entity {
 #[serde(rename_all = "camelCase")]
 pub struct HealthEvent {
     pub version: u32,
-    pub agent: String,
-    pub component_class: String,
-    pub check_name: String,
+    /// The agent's name, component class and check name: constants shared by every event
+    /// (a reboot's baselines on a node of many ports are tens of thousands of events), or
+    /// values read back (a state file, the journal).
+    pub agent: Cow<'static, str>,
+    pub component_class: Cow<'static, str>,
+    pub check_name: Cow<'static, str>,
     pub is_fatal: bool,
     pub is_healthy: bool,
     pub message: String,
@@ -240,9 +245,9 @@ impl HealthEvent {
     pub fn new(check: Check, stamp: &Stamp, now: OffsetDateTime, message: &str) -> HealthEvent {
         HealthEvent {
             version: 1,
-            agent: AGENT.into(),
-            component_class: COMPONENT_CLASS.into(),
-            check_name: check.as_str().into(),
+            agent: Cow::Borrowed(AGENT),
+            component_class: Cow::Borrowed(COMPONENT_CLASS),
+            check_name: Cow::Borrowed(check.as_str()),
             is_fatal: false,
             is_healthy: true,
             message: sanitize_message(message),
