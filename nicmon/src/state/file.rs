@@ -595,7 +595,7 @@ mod tests {
         let mut w = Writer::new(&p);
         let t0 = std::time::Instant::now();
         let mut s = State::fresh(Some("b".into()));
-        let key = "mlx5_0_1_symbol_error".to_string();
+        let key: std::sync::Arc<str> = "mlx5_0_1_symbol_error".into();
         let snap = |v, secs| crate::counters::eval::CounterSnapshot {
             value: v,
             timestamp: time::OffsetDateTime::UNIX_EPOCH + time::Duration::seconds(secs),
@@ -642,7 +642,7 @@ mod tests {
         let t0 = std::time::Instant::now();
         let at = |secs: u64| t0 + std::time::Duration::from_secs(secs);
         let mut s = State::fresh(Some("b".into()));
-        let key = "mlx5_0_1_symbol_error".to_string();
+        let key: std::sync::Arc<str> = "mlx5_0_1_symbol_error".into();
         let snap = |v, secs| crate::counters::eval::CounterSnapshot {
             value: v,
             timestamp: time::OffsetDateTime::UNIX_EPOCH + time::Duration::seconds(secs),
