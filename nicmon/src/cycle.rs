@@ -327,7 +327,6 @@ impl Monitor {
         let mut notes = obs.ethtool_notes;
         let Observation { snapshot, links, einval, reads_abandoned, stuck_reads, targeted, woken_by, .. } = obs;
         // A port whose link layer is unreadable is judged with its last known one.
-        crate::memdbg("decide start");
         let snapshot = linkstate::with_known_link_layers(&prev.links, snapshot);
         let roles = roles::classify(&snapshot, &self.topology, &self.config.filters);
         let first_poll = prev.polls == 0;
@@ -355,7 +354,6 @@ impl Monitor {
         );
         events.extend(links_out.events);
         notes.extend(links_out.notes);
-        crate::memdbg("links done");
 
         // A targeted read: counters are evaluated for the devices read now only (the others'
         // values are the previous poll's, at an earlier instant); the character devices and
@@ -364,7 +362,6 @@ impl Monitor {
         let mut ports = counter_ports(&snapshot, &roles, read_now);
         with_ber_thresholds(&mut ports, &snapshot, &self.config);
         let (counter_events, counter_state) = self.counters(&prev.counters, &ports, now, reboot, &mut notes);
-        crate::memdbg("counters done");
         let mut events = concat(events, counter_events);
 
         let full = targeted.is_none();

@@ -44,10 +44,3 @@ pub mod state;
 pub mod topology;
 pub mod upstream;
 pub mod wake;
-
-#[doc(hidden)]
-pub fn memdbg(what: &str) {
-    let m = unsafe { libc::mallinfo2() };
-    let rss = std::fs::read_to_string("/proc/self/status").unwrap_or_default().lines().filter(|l| l.starts_with("VmRSS") || l.starts_with("VmHWM")).map(|l| l.split_whitespace().nth(1).unwrap_or("").to_string()).collect::<Vec<_>>().join("/");
-    eprintln!("MEMDBG {what}: inuse {:.1} MiB, arena {:.1}, mmap {:.1}, rss/hwm kB {rss}", m.uordblks as f64/1048576.0, m.arena as f64/1048576.0, m.hblkhd as f64/1048576.0);
-}

@@ -194,7 +194,6 @@ impl<'a> Daemon<'a> {
         let events = if self.opts.trace { poll.events.clone() } else { std::mem::take(&mut poll.events) };
         let (batches, committed) = self.courier.commit_events(&mut self.state, next, events);
         let handed_at = Instant::now();
-        crate::memdbg("committed");
         let next = match &committed {
             Ok(()) => &self.state.checks,
             Err((_, checks)) => checks.as_ref(),
@@ -206,7 +205,6 @@ impl<'a> Daemon<'a> {
         let events = || batches.iter().flat_map(|b| b.events.iter());
         self.metrics.observe_with_events(&poll, events(), next);
         log::poll(&poll, events());
-        crate::memdbg("metrics+log");
         drop(batches);
 
         // The earliest held port's due time (rounded up; measured from after the poll, whose
@@ -227,9 +225,7 @@ impl<'a> Daemon<'a> {
                 // once they are delivered (`wakeup::targeted_poll`), so the state file's write and
                 // sync do not compete with the sink's write.
                 if !matches!(kind, PollKind::Targeted(_)) {
-                    crate::memdbg("before save");
                     self.save();
-                    crate::memdbg("saved");
                 }
                 // A deferred first poll ran nothing: the first poll (and the baselines a reboot
                 // owes) is still to come.

@@ -202,9 +202,7 @@ impl Daemon<'_> {
         }
         let records = std::mem::take(&mut self.pending_records);
         let now = OffsetDateTime::now_utc();
-        crate::memdbg("poll start");
         let mut obs = self.monitor.observe(&self.state.checks, !records.is_empty());
-        crate::memdbg("observed");
         obs.woken_by = crate::wake::hook_names(woke);
         let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, now, &records);
         let elapsed = started.elapsed();
@@ -218,9 +216,7 @@ impl Daemon<'_> {
             self.metrics.wakeup(w.hook.name(), w.delivery_latency_ns().map(Duration::from_nanos));
         }
         let kind = if woke_at.is_some() { PollKind::Full } else { PollKind::FullAfterTargeted };
-        crate::memdbg("decided");
         self.act(poll, woke, woke_at.unwrap_or(started), elapsed, kind, records);
-        crate::memdbg("acted");
         let _ = self.count_lost_wakes();
     }
 }
