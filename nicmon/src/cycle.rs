@@ -61,7 +61,7 @@ pub struct Monitor {
     pub topology: Topology,
     pub stamp: Stamp,
     pub state_config: StateConfig,
-    pub counter_paths: Vec<String>,
+    pub counter_paths: Vec<std::sync::Arc<str>>,
     /// The boot ID read at start-up (`None`: unreadable).
     pub boot_id: Option<String>,
     /// Static device attributes kept between polls ([`discovery::StaticCache`]).
@@ -183,7 +183,7 @@ impl Monitor {
     ) -> Monitor {
         Monitor {
             state_config: config.state_config(checks),
-            counter_paths: read_paths(&config),
+            counter_paths: read_paths(&config).into_iter().map(Into::into).collect(),
             host,
             config,
             topology,

@@ -26,7 +26,8 @@ pub use unmonitored::Unmonitored;
 pub struct ReadPlan<'a> {
     /// Counter paths as configured: relative to the port directory (`counters/link_downed`)
     /// or a netdev template (`/sys/class/net/{interface}/carrier_changes`).
-    pub counter_paths: Vec<String>,
+    /// Shared with every port's counter values ([`Port::counters`]' keys).
+    pub counter_paths: Vec<Arc<str>>,
     /// Devices (name, PCI address) known from earlier polls: when one is missing from
     /// `class/infiniband`, its PCI function is probed (002 §5.9).
     pub known: Vec<(String, String)>,

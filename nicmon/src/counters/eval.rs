@@ -43,7 +43,7 @@ pub struct CounterPort<'a> {
     pub port: u32,
     pub link_layer: Option<&'a LinkLayer>,
     /// Values keyed by rule path (`counters/link_downed`); unreadable ones absent.
-    pub counters: &'a BTreeMap<String, u64>,
+    pub counters: &'a BTreeMap<std::sync::Arc<str>, u64>,
     /// The port's rate in bit/s (its RDMA `rate`), for [`Measure::BitErrorRate`] rules;
     /// `None`: unknown, and such rules are not evaluated on the port.
     pub rate_bps: Option<f64>,
@@ -194,7 +194,7 @@ pub fn evaluate(
     let mut key = String::new();
     for p in ports {
         for rule in rules.iter().filter(|r| r.enabled && r.layers.covers(p.link_layer)) {
-            let Some(&value) = p.counters.get(&rule.path) else {
+            let Some(&value) = p.counters.get(rule.path.as_str()) else {
                 continue;
             };
             let at = Reading { port: p, rule, value, now, stamp };
@@ -218,7 +218,7 @@ pub fn went_unreadable(
     let mut out = Vec::new();
     for p in ports {
         for rule in rules.iter().filter(|r| r.enabled && r.layers.covers(p.link_layer)) {
-            if p.counters.contains_key(&rule.path) {
+            if p.counters.contains_key(rule.path.as_str()) {
                 continue;
             }
             let key = counter_key(p.device, p.port, &rule.name);
@@ -492,7 +492,7 @@ pub fn missing(ports: &[CounterPort<'_>], rules: &[CounterRule]) -> Vec<(String,
         for r in
             rules.iter().filter(|r| r.enabled && r.layers.covers(p.link_layer) && (p.port == 1 || !device_level(r)))
         {
-            if !p.counters.contains_key(&r.path) {
+            if !p.counters.contains_key(r.path.as_str()) {
                 out.push((p.device.to_owned(), p.port, r.name.clone()));
             }
         }
