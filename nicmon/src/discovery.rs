@@ -146,7 +146,7 @@ struct CacheInner {
     by_device: BTreeMap<String, Arc<Statics>>,
     /// Per device: files found absent (`ENOENT`) in this incarnation, not tried again until
     /// the device's static attributes are read again.
-    absent: BTreeMap<String, std::collections::BTreeSet<String>>,
+    absent: BTreeMap<String, Absent>,
     /// Static attribute sets read so far (one per device read from the host).
     reads: u64,
     /// The per-poll files of the last full poll (its devices' and the character devices'):
@@ -190,14 +190,25 @@ impl StaticCache {
 
     /// Whether `rel` was found absent on `device` in this incarnation.
     fn is_absent(&self, device: &str, rel: &str) -> bool {
-        self.inner.lock().map(|c| c.absent.get(device).is_some_and(|a| a.contains(rel))).unwrap_or(false)
+        self.inner.lock().map(|c| c.absent.get(device).is_some_and(|a| a.files.contains(rel))).unwrap_or(false)
     }
 
-    fn mark_absent(&self, device: &str, rel: &str) {
+    /// Whether counter `k` of the plan was found absent on port `port` of `device` in this
+    /// incarnation.
+    fn is_counter_absent(&self, device: &str, port: u32, k: usize) -> bool {
+        let absent = |c: &CacheInner| c.absent.get(device).is_some_and(|a| a.counters.contains(&(port, k)));
+        self.inner.lock().map(|c| absent(&c)).unwrap_or(false)
+    }
+
+    fn mark_absent(&self, device: &str, file: AbsentFile<'_>) {
         if let Ok(mut c) = self.inner.lock()
             && c.by_device.contains_key(device)
         {
-            c.absent.entry(device.to_string()).or_default().insert(rel.to_string());
+            let a = c.absent.entry(device.to_string()).or_default();
+            match file {
+                AbsentFile::Counter(port, k) => a.counters.insert((port, k)),
+                AbsentFile::File(rel) => a.files.insert(rel.to_string()),
+            };
         }
     }
 
@@ -288,6 +299,21 @@ impl StaticCache {
     pub fn frozen_count(&self) -> usize {
         self.inner.lock().map(|c| c.frozen.len()).unwrap_or(0)
     }
+}
+
+/// A device's files found absent (`ENOENT`) in its incarnation: its ports' counters by
+/// (port, index of the counter path in the plan) — a device of a thousand ports may lack a
+/// counter on every one — and other files by path.
+#[derive(Debug, Default)]
+struct Absent {
+    counters: std::collections::BTreeSet<(u32, usize)>,
+    files: std::collections::BTreeSet<String>,
+}
+
+/// A file found absent ([`Absent`]).
+enum AbsentFile<'a> {
+    Counter(u32, usize),
+    File(&'a str),
 }
 
 /// Where the RDMA devices are listed.
@@ -828,7 +854,7 @@ fn finish_pcie(
     for (s, i) in p.aer {
         let raw = results.get(i);
         if let (Some(Err(ReadError::Missing)), Some(c), Some(rel)) = (raw, plan.statics.as_deref(), files.rel(i)) {
-            c.mark_absent(dev, rel);
+            c.mark_absent(dev, AbsentFile::File(rel));
         }
         *aer.slot(s) = raw.and_then(|r| aer_file(r.as_deref(), s));
     }
@@ -846,7 +872,7 @@ fn finish_device(r: DeviceRead, results: &[Result<String, ReadError>], files: &F
     let ports = ports
         .into_iter()
         .map(|p| {
-            let mut port = finish_port(&name, p, results, files, plan);
+            let mut port = finish_port(&name, p, results, plan);
             if efa {
                 // The efa driver reports an unspecified link layer (`Unknown`).
                 port.link_layer = Some(LinkLayer::Efa);
@@ -906,22 +932,15 @@ fn plan_port(dev: &str, n: u32, netdev: Option<&str>, plan: Option<&ReadPlan>, b
         let cache = plan.statics.as_deref();
         for (k, path) in plan.counter_paths.iter().enumerate() {
             let Some(file) = CounterFile::of(dev, n, path, netdev) else { continue };
-            let absent = |rel: &str| cache.is_some_and(|c| c.is_absent(dev, rel));
-            if let Some(i) = batch.add_unless(format_args!("{file}"), absent) {
-                counters.push((k, i));
+            if !cache.is_some_and(|c| c.is_counter_absent(dev, n, k)) {
+                counters.push((k, batch.add(format_args!("{file}"))));
             }
         }
     }
     PortRead { number: n, link_layer, state, phys_state, rate, lid, sm_lid, operstate, carrier, counters }
 }
 
-fn finish_port(
-    dev: &str,
-    p: PortRead,
-    results: &[Result<String, ReadError>],
-    files: &FileSet,
-    plan: &ReadPlan,
-) -> Port {
+fn finish_port(dev: &str, p: PortRead, results: &[Result<String, ReadError>], plan: &ReadPlan) -> Port {
     let get = |i: usize| at(results, i);
     let read = |i: usize| get(i).ok();
     let mut unknown = BTreeMap::new();
@@ -946,8 +965,8 @@ fn finish_port(
                 }
             }
             Some(Err(ReadError::Missing)) => {
-                if let (Some(c), Some(rel)) = (plan.statics.as_deref(), files.rel(i)) {
-                    c.mark_absent(dev, rel);
+                if let Some(c) = plan.statics.as_deref() {
+                    c.mark_absent(dev, AbsentFile::Counter(p.number, k));
                 }
             }
             _ => {}
