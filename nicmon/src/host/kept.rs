@@ -36,35 +36,20 @@ pub(super) struct Watch {
     paths: std::collections::HashMap<inotify::WatchDescriptor, Vec<KeptKey>>,
 }
 
-/// A kept file's path: the path of its file set's item, shared (not copied: a device of a
-/// thousand ports keeps thousands of files), hashed and compared as its bytes.
-#[derive(Debug, Clone)]
-pub(super) struct KeptKey(pub(super) Arc<Path>);
+/// A kept file's root-relative path: its file set item's, shared (not copied: a device of a
+/// thousand ports keeps thousands of files).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct KeptKey(pub(super) Arc<str>);
 
-impl PartialEq for KeptKey {
-    fn eq(&self, other: &KeptKey) -> bool {
-        self.0.as_os_str() == other.0.as_os_str()
-    }
-}
-
-impl Eq for KeptKey {}
-
-impl std::hash::Hash for KeptKey {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        // As `OsStr` hashes: a lookup by `&OsStr` ([`std::borrow::Borrow`]) finds it.
-        self.0.as_os_str().hash(state)
-    }
-}
-
-impl std::borrow::Borrow<OsStr> for KeptKey {
-    fn borrow(&self) -> &OsStr {
-        self.0.as_os_str()
+impl std::borrow::Borrow<str> for KeptKey {
+    fn borrow(&self) -> &str {
+        &self.0
     }
 }
 
 impl AsRef<OsStr> for KeptKey {
     fn as_ref(&self) -> &OsStr {
-        self.0.as_os_str()
+        OsStr::new(&*self.0)
     }
 }
 
@@ -128,25 +113,25 @@ impl Kept {
 
     /// Watch `path`, just opened as `file`, for being removed or replaced: `true` when the
     /// watch holds (the file needs no check after its reads).
-    pub(super) fn watch(&mut self, path: &Arc<Path>, file: &std::fs::File) -> bool {
+    pub(super) fn watch(&mut self, path: &Path, key: &Arc<str>, file: &std::fs::File) -> bool {
         use std::os::unix::fs::MetadataExt;
         let watch = self.watch.get_or_insert_with(|| {
             inotify::Inotify::init().map(|inotify| Watch { inotify, paths: Default::default() }).map_err(|_| ())
         });
         let Ok(watch) = watch else { return false };
         let mask = inotify::WatchMask::ATTRIB | inotify::WatchMask::DELETE_SELF | inotify::WatchMask::MOVE_SELF;
-        let Ok(wd) = watch.inotify.watches().add(&**path, mask) else { return false };
+        let Ok(wd) = watch.inotify.watches().add(path, mask) else { return false };
         // The watch is on what `path` names now: the file opened, unless it was replaced
         // between the open and the watch (then the file is not kept: read by its path next time).
-        let same = match (file.metadata(), std::fs::metadata(&**path)) {
+        let same = match (file.metadata(), std::fs::metadata(path)) {
             (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()) && a.nlink() > 0,
             _ => false,
         };
         if same {
             // One path per inode as a rule: room for one (a default push makes room for four).
             let paths = watch.paths.entry(wd).or_insert_with(|| Vec::with_capacity(1));
-            if !paths.iter().any(|p| p.0.as_os_str() == path.as_os_str()) {
-                paths.push(KeptKey(path.clone()));
+            if !paths.iter().any(|p| p.0 == *key) {
+                paths.push(KeptKey(key.clone()));
             }
         }
         same
@@ -230,15 +215,15 @@ pub(super) type PutBack = (Option<KeptKey>, KeptFile, u64);
 
 pub(super) fn read_kept(
     kept: &Mutex<Kept>,
-    path: &Arc<Path>,
-    limit: usize,
-    past: Past,
+    key: &Arc<str>,
+    path: &Path,
+    (limit, past): (usize, Past),
     scratch: &mut [u8],
 ) -> (Result<Vec<u8>, ReadError>, Option<PutBack>) {
     let lock = || kept.lock().unwrap_or_else(|p| p.into_inner());
     let (kept, generation) = {
         let mut k = lock();
-        (k.files.remove_entry(path.as_os_str()), k.generation)
+        (k.files.remove_entry(&**key), k.generation)
     };
     if let Some((key, k)) = kept
         && k.opened.elapsed() < KEPT_REFRESH
@@ -251,7 +236,7 @@ pub(super) fn read_kept(
         Ok((file, buf)) => {
             let guard = if on_sysfs(&file) {
                 Guard::Sysfs
-            } else if lock().watch(path, &file) {
+            } else if lock().watch(path, key, &file) {
                 Guard::Watched
             } else {
                 Guard::Links

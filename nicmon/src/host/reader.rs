@@ -46,6 +46,11 @@ pub struct ReadStats {
 }
 
 impl ReadStats {
+    /// Whether files read are recorded ([`ReadStats::recorded`]).
+    pub(super) fn recording(&self) -> bool {
+        self.recorded.lock().is_ok_and(|r| r.is_some())
+    }
+
     pub(super) fn record(&self, path: &Path) {
         if let Ok(mut r) = self.recorded.lock()
             && let Some(v) = r.as_mut()
@@ -58,12 +63,34 @@ impl ReadStats {
 /// One file of a batch handed to the reader thread.
 #[derive(Debug, Clone)]
 pub(super) struct Item {
-    /// Shared with the kept file's key ([`super::kept::KeptKey`]).
-    pub(super) path: Arc<Path>,
+    /// The directory the file is under (a file set's: the sysfs root), and its path below it
+    /// (empty: `root` is the file), shared with the kept file's key
+    /// ([`super::kept::KeptKey`]): a set of tens of thousands of files holds the root once.
+    pub(super) root: Arc<Path>,
+    pub(super) rel: Arc<str>,
     pub(super) limit: usize,
     pub(super) past: Past,
     /// Keep the file open after the read and `pread` it next time ([`Kept`]).
     pub(super) keep: bool,
+}
+
+impl Item {
+    /// The file's path.
+    pub(super) fn path(&self) -> PathBuf {
+        let mut buf = PathBuf::new();
+        self.path_in(&mut buf);
+        buf
+    }
+
+    /// The file's path, written into `buf` (no allocation once it is long enough).
+    pub(super) fn path_in<'b>(&self, buf: &'b mut PathBuf) -> &'b Path {
+        buf.as_mut_os_string().clear();
+        buf.push(&*self.root);
+        if !self.rel.is_empty() {
+            buf.push(&*self.rel);
+        }
+        buf
+    }
 }
 
 /// A batch: the thread reads its items from `start` on, in order, notes each result in
@@ -123,11 +150,9 @@ impl Pending {
 
 /// Sysfs files read together ([`super::Host::start_files`]), their paths joined once: a poll's
 /// batch is the same files poll after poll, so it is made once and read again and again.
-/// Each path is held once: the sysfs-relative path is the end of the joined one.
+/// Each path is held once, relative to the root.
 #[derive(Debug)]
 pub struct FileSet {
-    /// Where the sysfs-relative part of each item's path starts (past the root and a `/`).
-    pub(super) rel_start: usize,
     pub(super) items: Arc<[Item]>,
 }
 
@@ -143,9 +168,7 @@ impl FileSet {
 
     /// The sysfs-relative path of file `i`.
     pub fn rel(&self, i: usize) -> Option<&str> {
-        use std::os::unix::ffi::OsStrExt;
-        let path = self.items.get(i)?.path.as_os_str().as_bytes();
-        std::str::from_utf8(path.get(self.rel_start..)?).ok()
+        self.items.get(i).map(|item| &*item.rel)
     }
 
     /// Whether file `i` is kept open between reads ([`super::Host::file_set`]).
@@ -233,7 +256,7 @@ impl Default for Reader {
 impl Reader {
     /// Read at most `limit` bytes of the regular file `path`, waiting at most `timeout`.
     pub(super) fn read(&self, path: &Path, limit: usize, past: Past, timeout: Duration) -> Result<Vec<u8>, ReadError> {
-        let item = Item { path: Arc::from(path), limit, past, keep: false };
+        let item = Item { root: Arc::from(path), rel: Arc::from(""), limit, past, keep: false };
         self.read_many(Arc::from([item]), timeout, None).pop().unwrap_or_else(|| Err(ReadError::Io("not read".into())))
     }
 
@@ -348,8 +371,8 @@ impl Reader {
                         if answered || now_at != current || now_since != since {
                             continue;
                         }
-                        let path = &p.items[current].path;
-                        stuck.insert(path.to_path_buf(), Stuck { worker: id, since });
+                        let path = p.items[current].path();
+                        stuck.insert(path.clone(), Stuck { worker: id, since });
                         drop(stuck);
                         let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
                         if w.as_ref().is_some_and(|(wid, _)| *wid == id) {
@@ -406,22 +429,23 @@ impl Reader {
         self.shared.stuck().iter().map(|(p, s)| (p.clone(), s.since.elapsed())).collect()
     }
 
-    /// Close the kept-open files whose path starts with `prefix` (all of them: `None`).
-    pub(super) fn forget_kept(&self, prefix: Option<&Path>) {
+    /// Close the kept-open files whose root-relative path starts with `prefix` (all of
+    /// them: `None`).
+    pub(super) fn forget_kept(&self, prefix: Option<&str>) {
         let mut k = self.shared.kept();
         k.generation = k.generation.wrapping_add(1);
         match prefix {
             None => k.files.clear(),
-            Some(p) => k.files.retain(|path, _| !path.0.starts_with(p)),
+            Some(p) => k.files.retain(|key, _| !Path::new(&*key.0).starts_with(p)),
         }
     }
 
     /// Close the kept-open files that are not among `items`.
     pub(super) fn keep_only(&self, items: &[Item]) {
-        let wanted: std::collections::HashSet<&std::ffi::OsStr> = items.iter().map(|i| i.path.as_os_str()).collect();
+        let wanted: std::collections::HashSet<&str> = items.iter().map(|i| &*i.rel).collect();
         let mut k = self.shared.kept();
         let before = k.files.len();
-        k.files.retain(|path, _| wanted.contains(path.0.as_os_str()));
+        k.files.retain(|key, _| wanted.contains(&*key.0));
         if k.files.len() != before {
             k.generation = k.generation.wrapping_add(1);
         }
@@ -435,13 +459,15 @@ impl Reader {
 fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: ReadFn) {
     // The first read of a kept file lands here (on the heap, zeroed once per thread).
     let mut scratch = vec![0u8; PAGE + 1].into_boxed_slice();
+    let mut path_buf = PathBuf::new();
     while let Ok(job) = jobs.recv() {
         if job.items[job.start..].iter().any(|item| item.keep) {
             shared.kept().drop_changed();
         }
         for (index, item) in job.items.iter().enumerate().skip(job.start) {
             *job.progress.current.lock().unwrap_or_else(|p| p.into_inner()) = (index, Instant::now());
-            let earlier = shared.stuck().get(&*item.path).map(|s| s.since.elapsed());
+            let path = item.path_in(&mut path_buf);
+            let earlier = shared.stuck().get(path).map(|s| s.since.elapsed());
             if let Some(ago) = earlier {
                 let e = ReadError::Stuck(format!(
                     "an earlier read has not returned ({ago:.1?} ago): not read again until it does"
@@ -450,22 +476,22 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Job>, shared: &Shared, read_fn: 
                 continue;
             }
             let (result, keep) = if item.keep {
-                read_kept(&shared.kept, &item.path, item.limit, item.past, &mut scratch)
+                read_kept(&shared.kept, &item.rel, path, (item.limit, item.past), &mut scratch)
             } else {
-                (read_fn(&item.path, item.limit, item.past), None)
+                (read_fn(path, item.limit, item.past), None)
             };
             let mut stuck = shared.stuck();
             job.progress.results.lock().unwrap_or_else(|p| p.into_inner())[index] = Some(result);
-            if stuck.get(&*item.path).is_some_and(|s| s.worker == id) {
-                let s = stuck.remove(&*item.path).expect("checked above");
-                tracing::info!(path = %item.path.display(), after = ?s.since.elapsed(), "a stuck read returned");
+            if stuck.get(path).is_some_and(|s| s.worker == id) {
+                let s = stuck.remove(path).expect("checked above");
+                tracing::info!(path = %path.display(), after = ?s.since.elapsed(), "a stuck read returned");
                 // Abandoned: a newer thread serves the reader now (and the rest of this
                 // batch was handed to it). A file it had kept is closed here.
                 return;
             }
             drop(stuck);
             if let Some((key, file, generation)) = keep {
-                shared.keep(key.unwrap_or_else(|| KeptKey(item.path.clone())), file, generation);
+                shared.keep(key.unwrap_or_else(|| KeptKey(item.rel.clone())), file, generation);
             }
         }
         let _ = job.done.send(());
