@@ -345,7 +345,8 @@ impl Host {
             self.text_of(&path, || set.rel(i).unwrap_or_default().to_string(), self.after_read(&path, r))
         };
         match memo {
-            None => results.into_iter().zip(items.iter()).enumerate().map(|(i, (r, item))| text(i, item, r)).collect(),
+            // In place: the reader's vector becomes the text's.
+            None => results.into_iter().enumerate().map(|(i, r)| text(i, &items[i], r)).collect(),
             Some((mut out, at)) => {
                 for ((i, item), r) in at.into_iter().zip(items.iter()).zip(results) {
                     out[i] = Some(text(i, item, r));

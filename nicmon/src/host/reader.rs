@@ -115,6 +115,8 @@ struct Progress {
 /// A batch handed to the reader and not collected yet ([`Reader::start_many`]).
 pub(super) struct Pending {
     pub(super) items: Arc<[Item]>,
+    /// The results gathered (empty until a result has to be merged in: a batch read whole
+    /// by one thread hands over its own vector).
     out: Slots,
     /// The first item not handed to a thread yet (or handed to the one in `flight`).
     next: usize,
@@ -129,21 +131,40 @@ struct Flight {
 }
 
 impl Pending {
+    /// The results gathered, one slot per item.
+    fn out(&mut self) -> &mut Slots {
+        if self.out.is_empty() {
+            self.out = (0..self.items.len()).map(|_| None).collect();
+        }
+        &mut self.out
+    }
+
     /// Give the items from `next` on `e` as their result.
     fn fill(&mut self, e: ReadError) {
-        for slot in &mut self.out[self.next..] {
+        let next = self.next;
+        for slot in &mut self.out()[next..] {
             *slot = Some(Err(e.clone()));
         }
-        self.next = self.out.len();
+        self.next = self.items.len();
     }
 
     /// Take the results the thread has stored so far.
     fn collect(&mut self, progress: &Progress) {
         let mut results = progress.results.lock().unwrap_or_else(|p| p.into_inner());
-        for (slot, r) in self.out.iter_mut().zip(results.iter_mut()) {
+        for (slot, r) in self.out().iter_mut().zip(results.iter_mut()) {
             if let Some(r) = r.take() {
                 *slot = Some(r);
             }
+        }
+    }
+
+    /// Take the results of a thread done with its job: its whole vector when nothing was
+    /// gathered before (no second vector of a batch's results).
+    fn collect_done(&mut self, progress: &Progress) {
+        if self.out.is_empty() {
+            self.out = std::mem::take(&mut *progress.results.lock().unwrap_or_else(|p| p.into_inner()));
+        } else {
+            self.collect(progress);
         }
     }
 }
@@ -282,7 +303,7 @@ impl Reader {
     /// deadlines, which count from each item's start, not from the collection).
     pub(super) fn start_many(&self, items: Arc<[Item]>, read: Duration, poll_end: Option<Instant>) -> Pending {
         let n = items.len();
-        let mut pending = Pending { items, out: (0..n).map(|_| None).collect(), next: 0, flight: None };
+        let mut pending = Pending { items, out: Vec::new(), next: 0, flight: None };
         if n > 0 {
             self.launch(&mut pending, read, poll_end);
         }
@@ -347,12 +368,12 @@ impl Reader {
                 }
                 match finished.recv_timeout(until.saturating_duration_since(Instant::now())) {
                     Ok(()) => {
-                        p.collect(&progress);
+                        p.collect_done(&progress);
                         break 'batches;
                     }
                     Err(mpsc::RecvTimeoutError::Disconnected) => {
                         p.collect(&progress);
-                        p.next = p.out.iter().position(Option::is_none).unwrap_or(n);
+                        p.next = p.out().iter().position(Option::is_none).unwrap_or(n);
                         p.fill(ReadError::Io("the reader thread ended".into()));
                         break 'batches;
                     }
@@ -386,14 +407,16 @@ impl Reader {
                             "read did not return in time: abandoned for this poll, not retried until it returns"
                         );
                         p.collect(&progress);
-                        p.out[current] = Some(Err(ReadError::Stuck(format!("no answer within {waited:.1?}"))));
+                        p.out()[current] = Some(Err(ReadError::Stuck(format!("no answer within {waited:.1?}"))));
                         p.next = current + 1;
                         continue 'batches;
                     }
                 }
             }
         }
-        p.out.into_iter().map(|r| r.unwrap_or_else(|| Err(ReadError::Io("not read".into())))).collect()
+        let mut out = p.out;
+        out.resize_with(n, || None);
+        out.into_iter().map(|r| r.unwrap_or_else(|| Err(ReadError::Io("not read".into())))).collect()
     }
 
     /// Hand `job` to the current reader thread (starting one if needed); its id.
