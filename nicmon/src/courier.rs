@@ -263,7 +263,7 @@ impl Courier {
             );
         }
         let mut courier = Courier::start(sink, &state.outbox, Some(bounds), metrics, pause);
-        courier.keep = Some(Keep { writer: Writer::new(state_file), journal });
+        courier.keep = Some(Keep { writer: Writer::told(state_file), journal });
         courier
     }
 
@@ -290,7 +290,7 @@ impl Courier {
 
     /// Save to `state_file` (and journal beside it) from now on.
     pub fn keeping(mut self, state_file: &Path) -> Courier {
-        self.keep = Some(Keep { writer: Writer::new(state_file), journal: Journal::new(state_file) });
+        self.keep = Some(Keep { writer: Writer::told(state_file), journal: Journal::new(state_file) });
         self
     }
 
@@ -306,20 +306,36 @@ impl Courier {
     /// safe). A cycle the outbox's bound refuses changes nothing (`Err`, with `checks`
     /// given back).
     pub fn commit(&mut self, state: &mut State, checks: CheckState, events: &[HealthEvent]) -> Result<(), Refused> {
-        let new = match state.outbox.commit(self.bounds.as_ref(), events) {
-            Ok(new) => new,
-            Err(full) => return Err((full, Box::new(checks))),
-        };
+        self.commit_events(state, checks, events.to_vec()).1
+    }
+
+    /// [`Courier::commit`] of `events` taken whole: each moves into its batch
+    /// ([`crate::outbox::Outbox::batches_of`]). Returns the batches made (queued, shared
+    /// with the outbox and the sender, unless refused), for the caller's logs and metrics.
+    pub fn commit_events(
+        &mut self,
+        state: &mut State,
+        checks: CheckState,
+        events: Vec<HealthEvent>,
+    ) -> (Vec<Arc<PendingBatch>>, Result<(), Refused>) {
+        let (new, queued) = state.outbox.commit_events(self.bounds.as_ref(), events);
+        if let Err(full) = queued {
+            return (new, Err((full, Box::new(checks))));
+        }
+        if let Some(keep) = &mut self.keep {
+            // The writer is told what changed (it keeps no copy of what it wrote).
+            keep.writer.checks_changed(&state.checks, &checks);
+        }
         state.checks = checks;
         if let Some(keep) = &mut self.keep {
             keep.journal.record(&new);
         }
         if let Some(tx) = &self.tx {
-            for b in new {
-                let _ = tx.send((b, crate::wake::monotonic_ns()));
+            for b in &new {
+                let _ = tx.send((b.clone(), crate::wake::monotonic_ns()));
             }
         }
-        Ok(())
+        (new, Ok(()))
     }
 
     /// Save `state` by the state file's write policy; once saved, the journal is emptied.
@@ -340,6 +356,15 @@ impl Courier {
             ids.push(id);
         }
         Some(ids)
+    }
+
+    /// The acknowledgements already there, without waiting.
+    pub fn ready_acks(&mut self) -> Vec<u64> {
+        let mut ids = Vec::new();
+        while let Ok(id) = self.acks.try_recv() {
+            ids.push(id);
+        }
+        ids
     }
 
     /// The sender acknowledged these batches ([`Courier::next_acks`]): they leave the

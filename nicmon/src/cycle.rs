@@ -75,7 +75,7 @@ pub struct Monitor {
     pub topology: Topology,
     pub stamp: Stamp,
     pub state_config: StateConfig,
-    pub counter_paths: Vec<String>,
+    pub counter_paths: Vec<std::sync::Arc<str>>,
     /// What the RoCE ports read besides, while `[phyCheck]` is enabled.
     pub roce_reads: discovery::RoceReads,
     /// The boot ID read at start-up (`None`: unreadable).
@@ -200,7 +200,7 @@ impl Monitor {
         let ethtool_ports = ethtool::ports::PortReader::new(config.phy.read_interval);
         Monitor {
             state_config: config.state_config(checks),
-            counter_paths: counters::read_paths(&config.counter_rules),
+            counter_paths: counters::read_paths(&config.counter_rules).into_iter().map(Into::into).collect(),
             roce_reads: roce_reads(&config),
             host,
             config,
@@ -386,7 +386,7 @@ impl Monitor {
         let mut ports = counter_ports(&snapshot, &roles, read_now);
         with_ber_thresholds(&mut ports, &snapshot, &self.config);
         let (counter_events, counter_state) = self.counters(&prev.counters, &ports, now, reboot, &mut notes);
-        events.extend(counter_events);
+        let mut events = concat(events, counter_events);
 
         let full = targeted.is_none();
         let char_devices = self.char_devices(&prev.char_devices, &snapshot, &roles, now, full);
@@ -639,6 +639,19 @@ fn port_decisions(
     }
 }
 
+/// `front` then `back` in one vector, that of whichever has room for both (a reboot's
+/// counter baselines on a device of a thousand ports are tens of thousands of events: they
+/// are not copied into a third vector).
+fn concat<T>(mut front: Vec<T>, mut back: Vec<T>) -> Vec<T> {
+    if front.capacity() - front.len() >= back.len() || front.len() >= back.len() {
+        front.append(&mut back);
+        front
+    } else {
+        back.splice(0..0, front);
+        back
+    }
+}
+
 /// What RoCE ports read besides, while `[phyCheck]` is enabled: the ECN/CNP congestion
 /// counters (metrics only) and the netdev's `speed` (the BER's port rate where the RDMA
 /// port's `rate` gives none).
@@ -647,8 +660,12 @@ fn roce_reads(config: &Config) -> discovery::RoceReads {
         return discovery::RoceReads::default();
     }
     let rules = counters::read_paths(&config.counter_rules);
-    let counter_paths =
-        ethtool::CONGESTION.iter().map(|n| ethtool::congestion_path(n)).filter(|p| !rules.contains(p)).collect();
+    let counter_paths = ethtool::CONGESTION
+        .iter()
+        .map(|n| ethtool::congestion_path(n))
+        .filter(|p| !rules.contains(p))
+        .map(Into::into)
+        .collect();
     discovery::RoceReads { counter_paths, speed: true }
 }
 
@@ -854,7 +871,8 @@ mod tests {
             assert_eq!(naming(&read, &entries), Vec::<&String>::new(), "poll {t}: nothing of a VF's class entries");
             // The VFs' readings are the first poll's (a PF's netdev `speed` is read on the
             // first poll only, so the PFs' readings may differ).
-            let vf_devices = |s: &Snapshot| s.devices.iter().filter(|d| vfs.contains(&d.name)).cloned().collect::<Vec<_>>();
+            let vf_devices =
+                |s: &Snapshot| s.devices.iter().filter(|d| vfs.contains(&d.name)).cloned().collect::<Vec<_>>();
             assert_eq!(vf_devices(&p.snapshot), vf_devices(&first.snapshot), "poll {t}: the same VFs");
             assert_eq!(p.snapshot.char_devices, first.snapshot.char_devices, "poll {t}");
             let pf = naming(&read, &["mlx5_0".to_string()]);
@@ -877,6 +895,32 @@ mod tests {
         assert!(back.events.is_empty(), "{:?}", back.events);
         monitor.poll(&back.next, &Loaded::Resumed, t0 + Duration::seconds(7), &[]);
         assert_eq!(naming(&take(&log), &vfs), Vec::<&String>::new());
+    }
+
+    #[test]
+    fn concat_keeps_the_order_in_whichever_vector_has_room() {
+        let big = |n: usize| -> Vec<usize> {
+            let mut v = Vec::with_capacity(2 * n);
+            v.extend(100..100 + n);
+            v
+        };
+        let (front, back) = (vec![1, 2, 3], big(10));
+        let at = back.as_ptr();
+        let all = concat(front, back);
+        assert_eq!(all, [1, 2, 3].into_iter().chain(100..110).collect::<Vec<_>>());
+        assert_eq!(all.as_ptr(), at, "the back vector's buffer");
+        let (front, back) = (big(10), vec![1, 2, 3]);
+        let at = front.as_ptr();
+        let all = concat(front, back);
+        assert_eq!(all, (100..110).chain([1, 2, 3]).collect::<Vec<_>>());
+        assert_eq!(all.as_ptr(), at, "the front vector's buffer");
+        assert_eq!(concat(vec![1], Vec::<i32>::new()), [1]);
+        assert_eq!(concat(Vec::<i32>::new(), vec![2]), [2]);
+        // Neither has room: one buffer grows.
+        let (mut front, mut back) = (Vec::with_capacity(2), Vec::with_capacity(3));
+        front.extend([1, 2]);
+        back.extend([3, 4, 5]);
+        assert_eq!(concat(front, back), [1, 2, 3, 4, 5]);
     }
 
     /// A management NIC (the default route's) is read once too, while it is one: once the
@@ -1046,9 +1090,9 @@ mod tests {
     fn missing_ethtool_counters_are_one_line_per_set_of_ports() {
         let rules = Config::default().counter_rules;
         let ll = crate::model::LinkLayer::Ethernet;
-        let with = |paths: &[&str]| -> BTreeMap<String, u64> {
-            let mut c: BTreeMap<String, u64> = rules.iter().map(|r| (r.path.clone(), 0)).collect();
-            c.retain(|k, _| !k.starts_with("ethtool/") || paths.contains(&k.as_str()));
+        let with = |paths: &[&str]| -> BTreeMap<std::sync::Arc<str>, u64> {
+            let mut c: BTreeMap<std::sync::Arc<str>, u64> = rules.iter().map(|r| (r.path.as_str().into(), 0)).collect();
+            c.retain(|k, _| !k.starts_with("ethtool/") || paths.contains(&&**k));
             c
         };
         // Two ports without ethtool data, one with FEC data only, one with everything.

@@ -26,7 +26,8 @@ pub use unmonitored::Unmonitored;
 pub struct ReadPlan<'a> {
     /// Counter paths as configured: relative to the port directory (`counters/link_downed`)
     /// or a netdev template (`/sys/class/net/{interface}/carrier_changes`).
-    pub counter_paths: Vec<String>,
+    /// Shared with every port's counter values ([`Port::counters`]' keys).
+    pub counter_paths: Vec<Arc<str>>,
     /// Devices (name, PCI address) known from earlier polls: when one is missing from
     /// `class/infiniband`, its PCI function is probed (002 §5.9).
     pub known: Vec<(String, String)>,
@@ -65,8 +66,8 @@ impl std::fmt::Debug for ReadPlan<'_> {
 #[derive(Debug, Clone, Default)]
 pub struct RoceReads {
     /// Paths relative to the port directory (the ECN/CNP `hw_counters/`), kept in the
-    /// port's `counters` under the path.
-    pub counter_paths: Vec<String>,
+    /// port's `counters` under the path (shared, like [`ReadPlan::counter_paths`]).
+    pub counter_paths: Vec<Arc<str>>,
     /// The netdev's `speed` ([`Port::netdev_speed`]).
     pub speed: bool,
 }
@@ -164,7 +165,7 @@ struct CacheInner {
     by_device: BTreeMap<String, Arc<Statics>>,
     /// Per device: files found absent (`ENOENT`) in this incarnation, not tried again until
     /// the device's static attributes are read again.
-    absent: BTreeMap<String, std::collections::BTreeSet<String>>,
+    absent: BTreeMap<String, Absent>,
     /// Per device: the ports whose `rate` gave a rate at the last poll in this incarnation.
     /// Their netdev's `speed` ([`RoceReads::speed`]) is not read: it only stands in for a
     /// missing rate, and each read of it costs mlx5 a firmware command.
@@ -213,14 +214,25 @@ impl StaticCache {
 
     /// Whether `rel` was found absent on `device` in this incarnation.
     fn is_absent(&self, device: &str, rel: &str) -> bool {
-        self.inner.lock().map(|c| c.absent.get(device).is_some_and(|a| a.contains(rel))).unwrap_or(false)
+        self.inner.lock().map(|c| c.absent.get(device).is_some_and(|a| a.files.contains(rel))).unwrap_or(false)
     }
 
-    fn mark_absent(&self, device: &str, rel: &str) {
+    /// Whether counter `k` of the plan was found absent on port `port` of `device` in this
+    /// incarnation.
+    fn is_counter_absent(&self, device: &str, port: u32, k: usize) -> bool {
+        let absent = |c: &CacheInner| c.absent.get(device).is_some_and(|a| a.counters.contains(&(port, k)));
+        self.inner.lock().map(|c| absent(&c)).unwrap_or(false)
+    }
+
+    fn mark_absent(&self, device: &str, file: AbsentFile<'_>) {
         if let Ok(mut c) = self.inner.lock()
             && c.by_device.contains_key(device)
         {
-            c.absent.entry(device.to_string()).or_default().insert(rel.to_string());
+            let a = c.absent.entry(device.to_string()).or_default();
+            match file {
+                AbsentFile::Counter(port, k) => a.counters.insert((port, k)),
+                AbsentFile::File(rel) => a.files.insert(rel.to_string()),
+            };
         }
     }
 
@@ -244,6 +256,12 @@ impl StaticCache {
 
     fn last_batch(&self) -> Option<Arc<FileSet>> {
         self.inner.lock().ok()?.last_batch.clone()
+    }
+
+    fn clear_last_batch(&self) {
+        if let Ok(mut c) = self.inner.lock() {
+            c.last_batch = None;
+        }
     }
 
     fn set_last_batch(&self, files: Arc<FileSet>) {
@@ -327,6 +345,21 @@ impl StaticCache {
     }
 }
 
+/// A device's files found absent (`ENOENT`) in its incarnation: its ports' counters by
+/// (port, index of the counter path in the plan) — a device of a thousand ports may lack a
+/// counter on every one — and other files by path.
+#[derive(Debug, Default)]
+struct Absent {
+    counters: std::collections::BTreeSet<(u32, usize)>,
+    files: std::collections::BTreeSet<String>,
+}
+
+/// A file found absent ([`Absent`]).
+enum AbsentFile<'a> {
+    Counter(u32, usize),
+    File(&'a str),
+}
+
 /// Where the RDMA devices are listed.
 const DEVICES: &str = "class/infiniband";
 
@@ -342,7 +375,7 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
     // The reader starts on the last full poll's files while this thread lists the devices
     // and plans this poll's files; used only if those are the same files.
     let last = plan.statics.as_ref().and_then(|c| c.last_batch());
-    let prefetch =
+    let mut prefetch =
         last.as_ref().map(|files| Prefetch { generation: host.kept_generation(), reads: host.start_files(files) });
     let names: Arc<[String]> = match &plan.statics {
         Some(cache) => {
@@ -361,7 +394,7 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
     // The default route first: whether a device is a management NIC (not monitored, not
     // read) depends on it.
     let (default_route_ifaces, default_route_devices) = default_route(host);
-    let mut batch = Batch::against(last.clone());
+    let mut batch = Batch::against(last);
     let frozen = match (&plan.statics, plan.unmonitored) {
         (Some(cache), Some(judge)) => cache.frozen(judge, &default_route_devices),
         _ => Vec::new(),
@@ -375,10 +408,20 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
         })
         .collect();
     let chars = chars::plan(host, plan.statics.as_deref(), !plan.char_listing_may_stand, &mut batch);
+    let same = batch.is_prev(keep);
+    if !same {
+        // Other files than the last poll's: the last batch (and what was read ahead of it)
+        // goes before this one is made (a device of a thousand ports: one set of tens of
+        // thousands of paths at a time).
+        drop_prefetch(host, prefetch.take());
+        if let Some(cache) = &plan.statics {
+            cache.clear_last_batch();
+        }
+    }
     let files = batch.finish(host, keep);
     let results = read_batch(host, &files, prefetch);
-    if keep && !last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &files)) {
-        // Other files than the last poll's: those no longer read are not kept open.
+    if keep && !same {
+        // Those no longer read are not kept open.
         host.keep_only(&files);
     }
     if let Some(cache) = &plan.statics {
@@ -635,16 +678,29 @@ impl Batch {
     /// The files added (`keep`: see [`Host::file_set`]; those added to be read once are
     /// not kept whatever it says).
     fn finish(self, host: &Host, keep: bool) -> Arc<FileSet> {
-        let once = self.once;
-        let kept = |i: usize| keep && once.binary_search(&i).is_err();
-        match (self.rels, self.prev) {
-            (Some(rels), _) => host.file_set_keeping(rels, kept),
-            (None, Some(prev)) if prev.len() == self.len && (0..prev.len()).all(|i| prev.kept(i) == kept(i)) => prev,
-            (None, prev) => {
-                let rels = (0..self.len).filter_map(|i| prev.as_ref().and_then(|p| p.rel(i)).map(str::to_string));
-                host.file_set_keeping(rels.collect(), kept)
-            }
+        if self.is_prev(keep)
+            && let Some(prev) = self.prev
+        {
+            return prev;
         }
+        let kept = |i: usize| keep && self.once.binary_search(&i).is_err();
+        let rels = match self.rels {
+            Some(rels) => rels,
+            None => {
+                (0..self.len).filter_map(|i| self.prev.as_ref().and_then(|p| p.rel(i)).map(str::to_string)).collect()
+            }
+        };
+        // This batch's reference to the last one goes before the new set is made.
+        drop(self.prev);
+        host.file_set_keeping(rels, kept)
+    }
+
+    /// Whether the files added are the last batch's, kept open the same way (`keep`: as
+    /// [`Batch::finish`]'s): then it is that batch again.
+    fn is_prev(&self, keep: bool) -> bool {
+        let kept = |i: usize| keep && self.once.binary_search(&i).is_err();
+        self.rels.is_none()
+            && self.prev.as_ref().is_some_and(|p| p.len() == self.len && (0..p.len()).all(|i| p.kept(i) == kept(i)))
     }
 }
 
@@ -710,13 +766,18 @@ fn read_batch(host: &Host, files: &Arc<FileSet>, prefetch: Option<Prefetch>) -> 
             host.finish_files(p.reads)
         }
         other => {
-            if let Some(p) = other {
-                // Collected (the reader must be free for this batch) and dropped.
-                host.finish_files(p.reads);
-                host.stats.read_ahead_dropped.fetch_add(1, Ordering::Relaxed);
-            }
+            drop_prefetch(host, other);
             if files.is_empty() { Vec::new() } else { host.read_files(files) }
         }
+    }
+}
+
+/// Files read ahead and not used: collected (the reader must be free for the poll's batch)
+/// and dropped.
+fn drop_prefetch(host: &Host, prefetch: Option<Prefetch>) {
+    if let Some(p) = prefetch {
+        host.finish_files(p.reads);
+        host.stats.read_ahead_dropped.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -860,7 +921,7 @@ fn finish_pcie(
     for (s, i) in p.aer {
         let raw = results.get(i);
         if let (Some(Err(ReadError::Missing)), Some(c), Some(rel)) = (raw, plan.statics.as_deref(), files.rel(i)) {
-            c.mark_absent(dev, rel);
+            c.mark_absent(dev, AbsentFile::File(rel));
         }
         *aer.slot(s) = raw.and_then(|r| aer_file(r.as_deref(), s));
     }
@@ -878,7 +939,7 @@ fn finish_device(r: DeviceRead, results: &[Result<String, ReadError>], files: &F
     let ports = ports
         .into_iter()
         .map(|p| {
-            let mut port = finish_port(&name, p, results, files, plan);
+            let mut port = finish_port(&name, p, results, plan);
             if efa {
                 // The efa driver reports an unspecified link layer (`Unknown`).
                 port.link_layer = Some(LinkLayer::Efa);
@@ -936,9 +997,10 @@ fn plan_port(dev: &str, n: u32, netdev: Option<&str>, reads: Option<PortPlan<'_>
     let (mut counters, mut roce_counters, mut speed) = (Vec::new(), Vec::new(), None);
     if let Some(PortPlan { plan, roce }) = reads {
         let cache = plan.statics.as_deref();
-        counters = plan_counters(dev, n, netdev, &plan.counter_paths, cache, batch);
+        counters = plan_counters((dev, n, netdev), &plan.counter_paths, 0, cache, batch);
         if roce {
-            roce_counters = plan_counters(dev, n, netdev, &plan.roce.counter_paths, cache, batch);
+            roce_counters =
+                plan_counters((dev, n, netdev), &plan.roce.counter_paths, plan.counter_paths.len(), cache, batch);
             let rated = cache.is_some_and(|c| c.is_rated(dev, n));
             speed =
                 netdev.filter(|_| plan.roce.speed && !rated).map(|nd| batch.add(format_args!("class/net/{nd}/speed")));
@@ -960,37 +1022,37 @@ fn plan_port(dev: &str, n: u32, netdev: Option<&str>, reads: Option<PortPlan<'_>
     }
 }
 
-/// The counter files of `paths` on port `n`, added to `batch` unless found absent in this
-/// incarnation: (index in `paths`, index of the file).
+/// The counter files of `paths` on port `n` of `dev` (netdev `netdev`), added to `batch`
+/// unless found absent in this incarnation: (index in `paths`, index of the file). A
+/// counter is remembered absent by (port, `base` + its index): the rules' paths come first,
+/// the RoCE reads' after them.
 fn plan_counters(
-    dev: &str,
-    n: u32,
-    netdev: Option<&str>,
-    paths: &[String],
+    (dev, n, netdev): (&str, u32, Option<&str>),
+    paths: &[Arc<str>],
+    base: usize,
     cache: Option<&StaticCache>,
     batch: &mut Batch,
 ) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     for (k, path) in paths.iter().enumerate() {
         let Some(file) = CounterFile::of(dev, n, path, netdev) else { continue };
-        let absent = |rel: &str| cache.is_some_and(|c| c.is_absent(dev, rel));
-        if let Some(i) = batch.add_unless(format_args!("{file}"), absent) {
-            out.push((k, i));
+        if !cache.is_some_and(|c| c.is_counter_absent(dev, n, base + k)) {
+            out.push((k, batch.add(format_args!("{file}"))));
         }
     }
     out
 }
 
-/// The values of the counter files planned by [`plan_counters`] into `out` (under their
-/// path); a file found absent is remembered (not read again in this incarnation).
+/// The values of the counter files planned by [`plan_counters`] (with the same `paths`
+/// and `base`) into `out`, under their shared path; a file found absent is remembered (not
+/// read again in this incarnation).
 fn finish_counters(
-    dev: &str,
+    (dev, n): (&str, u32),
     planned: Vec<(usize, usize)>,
-    paths: &[String],
-    read: (&[Result<String, ReadError>], &FileSet, &ReadPlan),
-    out: &mut BTreeMap<String, u64>,
+    (paths, base): (&[Arc<str>], usize),
+    (results, plan): (&[Result<String, ReadError>], &ReadPlan),
+    out: &mut BTreeMap<Arc<str>, u64>,
 ) {
-    let (results, files, plan) = read;
     for (k, i) in planned {
         match results.get(i) {
             Some(Ok(raw)) => {
@@ -999,8 +1061,8 @@ fn finish_counters(
                 }
             }
             Some(Err(ReadError::Missing)) => {
-                if let (Some(c), Some(rel)) = (plan.statics.as_deref(), files.rel(i)) {
-                    c.mark_absent(dev, rel);
+                if let Some(c) = plan.statics.as_deref() {
+                    c.mark_absent(dev, AbsentFile::Counter(n, base + k));
                 }
             }
             _ => {}
@@ -1008,13 +1070,7 @@ fn finish_counters(
     }
 }
 
-fn finish_port(
-    dev: &str,
-    p: PortRead,
-    results: &[Result<String, ReadError>],
-    files: &FileSet,
-    plan: &ReadPlan,
-) -> Port {
+fn finish_port(dev: &str, p: PortRead, results: &[Result<String, ReadError>], plan: &ReadPlan) -> Port {
     let get = |i: usize| at(results, i);
     let read = |i: usize| get(i).ok();
     let mut unknown = BTreeMap::new();
@@ -1031,10 +1087,12 @@ fn finish_port(
         unknown.insert("phys_state".to_string(), why);
     }
     let mut counters = BTreeMap::new();
-    finish_counters(dev, p.counters, &plan.counter_paths, (results, files, plan), &mut counters);
+    let rule_paths = (plan.counter_paths.as_slice(), 0);
+    finish_counters((dev, p.number), p.counters, rule_paths, (results, plan), &mut counters);
     // Read where the port may have been RoCE; kept where it is.
     let mut roce_counters = BTreeMap::new();
-    finish_counters(dev, p.roce_counters, &plan.roce.counter_paths, (results, files, plan), &mut roce_counters);
+    let roce_paths = (plan.roce.counter_paths.as_slice(), plan.counter_paths.len());
+    finish_counters((dev, p.number), p.roce_counters, roce_paths, (results, plan), &mut roce_counters);
     let roce = link_layer == Some(LinkLayer::Ethernet);
     let netdev_speed = p.speed.and_then(read).and_then(parse::netdev_speed).filter(|_| roce);
     if roce {

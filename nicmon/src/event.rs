@@ -3,6 +3,7 @@
 //! Serialises to proto3 JSON form (camelCase field names, enums by name, timestamps as
 //! RFC 3339), which is what `nicmon check` prints and the JSON-lines sinks write. The gRPC
 //! dispatcher converts it to the prost message.
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -290,9 +291,12 @@ impl Subject<'_> {
 #[serde(rename_all = "camelCase")]
 pub struct HealthEvent {
     pub version: u32,
-    pub agent: String,
-    pub component_class: String,
-    pub check_name: String,
+    /// The agent's name, component class and check name: constants shared by every event
+    /// (a reboot's baselines on a node of many ports are tens of thousands of events), or
+    /// values read back (a state file, the journal).
+    pub agent: Cow<'static, str>,
+    pub component_class: Cow<'static, str>,
+    pub check_name: Cow<'static, str>,
     pub is_fatal: bool,
     pub is_healthy: bool,
     pub message: String,
@@ -319,9 +323,9 @@ impl HealthEvent {
     pub fn new(check: Check, stamp: &Stamp, now: OffsetDateTime, message: &str) -> HealthEvent {
         HealthEvent {
             version: 1,
-            agent: AGENT.into(),
-            component_class: COMPONENT_CLASS.into(),
-            check_name: check.as_str().into(),
+            agent: Cow::Borrowed(AGENT),
+            component_class: Cow::Borrowed(COMPONENT_CLASS),
+            check_name: Cow::Borrowed(check.as_str()),
             is_fatal: false,
             is_healthy: true,
             message: sanitize_message(message),

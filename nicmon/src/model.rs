@@ -183,7 +183,7 @@ pub struct Port {
     /// Counter values keyed by the counter rule's `path` as configured
     /// (`counters/link_downed`, `hw_counters/rnr_nak_retry_err`,
     /// `/sys/class/net/{interface}/carrier_changes`). Unreadable ones are absent.
-    pub counters: BTreeMap<String, u64>,
+    pub counters: BTreeMap<std::sync::Arc<str>, u64>,
     /// Attributes read as "unknown", and why (`state` → `"not a regular file (fifo): not
     /// read"`, `phys_state` → `"unparsable value \"N/A (no PMA)\""`). An unknown value is no
     /// value: the decide layer makes no decision from it (issue #14).

@@ -68,6 +68,38 @@ impl Outbox {
         new
     }
 
+    /// [`Outbox::batches_for`] of `events` taken whole: each event moves into its batch (a
+    /// reboot's baselines on a node of many ports are tens of thousands: not copied).
+    pub fn batches_of(&self, mut events: Vec<HealthEvent>) -> Vec<PendingBatch> {
+        let index = |e: &HealthEvent| e.check().and_then(|c| Check::ALL.iter().position(|x| *x == c));
+        let mut counts = vec![0usize; Check::ALL.len()];
+        for i in events.iter().filter_map(index) {
+            counts[i] += 1;
+        }
+        // The largest check's events stay where they are (the poll's vector, compacted in
+        // order); the others move to vectors sized exactly, as in `batches_for`.
+        let largest = (0..counts.len()).max_by_key(|&i| counts[i]).unwrap_or_default();
+        let mut by_check: Vec<Vec<HealthEvent>> =
+            counts.iter().enumerate().map(|(i, &n)| Vec::with_capacity(if i == largest { 0 } else { n })).collect();
+        for e in events.extract_if(.., |e| index(e) != Some(largest)) {
+            if let Some(i) = index(&e) {
+                by_check[i].push(e);
+            }
+        }
+        events.shrink_to_fit();
+        by_check[largest] = events;
+        let mut id = self.last_id;
+        Check::ALL
+            .into_iter()
+            .zip(by_check)
+            .filter(|(_, events)| !events.is_empty())
+            .map(|(check, events)| {
+                id += 1;
+                PendingBatch { id, check, events }
+            })
+            .collect()
+    }
+
     /// Append `events` as one batch per check, in [`Check::ALL`] order; returns the new
     /// batches. In the daemon only the courier queues, through [`Outbox::commit`] (it keeps
     /// the checks' state and the outbox moving together).
@@ -98,6 +130,20 @@ impl Outbox {
             bounds.admit(&self.batches, &new)?;
         }
         Ok(self.queue(new))
+    }
+
+    /// [`Outbox::commit`] of `events` taken whole ([`Outbox::batches_of`]): the batches
+    /// made — queued (shared with the outbox) unless the bound refused them.
+    pub fn commit_events(
+        &mut self,
+        bounds: Option<&QueueBounds>,
+        events: Vec<HealthEvent>,
+    ) -> (Vec<Arc<PendingBatch>>, Result<(), QueueFull>) {
+        let new = self.batches_of(events);
+        if let Some(Err(full)) = bounds.map(|b| b.admit(&self.batches, &new)) {
+            return (new.into_iter().map(Arc::new).collect(), Err(full));
+        }
+        (self.queue(new), Ok(()))
     }
 
     /// The batch with this id was accepted (or dropped as permanently rejected): it leaves.
@@ -255,6 +301,35 @@ mod tests {
         let json = serde_json::to_value(&o).unwrap();
         assert_eq!(json["next_batch_id"], 3);
         assert_eq!(json["outbox"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn events_taken_whole_make_the_same_batches_as_copied() {
+        let mut o = Outbox::default();
+        o.enqueue(&[ev(Check::EFAStateCheck)]);
+        let checks = [Check::NICKernelLogCheck, Check::InfiniBandStateCheck, Check::InfiniBandDegradationCheck];
+        for n in [0usize, 1, 2, 7, 40] {
+            // Messages tell the events apart, so order within a batch is checked too.
+            let events: Vec<HealthEvent> = (0..n)
+                .map(|i| {
+                    HealthEvent::new(
+                        checks[i * 7 % 3],
+                        &Stamp::default(),
+                        time::OffsetDateTime::UNIX_EPOCH,
+                        &i.to_string(),
+                    )
+                })
+                .collect();
+            let mut unknown = ev(Check::InfiniBandStateCheck);
+            unknown.check_name = "NoSuchCheck".into();
+            let with_unknown: Vec<HealthEvent> = events.iter().cloned().chain([unknown]).collect();
+            assert_eq!(o.batches_of(with_unknown.clone()), o.batches_for(&with_unknown), "{n} events");
+            let (mut a, mut b) = (o.clone(), o.clone());
+            let (new, queued) = a.commit_events(Some(&OUTBOX_BOUNDS), events.clone());
+            assert_eq!(queued, Ok(()));
+            assert_eq!(Ok(new), b.commit(Some(&OUTBOX_BOUNDS), &events));
+            assert_eq!(a, b);
+        }
     }
 
     #[test]

@@ -135,7 +135,7 @@ pub fn event(due: Due, stamp: &Stamp, now: OffsetDateTime) -> Option<HealthEvent
     };
     // Built as any event, then filed under the watchdog's own check name.
     let mut e = HealthEvent::new(Check::InfiniBandStateCheck, stamp, now, &message);
-    e.check_name = CHECK_NAME.to_string();
+    e.check_name = std::borrow::Cow::Borrowed(CHECK_NAME);
     if !healthy {
         e = e.unhealthy(false).action(RecommendedAction::NONE);
     }

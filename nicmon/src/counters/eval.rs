@@ -33,6 +33,7 @@
 //! they are stamped with the time they were read ([`CounterPort::ethtool_age`] before
 //! `now`), so deltas and velocity windows span the reads, not the polls. Events carry `now`.
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
@@ -50,7 +51,7 @@ pub struct CounterPort<'a> {
     pub port: u32,
     pub link_layer: Option<&'a LinkLayer>,
     /// Values keyed by rule path (`counters/link_downed`); unreadable ones absent.
-    pub counters: &'a BTreeMap<String, u64>,
+    pub counters: &'a BTreeMap<std::sync::Arc<str>, u64>,
     /// The port's rate in bit/s (its RDMA `rate`), for [`Measure::BitErrorRate`] rules;
     /// `None`: unknown, and such rules are not evaluated on the port.
     pub rate_bps: Option<f64>,
@@ -139,11 +140,14 @@ pub struct Saturation {
 /// All maps are keyed by [`counter_key`].
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct CounterState {
+    /// Keyed by a shared key: the snapshots and the last values of a counter (and the
+    /// copies a poll makes of the state) hold one allocation of its key — a device of a
+    /// thousand ports has tens of thousands of counters.
     #[serde(default)]
-    pub counter_snapshots: BTreeMap<String, CounterSnapshot>,
+    pub counter_snapshots: BTreeMap<Arc<str>, CounterSnapshot>,
     /// The value read at the previous poll (reset detection, 001 §6.3).
     #[serde(default)]
-    pub last_values: BTreeMap<String, u64>,
+    pub last_values: BTreeMap<Arc<str>, u64>,
     /// Only latched breaches are kept; a recovered counter's entry is removed.
     #[serde(default)]
     pub breach_flags: BTreeMap<String, Breach>,
@@ -203,7 +207,7 @@ pub fn evaluate(
     for p in ports {
         let ethtool_at = now - p.ethtool_age;
         for (i, rule) in rules.iter().enumerate().filter(|(_, r)| r.enabled && r.layers.covers(p.link_layer)) {
-            let Some(&value) = p.counters.get(&rule.path) else {
+            let Some(&value) = p.counters.get(rule.path.as_str()) else {
                 continue;
             };
             let read_at = if rule.path.starts_with(ETHTOOL_PREFIX) { ethtool_at } else { now };
@@ -251,12 +255,12 @@ pub fn went_unreadable(
     let mut out = Vec::new();
     for p in ports {
         for rule in rules.iter().filter(|r| r.enabled && r.layers.covers(p.link_layer)) {
-            if p.counters.contains_key(&rule.path) {
+            if p.counters.contains_key(rule.path.as_str()) {
                 continue;
             }
             let key = counter_key(p.device, p.port, &rule.name);
-            if prev.last_values.contains_key(&key) {
-                next.last_values.remove(&key);
+            if prev.last_values.contains_key(key.as_str()) {
+                next.last_values.remove(key.as_str());
                 out.push((p.device.to_owned(), p.port, rule.name.clone()));
             }
         }
@@ -305,11 +309,28 @@ impl Reading<'_> {
 
 /// `map[key] = value`, the key allocated only when it is new (a poll updates every
 /// counter's entries); the value it replaces.
-fn put<V>(map: &mut BTreeMap<String, V>, key: &str, value: V) -> Option<V> {
+fn put<K: std::borrow::Borrow<str> + Ord + for<'k> From<&'k str>, V>(
+    map: &mut BTreeMap<K, V>,
+    key: &str,
+    value: V,
+) -> Option<V> {
     match map.get_mut(key) {
         Some(slot) => Some(std::mem::replace(slot, value)),
         None => {
-            map.insert(key.to_owned(), value);
+            map.insert(K::from(key), value);
+            None
+        }
+    }
+}
+
+/// [`put`] into a map keyed by a shared key: the key of the counter's entry in `shared`
+/// when it has one (its snapshots and last values: one allocation for both).
+fn put_shared<V, W>(map: &mut BTreeMap<Arc<str>, V>, shared: &BTreeMap<Arc<str>, W>, key: &str, value: V) -> Option<V> {
+    match map.get_mut(key) {
+        Some(slot) => Some(std::mem::replace(slot, value)),
+        None => {
+            let k = shared.get_key_value(key).map(|(k, _)| k.clone()).unwrap_or_else(|| Arc::from(key));
+            map.insert(k, value);
             None
         }
     }
@@ -318,7 +339,7 @@ fn put<V>(map: &mut BTreeMap<String, V>, key: &str, value: V) -> Option<V> {
 /// One (port, rule) reading through the steps of the module doc, in order.
 fn step(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &Reading<'_>, reboot: bool) {
     let snapshot = st.counter_snapshots.get(key).copied();
-    let last = put(&mut st.last_values, key, at.value);
+    let last = put_shared(&mut st.last_values, &st.counter_snapshots, key, at.value);
     let Some(snap) = snapshot else {
         return first_sight(st, events, key, at, reboot);
     };
@@ -349,7 +370,7 @@ fn first_sight(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, 
             at.event(at.port.check(), &format!("Counter {} healthy after reboot on {}", at.rule.name, at.where_())),
         );
     }
-    put(&mut st.counter_snapshots, key, at.snapshot());
+    put_shared(&mut st.counter_snapshots, &st.last_values, key, at.snapshot());
     saturation(st, events, key, at);
 }
 
@@ -363,7 +384,7 @@ fn reset(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &R
         let check = Check::parse(&name).unwrap_or_else(|| at.port.check());
         events.extend(at.healthy(st, check, &format!("Counter {} recovered on {}", at.rule.name, at.where_())));
     }
-    put(&mut st.counter_snapshots, key, at.snapshot());
+    put_shared(&mut st.counter_snapshots, &st.last_values, key, at.snapshot());
 }
 
 /// What a threshold comparison found.
@@ -382,7 +403,7 @@ fn threshold(st: &mut CounterState, key: &str, at: &Reading<'_>, snap: CounterSn
     let elapsed = at.read_at - snap.timestamp;
     match at.rule.threshold_type {
         ThresholdType::Delta => {
-            put(&mut st.counter_snapshots, key, at.snapshot());
+            put_shared(&mut st.counter_snapshots, &st.last_values, key, at.snapshot());
             if delta as f64 <= at.rule.threshold {
                 return Judged::Below;
             }
@@ -397,13 +418,13 @@ fn threshold(st: &mut CounterState, key: &str, at: &Reading<'_>, snap: CounterSn
             if elapsed.is_negative() {
                 // The wall clock stepped back: no window can be measured against the
                 // snapshot any more, start a new one.
-                put(&mut st.counter_snapshots, key, at.snapshot());
+                put_shared(&mut st.counter_snapshots, &st.last_values, key, at.snapshot());
                 return Judged::NotYet;
             }
             if elapsed < Duration::seconds(i64::from(unit.seconds())) {
                 return Judged::NotYet; // window not full yet: hold the snapshot
             }
-            put(&mut st.counter_snapshots, key, at.snapshot());
+            put_shared(&mut st.counter_snapshots, &st.last_values, key, at.snapshot());
             let per_second = delta as f64 / elapsed.as_seconds_f64();
             match at.rule.measure {
                 Measure::Count => {
@@ -523,7 +544,7 @@ pub fn missing(ports: &[CounterPort<'_>], rules: &[CounterRule]) -> Vec<(String,
         for r in
             rules.iter().filter(|r| r.enabled && r.layers.covers(p.link_layer) && (p.port == 1 || !device_level(r)))
         {
-            if !p.counters.contains_key(&r.path) {
+            if !p.counters.contains_key(r.path.as_str()) {
                 out.push((p.device.to_owned(), p.port, r.name.clone()));
             }
         }

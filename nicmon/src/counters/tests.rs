@@ -46,7 +46,7 @@ impl Node {
 
     /// Poll at `T0 + secs` with these counter values (by rule path).
     fn poll_ms(&mut self, ms: i64, counters: &[(&str, u64)], reboot: bool) -> Vec<HealthEvent> {
-        let counters: BTreeMap<String, u64> = counters.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        let counters: BTreeMap<std::sync::Arc<str>, u64> = counters.iter().map(|(k, v)| ((*k).into(), *v)).collect();
         let ports = [CounterPort {
             device: self.device,
             port: self.port,
@@ -318,7 +318,7 @@ fn missing_counters_fail_open() {
     assert!(n.poll(0, &present).is_empty());
     assert!(n.poll(1, &present).is_empty());
     assert!(n.poll(2, &[]).is_empty());
-    let counters: BTreeMap<String, u64> = present.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let counters: BTreeMap<std::sync::Arc<str>, u64> = present.iter().map(|(k, v)| ((*k).into(), *v)).collect();
     let ports = [CounterPort {
         device: "mlx5_0",
         port: 1,
@@ -639,10 +639,10 @@ proptest! {
         let mut open: BTreeMap<String, bool> = BTreeMap::new();
         for (i, (step, reboot, values)) in polls.into_iter().enumerate() {
             now += Duration::milliseconds(step);
-            let counters: BTreeMap<String, u64> = PROP_PATHS
+            let counters: BTreeMap<std::sync::Arc<str>, u64> = PROP_PATHS
                 .iter()
                 .zip(values)
-                .filter_map(|(p, v)| v.map(|v| (p.to_string(), v)))
+                .filter_map(|(p, v)| v.map(|v| ((*p).into(), v)))
                 .collect();
             let ll = LinkLayer::InfiniBand;
             let ports = [CounterPort { device: "mlx5_0", port: 1, link_layer: Some(&ll), counters: &counters, rate_bps: None, ber_threshold: None, ethtool_age: Default::default() }];
@@ -676,8 +676,8 @@ fn a_counter_that_goes_unreadable_is_said_once_per_episode() {
     let mut n = Node::ib();
     n.poll(0, &[(LINK_DOWNED, 0), (SYMBOL_ERROR, 0)]);
     let empty = BTreeMap::new();
-    let readable: BTreeMap<String, u64> = [(SYMBOL_ERROR.to_string(), 0)].into();
-    let unreadable = |n: &mut Node, counters: &BTreeMap<String, u64>| {
+    let readable: BTreeMap<std::sync::Arc<str>, u64> = [(SYMBOL_ERROR.into(), 0)].into();
+    let unreadable = |n: &mut Node, counters: &BTreeMap<std::sync::Arc<str>, u64>| {
         let ports = [CounterPort {
             device: n.device,
             port: n.port,
@@ -752,7 +752,7 @@ mod roce_phy {
         // KR4 (25G lanes) defaults to 1e-5: 5e-5 breaches there and not under KP4's 1e-4.
         for (port_threshold, want) in [(None, 0), (Some(1e-5), 1)] {
             let mut n = Node { rate_bps: Some(100e9), ..roce() };
-            let counters = |v: u64| -> BTreeMap<String, u64> { [(BITS.to_string(), v)].into() };
+            let counters = |v: u64| -> BTreeMap<std::sync::Arc<str>, u64> { [(BITS.into(), v)].into() };
             let (c0, c1) = (counters(0), counters(300_000_000));
             let mut events = Vec::new();
             for (secs, c) in [(0, &c0), (60, &c1)] {

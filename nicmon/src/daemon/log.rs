@@ -1,17 +1,16 @@
 //! The daemon's log lines about a poll's outcome (events, flaps, blips, notes).
 use crate::cycle::Poll;
-use crate::event::Check;
+use crate::event::HealthEvent;
 
-/// Log what a poll found: its notes, flaps and events (in check order).
-pub(super) fn poll(poll: &Poll) {
+/// Log what a poll found: its notes, flaps and `events` (its events, as batched: in check
+/// order).
+pub(super) fn poll<'e>(poll: &Poll, events: impl Iterator<Item = &'e HealthEvent>) {
     for n in &poll.notes {
         tracing::info!("{n}");
     }
     log_flaps(&poll.flaps);
-    for check in Check::ALL {
-        for e in poll.events.iter().filter(|e| e.check() == Some(check)) {
-            log_event(e);
-        }
+    for e in events {
+        log_event(e);
     }
 }
 

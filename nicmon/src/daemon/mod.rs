@@ -200,7 +200,10 @@ impl<'a> Daemon<'a> {
         let mut poll = poll;
         let next = std::mem::take(&mut poll.next);
         let before = self.state.outbox.last_id();
-        let committed = self.courier.commit(&mut self.state, next, &poll.events);
+        // The events move into the outbox's batches (the trace prints them in the poll's
+        // order: a copy is kept for it); the logs and metrics read them there.
+        let events = if self.opts.trace { poll.events.clone() } else { std::mem::take(&mut poll.events) };
+        let (batches, committed) = self.courier.commit_events(&mut self.state, next, events);
         let handed_at = Instant::now();
         // The sender task runs on this thread (the daemon's runtime has one): yield to it,
         // so it writes the new batches now rather than after the trace, metrics, logs and
@@ -216,8 +219,10 @@ impl<'a> Daemon<'a> {
             trace::print_trace(woke, woke_at, &poll, elapsed, &kind, handed_at, self.state.outbox.last_id());
             self.trace_latencies.record(woke, &kind);
         }
-        self.metrics.observe(&poll, next);
-        log::poll(&poll);
+        let events = || batches.iter().flat_map(|b| b.events.iter());
+        self.metrics.observe_with_events(&poll, events(), next);
+        log::poll(&poll, events());
+        drop(batches);
 
         // The earliest held port's due time (rounded up; measured from after the poll, whose
         // clock reading was earlier, so the poll then finds it due).
@@ -229,8 +234,7 @@ impl<'a> Daemon<'a> {
             .min()
             .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
         let deferred = !poll.deferred.is_empty();
-        // The events are in the outbox now (or refused): their copy here goes before the
-        // save (a reboot's baselines on a large node are tens of thousands).
+        // The trace's copy of the events goes before the save.
         drop(std::mem::take(&mut poll.events));
         match committed {
             Ok(()) => {

@@ -197,6 +197,14 @@ impl Daemon<'_> {
         }
         let started = Instant::now();
         self.last_full_poll = Some(started);
+        // This poll's snapshot replaces the last one: the last goes before this one is read
+        // (a device of a thousand ports: one snapshot at a time). So do the batches delivered
+        // meanwhile: their acknowledgements are taken first.
+        self.last_snapshot = None;
+        let acked = self.courier.ready_acks();
+        if !acked.is_empty() {
+            self.courier.delivered(&mut self.state, acked);
+        }
         let records = std::mem::take(&mut self.pending_records);
         let now = OffsetDateTime::now_utc();
         let mut obs = self.monitor.observe(&self.state.checks, !records.is_empty());

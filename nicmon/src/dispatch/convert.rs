@@ -20,9 +20,9 @@ pub fn to_proto_batch(events: &[HealthEvent]) -> pb::HealthEvents {
 pub fn to_proto(ev: &HealthEvent) -> pb::HealthEvent {
     pb::HealthEvent {
         version: ev.version,
-        agent: ev.agent.clone(),
-        component_class: ev.component_class.clone(),
-        check_name: ev.check_name.clone(),
+        agent: ev.agent.to_string(),
+        component_class: ev.component_class.to_string(),
+        check_name: ev.check_name.to_string(),
         is_fatal: ev.is_fatal,
         is_healthy: ev.is_healthy,
         message: ev.message.clone(),

@@ -135,7 +135,7 @@ impl PortReader {
             }
             let values = counters(&snap);
             for p in std::sync::Arc::make_mut(d).ports.iter_mut().filter(|p| roce(p)) {
-                p.counters.extend(values.iter().map(|(k, v)| (k.clone(), *v)));
+                p.counters.extend(values.iter().map(|(k, v)| (k.as_str().into(), *v)));
                 p.ethtool = Some(snap.clone());
                 p.ethtool_age = Some(age);
             }

@@ -1,9 +1,10 @@
 //! Kept-open files: the attributes read every poll stay open between polls and are read
 //! with `pread` at offset 0 (the module notes of [`super`] say when a kept file is opened by
 //! its path again, and how a fixture tree is watched for what sysfs cannot do).
+use std::ffi::OsStr;
 use std::io;
 use std::path::Path;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::file::{Past, open_read};
@@ -18,7 +19,7 @@ pub const KEPT_REFRESH: Duration = Duration::from_secs(60);
 pub(super) struct Kept {
     /// By the path's bytes (hashing a `PathBuf` walks its components), with a fast
     /// non-cryptographic hash (the keys are nicmon's own paths; looked up twice per read).
-    pub(super) files: std::collections::HashMap<std::ffi::OsString, KeptFile, foldhash::fast::RandomState>,
+    pub(super) files: std::collections::HashMap<KeptKey, KeptFile, foldhash::fast::RandomState>,
     /// Bumped by every [`Reader::forget_kept`]: a file taken out for a read under an older
     /// generation is closed after it, not put back (it may belong to a device forgotten
     /// meanwhile).
@@ -32,12 +33,29 @@ pub(super) struct Kept {
 /// descriptor stands for (one inode may be kept by several paths).
 pub(super) struct Watch {
     inotify: inotify::Inotify,
-    paths: std::collections::HashMap<inotify::WatchDescriptor, Vec<std::ffi::OsString>>,
+    paths: std::collections::HashMap<inotify::WatchDescriptor, Vec<KeptKey>>,
+}
+
+/// A kept file's root-relative path: its file set item's, shared (not copied: a device of a
+/// thousand ports keeps thousands of files).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct KeptKey(pub(super) Arc<str>);
+
+impl std::borrow::Borrow<str> for KeptKey {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<OsStr> for KeptKey {
+    fn as_ref(&self) -> &OsStr {
+        OsStr::new(&*self.0)
+    }
 }
 
 impl Kept {
     /// Put a file back among the kept ones, if the budget allows (else it is closed).
-    pub(super) fn put_back(&mut self, key: std::ffi::OsString, file: KeptFile, generation: u64) {
+    pub(super) fn put_back(&mut self, key: KeptKey, file: KeptFile, generation: u64) {
         if self.generation != generation {
             return;
         }
@@ -95,7 +113,7 @@ impl Kept {
 
     /// Watch `path`, just opened as `file`, for being removed or replaced: `true` when the
     /// watch holds (the file needs no check after its reads).
-    pub(super) fn watch(&mut self, path: &Path, file: &std::fs::File) -> bool {
+    pub(super) fn watch(&mut self, path: &Path, key: &Arc<str>, file: &std::fs::File) -> bool {
         use std::os::unix::fs::MetadataExt;
         let watch = self.watch.get_or_insert_with(|| {
             inotify::Inotify::init().map(|inotify| Watch { inotify, paths: Default::default() }).map_err(|_| ())
@@ -112,8 +130,8 @@ impl Kept {
         if same {
             // One path per inode as a rule: room for one (a default push makes room for four).
             let paths = watch.paths.entry(wd).or_insert_with(|| Vec::with_capacity(1));
-            if !paths.iter().any(|p| p.as_os_str() == path.as_os_str()) {
-                paths.push(path.as_os_str().to_os_string());
+            if !paths.iter().any(|p| p.0 == *key) {
+                paths.push(KeptKey(key.clone()));
             }
         }
         same
@@ -193,19 +211,19 @@ fn kept_budget() -> usize {
 /// again; a file that opens and reads is kept for the next read.
 /// A file to keep after its read: its key when it was kept before, the file, and the
 /// [`Kept::generation`] it was taken out under.
-pub(super) type PutBack = (Option<std::ffi::OsString>, KeptFile, u64);
+pub(super) type PutBack = (Option<KeptKey>, KeptFile, u64);
 
 pub(super) fn read_kept(
     kept: &Mutex<Kept>,
+    key: &Arc<str>,
     path: &Path,
-    limit: usize,
-    past: Past,
+    (limit, past): (usize, Past),
     scratch: &mut [u8],
 ) -> (Result<Vec<u8>, ReadError>, Option<PutBack>) {
     let lock = || kept.lock().unwrap_or_else(|p| p.into_inner());
     let (kept, generation) = {
         let mut k = lock();
-        (k.files.remove_entry(path.as_os_str()), k.generation)
+        (k.files.remove_entry(&**key), k.generation)
     };
     if let Some((key, k)) = kept
         && k.opened.elapsed() < KEPT_REFRESH
@@ -218,7 +236,7 @@ pub(super) fn read_kept(
         Ok((file, buf)) => {
             let guard = if on_sysfs(&file) {
                 Guard::Sysfs
-            } else if lock().watch(path, &file) {
+            } else if lock().watch(path, key, &file) {
                 Guard::Watched
             } else {
                 Guard::Links

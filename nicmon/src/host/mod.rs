@@ -165,7 +165,7 @@ pub struct SysDir {
 /// A host (or a fixture tree standing in for one).
 #[derive(Debug)]
 pub struct Host {
-    sysfs: PathBuf,
+    sysfs: Arc<Path>,
     procfs: PathBuf,
     boot_id_path: Option<PathBuf>,
     einval: Mutex<BTreeSet<String>>,
@@ -197,7 +197,7 @@ impl std::fmt::Debug for ReadAhead {
 impl Host {
     pub fn new(sysfs: impl Into<PathBuf>, procfs: impl Into<PathBuf>) -> Host {
         Host {
-            sysfs: sysfs.into(),
+            sysfs: Arc::from(sysfs.into()),
             procfs: procfs.into(),
             boot_id_path: None,
             einval: Mutex::new(BTreeSet::new()),
@@ -300,9 +300,15 @@ impl Host {
         let items = rels
             .into_iter()
             .enumerate()
-            .map(|(i, rel)| Item { path: self.sys(&rel), limit: PAGE, past: Past::Error, keep: keep(i) })
+            .map(|(i, rel)| Item {
+                root: self.sysfs.clone(),
+                rel: Arc::from(rel.as_str()),
+                limit: PAGE,
+                past: Past::Error,
+                keep: keep(i),
+            })
             .collect();
-        Arc::new(FileSet { rel_start: self.sys("").as_os_str().len(), items })
+        Arc::new(FileSet { items })
     }
 
     /// Read the files of `set` as text, in one hand-off to the reader thread: the same rules
@@ -406,8 +412,10 @@ impl Host {
                 self.note_sys(rel, |tree, rel| Access::Read { tree, rel });
             }
         }
-        for item in items.iter() {
-            self.stats.record(&item.path);
+        if self.stats.recording() {
+            for item in items.iter() {
+                self.stats.record(&item.path());
+            }
         }
         let pending = self.reader.start_many(items, self.deadlines.read, self.poll_end());
         PendingReads { set: set.clone(), memo, pending }
@@ -418,11 +426,14 @@ impl Host {
         let PendingReads { set, memo, pending } = reads;
         let items = pending.items.clone();
         let results = self.reader.finish_many(pending, self.deadlines.read, self.poll_end());
-        let text = |i: usize, item: &Item, r| {
-            self.text_of(&item.path, || set.rel(i).unwrap_or_default().to_string(), self.after_read(&item.path, r))
+        let text = |i: usize, item: &Item, r: Result<Vec<u8>, ReadError>| {
+            // The path matters only to a failure (its bundle link, its log line).
+            let path = if r.is_ok() { PathBuf::new() } else { item.path() };
+            self.text_of(&path, || set.rel(i).unwrap_or_default().to_string(), self.after_read(&path, r))
         };
         match memo {
-            None => results.into_iter().zip(items.iter()).enumerate().map(|(i, (r, item))| text(i, item, r)).collect(),
+            // In place: the reader's vector becomes the text's.
+            None => results.into_iter().enumerate().map(|(i, r)| text(i, &items[i], r)).collect(),
             Some((mut out, at)) => {
                 for ((i, item), r) in at.into_iter().zip(items.iter()).zip(results) {
                     out[i] = Some(text(i, item, r));
@@ -442,7 +453,7 @@ impl Host {
     /// device they belong to went, or is a new incarnation.
     pub fn forget_kept(&self, rel: Option<&str>) {
         match rel {
-            Some(rel) => self.reader.forget_kept(Some(&self.sys(rel))),
+            Some(rel) => self.reader.forget_kept(Some(rel)),
             None => self.reader.forget_kept(None),
         }
     }

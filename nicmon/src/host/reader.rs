@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use super::file::{Past, read_regular};
-use super::kept::{Kept, KeptFile, read_kept};
+use super::kept::{Kept, KeptFile, KeptKey, read_kept};
 use super::{MAX_STUCK, PAGE, ReadError};
 
 /// How long reads may take.
@@ -47,6 +47,11 @@ pub struct ReadStats {
 }
 
 impl ReadStats {
+    /// Whether files read are recorded ([`ReadStats::recorded`]).
+    pub(super) fn recording(&self) -> bool {
+        self.recorded.lock().is_ok_and(|r| r.is_some())
+    }
+
     pub(super) fn record(&self, path: &Path) {
         if let Ok(mut r) = self.recorded.lock()
             && let Some(v) = r.as_mut()
@@ -59,11 +64,34 @@ impl ReadStats {
 /// One file of a batch handed to the reader thread.
 #[derive(Debug, Clone)]
 pub(super) struct Item {
-    pub(super) path: PathBuf,
+    /// The directory the file is under (a file set's: the sysfs root), and its path below it
+    /// (empty: `root` is the file), shared with the kept file's key
+    /// ([`super::kept::KeptKey`]): a set of tens of thousands of files holds the root once.
+    pub(super) root: Arc<Path>,
+    pub(super) rel: Arc<str>,
     pub(super) limit: usize,
     pub(super) past: Past,
     /// Keep the file open after the read and `pread` it next time ([`Kept`]).
     pub(super) keep: bool,
+}
+
+impl Item {
+    /// The file's path.
+    pub(super) fn path(&self) -> PathBuf {
+        let mut buf = PathBuf::new();
+        self.path_in(&mut buf);
+        buf
+    }
+
+    /// The file's path, written into `buf` (no allocation once it is long enough).
+    pub(super) fn path_in<'b>(&self, buf: &'b mut PathBuf) -> &'b Path {
+        buf.as_mut_os_string().clear();
+        buf.push(&*self.root);
+        if !self.rel.is_empty() {
+            buf.push(&*self.rel);
+        }
+        buf
+    }
 }
 
 /// A batch: the thread reads its items from `start` on, in order, notes each result in
@@ -99,6 +127,8 @@ struct Progress {
 /// A batch handed to the reader and not collected yet ([`Reader::start_many`]).
 pub(super) struct Pending {
     pub(super) items: Arc<[Item]>,
+    /// The results gathered (empty until a result has to be merged in: a batch read whole
+    /// by one thread hands over its own vector).
     out: Slots,
     /// The first item not handed to a thread yet (or handed to the one in `flight`).
     next: usize,
@@ -113,32 +143,49 @@ struct Flight {
 }
 
 impl Pending {
+    /// The results gathered, one slot per item.
+    fn out(&mut self) -> &mut Slots {
+        if self.out.is_empty() {
+            self.out = (0..self.items.len()).map(|_| None).collect();
+        }
+        &mut self.out
+    }
+
     /// Give the items from `next` on `e` as their result.
     fn fill(&mut self, e: ReadError) {
-        for slot in &mut self.out[self.next..] {
+        let next = self.next;
+        for slot in &mut self.out()[next..] {
             *slot = Some(Err(e.clone()));
         }
-        self.next = self.out.len();
+        self.next = self.items.len();
     }
 
     /// Take the results the thread has stored so far.
     fn collect(&mut self, progress: &Progress) {
         let mut results = progress.results.lock().unwrap_or_else(|p| p.into_inner());
-        for (slot, r) in self.out.iter_mut().zip(results.iter_mut()) {
+        for (slot, r) in self.out().iter_mut().zip(results.iter_mut()) {
             if let Some(r) = r.take() {
                 *slot = Some(r);
             }
+        }
+    }
+
+    /// Take the results of a thread done with its job: its whole vector when nothing was
+    /// gathered before (no second vector of a batch's results).
+    fn collect_done(&mut self, progress: &Progress) {
+        if self.out.is_empty() {
+            self.out = std::mem::take(&mut *progress.results.lock().unwrap_or_else(|p| p.into_inner()));
+        } else {
+            self.collect(progress);
         }
     }
 }
 
 /// Sysfs files read together ([`super::Host::start_files`]), their paths joined once: a poll's
 /// batch is the same files poll after poll, so it is made once and read again and again.
-/// Each path is held once: the sysfs-relative path is the end of the joined one.
+/// Each path is held once, relative to the root.
 #[derive(Debug)]
 pub struct FileSet {
-    /// Where the sysfs-relative part of each item's path starts (past the root and a `/`).
-    pub(super) rel_start: usize,
     pub(super) items: Arc<[Item]>,
 }
 
@@ -154,9 +201,7 @@ impl FileSet {
 
     /// The sysfs-relative path of file `i`.
     pub fn rel(&self, i: usize) -> Option<&str> {
-        use std::os::unix::ffi::OsStrExt;
-        let path = self.items.get(i)?.path.as_os_str().as_bytes();
-        std::str::from_utf8(path.get(self.rel_start..)?).ok()
+        self.items.get(i).map(|item| &*item.rel)
     }
 
     /// Whether file `i` is kept open between reads ([`super::Host::file_set`]).
@@ -172,7 +217,11 @@ impl FileSet {
     /// The same files, read the same way (kept open or not).
     pub(super) fn same_files(&self, other: &FileSet) -> bool {
         self.len() == other.len()
-            && self.items.iter().zip(other.items.iter()).all(|(a, b)| a.keep == b.keep && a.path == b.path)
+            && self
+                .items
+                .iter()
+                .zip(other.items.iter())
+                .all(|(a, b)| a.keep == b.keep && a.root == b.root && a.rel == b.rel)
     }
 }
 
@@ -219,7 +268,7 @@ impl Shared {
     }
 
     /// Put a file back among the kept ones, if the budget allows (else it is closed).
-    fn keep(&self, key: std::ffi::OsString, file: KeptFile, generation: u64) {
+    fn keep(&self, key: KeptKey, file: KeptFile, generation: u64) {
         self.kept().put_back(key, file, generation);
     }
 }
@@ -250,7 +299,7 @@ impl Default for Reader {
 impl Reader {
     /// Read at most `limit` bytes of the regular file `path`, waiting at most `timeout`.
     pub(super) fn read(&self, path: &Path, limit: usize, past: Past, timeout: Duration) -> Result<Vec<u8>, ReadError> {
-        let item = Item { path: path.to_path_buf(), limit, past, keep: false };
+        let item = Item { root: Arc::from(path), rel: Arc::from(""), limit, past, keep: false };
         self.read_many(Arc::from([item]), timeout, None).pop().unwrap_or_else(|| Err(ReadError::Io("not read".into())))
     }
 
@@ -276,7 +325,7 @@ impl Reader {
     /// deadlines, which count from each item's start, not from the collection).
     pub(super) fn start_many(&self, items: Arc<[Item]>, read: Duration, poll_end: Option<Instant>) -> Pending {
         let n = items.len();
-        let mut pending = Pending { items, out: (0..n).map(|_| None).collect(), next: 0, flight: None };
+        let mut pending = Pending { items, out: Vec::new(), next: 0, flight: None };
         if n > 0 {
             self.launch(&mut pending, read, poll_end);
         }
@@ -341,12 +390,12 @@ impl Reader {
                 }
                 match finished.recv_timeout(until.saturating_duration_since(Instant::now())) {
                     Ok(()) => {
-                        p.collect(&progress);
+                        p.collect_done(&progress);
                         break 'batches;
                     }
                     Err(mpsc::RecvTimeoutError::Disconnected) => {
                         p.collect(&progress);
-                        p.next = p.out.iter().position(Option::is_none).unwrap_or(n);
+                        p.next = p.out().iter().position(Option::is_none).unwrap_or(n);
                         p.fill(ReadError::Io("the reader thread ended".into()));
                         break 'batches;
                     }
@@ -365,7 +414,7 @@ impl Reader {
                         if answered || now_at != current || now_since != since {
                             continue;
                         }
-                        let path = &p.items[current].path;
+                        let path = p.items[current].path();
                         stuck.insert(path.clone(), Stuck { worker: id, since });
                         drop(stuck);
                         let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
@@ -380,14 +429,16 @@ impl Reader {
                             "read did not return in time: abandoned for this poll, not retried until it returns"
                         );
                         p.collect(&progress);
-                        p.out[current] = Some(Err(ReadError::Stuck(format!("no answer within {waited:.1?}"))));
+                        p.out()[current] = Some(Err(ReadError::Stuck(format!("no answer within {waited:.1?}"))));
                         p.next = current + 1;
                         continue 'batches;
                     }
                 }
             }
         }
-        p.out.into_iter().map(|r| r.unwrap_or_else(|| Err(ReadError::Io("not read".into())))).collect()
+        let mut out = p.out;
+        out.resize_with(n, || None);
+        out.into_iter().map(|r| r.unwrap_or_else(|| Err(ReadError::Io("not read".into())))).collect()
     }
 
     /// Hand `job` to the current reader thread (starting one if needed); its id.
@@ -435,22 +486,23 @@ impl Reader {
         self.shared.stuck().iter().map(|(p, s)| (p.clone(), s.since.elapsed())).collect()
     }
 
-    /// Close the kept-open files whose path starts with `prefix` (all of them: `None`).
-    pub(super) fn forget_kept(&self, prefix: Option<&Path>) {
+    /// Close the kept-open files whose root-relative path starts with `prefix` (all of
+    /// them: `None`).
+    pub(super) fn forget_kept(&self, prefix: Option<&str>) {
         let mut k = self.shared.kept();
         k.generation = k.generation.wrapping_add(1);
         match prefix {
             None => k.files.clear(),
-            Some(p) => k.files.retain(|path, _| !Path::new(path).starts_with(p)),
+            Some(p) => k.files.retain(|key, _| !Path::new(&*key.0).starts_with(p)),
         }
     }
 
     /// Close the kept-open files that are not among `items`.
     pub(super) fn keep_only(&self, items: &[Item]) {
-        let wanted: std::collections::HashSet<&std::ffi::OsStr> = items.iter().map(|i| i.path.as_os_str()).collect();
+        let wanted: std::collections::HashSet<&str> = items.iter().map(|i| &*i.rel).collect();
         let mut k = self.shared.kept();
         let before = k.files.len();
-        k.files.retain(|path, _| wanted.contains(path.as_os_str()));
+        k.files.retain(|key, _| wanted.contains(&*key.0));
         if k.files.len() != before {
             k.generation = k.generation.wrapping_add(1);
         }
@@ -491,13 +543,15 @@ fn next_job(jobs: &mpsc::Receiver<Msg>) -> Option<Job> {
 fn reader_thread(id: u64, jobs: &mpsc::Receiver<Msg>, shared: &Shared, read_fn: ReadFn) {
     // The first read of a kept file lands here (on the heap, zeroed once per thread).
     let mut scratch = vec![0u8; PAGE + 1].into_boxed_slice();
+    let mut path_buf = PathBuf::new();
     while let Some(job) = next_job(jobs) {
         if job.items[job.start..].iter().any(|item| item.keep) {
             shared.kept().drop_changed();
         }
         for (index, item) in job.items.iter().enumerate().skip(job.start) {
             *job.progress.current.lock().unwrap_or_else(|p| p.into_inner()) = (index, Instant::now());
-            let earlier = shared.stuck().get(&item.path).map(|s| s.since.elapsed());
+            let path = item.path_in(&mut path_buf);
+            let earlier = shared.stuck().get(path).map(|s| s.since.elapsed());
             if let Some(ago) = earlier {
                 let e = ReadError::Stuck(format!(
                     "an earlier read has not returned ({ago:.1?} ago): not read again until it does"
@@ -506,22 +560,22 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Msg>, shared: &Shared, read_fn: 
                 continue;
             }
             let (result, keep) = if item.keep {
-                read_kept(&shared.kept, &item.path, item.limit, item.past, &mut scratch)
+                read_kept(&shared.kept, &item.rel, path, (item.limit, item.past), &mut scratch)
             } else {
-                (read_fn(&item.path, item.limit, item.past), None)
+                (read_fn(path, item.limit, item.past), None)
             };
             let mut stuck = shared.stuck();
             job.progress.results.lock().unwrap_or_else(|p| p.into_inner())[index] = Some(result);
-            if stuck.get(&item.path).is_some_and(|s| s.worker == id) {
-                let s = stuck.remove(&item.path).expect("checked above");
-                tracing::info!(path = %item.path.display(), after = ?s.since.elapsed(), "a stuck read returned");
+            if stuck.get(path).is_some_and(|s| s.worker == id) {
+                let s = stuck.remove(path).expect("checked above");
+                tracing::info!(path = %path.display(), after = ?s.since.elapsed(), "a stuck read returned");
                 // Abandoned: a newer thread serves the reader now (and the rest of this
                 // batch was handed to it). A file it had kept is closed here.
                 return;
             }
             drop(stuck);
             if let Some((key, file, generation)) = keep {
-                shared.keep(key.unwrap_or_else(|| item.path.as_os_str().to_os_string()), file, generation);
+                shared.keep(key.unwrap_or_else(|| KeptKey(item.rel.clone())), file, generation);
             }
         }
         let _ = job.done.send(());

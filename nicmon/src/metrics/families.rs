@@ -200,9 +200,11 @@ pub(super) struct FecModeLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct CounterLabels {
-    pub(super) device: String,
+    /// Shared ([`super::Metrics::set_counter_values`]): a device of a thousand ports has
+    /// tens of thousands of counter series, over a handful of devices and counters.
+    pub(super) device: std::sync::Arc<str>,
     pub(super) port: u32,
-    pub(super) counter: String,
+    pub(super) counter: std::sync::Arc<str>,
 }
 
 // The existing monitor's label sets (`node` on every series).

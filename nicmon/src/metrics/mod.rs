@@ -69,6 +69,8 @@ pub struct Metrics {
     reads_abandoned_seen: std::sync::atomic::AtomicU64,
     /// The stuck reads as `/healthz` lists them.
     stuck_reads: std::sync::Mutex<Vec<String>>,
+    /// The device and counter names of the counter series, each allocated once.
+    label_values: std::sync::Mutex<std::collections::BTreeSet<std::sync::Arc<str>>>,
 }
 
 impl Metrics {
@@ -85,6 +87,7 @@ impl Metrics {
             kernel_log_reason: std::sync::Mutex::new("not started".into()),
             reads_abandoned_seen: Default::default(),
             stuck_reads: Default::default(),
+            label_values: Default::default(),
         };
         // Series of change-gated counters exist at 0 from the start, so that rate() and
         // alerts see them before the first event.
@@ -295,12 +298,21 @@ impl Metrics {
     /// The counters the rules read `((device, port, rule), value)`, replacing the previous set.
     pub fn set_counter_values<'a>(&self, values: impl IntoIterator<Item = ((&'a str, u32, &'a str), u64)>) {
         self.f.counter_value.clear();
+        let mut names = self.label_values.lock().unwrap_or_else(|p| p.into_inner());
+        let mut shared = |v: &str| match names.get(v) {
+            Some(s) => s.clone(),
+            None => {
+                let s: std::sync::Arc<str> = v.into();
+                names.insert(s.clone());
+                s
+            }
+        };
         for ((device, port, counter), value) in values {
-            self.f
-                .counter_value
-                .get_or_create(&CounterLabels { device: device.into(), port, counter: counter.into() })
-                .set(value as f64);
+            let labels = CounterLabels { device: shared(device), port, counter: shared(counter) };
+            self.f.counter_value.get_or_create(&labels).set(value as f64);
         }
+        // Names no series uses any more are let go.
+        names.retain(|s| std::sync::Arc::strong_count(s) > 1);
     }
 
     /// `n` kernel log records were lost (`/dev/kmsg` returned `EPIPE` / a sequence gap).

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use super::Metrics;
 use crate::cycle::Poll;
-use crate::event::{Check, Subject};
+use crate::event::{Check, HealthEvent, Subject};
 use crate::state::CheckState;
 
 impl Metrics {
@@ -12,6 +12,17 @@ impl Metrics {
     /// checks' state it produced (`next`; `poll.next` is moved out by the commit) and its
     /// unhealthy events.
     pub fn observe(&self, poll: &Poll, next: &CheckState) {
+        self.observe_with_events(poll, poll.events.iter(), next);
+    }
+
+    /// [`Metrics::observe`] with the poll's events given apart (`poll.events` moved into
+    /// the outbox's batches by the commit).
+    pub fn observe_with_events<'e>(
+        &self,
+        poll: &Poll,
+        events: impl Iterator<Item = &'e HealthEvent>,
+        next: &CheckState,
+    ) {
         self.observe_roles(poll);
         self.observe_ports(poll);
         self.set_pcie(crate::pcie::check::figures(&poll.snapshot, &poll.roles));
@@ -31,7 +42,7 @@ impl Metrics {
         self.set_flapping_ports(
             next.links.port_states.values().filter(|r| r.flap.is_flapping()).map(|r| (r.device.as_str(), r.port)),
         );
-        self.observe_errors(poll, next);
+        self.observe_errors(events, next);
         self.observe_phy(poll, next);
     }
 
@@ -91,8 +102,8 @@ impl Metrics {
     /// The existing monitor's error metrics, from the unhealthy events' typed fields: state
     /// check errors, and counter threshold breaches (a saturated counter's event is not a
     /// breach: no thresholds are evaluated while it is saturated).
-    fn observe_errors(&self, poll: &Poll, next: &CheckState) {
-        for e in poll.events.iter().filter(|e| !e.is_healthy) {
+    fn observe_errors<'e>(&self, events: impl Iterator<Item = &'e HealthEvent>, next: &CheckState) {
+        for e in events.filter(|e| !e.is_healthy) {
             // A card's errors are labelled with the card; the node's with no device.
             let (dev, port) = match e.subject() {
                 Subject::Port { device, port } => (device, port),

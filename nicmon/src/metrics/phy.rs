@@ -36,8 +36,8 @@ pub(super) fn ports<'a>(poll: &'a Poll, counters: &CounterState) -> Vec<PortPhy<
             let snap = p.ethtool.as_ref();
             // The sysfs `hw_counters/` file (mlx5), else the driver's ethtool statistic.
             let counter = |name: &str| {
-                let sysfs = p.counters.get(&ethtool::congestion_path(name));
-                sysfs.or_else(|| p.counters.get(&format!("{ETHTOOL_PREFIX}{name}"))).copied()
+                let sysfs = p.counters.get(ethtool::congestion_path(name).as_str());
+                sysfs.or_else(|| p.counters.get(format!("{ETHTOOL_PREFIX}{name}").as_str())).copied()
             };
             out.push(PortPhy {
                 device: &d.name,

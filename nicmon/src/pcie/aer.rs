@@ -96,8 +96,8 @@ pub struct AerOutcome {
 }
 
 /// The totals of a PF keyed by rule path (`aer_dev_fatal` → 1); a file not read is absent.
-fn totals(aer: &Aer) -> BTreeMap<String, u64> {
-    aer.totals().map(|(s, total)| (s.file().to_string(), total)).collect()
+fn totals(aer: &Aer) -> BTreeMap<std::sync::Arc<str>, u64> {
+    aer.totals().map(|(s, total)| (s.file().into(), total)).collect()
 }
 
 /// Judge one poll's AER statistics. `reboot`: the state was cleared by a boot-ID change —
@@ -110,7 +110,7 @@ pub fn evaluate(
     reboot: bool,
 ) -> AerOutcome {
     let rules = rules(thresholds);
-    let readings: Vec<BTreeMap<String, u64>> = ports.iter().map(|p| totals(p.aer)).collect();
+    let readings: Vec<BTreeMap<std::sync::Arc<str>, u64>> = ports.iter().map(|p| totals(p.aer)).collect();
     let engine_ports: Vec<CounterPort<'_>> = ports
         .iter()
         .zip(&readings)

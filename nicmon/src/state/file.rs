@@ -249,9 +249,21 @@ pub struct Writer {
     path: std::path::PathBuf,
     /// What was last written, with the volatile parts settled ([`settled`]).
     written: Option<Settled>,
+    /// A writer told of every change of the checks' state ([`Writer::told`]) keeps no copy
+    /// of what it wrote: only the outbox's ids, and whether the checks changed since.
+    told: Option<Told>,
     written_at: Option<std::time::Instant>,
     /// Files written by this writer.
     pub writes: u64,
+}
+
+/// What a told writer knows of what it wrote ([`Writer::told`]).
+#[derive(Debug, Default)]
+struct Told {
+    /// The outbox's ids written (`None`: nothing written yet).
+    outbox: Option<crate::outbox::OutboxIds>,
+    /// The checks' state changed beyond its volatile parts since it was written.
+    changed: bool,
 }
 
 /// A state without its volatile parts, as [`Writer`] remembers what it wrote: the outbox
@@ -287,14 +299,20 @@ fn settled(state: &State) -> Settled {
 /// a field added to the state must be added here.
 fn settles_to(state: &State, written: &Settled) -> bool {
     let State { version, boot_id, checks, outbox } = state;
-    let CheckState { polls, links, counters, kmsg, char_devices, pcie, einval, scope, first_poll_deferrals, history } =
-        checks;
     let (w, written_outbox) = (&written.state.checks, &written.outbox);
     let written = &written.state;
     *version == written.version
         && *boot_id == written.boot_id
         && outbox.has_ids(written_outbox)
-        && (*polls).min(1) == w.polls
+        && same_but_volatile(checks, w)
+}
+
+/// Whether two checks' states differ in their volatile parts only (see [`settled`]). Every
+/// field is named, so a field added to the state must be added here.
+pub fn same_but_volatile(checks: &CheckState, w: &CheckState) -> bool {
+    let CheckState { polls, links, counters, kmsg, char_devices, pcie, einval, scope, first_poll_deferrals, history } =
+        checks;
+    (*polls).min(1) == w.polls.min(1)
         && *links == w.links
         && *kmsg == w.kmsg
         && *char_devices == w.char_devices
@@ -309,7 +327,7 @@ fn settles_to(state: &State, written: &Settled) -> bool {
         && counters_settle_to(&pcie.aer.counters, &w.pcie.aer.counters)
 }
 
-/// [`settles_to`] of a counter engine's state (every field named).
+/// [`same_but_volatile`] of a counter engine's state (every field named).
 fn counters_settle_to(counters: &CounterState, w: &CounterState) -> bool {
     // `measured` (the last window's BER and pause share) is volatile like the timestamps.
     let CounterState { counter_snapshots, last_values, breach_flags, saturation_flags, measured: _ } = counters;
@@ -317,14 +335,30 @@ fn counters_settle_to(counters: &CounterState, w: &CounterState) -> bool {
         && *breach_flags == w.breach_flags
         && *saturation_flags == w.saturation_flags
         && counter_snapshots.len() == w.counter_snapshots.len()
-        && counter_snapshots.iter().zip(&w.counter_snapshots).all(|((k, v), (wk, wv))| {
-            k == wk && v.value == wv.value && wv.timestamp == time::OffsetDateTime::UNIX_EPOCH
-        })
+        && counter_snapshots.iter().zip(&w.counter_snapshots).all(|((k, v), (wk, wv))| k == wk && v.value == wv.value)
 }
 
 impl Writer {
     pub fn new(path: &Path) -> Writer {
-        Writer { path: path.to_path_buf(), written: None, written_at: None, writes: 0 }
+        Writer { path: path.to_path_buf(), written: None, told: None, written_at: None, writes: 0 }
+    }
+
+    /// A writer that keeps no copy of what it wrote: it is told of every change of the
+    /// checks' state instead ([`Writer::checks_changed`]; a change it is not told of is
+    /// written only with the next change or refresh). The outbox it compares by its ids, as
+    /// [`Writer::new`]'s does. A device of a thousand ports has tens of thousands of counter
+    /// snapshots: the copy is that many more.
+    pub fn told(path: &Path) -> Writer {
+        Writer { told: Some(Told::default()), ..Writer::new(path) }
+    }
+
+    /// The checks' state is `new` now, `old` before ([`Writer::told`]).
+    pub fn checks_changed(&mut self, old: &CheckState, new: &CheckState) {
+        if let Some(t) = &mut self.told
+            && !t.changed
+        {
+            t.changed = !same_but_volatile(new, old);
+        }
     }
 
     /// Write `state` if it changed (volatile-only changes: once per [`VOLATILE_REFRESH`]).
@@ -332,7 +366,11 @@ impl Writer {
     /// volatile parts): false when the write failed.
     pub fn save(&mut self, state: &State, now: std::time::Instant) -> bool {
         let stale = self.written_at.is_none_or(|t| now.duration_since(t) >= VOLATILE_REFRESH);
-        if !stale && self.written.as_ref().is_some_and(|w| settles_to(state, w)) {
+        let same = match &self.told {
+            Some(t) => !t.changed && t.outbox.as_ref().is_some_and(|ids| state.outbox.has_ids(ids)),
+            None => self.written.as_ref().is_some_and(|w| settles_to(state, w)),
+        };
+        if !stale && same {
             return true;
         }
         self.write(state, now)
@@ -351,10 +389,15 @@ impl Writer {
                     self.writes += 1;
                     tracing::debug!(path = %self.path.display(), writes = self.writes, "state file written");
                 }
-                // The old copy goes before the new one is made (one copy of the checks'
-                // state at a time: tens of thousands of counter snapshots on a large node).
-                self.written = None;
-                self.written = Some(settled(state));
+                match &mut self.told {
+                    Some(t) => *t = Told { outbox: Some(state.outbox.ids()), changed: false },
+                    None => {
+                        // The old copy goes before the new one is made (one copy of the
+                        // checks' state at a time).
+                        self.written = None;
+                        self.written = Some(settled(state));
+                    }
+                }
                 self.written_at = Some(now);
                 true
             }
@@ -552,7 +595,7 @@ mod tests {
         let mut w = Writer::new(&p);
         let t0 = std::time::Instant::now();
         let mut s = State::fresh(Some("b".into()));
-        let key = "mlx5_0_1_symbol_error".to_string();
+        let key: std::sync::Arc<str> = "mlx5_0_1_symbol_error".into();
         let snap = |v, secs| crate::counters::eval::CounterSnapshot {
             value: v,
             timestamp: time::OffsetDateTime::UNIX_EPOCH + time::Duration::seconds(secs),
@@ -588,6 +631,58 @@ mod tests {
         // Shutdown writes the exact state, volatile parts included.
         s.checks.polls = 99;
         w.flush(&s, t0 + VOLATILE_REFRESH + std::time::Duration::from_secs(3));
+        assert_eq!(load(&p, Some("b")).0, s);
+    }
+
+    #[test]
+    fn a_told_writer_writes_what_it_is_told_changed_and_keeps_no_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state.json");
+        let mut w = Writer::told(&p);
+        let t0 = std::time::Instant::now();
+        let at = |secs: u64| t0 + std::time::Duration::from_secs(secs);
+        let mut s = State::fresh(Some("b".into()));
+        let key: std::sync::Arc<str> = "mlx5_0_1_symbol_error".into();
+        let snap = |v, secs| crate::counters::eval::CounterSnapshot {
+            value: v,
+            timestamp: time::OffsetDateTime::UNIX_EPOCH + time::Duration::seconds(secs),
+        };
+        s.checks.polls = 1;
+        s.checks.counters.counter_snapshots.insert(key.clone(), snap(5, 1));
+        w.save(&s, at(0));
+        assert_eq!(w.writes, 1, "the first save writes");
+        assert!(w.written.is_none(), "no copy kept");
+        // A volatile change, told: not written before the refresh.
+        let mut next = s.checks.clone();
+        next.polls = 7;
+        next.counters.counter_snapshots.insert(key.clone(), snap(5, 9));
+        w.checks_changed(&s.checks, &next);
+        s.checks = next;
+        w.save(&s, at(1));
+        assert_eq!(w.writes, 1);
+        // A moved value, told: written at once.
+        let mut next = s.checks.clone();
+        next.counters.counter_snapshots.insert(key.clone(), snap(6, 10));
+        w.checks_changed(&s.checks, &next);
+        s.checks = next;
+        w.save(&s, at(2));
+        assert_eq!(w.writes, 2);
+        assert_eq!(load(&p, Some("b")).0.checks.counters.counter_snapshots[&key].value, 6);
+        w.save(&s, at(3));
+        assert_eq!(w.writes, 2, "nothing changed since");
+        // The outbox is compared by its ids.
+        s.outbox.enqueue(&[crate::event::HealthEvent::new(
+            crate::event::Check::InfiniBandStateCheck,
+            &crate::event::Stamp::default(),
+            time::OffsetDateTime::UNIX_EPOCH,
+            "x",
+        )]);
+        w.save(&s, at(4));
+        assert_eq!(w.writes, 3);
+        // Past the refresh period the state is written whatever was told.
+        s.checks.polls = 8;
+        w.save(&s, at(4) + VOLATILE_REFRESH);
+        assert_eq!(w.writes, 4);
         assert_eq!(load(&p, Some("b")).0, s);
     }
 

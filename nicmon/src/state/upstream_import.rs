@@ -145,6 +145,7 @@ pub fn import(bytes: &[u8]) -> Result<Imported, ImportError> {
     for (key, s) in v.counter_snapshots {
         match when(&s.timestamp) {
             Some(timestamp) if port_keyed(&key) => {
+                let key: std::sync::Arc<str> = key.into();
                 checks.counters.last_values.insert(key.clone(), s.value);
                 checks.counters.counter_snapshots.insert(key, CounterSnapshot { value: s.value, timestamp });
             }
