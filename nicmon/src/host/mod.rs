@@ -1047,6 +1047,28 @@ mod tests {
     }
 
     #[test]
+    fn a_single_read_does_not_wait_behind_a_stuck_batch() {
+        let (dir, host) = fixture();
+        let host = Host { reader: Reader { read_fn: blocking_read, ..Reader::default() }, ..host }
+            .with_deadlines(Deadlines { read: Duration::from_millis(200), poll: Duration::from_secs(60) });
+        let p = dir.path().join("sys/p");
+        mkfifo(&p.join("counter"));
+        std::fs::write(p.join("rate"), "100 Gb/sec\n").unwrap();
+        host.begin_poll();
+        // A batch read ahead (as the last poll's files are, while discovery reads the
+        // default route) sticks on its first file.
+        let pending = host.start_files(&host.file_set(vec!["p/counter".into()], false));
+        let started = Instant::now();
+        assert_eq!(host.read_sys("p/rate").as_deref(), Ok("100 Gb/sec\n"));
+        assert!(started.elapsed() < Duration::from_millis(150), "answered before the batch's deadline");
+        assert!(matches!(&host.finish_files(pending)[0], Err(ReadError::Stuck(_))));
+        let stuck: Vec<PathBuf> = host.stuck_reads().into_iter().map(|(p, _)| p).collect();
+        assert_eq!(stuck, vec![p.join("counter")], "only the batch's file is stuck");
+        // Release the stuck reader.
+        std::fs::write(p.join("counter"), "1").unwrap();
+    }
+
+    #[test]
     fn stuck_readers_are_bounded_and_the_poll_has_a_deadline() {
         let (dir, host) = fixture();
         let host = Host { reader: Reader { read_fn: blocking_read, ..Reader::default() }, ..host }

@@ -133,6 +133,19 @@ pub(super) struct Pending {
     /// The first item not handed to a thread yet (or handed to the one in `flight`).
     next: usize,
     flight: Option<Flight>,
+    lane: Lane,
+}
+
+/// Which reader thread a read goes to. A file set's batch may be read ahead while the
+/// caller does other reads (the last poll's files while discovery reads `net/route` and
+/// static attributes): those go to a thread of their own, so that a batch stuck on one
+/// file does not hold them up, nor they the batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lane {
+    /// File sets ([`Reader::start_many`]).
+    Batch = 0,
+    /// Single reads ([`Reader::read`]).
+    Single = 1,
 }
 
 /// The part of a [`Pending`] batch a reader thread is reading.
@@ -273,11 +286,12 @@ impl Shared {
     }
 }
 
-/// Reads files on a reader thread, with a deadline. When a read passes its deadline the
-/// thread is left to it (marked stuck, not joined) and the next read starts a new thread.
+/// Reads files on a reader thread per [`Lane`], with a deadline. When a read passes its
+/// deadline the thread is left to it (marked stuck, not joined) and the lane's next read
+/// starts a new thread.
 pub struct Reader {
     pub(super) shared: Arc<Shared>,
-    pub(super) worker: Mutex<Option<(u64, mpsc::Sender<Msg>)>>,
+    pub(super) workers: [Mutex<Option<(u64, mpsc::Sender<Msg>)>>; 2],
     pub(super) next_id: AtomicU64,
     pub(super) read_fn: ReadFn,
 }
@@ -292,7 +306,12 @@ impl std::fmt::Debug for Reader {
 
 impl Default for Reader {
     fn default() -> Reader {
-        Reader { shared: Arc::default(), worker: Mutex::new(None), next_id: AtomicU64::new(1), read_fn: read_regular }
+        Reader {
+            shared: Arc::default(),
+            workers: Default::default(),
+            next_id: AtomicU64::new(1),
+            read_fn: read_regular,
+        }
     }
 }
 
@@ -300,32 +319,25 @@ impl Reader {
     /// Read at most `limit` bytes of the regular file `path`, waiting at most `timeout`.
     pub(super) fn read(&self, path: &Path, limit: usize, past: Past, timeout: Duration) -> Result<Vec<u8>, ReadError> {
         let item = Item { root: Arc::from(path), rel: Arc::from(""), limit, past, keep: false };
-        self.read_many(Arc::from([item]), timeout, None).pop().unwrap_or_else(|| Err(ReadError::Io("not read".into())))
+        let pending = self.start_lane(Arc::from([item]), (timeout, None), Lane::Single);
+        self.finish_many(pending, timeout, None).pop().unwrap_or_else(|| Err(ReadError::Io("not read".into())))
     }
 
-    /// Read `items` in one hand-off to the reader thread, which reads them in order and
-    /// answers once, when all are read (one thread wake-up each way per batch). Meanwhile
-    /// the caller watches the item in progress: one that has not returned within `read` of
-    /// its start, or by `poll_end`, is abandoned with its thread (marked stuck, as a single
-    /// read is), the items read before it keep their results, and the items after it go to
-    /// a fresh thread, or are refused when the poll's deadline has passed or too many reads
-    /// are stuck. The results are in `items`' order.
-    fn read_many(
-        &self,
-        items: Arc<[Item]>,
-        read: Duration,
-        poll_end: Option<Instant>,
-    ) -> Vec<Result<Vec<u8>, ReadError>> {
-        let pending = self.start_many(items, read, poll_end);
-        self.finish_many(pending, read, poll_end)
-    }
-
-    /// [`Reader::read_many`]'s hand-off, without waiting: the reader thread reads while the
-    /// caller does something else; [`Reader::finish_many`] collects (and watches the
-    /// deadlines, which count from each item's start, not from the collection).
+    /// Hand `items` to the batch lane's reader thread in one hand-off, without waiting: the
+    /// thread reads them in order and answers once, when all are read (one thread wake-up
+    /// each way per batch), while the caller does something else; [`Reader::finish_many`]
+    /// collects. Meanwhile the collector watches the item in progress: one that has not
+    /// returned within `read` of its start, or by `poll_end`, is abandoned with its thread
+    /// (marked stuck, as a single read is), the items read before it keep their results,
+    /// and the items after it go to a fresh thread, or are refused when the poll's deadline
+    /// has passed or too many reads are stuck.
     pub(super) fn start_many(&self, items: Arc<[Item]>, read: Duration, poll_end: Option<Instant>) -> Pending {
+        self.start_lane(items, (read, poll_end), Lane::Batch)
+    }
+
+    fn start_lane(&self, items: Arc<[Item]>, (read, poll_end): (Duration, Option<Instant>), lane: Lane) -> Pending {
         let n = items.len();
-        let mut pending = Pending { items, out: Vec::new(), next: 0, flight: None };
+        let mut pending = Pending { items, out: Vec::new(), next: 0, flight: None, lane };
         if n > 0 {
             self.launch(&mut pending, read, poll_end);
         }
@@ -355,7 +367,7 @@ impl Reader {
         });
         let (done, finished) = mpsc::sync_channel(1);
         let job = Job { items: p.items.clone(), start: p.next, progress: progress.clone(), done };
-        match self.submit(job) {
+        match self.submit(job, p.lane) {
             Ok(id) => {
                 p.flight = Some(Flight { progress, finished, id });
                 true
@@ -367,7 +379,7 @@ impl Reader {
         }
     }
 
-    /// Wait for the reads of `p` (see [`Reader::read_many`]); the results in its items' order.
+    /// Wait for the reads of `p` (see [`Reader::start_many`]); the results in its items' order.
     pub(super) fn finish_many(
         &self,
         mut p: Pending,
@@ -417,7 +429,7 @@ impl Reader {
                         let path = p.items[current].path();
                         stuck.insert(path.clone(), Stuck { worker: id, since });
                         drop(stuck);
-                        let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
+                        let mut w = self.workers[p.lane as usize].lock().unwrap_or_else(|p| p.into_inner());
                         if w.as_ref().is_some_and(|(wid, _)| *wid == id) {
                             *w = None;
                         }
@@ -441,9 +453,9 @@ impl Reader {
         out.into_iter().map(|r| r.unwrap_or_else(|| Err(ReadError::Io("not read".into())))).collect()
     }
 
-    /// Hand `job` to the current reader thread (starting one if needed); its id.
-    fn submit(&self, job: Job) -> Result<u64, ReadError> {
-        let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
+    /// Hand `job` to `lane`'s reader thread (starting one if needed); its id.
+    fn submit(&self, job: Job, lane: Lane) -> Result<u64, ReadError> {
+        let mut w = self.workers[lane as usize].lock().unwrap_or_else(|p| p.into_inner());
         let mut job = job;
         for _ in 0..2 {
             if w.is_none() {
@@ -475,7 +487,7 @@ impl Reader {
     /// idle virtual machine, waking a halted vCPU costs ~0.1 ms) — and waits for the batch
     /// awake for at most [`EXPECT_SPIN`].
     pub(super) fn expect(&self) {
-        let w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
+        let w = self.workers[Lane::Batch as usize].lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, tx)) = w.as_ref() {
             let _ = tx.send(Msg::Expect);
         }
