@@ -291,10 +291,13 @@ impl Shared {
 /// starts a new thread.
 pub struct Reader {
     pub(super) shared: Arc<Shared>,
-    pub(super) workers: [Mutex<Option<(u64, mpsc::Sender<Msg>)>>; 2],
+    pub(super) workers: [Worker; 2],
     pub(super) next_id: AtomicU64,
     pub(super) read_fn: ReadFn,
 }
+
+/// A lane's reader thread, if one is running: its id and its queue.
+pub(super) type Worker = Mutex<Option<(u64, mpsc::Sender<Msg>)>>;
 
 pub(super) type ReadFn = fn(&Path, usize, Past) -> Result<Vec<u8>, ReadError>;
 
