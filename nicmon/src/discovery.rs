@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use regex::Regex;
 
-use crate::host::{FileSet, Host, Listing, PendingReads, ReadError, SysDir};
+use crate::host::{FileSet, Host, Listing, PendingReads, ReadError, Rels, SysDir};
 use crate::model::{Device, Function, LinkLayer, PciGpu, PciPresence, PhysState, Port, PortState, Snapshot};
 use crate::parse;
 use crate::pcie::parse::AerSeverity;
@@ -621,7 +621,7 @@ struct Batch {
     /// Files added so far.
     len: usize,
     /// Every file added, once one differed from `prev`'s (`None` while they are the same).
-    rels: Option<Vec<String>>,
+    rels: Option<Rels>,
     scratch: String,
     /// The files added that are read once, not kept open (by index, ascending).
     once: Vec<usize>,
@@ -659,15 +659,14 @@ impl Batch {
             self.once.push(i);
         }
         match &mut self.rels {
-            Some(rels) => rels.push(self.scratch.clone()),
+            Some(rels) => rels.push(&self.scratch),
             None => {
                 // The same file as the last batch's at this place (whether it is kept open
                 // the same way is seen in `finish`).
-                if self.prev.as_ref().and_then(|p| p.rel(i)) != Some(self.scratch.as_str()) {
+                if !self.prev.as_ref().is_some_and(|p| p.rel_is(i, &self.scratch)) {
                     let prev = self.prev.as_ref();
-                    let mut rels: Vec<String> =
-                        (0..i).filter_map(|j| prev.and_then(|p| p.rel(j)).map(str::to_string)).collect();
-                    rels.push(self.scratch.clone());
+                    let mut rels: Rels = (0..i).filter_map(|j| prev.and_then(|p| p.rel(j))).collect();
+                    rels.push(&self.scratch);
                     self.rels = Some(rels);
                 }
             }
@@ -686,9 +685,7 @@ impl Batch {
         let kept = |i: usize| keep && self.once.binary_search(&i).is_err();
         let rels = match self.rels {
             Some(rels) => rels,
-            None => {
-                (0..self.len).filter_map(|i| self.prev.as_ref().and_then(|p| p.rel(i)).map(str::to_string)).collect()
-            }
+            None => (0..self.len).filter_map(|i| self.prev.as_ref().and_then(|p| p.rel(i))).collect(),
         };
         // This batch's reference to the last one goes before the new set is made.
         drop(self.prev);
@@ -921,7 +918,7 @@ fn finish_pcie(
     for (s, i) in p.aer {
         let raw = results.get(i);
         if let (Some(Err(ReadError::Missing)), Some(c), Some(rel)) = (raw, plan.statics.as_deref(), files.rel(i)) {
-            c.mark_absent(dev, AbsentFile::File(rel));
+            c.mark_absent(dev, AbsentFile::File(&rel));
         }
         *aer.slot(s) = raw.and_then(|r| aer_file(r.as_deref(), s));
     }

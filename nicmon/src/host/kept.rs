@@ -36,8 +36,7 @@ pub(super) struct Watch {
     paths: std::collections::HashMap<inotify::WatchDescriptor, Vec<KeptKey>>,
 }
 
-/// A kept file's root-relative path: its file set item's, shared (not copied: a device of a
-/// thousand ports keeps thousands of files).
+/// A kept file's root-relative path.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) struct KeptKey(pub(super) Arc<str>);
 
@@ -111,9 +110,15 @@ impl Kept {
         }
     }
 
+    /// [`Kept::watch`] while the budget has room for one more kept file; `false` (no
+    /// watch) past it.
+    fn watch_if_room(&mut self, path: &Path, key: &str, file: &std::fs::File) -> bool {
+        self.files.len() < kept_budget() && self.watch(path, key, file)
+    }
+
     /// Watch `path`, just opened as `file`, for being removed or replaced: `true` when the
     /// watch holds (the file needs no check after its reads).
-    pub(super) fn watch(&mut self, path: &Path, key: &Arc<str>, file: &std::fs::File) -> bool {
+    pub(super) fn watch(&mut self, path: &Path, key: &str, file: &std::fs::File) -> bool {
         use std::os::unix::fs::MetadataExt;
         let watch = self.watch.get_or_insert_with(|| {
             inotify::Inotify::init().map(|inotify| Watch { inotify, paths: Default::default() }).map_err(|_| ())
@@ -130,8 +135,8 @@ impl Kept {
         if same {
             // One path per inode as a rule: room for one (a default push makes room for four).
             let paths = watch.paths.entry(wd).or_insert_with(|| Vec::with_capacity(1));
-            if !paths.iter().any(|p| p.0 == *key) {
-                paths.push(KeptKey(key.clone()));
+            if !paths.iter().any(|p| *p.0 == *key) {
+                paths.push(KeptKey(Arc::from(key)));
             }
         }
         same
@@ -215,7 +220,7 @@ pub(super) type PutBack = (Option<KeptKey>, KeptFile, u64);
 
 pub(super) fn read_kept(
     kept: &Mutex<Kept>,
-    key: &Arc<str>,
+    key: &str,
     path: &Path,
     (limit, past): (usize, Past),
     scratch: &mut [u8],
@@ -223,7 +228,7 @@ pub(super) fn read_kept(
     let lock = || kept.lock().unwrap_or_else(|p| p.into_inner());
     let (kept, generation) = {
         let mut k = lock();
-        (k.files.remove_entry(&**key), k.generation)
+        (k.files.remove_entry(key), k.generation)
     };
     if let Some((key, k)) = kept
         && k.opened.elapsed() < KEPT_REFRESH
@@ -234,9 +239,11 @@ pub(super) fn read_kept(
     }
     match open_read(path, limit, past) {
         Ok((file, buf)) => {
+            // Off sysfs, a file is watched only where it can be kept (the budget has room):
+            // one past the budget is closed after this read, and a watch would outlive it.
             let guard = if on_sysfs(&file) {
                 Guard::Sysfs
-            } else if lock().watch(path, key, &file) {
+            } else if lock().watch_if_room(path, key, &file) {
                 Guard::Watched
             } else {
                 Guard::Links

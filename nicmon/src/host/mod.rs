@@ -90,7 +90,7 @@ pub use file::{NOT_REGULAR, non_regular_kind, open_regular};
 use file::{Past, list_dir, list_dir_at};
 pub use kept::KEPT_REFRESH;
 pub use listing::Listing;
-pub use reader::{Deadlines, FILE_READ_TIMEOUT, FileSet, PendingReads, ReadStats, read_file};
+pub use reader::{Deadlines, FILE_READ_TIMEOUT, FileSet, PendingReads, ReadStats, Rels, read_file};
 use reader::{Item, Reader};
 
 /// The most a sysfs attribute can hold (`PAGE_SIZE`; `sysfs_emit` writes at most a page).
@@ -291,18 +291,19 @@ impl Host {
     /// change, read every poll: keep them open and read them again with `pread` at offset 0
     /// (see the module doc, "Kept-open files").
     pub fn file_set(&self, rels: Vec<String>, keep: bool) -> Arc<FileSet> {
-        self.file_set_keeping(rels, |_| keep)
+        self.file_set_keeping(rels.into_iter().collect(), |_| keep)
     }
 
     /// [`Host::file_set`], keeping open the files whose index `keep` says.
-    pub fn file_set_keeping(&self, rels: Vec<String>, keep: impl Fn(usize) -> bool) -> Arc<FileSet> {
-        // Each relative path is dropped once joined: the set holds each path once.
+    pub fn file_set_keeping(&self, rels: Rels, keep: impl Fn(usize) -> bool) -> Arc<FileSet> {
         let items = rels
+            .split
             .into_iter()
             .enumerate()
-            .map(|(i, rel)| Item {
+            .map(|(i, (dir, name))| Item {
                 root: self.sysfs.clone(),
-                rel: Arc::from(rel.as_str()),
+                dir,
+                name,
                 limit: PAGE,
                 past: Past::Error,
                 keep: keep(i),
@@ -383,8 +384,9 @@ impl Host {
     pub fn start_files(&self, set: &Arc<FileSet>) -> PendingReads {
         let (items, memo) = {
             let einval = self.einval.lock().unwrap_or_else(|p| p.into_inner());
-            let memoized = |i: usize| set.rel(i).is_some_and(|r| einval.contains(r));
-            if einval.is_empty() || !(0..set.len()).any(memoized) {
+            let mut buf = String::new();
+            let mut memoized = |i: usize| set.items.get(i).is_some_and(|item| einval.contains(item.rel_in(&mut buf)));
+            if einval.is_empty() || !(0..set.len()).any(&mut memoized) {
                 (set.items.clone(), None)
             } else {
                 let mut out = Vec::with_capacity(set.len());
@@ -409,7 +411,7 @@ impl Host {
         self.stats.files_read.fetch_add(items.len() as u64, Ordering::Relaxed);
         if self.accesses.is_some() {
             for rel in set.rels() {
-                self.note_sys(rel, |tree, rel| Access::Read { tree, rel });
+                self.note_sys(&rel, |tree, rel| Access::Read { tree, rel });
             }
         }
         if self.stats.recording() {
@@ -429,7 +431,7 @@ impl Host {
         let text = |i: usize, item: &Item, r: Result<Vec<u8>, ReadError>| {
             // The path matters only to a failure (its bundle link, its log line).
             let path = if r.is_ok() { PathBuf::new() } else { item.path() };
-            self.text_of(&path, || set.rel(i).unwrap_or_default().to_string(), self.after_read(&path, r))
+            self.text_of(&path, || set.rel(i).unwrap_or_default(), self.after_read(&path, r))
         };
         match memo {
             // In place: the reader's vector becomes the text's.

@@ -65,10 +65,12 @@ impl ReadStats {
 #[derive(Debug, Clone)]
 pub(super) struct Item {
     /// The directory the file is under (a file set's: the sysfs root), and its path below it
-    /// (empty: `root` is the file), shared with the kept file's key
-    /// ([`super::kept::KeptKey`]): a set of tens of thousands of files holds the root once.
+    /// split at its last `/` (both empty: `root` is the file). A set of tens of thousands of
+    /// files holds the root once, each port's directory once and each file name once
+    /// ([`Rels`]).
     pub(super) root: Arc<Path>,
-    pub(super) rel: Arc<str>,
+    pub(super) dir: Arc<str>,
+    pub(super) name: Arc<str>,
     pub(super) limit: usize,
     pub(super) past: Past,
     /// Keep the file open after the read and `pread` it next time ([`Kept`]).
@@ -87,11 +89,94 @@ impl Item {
     pub(super) fn path_in<'b>(&self, buf: &'b mut PathBuf) -> &'b Path {
         buf.as_mut_os_string().clear();
         buf.push(&*self.root);
-        if !self.rel.is_empty() {
-            buf.push(&*self.rel);
+        for part in [&*self.dir, &*self.name] {
+            if !part.is_empty() {
+                buf.push(part);
+            }
         }
         buf
     }
+
+    /// The root-relative path, written into `buf`.
+    pub(super) fn rel_in<'b>(&self, buf: &'b mut String) -> &'b str {
+        buf.clear();
+        if !self.dir.is_empty() {
+            buf.push_str(&self.dir);
+            buf.push('/');
+        }
+        buf.push_str(&self.name);
+        buf
+    }
+
+    /// The root-relative path.
+    pub(super) fn rel(&self) -> String {
+        let mut buf = String::with_capacity(self.dir.len() + 1 + self.name.len());
+        self.rel_in(&mut buf);
+        buf
+    }
+
+    /// Whether the root-relative path is `rel`.
+    pub(super) fn rel_is(&self, rel: &str) -> bool {
+        match rel.rsplit_once('/') {
+            Some((dir, name)) => *self.dir == *dir && *self.name == *name,
+            None => self.dir.is_empty() && *self.name == *rel,
+        }
+    }
+
+    /// The same file as `other`.
+    fn same_file(&self, other: &Item) -> bool {
+        self.root == other.root && self.dir == other.dir && self.name == other.name
+    }
+}
+
+/// Root-relative paths split at their last `/`, each directory and each name held once (a
+/// port's directory is shared by its files, a counter's name by every port's): what
+/// [`super::Host::file_set_keeping`] makes a [`FileSet`] of.
+#[derive(Debug, Default)]
+pub struct Rels {
+    dirs: std::collections::HashSet<Arc<str>>,
+    names: std::collections::HashSet<Arc<str>>,
+    pub(super) split: Vec<(Arc<str>, Arc<str>)>,
+}
+
+impl Rels {
+    pub fn with_capacity(n: usize) -> Rels {
+        Rels { split: Vec::with_capacity(n), ..Rels::default() }
+    }
+
+    pub fn push(&mut self, rel: &str) {
+        let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
+        let (dir, name) = (intern(&mut self.dirs, dir), intern(&mut self.names, name));
+        self.split.push((dir, name));
+    }
+
+    pub fn len(&self) -> usize {
+        self.split.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.split.is_empty()
+    }
+}
+
+impl<S: AsRef<str>> FromIterator<S> for Rels {
+    fn from_iter<I: IntoIterator<Item = S>>(iter: I) -> Rels {
+        let mut rels = Rels::default();
+        for rel in iter {
+            rels.push(rel.as_ref());
+        }
+        rels
+    }
+}
+
+/// `s`, shared with the copy in `set` (added if missing).
+fn intern(set: &mut std::collections::HashSet<Arc<str>>, s: &str) -> Arc<str> {
+    if let Some(a) = set.get(s) {
+        return a.clone();
+    }
+    let a: Arc<str> = Arc::from(s);
+    set.insert(a.clone());
+    a
 }
 
 /// A batch: the thread reads its items from `start` on, in order, notes each result in
@@ -213,8 +298,13 @@ impl FileSet {
     }
 
     /// The sysfs-relative path of file `i`.
-    pub fn rel(&self, i: usize) -> Option<&str> {
-        self.items.get(i).map(|item| &*item.rel)
+    pub fn rel(&self, i: usize) -> Option<String> {
+        self.items.get(i).map(Item::rel)
+    }
+
+    /// Whether file `i`'s sysfs-relative path is `rel`.
+    pub fn rel_is(&self, i: usize, rel: &str) -> bool {
+        self.items.get(i).is_some_and(|item| item.rel_is(rel))
     }
 
     /// Whether file `i` is kept open between reads ([`super::Host::file_set`]).
@@ -223,18 +313,14 @@ impl FileSet {
     }
 
     /// The sysfs-relative files, in read order.
-    pub fn rels(&self) -> Vec<&str> {
-        (0..self.len()).filter_map(|i| self.rel(i)).collect()
+    pub fn rels(&self) -> Vec<String> {
+        self.items.iter().map(Item::rel).collect()
     }
 
     /// The same files, read the same way (kept open or not).
     pub(super) fn same_files(&self, other: &FileSet) -> bool {
         self.len() == other.len()
-            && self
-                .items
-                .iter()
-                .zip(other.items.iter())
-                .all(|(a, b)| a.keep == b.keep && a.root == b.root && a.rel == b.rel)
+            && self.items.iter().zip(other.items.iter()).all(|(a, b)| a.keep == b.keep && a.same_file(b))
     }
 }
 
@@ -321,7 +407,7 @@ impl Default for Reader {
 impl Reader {
     /// Read at most `limit` bytes of the regular file `path`, waiting at most `timeout`.
     pub(super) fn read(&self, path: &Path, limit: usize, past: Past, timeout: Duration) -> Result<Vec<u8>, ReadError> {
-        let item = Item { root: Arc::from(path), rel: Arc::from(""), limit, past, keep: false };
+        let item = Item { root: Arc::from(path), dir: Arc::from(""), name: Arc::from(""), limit, past, keep: false };
         let pending = self.start_lane(Arc::from([item]), (timeout, None), Lane::Single);
         self.finish_many(pending, timeout, None).pop().unwrap_or_else(|| Err(ReadError::Io("not read".into())))
     }
@@ -514,10 +600,10 @@ impl Reader {
 
     /// Close the kept-open files that are not among `items`.
     pub(super) fn keep_only(&self, items: &[Item]) {
-        let wanted: std::collections::HashSet<&str> = items.iter().map(|i| &*i.rel).collect();
+        let wanted: std::collections::HashSet<(&str, &str)> = items.iter().map(|i| (&*i.dir, &*i.name)).collect();
         let mut k = self.shared.kept();
         let before = k.files.len();
-        k.files.retain(|key, _| wanted.contains(&*key.0));
+        k.files.retain(|key, _| wanted.contains(&key.0.rsplit_once('/').unwrap_or(("", &key.0))));
         if k.files.len() != before {
             k.generation = k.generation.wrapping_add(1);
         }
@@ -559,6 +645,7 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Msg>, shared: &Shared, read_fn: 
     // The first read of a kept file lands here (on the heap, zeroed once per thread).
     let mut scratch = vec![0u8; PAGE + 1].into_boxed_slice();
     let mut path_buf = PathBuf::new();
+    let mut rel_buf = String::new();
     while let Some(job) = next_job(jobs) {
         if job.items[job.start..].iter().any(|item| item.keep) {
             shared.kept().drop_changed();
@@ -575,7 +662,7 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Msg>, shared: &Shared, read_fn: 
                 continue;
             }
             let (result, keep) = if item.keep {
-                read_kept(&shared.kept, &item.rel, path, (item.limit, item.past), &mut scratch)
+                read_kept(&shared.kept, item.rel_in(&mut rel_buf), path, (item.limit, item.past), &mut scratch)
             } else {
                 (read_fn(path, item.limit, item.past), None)
             };
@@ -590,7 +677,7 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Msg>, shared: &Shared, read_fn: 
             }
             drop(stuck);
             if let Some((key, file, generation)) = keep {
-                shared.keep(key.unwrap_or_else(|| KeptKey(item.rel.clone())), file, generation);
+                shared.keep(key.unwrap_or_else(|| KeptKey(Arc::from(item.rel_in(&mut rel_buf)))), file, generation);
             }
         }
         let _ = job.done.send(());
