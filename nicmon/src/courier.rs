@@ -377,11 +377,16 @@ impl Courier {
     }
 
     /// Take acknowledgements until every batch up to `id` has left the outbox, or until
-    /// `deadline`.
+    /// `deadline`. The batches acknowledged leave the outbox without a save: the caller
+    /// saves once after (the journal covers a crash before that save).
     pub async fn await_delivery(&mut self, state: &mut State, id: u64, deadline: tokio::time::Instant) {
         while state.outbox.pending().first().is_some_and(|b| b.id <= id) {
             match tokio::time::timeout_at(deadline, self.next_acks()).await {
-                Ok(Some(ids)) => self.delivered(state, ids),
+                Ok(Some(ids)) => {
+                    for id in ids {
+                        state.outbox.ack(id);
+                    }
+                }
                 _ => return,
             }
         }

@@ -15,7 +15,7 @@ use time::OffsetDateTime;
 /// Transitions kept per port (the oldest go first; SPEC §1.12).
 pub const PER_PORT: usize = 64;
 /// Ports kept (those whose last transition is oldest go first): bounds a node whose device
-/// names keep changing.
+/// names keep changing. Once full, only an unhealthy port is taken in ([`record`]).
 pub const MAX_PORTS: usize = 256;
 
 /// Every port's last transitions, oldest first, by `<device>/<port>`.
@@ -96,9 +96,16 @@ pub fn record<'a>(
 ) -> History {
     let mut next = prev.clone();
     let at_ms = (at.unix_timestamp_nanos() / 1_000_000) as i64;
+    // The ports read now, and those first seen now and healthy (see `bound`).
+    let (mut present, mut fresh) = (BTreeSet::new(), BTreeSet::new());
     for p in ports {
+        let k = key(p.device, p.port);
+        present.insert(k.clone());
+        if p.healthy && !next.0.contains_key(&k) {
+            fresh.insert(k.clone());
+        }
         let id = (p.device.to_string(), p.port);
-        let list = next.0.entry(key(p.device, p.port)).or_default();
+        let list = next.0.entry(k).or_default();
         let changed = list.last().is_none_or(|t| t.state != p.state || t.phys_state != p.phys_state);
         if !changed {
             // Still unhealthy: a held DOWN whose hold-down came due was reported now.
@@ -134,11 +141,27 @@ pub fn record<'a>(
             list.drain(..list.len() - PER_PORT);
         }
     }
-    while next.0.len() > MAX_PORTS {
-        let oldest = next.0.iter().min_by_key(|(_, l)| l.last().map(|t| t.at_ms)).map(|(k, _)| k.clone());
-        next.0.remove(&oldest.unwrap_or_default());
-    }
+    bound(&mut next, &present, &fresh);
     next
+}
+
+/// At most [`MAX_PORTS`] ports: those not read this poll go first (a device renamed), then
+/// those first seen this poll and healthy (nothing to tell yet: a node of more ports than
+/// the history holds would otherwise evict, every poll, ports that come back as new at the
+/// next, and its state file would change every poll), then the others; oldest last
+/// transition first within each.
+fn bound(history: &mut History, present: &BTreeSet<String>, fresh: &BTreeSet<String>) {
+    let Some(excess) = history.0.len().checked_sub(MAX_PORTS).filter(|&n| n > 0) else { return };
+    let mut order: Vec<(bool, bool, Option<i64>, &String)> = history
+        .0
+        .iter()
+        .map(|(k, l)| (present.contains(k), !fresh.contains(k), l.last().map(|t| t.at_ms), k))
+        .collect();
+    order.sort_unstable();
+    let victims: Vec<String> = order.into_iter().take(excess).map(|(.., k)| k.clone()).collect();
+    for k in victims {
+        history.0.remove(&k);
+    }
 }
 
 impl History {
@@ -225,6 +248,29 @@ mod tests {
 
     const UP: (&str, &str) = ("ACTIVE", "LinkUp");
     const DOWN: (&str, &str) = ("DOWN", "Disabled");
+
+    /// A device with more ports than the history holds: the history fills and then stays
+    /// the same poll after poll (no port evicted to come back as new); a port it did not
+    /// take in is taken in when it goes down.
+    #[test]
+    fn more_ports_than_the_history_holds_do_not_churn_it() {
+        let n = MAX_PORTS as u32 + 100;
+        let readings = |down: Option<u32>| {
+            (1..=n).map(move |port| {
+                let (state, phys_state) = if Some(port) == down { DOWN } else { UP };
+                PortReading { device: "mlx5_0", port, state, phys_state, healthy: Some(port) != down }
+            })
+        };
+        let none = PortDecisions::default();
+        let first = record(&History::default(), readings(None), &none, t(0), &[]);
+        assert_eq!(first.0.len(), MAX_PORTS);
+        let second = record(&first, readings(None), &none, t(1000), &[]);
+        assert_eq!(second, first, "a second poll of the same ports changes nothing");
+        let down = record(&second, readings(Some(n)), &none, t(2000), &[]);
+        assert_eq!(down.0.len(), MAX_PORTS);
+        let last = down.0.get(&key("mlx5_0", n)).and_then(|l| l.last()).expect("the port that went down is held");
+        assert_eq!((last.state.as_str(), last.healthy, last.at_ms), ("DOWN", false, ms(2000)));
+    }
 
     /// A 300 ms DOWN under a 2 s hold-down, each edge seen by a wake-up's poll: the DOWN is
     /// held, then both edges are a blip, with their times and the hook; polls that see no

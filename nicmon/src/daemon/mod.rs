@@ -51,6 +51,13 @@ use wakeup::{TRAILING_POLL, Wakeup};
 /// whatever is stuck; what was not delivered stays in the outbox for the next start.
 pub const SHUTDOWN_FLUSH: Duration = Duration::from_secs(2);
 
+/// A full poll that queues at least this many events waits for their delivery before its
+/// save ([`LARGE_COMMIT_WAIT`] at most).
+pub const LARGE_COMMIT: usize = 1000;
+
+/// How long a [`LARGE_COMMIT`] waits for its delivery before the save goes ahead without it.
+pub const LARGE_COMMIT_WAIT: Duration = Duration::from_secs(1);
+
 /// Run the daemon until a signal.
 pub async fn run(opts: RunOptions) -> Result<(), StartError> {
     let mut daemon = Daemon::start(&opts).await?;
@@ -222,6 +229,7 @@ impl<'a> Daemon<'a> {
         let events = || batches.iter().flat_map(|b| b.events.iter());
         self.metrics.observe_with_events(&poll, events(), next);
         log::poll(&poll, events());
+        let queued: usize = batches.iter().map(|b| b.events.len()).sum();
         drop(batches);
 
         // The earliest held port's due time (rounded up; measured from after the poll, whose
@@ -242,6 +250,17 @@ impl<'a> Daemon<'a> {
                 // once they are delivered (`wakeup::targeted_poll`), so the state file's write and
                 // sync do not compete with the sink's write.
                 if !matches!(kind, PollKind::Targeted(_)) {
+                    if queued >= LARGE_COMMIT {
+                        // A large commit (a reboot's baselines on a node of many ports) is
+                        // delivered before it is saved, for a bounded time: the state file is
+                        // then written without it (once, not with the events and again
+                        // without them), and its events are freed before the next poll
+                        // reads. The journal covers a crash before the save, as for a
+                        // targeted poll.
+                        let deadline = tokio::time::Instant::now() + LARGE_COMMIT_WAIT;
+                        let last = self.state.outbox.last_id();
+                        self.courier.await_delivery(&mut self.state, last, deadline).await;
+                    }
                     self.save();
                 }
                 // A deferred first poll ran nothing: the first poll (and the baselines a reboot
