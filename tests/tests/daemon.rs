@@ -436,3 +436,52 @@ fn run_with_ethtool_replay_exports_the_roce_physical_layer() {
     }
     drop(d);
 }
+
+/// Events in the state file's outbox (a missing or half-written file: none).
+fn outbox_events(node: &Node) -> usize {
+    let outbox = state(node)["outbox"].as_array().cloned().unwrap_or_default();
+    outbox.iter().map(|b| b["events"].as_array().map(|e| e.len()).unwrap_or(0)).sum()
+}
+
+/// A poll that queues thousands of events (a reboot's counter baselines on a device with 300
+/// ports) delivers them before its save: the state file never holds them, every one of them
+/// reaches the sink once, and the outbox ends empty.
+#[test]
+fn a_large_commit_is_delivered_before_it_is_saved() {
+    let node = Platform::DgxH100.build();
+    let first = node.pfs().into_iter().next().expect("a PF");
+    nicmon_tests::platforms::copy_ports(&node, &first, 300).unwrap();
+    let events = node.root().join("events.jsonl");
+    // Killed when dropped (a failed assertion leaves no daemon behind).
+    let d = Daemon::spawn(
+        node.run_command(&nicmon_bin(), "state.json", "gpu-node-7")
+            .args(["--no-kmsg", "--no-wake", "--no-metrics", "--state-polling-interval", "200ms"])
+            .arg("--sink")
+            .arg(format!("file:{}", events.display()))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit()),
+    );
+    let baselines = |text: &str| text.lines().filter(|l| l.contains("healthy after reboot")).count();
+    // Watch the state file as the daemon writes it, until the baselines were delivered and
+    // acknowledged (the outbox empty on disk).
+    let (mut most, deadline) = (0, std::time::Instant::now() + WAIT);
+    loop {
+        most = most.max(outbox_events(&node));
+        let delivered = baselines(&std::fs::read_to_string(&events).unwrap_or_default());
+        if delivered >= 300 * 10 && state(&node)["polls"].as_u64().is_some_and(|p| p >= 3) && outbox_len(&node) == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "baselines not delivered in time ({delivered})");
+        std::thread::sleep(Duration::from_millis(5)); // sampling a file another process writes
+    }
+    assert!(most < 1000, "the state file held {most} queued events");
+    assert_eq!(d.stop().0.code(), Some(0));
+    let text = std::fs::read_to_string(&events).unwrap();
+    let mut lines: Vec<&str> = text.lines().filter(|l| l.contains("healthy after reboot")).collect();
+    let n = lines.len();
+    lines.sort_unstable();
+    lines.dedup();
+    assert_eq!(lines.len(), n, "each baseline once");
+    assert_eq!(outbox_len(&node), 0);
+}
