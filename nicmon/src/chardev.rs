@@ -463,6 +463,17 @@ mod tests {
         evaluate(st, s, &roles(&["mlx5_0", "mlx5_1", "mlx5_2"]), mode, t(at), &Stamp::default())
     }
 
+    /// Polls at 0, 1 and 2 s from a fresh state: the state after them and every event fired.
+    fn three_polls(s: &Snapshot, mode: IssmMode) -> (CharDevState, Vec<HealthEvent>) {
+        let (mut st, mut fired) = (CharDevState::default(), Vec::new());
+        for at in 0..3 {
+            let out = run(&st, s, mode, at);
+            fired.extend(out.events);
+            st = out.state;
+        }
+        (st, fired)
+    }
+
     #[test]
     fn expectation_per_ib_device_and_port() {
         let r = roles(&["mlx5_0", "mlx5_1", "mlx5_2"]);
@@ -565,13 +576,7 @@ mod tests {
         let mut s = snap();
         remove(&mut s, CharKind::Issm, "mlx5_0", Some(1));
         remove(&mut s, CharKind::Umad, "mlx5_1", Some(1));
-        let mut st = CharDevState::default();
-        let mut fired = Vec::new();
-        for at in 0..3 {
-            let out = run(&st, &s, IssmMode::Always, at);
-            fired.extend(out.events);
-            st = out.state;
-        }
+        let (st, fired) = three_polls(&s, IssmMode::Always);
         assert_eq!(fired.len(), 2);
         // Switching to never: a check-scoped clear first, then the umad fault again; the
         // issm latch is dropped with the clear.
@@ -597,13 +602,7 @@ mod tests {
         let mut s = snap();
         remove(&mut s, CharKind::Uverbs, "mlx5_1", None);
         remove(&mut s, CharKind::Issm, "mlx5_0", Some(2));
-        let mut st = CharDevState::default();
-        let mut fired = Vec::new();
-        for at in 0..3 {
-            let out = run(&st, &s, IssmMode::Always, at);
-            fired.extend(out.events);
-            st = out.state;
-        }
+        let (st, fired) = three_polls(&s, IssmMode::Always);
         let mut subjects: Vec<Subject<'_>> = fired.iter().map(HealthEvent::subject).collect();
         subjects.sort_by_key(|s| format!("{s:?}"));
         assert_eq!(subjects, [Subject::Device("mlx5_1"), Subject::Port { device: "mlx5_0", port: 2 }]);
@@ -618,13 +617,7 @@ mod tests {
         if let ClassDir::Listed(nodes) = &mut std::sync::Arc::make_mut(&mut s.char_devices).verbs {
             nodes[0].device = None;
         }
-        let mut st = CharDevState::default();
-        let mut all = Vec::new();
-        for at in 0..3 {
-            let out = run(&st, &s, IssmMode::Never, at);
-            all.extend(out.events);
-            st = out.state;
-        }
+        let (st, all) = three_polls(&s, IssmMode::Never);
         assert_eq!(all.len(), 1);
         assert_eq!(all[0].entities_text(), "NIC=mlx5_0");
     }

@@ -96,14 +96,11 @@ pub fn record<'a>(
 ) -> History {
     let mut next = prev.clone();
     let at_ms = (at.unix_timestamp_nanos() / 1_000_000) as i64;
-    // The ports read now, and those first seen now and healthy (see `bound`).
-    let (mut present, mut fresh) = (BTreeSet::new(), BTreeSet::new());
+    // The ports read now (see `bound`).
+    let mut present = BTreeSet::new();
     for p in ports {
         let k = key(p.device, p.port);
-        present.insert(k.clone());
-        if p.healthy && !next.0.contains_key(&k) {
-            fresh.insert(k.clone());
-        }
+        present.insert((p.device, p.port));
         let id = (p.device.to_string(), p.port);
         let list = next.0.entry(k).or_default();
         let changed = list.last().is_none_or(|t| t.state != p.state || t.phys_state != p.phys_state);
@@ -141,7 +138,7 @@ pub fn record<'a>(
             list.drain(..list.len() - PER_PORT);
         }
     }
-    bound(&mut next, &present, &fresh);
+    bound(&mut next, prev, &present);
     next
 }
 
@@ -150,13 +147,15 @@ pub fn record<'a>(
 /// the history holds would otherwise evict, every poll, ports that come back as new at the
 /// next, and its state file would change every poll), then the others; oldest last
 /// transition first within each.
-fn bound(history: &mut History, present: &BTreeSet<String>, fresh: &BTreeSet<String>) {
+fn bound(history: &mut History, prev: &History, present: &BTreeSet<(&str, u32)>) {
     let Some(excess) = history.0.len().checked_sub(MAX_PORTS).filter(|&n| n > 0) else { return };
-    let mut order: Vec<(bool, bool, Option<i64>, &String)> = history
-        .0
-        .iter()
-        .map(|(k, l)| (present.contains(k), !fresh.contains(k), l.last().map(|t| t.at_ms), k))
-        .collect();
+    let read = |k: &str| {
+        k.rsplit_once('/').and_then(|(dev, port)| port.parse().ok().map(|port| present.contains(&(dev, port))))
+    };
+    // First seen this poll (not in `prev`) and healthy: its one transition says so.
+    let fresh = |k: &str, l: &Vec<Transition>| !prev.0.contains_key(k) && l.last().is_some_and(|t| t.healthy);
+    let mut order: Vec<(bool, bool, Option<i64>, &String)> =
+        history.0.iter().map(|(k, l)| (read(k).unwrap_or(false), !fresh(k, l), l.last().map(|t| t.at_ms), k)).collect();
     order.sort_unstable();
     let victims: Vec<String> = order.into_iter().take(excess).map(|(.., k)| k.clone()).collect();
     for k in victims {

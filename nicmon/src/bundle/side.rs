@@ -147,26 +147,17 @@ pub(super) fn wake_hooks(port: u16) -> String {
             out
         }
         Err(e) => {
-            format!("the daemon's metrics at http://127.0.0.1:{port}/metrics could not be read: {}\n", chain(&*e))
+            format!(
+                "the daemon's metrics at http://127.0.0.1:{port}/metrics could not be read: {}\n",
+                crate::logging::error_chain(&*e)
+            )
         }
     }
 }
 
 /// Why the daemon's metrics could not be fetched: whatever failed on the way (a socket, HTTP,
-/// the status), shown with its causes ([`chain`]).
+/// the status), shown with its causes ([`crate::logging::error_chain`]).
 type FetchError = Box<dyn std::error::Error + Send + Sync>;
-
-/// An error and its causes, one after the other: `outer: cause: cause's cause`.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
-        cause = c.source();
-    }
-    out
-}
 
 fn fetch_metrics(port: u16) -> Result<String, FetchError> {
     use http_body_util::{BodyExt, Empty};

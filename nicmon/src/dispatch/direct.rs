@@ -28,7 +28,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use super::SendError;
 use super::convert::to_proto_batch;
-use super::grpc::TokenSource;
+use super::grpc::{TokenSource, describe};
 use crate::event::HealthEvent;
 use crate::upstream::{go_bool, go_duration};
 
@@ -375,17 +375,6 @@ impl DirectSink {
             PlatformConnectorClient::new(endpoint.connect_lazy()).max_encoding_message_size(MAX_MESSAGE_BYTES + 1024);
         Ok(client)
     }
-}
-
-fn describe(status: &tonic::Status) -> String {
-    let mut s = format!("{:?}: {}", status.code(), status.message());
-    let mut source = std::error::Error::source(status);
-    while let Some(e) = source {
-        s.push_str(": ");
-        s.push_str(&e.to_string());
-        source = e.source();
-    }
-    s
 }
 
 #[cfg(test)]

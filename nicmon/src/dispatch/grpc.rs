@@ -322,7 +322,7 @@ async fn open(target: &SocketTarget, timeout: Duration) -> Result<PlatformConnec
     });
     match tokio::time::timeout(timeout, endpoint.connect_with_connector(connector)).await {
         Err(_) => Err(format!("connect timed out after {timeout:?}")),
-        Ok(Err(e)) => Err(error_chain(&e)),
+        Ok(Err(e)) => Err(crate::logging::error_chain(&e)),
         Ok(Ok(channel)) => Ok(PlatformConnectorClient::new(channel)),
     }
 }
@@ -337,25 +337,10 @@ pub fn is_retryable(status: &Status) -> bool {
     ["eof", "connection reset", "broken pipe"].iter().any(|needle| text.contains(needle))
 }
 
-fn describe(status: &Status) -> String {
+/// A status's code, message and causes on one line.
+pub(super) fn describe(status: &Status) -> String {
     let mut s = format!("{:?}: {}", status.code(), status.message());
-    let mut source = std::error::Error::source(status);
-    while let Some(e) = source {
-        s.push_str(": ");
-        s.push_str(&e.to_string());
-        source = e.source();
-    }
-    s
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        source = inner.source();
-    }
+    crate::logging::push_causes(&mut s, status);
     s
 }
 

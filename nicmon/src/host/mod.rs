@@ -1014,11 +1014,17 @@ mod tests {
         std::fs::read(path).map_err(|e| classify(&e))
     }
 
+    /// [`fixture`] whose reads block like a stuck sysfs read ([`blocking_read`]), with
+    /// `deadlines`.
+    fn blocking_fixture(deadlines: Deadlines) -> (tempfile::TempDir, Host) {
+        let (dir, host) = fixture();
+        (dir, Host { reader: Reader { read_fn: blocking_read, ..Reader::default() }, ..host }.with_deadlines(deadlines))
+    }
+
     #[test]
     fn a_stuck_read_is_abandoned_and_not_retried_until_it_returns() {
-        let (dir, host) = fixture();
-        let host = Host { reader: Reader { read_fn: blocking_read, ..Reader::default() }, ..host }
-            .with_deadlines(Deadlines { read: Duration::from_millis(100), poll: Duration::from_millis(300) });
+        let (dir, host) =
+            blocking_fixture(Deadlines { read: Duration::from_millis(100), poll: Duration::from_millis(300) });
         let p = dir.path().join("sys/p");
         mkfifo(&p.join("state"));
         std::fs::write(p.join("rate"), "100 Gb/sec\n").unwrap();
@@ -1050,9 +1056,8 @@ mod tests {
 
     #[test]
     fn a_single_read_does_not_wait_behind_a_stuck_batch() {
-        let (dir, host) = fixture();
-        let host = Host { reader: Reader { read_fn: blocking_read, ..Reader::default() }, ..host }
-            .with_deadlines(Deadlines { read: Duration::from_millis(200), poll: Duration::from_secs(60) });
+        let (dir, host) =
+            blocking_fixture(Deadlines { read: Duration::from_millis(200), poll: Duration::from_secs(60) });
         let p = dir.path().join("sys/p");
         mkfifo(&p.join("counter"));
         std::fs::write(p.join("rate"), "100 Gb/sec\n").unwrap();
@@ -1072,9 +1077,8 @@ mod tests {
 
     #[test]
     fn stuck_readers_are_bounded_and_the_poll_has_a_deadline() {
-        let (dir, host) = fixture();
-        let host = Host { reader: Reader { read_fn: blocking_read, ..Reader::default() }, ..host }
-            .with_deadlines(Deadlines { read: Duration::from_millis(50), poll: Duration::from_secs(60) });
+        let (dir, host) =
+            blocking_fixture(Deadlines { read: Duration::from_millis(50), poll: Duration::from_secs(60) });
         let p = dir.path().join("sys/p");
         for i in 0..MAX_STUCK + 3 {
             mkfifo(&p.join(format!("f{i}")));

@@ -588,6 +588,14 @@ mod tests {
         assert_eq!(load(&p, Some("b")).1, Loaded::Resumed);
     }
 
+    /// A counter snapshot of `value` taken `secs` after the epoch.
+    fn snap(value: u64, secs: i64) -> crate::counters::eval::CounterSnapshot {
+        crate::counters::eval::CounterSnapshot {
+            value,
+            timestamp: time::OffsetDateTime::UNIX_EPOCH + time::Duration::seconds(secs),
+        }
+    }
+
     #[test]
     fn volatile_changes_are_written_once_a_minute_and_real_changes_at_once() {
         let dir = tempfile::tempdir().unwrap();
@@ -596,10 +604,6 @@ mod tests {
         let t0 = std::time::Instant::now();
         let mut s = State::fresh(Some("b".into()));
         let key: std::sync::Arc<str> = "mlx5_0_1_symbol_error".into();
-        let snap = |v, secs| crate::counters::eval::CounterSnapshot {
-            value: v,
-            timestamp: time::OffsetDateTime::UNIX_EPOCH + time::Duration::seconds(secs),
-        };
         s.checks.polls = 1;
         s.checks.counters.counter_snapshots.insert(key.clone(), snap(5, 1));
         w.save(&s, t0);
@@ -643,10 +647,6 @@ mod tests {
         let at = |secs: u64| t0 + std::time::Duration::from_secs(secs);
         let mut s = State::fresh(Some("b".into()));
         let key: std::sync::Arc<str> = "mlx5_0_1_symbol_error".into();
-        let snap = |v, secs| crate::counters::eval::CounterSnapshot {
-            value: v,
-            timestamp: time::OffsetDateTime::UNIX_EPOCH + time::Duration::seconds(secs),
-        };
         s.checks.polls = 1;
         s.checks.counters.counter_snapshots.insert(key.clone(), snap(5, 1));
         w.save(&s, at(0));
