@@ -617,7 +617,7 @@ mod tests {
         if let ClassDir::Listed(nodes) = &mut std::sync::Arc::make_mut(&mut s.char_devices).verbs {
             nodes[0].device = None;
         }
-        let (st, all) = three_polls(&s, IssmMode::Never);
+        let (_, all) = three_polls(&s, IssmMode::Never);
         assert_eq!(all.len(), 1);
         assert_eq!(all[0].entities_text(), "NIC=mlx5_0");
     }
