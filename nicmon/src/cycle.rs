@@ -9,6 +9,7 @@
 //! - [`Monitor::poll`]: observe, then decide.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use time::{Duration, OffsetDateTime};
 
@@ -229,6 +230,7 @@ impl Monitor {
             roce: self.roce_reads.clone(),
             unmonitored: Some(&judge),
             char_listing_may_stand: !prev.char_devices.watching(),
+            skip_pcie: false,
         };
         self.host.begin_poll();
         // The memo goes into the reader for this read and comes back out with it.
@@ -292,7 +294,8 @@ impl Monitor {
 
     /// The targeted read of a hinted wake-up (SPEC §1.8): `devices` read again now, by the
     /// same code as [`Monitor::observe`], on top of `base`, the previous full poll's
-    /// snapshot. `None` when the device set changed since `base` (only a full poll may
+    /// snapshot — all but their PCIe files, which only the full poll's PCIe check uses
+    /// (the devices keep `base`'s PCIe readings). `None` when the device set changed since `base` (only a full poll may
     /// decide about devices that came or went).
     pub fn observe_targeted(&self, prev: &CheckState, base: &Snapshot, devices: &[String]) -> Option<Observation> {
         let judge = |d: &crate::model::Device, route: &[String]| self.unmonitored(d, route);
@@ -303,6 +306,7 @@ impl Monitor {
             roce: self.roce_reads.clone(),
             unmonitored: Some(&judge),
             char_listing_may_stand: false,
+            skip_pcie: true,
         };
         self.host.begin_poll();
         self.host.remember_einval(prev.einval.iter().cloned());
@@ -532,19 +536,19 @@ impl Monitor {
     /// kept as it was otherwise).
     fn pcie(
         &self,
-        prev: &PcieState,
+        prev: &Arc<PcieState>,
         snapshot: &Snapshot,
         roles: &BTreeMap<String, Classification>,
         now: OffsetDateTime,
         full: bool,
         notes: &mut Vec<String>,
-    ) -> (Vec<HealthEvent>, PcieState) {
+    ) -> (Vec<HealthEvent>, Arc<PcieState>) {
         if !full || !self.state_config.checks.contains(&Check::NICPCIeCheck) {
-            return (Vec::new(), prev.clone());
+            return (Vec::new(), Arc::clone(prev));
         }
         let out = pcie::check::evaluate(prev, snapshot, roles, &self.config.pcie.aer, now, &self.stamp);
         notes.extend(out.notes);
-        (out.events, out.state)
+        (out.events, Arc::new(out.state))
     }
 
     /// Step 7, kernel log: the records that arrived since the previous poll, attributed to
@@ -895,6 +899,30 @@ mod tests {
         assert!(back.events.is_empty(), "{:?}", back.events);
         monitor.poll(&back.next, &Loaded::Resumed, t0 + Duration::seconds(7), &[]);
         assert_eq!(naming(&take(&log), &vfs), Vec::<&String>::new());
+    }
+
+    /// A targeted read reads the named device's ports and counters, not its PCIe files (the
+    /// PCIe check runs on full polls only): the device keeps the full poll's PCIe reading.
+    #[test]
+    fn a_targeted_read_leaves_the_pcie_files_to_the_full_poll() {
+        let node = nicmon_tests::platforms::dgx_h100_with_vfs(0, None);
+        let (monitor, log) = logged_monitor(&node);
+        let full =
+            monitor.poll(&CheckState::default(), &Loaded::Missing { reboot: false }, OffsetDateTime::now_utc(), &[]);
+        let read = take(&log);
+        let address = full.snapshot.devices.iter().find(|d| d.name == "mlx5_0").and_then(|d| d.pci_address.clone());
+        let address = address.expect("mlx5_0 has a PCI address");
+        let pcie_files =
+            |read: &[String]| read.iter().filter(|r| r.contains(&address) && r.contains("aer_dev")).count();
+        assert!(pcie_files(&read) > 0, "the full poll reads mlx5_0's AER files");
+        let targets = vec!["mlx5_0".to_string()];
+        let obs = monitor.observe_targeted(&full.next, &full.snapshot, &targets).expect("the same devices");
+        let read = take(&log);
+        assert!(read.iter().any(|r| r == "class/infiniband/mlx5_0/ports/1/state"), "its port is read");
+        assert_eq!(pcie_files(&read), 0, "no PCIe file is read: {read:?}");
+        let pcie = |s: &Snapshot| s.devices.iter().find(|d| d.name == "mlx5_0").and_then(|d| d.pcie.clone());
+        assert!(pcie(&full.snapshot).is_some());
+        assert_eq!(pcie(&obs.snapshot), pcie(&full.snapshot), "the full poll's PCIe reading stands");
     }
 
     #[test]

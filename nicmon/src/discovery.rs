@@ -44,6 +44,9 @@ pub struct ReadPlan<'a> {
     /// again while the last listing stands ([`chars`]), because no entry that comes or goes
     /// unseen then matters (the check has none missing). `false`: listed on every read.
     pub char_listing_may_stand: bool,
+    /// A targeted read ([`rediscover`]): the PCIe files are not read (the PCIe check
+    /// runs on full polls only); each device read keeps the base snapshot's PCIe reading.
+    pub skip_pcie: bool,
 }
 
 impl std::fmt::Debug for ReadPlan<'_> {
@@ -55,6 +58,7 @@ impl std::fmt::Debug for ReadPlan<'_> {
             .field("roce", &self.roce)
             .field("unmonitored", &self.unmonitored.is_some())
             .field("char_listing_may_stand", &self.char_listing_may_stand)
+            .field("skip_pcie", &self.skip_pcie)
             .finish()
     }
 }
@@ -498,7 +502,10 @@ pub fn rediscover(host: &Host, plan: &ReadPlan, base: &Snapshot, names: &[String
     let results = host.read_files(&files);
     let mut read = finish_devices(reads, &results, &files, plan, route).into_iter();
     for d in s.devices.iter_mut().filter(|d| names.contains(&d.name)) {
-        if let Some(new) = read.next() {
+        if let Some(mut new) = read.next() {
+            if plan.skip_pcie && new.pcie != d.pcie {
+                Arc::make_mut(&mut new).pcie = d.pcie.clone();
+            }
             *d = new;
         }
     }
@@ -876,7 +883,7 @@ fn read_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> D
         })
         .collect();
     batch.read_once(false);
-    let pcie = read_counters.then(|| plan_pcie(name, &statics, plan, batch)).flatten();
+    let pcie = (read_counters && !plan.skip_pcie).then(|| plan_pcie(name, &statics, plan, batch)).flatten();
     DeviceRead { name: name.to_string(), statics, efa, unsupported, netdev, ports, pcie }
 }
 

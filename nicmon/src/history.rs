@@ -8,6 +8,7 @@
 //! [`timeline`], `nicmon check --format json` carries the history, and support bundles hold
 //! it in their state file. It survives a reboot (the state file's checks do not).
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -18,10 +19,12 @@ pub const PER_PORT: usize = 64;
 /// names keep changing. Once full, only an unhealthy port is taken in ([`record`]).
 pub const MAX_PORTS: usize = 256;
 
-/// Every port's last transitions, oldest first, by `<device>/<port>`.
+/// Every port's last transitions, oldest first, by `<device>/<port>`. Each port's list is
+/// shared with the history it was recorded on until a poll changes it (a poll copies the
+/// history, and most ports' lists are the same after it).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct History(pub BTreeMap<String, Vec<Transition>>);
+pub struct History(pub BTreeMap<String, Arc<Vec<Transition>>>);
 
 /// A port seen in a new condition (`state`/`phys_state`) by one poll.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,16 +105,18 @@ pub fn record<'a>(
         let k = key(p.device, p.port);
         present.insert((p.device, p.port));
         let id = (p.device.to_string(), p.port);
-        let list = next.0.entry(k).or_default();
-        let changed = list.last().is_none_or(|t| t.state != p.state || t.phys_state != p.phys_state);
+        let shared = next.0.entry(k).or_default();
+        let changed = shared.last().is_none_or(|t| t.state != p.state || t.phys_state != p.phys_state);
         if !changed {
             // Still unhealthy: a held DOWN whose hold-down came due was reported now.
-            if let Some(last) = list.last_mut().filter(|t| t.outcome == Outcome::Held && decided.reported.contains(&id))
+            if shared.last().is_some_and(|t| t.outcome == Outcome::Held && decided.reported.contains(&id))
+                && let Some(last) = Arc::make_mut(shared).last_mut()
             {
                 last.outcome = Outcome::Reported;
             }
             continue;
         }
+        let list = Arc::make_mut(shared);
         let outcome = if decided.blips.contains(&id) {
             if let Some(down) = list.iter_mut().rev().find(|t| t.outcome == Outcome::Held) {
                 down.outcome = Outcome::Blip;
@@ -153,7 +158,7 @@ fn bound(history: &mut History, prev: &History, present: &BTreeSet<(&str, u32)>)
         k.rsplit_once('/').and_then(|(dev, port)| port.parse().ok().map(|port| present.contains(&(dev, port))))
     };
     // First seen this poll (not in `prev`) and healthy: its one transition says so.
-    let fresh = |k: &str, l: &Vec<Transition>| !prev.0.contains_key(k) && l.last().is_some_and(|t| t.healthy);
+    let fresh = |k: &str, l: &Arc<Vec<Transition>>| !prev.0.contains_key(k) && l.last().is_some_and(|t| t.healthy);
     let mut order: Vec<(bool, bool, Option<i64>, &String)> =
         history.0.iter().map(|(k, l)| (read(k).unwrap_or(false), !fresh(k, l), l.last().map(|t| t.at_ms), k)).collect();
     order.sort_unstable();

@@ -232,10 +232,19 @@ pub(super) fn read_kept(
     };
     if let Some((key, k)) = kept
         && k.opened.elapsed() < KEPT_REFRESH
-        && let Ok(buf) = pread_whole(&k.file, limit, past, scratch)
-        && (k.guard != Guard::Links || links(&k.file).is_some_and(|n| n > 0))
     {
-        return (Ok(buf), Some((Some(key), k, generation)));
+        match pread_whole(&k.file, limit, past, scratch) {
+            Ok(buf) if k.guard != Guard::Links || links(&k.file).is_some_and(|n| n > 0) => {
+                return (Ok(buf), Some((Some(key), k, generation)));
+            }
+            // The attribute refused to answer (`EINVAL`: a netdev's `carrier` while it is
+            // down): the file is still there, and opening it again would only hear the
+            // same answer. Kept; the answer is the read's.
+            Err(ReadError::Invalid) if k.guard == Guard::Sysfs => {
+                return (Err(ReadError::Invalid), Some((Some(key), k, generation)));
+            }
+            _ => {}
+        }
     }
     match open_read(path, limit, past) {
         Ok((file, buf)) => {

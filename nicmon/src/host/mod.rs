@@ -781,27 +781,38 @@ mod tests {
         }
     }
 
+    /// A veth pair made for a test (its first end's name), deleted on drop; `None` (said
+    /// in one line) where this host cannot make one.
+    struct Veth(String);
+
+    impl Veth {
+        fn add(prefix: &str) -> Option<Veth> {
+            let pid = std::process::id() % 100_000;
+            let (a, b) = (format!("{prefix}{pid}a"), format!("{prefix}{pid}b"));
+            let added = std::process::Command::new("ip")
+                .args(["link", "add", &a, "type", "veth", "peer", "name", &b])
+                .stderr(std::process::Stdio::null())
+                .status();
+            if !added.is_ok_and(|s| s.success()) {
+                eprintln!("skipped: cannot create a veth on this host (needs root and `ip`)");
+                return None;
+            }
+            Some(Veth(a))
+        }
+    }
+
+    impl Drop for Veth {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("ip").args(["link", "del", &self.0]).status();
+        }
+    }
+
     /// A veth is created administratively down: its `carrier` answers `EINVAL` (the real
     /// kernel), which is not memoized, and once the netdev is brought up it is read again.
     #[test]
     fn a_netdev_carrier_failing_with_einval_while_down_is_read_again_once_up() {
-        let (a, b) =
-            (format!("nmcar{}a", std::process::id() % 100_000), format!("nmcar{}b", std::process::id() % 100_000));
-        let added = std::process::Command::new("ip")
-            .args(["link", "add", &a, "type", "veth", "peer", "name", &b])
-            .stderr(std::process::Stdio::null())
-            .status();
-        if !added.is_ok_and(|s| s.success()) {
-            eprintln!("skipped: cannot create a veth on this host (needs root and `ip`)");
-            return;
-        }
-        struct Del(String);
-        impl Drop for Del {
-            fn drop(&mut self) {
-                let _ = std::process::Command::new("ip").args(["link", "del", &self.0]).status();
-            }
-        }
-        let _del = Del(a.clone());
+        let Some(veth) = Veth::add("nmcar") else { return };
+        let a = veth.0.clone();
         let dir = tempfile::tempdir().unwrap();
         let sys = dir.path().join("sys");
         std::fs::create_dir_all(sys.join("class/net/eth0")).unwrap();
@@ -812,6 +823,31 @@ mod tests {
         nicmon_tests::latency::set_link_up(&a, true).unwrap();
         let up = host.read_sys("class/net/eth0/carrier");
         assert!(matches!(up.as_deref(), Ok("0\n") | Ok("1\n")), "read again once up: {up:?}");
+    }
+
+    /// A kept-open netdev `carrier` that answers `EINVAL` (its veth taken down) stays open:
+    /// the next read is a `pread` of the same descriptor, not a path walk to hear `EINVAL`
+    /// again, and it reads the carrier again once the netdev is up.
+    #[test]
+    fn a_kept_carrier_answering_einval_stays_open() {
+        let Some(veth) = Veth::add("nmkep") else { return };
+        let a = veth.0.clone();
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path().join("sys");
+        std::fs::create_dir_all(sys.join("class/net/eth0")).unwrap();
+        std::os::unix::fs::symlink(format!("/sys/class/net/{a}/carrier"), sys.join("class/net/eth0/carrier")).unwrap();
+        let host = Host::new(&sys, dir.path().join("proc"));
+        let set = host.file_set(vec!["class/net/eth0/carrier".into()], true);
+        let read = |host: &Host| host.read_files(&set).pop().unwrap();
+        nicmon_tests::latency::set_link_up(&a, true).unwrap();
+        assert!(matches!(read(&host).as_deref(), Ok("0\n") | Ok("1\n")));
+        assert_eq!(host.kept_files(), 1, "an attribute read every poll is kept open");
+        nicmon_tests::latency::set_link_up(&a, false).unwrap();
+        assert_eq!(read(&host), Err(ReadError::Invalid), "admin-down veth");
+        assert_eq!(host.kept_files(), 1, "EINVAL is the attribute's answer: the file stays open");
+        nicmon_tests::latency::set_link_up(&a, true).unwrap();
+        assert!(matches!(read(&host).as_deref(), Ok("0\n") | Ok("1\n")), "read again once up");
+        assert_eq!(host.kept_files(), 1);
     }
 
     fn fixture() -> (tempfile::TempDir, Host) {

@@ -288,7 +288,9 @@ fn settled(state: &State) -> Settled {
     };
     s.checks.polls = s.checks.polls.min(1);
     let snapshots = s.checks.counters.counter_snapshots.values_mut();
-    for snap in snapshots.chain(s.checks.pcie.aer.counters.counter_snapshots.values_mut()) {
+    for snap in
+        snapshots.chain(std::sync::Arc::make_mut(&mut s.checks.pcie).aer.counters.counter_snapshots.values_mut())
+    {
         snap.timestamp = time::OffsetDateTime::UNIX_EPOCH;
     }
     Settled { state: s, outbox: outbox.ids() }
@@ -425,8 +427,7 @@ mod tests {
             s.checks.counters.last_values.insert(key.into(), value);
         }
         let aer_key = "mlx5_0:0:aer_correctable";
-        s.checks
-            .pcie
+        std::sync::Arc::make_mut(&mut s.checks.pcie)
             .aer
             .counters
             .counter_snapshots
@@ -448,7 +449,7 @@ mod tests {
             (
                 "an AER window's timestamp moved",
                 Box::new(move |s| {
-                    for v in s.checks.pcie.aer.counters.counter_snapshots.values_mut() {
+                    for v in std::sync::Arc::make_mut(&mut s.checks.pcie).aer.counters.counter_snapshots.values_mut() {
                         v.timestamp = t(200);
                     }
                 }),
@@ -457,7 +458,7 @@ mod tests {
             (
                 "an AER total moved",
                 Box::new(|s| {
-                    for v in s.checks.pcie.aer.counters.counter_snapshots.values_mut() {
+                    for v in std::sync::Arc::make_mut(&mut s.checks.pcie).aer.counters.counter_snapshots.values_mut() {
                         v.value += 1;
                     }
                 }),
@@ -467,7 +468,7 @@ mod tests {
                 "a card reported downtrained",
                 Box::new(|s| {
                     let r = crate::pcie::link::Reported { nic: "mlx5_0".into() };
-                    s.checks.pcie.link.downtrained.insert("0000:3b:00".into(), r);
+                    std::sync::Arc::make_mut(&mut s.checks.pcie).link.downtrained.insert("0000:3b:00".into(), r);
                 }),
                 false,
             ),

@@ -46,8 +46,10 @@ pub struct CheckState {
     #[serde(default)]
     pub char_devices: CharDevState,
     /// PCIe: cards reported downtrained, the AER totals' baselines and latches.
-    #[serde(default, skip_serializing_if = "PcieState::is_empty")]
-    pub pcie: PcieState,
+    /// Shared with the previous poll's state while a poll leaves it as it was (a targeted
+    /// poll does not evaluate PCIe).
+    #[serde(default, skip_serializing_if = "pcie_is_empty")]
+    pub pcie: std::sync::Arc<PcieState>,
     /// sysfs files whose read failed with EINVAL in this boot: never read again.
     #[serde(default)]
     pub einval: BTreeSet<String>,
@@ -81,4 +83,9 @@ impl State {
     pub fn fresh(boot_id: Option<String>) -> State {
         State { version: VERSION, boot_id, checks: CheckState::default(), outbox: Outbox::default() }
     }
+}
+
+/// Whether the PCIe state holds nothing (the state file omits it).
+fn pcie_is_empty(pcie: &std::sync::Arc<PcieState>) -> bool {
+    pcie.is_empty()
 }
