@@ -37,11 +37,12 @@
 //! statistics, the character devices' `ibdev`/`port`) stay open between polls and are read
 //! with `pread` at offset 0: sysfs (kernfs) generates an attribute's value again on a read
 //! at offset 0, so no path walk and no open/close per poll. A kept file is opened again by
-//! its path when a `pread` fails (`ENODEV`: the attribute's device went), when its device
-//! is a new incarnation or the device set changes (discovery calls [`Host::forget_kept`]),
-//! and at least every [`KEPT_REFRESH`]; at most a quarter of the open-file limit is kept
-//! (the soft limit is raised to the hard one, at most 65536, once per process). A stuck
-//! read holds only the file it is in; an abandoned thread closes it.
+//! its path when a `pread` fails (`ENODEV`: the attribute's device went; not on `EINVAL`,
+//! which is a sysfs attribute's answer — a down netdev's `carrier` — from a file still
+//! there), when its device is a new incarnation or the device set changes (discovery calls
+//! [`Host::forget_kept`]), and at least every [`KEPT_REFRESH`]; at most a quarter of the
+//! open-file limit is kept (the soft limit is raised to the hard one, at most 65536, once
+//! per process). A stuck read holds only the file it is in; an abandoned thread closes it.
 //!
 //! The testbed (fixture trees on an ordinary filesystem) must behave like sysfs for this:
 //! its writers change a value **in place** (`std::fs::write`: the same inode, truncated and
