@@ -99,6 +99,11 @@ pub struct Daemon<'a> {
     /// Devices named by wake-ups since the last full poll: it reads their static
     /// attributes again.
     statics_owed: BTreeSet<String>,
+    /// Whether the targeted poll's path ran once ([`Daemon::prime_targeted_poll`]).
+    targeted_primed: bool,
+    /// When a hinted eBPF record may wake the reader thread early ([`crate::wake::EarlyWake`]):
+    /// `u64::MAX` until the first full poll, then the end of the rate limit's gap.
+    early_gate: Arc<std::sync::atomic::AtomicU64>,
     /// Trace mode's kernel → poll-end latencies.
     trace_latencies: trace::Latencies,
     /// Wake records the kernel programs lost to a full ring buffer, as last read.
@@ -121,6 +126,8 @@ impl<'a> Daemon<'a> {
                         let now = tokio::time::Instant::now();
                         self.last_wake_poll = Some(now);
                         self.trailing_due = Some(now + TRAILING_POLL);
+                        let gap = crate::wake::monotonic_ns().saturating_add(wakeup::WAKE_POLL_GAP.as_nanos() as u64);
+                        self.early_gate.store(gap, std::sync::atomic::Ordering::Relaxed);
                     }
                     woke
                 }

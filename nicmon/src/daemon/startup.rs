@@ -57,6 +57,14 @@ impl<'a> Daemon<'a> {
         let liveness = Liveness::new(opts.interval.max(Duration::from_secs(1)));
         let server = start_metrics_server(opts, &metrics, &liveness).await?;
         let wakes = if opts.no_wake { None } else { Some(start_wakes(&opts.wake, &metrics)) };
+        let early_gate = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+        if let Some(w) = &wakes {
+            let reader = monitor.host.read_waker();
+            w.set_early_wake(crate::wake::EarlyWake {
+                wake: Box::new(move || reader.wake()),
+                not_before_ns: Arc::clone(&early_gate),
+            });
+        }
         // Bounded: a kernel log flood (or a huge file at --kmsg-path) waits in the kernel's
         // ring or the file, not in the daemon's memory.
         let (kmsg_tx, kmsg) = mpsc::channel::<Delivery>(KMSG_CHANNEL_BATCHES);
@@ -87,6 +95,8 @@ impl<'a> Daemon<'a> {
             last_full_poll: None,
             last_snapshot: None,
             statics_owed: BTreeSet::new(),
+            targeted_primed: false,
+            early_gate,
             trace_latencies: Default::default(),
             lost_wakes: crate::wake::LostWakes::default(),
             stall,

@@ -91,7 +91,7 @@ pub use file::{NOT_REGULAR, non_regular_kind, open_regular};
 use file::{Past, list_dir, list_dir_at};
 pub use kept::KEPT_REFRESH;
 pub use listing::Listing;
-pub use reader::{Deadlines, FILE_READ_TIMEOUT, FileSet, PendingReads, ReadStats, Rels, read_file};
+pub use reader::{Deadlines, FILE_READ_TIMEOUT, FileSet, PendingReads, ReadStats, ReadWaker, Rels, read_file};
 use reader::{Item, Reader};
 
 /// The most a sysfs attribute can hold (`PAGE_SIZE`; `sysfs_emit` writes at most a page).
@@ -245,6 +245,12 @@ impl Host {
     /// most 0.5 ms, `reader::EXPECT_SPIN`).
     pub fn expect_reads(&self) {
         self.reader.expect();
+    }
+
+    /// [`Host::expect_reads`] as a handle another task can call: the daemon's eBPF ring
+    /// buffer drain wakes the reader thread as soon as a hinted record arrives.
+    pub fn read_waker(&self) -> ReadWaker {
+        self.reader.waker()
     }
 
     /// Sysfs/procfs paths whose read has not returned (abandoned at a deadline), with how

@@ -377,13 +377,28 @@ impl Shared {
 /// starts a new thread.
 pub struct Reader {
     pub(super) shared: Arc<Shared>,
-    pub(super) workers: [Worker; 2],
+    /// Shared with the [`ReadWaker`]s handed out.
+    pub(super) workers: Arc<[Worker; 2]>,
     pub(super) next_id: AtomicU64,
     pub(super) read_fn: ReadFn,
 }
 
 /// A lane's reader thread, if one is running: its id and its queue.
 pub(super) type Worker = Mutex<Option<(u64, mpsc::Sender<Msg>)>>;
+
+/// Wakes the batch lane's reader thread, if there is one, to wait awake for a batch
+/// ([`Reader::expect`]); see [`super::Host::read_waker`].
+#[derive(Clone)]
+pub struct ReadWaker(Arc<[Worker; 2]>);
+
+impl ReadWaker {
+    pub fn wake(&self) {
+        let w = self.0[Lane::Batch as usize].lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, tx)) = w.as_ref() {
+            let _ = tx.send(Msg::Expect);
+        }
+    }
+}
 
 pub(super) type ReadFn = fn(&Path, usize, Past) -> Result<Vec<u8>, ReadError>;
 
@@ -576,10 +591,13 @@ impl Reader {
     /// idle virtual machine, waking a halted vCPU costs ~0.1 ms) — and waits for the batch
     /// awake for at most [`EXPECT_SPIN`].
     pub(super) fn expect(&self) {
-        let w = self.workers[Lane::Batch as usize].lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, tx)) = w.as_ref() {
-            let _ = tx.send(Msg::Expect);
-        }
+        self.waker().wake();
+    }
+
+    /// A handle that does [`Reader::expect`] from elsewhere (another task, before the
+    /// caller knows a batch is coming for sure).
+    pub(super) fn waker(&self) -> ReadWaker {
+        ReadWaker(Arc::clone(&self.workers))
     }
 
     /// Paths whose read has not returned, with how long ago it started.

@@ -205,7 +205,18 @@ impl EbpfWakes {
         tracefs: Result<PathBuf, String>,
         tx: mpsc::Sender<Wake>,
     ) -> Result<EbpfWakes, LoadError> {
-        Self::load_with_ring(object, tracefs, tx, None)
+        Self::load_with(object, tracefs, tx, super::EarlyWakeSlot::default())
+    }
+
+    /// [`Self::load`], with what a hinted record does as soon as it is drained
+    /// ([`super::EarlyWake`], set later in `early`).
+    pub fn load_with(
+        object: &[u8],
+        tracefs: Result<PathBuf, String>,
+        tx: mpsc::Sender<Wake>,
+        early: super::EarlyWakeSlot,
+    ) -> Result<EbpfWakes, LoadError> {
+        Self::load_with_ring(object, tracefs, tx, None, early)
     }
 
     /// [`Self::load`], the ring buffer sized `ring_bytes` (a power-of-two multiple of the
@@ -215,6 +226,7 @@ impl EbpfWakes {
         tracefs: Result<PathBuf, String>,
         tx: mpsc::Sender<Wake>,
         ring_bytes: Option<u32>,
+        early: super::EarlyWakeSlot,
     ) -> Result<EbpfWakes, LoadError> {
         raise_memlock_limit();
 
@@ -266,7 +278,7 @@ impl EbpfWakes {
         let hooks = ATTACH.iter().map(|a| attach(&mut ebpf, a, &btf, &tracefs, &probes)).collect();
         drop(btf);
         let fd = super::register_readable(ring).map_err(LoadError::Reactor)?;
-        tasks.push(tokio::spawn(drain(fd, tx)));
+        tasks.push(tokio::spawn(drain(fd, tx, early)));
         Ok(EbpfWakes { _ebpf: ebpf, hooks, tasks, lost })
     }
 
@@ -374,17 +386,22 @@ fn deny_open_on_this_thread() -> io::Result<()> {
 
 /// Drains the ring buffer on every readiness edge. The buffer is emptied before the
 /// readiness is cleared: clearing with records left loses the edge (TOOLCHAIN.md).
-async fn drain(mut fd: AsyncFd<RingBuf<MapData>>, tx: mpsc::Sender<Wake>) {
+async fn drain(mut fd: AsyncFd<RingBuf<MapData>>, tx: mpsc::Sender<Wake>, early: super::EarlyWakeSlot) {
     loop {
         let Ok(mut guard) = fd.readable_mut().await else {
             return;
         };
         let ring = guard.get_inner_mut();
+        // At most one early wake-up per readiness edge.
+        let mut woke_reader = false;
         while let Some(item) = ring.next() {
             let (received, received_ns) = (Instant::now(), monotonic_ns());
             let Some(wake) = wake_from_sample(&item, received, received_ns) else {
                 continue;
             };
+            if !woke_reader && let Some(e) = early.get() {
+                woke_reader = e.on_record(&wake.hint, received_ns);
+            }
             if !super::deliver(&tx, wake) {
                 return;
             }
@@ -931,13 +948,14 @@ mod tests {
             return;
         };
         let (tx, _rx) = mpsc::channel(crate::wake::CHANNEL_CAPACITY);
-        let mut wakes = match EbpfWakes::load_with_ring(object, tracefs::locate(false), tx, Some(4096)) {
-            Ok(w) => w,
-            Err(e) => {
-                eprintln!("SKIP: the eBPF object cannot be loaded here: {e}");
-                return;
-            }
-        };
+        let mut wakes =
+            match EbpfWakes::load_with_ring(object, tracefs::locate(false), tx, Some(4096), Default::default()) {
+                Ok(w) => w,
+                Err(e) => {
+                    eprintln!("SKIP: the eBPF object cannot be loaded here: {e}");
+                    return;
+                }
+            };
         assert_eq!(wakes.lost_records(), Some(0), "hooks: {:?}", wakes.hooks());
 
         let qdisc_reset = wakes.hooks().iter().any(|h| h.hook == Hook::QdiscReset && h.attached);

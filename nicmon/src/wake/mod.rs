@@ -13,6 +13,8 @@ pub mod tracefs;
 pub use nicmon_common::Hook;
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -37,6 +39,35 @@ pub const EBPF_EMBEDDED: bool = EMBEDDED_OBJECT.is_some();
 /// Capacity of the wake-up channel. Wake-ups are idempotent ("poll now"): when the agent
 /// is this far behind, more of them add nothing and are dropped.
 pub const CHANNEL_CAPACITY: usize = 1024;
+
+/// What a hinted wake record does the moment the ring buffer is drained, before the loop
+/// sees it: the targeted poll it will cause reads on a reader thread, and waking that
+/// thread takes ~0.1 ms when its vCPU is idle — started here, the wake-up overlaps the
+/// loop's own way to the poll. Gated by the loop, so a storm of records it rate-limits
+/// (no targeted poll follows them soon) wakes nothing.
+pub struct EarlyWake {
+    /// Wakes the reader thread ([`crate::host::Host::read_waker`]).
+    pub wake: Box<dyn Fn() + Send + Sync>,
+    /// `CLOCK_MONOTONIC` ns before which a hinted record wakes nothing (the loop's rate
+    /// limit); `u64::MAX`: none (no full poll yet: no targeted poll can follow).
+    pub not_before_ns: Arc<AtomicU64>,
+}
+
+impl EarlyWake {
+    /// A record with `hint` arrived at `now_ns`: wake when it names something and the gate
+    /// is open. Whether it woke.
+    pub fn on_record(&self, hint: &Hint, now_ns: u64) -> bool {
+        let open =
+            matches!(hint, Hint::Name(_) | Hint::Ifindex(_)) && now_ns >= self.not_before_ns.load(Ordering::Relaxed);
+        if open {
+            (self.wake)();
+        }
+        open
+    }
+}
+
+/// Where a [`WakeSource`]'s drain finds its [`EarlyWake`] once the daemon sets it.
+pub type EarlyWakeSlot = Arc<OnceLock<EarlyWake>>;
 
 /// One wake-up, as received by the agent.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -182,6 +213,7 @@ pub struct WakeSource {
     rx: mpsc::Receiver<Wake>,
     ebpf: Option<ebpf::EbpfWakes>,
     tasks: Vec<JoinHandle<()>>,
+    early: EarlyWakeSlot,
 }
 
 impl WakeSource {
@@ -194,6 +226,7 @@ impl WakeSource {
         let mut tasks = Vec::new();
         let mut ebpf_error = None;
         let mut ebpf_wakes = None;
+        let early = EarlyWakeSlot::default();
 
         match opts.object {
             None => {
@@ -208,7 +241,7 @@ impl WakeSource {
                     Some(p) => Ok(p.clone()),
                     None => tracefs::locate(opts.mount_tracefs),
                 };
-                match ebpf::EbpfWakes::load(object, tracefs, tx.clone()) {
+                match ebpf::EbpfWakes::load_with(object, tracefs, tx.clone(), early.clone()) {
                     Ok(w) => {
                         hooks.extend(w.hooks().iter().cloned());
                         ebpf_wakes = Some(w);
@@ -240,7 +273,7 @@ impl WakeSource {
             (false, true) => WakeMode::RtnetlinkOnly,
             (false, false) => WakeMode::None,
         };
-        WakeSource { mode, hooks, ebpf_error, rx, ebpf: ebpf_wakes, tasks }
+        WakeSource { mode, hooks, ebpf_error, rx, ebpf: ebpf_wakes, tasks, early }
     }
 
     pub fn mode(&self) -> WakeMode {
@@ -266,6 +299,12 @@ impl WakeSource {
     /// loaded; `None` without eBPF or when they cannot be counted.
     pub fn lost_records(&self) -> Option<u64> {
         self.ebpf.as_ref()?.lost_records()
+    }
+
+    /// Set what a hinted eBPF record does as soon as it is drained (once; later calls are
+    /// ignored).
+    pub fn set_early_wake(&self, early: EarlyWake) {
+        let _ = self.early.set(early);
     }
 
     /// The next wake-up; `None` only when every source has stopped.
@@ -362,6 +401,31 @@ fn register_readable<T: std::os::fd::AsRawFd>(inner: T) -> std::io::Result<tokio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record wakes the reader early only when it names something and the loop's gate
+    /// is open: never before the first full poll, nor inside the rate limit's gap.
+    #[test]
+    fn an_early_wake_needs_a_hint_and_an_open_gate() {
+        let woken = Arc::new(AtomicU64::new(0));
+        let count = Arc::clone(&woken);
+        let gate = Arc::new(AtomicU64::new(u64::MAX));
+        let early = EarlyWake {
+            wake: Box::new(move || {
+                count.fetch_add(1, Ordering::Relaxed);
+            }),
+            not_before_ns: Arc::clone(&gate),
+        };
+        let name = Hint::Name("eth0".into());
+        assert!(!early.on_record(&name, 1_000), "no full poll yet");
+        gate.store(0, Ordering::Relaxed);
+        assert!(!early.on_record(&Hint::None, 1_000), "a record naming nothing");
+        assert!(early.on_record(&name, 1_000));
+        assert!(early.on_record(&Hint::Ifindex(3), 1_000));
+        gate.store(2_000, Ordering::Relaxed);
+        assert!(!early.on_record(&name, 1_999), "inside the rate limit's gap");
+        assert!(early.on_record(&name, 2_000));
+        assert_eq!(woken.load(Ordering::Relaxed), 3);
+    }
 
     /// The metric grows by what is new at each reading; the warning comes at the first
     /// loss, then at most once a minute with the count since the previous line.
