@@ -292,6 +292,18 @@ mod tests {
         }
     }
 
+    /// A node of two RoCE NICs, `mlx5_0` (netdev `eth0`) and `mlx5_1` (`eth1`), each on a
+    /// root port of its own.
+    fn two_roce_nics(name: &str) -> nicmon_tests::Node {
+        let mut node = nicmon_tests::Node::new(name);
+        let rc = node.root_complex(0, 0);
+        for (port, (dev, netdev)) in [("mlx5_0", "eth0"), ("mlx5_1", "eth1")].into_iter().enumerate() {
+            let rp = node.root_port(&rc, port as u8 + 1);
+            node.card(&rp, 0, vec![nicmon_tests::NicSpec::eth(dev, netdev)]);
+        }
+        node
+    }
+
     /// The firmware version of `dev` in the last full poll's snapshot.
     fn fw_ver(daemon: &Daemon<'_>, dev: &str) -> Option<String> {
         let snap = daemon.last_snapshot.as_ref().expect("a full poll ran");
@@ -304,12 +316,7 @@ mod tests {
     #[tokio::test]
     async fn the_dry_targeted_poll_primes_the_first_one_and_changes_nothing() {
         use std::sync::atomic::Ordering::Relaxed;
-        let mut node = nicmon_tests::Node::new("prime");
-        let rc = node.root_complex(0, 0);
-        let rp = node.root_port(&rc, 1);
-        node.card(&rp, 0, vec![nicmon_tests::NicSpec::eth("mlx5_0", "eth0")]);
-        let rp2 = node.root_port(&rc, 2);
-        node.card(&rp2, 0, vec![nicmon_tests::NicSpec::eth("mlx5_1", "eth1")]);
+        let node = two_roce_nics("prime");
         let opts = run_options(&node);
         let mut daemon = Daemon::start(&opts).await.unwrap();
         assert_eq!(daemon.early_gate.load(Ordering::Relaxed), u64::MAX, "no early wake-up before a full poll");
@@ -341,12 +348,7 @@ mod tests {
     /// device no wake-up named keeps its kept attributes (until `STATIC_REFRESH`).
     #[tokio::test]
     async fn a_wake_naming_a_device_makes_the_next_full_poll_read_its_statics_again() {
-        let mut node = nicmon_tests::Node::new("statics-wake");
-        let rc = node.root_complex(0, 0);
-        let rp = node.root_port(&rc, 1);
-        node.card(&rp, 0, vec![nicmon_tests::NicSpec::eth("mlx5_0", "eth0")]);
-        let rp2 = node.root_port(&rc, 2);
-        node.card(&rp2, 0, vec![nicmon_tests::NicSpec::eth("mlx5_1", "eth1")]);
+        let node = two_roce_nics("statics-wake");
         let opts = run_options(&node);
         let mut daemon = Daemon::start(&opts).await.unwrap();
 

@@ -814,17 +814,25 @@ mod tests {
         }
     }
 
+    /// A fixture tree whose `class/net/eth0/carrier` is a new veth's real `carrier` (the veth
+    /// administratively down); `None` where no veth can be made.
+    fn carrier_fixture(prefix: &str) -> Option<(Veth, tempfile::TempDir, Host)> {
+        let veth = Veth::add(prefix)?;
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path().join("sys");
+        std::fs::create_dir_all(sys.join("class/net/eth0")).unwrap();
+        let carrier = format!("/sys/class/net/{}/carrier", veth.0);
+        std::os::unix::fs::symlink(carrier, sys.join("class/net/eth0/carrier")).unwrap();
+        let host = Host::new(&sys, dir.path().join("proc"));
+        Some((veth, dir, host))
+    }
+
     /// A veth is created administratively down: its `carrier` answers `EINVAL` (the real
     /// kernel), which is not memoized, and once the netdev is brought up it is read again.
     #[test]
     fn a_netdev_carrier_failing_with_einval_while_down_is_read_again_once_up() {
-        let Some(veth) = Veth::add("nmcar") else { return };
+        let Some((veth, _dir, host)) = carrier_fixture("nmcar") else { return };
         let a = veth.0.clone();
-        let dir = tempfile::tempdir().unwrap();
-        let sys = dir.path().join("sys");
-        std::fs::create_dir_all(sys.join("class/net/eth0")).unwrap();
-        std::os::unix::fs::symlink(format!("/sys/class/net/{a}/carrier"), sys.join("class/net/eth0/carrier")).unwrap();
-        let host = Host::new(&sys, dir.path().join("proc"));
         assert_eq!(host.read_sys("class/net/eth0/carrier"), Err(ReadError::Invalid), "admin-down veth");
         assert!(host.einval_paths().is_empty(), "a down netdev's carrier is a state, not a restricted file");
         nicmon_tests::latency::set_link_up(&a, true).unwrap();
@@ -837,13 +845,8 @@ mod tests {
     /// again, and it reads the carrier again once the netdev is up.
     #[test]
     fn a_kept_carrier_answering_einval_stays_open() {
-        let Some(veth) = Veth::add("nmkep") else { return };
+        let Some((veth, _dir, host)) = carrier_fixture("nmkep") else { return };
         let a = veth.0.clone();
-        let dir = tempfile::tempdir().unwrap();
-        let sys = dir.path().join("sys");
-        std::fs::create_dir_all(sys.join("class/net/eth0")).unwrap();
-        std::os::unix::fs::symlink(format!("/sys/class/net/{a}/carrier"), sys.join("class/net/eth0/carrier")).unwrap();
-        let host = Host::new(&sys, dir.path().join("proc"));
         let set = host.file_set(vec!["class/net/eth0/carrier".into()], true);
         let read = |host: &Host| host.read_files(&set).pop().unwrap();
         nicmon_tests::latency::set_link_up(&a, true).unwrap();
