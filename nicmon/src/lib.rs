@@ -39,6 +39,7 @@ pub mod paths;
 pub mod pcie;
 pub mod report;
 pub mod roles;
+pub mod sched;
 pub mod stall;
 pub mod state;
 pub mod topology;
