@@ -392,9 +392,6 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
         trace,
         poll_stall,
     };
-    // One thread for the loop, its wake sources and the courier's sender (a wake-up, its
-    // poll and the sink's write take no thread hop: see nicmon::daemon); the metrics
-    // endpoint, the host readers, the watchdog and blocking writes have threads of their own.
     // Asked before any thread starts: they all inherit it (see nicmon::sched).
     match nicmon::sched::request_slice(nicmon::sched::DAEMON_SLICE) {
         Ok(Some(slice)) => tracing::info!(?slice, "scheduler: a short time slice for the daemon's threads"),
@@ -403,6 +400,9 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
         }
         Err(e) => tracing::warn!(error = %e, "scheduler: the short time slice was refused: default slices"),
     }
+    // One thread for the loop, its wake sources and the courier's sender (a wake-up, its
+    // poll and the sink's write take no thread hop: see nicmon::daemon); the metrics
+    // endpoint, the host readers, the watchdog and blocking writes have threads of their own.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let result = rt.block_on(nicmon::daemon::run(opts));
     // A sink write stuck in a blocking thread (a FIFO nobody reads) must not hold the exit:

@@ -199,18 +199,9 @@ impl Drop for EbpfWakes {
 impl EbpfWakes {
     /// Loads `object`, attaches every hook it can and starts draining the ring buffer into
     /// `tx` (on the current tokio runtime). `tracefs` is where tracepoints live, or why
-    /// there is none (then every tracepoint hook reports that reason).
+    /// there is none (then every tracepoint hook reports that reason). `early`: what a
+    /// hinted record does as soon as it is drained ([`super::EarlyWake`], set there later).
     pub fn load(
-        object: &[u8],
-        tracefs: Result<PathBuf, String>,
-        tx: mpsc::Sender<Wake>,
-    ) -> Result<EbpfWakes, LoadError> {
-        Self::load_with(object, tracefs, tx, super::EarlyWakeSlot::default())
-    }
-
-    /// [`Self::load`], with what a hinted record does as soon as it is drained
-    /// ([`super::EarlyWake`], set later in `early`).
-    pub fn load_with(
         object: &[u8],
         tracefs: Result<PathBuf, String>,
         tx: mpsc::Sender<Wake>,

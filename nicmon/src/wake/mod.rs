@@ -241,7 +241,7 @@ impl WakeSource {
                     Some(p) => Ok(p.clone()),
                     None => tracefs::locate(opts.mount_tracefs),
                 };
-                match ebpf::EbpfWakes::load_with(object, tracefs, tx.clone(), early.clone()) {
+                match ebpf::EbpfWakes::load(object, tracefs, tx.clone(), early.clone()) {
                     Ok(w) => {
                         hooks.extend(w.hooks().iter().cloned());
                         ebpf_wakes = Some(w);
