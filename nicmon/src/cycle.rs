@@ -230,13 +230,13 @@ impl Monitor {
             roce: self.roce_reads.clone(),
             unmonitored: Some(&judge),
             char_listing_may_stand: !prev.char_devices.watching(),
-            skip_pcie: false,
+            link_only: false,
         };
         self.host.begin_poll();
         // The memo goes into the reader for this read and comes back out with it.
         self.host.remember_einval(prev.einval.iter().cloned());
         let mut snapshot = discovery::discover(&self.host, &plan);
-        let ethtool_notes = self.read_ethtool(&mut snapshot, None);
+        let ethtool_notes = self.read_ethtool(&mut snapshot);
         let links = links.then(|| {
             // Devices that went since an earlier poll: their last lines explain why.
             let departed = prev
@@ -274,9 +274,9 @@ impl Monitor {
         !roles::is_monitored(device, route, &self.topology, &self.config.filters)
     }
 
-    /// The RoCE ports' ethtool data into `snapshot` (of the monitored devices; of
-    /// `devices` only, on a targeted read), under the host's read deadlines.
-    fn read_ethtool(&self, snapshot: &mut Snapshot, devices: Option<&[String]>) -> Vec<String> {
+    /// The RoCE ports' ethtool data into `snapshot` (of the monitored devices), under the
+    /// host's read deadlines.
+    fn read_ethtool(&self, snapshot: &mut Snapshot) -> Vec<String> {
         let Some(source) = &self.ethtool else {
             return Vec::new();
         };
@@ -288,15 +288,16 @@ impl Monitor {
             .filter(|d| !d.is_vf() && !self.unmonitored(d, route))
             .map(|d| d.name.clone())
             .collect();
-        let wanted = |name: &str| monitored.contains(name) && devices.is_none_or(|d| d.iter().any(|n| n == name));
+        let wanted = |name: &str| monitored.contains(name);
         self.ethtool_ports.read(source, snapshot, wanted, || self.host.timeout(), std::time::Instant::now())
     }
 
     /// The targeted read of a hinted wake-up (SPEC §1.8): `devices` read again now, by the
     /// same code as [`Monitor::observe`], on top of `base`, the previous full poll's
-    /// snapshot — all but their PCIe files, which only the full poll's PCIe check uses
-    /// (the devices keep `base`'s PCIe readings). `None` when the device set changed since `base` (only a full poll may
-    /// decide about devices that came or went).
+    /// snapshot — their link-state files only: the counter, RoCE, ethtool and PCIe data
+    /// are judged by the full poll's checks, over the interval, and the devices keep
+    /// `base`'s readings of them ([`ReadPlan::link_only`]). `None` when the device set
+    /// changed since `base` (only a full poll may decide about devices that came or went).
     pub fn observe_targeted(&self, prev: &CheckState, base: &Snapshot, devices: &[String]) -> Option<Observation> {
         let judge = |d: &crate::model::Device, route: &[String]| self.unmonitored(d, route);
         let plan = ReadPlan {
@@ -306,7 +307,7 @@ impl Monitor {
             roce: self.roce_reads.clone(),
             unmonitored: Some(&judge),
             char_listing_may_stand: false,
-            skip_pcie: true,
+            link_only: true,
         };
         self.host.begin_poll();
         self.host.remember_einval(prev.einval.iter().cloned());
@@ -316,8 +317,7 @@ impl Monitor {
         let snapshot = discovery::rediscover(&self.host, &plan, base, devices);
         self.host.end_read_ahead();
         let einval = self.host.take_einval();
-        let mut snapshot = snapshot?;
-        let ethtool_notes = self.read_ethtool(&mut snapshot, Some(devices));
+        let snapshot = snapshot?;
         let reads_abandoned = self.host.stats.reads_abandoned.load(std::sync::atomic::Ordering::Relaxed);
         let stuck_reads = self.host.stuck_reads();
         Some(Observation {
@@ -327,7 +327,7 @@ impl Monitor {
             reads_abandoned,
             stuck_reads,
             targeted: Some(devices.to_vec()),
-            ethtool_notes,
+            ethtool_notes: Vec::new(),
             woken_by: Vec::new(),
         })
     }
@@ -383,16 +383,14 @@ impl Monitor {
         events.extend(links_out.events);
         notes.extend(links_out.notes);
 
-        // A targeted read: counters are evaluated for the devices read now only (the others'
-        // values are the previous poll's, at an earlier instant); the character devices and
-        // kernel log records wait for the full poll that follows.
-        let read_now = |name: &str| targeted.as_ref().is_none_or(|t| t.iter().any(|n| n == name));
-        let mut ports = counter_ports(&snapshot, &roles, read_now);
+        // A targeted read (its devices' link-state files): the counters, the character
+        // devices, PCIe and the kernel log records wait for the full poll that follows.
+        let full = targeted.is_none();
+        let mut ports = if full { counter_ports(&snapshot, &roles) } else { Vec::new() };
         with_ber_thresholds(&mut ports, &snapshot, &self.config);
-        let (counter_events, counter_state) = self.counters(&prev.counters, &ports, now, reboot, &mut notes);
+        let (counter_events, counter_state) = self.counters(&prev.counters, &ports, full, (now, reboot), &mut notes);
         let mut events = concat(events, counter_events);
 
-        let full = targeted.is_none();
         let char_devices = self.char_devices(&prev.char_devices, &snapshot, &roles, now, full);
         let (char_state, char_findings) = match char_devices {
             Some(cd) => {
@@ -499,15 +497,19 @@ impl Monitor {
         }
     }
 
-    /// Step 4, counters: the rules over `ports`; a counter that went unreadable is a note.
+    /// Step 4, counters, on a full poll: the rules over `ports`; a counter that went
+    /// unreadable is a note. A targeted poll keeps `prev`.
     fn counters(
         &self,
         prev: &counters::CounterState,
         ports: &[CounterPort<'_>],
-        now: OffsetDateTime,
-        reboot: bool,
+        full: bool,
+        (now, reboot): (OffsetDateTime, bool),
         notes: &mut Vec<String>,
     ) -> (Vec<HealthEvent>, counters::CounterState) {
+        if !full {
+            return (Vec::new(), prev.clone());
+        }
         let rules = &self.config.counter_rules;
         let (events, mut state) = counters::evaluate(prev, ports, rules, now, reboot, &self.stamp);
         for (device, port, rule) in counters::went_unreadable(prev, &mut state, ports, rules) {
@@ -577,17 +579,13 @@ fn monitored(roles: &BTreeMap<String, Classification>, name: &str) -> bool {
     roles.get(name).map(|c| c.monitored).unwrap_or(false)
 }
 
-/// The ports whose counters are evaluated: of monitored PFs only (management NICs and VFs
-/// are never evaluated), of the devices read now.
-fn counter_ports<'s>(
-    snapshot: &'s Snapshot,
-    roles: &BTreeMap<String, Classification>,
-    read_now: impl Fn(&str) -> bool,
-) -> Vec<CounterPort<'s>> {
+/// The ports whose counters are evaluated (on a full poll): of monitored PFs only
+/// (management NICs and VFs are never evaluated).
+fn counter_ports<'s>(snapshot: &'s Snapshot, roles: &BTreeMap<String, Classification>) -> Vec<CounterPort<'s>> {
     snapshot
         .devices
         .iter()
-        .filter(|d| !d.is_vf() && monitored(roles, &d.name) && read_now(&d.name))
+        .filter(|d| !d.is_vf() && monitored(roles, &d.name))
         .flat_map(|d| d.ports.iter().map(move |p| CounterPort::new(&d.name, p)))
         .collect()
 }
@@ -904,7 +902,7 @@ mod tests {
     /// A targeted read reads the named device's ports and counters, not its PCIe files (the
     /// PCIe check runs on full polls only): the device keeps the full poll's PCIe reading.
     #[test]
-    fn a_targeted_read_leaves_the_pcie_files_to_the_full_poll() {
+    fn a_targeted_read_leaves_the_counter_and_pcie_files_to_the_full_poll() {
         let node = nicmon_tests::platforms::dgx_h100_with_vfs(0, None);
         let (monitor, log) = logged_monitor(&node);
         let full =
@@ -923,6 +921,18 @@ mod tests {
         let pcie = |s: &Snapshot| s.devices.iter().find(|d| d.name == "mlx5_0").and_then(|d| d.pcie.clone());
         assert!(pcie(&full.snapshot).is_some());
         assert_eq!(pcie(&obs.snapshot), pcie(&full.snapshot), "the full poll's PCIe reading stands");
+        // Nor a counter file: the counters are the full poll's, and not evaluated.
+        let counter_files = |read: &[String]| read.iter().filter(|r| r.contains("counters/")).count();
+        assert_eq!(counter_files(&read), 0, "no counter file is read: {read:?}");
+        let port = |s: &Snapshot| s.devices.iter().find(|d| d.name == "mlx5_0").map(|d| d.ports[0].clone());
+        let (before, after) = (port(&full.snapshot).unwrap(), port(&obs.snapshot).unwrap());
+        assert!(!before.counters.is_empty(), "the full poll read mlx5_0's counters");
+        assert_eq!(after.counters, before.counters, "the full poll's counter values stand");
+        let t = OffsetDateTime::now_utc() + Duration::seconds(1);
+        let decided = monitor.decide(&full.next, &Loaded::Resumed, obs, t, &[]);
+        assert_eq!(decided.next.counters, full.next.counters, "no counter evaluated");
+        monitor.poll(&decided.next, &Loaded::Resumed, t, &[]);
+        assert!(counter_files(&take(&log)) > 0, "the full poll that follows reads them");
     }
 
     #[test]

@@ -44,9 +44,11 @@ pub struct ReadPlan<'a> {
     /// again while the last listing stands ([`chars`]), because no entry that comes or goes
     /// unseen then matters (the check has none missing). `false`: listed on every read.
     pub char_listing_may_stand: bool,
-    /// A targeted read ([`rediscover`]): the PCIe files are not read (the PCIe check
-    /// runs on full polls only); each device read keeps the base snapshot's PCIe reading.
-    pub skip_pcie: bool,
+    /// A targeted read ([`rediscover`]): only the files the state checks judge a port by
+    /// (its state, link layer, rate, LIDs, netdev carrier and operstate). The counter, RoCE
+    /// and PCIe files are left to the full poll, whose checks judge them over the interval;
+    /// each device read keeps the base snapshot's counter, netdev speed and PCIe readings.
+    pub link_only: bool,
 }
 
 impl std::fmt::Debug for ReadPlan<'_> {
@@ -58,7 +60,7 @@ impl std::fmt::Debug for ReadPlan<'_> {
             .field("roce", &self.roce)
             .field("unmonitored", &self.unmonitored.is_some())
             .field("char_listing_may_stand", &self.char_listing_may_stand)
-            .field("skip_pcie", &self.skip_pcie)
+            .field("link_only", &self.link_only)
             .finish()
     }
 }
@@ -486,8 +488,9 @@ fn finish_devices(
 }
 
 /// The targeted read of a hinted wake-up (SPEC §1.8): `base` (the previous full poll's
-/// snapshot) with only the devices in `names` read again, by the same code as a full poll.
-/// `None` when the device set is not `base`'s any more (a full poll must see that).
+/// snapshot) with only the devices in `names` read again, by the same code as a full poll
+/// (with `plan.link_only`: their link-state files only). `None` when the device set is not
+/// `base`'s any more (a full poll must see that).
 pub fn rediscover(host: &Host, plan: &ReadPlan, base: &Snapshot, names: &[String]) -> Option<Snapshot> {
     let listed = host.list_sys("class/infiniband");
     if listed.len() != base.devices.len() || !base.devices.iter().all(|d| listed.contains(&d.name)) {
@@ -503,13 +506,27 @@ pub fn rediscover(host: &Host, plan: &ReadPlan, base: &Snapshot, names: &[String
     let mut read = finish_devices(reads, &results, &files, plan, route).into_iter();
     for d in s.devices.iter_mut().filter(|d| names.contains(&d.name)) {
         if let Some(mut new) = read.next() {
-            if plan.skip_pcie && new.pcie != d.pcie {
-                Arc::make_mut(&mut new).pcie = d.pcie.clone();
+            if plan.link_only {
+                keep_base_readings(Arc::make_mut(&mut new), d);
             }
             *d = new;
         }
     }
     Some(s)
+}
+
+/// What a link-only read ([`ReadPlan::link_only`]) of `new` did not read, as `base` has
+/// it: the PCIe reading, and each port's counters, netdev speed and ethtool data.
+fn keep_base_readings(new: &mut Device, base: &Device) {
+    new.pcie = base.pcie.clone();
+    for p in &mut new.ports {
+        if let Some(old) = base.ports.iter().find(|o| o.number == p.number) {
+            p.counters = old.counters.clone();
+            p.netdev_speed = old.netdev_speed;
+            p.ethtool = old.ethtool.clone();
+            p.ethtool_age = old.ethtool_age;
+        }
+    }
 }
 
 /// The devices a wake-up hint names in `snapshot`: a device by its name, its netdev or its
@@ -878,12 +895,12 @@ fn read_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> D
         .map(|n| {
             let port_netdev = port_netdev(host, &base, &netdevs, n).or_else(|| netdev.clone());
             let roce = !efa && statics.link_layers.get(&n).is_none_or(|l| *l == LinkLayer::Ethernet);
-            let reads = read_counters.then_some(PortPlan { plan, roce });
+            let reads = (read_counters && !plan.link_only).then_some(PortPlan { plan, roce });
             plan_port(name, n, port_netdev.as_deref(), reads, batch)
         })
         .collect();
     batch.read_once(false);
-    let pcie = (read_counters && !plan.skip_pcie).then(|| plan_pcie(name, &statics, plan, batch)).flatten();
+    let pcie = (read_counters && !plan.link_only).then(|| plan_pcie(name, &statics, plan, batch)).flatten();
     DeviceRead { name: name.to_string(), statics, efa, unsupported, netdev, ports, pcie }
 }
 

@@ -400,10 +400,9 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
         }
         Err(e) => tracing::warn!(error = %e, "scheduler: the short time slice was refused: default slices"),
     }
-    // One thread for the loop, its wake sources and the courier's sender (a wake-up, its
-    // poll and the sink's write take no thread hop: see nicmon::daemon); the metrics
-    // endpoint, the host readers, the watchdog and blocking writes have threads of their own.
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // One thread for the loop, its wake sources and the courier's sender (see
+    // nicmon::daemon::runtime).
+    let rt = nicmon::daemon::runtime()?;
     let result = rt.block_on(nicmon::daemon::run(opts));
     // A sink write stuck in a blocking thread (a FIFO nobody reads) must not hold the exit:
     // dropping the runtime would wait for it forever.

@@ -11,6 +11,9 @@
 //! is more, shorter turns, not more time). Older kernels ignore the request.
 //!
 //! Asked once, on the daemon's main thread before it starts any other: threads inherit it.
+//! The runtime's blocking threads, off the latency path, give it back
+//! ([`crate::daemon::runtime`]): a sink's sync must not get the CPU ahead of the process
+//! reading the line the daemon just wrote.
 use std::io;
 use std::time::Duration;
 
@@ -36,6 +39,12 @@ pub fn request_slice(slice: Duration) -> io::Result<Option<Duration>> {
         return Err(io::Error::last_os_error());
     }
     current_slice()
+}
+
+/// Give the calling thread the scheduler's default slice back (a thread off the latency
+/// path, started by one that asked for [`DAEMON_SLICE`]).
+pub fn default_slice() -> io::Result<()> {
+    request_slice(Duration::ZERO).map(|_| ())
 }
 
 /// The calling thread's own fair-class slice, if the kernel keeps one (`None`: it reports
@@ -71,9 +80,10 @@ mod tests {
     use super::*;
 
     /// On its own thread (the test harness's threads keep theirs): the slice is requested,
-    /// reported back, inherited by a thread started afterwards, and the nice value kept.
+    /// reported back, inherited by a thread started afterwards, and the nice value kept;
+    /// the daemon's runtime keeps it on its own thread, not on its blocking threads.
     #[test]
-    fn a_requested_slice_is_kept_and_inherited() {
+    fn a_requested_slice_is_kept_and_inherited_but_not_by_blocking_threads() {
         std::thread::spawn(|| {
             // SAFETY: plain getpriority(2)/setpriority(2) on the calling thread.
             let nice_set = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 3) } == 0;
@@ -89,6 +99,16 @@ mod tests {
             }
             let child = std::thread::spawn(|| current_slice().expect("sched_getattr")).join().unwrap();
             assert_eq!(child, Some(DAEMON_SLICE), "a thread started afterwards inherits it");
+            let rt = crate::daemon::runtime().expect("the daemon's runtime");
+            let blocking =
+                rt.block_on(async { tokio::task::spawn_blocking(|| current_slice().expect("sched_getattr")).await });
+            let blocking = blocking.unwrap().expect("the kernel reports the default slice too");
+            assert!(blocking > DAEMON_SLICE, "the runtime's blocking threads give it back: {blocking:?}");
+            assert_eq!(
+                rt.block_on(async { current_slice().unwrap() }),
+                Some(DAEMON_SLICE),
+                "the loop's thread keeps it"
+            );
         })
         .join()
         .unwrap();

@@ -58,6 +58,21 @@ pub const LARGE_COMMIT: usize = 1000;
 /// How long a [`LARGE_COMMIT`] waits for its delivery before the save goes ahead without it.
 pub const LARGE_COMMIT_WAIT: Duration = Duration::from_secs(1);
 
+/// The runtime `nicmon run` drives [`run`] on: one thread for the loop, its wake sources
+/// and the courier's sender (a wake-up, its poll and the sink's write take no thread hop);
+/// the metrics endpoint, the host readers and the watchdog have threads of their own. Its
+/// blocking threads (a file sink's sync, a write to a FIFO) are off the latency path: they
+/// run with the scheduler's default slice, not the daemon's short one ([`crate::sched`]),
+/// so a sync never gets the CPU ahead of the process reading the line just written.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .on_thread_start(|| {
+            let _ = crate::sched::default_slice();
+        })
+        .build()
+}
+
 /// Run the daemon until a signal.
 pub async fn run(opts: RunOptions) -> Result<(), StartError> {
     let mut daemon = Daemon::start(&opts).await?;
@@ -196,6 +211,25 @@ impl<'a> Daemon<'a> {
         Some(update.total)
     }
 
+    /// Right after a commit that queued batches (ids above `before`): the sender task runs
+    /// on this thread (the daemon's runtime has one), so yield to it — it writes the new
+    /// batches now rather than after the trace, metrics, logs and the save. A targeted
+    /// poll's batches are delivered before anything else runs here: this thread waits
+    /// meanwhile, so the process reading the sink gets the CPU as soon as the line is
+    /// written (or after [`wakeup::TARGETED_DELIVERY_WAIT`]: a connector that is down).
+    async fn let_the_sender_run(&mut self, before: u64, kind: &PollKind<'_>) {
+        let sent = self.state.outbox.last_id();
+        if sent <= before {
+            return;
+        }
+        if let PollKind::Targeted(_) = kind {
+            let deadline = tokio::time::Instant::now() + wakeup::TARGETED_DELIVERY_WAIT;
+            self.courier.await_delivery(&mut self.state, sent, deadline).await;
+        } else {
+            tokio::task::yield_now().await;
+        }
+    }
+
     /// Act on one poll's result: the courier's commit, then trace, metrics, logs and the
     /// save. `records`: the kernel log records the poll consumed (kept for the next poll when
     /// the commit is refused).
@@ -219,12 +253,7 @@ impl<'a> Daemon<'a> {
         let events = if self.opts.trace { poll.events.clone() } else { std::mem::take(&mut poll.events) };
         let (batches, committed) = self.courier.commit_events(&mut self.state, next, events);
         let handed_at = Instant::now();
-        // The sender task runs on this thread (the daemon's runtime has one): yield to it,
-        // so it writes the new batches now rather than after the trace, metrics, logs and
-        // the save.
-        if self.state.outbox.last_id() > before {
-            tokio::task::yield_now().await;
-        }
+        self.let_the_sender_run(before, &kind).await;
         let next = match &committed {
             Ok(()) => &self.state.checks,
             Err((_, checks)) => checks.as_ref(),

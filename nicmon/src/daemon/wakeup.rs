@@ -33,8 +33,9 @@ pub const TRAILING_POLL: Duration =
 /// targeted one (the trailing poll and the tick's poll are not held back).
 pub const BURST_FULL_POLL_GAP: Duration = Duration::from_millis(250);
 
-/// How long the full poll that follows a targeted one waits for the targeted poll's
-/// batches to be delivered (so the two do not compete for the CPU on the latency path).
+/// How long a targeted poll waits for its batches' delivery before its trace, metrics,
+/// logs, save and the full poll that follows (so they do not compete with the sender for
+/// the CPU on the latency path).
 pub const TARGETED_DELIVERY_WAIT: Duration = Duration::from_millis(50);
 
 /// What woke the loop.
@@ -172,16 +173,9 @@ impl Daemon<'_> {
         obs.woken_by = crate::wake::hook_names(woke);
         let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, OffsetDateTime::now_utc(), &[]);
         let elapsed = woke_at.elapsed();
-        let before = self.state.outbox.last_id();
+        // The targeted poll's events go out before anything else (`act` waits for their
+        // delivery): the full poll, which competes with the sender for the CPU, starts after.
         self.act(poll, woke, woke_at, elapsed, PollKind::Targeted(targets), Vec::new()).await;
-        // The targeted poll's events go out before anything else: the full poll (which
-        // competes with the sender for the CPU) starts once they are delivered, or after
-        // TARGETED_DELIVERY_WAIT at the latest (a connector that is down).
-        let sent = self.state.outbox.last_id();
-        if sent > before {
-            let deadline = tokio::time::Instant::now() + TARGETED_DELIVERY_WAIT;
-            self.courier.await_delivery(&mut self.state, sent, deadline).await;
-        }
         // The targeted commit's save (deferred by `act` until its batches were delivered:
         // the journal covers a crash before it).
         self.save();
