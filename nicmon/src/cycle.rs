@@ -388,7 +388,7 @@ impl Monitor {
         let full = targeted.is_none();
         let mut ports = if full { counter_ports(&snapshot, &roles) } else { Vec::new() };
         with_ber_thresholds(&mut ports, &snapshot, &self.config);
-        let (counter_events, counter_state) = self.counters(&prev.counters, &ports, full, (now, reboot), &mut notes);
+        let (counter_events, counter_state) = self.counters(&prev.counters, &ports, now, reboot, &mut notes);
         let mut events = concat(events, counter_events);
 
         let char_devices = self.char_devices(&prev.char_devices, &snapshot, &roles, now, full);
@@ -497,19 +497,16 @@ impl Monitor {
         }
     }
 
-    /// Step 4, counters, on a full poll: the rules over `ports`; a counter that went
-    /// unreadable is a note. A targeted poll keeps `prev`.
+    /// Step 4, counters: the rules over `ports` (none on a targeted poll: every counter's
+    /// state is kept); a counter that went unreadable is a note.
     fn counters(
         &self,
         prev: &counters::CounterState,
         ports: &[CounterPort<'_>],
-        full: bool,
-        (now, reboot): (OffsetDateTime, bool),
+        now: OffsetDateTime,
+        reboot: bool,
         notes: &mut Vec<String>,
     ) -> (Vec<HealthEvent>, counters::CounterState) {
-        if !full {
-            return (Vec::new(), prev.clone());
-        }
         let rules = &self.config.counter_rules;
         let (events, mut state) = counters::evaluate(prev, ports, rules, now, reboot, &self.stamp);
         for (device, port, rule) in counters::went_unreadable(prev, &mut state, ports, rules) {
