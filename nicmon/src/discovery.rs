@@ -529,11 +529,20 @@ fn keep_base_readings(new: &mut Device, base: &Device) {
     }
 }
 
-/// The devices a wake-up hint names in `snapshot`: a device by its name, its netdev or its
-/// PCI address (of the function, or the card's `dddd:bb:dd`); failing those, a netdev
-/// whose `device/infiniband` lists devices (a second port's netdev).
+/// The devices a wake-up hint names in `snapshot`: [`devices_in`], failing that
+/// [`devices_probed`].
 pub fn devices_named(host: &Host, snapshot: &Snapshot, hint: &str) -> Vec<String> {
-    let named: Vec<String> = snapshot
+    let named = devices_in(snapshot, hint);
+    if !named.is_empty() {
+        return named;
+    }
+    devices_probed(host, snapshot, hint)
+}
+
+/// The devices of `snapshot` a wake-up hint names directly: a device by its name, its
+/// netdev or its PCI address (of the function, or the card's `dddd:bb:dd`). No host read.
+pub fn devices_in(snapshot: &Snapshot, hint: &str) -> Vec<String> {
+    snapshot
         .devices
         .iter()
         .filter(|d| {
@@ -543,9 +552,15 @@ pub fn devices_named(host: &Host, snapshot: &Snapshot, hint: &str) -> Vec<String
                 || d.card.as_deref() == Some(hint)
         })
         .map(|d| d.name.clone())
-        .collect();
-    if !named.is_empty() || hint.contains('/') || hint.starts_with('.') {
-        return named;
+        .collect()
+}
+
+/// The devices of `snapshot` behind the netdev `hint` as sysfs shows it now: its
+/// `device/infiniband` (a second port's netdev), or a bond's lower links'. Empty for a
+/// name that cannot be a netdev's.
+pub fn devices_probed(host: &Host, snapshot: &Snapshot, hint: &str) -> Vec<String> {
+    if hint.is_empty() || hint.contains('/') || hint.starts_with('.') {
+        return Vec::new();
     }
     ib_devices_of_iface(host, hint).into_iter().filter(|n| snapshot.devices.iter().any(|d| &d.name == n)).collect()
 }

@@ -9,7 +9,12 @@ use crate::wake::Wake;
 
 /// Kernel timestamp → end of the first poll that served the wake-up, per hook (ms).
 #[derive(Default)]
-pub(super) struct Latencies(BTreeMap<&'static str, Vec<f64>>);
+pub(super) struct Latencies {
+    by_hook: BTreeMap<&'static str, Vec<f64>>,
+    /// The wake-ups the last poll recorded (when each was received): a second targeted
+    /// poll of the same cycle (devices found in sysfs) did not serve them first.
+    last: Vec<u64>,
+}
 
 impl Latencies {
     /// The wake-ups `woke` were served by a poll of `kind` that ended now.
@@ -19,16 +24,19 @@ impl Latencies {
             return;
         }
         let end = crate::wake::monotonic_ns();
-        for w in woke {
+        let mut recorded = Vec::with_capacity(woke.len());
+        for w in woke.iter().filter(|w| !self.last.contains(&w.received_ns)) {
             if let Some(k) = w.kernel_ts_ns {
-                self.0.entry(w.hook.name()).or_default().push(end.saturating_sub(k) as f64 / 1e6);
+                self.by_hook.entry(w.hook.name()).or_default().push(end.saturating_sub(k) as f64 / 1e6);
             }
+            recorded.push(w.received_ns);
         }
+        self.last = recorded;
     }
 
     /// The exit summary ([`trace_summary`]).
     pub(super) fn summary(&self, lost: Option<u64>) -> String {
-        trace_summary(&self.0, lost)
+        trace_summary(&self.by_hook, lost)
     }
 }
 
@@ -169,6 +177,28 @@ pub fn trace_summary(lat: &BTreeMap<&'static str, Vec<f64>>, lost: Option<u64>) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A wake-up served by two targeted polls of one cycle (a device its hint names found
+    /// in sysfs after the first) is counted once, at the first.
+    #[test]
+    fn a_wake_up_is_counted_at_the_first_poll_that_served_it() {
+        let wake = |received_ns| Wake {
+            hook: crate::wake::Hook::Rtnetlink,
+            kernel_ts_ns: Some(1),
+            hint: crate::wake::Hint::Name("eth0".into()),
+            received: Instant::now(),
+            received_ns,
+        };
+        let (a, b) = (wake(10), wake(11));
+        let devs = ["mlx5_0".to_string()];
+        let mut lat = Latencies::default();
+        lat.record(&[a.clone(), b.clone()], &PollKind::Targeted(&devs));
+        lat.record(std::slice::from_ref(&b), &PollKind::Targeted(&devs));
+        lat.record(&[a.clone(), b.clone()], &PollKind::FullAfterTargeted);
+        assert_eq!(lat.by_hook["rtnetlink"].len(), 2);
+        lat.record(&[wake(12)], &PollKind::Full);
+        assert_eq!(lat.by_hook["rtnetlink"].len(), 3);
+    }
 
     #[test]
     fn the_trace_summary_says_how_many_wake_records_the_kernel_lost() {

@@ -38,6 +38,15 @@ pub const BURST_FULL_POLL_GAP: Duration = Duration::from_millis(250);
 /// the CPU on the latency path).
 pub const TARGETED_DELIVERY_WAIT: Duration = Duration::from_millis(50);
 
+/// A cycle's wake-ups by what their hints name ([`Daemon::hints`]).
+#[derive(Default)]
+struct Hints {
+    /// The devices of the last full poll's snapshot the hints name.
+    named: Vec<String>,
+    /// The wake-ups whose hint names nothing the snapshot holds: looked up in sysfs.
+    probed: Vec<Wake>,
+}
+
 /// What woke the loop.
 pub(super) enum Wakeup {
     /// The interval tick, a wake source (the coalesced burst) or kernel log records:
@@ -99,7 +108,9 @@ impl Daemon<'_> {
     /// The polls of one cycle for the wake-ups `woke` (none: the tick's, the trailing or
     /// a held port's poll). Wake-ups whose hints name devices first get a targeted poll of
     /// those devices (its events are dispatched first), then the full poll follows — unless
-    /// in a burst.
+    /// in a burst. A hint the last full poll's snapshot does not resolve is looked up in
+    /// sysfs only after the targeted poll of the ones it does resolve (a veth's peer, a
+    /// container's interface, a bond: [`Daemon::hints`]).
     pub(super) async fn polls(&mut self, woke: &[Wake]) {
         self.take_kernel_log_records();
         let woke_at = Instant::now();
@@ -108,8 +119,13 @@ impl Daemon<'_> {
         if self.last_snapshot.is_some() && woke.iter().any(|w| matches!(w.hint, crate::wake::Hint::Name(_))) {
             self.monitor.host.expect_reads();
         }
-        let targets = self.devices_named(woke);
-        let targeted = self.targeted_poll(woke, woke_at, &targets).await;
+        let hints = self.hints(woke);
+        let mut targeted = self.targeted_poll(woke, woke_at, &hints.named).await;
+        let probed = self.devices_probed(&hints.probed, &hints.named);
+        if !probed.is_empty() {
+            let wakes = if targeted { &hints.probed } else { woke };
+            targeted |= self.targeted_poll(wakes, woke_at, &probed).await;
+        }
         // A burst (a full poll ran moments ago): the targeted poll served the named
         // devices; the rest waits for the trailing poll or the tick, so a storm of hinted
         // wake-ups costs targeted polls, not full ones.
@@ -142,19 +158,46 @@ impl Daemon<'_> {
         }
     }
 
-    /// The devices the wake-ups' hints name in the last full poll's snapshot. Each is owed
-    /// a re-read of its static attributes by the next full poll (a targeted poll, on the
-    /// latency path, uses the kept ones of the same incarnation: the `device` link is read
-    /// on every poll, targeted ones included).
-    fn devices_named(&mut self, woke: &[Wake]) -> Vec<String> {
+    /// The wake-ups `woke` split by what their hints name in the last full poll's snapshot
+    /// ([`discovery::devices_in`]: no host read). Each device named is owed a re-read of its
+    /// static attributes by the next full poll (a targeted poll, on the latency path, uses
+    /// the kept ones of the same incarnation: the `device` link is read on every poll,
+    /// targeted ones included).
+    fn hints(&mut self, woke: &[Wake]) -> Hints {
+        let mut hints = Hints::default();
+        let Some(last) = &self.last_snapshot else { return hints };
+        for w in woke {
+            let named = match &w.hint {
+                crate::wake::Hint::Name(n) => discovery::devices_in(last, n),
+                _ => Vec::new(),
+            };
+            if named.is_empty() && matches!(w.hint, crate::wake::Hint::Name(_)) {
+                hints.probed.push(w.clone());
+                continue;
+            }
+            for dev in named {
+                if !hints.named.contains(&dev) {
+                    hints.named.push(dev);
+                }
+            }
+        }
+        for dev in &hints.named {
+            self.statics_owed.insert(dev.clone());
+        }
+        hints
+    }
+
+    /// The devices the hints of `wakes` name as sysfs shows them now
+    /// ([`discovery::devices_probed`]: a second port's netdev, a bond's), less those in
+    /// `served`. Each is owed a re-read of its static attributes, as in [`Daemon::hints`].
+    fn devices_probed(&mut self, wakes: &[Wake], served: &[String]) -> Vec<String> {
         let mut targets: Vec<String> = Vec::new();
-        if let Some(last) = &self.last_snapshot {
-            for w in woke {
-                if let crate::wake::Hint::Name(n) = &w.hint {
-                    for dev in discovery::devices_named(&self.monitor.host, last, n) {
-                        if !targets.contains(&dev) {
-                            targets.push(dev);
-                        }
+        let Some(last) = &self.last_snapshot else { return targets };
+        for w in wakes {
+            if let crate::wake::Hint::Name(n) = &w.hint {
+                for dev in discovery::devices_probed(&self.monitor.host, last, n) {
+                    if !served.contains(&dev) && !targets.contains(&dev) {
+                        targets.push(dev);
                     }
                 }
             }
@@ -333,6 +376,60 @@ mod tests {
         daemon.cycle(&[wake_naming("eth0")]).await;
         assert_eq!(used(&daemon), 1, "the read-ahead the dry poll left is used");
         assert!(daemon.state.outbox.last_id() > last_batch, "the port's DOWN went out");
+        daemon.shutdown().await;
+    }
+
+    /// The devices named in the sink's lines (fatal ones).
+    fn fatal_devices(node: &nicmon_tests::Node) -> Vec<String> {
+        let text = std::fs::read_to_string(node.root().join("events.jsonl")).unwrap_or_default();
+        let mut out: Vec<String> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["isFatal"] == true)
+            .flat_map(|e| {
+                let ents = e["entitiesImpacted"].as_array().cloned().unwrap_or_default();
+                ents.into_iter()
+                    .filter(|x| x["entityType"] == "NIC")
+                    .filter_map(|x| x["entityValue"].as_str().map(String::from))
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// A hint the last full poll's snapshot resolves is served first, by the snapshot
+    /// alone; one it does not (here a renamed netdev and a plain interface; a veth's peer
+    /// and a bond too) is looked up in sysfs after that targeted poll, and a device found
+    /// that way gets a targeted poll of its own — so in a burst every hinted device is
+    /// still served by a targeted poll.
+    #[tokio::test]
+    async fn hints_the_snapshot_resolves_go_first_and_the_others_are_looked_up_after() {
+        let mut node = two_roce_nics("hints");
+        node.plain_netdev("veth9");
+        let opts = run_options(&node);
+        let mut daemon = Daemon::start(&opts).await.unwrap();
+        daemon.cycle(&[]).await;
+        node.rename_netdev("mlx5_1", "eth9");
+
+        let woke = [wake_naming("eth0"), wake_naming("veth9"), wake_naming("eth9")];
+        let hints = daemon.hints(&woke);
+        assert_eq!(hints.named, ["mlx5_0"]);
+        let probed: Vec<&crate::wake::Hint> = hints.probed.iter().map(|w| &w.hint).collect();
+        assert_eq!(probed, [&woke[1].hint, &woke[2].hint]);
+        assert_eq!(daemon.devices_probed(&hints.probed, &hints.named), ["mlx5_1"]);
+        assert!(daemon.devices_probed(&hints.probed, &["mlx5_1".to_string()]).is_empty(), "served already");
+
+        // In a burst (no full poll follows): both devices' DOWN go out, each through a
+        // targeted poll.
+        node.pull_cable("mlx5_0", 1);
+        node.pull_cable("mlx5_1", 1);
+        let full_before = Instant::now();
+        daemon.last_full_poll = Some(full_before);
+        daemon.cycle(&woke).await;
+        assert_eq!(daemon.last_full_poll, Some(full_before), "no full poll ran");
+        assert_eq!(fatal_devices(&node), ["mlx5_0", "mlx5_1"]);
+        assert!(daemon.statics_owed.contains("mlx5_0") && daemon.statics_owed.contains("mlx5_1"));
         daemon.shutdown().await;
     }
 
