@@ -396,9 +396,9 @@ impl Monitor {
             Some(cd) => {
                 events.extend(cd.events);
                 notes.extend(cd.notes);
-                (cd.state, cd.findings)
+                (Arc::new(cd.state), cd.findings)
             }
-            None => (prev.char_devices.clone(), Vec::new()),
+            None => (Arc::clone(&prev.char_devices), Vec::new()),
         };
         if first_poll && full {
             notes.extend(missing_counter_notes(&ports, &self.config.counter_rules));
@@ -408,8 +408,11 @@ impl Monitor {
         events.extend(pcie_events);
 
         let (kmsg_events, kmsg_state) = match full {
-            true => self.kernel_log(&prev.kmsg, kmsg_records, &snapshot, &roles, links, now),
-            false => (Vec::new(), prev.kmsg.clone()),
+            true => {
+                let (events, state) = self.kernel_log(&prev.kmsg, kmsg_records, &snapshot, &roles, links, now);
+                (events, Arc::new(state))
+            }
+            false => (Vec::new(), Arc::clone(&prev.kmsg)),
         };
         events.extend(kmsg_events);
 
@@ -501,12 +504,16 @@ impl Monitor {
     /// state is kept); a counter that went unreadable is a note.
     fn counters(
         &self,
-        prev: &counters::CounterState,
+        prev: &Arc<counters::CounterState>,
         ports: &[CounterPort<'_>],
         now: OffsetDateTime,
         reboot: bool,
         notes: &mut Vec<String>,
-    ) -> (Vec<HealthEvent>, counters::CounterState) {
+    ) -> (Vec<HealthEvent>, Arc<counters::CounterState>) {
+        // No port to evaluate (a targeted poll): the state as it was, shared, not copied.
+        if ports.is_empty() {
+            return (Vec::new(), Arc::clone(prev));
+        }
         let rules = &self.config.counter_rules;
         let (events, mut state) = counters::evaluate(prev, ports, rules, now, reboot, &self.stamp);
         for (device, port, rule) in counters::went_unreadable(prev, &mut state, ports, rules) {
@@ -515,7 +522,7 @@ impl Monitor {
                  not evaluated until it reads a number again"
             ));
         }
-        (events, state)
+        (events, Arc::new(state))
     }
 
     /// Step 5, character devices: on a full read, when the check is enabled.
@@ -1035,6 +1042,30 @@ mod tests {
         // A device set that changed since the base: no targeted read.
         node.remove_device(b);
         assert!(monitor.observe_targeted(&again.next, &full.snapshot, std::slice::from_ref(a)).is_none());
+    }
+
+    /// A targeted poll evaluates no counter, kernel log record, character device or PCIe
+    /// reading: it keeps their state as it was, shared with the previous poll's, not
+    /// copied; a full poll makes them anew.
+    #[test]
+    fn a_targeted_poll_shares_the_state_it_does_not_evaluate() {
+        let node = Platform::H100Oci.build();
+        let monitor = Monitor::open(&options(&node)).unwrap();
+        let t0 = OffsetDateTime::now_utc();
+        let base = monitor.poll(&CheckState::default(), &Loaded::Missing { reboot: false }, t0, &[]);
+        let prev = base.next.clone();
+        let dev = base.snapshot.devices.iter().find(|d| base.roles.get(&d.name).is_some_and(|c| c.monitored)).unwrap();
+        let obs = monitor.observe_targeted(&prev, &base.snapshot, std::slice::from_ref(&dev.name)).unwrap();
+        let targeted = monitor.decide(&prev, &Loaded::Resumed, obs, t0 + Duration::seconds(1), &[]);
+        let next = &targeted.next;
+        assert!(Arc::ptr_eq(&prev.counters, &next.counters), "counters");
+        assert!(Arc::ptr_eq(&prev.kmsg, &next.kmsg), "kernel log");
+        assert!(Arc::ptr_eq(&prev.char_devices, &next.char_devices), "character devices");
+        assert!(Arc::ptr_eq(&prev.pcie, &next.pcie), "PCIe");
+        let full = monitor.poll(next, &Loaded::Resumed, t0 + Duration::seconds(2), &[]);
+        assert!(!Arc::ptr_eq(&next.counters, &full.next.counters));
+        assert!(!Arc::ptr_eq(&next.kmsg, &full.next.kmsg));
+        assert!(!Arc::ptr_eq(&next.char_devices, &full.next.char_devices));
     }
 
     /// The at-least-once hole the sent-batch journal closes, exactly: a port goes down, the

@@ -267,8 +267,11 @@ impl Report {
     pub fn with_history(mut self, history: &crate::history::History) -> Report {
         for d in &mut self.devices {
             for p in &mut d.ports {
-                p.history =
-                    history.0.get(&crate::history::key(&d.name, p.port)).map(|l| l.to_vec()).unwrap_or_default();
+                p.history = history
+                    .0
+                    .get(&crate::history::key(&d.name, p.port))
+                    .map(|l| l.iter().map(|t| crate::history::Transition::clone(t)).collect())
+                    .unwrap_or_default();
             }
         }
         self

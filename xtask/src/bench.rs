@@ -325,7 +325,7 @@ fn full_outbox_state(node: &nicmon_tests::Node, path: &Path) -> Result<()> {
     use nicmon::event::{Check, HealthEvent, Stamp};
     let boot = std::fs::read_to_string(node.proc().join("sys/kernel/random/boot_id"))?;
     let mut st = nicmon::state::State::fresh(Some(boot.trim().to_string()));
-    st.checks.kmsg.last_seq = Some(0);
+    std::sync::Arc::make_mut(&mut st.checks.kmsg).last_seq = Some(0);
     let stamp = Stamp { node_name: "bench".into(), processing_strategy: Default::default() };
     let now = time::OffsetDateTime::now_utc();
     let text = "x".repeat(3000);

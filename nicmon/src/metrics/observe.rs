@@ -149,7 +149,7 @@ mod tests {
     #[test]
     fn breaches_are_counted_from_typed_fields_saturation_excluded() {
         let mut next = crate::state::CheckState::default();
-        next.counters.saturation_flags.insert(
+        std::sync::Arc::make_mut(&mut next.counters).saturation_flags.insert(
             crate::counters::counter_key("mlx5_0", 1, "link_downed"),
             Saturation {
                 check_name: Check::InfiniBandDegradationCheck.as_str().into(),

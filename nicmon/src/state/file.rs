@@ -287,7 +287,7 @@ fn settled(state: &State) -> Settled {
         outbox: crate::outbox::Outbox::default(),
     };
     s.checks.polls = s.checks.polls.min(1);
-    let snapshots = s.checks.counters.counter_snapshots.values_mut();
+    let snapshots = std::sync::Arc::make_mut(&mut s.checks.counters).counter_snapshots.values_mut();
     for snap in
         snapshots.chain(std::sync::Arc::make_mut(&mut s.checks.pcie).aer.counters.counter_snapshots.values_mut())
     {
@@ -423,8 +423,10 @@ mod tests {
         let mut s = State::fresh(Some("b1".into()));
         s.checks.polls = 5;
         for (key, value) in [("mlx5_0/1/link_downed", 3), ("mlx5_0/1/symbol_error", 7)] {
-            s.checks.counters.counter_snapshots.insert(key.into(), CounterSnapshot { value, timestamp: t(100) });
-            s.checks.counters.last_values.insert(key.into(), value);
+            std::sync::Arc::make_mut(&mut s.checks.counters)
+                .counter_snapshots
+                .insert(key.into(), CounterSnapshot { value, timestamp: t(100) });
+            std::sync::Arc::make_mut(&mut s.checks.counters).last_values.insert(key.into(), value);
         }
         let aer_key = "mlx5_0:0:aer_correctable";
         std::sync::Arc::make_mut(&mut s.checks.pcie)
@@ -440,7 +442,7 @@ mod tests {
             (
                 "snapshot timestamps moved",
                 Box::new(move |s| {
-                    for v in s.checks.counters.counter_snapshots.values_mut() {
+                    for v in std::sync::Arc::make_mut(&mut s.checks.counters).counter_snapshots.values_mut() {
                         v.timestamp = t(200);
                     }
                 }),
@@ -475,14 +477,20 @@ mod tests {
             (
                 "a counter moved",
                 Box::new(|s| {
-                    s.checks.counters.last_values.insert("mlx5_0/1/link_downed".into(), 4).map(drop).unwrap_or(())
+                    std::sync::Arc::make_mut(&mut s.checks.counters)
+                        .last_values
+                        .insert("mlx5_0/1/link_downed".into(), 4)
+                        .map(drop)
+                        .unwrap_or(())
                 }),
                 false,
             ),
             (
                 "a snapshot value moved",
                 Box::new(|s| {
-                    if let Some(v) = s.checks.counters.counter_snapshots.values_mut().next() {
+                    if let Some(v) =
+                        std::sync::Arc::make_mut(&mut s.checks.counters).counter_snapshots.values_mut().next()
+                    {
                         v.value += 1;
                     }
                 }),
@@ -491,7 +499,7 @@ mod tests {
             (
                 "a snapshot gone",
                 Box::new(|s| {
-                    s.checks.counters.counter_snapshots.pop_first();
+                    std::sync::Arc::make_mut(&mut s.checks.counters).counter_snapshots.pop_first();
                 }),
                 false,
             ),
@@ -606,13 +614,15 @@ mod tests {
         let mut s = State::fresh(Some("b".into()));
         let key: std::sync::Arc<str> = "mlx5_0_1_symbol_error".into();
         s.checks.polls = 1;
-        s.checks.counters.counter_snapshots.insert(key.clone(), snap(5, 1));
+        std::sync::Arc::make_mut(&mut s.checks.counters).counter_snapshots.insert(key.clone(), snap(5, 1));
         w.save(&s, t0);
         assert_eq!(w.writes, 1, "the first save writes");
         // Polls go by: the count and the snapshot's timestamp move, nothing else.
         for i in 1..59 {
             s.checks.polls = i + 1;
-            s.checks.counters.counter_snapshots.insert(key.clone(), snap(5, 1 + i as i64));
+            std::sync::Arc::make_mut(&mut s.checks.counters)
+                .counter_snapshots
+                .insert(key.clone(), snap(5, 1 + i as i64));
             w.save(&s, t0 + std::time::Duration::from_secs(i));
         }
         assert_eq!(w.writes, 1, "volatile changes wait for the refresh period");
@@ -621,7 +631,7 @@ mod tests {
         assert_eq!(w.writes, 2, "and are written once it has passed");
         assert_eq!(load(&p, Some("b")).0.checks.polls, 60);
         // A moved counter value is a change: written at once.
-        s.checks.counters.counter_snapshots.insert(key.clone(), snap(6, 61));
+        std::sync::Arc::make_mut(&mut s.checks.counters).counter_snapshots.insert(key.clone(), snap(6, 61));
         w.save(&s, t0 + VOLATILE_REFRESH + std::time::Duration::from_secs(1));
         assert_eq!(w.writes, 3);
         // So is the outbox.
@@ -649,21 +659,21 @@ mod tests {
         let mut s = State::fresh(Some("b".into()));
         let key: std::sync::Arc<str> = "mlx5_0_1_symbol_error".into();
         s.checks.polls = 1;
-        s.checks.counters.counter_snapshots.insert(key.clone(), snap(5, 1));
+        std::sync::Arc::make_mut(&mut s.checks.counters).counter_snapshots.insert(key.clone(), snap(5, 1));
         w.save(&s, at(0));
         assert_eq!(w.writes, 1, "the first save writes");
         assert!(w.written.is_none(), "no copy kept");
         // A volatile change, told: not written before the refresh.
         let mut next = s.checks.clone();
         next.polls = 7;
-        next.counters.counter_snapshots.insert(key.clone(), snap(5, 9));
+        std::sync::Arc::make_mut(&mut next.counters).counter_snapshots.insert(key.clone(), snap(5, 9));
         w.checks_changed(&s.checks, &next);
         s.checks = next;
         w.save(&s, at(1));
         assert_eq!(w.writes, 1);
         // A moved value, told: written at once.
         let mut next = s.checks.clone();
-        next.counters.counter_snapshots.insert(key.clone(), snap(6, 10));
+        std::sync::Arc::make_mut(&mut next.counters).counter_snapshots.insert(key.clone(), snap(6, 10));
         w.checks_changed(&s.checks, &next);
         s.checks = next;
         w.save(&s, at(2));

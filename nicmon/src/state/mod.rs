@@ -38,13 +38,13 @@ pub struct CheckState {
     pub links: LinkState,
     /// Counter snapshots, breach and saturation flags (the counter check's state).
     #[serde(default)]
-    pub counters: CounterState,
+    pub counters: std::sync::Arc<CounterState>,
     /// Kernel log cursor and dedup memory.
     #[serde(default)]
-    pub kmsg: KmsgState,
+    pub kmsg: std::sync::Arc<KmsgState>,
     /// Character-device miss counts, latches and the issm mode they were made under.
     #[serde(default)]
-    pub char_devices: CharDevState,
+    pub char_devices: std::sync::Arc<CharDevState>,
     /// PCIe: cards reported downtrained, the AER totals' baselines and latches.
     /// Shared with the previous poll's state while a poll leaves it as it was (a targeted
     /// poll does not evaluate PCIe).

@@ -142,12 +142,13 @@ pub fn import(bytes: &[u8]) -> Result<Imported, ImportError> {
         );
     }
     let port_keyed = |key: &str| crate::counters::parse_counter_key(key).is_some() && !key.starts_with("net:");
+    let counters = std::sync::Arc::make_mut(&mut checks.counters);
     for (key, s) in v.counter_snapshots {
         match when(&s.timestamp) {
             Some(timestamp) if port_keyed(&key) => {
                 let key: std::sync::Arc<str> = key.into();
-                checks.counters.last_values.insert(key.clone(), s.value);
-                checks.counters.counter_snapshots.insert(key, CounterSnapshot { value: s.value, timestamp });
+                counters.last_values.insert(key.clone(), s.value);
+                counters.counter_snapshots.insert(key, CounterSnapshot { value: s.value, timestamp });
             }
             _ => skipped.push(format!("counter_snapshots.{key}")),
         }
@@ -155,8 +156,7 @@ pub fn import(bytes: &[u8]) -> Result<Imported, ImportError> {
     for (key, b) in v.breach_flags {
         match when(&b.since) {
             Some(since) if port_keyed(&key) && b.breached => {
-                checks
-                    .counters
+                counters
                     .breach_flags
                     .insert(key, Breach { breached: true, check_name: b.check_name, is_fatal: b.is_fatal, since });
             }
