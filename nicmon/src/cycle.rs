@@ -408,10 +408,7 @@ impl Monitor {
         events.extend(pcie_events);
 
         let (kmsg_events, kmsg_state) = match full {
-            true => {
-                let (events, state) = self.kernel_log(&prev.kmsg, kmsg_records, &snapshot, &roles, links, now);
-                (events, Arc::new(state))
-            }
+            true => self.kernel_log(&prev.kmsg, kmsg_records, &snapshot, &roles, links, now),
             false => (Vec::new(), Arc::clone(&prev.kmsg)),
         };
         events.extend(kmsg_events);
@@ -561,20 +558,21 @@ impl Monitor {
     /// the monitored devices.
     fn kernel_log(
         &self,
-        prev: &kmsg::KmsgState,
+        prev: &Arc<kmsg::KmsgState>,
         records: &[Record],
         snapshot: &Snapshot,
         roles: &BTreeMap<String, Classification>,
         links: Option<HostLinks>,
         now: OffsetDateTime,
-    ) -> (Vec<HealthEvent>, kmsg::KmsgState) {
+    ) -> (Vec<HealthEvent>, Arc<kmsg::KmsgState>) {
+        // No record: the state as it was, shared.
         if records.is_empty() {
-            return (Vec::new(), prev.clone());
+            return (Vec::new(), Arc::clone(prev));
         }
         let links = links.unwrap_or_default();
         let index = DeviceIndex::from_snapshot(snapshot, |d| monitored(roles, &d.name), &links);
         let processed = kmsg::process(prev, records, &index, &self.config.patterns, now, &self.stamp);
-        (processed.events, processed.state)
+        (processed.events, Arc::new(processed.state))
     }
 }
 
@@ -1046,7 +1044,7 @@ mod tests {
 
     /// A targeted poll evaluates no counter, kernel log record, character device or PCIe
     /// reading: it keeps their state as it was, shared with the previous poll's, not
-    /// copied; a full poll makes them anew.
+    /// copied; a full poll makes them anew (the kernel log's only when it has records).
     #[test]
     fn a_targeted_poll_shares_the_state_it_does_not_evaluate() {
         let node = Platform::H100Oci.build();
@@ -1064,7 +1062,7 @@ mod tests {
         assert!(Arc::ptr_eq(&prev.pcie, &next.pcie), "PCIe");
         let full = monitor.poll(next, &Loaded::Resumed, t0 + Duration::seconds(2), &[]);
         assert!(!Arc::ptr_eq(&next.counters, &full.next.counters));
-        assert!(!Arc::ptr_eq(&next.kmsg, &full.next.kmsg));
+        assert!(Arc::ptr_eq(&next.kmsg, &full.next.kmsg), "no kernel log record: kept as it was");
         assert!(!Arc::ptr_eq(&next.char_devices, &full.next.char_devices));
     }
 
