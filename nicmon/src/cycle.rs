@@ -1011,13 +1011,14 @@ mod tests {
 
         // The hint resolves by name, netdev and PCI address.
         let dev_a = base.snapshot.devices.iter().find(|d| &d.name == a).unwrap();
-        assert_eq!(discovery::devices_named(&monitor.host, &base.snapshot, a), vec![a.clone()]);
+        assert_eq!(discovery::devices_in(&base.snapshot, a), vec![a.clone()]);
         if let Some(nd) = &dev_a.netdev {
-            assert_eq!(discovery::devices_named(&monitor.host, &base.snapshot, nd), vec![a.clone()]);
+            assert_eq!(discovery::devices_in(&base.snapshot, nd), vec![a.clone()]);
         }
         let pci = dev_a.pci_address.clone().unwrap();
-        assert_eq!(discovery::devices_named(&monitor.host, &base.snapshot, &pci), vec![a.clone()]);
-        assert!(discovery::devices_named(&monitor.host, &base.snapshot, "nosuchdev").is_empty());
+        assert_eq!(discovery::devices_in(&base.snapshot, &pci), vec![a.clone()]);
+        assert!(discovery::devices_in(&base.snapshot, "nosuchdev").is_empty());
+        assert!(discovery::devices_probed(&monitor.host, &base.snapshot, "nosuchdev").is_empty());
 
         let obs = monitor.observe_targeted(&state, &base.snapshot, std::slice::from_ref(a)).expect("same device set");
         let targeted = monitor.decide(&state, &Loaded::Resumed, obs, t0 + Duration::seconds(1), &[]);

@@ -529,16 +529,6 @@ fn keep_base_readings(new: &mut Device, base: &Device) {
     }
 }
 
-/// The devices a wake-up hint names in `snapshot`: [`devices_in`], failing that
-/// [`devices_probed`].
-pub fn devices_named(host: &Host, snapshot: &Snapshot, hint: &str) -> Vec<String> {
-    let named = devices_in(snapshot, hint);
-    if !named.is_empty() {
-        return named;
-    }
-    devices_probed(host, snapshot, hint)
-}
-
 /// The devices of `snapshot` a wake-up hint names directly: a device by its name, its
 /// netdev or its PCI address (of the function, or the card's `dddd:bb:dd`). No host read.
 pub fn devices_in(snapshot: &Snapshot, hint: &str) -> Vec<String> {

@@ -167,13 +167,10 @@ impl Daemon<'_> {
         let mut hints = Hints::default();
         let Some(last) = &self.last_snapshot else { return hints };
         for w in woke {
-            let named = match &w.hint {
-                crate::wake::Hint::Name(n) => discovery::devices_in(last, n),
-                _ => Vec::new(),
-            };
-            if named.is_empty() && matches!(w.hint, crate::wake::Hint::Name(_)) {
+            let crate::wake::Hint::Name(n) = &w.hint else { continue };
+            let named = discovery::devices_in(last, n);
+            if named.is_empty() {
                 hints.probed.push(w.clone());
-                continue;
             }
             for dev in named {
                 if !hints.named.contains(&dev) {
