@@ -169,6 +169,11 @@ pub struct Stages {
     /// Delivered → durable (the file sink's `fdatasync`), off the delivery path: the
     /// acknowledgement waits for it, the line does not.
     pub sync: f64,
+    /// T → the fault's own carrier-changing system call (the harness's) returned. Not a
+    /// stage of the path: the harness looks for the line only after it, so where the call
+    /// returns after the line was written, the call (finishing on the daemon's CPU) is
+    /// what the delivered time waited for.
+    pub call: f64,
 }
 
 impl Stages {
@@ -176,6 +181,16 @@ impl Stages {
     /// on the daemon's monotonic clock: the harness's look not in it.
     pub fn accepted(&self) -> f64 {
         self.to_kernel + self.kernel_to_agent + self.wait + self.poll + self.handoff + self.to_sender + self.sink
+    }
+
+    /// T → the harness saw the line, on the monotonic clock.
+    pub fn delivered(&self) -> f64 {
+        self.accepted() + self.seen
+    }
+
+    /// The fault's own system call returned after the daemon had written the line.
+    pub fn call_after_line(&self) -> bool {
+        self.call > self.accepted()
     }
 }
 
@@ -210,8 +225,9 @@ fn fields(line: &str) -> std::collections::HashMap<&str, &str> {
     line.split_whitespace().filter_map(|t| t.split_once('=')).collect()
 }
 
-/// The stages of the fault made at monotonic `t_ns` (seen by the harness at `seen_ns`).
-fn stages_of(trace: &str, t_ns: u64, seen_ns: u64) -> Option<Stages> {
+/// The stages of the fault made at monotonic `t_ns` (its system call returned at
+/// `returned_ns`; the harness saw the line at `seen_ns`).
+fn stages_of(trace: &str, t_ns: u64, returned_ns: u64, seen_ns: u64) -> Option<Stages> {
     let wake = trace.lines().filter(|l| l.starts_with("wake ")).map(fields).find(|f| {
         f.get("kernel_ns").and_then(|v| v.parse::<u64>().ok()).is_some_and(|k| k >= t_ns)
             && f.get("events").is_some_and(|e| *e != "0")
@@ -232,6 +248,7 @@ fn stages_of(trace: &str, t_ns: u64, seen_ns: u64) -> Option<Stages> {
         sink: (accepted - taken) / 1e6,
         seen: (seen_ns as f64 - accepted) / 1e6,
         sync: (durable - accepted) / 1e6,
+        call: returned_ns.saturating_sub(t_ns) as f64 / 1e6,
     })
 }
 
@@ -441,10 +458,11 @@ pub fn measure(bin: &Path, mode: Mode, reps: usize, interval: &str, tag: &str) -
             std::fs::write(state.join("state"), "1: DOWN\n").map_err(|e| e.to_string())?;
             std::fs::write(state.join("phys_state"), "3: Disabled\n").map_err(|e| e.to_string())?;
             let (t, t_ns) = veth.set_up(&veth.a, false)?;
+            let returned_ns = monotonic_ns();
             let (ev, seen) =
                 watch.wait_event(false, i, Duration::from_secs(10)).ok_or(format!("rep {i}: no fatal event"))?;
             delivered.push(seen.wall.duration_since(t).unwrap_or_default().as_secs_f64() * 1e3);
-            marks.push((t_ns, seen.mono_ns));
+            marks.push((t_ns, returned_ns, seen.mono_ns));
             let at = ts_of(&ev).ok_or("event without a timestamp")?;
             ms.push(at.duration_since(t).unwrap_or_default().as_secs_f64() * 1e3);
             std::fs::write(state.join("state"), "4: ACTIVE\n").map_err(|e| e.to_string())?;
@@ -459,7 +477,7 @@ pub fn measure(bin: &Path, mode: Mode, reps: usize, interval: &str, tag: &str) -
     let hooks_log = std::fs::read_to_string(&log).unwrap_or_default();
     let (ms, delivered_ms, marks) = result?;
     let trace = std::fs::read_to_string(&trace).unwrap_or_default();
-    let stages = marks.iter().filter_map(|(t, seen)| stages_of(&trace, *t, *seen)).collect();
+    let stages = marks.iter().filter_map(|(t, returned, seen)| stages_of(&trace, *t, *returned, *seen)).collect();
     Ok(Samples { mode, ms, delivered_ms, stages, hooks_log })
 }
 
@@ -641,4 +659,30 @@ pub fn flap_storm(
     let log = std::fs::read_to_string(&log).unwrap_or_default();
     let (first_fatal_ms, downs, at_storm_end) = result.map_err(|e| format!("{e}\n{log}"))?;
     Ok(Storm { events: port_events(&sink), first_fatal_ms, downs, at_storm_end, log })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A trace with one wake-up (kernel program 30 µs after T) whose batch 7 was written
+    /// 400 µs after T.
+    const TRACE: &str = "wake hook=qdisc_reset kernel_ns=1000030000 events=1 last_batch=7 kernel->agent_ms=0.150 \
+                         coalesce_wait_ms=0.020 poll_ms=0.150 handoff_ms=0.030\n\
+                         sent batch=7 handed_ns=1000380000 sender_ns=1000385000 accepted_ns=1000400000 durable_ns=1000900000\n";
+
+    #[test]
+    fn a_fault_whose_call_returned_after_the_line_is_told_apart() {
+        let t = 1_000_000_000;
+        let late = stages_of(TRACE, t, t + 550_000, t + 600_000).expect("the wake-up and its batch are found");
+        assert!((late.accepted() - 0.4).abs() < 1e-9, "{late:?}");
+        assert!((late.delivered() - 0.6).abs() < 1e-9, "{late:?}");
+        assert!((late.call - 0.55).abs() < 1e-9);
+        assert!(late.call_after_line());
+        let early = stages_of(TRACE, t, t + 180_000, t + 460_000).expect("found");
+        assert!(!early.call_after_line());
+        assert!((early.seen - 0.06).abs() < 1e-9);
+        // A wake-up from before T is not this fault's.
+        assert!(stages_of(TRACE, t + 40_000, t + 180_000, t + 460_000).is_none());
+    }
 }

@@ -86,6 +86,7 @@ pub fn run(opts: &Options) -> Result<()> {
             nicmon_tests::latency::percentile(&acc, 0.5),
             nicmon_tests::latency::percentile(&acc, 0.99)
         );
+        println!("  {}", call_split(&s.stages));
     }
     let (_, _, _, d50, d99, _) = rows[0];
     let polling_d50 = rows[2].3;
@@ -116,6 +117,29 @@ pub fn run(opts: &Options) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// When the fault's own system call returned, and the faults split by whether it returned
+/// after the daemon had written the line: there the call finished on the CPU the daemon's
+/// path ran on, and the harness looks only once it returns.
+fn call_split(stages: &[Stages]) -> String {
+    use nicmon_tests::latency::percentile;
+    let calls: Vec<f64> = stages.iter().map(|st| st.call).collect();
+    let (after, before): (Vec<&Stages>, Vec<&Stages>) = stages.iter().partition(|st| st.call_after_line());
+    let delivered = |v: &[&Stages]| match v.is_empty() {
+        true => "-".to_string(),
+        false => format!("{:.3} ms", percentile(&v.iter().map(|st| st.delivered()).collect::<Vec<_>>(), 0.5)),
+    };
+    format!(
+        "the fault's own system call returned: p50 {:.3} ms; after the line was written in {} of {} faults \
+         (delivered p50 {}), before it in {} (delivered p50 {})",
+        percentile(&calls, 0.5),
+        after.len(),
+        stages.len(),
+        delivered(&after),
+        before.len(),
+        delivered(&before),
+    )
 }
 
 /// Build the release nicmon with the eBPF programs built in; its path.
