@@ -75,9 +75,130 @@ fn get() -> io::Result<libc::sched_attr> {
     Ok(attr)
 }
 
+/// A helper thread another thread hands work to and then waits for (the reader thread of a
+/// poll's reads), with what that waiting thread needs to bring it to its own CPU.
+///
+/// A helper woken on a CPU that is busy — a kernel thread or a system call running there
+/// (a kernel without preemption lets neither be interrupted), or the vCPU preempted by its
+/// host — waits there: the kernel does not move a task that ran on that CPU a moment ago
+/// ("cache hot") to another, even to the one the waiter leaves idle when it goes to sleep.
+/// The waiter, about to sleep on its own CPU, pins the helper there
+/// ([`Helper::bring_here`]); the helper takes its own CPU set back when it begins the work
+/// ([`Helper::begin_work`]).
+#[derive(Default)]
+pub struct Helper {
+    /// The helper's thread id (0 until [`Helper::register`]).
+    tid: std::sync::atomic::AtomicI32,
+    /// Pinned by [`Helper::bring_here`] and not restored yet.
+    moved: std::sync::atomic::AtomicBool,
+    /// The helper's CPU set when it registered.
+    home: std::sync::Mutex<Option<libc::cpu_set_t>>,
+}
+
+impl Helper {
+    /// On the helper's thread, once: its thread id and CPU set.
+    pub fn register(&self) {
+        use std::sync::atomic::Ordering;
+        // SAFETY: sched_getaffinity(2) of the calling thread into a zeroed set of the size
+        // passed; gettid(2) has no arguments.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
+                *self.home.lock().unwrap_or_else(|p| p.into_inner()) = Some(set);
+            }
+            self.tid.store(libc::gettid(), Ordering::Release);
+        }
+    }
+
+    /// On the waiting thread: pin the helper to the CPU this thread runs on. `false` when
+    /// the helper has not registered or the kernel refused (it stays where it is).
+    pub fn bring_here(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        let tid = self.tid.load(Ordering::Acquire);
+        // SAFETY: sched_getcpu(3) has no arguments.
+        let cpu = unsafe { libc::sched_getcpu() };
+        if tid <= 0 || cpu < 0 || self.home.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+            return false;
+        }
+        // SAFETY: a zeroed set with one CPU below CPU_SETSIZE (sched_getcpu's answer) set,
+        // passed with its size to sched_setaffinity(2) for a thread of this process.
+        let pinned = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu as usize, &mut set);
+            libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        };
+        if pinned {
+            self.moved.store(true, Ordering::Release);
+        }
+        pinned
+    }
+
+    /// On the helper's thread, as it begins the work: its own CPU set back when it was
+    /// brought elsewhere (it runs where it is now; no move).
+    pub fn begin_work(&self) {
+        use std::sync::atomic::Ordering;
+        if !self.moved.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        if let Some(home) = *self.home.lock().unwrap_or_else(|p| p.into_inner()) {
+            // SAFETY: sched_setaffinity(2) of the calling thread with a set the kernel gave.
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &home) };
+        }
+    }
+
+    /// The helper's thread id (tests).
+    #[cfg(test)]
+    pub(crate) fn tid(&self) -> i32 {
+        self.tid.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The helper's CPU set now (tests).
+    #[cfg(test)]
+    pub(crate) fn cpus(&self) -> Vec<usize> {
+        let tid = self.tid.load(std::sync::atomic::Ordering::Acquire);
+        // SAFETY: sched_getaffinity(2) of a thread of this process into a zeroed set.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+            (0..libc::CPU_SETSIZE as usize).filter(|c| libc::CPU_ISSET(*c, &set)).collect()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A helper brought to the waiting thread's CPU runs only there until it begins its
+    /// work, and then has its own CPU set back.
+    #[test]
+    fn a_helper_brought_here_is_pinned_until_it_begins_its_work() {
+        let helper = std::sync::Arc::new(Helper::default());
+        assert!(!helper.bring_here(), "nothing to bring before the helper registers");
+        let (go, begin) = std::sync::mpsc::channel::<()>();
+        let (done, began) = std::sync::mpsc::channel::<()>();
+        let h = std::sync::Arc::clone(&helper);
+        let thread = std::thread::spawn(move || {
+            h.register();
+            done.send(()).unwrap();
+            begin.recv().unwrap();
+            h.begin_work();
+            done.send(()).unwrap();
+        });
+        began.recv().unwrap();
+        let home = helper.cpus();
+        assert!(helper.bring_here());
+        // One CPU: the one this thread ran on then (it may have moved since).
+        let pinned = helper.cpus();
+        assert_eq!(pinned.len(), 1, "{pinned:?}");
+        if home.len() > 1 {
+            assert!(home.contains(&pinned[0]));
+        }
+        go.send(()).unwrap();
+        began.recv().unwrap();
+        assert_eq!(helper.cpus(), home, "its own CPU set back once it begins");
+        thread.join().unwrap();
+    }
 
     /// On its own thread (the test harness's threads keep theirs): the slice is requested,
     /// reported back, inherited by a thread started afterwards, and the nice value kept;

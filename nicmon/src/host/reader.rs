@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use super::file::{Past, read_regular};
 use super::kept::{Kept, KeptFile, KeptKey, read_kept};
 use super::{MAX_STUCK, PAGE, ReadError};
+use crate::sched::Helper;
 
 /// How long reads may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,6 +200,11 @@ pub(super) enum Msg {
 /// sleeping (yielding the CPU to whatever else is runnable) before it sleeps again.
 pub const EXPECT_SPIN: Duration = Duration::from_micros(500);
 
+/// How long a batch handed to the reader thread may wait for the thread to begin it before
+/// the caller brings the thread to its own CPU ([`crate::sched::Helper`]). A thread that was
+/// awake begins within microseconds, one woken on an idle CPU within ~0.1 ms on a VM.
+pub const NOT_BEGUN: Duration = Duration::from_micros(150);
+
 /// A batch's results by index (`None`: not read yet).
 type Slots = Vec<Option<Result<Vec<u8>, ReadError>>>;
 
@@ -238,6 +244,8 @@ struct Flight {
     progress: Arc<Progress>,
     finished: mpsc::Receiver<()>,
     id: u64,
+    /// When it was handed over (the thread restamps `progress.current` as it begins).
+    launched: Instant,
 }
 
 impl Pending {
@@ -355,6 +363,8 @@ pub(super) struct Stuck {
 pub(super) struct Shared {
     pub(super) stuck: Mutex<BTreeMap<PathBuf, Stuck>>,
     pub(super) kept: Mutex<Kept>,
+    /// Batches whose thread was brought to the waiting thread's CPU ([`Reader::nudge`]).
+    pub(super) nudged: AtomicU64,
 }
 
 impl Shared {
@@ -384,7 +394,7 @@ pub struct Reader {
 }
 
 /// A lane's reader thread, if one is running: its id and its queue.
-pub(super) type Worker = Mutex<Option<(u64, mpsc::Sender<Msg>)>>;
+pub(super) type Worker = Mutex<Option<(u64, mpsc::Sender<Msg>, Arc<Helper>)>>;
 
 /// Wakes the batch lane's reader thread, if there is one, to wait awake for a batch
 /// ([`Reader::expect`]); see [`super::Host::read_waker`].
@@ -394,7 +404,7 @@ pub struct ReadWaker(Arc<[Worker; 2]>);
 impl ReadWaker {
     pub fn wake(&self) {
         let w = self.0[Lane::Batch as usize].lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, tx)) = w.as_ref() {
+        if let Some((_, tx, _)) = w.as_ref() {
             let _ = tx.send(Msg::Expect);
         }
     }
@@ -465,15 +475,16 @@ impl Reader {
             }
         }
         let n = p.items.len();
+        let launched = Instant::now();
         let progress = Arc::new(Progress {
-            current: Mutex::new((p.next, Instant::now())),
+            current: Mutex::new((p.next, launched)),
             results: Mutex::new((0..n).map(|_| None).collect()),
         });
         let (done, finished) = mpsc::sync_channel(1);
         let job = Job { items: p.items.clone(), start: p.next, progress: progress.clone(), done };
         match self.submit(job, p.lane) {
             Ok(id) => {
-                p.flight = Some(Flight { progress, finished, id });
+                p.flight = Some(Flight { progress, finished, id, launched });
                 true
             }
             Err(e) => {
@@ -492,17 +503,34 @@ impl Reader {
     ) -> Vec<Result<Vec<u8>, ReadError>> {
         let n = p.items.len();
         'batches: while p.next < n {
-            let Some(Flight { progress, finished, id }) = p.flight.take() else {
+            let Some(Flight { progress, finished, id, launched }) = p.flight.take() else {
                 if self.launch(&mut p, read, poll_end) {
                     continue;
                 }
                 break;
             };
+            let mut nudge = Some(launched + NOT_BEGUN);
             loop {
                 let (current, since) = *progress.current.lock().unwrap_or_else(|p| p.into_inner());
                 let mut until = since + read;
                 if let Some(end) = poll_end {
                     until = until.min(end);
+                }
+                // Not begun yet: first wait until the nudge is due.
+                let nudge_due = nudge.filter(|n| since == launched && *n < until);
+                if let Some(due) = nudge_due {
+                    match finished.recv_timeout(due.saturating_duration_since(Instant::now())) {
+                        Ok(()) => {
+                            p.collect_done(&progress);
+                            break 'batches;
+                        }
+                        Err(mpsc::RecvTimeoutError::Timeout) => {
+                            nudge = None;
+                            self.nudge(p.lane, id, &progress, launched);
+                            continue;
+                        }
+                        Err(mpsc::RecvTimeoutError::Disconnected) => nudge = None,
+                    }
                 }
                 match finished.recv_timeout(until.saturating_duration_since(Instant::now())) {
                     Ok(()) => {
@@ -534,7 +562,7 @@ impl Reader {
                         stuck.insert(path.clone(), Stuck { worker: id, since });
                         drop(stuck);
                         let mut w = self.workers[p.lane as usize].lock().unwrap_or_else(|p| p.into_inner());
-                        if w.as_ref().is_some_and(|(wid, _)| *wid == id) {
+                        if w.as_ref().is_some_and(|(wid, _, _)| *wid == id) {
                             *w = None;
                         }
                         drop(w);
@@ -557,6 +585,18 @@ impl Reader {
         out.into_iter().map(|r| r.unwrap_or_else(|| Err(ReadError::Io("not read".into())))).collect()
     }
 
+    /// A batch handed to thread `id` of `lane` [`NOT_BEGUN`] ago that it has not begun: the
+    /// thread waits for a busy CPU (see [`Helper`]) — bring it to this thread's, which
+    /// this thread leaves to it while it waits. Counted in `nudged`.
+    fn nudge(&self, lane: Lane, id: u64, progress: &Progress, launched: Instant) {
+        let w = self.workers[lane as usize].lock().unwrap_or_else(|p| p.into_inner());
+        let Some((wid, _, helper)) = w.as_ref() else { return };
+        let begun = progress.current.lock().unwrap_or_else(|p| p.into_inner()).1 != launched;
+        if *wid == id && !begun && helper.bring_here() {
+            self.shared.nudged.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Hand `job` to `lane`'s reader thread (starting one if needed); its id.
     fn submit(&self, job: Job, lane: Lane) -> Result<u64, ReadError> {
         let mut w = self.workers[lane as usize].lock().unwrap_or_else(|p| p.into_inner());
@@ -567,13 +607,18 @@ impl Reader {
                 let (tx, rx) = mpsc::channel::<Msg>();
                 let shared = Arc::clone(&self.shared);
                 let read_fn = self.read_fn;
+                let helper = Arc::new(Helper::default());
+                let place = Arc::clone(&helper);
                 std::thread::Builder::new()
                     .name("nicmon-read".into())
-                    .spawn(move || reader_thread(id, &rx, &shared, read_fn))
+                    .spawn(move || {
+                        place.register();
+                        reader_thread(id, &rx, &shared, read_fn, &place)
+                    })
                     .map_err(|e| ReadError::Io(format!("cannot start a reader thread: {e}")))?;
-                *w = Some((id, tx));
+                *w = Some((id, tx, helper));
             }
-            let (id, tx) = w.as_ref().expect("set above");
+            let (id, tx, _) = w.as_ref().expect("set above");
             match tx.send(Msg::Job(job)) {
                 Ok(()) => return Ok(*id),
                 Err(mpsc::SendError(Msg::Job(back))) => {
@@ -659,12 +704,13 @@ fn next_job(jobs: &mpsc::Receiver<Msg>) -> Option<Job> {
     }
 }
 
-fn reader_thread(id: u64, jobs: &mpsc::Receiver<Msg>, shared: &Shared, read_fn: ReadFn) {
+fn reader_thread(id: u64, jobs: &mpsc::Receiver<Msg>, shared: &Shared, read_fn: ReadFn, place: &Helper) {
     // The first read of a kept file lands here (on the heap, zeroed once per thread).
     let mut scratch = vec![0u8; PAGE + 1].into_boxed_slice();
     let mut path_buf = PathBuf::new();
     let mut rel_buf = String::new();
     while let Some(job) = next_job(jobs) {
+        place.begin_work();
         if job.items[job.start..].iter().any(|item| item.keep) {
             shared.kept().drop_changed();
         }
@@ -711,4 +757,84 @@ pub const FILE_READ_TIMEOUT: Duration = Duration::from_secs(2);
 pub fn read_file(path: &Path, limit: usize) -> Result<Vec<u8>, ReadError> {
     static FILES: OnceLock<Reader> = OnceLock::new();
     FILES.get_or_init(Reader::default).read(path, limit, Past::Error, FILE_READ_TIMEOUT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cpu_set(cpus: &[usize]) -> libc::cpu_set_t {
+        // SAFETY: a zeroed set with CPUs below CPU_SETSIZE set.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            for c in cpus {
+                libc::CPU_SET(*c, &mut set);
+            }
+            set
+        }
+    }
+
+    fn pin(tid: i32, cpu: usize) -> bool {
+        // SAFETY: sched_setaffinity(2) of a thread of this process with a valid set.
+        unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &cpu_set(&[cpu])) == 0 }
+    }
+
+    /// A reader thread queued on a CPU that does not let it run (here a real-time spinner;
+    /// on a node a kernel thread, a long system call, a preempted vCPU) is brought to the
+    /// waiting thread's CPU: the batch is read at once, not when that CPU frees up (the
+    /// spinner holds it for up to 2 s; the fair class gets it back after ~0.95 s).
+    #[test]
+    fn a_reader_queued_behind_a_busy_cpu_is_brought_to_the_waiting_one() {
+        // SAFETY: sched_getaffinity(2) of the calling thread into a zeroed set.
+        let cpus: Vec<usize> = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+            (0..libc::CPU_SETSIZE as usize).filter(|c| libc::CPU_ISSET(*c, &set)).collect()
+        };
+        if cpus.len() < 2 {
+            eprintln!("skipped: one CPU, nowhere to bring a reader thread");
+            return;
+        }
+        let (busy, mine) = (cpus[0], cpus[1]);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("state");
+        std::fs::write(&file, "4: ACTIVE\n").unwrap();
+        std::thread::spawn(move || {
+            assert!(pin(0, mine));
+            let reader = Reader::default();
+            // The single lane's thread starts with a first read.
+            let first = reader.read(&file, 64, Past::Error, Duration::from_secs(5));
+            assert_eq!(first.as_deref(), Ok(&b"4: ACTIVE\n"[..]));
+            let tid = reader.workers[Lane::Single as usize].lock().unwrap().as_ref().map(|(_, _, h)| h.tid()).unwrap();
+            let before = reader.shared.nudged.load(Ordering::Relaxed);
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (ready, spinning) = mpsc::channel();
+            let halt = Arc::clone(&stop);
+            let spinner = std::thread::spawn(move || {
+                let param = libc::sched_param { sched_priority: 1 };
+                // SAFETY: sched_setscheduler(2) of the calling thread with a valid param.
+                let rt = pin(0, busy) && unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == 0;
+                ready.send(rt).unwrap();
+                let until = Instant::now() + Duration::from_secs(2);
+                while rt && !halt.load(Ordering::Relaxed) && Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+            });
+            if !spinning.recv().unwrap() {
+                eprintln!("skipped: a real-time thread is not allowed here (SCHED_FIFO refused)");
+                return;
+            }
+            assert!(pin(tid, busy), "the reader thread pinned beside the spinner");
+            let start = Instant::now();
+            let read = reader.read(&file, 64, Past::Error, Duration::from_secs(5));
+            let took = start.elapsed();
+            stop.store(true, Ordering::Relaxed);
+            spinner.join().unwrap();
+            assert_eq!(read.as_deref(), Ok(&b"4: ACTIVE\n"[..]));
+            assert!(took < Duration::from_millis(300), "the read waited for the busy CPU: {took:?}");
+            assert!(reader.shared.nudged.load(Ordering::Relaxed) > before, "brought over");
+        })
+        .join()
+        .unwrap();
+    }
 }
