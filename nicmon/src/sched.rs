@@ -184,6 +184,8 @@ mod tests {
             begin.recv().unwrap();
             h.begin_work();
             done.send(()).unwrap();
+            // Alive until its CPU set was looked at.
+            let _ = begin.recv();
         });
         began.recv().unwrap();
         let home = helper.cpus();
@@ -197,6 +199,7 @@ mod tests {
         go.send(()).unwrap();
         began.recv().unwrap();
         assert_eq!(helper.cpus(), home, "its own CPU set back once it begins");
+        drop(go);
         thread.join().unwrap();
     }
 
