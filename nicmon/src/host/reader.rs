@@ -516,26 +516,16 @@ impl Reader {
                 if let Some(end) = poll_end {
                     until = until.min(end);
                 }
-                // Not begun yet: first wait until the nudge is due.
+                // Not begun yet: wake when the nudge is due first.
                 let nudge_due = nudge.filter(|n| since == launched && *n < until);
-                if let Some(due) = nudge_due {
-                    match finished.recv_timeout(due.saturating_duration_since(Instant::now())) {
-                        Ok(()) => {
-                            p.collect_done(&progress);
-                            break 'batches;
-                        }
-                        Err(mpsc::RecvTimeoutError::Timeout) => {
-                            nudge = None;
-                            self.nudge(p.lane, id, &progress, launched);
-                            continue;
-                        }
-                        Err(mpsc::RecvTimeoutError::Disconnected) => nudge = None,
-                    }
-                }
-                match finished.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                match finished.recv_timeout(nudge_due.unwrap_or(until).saturating_duration_since(Instant::now())) {
                     Ok(()) => {
                         p.collect_done(&progress);
                         break 'batches;
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) if nudge_due.is_some() => {
+                        nudge = None;
+                        self.nudge(p.lane, id, &progress, launched);
                     }
                     Err(mpsc::RecvTimeoutError::Disconnected) => {
                         p.collect(&progress);
