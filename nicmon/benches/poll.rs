@@ -11,29 +11,30 @@
 //! same load on the machine for both), and the ratio of their medians printed.
 use std::time::Instant;
 
-use nicmon::config::Config;
-use nicmon::cycle::Monitor;
-use nicmon::discovery::{self, ReadPlan};
-use nicmon::event::{Check, Stamp};
-use nicmon::host::Host;
-use nicmon::state::{CheckState, Loaded};
-use nicmon::topology;
+use nicmon::act::state::Loaded;
+use nicmon::decide::settings::Config;
+use nicmon::decide::state::CheckState;
+use nicmon::model::event::{Check, Stamp};
+use nicmon::monitor::Monitor;
+use nicmon::read::discovery::{self, ReadPlan};
+use nicmon::read::host::Host;
+use nicmon::read::topology;
 use nicmon_tests::platforms;
 
 fn main() {
     let polls: usize = std::env::var("NICMON_BENCH_POLLS").ok().and_then(|v| v.parse().ok()).unwrap_or(3000);
     let Some((node, what, compare)) = bench_node() else { return };
     let monitor = monitor_of(&node);
-    let files_before = monitor.host.stats.files_read.load(std::sync::atomic::Ordering::Relaxed);
+    let files_before = monitor.observer.host.stats.files_read.load(std::sync::atomic::Ordering::Relaxed);
     let mut state = CheckState::default();
     let mut loaded = Loaded::Missing { reboot: false };
     let mut t = time::OffsetDateTime::now_utc();
     // Warm-up (first poll emits baselines); the first poll is cold: record what it reads.
-    *monitor.host.stats.recorded.lock().unwrap() = Some(Vec::new());
+    *monitor.observer.host.stats.recorded.lock().unwrap() = Some(Vec::new());
     let mut cold = Vec::new();
     for i in 0..20 {
         if i == 1 {
-            cold = monitor.host.stats.recorded.lock().unwrap().take().unwrap_or_default();
+            cold = monitor.observer.host.stats.recorded.lock().unwrap().take().unwrap_or_default();
         }
         let p = monitor.poll(&state, &loaded, t, &[]);
         state = p.next;
@@ -50,7 +51,8 @@ fn main() {
         t += time::Duration::seconds(1);
     }
     let cpu_poll_us = (cpu_time() - cpu_before) * 1e6 / polls as f64;
-    let files = (monitor.host.stats.files_read.load(std::sync::atomic::Ordering::Relaxed) - files_before) as f64
+    let files = (monitor.observer.host.stats.files_read.load(std::sync::atomic::Ordering::Relaxed) - files_before)
+        as f64
         / (polls + 20) as f64;
     // The read alone (what the poll spends outside decide), in the same run.
     let mut read_us = Vec::with_capacity(polls);
@@ -91,9 +93,9 @@ fn main() {
     println!(
         "read alone: median {:.3} ms ({} files kept open; batches read ahead of the listings: {} used, {} dropped)",
         read_us[read_us.len() / 2] / 1000.0,
-        monitor.host.kept_files(),
-        stat(&monitor.host.stats.read_ahead_used),
-        stat(&monitor.host.stats.read_ahead_dropped),
+        monitor.observer.host.kept_files(),
+        stat(&monitor.observer.host.stats.read_ahead_used),
+        stat(&monitor.observer.host.stats.read_ahead_dropped),
     );
     println!(
         "floor: open/read/close of the {} files a cold poll reads: median {:.3} ms; poll / floor = {:.2}x   [bar: <= 0.5x]",

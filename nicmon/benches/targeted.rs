@@ -5,13 +5,14 @@
 //! Run with `cargo bench -p nicmon --bench targeted` (`NICMON_BENCH_POLLS`, default 5000).
 use std::time::Instant;
 
-use nicmon::config::Config;
-use nicmon::cycle::Monitor;
-use nicmon::discovery::{self, ReadPlan};
-use nicmon::event::{Check, Stamp};
-use nicmon::host::Host;
-use nicmon::state::{CheckState, Loaded};
-use nicmon::topology;
+use nicmon::act::state::Loaded;
+use nicmon::decide::settings::Config;
+use nicmon::decide::state::CheckState;
+use nicmon::model::event::{Check, Stamp};
+use nicmon::monitor::Monitor;
+use nicmon::read::discovery::{self, ReadPlan};
+use nicmon::read::host::Host;
+use nicmon::read::topology;
 use nicmon_tests::{NicSpec, Node};
 
 fn main() {
@@ -76,8 +77,8 @@ fn main() {
         pct(&mut read_us, 0.9),
         pct(&mut decide_us, 0.5),
         pct(&mut decide_us, 0.9),
-        stat(&monitor.host.stats.read_ahead_used),
-        stat(&monitor.host.stats.read_ahead_dropped),
+        stat(&monitor.observer.host.stats.read_ahead_used),
+        stat(&monitor.observer.host.stats.read_ahead_dropped),
     );
 }
 

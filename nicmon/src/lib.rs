@@ -1,47 +1,32 @@
 //! nicmon: a health monitor for the RDMA NICs of GPU nodes.
 //!
-//! Three layers, data flowing one way on every poll (STYLE.md), and the rooms of each:
-//! - **read** — `host/` (the only code touching sysfs/procfs: reader pool and deadlines, kept
-//!   files), `discovery.rs` → `model.rs` (the snapshot), `topology.rs`, `kmsg/reader.rs`,
-//!   `wake/` (eBPF ring-buffer records, rtnetlink: the wake-ups);
-//! - **decide** (pure) — `cycle.rs` (one poll), `roles.rs`, `linkstate/` (`health.rs`: where a
-//!   DOWN port is decided fatal), `counters/` (`defaults.rs`: each counter's default threshold,
-//!   `symbol_error`'s too), `chardev.rs`, `kmsg/` (pattern matching, attribution);
-//! - **act** — `outbox.rs` (what is owed, its bound, the commit rule), `courier.rs` (sends in
-//!   order; where an event leaves the outbox after delivery), `dispatch/` (the sinks), `state/`
-//!   (`file.rs`: nicmon's state file; `upstream_import.rs`: upstream's old state file),
-//!   `metrics/` (`observe.rs`), `daemon/` (the loop; `wakeup.rs`: where a wake-up becomes a
-//!   poll), `check.rs`, `bundle/`;
-//! - **edges** — `main.rs` (the commands), `config.rs`, `upstream.rs` (where upstream's flags
-//!   are read).
-pub mod bundle;
-pub mod chardev;
-pub mod check;
+//! Three layers, data flowing one way on every poll, each in its own folder; every import
+//! points down (or sideways within a layer), never back up:
+//! - [`model`] — plain data, no I/O: the node's snapshot (`model/mod.rs`), health events
+//!   (`event.rs`), the port history (`history.rs`), ethtool, PCIe and kernel-log records;
+//! - [`read`] — the host into snapshots: `host/` (the only code touching sysfs/procfs: reader
+//!   pool and deadlines, kept files), `discovery/` (one poll's read), `topology.rs`,
+//!   `ethtool/`, `pcie.rs`, `kmsg.rs` (the kernel-log tail), `wake/` (eBPF ring-buffer
+//!   records, rtnetlink: the wake-ups), `observe.rs` (one observation of the node);
+//! - [`decide`] (pure) — `poll.rs` (one poll's decision: observation + state → events +
+//!   state), `roles.rs`, `linkstate/` (`health.rs`: where a DOWN port is decided fatal),
+//!   `counters/` (`defaults.rs`: every counter's default threshold), `phy.rs` (the RoCE
+//!   physical layer's thresholds), `pcie/`, `chardev.rs`, `kmsg/` (pattern matching,
+//!   attribution), `state.rs` (the checks' state), `settings.rs` (what the checks are told);
+//! - [`act`] — `outbox.rs` (what is owed, its bound, the commit rule), `courier.rs` (sends in
+//!   order; where an event leaves the outbox after delivery), `dispatch/` (the sinks),
+//!   `state/` (`file.rs`: nicmon's state file; `upstream_import.rs`: upstream's old state
+//!   file), `metrics/`, `stall.rs`, `logging.rs`.
+//!
+//! Above them: [`config`] (the config file into [`decide::settings::Config`]; upstream's
+//! flags), [`monitor`] (a poll = read's observation composed with decide's step), [`daemon`]
+//! (the loop; `wakeup.rs`: where a wake-up becomes a poll), [`cli`] (`nicmon check`, its
+//! report, support bundles) and `main.rs` (the commands). `docs/design.md` has the map.
+pub mod act;
+pub mod cli;
 pub mod config;
-pub mod counters;
-pub mod courier;
-pub mod cycle;
 pub mod daemon;
-pub mod discovery;
-pub mod dispatch;
-pub mod ethtool;
-pub mod event;
-pub mod history;
-pub mod host;
-pub mod kmsg;
-pub mod linkstate;
-pub mod logging;
-pub mod metrics;
+pub mod decide;
 pub mod model;
-pub mod outbox;
-pub mod parse;
-pub mod paths;
-pub mod pcie;
-pub mod report;
-pub mod roles;
-pub mod sched;
-pub mod stall;
-pub mod state;
-pub mod topology;
-pub mod upstream;
-pub mod wake;
+pub mod monitor;
+pub mod read;

@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use nicmon::check::{self, CheckArgs};
-use nicmon::cycle::MonitorOptions;
+use nicmon::cli::check::{self, CheckArgs};
 use nicmon::daemon::RunOptions;
-use nicmon::event::{Check, ProcessingStrategy, Stamp};
-use nicmon::paths::{HostPaths, PathInputs};
-use nicmon::wake::WakeOptions;
+use nicmon::model::event::{Check, ProcessingStrategy, Stamp};
+use nicmon::monitor::MonitorOptions;
+use nicmon::read::paths::{HostPaths, PathInputs};
+use nicmon::read::wake::WakeOptions;
 
 #[derive(Parser)]
 #[command(
@@ -103,7 +103,7 @@ struct HostArgs {
     procfs: Option<PathBuf>,
     /// GPU metadata written by NVSentinel's metadata collector. Missing, unreadable or
     /// empty → the topology is derived from sysfs (with a warning).
-    #[arg(long, alias = "metadata-path", value_name = "FILE", default_value = nicmon::check::DEFAULT_METADATA_PATH)]
+    #[arg(long, alias = "metadata-path", value_name = "FILE", default_value = nicmon::cli::check::DEFAULT_METADATA_PATH)]
     metadata: PathBuf,
     /// Fail (exit 2) instead of falling back to sysfs when the metadata cannot be used
     /// (the seed design's fail-fast behaviour).
@@ -159,7 +159,7 @@ struct HistoryCli {
     #[arg(value_name = "NIC[/PORT]")]
     port: Option<String>,
     /// The state file to read.
-    #[arg(long, value_name = "FILE", default_value = nicmon::state::DEFAULT_PATH, conflicts_with = "bundle")]
+    #[arg(long, value_name = "FILE", default_value = nicmon::act::state::DEFAULT_PATH, conflicts_with = "bundle")]
     state_file: PathBuf,
     /// Read the state file of a support bundle (`nicmon bundle`) instead.
     #[arg(long, value_name = "FILE")]
@@ -177,7 +177,7 @@ struct BundleCli {
     #[command(flatten)]
     host: HostArgs,
     /// State file to include.
-    #[arg(long, value_name = "FILE", default_value = nicmon::state::DEFAULT_PATH)]
+    #[arg(long, value_name = "FILE", default_value = nicmon::act::state::DEFAULT_PATH)]
     state_file: PathBuf,
     /// Boot ID file [default: <procfs>/sys/kernel/random/boot_id].
     #[arg(long, value_name = "FILE")]
@@ -192,7 +192,7 @@ struct BundleCli {
     #[arg(long)]
     no_kmsg: bool,
     /// Port of the running daemon's /metrics on 127.0.0.1, for the wake-up hooks' status.
-    #[arg(long, default_value_t = nicmon::metrics::DEFAULT_PORT, value_name = "PORT")]
+    #[arg(long, default_value_t = nicmon::act::metrics::DEFAULT_PORT, value_name = "PORT")]
     metrics_port: u16,
     /// Do not ask the running daemon for its wake-up hooks' status.
     #[arg(long)]
@@ -220,7 +220,7 @@ struct RunCli {
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
     state_polling_interval: std::time::Duration,
     /// Persistent state file (hostPath): port states, counter snapshots, kmsg cursor, outbox.
-    #[arg(long, value_name = "FILE", default_value = nicmon::state::DEFAULT_PATH)]
+    #[arg(long, value_name = "FILE", default_value = nicmon::act::state::DEFAULT_PATH)]
     state_file: PathBuf,
     /// Boot ID file [default: <procfs>/sys/kernel/random/boot_id].
     #[arg(long, value_name = "FILE")]
@@ -232,9 +232,9 @@ struct RunCli {
     #[arg(long, env = "NODE_NAME", value_name = "NAME")]
     node_name: Option<String>,
     #[command(flatten)]
-    dispatch: nicmon::dispatch::DispatchArgs,
+    dispatch: nicmon::act::dispatch::DispatchArgs,
     #[command(flatten)]
-    metrics: nicmon::metrics::MetricsArgs,
+    metrics: nicmon::act::metrics::MetricsArgs,
     /// Do not serve /metrics and /healthz.
     #[arg(long)]
     no_metrics: bool,
@@ -264,13 +264,13 @@ struct RunCli {
     /// this long (a host read hanging), one node-level NICPollStallCheck event is sent
     /// (unhealthy, non-fatal, action NONE), and a healthy one when polls complete again (and
     /// after the first poll). Go duration; 0s disables [default: 10s].
-    #[arg(long, value_name = "DURATION", value_parser = nicmon::upstream::go_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = nicmon::config::upstream::go_duration)]
     poll_stall_deadline: Option<std::time::Duration>,
     /// Send NICPollStallCheck events as STORE_ONLY (else with --processing-strategy).
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = nicmon::upstream::go_bool)]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = nicmon::config::upstream::go_bool)]
     poll_stall_store_only: Option<bool>,
     #[command(flatten)]
-    retired: nicmon::upstream::RetiredFlags,
+    retired: nicmon::config::upstream::RetiredFlags,
     /// Base of the connector retry backoff (the contract's 2 s); for tests and demos.
     #[arg(long, hide = true, value_parser = parse_retry_base)]
     connector_retry_base: Option<std::time::Duration>,
@@ -280,7 +280,7 @@ struct RunCli {
 /// A duration flag: Go syntax (upstream's chart: `1s`, `1m30s`), else humantime's (`2 minutes`),
 /// within `min..=max`.
 fn parse_duration_in(s: &str, min: Duration, max: Duration) -> Result<Duration, String> {
-    let d = nicmon::upstream::go_duration(s)
+    let d = nicmon::config::upstream::go_duration(s)
         .or_else(|_| humantime::parse_duration(s))
         .map_err(|e| format!("{s:?}: {e} (expected e.g. 1s, 500ms)"))?;
     if d < min || d > max {
@@ -316,7 +316,7 @@ impl RunCli {
     /// The poll-stall watchdog's settings (upstream's chart default deadline when not given).
     fn poll_stall(&self) -> nicmon::daemon::PollStall {
         nicmon::daemon::PollStall {
-            deadline: self.poll_stall_deadline.unwrap_or(nicmon::stall::DEFAULT_DEADLINE),
+            deadline: self.poll_stall_deadline.unwrap_or(nicmon::act::stall::DEFAULT_DEADLINE),
             store_only: self.poll_stall_store_only.unwrap_or(false),
         }
     }
@@ -327,20 +327,20 @@ impl RunCli {
     fn node_name(&self) -> anyhow::Result<String> {
         match self.node_name.as_deref().map(str::trim).filter(|n| !n.is_empty()) {
             Some(n) => Ok(n.to_string()),
-            None if matches!(self.dispatch.sink, nicmon::dispatch::SinkSpec::Grpc) => anyhow::bail!(
+            None if matches!(self.dispatch.sink, nicmon::act::dispatch::SinkSpec::Grpc) => anyhow::bail!(
                 "--node-name (or the NODE_NAME environment variable) is required with --sink grpc: the platform \
                  connector files every event under the node name (in a DaemonSet set NODE_NAME from spec.nodeName)"
             ),
-            None => Ok(nicmon::check::node_name(None)),
+            None => Ok(nicmon::cli::check::node_name(None)),
         }
     }
 
     /// The gRPC sink's settings: the socket flags, or direct publishing when
     /// HEALTH_PUBLISH_TARGET is set (its companions checked now, as upstream does at start-up).
-    fn grpc_config(&self) -> anyhow::Result<nicmon::dispatch::GrpcConfig> {
+    fn grpc_config(&self) -> anyhow::Result<nicmon::act::dispatch::GrpcConfig> {
         let mut grpc = self.dispatch.grpc_config();
-        grpc.direct = nicmon::dispatch::DirectConfig::from_process_env()?;
-        if grpc.direct.is_some() && !matches!(self.dispatch.sink, nicmon::dispatch::SinkSpec::Grpc) {
+        grpc.direct = nicmon::act::dispatch::DirectConfig::from_process_env()?;
+        if grpc.direct.is_some() && !matches!(self.dispatch.sink, nicmon::act::dispatch::SinkSpec::Grpc) {
             tracing::warn!(sink = %self.dispatch.sink, "HEALTH_PUBLISH_TARGET ignored: events go to the --sink given");
             grpc.direct = None;
         }
@@ -365,7 +365,7 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
     }
     let grpc = r.grpc_config()?;
     if let Some(d) = &grpc.direct {
-        let tls = matches!(d.transport, nicmon::dispatch::direct::Transport::Tls { .. });
+        let tls = matches!(d.transport, nicmon::act::dispatch::direct::Transport::Tls { .. });
         tracing::info!(target = %d.authority, tls, "publishing directly to the deployment platform connector");
     }
     let poll_stall = r.poll_stall();
@@ -384,7 +384,7 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
         metrics_bind_address: r.metrics.metrics_bind_address,
         kmsg_path: (!r.no_kmsg).then_some(r.kmsg_path),
         wake: WakeOptions {
-            object: if r.no_ebpf { None } else { nicmon::wake::EMBEDDED_OBJECT },
+            object: if r.no_ebpf { None } else { nicmon::read::wake::EMBEDDED_OBJECT },
             rtnetlink: !r.no_rtnetlink,
             ..WakeOptions::default()
         },
@@ -392,8 +392,8 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
         trace,
         poll_stall,
     };
-    // Asked before any thread starts: they all inherit it (see nicmon::sched).
-    match nicmon::sched::request_slice(nicmon::sched::DAEMON_SLICE) {
+    // Asked before any thread starts: they all inherit it (see nicmon::read::sched).
+    match nicmon::read::sched::request_slice(nicmon::read::sched::DAEMON_SLICE) {
         Ok(Some(slice)) => tracing::info!(?slice, "scheduler: a short time slice for the daemon's threads"),
         Ok(None) => {
             tracing::info!("scheduler: this kernel keeps no time slice per task (Linux < 6.12): default slices")
@@ -414,7 +414,7 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
 /// The host paths from the flags and the config's `sysClass*Path` keys (SPEC §1.9). The
 /// config is read here only for those keys; an invalid one is the error.
 fn host_paths(host: &HostArgs, boot_id_path: Option<&std::path::Path>) -> anyhow::Result<HostPaths> {
-    let config = nicmon::config::Config::load(&host.config)?;
+    let config = nicmon::decide::settings::Config::load(&host.config)?;
     let inputs = PathInputs {
         sysfs: host.sysfs.as_deref(),
         procfs: host.procfs.as_deref(),
@@ -422,7 +422,7 @@ fn host_paths(host: &HostArgs, boot_id_path: Option<&std::path::Path>) -> anyhow
         sys_class_infiniband: config.sys_class_infiniband_path.as_deref(),
         sys_class_net: config.sys_class_net_path.as_deref(),
     };
-    nicmon::paths::resolve(&inputs, |p| p.is_dir()).map_err(|e| anyhow::anyhow!("{}: {e}", host.config.display()))
+    nicmon::read::paths::resolve(&inputs, |p| p.is_dir()).map_err(|e| anyhow::anyhow!("{}: {e}", host.config.display()))
 }
 
 /// What `check`, `run` and `trace` share; unknown `--checks` names are logged and skipped.
@@ -471,7 +471,7 @@ fn monitor_options_at(
 /// as they are at start-up.
 fn check_config(r: &RunCli) -> anyhow::Result<String> {
     use std::fmt::Write as _;
-    let config = nicmon::config::Config::load(&r.host.config)?;
+    let config = nicmon::decide::settings::Config::load(&r.host.config)?;
     let node = r.node_name()?;
     let grpc = r.grpc_config()?;
     let mut warnings = r.flag_warnings();
@@ -501,12 +501,12 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
     let _ = writeln!(out, "state file:        {}", r.state_file.display());
     let _ = writeln!(out, "sink:              {}", r.dispatch.sink);
     match (&r.dispatch.sink, &grpc.direct) {
-        (nicmon::dispatch::SinkSpec::Grpc, Some(d)) => {
+        (nicmon::act::dispatch::SinkSpec::Grpc, Some(d)) => {
             let transport = match &d.transport {
-                nicmon::dispatch::direct::Transport::Tls { ca_file, server_name } => {
+                nicmon::act::dispatch::direct::Transport::Tls { ca_file, server_name } => {
                     format!("TLS, CA {}, server name {server_name}", ca_file.display())
                 }
-                nicmon::dispatch::direct::Transport::Insecure => "plaintext (HEALTH_PUBLISH_INSECURE)".to_string(),
+                nicmon::act::dispatch::direct::Transport::Insecure => "plaintext (HEALTH_PUBLISH_INSECURE)".to_string(),
             };
             let _ = writeln!(out, "direct publish:    {} ({transport})", d.authority);
             let _ = writeln!(
@@ -518,7 +518,7 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
                 d.queue_max_bytes
             );
         }
-        (nicmon::dispatch::SinkSpec::Grpc, None) => {
+        (nicmon::act::dispatch::SinkSpec::Grpc, None) => {
             let _ = writeln!(out, "connector socket:  {}", r.dispatch.platform_connector_socket);
         }
         _ => {}
@@ -531,7 +531,7 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
         false => format!(
             "{:?}, events {:?}",
             stall.deadline,
-            nicmon::stall::strategy(stall.store_only, r.processing_strategy)
+            nicmon::act::stall::strategy(stall.store_only, r.processing_strategy)
         ),
     };
     let _ = writeln!(out, "poll stall:        {stall_text}");
@@ -575,7 +575,7 @@ fn run_bundle(b: BundleCli) -> anyhow::Result<String> {
     use anyhow::Context;
     // The same roots the daemon reads: --sysfs/--procfs, else the config's sysClass*Path keys.
     let paths = host_paths(&b.host, b.boot_id_path.as_deref())?;
-    let args = nicmon::bundle::CaptureArgs {
+    let args = nicmon::cli::bundle::CaptureArgs {
         sysfs: paths.sysfs.path,
         procfs: paths.procfs.path,
         metadata: b.host.metadata,
@@ -585,14 +585,14 @@ fn run_bundle(b: BundleCli) -> anyhow::Result<String> {
         node_name: b.node_name,
         kmsg: (!b.no_kmsg).then_some(b.kmsg_path),
         metrics_port: (!b.no_metrics).then_some(b.metrics_port),
-        limits: nicmon::bundle::Limits {
+        limits: nicmon::cli::bundle::Limits {
             per_file: b.file_timeout,
             total: b.timeout,
-            ..nicmon::bundle::Limits::default()
+            ..nicmon::cli::bundle::Limits::default()
         },
         ethtool_replay: b.host.ethtool_replay,
     };
-    let bundle = nicmon::bundle::capture(&args)?;
+    let bundle = nicmon::cli::bundle::capture(&args)?;
     let m = &bundle.manifest;
     let out = b.output.unwrap_or_else(|| {
         let stamp = m.captured_at.replace([':', '-'], "");
@@ -631,21 +631,21 @@ fn run_bundle(b: BundleCli) -> anyhow::Result<String> {
 
 fn run_history(h: HistoryCli) -> anyhow::Result<String> {
     use anyhow::Context as _;
-    let replay = h.bundle.as_deref().map(nicmon::bundle::unpack).transpose()?;
+    let replay = h.bundle.as_deref().map(nicmon::cli::bundle::unpack).transpose()?;
     let path = match &replay {
         Some(r) => r.state_file().context("the bundle holds no state file")?,
         None => h.state_file,
     };
-    let bytes = match nicmon::host::read_file(&path, nicmon::state::file::MAX_BYTES) {
+    let bytes = match nicmon::read::host::read_file(&path, nicmon::act::state::file::MAX_BYTES) {
         Ok(b) => b,
         Err(e) => anyhow::bail!("state file {}: cannot read: {e}", path.display()),
     };
     let state =
-        nicmon::state::file::parse(&bytes).map_err(|e| anyhow::anyhow!("state file {}: {e}", path.display()))?;
+        nicmon::act::state::file::parse(&bytes).map_err(|e| anyhow::anyhow!("state file {}: {e}", path.display()))?;
     let history = state.checks.history.select(h.port.as_deref());
     Ok(match h.format {
         Format::Json => serde_json::to_string_pretty(&history).context("serialising the history")? + "\n",
-        Format::Table => nicmon::history::timeline(&history),
+        Format::Table => nicmon::model::history::timeline(&history),
     })
 }
 
@@ -663,8 +663,8 @@ fn one_malloc_arena() {
 fn main() -> ExitCode {
     one_malloc_arena();
     // Upstream's chart passes flags only: `nicmon --flags…` is `nicmon run --flags…`.
-    let cli = Cli::parse_from(nicmon::upstream::with_default_subcommand(std::env::args_os().collect()));
-    nicmon::logging::init(cli.log_json);
+    let cli = Cli::parse_from(nicmon::config::upstream::with_default_subcommand(std::env::args_os().collect()));
+    nicmon::act::logging::init(cli.log_json);
     let result = match cli.command {
         Command::Check(c) => {
             let bundle = c.bundle.clone();
@@ -688,13 +688,13 @@ fn main() -> ExitCode {
                 })
                 .and_then(|args| match bundle {
                     Some(b) => {
-                        Ok(nicmon::bundle::replay_check(&b, args, node_flag_given, bundle_kmsg, check::to_stdout)?)
+                        Ok(nicmon::cli::bundle::replay_check(&b, args, node_flag_given, bundle_kmsg, check::to_stdout)?)
                     }
                     None => Ok(check::run_check(&args, check::to_stdout)?),
                 })
                 .map(|()| String::new())
         }
-        Command::Topology(t) if t.bundle.is_some() => nicmon::bundle::replay_topology(
+        Command::Topology(t) if t.bundle.is_some() => nicmon::cli::bundle::replay_topology(
             t.bundle.as_deref().unwrap_or(std::path::Path::new("")),
             t.host.metadata_required,
             matches!(t.format, Format::Json),
@@ -714,7 +714,7 @@ fn main() -> ExitCode {
         Command::Run(r) => run_daemon(*r, false),
         Command::Trace(r) => run_daemon(*r, true),
         Command::History(h) => run_history(h),
-        Command::Version => Ok(nicmon::bundle::version_text()),
+        Command::Version => Ok(nicmon::cli::bundle::version_text()),
     };
     match result {
         Ok(out) => {

@@ -3,11 +3,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nicmon::dispatch::direct::{
+use nicmon::act::dispatch::direct::{
     DEFAULT_QUEUE_MAX_BATCHES, DEFAULT_QUEUE_MAX_BYTES, DirectConfig, IDEMPOTENCY_KEY, Transport,
 };
-use nicmon::dispatch::{DirectSink, SendError, TokenSource};
-use nicmon::event::{Check, HealthEvent, Stamp};
+use nicmon::act::dispatch::{DirectSink, SendError, TokenSource};
+use nicmon::model::event::{Check, HealthEvent, Stamp};
 use nicmon_proto::datamodels::{self as pb, platform_connector_server as server};
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::TcpListenerStream;

@@ -3,9 +3,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nicmon::dispatch::convert::to_proto;
-use nicmon::dispatch::{ConnectPolicy, GrpcConfig, GrpcSink, RetryPolicy, SendError, SocketTarget, TokenSource};
-use nicmon::event::{Check, Entity, HealthEvent, ProcessingStrategy, RecommendedAction, Stamp};
+use nicmon::act::dispatch::convert::to_proto;
+use nicmon::act::dispatch::{ConnectPolicy, GrpcConfig, GrpcSink, RetryPolicy, SendError, SocketTarget, TokenSource};
+use nicmon::model::event::{Check, Entity, HealthEvent, ProcessingStrategy, RecommendedAction, Stamp};
 use nicmon_proto::datamodels::{self as pb, platform_connector_server as server};
 use tokio::net::UnixListener;
 use tokio::sync::oneshot;
@@ -280,6 +280,6 @@ async fn initial_connect_gives_up_after_its_attempts() {
 
 #[test]
 fn the_default_target_is_the_daemonset_socket() {
-    let t: SocketTarget = nicmon::dispatch::DEFAULT_SOCKET.parse().unwrap();
+    let t: SocketTarget = nicmon::act::dispatch::DEFAULT_SOCKET.parse().unwrap();
     assert_eq!(t.path(), Path::new("/var/run/nvsentinel.sock"));
 }

@@ -4,7 +4,17 @@
 //! supported, and what was read replays byte-identically from its replay file.
 mod support;
 
-use nicmon::ethtool::{Absent, EthtoolRead, EthtoolReader, EthtoolSource, picked, replay};
+use nicmon::model::ethtool::Absent;
+
+use nicmon::model::ethtool::EthtoolRead;
+
+use nicmon::read::ethtool::EthtoolReader;
+
+use nicmon::read::ethtool::EthtoolSource;
+
+use nicmon::model::ethtool::picked;
+
+use nicmon::read::ethtool::replay;
 use std::time::Duration;
 use support::{VethPair, is_root, skip};
 

@@ -3,8 +3,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nicmon::event::Check;
-use nicmon::metrics::{Liveness, Metrics, server};
+use nicmon::act::metrics::{Liveness, Metrics, server};
+use nicmon::model::event::Check;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

@@ -3,7 +3,9 @@
 //! reaches userspace through the ring buffer as a `qdisc_reset` wake-up.
 mod support;
 
-use nicmon::wake::{EMBEDDED_OBJECT, Hint, Hook, HookStatus, Mechanism, WakeMode, WakeOptions, WakeSource, tracefs};
+use nicmon::read::wake::{
+    EMBEDDED_OBJECT, Hint, Hook, HookStatus, Mechanism, WakeMode, WakeOptions, WakeSource, tracefs,
+};
 use std::path::Path;
 use std::time::Duration;
 use support::{VethPair, is_root, skip};
@@ -86,7 +88,7 @@ async fn qdisc_reset_wake_arrives_through_the_ring_buffer() {
         Err(e) => return skip(TEST, &format!("cannot create a veth pair: {e}")),
     };
     pair.set_down(&pair.a);
-    let ours = |w: &nicmon::wake::Wake| {
+    let ours = |w: &nicmon::read::wake::Wake| {
         w.hook == Hook::QdiscReset && matches!(&w.hint, Hint::Name(n) if *n == pair.a || *n == pair.b)
     };
     let wake = tokio::time::timeout(DEADLINE, async {

@@ -2,7 +2,7 @@
 //! interface's name, without any eBPF.
 mod support;
 
-use nicmon::wake::{Hint, Hook, Mechanism, WakeMode, WakeOptions, WakeSource};
+use nicmon::read::wake::{Hint, Hook, Mechanism, WakeMode, WakeOptions, WakeSource};
 use std::time::Duration;
 use support::{VethPair, is_root, skip};
 

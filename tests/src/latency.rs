@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::{NicSpec, Node};
+use crate::NicSpec;
+
+use crate::Node;
 
 /// Which wake-up path the daemon may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,7 +7,9 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::{Node, write};
+use crate::Node;
+
+use crate::write;
 
 /// The correctable error bits the kernel names, in its order (`aer_correctable_error_string`).
 pub const CORRECTABLE_BITS: [&str; 8] =

@@ -5,7 +5,9 @@
 //! Each builder places GPUs and NICs in a PCI tree shaped like the real machine, so that
 //! the metadata the collector would publish and the tree nicmon derives from sysfs give
 //! the same roles. The expected role counts are in [`Platform::expected_roles`].
-use crate::{Link, NicSpec, Node};
+use crate::Link;
+use crate::NicSpec;
+use crate::Node;
 
 /// The six platforms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

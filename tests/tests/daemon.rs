@@ -196,7 +196,7 @@ fn a_steady_daemon_does_not_rewrite_its_state_file() {
         .args(["--no-kmsg", "--no-wake", "--no-metrics", "--state-polling-interval", "100ms"])
         .arg("--sink")
         .arg(format!("file:{}", events.display()))
-        .env("RUST_LOG", "warn,nicmon::state=debug")
+        .env("RUST_LOG", "warn,nicmon::act::state=debug")
         .env("NO_COLOR", "1")
         .stdout(Stdio::null())
         .stderr(log)

@@ -192,7 +192,7 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// Nothing in the project writes into the real `/dev/kmsg` except
-/// `nicmon::kmsg::real_log` (marked, pattern- and keyword-checked self-test lines).
+/// `nicmon::cli::real_log` (marked, pattern- and keyword-checked self-test lines).
 #[test]
 fn no_source_writes_into_the_real_kernel_log_but_the_guarded_writer() {
     // The scan finds the kind of write the demo used to do.
@@ -208,7 +208,7 @@ fn no_source_writes_into_the_real_kernel_log_but_the_guarded_writer() {
     }
     files.push(root.join("README.md"));
     assert!(files.len() > 50, "{} files", files.len());
-    let allowed = [root.join("nicmon/src/kmsg/real_log.rs"), root.join(file!())];
+    let allowed = [root.join("nicmon/src/cli/real_log.rs"), root.join(file!())];
     let mut found = Vec::new();
     for f in files.iter().filter(|f| !allowed.iter().any(|a| a.ends_with(f.strip_prefix(&root).unwrap()))) {
         let text = std::fs::read_to_string(f).unwrap_or_default();
@@ -218,7 +218,7 @@ fn no_source_writes_into_the_real_kernel_log_but_the_guarded_writer() {
     }
     assert!(
         found.is_empty(),
-        "writes into the real kernel log outside nicmon::kmsg::real_log (use a stand-in FIFO and \
+        "writes into the real kernel log outside nicmon::cli::real_log (use a stand-in FIFO and \
          --kmsg-path, or real_log::write_marked): {found:?}"
     );
 }

@@ -245,7 +245,7 @@ fn steady_daemon(bin: &Path, node: &nicmon_tests::Node, tmp: &Path, seconds: u64
     let mut d = node
         .run_command(bin, "state-b.json", "bench")
         .args(["--no-kmsg", "--sink", "file:/dev/null", "--metrics-port", "0"])
-        .env("RUST_LOG", "warn,nicmon::state=debug")
+        .env("RUST_LOG", "warn,nicmon::act::state=debug")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log_path)?)
         .spawn()
@@ -322,18 +322,18 @@ fn write_repeated(path: &Path, size: usize, mut chunk: impl FnMut(usize) -> Stri
 /// A state file for `node`'s boot whose outbox is at its bound (1024 batches, ~4 MiB) and
 /// whose kernel log cursor makes the watcher read `--kmsg-path` from its start.
 fn full_outbox_state(node: &nicmon_tests::Node, path: &Path) -> Result<()> {
-    use nicmon::event::{Check, HealthEvent, Stamp};
+    use nicmon::model::event::{Check, HealthEvent, Stamp};
     let boot = std::fs::read_to_string(node.proc().join("sys/kernel/random/boot_id"))?;
-    let mut st = nicmon::state::State::fresh(Some(boot.trim().to_string()));
+    let mut st = nicmon::act::state::State::fresh(Some(boot.trim().to_string()));
     std::sync::Arc::make_mut(&mut st.checks.kmsg).last_seq = Some(0);
     let stamp = Stamp { node_name: "bench".into(), processing_strategy: Default::default() };
     let now = time::OffsetDateTime::now_utc();
     let text = "x".repeat(3000);
-    for i in 0..nicmon::outbox::OUTBOX_BOUNDS.max_batches {
+    for i in 0..nicmon::act::outbox::OUTBOX_BOUNDS.max_batches {
         let ev = HealthEvent::new(Check::InfiniBandStateCheck, &stamp, now, &format!("outage filler {i} {text}"));
         st.outbox.enqueue(&[ev]);
     }
-    nicmon::state::file::save(path, &st)?;
+    nicmon::act::state::file::save(path, &st)?;
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! The daemon's log lines about a poll's outcome (events, flaps, blips, notes).
-use crate::cycle::Poll;
-use crate::event::HealthEvent;
+use crate::decide::poll::Poll;
+use crate::model::event::HealthEvent;
 
 /// Log what a poll found: its notes, flaps and `events` (its events, as batched: in check
 /// order).
@@ -15,7 +15,7 @@ pub(super) fn poll<'e>(poll: &Poll, events: impl Iterator<Item = &'e HealthEvent
 }
 
 /// Held port transitions that recovered within `portStateHoldDown` (once committed).
-pub(super) fn blips(blips: &[crate::linkstate::Blip]) {
+pub(super) fn blips(blips: &[crate::decide::linkstate::Blip]) {
     for b in blips {
         tracing::info!(
             check = %b.check,
@@ -26,7 +26,7 @@ pub(super) fn blips(blips: &[crate::linkstate::Blip]) {
     }
 }
 
-fn log_event(e: &crate::event::HealthEvent) {
+fn log_event(e: &crate::model::event::HealthEvent) {
     let ents = e.entities_text();
     tracing::info!(
         check = %e.check_name,
@@ -41,7 +41,7 @@ fn log_event(e: &crate::event::HealthEvent) {
 
 /// One line per unhealthy transition flap damping counted: those it held publish nothing,
 /// so this line (and the metric) is where they show.
-fn log_flaps(flaps: &[crate::linkstate::FlapTransition]) {
+fn log_flaps(flaps: &[crate::decide::linkstate::FlapTransition]) {
     for f in flaps {
         if f.flapping && !f.published {
             tracing::info!(

@@ -8,16 +8,16 @@
 //! - `options.rs`: what `nicmon run` is told;
 //! - `trace.rs`: what trace mode prints; `log.rs`: the log lines about a poll's outcome.
 //!
-//! Metrics observe each poll ([`crate::metrics::Metrics::observe`]). When an event is sent
-//! and when it leaves the outbox: [`crate::courier`].
+//! Metrics observe each poll ([`crate::act::metrics::Metrics::observe`]). When an event is sent
+//! and when it leaves the outbox: [`crate::act::courier`].
 //!
 //! Threads: the loop, the wake sources' tasks (the eBPF ring buffer's reader, rtnetlink) and
 //! the courier's sender share one thread (`nicmon run` builds a single-threaded runtime): a
 //! wake-up reaches the loop, and a commit the sink, without a thread wake-up in between — on
 //! a virtual machine whose idle vCPUs halt, each such wake-up cost 0.05–0.15 ms. Whatever
 //! may block or must answer while a poll runs has a thread of its own: the host reads (the
-//! reader threads, [`crate::host`]), the metrics endpoint
-//! ([`crate::metrics::server::ServerThread`]), the poll-stall watchdog ([`crate::stall`]),
+//! reader threads, [`crate::read::host`]), the metrics endpoint
+//! ([`crate::act::metrics::server::ServerThread`]), the poll-stall watchdog ([`crate::act::stall`]),
 //! the sink's syncs and FIFO writes (blocking threads).
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -26,13 +26,17 @@ use std::time::{Duration, Instant};
 use tokio::signal::unix::Signal;
 use tokio::sync::mpsc;
 
-use crate::courier::Courier;
-use crate::cycle::{Monitor, Poll};
-use crate::kmsg::{Delivery, KmsgTail, Record};
-use crate::metrics::Metrics;
-use crate::metrics::server::Liveness;
-use crate::state::{Loaded, State};
-use crate::wake::{Wake, WakeSource};
+use crate::act::courier::Courier;
+use crate::act::metrics::Metrics;
+use crate::act::metrics::server::Liveness;
+use crate::act::state::Loaded;
+use crate::act::state::State;
+use crate::decide::poll::Poll;
+use crate::model::kmsg::Record;
+use crate::monitor::Monitor;
+use crate::read::kmsg::Delivery;
+use crate::read::kmsg::KmsgTail;
+use crate::read::wake::{Wake, WakeSource};
 
 mod log;
 mod options;
@@ -47,7 +51,7 @@ pub use trace::trace_summary;
 use wakeup::{TRAILING_POLL, Wakeup};
 
 /// How long a signal waits for queued batches to be delivered. With the last poll (at most
-/// [`crate::host::Deadlines::poll`]) and the final save, exit comes within 5 s of SIGTERM
+/// [`crate::read::host::Deadlines::poll`]) and the final save, exit comes within 5 s of SIGTERM
 /// whatever is stuck; what was not delivered stays in the outbox for the next start.
 pub const SHUTDOWN_FLUSH: Duration = Duration::from_secs(2);
 
@@ -62,13 +66,13 @@ pub const LARGE_COMMIT_WAIT: Duration = Duration::from_secs(1);
 /// and the courier's sender (a wake-up, its poll and the sink's write take no thread hop);
 /// the metrics endpoint, the host readers and the watchdog have threads of their own. Its
 /// blocking threads (a file sink's sync, a write to a FIFO) are off the latency path: they
-/// run with the scheduler's default slice, not the daemon's short one ([`crate::sched`]),
+/// run with the scheduler's default slice, not the daemon's short one ([`crate::read::sched`]),
 /// so a sync never gets the CPU ahead of the process reading the line just written.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .on_thread_start(|| {
-            let _ = crate::sched::default_slice();
+            let _ = crate::read::sched::default_slice();
         })
         .build()
 }
@@ -89,7 +93,7 @@ pub struct Daemon<'a> {
     loaded: Loaded,
     metrics: Arc<Metrics>,
     liveness: Liveness,
-    _server: Option<crate::metrics::server::ServerThread>,
+    _server: Option<crate::act::metrics::server::ServerThread>,
     wakes: Option<WakeSource>,
     /// Declared before `_tail`, so dropped first: a tail thread blocked on a full channel
     /// then ends, and dropping the tail (which joins it) cannot wait for ever.
@@ -116,15 +120,15 @@ pub struct Daemon<'a> {
     statics_owed: BTreeSet<String>,
     /// Whether the targeted poll's path ran once ([`Daemon::prime_targeted_poll`]).
     targeted_primed: bool,
-    /// When a hinted eBPF record may wake the reader thread early ([`crate::wake::EarlyWake`]):
+    /// When a hinted eBPF record may wake the reader thread early ([`crate::read::wake::EarlyWake`]):
     /// `u64::MAX` until the first full poll, then the end of the rate limit's gap.
     early_gate: Arc<std::sync::atomic::AtomicU64>,
     /// Trace mode's kernel → poll-end latencies.
     trace_latencies: trace::Latencies,
     /// Wake records the kernel programs lost to a full ring buffer, as last read.
-    lost_wakes: crate::wake::LostWakes,
+    lost_wakes: crate::read::wake::LostWakes,
     /// The poll-stall watchdog (`None`: `--poll-stall-deadline=0s`).
-    stall: Option<crate::stall::Watchdog>,
+    stall: Option<crate::act::stall::Watchdog>,
 }
 
 impl<'a> Daemon<'a> {
@@ -141,7 +145,8 @@ impl<'a> Daemon<'a> {
                         let now = tokio::time::Instant::now();
                         self.last_wake_poll = Some(now);
                         self.trailing_due = Some(now + TRAILING_POLL);
-                        let gap = crate::wake::monotonic_ns().saturating_add(wakeup::WAKE_POLL_GAP.as_nanos() as u64);
+                        let gap =
+                            crate::read::wake::monotonic_ns().saturating_add(wakeup::WAKE_POLL_GAP.as_nanos() as u64);
                         self.early_gate.store(gap, std::sync::atomic::Ordering::Relaxed);
                     }
                     woke
@@ -190,7 +195,7 @@ impl<'a> Daemon<'a> {
 
     /// Read the kernel programs' count of wake records lost to a full ring buffer (once per
     /// full poll, off the latency path): the metric, a trace line, and a warning at most
-    /// once per [`crate::wake::LOST_WARN_EVERY`]. The total, when it could be read.
+    /// once per [`crate::read::wake::LOST_WARN_EVERY`]. The total, when it could be read.
     fn count_lost_wakes(&mut self) -> Option<u64> {
         let total = self.wakes.as_ref().and_then(|w| w.lost_records())?;
         let update = self.lost_wakes.update(total, Instant::now());
@@ -244,7 +249,7 @@ impl<'a> Daemon<'a> {
     ) {
         // The send first: nothing but the commit's bookkeeping stands between the decision
         // and the hand-off to the sender task (logs, metrics and the trace come after; the
-        // state file is saved after them, see crate::courier for why that order is safe).
+        // state file is saved after them, see crate::act::courier for why that order is safe).
         let mut poll = poll;
         let next = std::mem::take(&mut poll.next);
         let before = self.state.outbox.last_id();

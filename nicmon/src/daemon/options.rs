@@ -3,10 +3,10 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::cycle::MonitorOptions;
-use crate::dispatch::{GrpcConfig, SinkSpec};
-use crate::event::Check;
-use crate::wake::WakeOptions;
+use crate::act::dispatch::{GrpcConfig, SinkSpec};
+use crate::model::event::Check;
+use crate::monitor::MonitorOptions;
+use crate::read::wake::WakeOptions;
 
 /// Everything `nicmon run` needs, resolved from flags.
 pub struct RunOptions {
@@ -31,7 +31,7 @@ pub struct RunOptions {
     pub poll_stall: PollStall,
 }
 
-/// The poll-stall watchdog's settings ([`crate::stall`]).
+/// The poll-stall watchdog's settings ([`crate::act::stall`]).
 #[derive(Debug, Clone, Copy)]
 pub struct PollStall {
     /// Zero disables the watchdog.

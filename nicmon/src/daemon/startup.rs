@@ -8,19 +8,23 @@ use tokio::signal::unix::SignalKind;
 use tokio::sync::mpsc;
 
 use super::{Daemon, RunOptions};
-use crate::courier::Courier;
-use crate::cycle::{Monitor, OpenError};
-use crate::dispatch::Sink;
-use crate::event::Check;
-use crate::kmsg::{Delivery, KmsgTail, Start};
-use crate::metrics::Metrics;
-use crate::metrics::server::{self as metrics_server, Liveness};
-use crate::outbox::QueueBounds;
-use crate::state::{Loaded, State};
-use crate::wake::{WakeOptions, WakeSource};
+use crate::act::courier::Courier;
+use crate::act::dispatch::Sink;
+use crate::act::metrics::Metrics;
+use crate::act::metrics::server::{self as metrics_server, Liveness};
+use crate::act::outbox::QueueBounds;
+use crate::act::state::Loaded;
+use crate::act::state::State;
+use crate::model::event::Check;
+use crate::monitor::Monitor;
+use crate::monitor::OpenError;
+use crate::read::kmsg::Delivery;
+use crate::read::kmsg::KmsgTail;
+use crate::read::kmsg::Start;
+use crate::read::wake::{WakeOptions, WakeSource};
 
 /// Kernel log batches handed over but not yet taken by the loop (each at most
-/// [`crate::kmsg::reader::MAX_BATCH_BYTES`] of text).
+/// [`crate::read::kmsg::MAX_BATCH_BYTES`] of text).
 const KMSG_CHANNEL_BATCHES: usize = 2;
 
 /// Why `nicmon run` could not start: what must stop the daemon. A kind that wraps a cause
@@ -52,15 +56,15 @@ impl<'a> Daemon<'a> {
         let monitor = open_monitor(opts)?;
         let (mut state, loaded) = load_state(&opts.state_file, monitor.boot_id.as_deref());
         log_topology(&monitor);
-        let metrics = Arc::new(Metrics::new(&monitor.stamp.node_name));
-        metrics.set_topology_source(monitor.topology.source.as_str());
+        let metrics = Arc::new(Metrics::new(&monitor.decider.stamp.node_name));
+        metrics.set_topology_source(monitor.decider.topology.source.as_str());
         let liveness = Liveness::new(opts.interval.max(Duration::from_secs(1)));
         let server = start_metrics_server(opts, &metrics, &liveness).await?;
         let wakes = if opts.no_wake { None } else { Some(start_wakes(&opts.wake, &metrics)) };
         let early_gate = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
         if let Some(w) = &wakes {
-            let reader = monitor.host.read_waker();
-            w.set_early_wake(crate::wake::EarlyWake {
+            let reader = monitor.observer.host.read_waker();
+            w.set_early_wake(crate::read::wake::EarlyWake {
                 wake: Box::new(move || reader.wake()),
                 not_before_ns: Arc::clone(&early_gate),
             });
@@ -73,7 +77,7 @@ impl<'a> Daemon<'a> {
         let stall = start_stall_watchdog(opts, &monitor)?;
         let mut tick = tokio::time::interval(opts.interval.min(Duration::from_secs(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tracing::info!(node = %monitor.stamp.node_name, interval = ?opts.interval, "nicmon running");
+        tracing::info!(node = %monitor.decider.stamp.node_name, interval = ?opts.interval, "nicmon running");
         Ok(Daemon {
             opts,
             monitor,
@@ -98,7 +102,7 @@ impl<'a> Daemon<'a> {
             targeted_primed: false,
             early_gate,
             trace_latencies: Default::default(),
-            lost_wakes: crate::wake::LostWakes::default(),
+            lost_wakes: crate::read::wake::LostWakes::default(),
             stall,
         })
     }
@@ -107,7 +111,7 @@ impl<'a> Daemon<'a> {
 /// The shared start-up ([`Monitor::open`]), with the daemon's first-poll deferral.
 fn open_monitor(opts: &RunOptions) -> Result<Monitor, OpenError> {
     let mut monitor = Monitor::open(&opts.monitor)?;
-    monitor.defer_first_poll = true;
+    monitor.decider.defer_first_poll = true;
     if monitor.boot_id.is_none() {
         tracing::warn!("boot ID unreadable: reboots cannot be told from restarts");
     }
@@ -116,12 +120,17 @@ fn open_monitor(opts: &RunOptions) -> Result<Monitor, OpenError> {
 
 /// Say where the roles come from and how many RDMA devices there are.
 fn log_topology(monitor: &Monitor) {
-    let devices = monitor.host.list_sys("class/infiniband").len();
-    tracing::info!(source = monitor.topology.source.as_str(), gpus = monitor.topology.gpus.len(), devices, "topology");
+    let devices = monitor.observer.host.list_sys("class/infiniband").len();
+    tracing::info!(
+        source = monitor.decider.topology.source.as_str(),
+        gpus = monitor.decider.topology.gpus.len(),
+        devices,
+        "topology"
+    );
     if devices == 0 {
         tracing::warn!(
             "no RDMA devices found under {}: polling anyway",
-            monitor.host.sys("class/infiniband").display()
+            monitor.observer.host.sys("class/infiniband").display()
         );
     }
 }
@@ -149,13 +158,13 @@ fn start_kernel_log(
     tx: mpsc::Sender<Delivery>,
     metrics: &Metrics,
 ) -> Option<KmsgTail> {
-    let wanted = opts.monitor.checks.contains(&Check::NICKernelLogCheck) && monitor.config.kernel_log.enabled;
+    let wanted = opts.monitor.checks.contains(&Check::NICKernelLogCheck) && monitor.decider.config.kernel_log.enabled;
     match &opts.kmsg_path {
         Some(p) if wanted => start_kmsg(p, last_seq, tx, metrics),
         _ => {
             let why = match &opts.kmsg_path {
                 None => "--no-kmsg",
-                Some(_) if !monitor.config.kernel_log.enabled => "[kernelLog] enabled = false",
+                Some(_) if !monitor.decider.config.kernel_log.enabled => "[kernelLog] enabled = false",
                 Some(_) => "NICKernelLogCheck not in --checks",
             };
             metrics.set_kernel_log_watching(false, &format!("off: {why}"));
@@ -183,23 +192,29 @@ fn start_courier(opts: &RunOptions, state: &mut State, loaded: &Loaded, metrics:
 }
 
 /// The poll-stall watchdog (`None`: `--poll-stall-deadline=0s`).
-fn start_stall_watchdog(opts: &RunOptions, monitor: &Monitor) -> Result<Option<crate::stall::Watchdog>, StartError> {
+fn start_stall_watchdog(
+    opts: &RunOptions,
+    monitor: &Monitor,
+) -> Result<Option<crate::act::stall::Watchdog>, StartError> {
     if opts.poll_stall.deadline.is_zero() {
         tracing::info!("NIC poll stall detection off (--poll-stall-deadline=0s)");
         return Ok(None);
     }
-    let stamp = crate::event::Stamp {
-        node_name: monitor.stamp.node_name.clone(),
-        processing_strategy: crate::stall::strategy(opts.poll_stall.store_only, monitor.stamp.processing_strategy),
+    let stamp = crate::model::event::Stamp {
+        node_name: monitor.decider.stamp.node_name.clone(),
+        processing_strategy: crate::act::stall::strategy(
+            opts.poll_stall.store_only,
+            monitor.decider.stamp.processing_strategy,
+        ),
     };
-    let watchdog = crate::stall::Watchdog::start(opts.poll_stall.deadline, stamp, &opts.sink, opts.grpc.clone())
+    let watchdog = crate::act::stall::Watchdog::start(opts.poll_stall.deadline, stamp, &opts.sink, opts.grpc.clone())
         .map_err(StartError::StallWatchdog)?;
     Ok(Some(watchdog))
 }
 
 /// Load the state file for this boot, saying how it was found.
 fn load_state(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
-    let (st, mut loaded) = crate::state::file::load(path, boot_id);
+    let (st, mut loaded) = crate::act::state::file::load(path, boot_id);
     if let Loaded::Missing { reboot } = &mut loaded {
         // Upstream's rule: a missing file is a reboot (state on tmpfs, or a deleted file):
         // the first poll clears what the platform may hold and sends the baselines.
@@ -223,7 +238,7 @@ fn load_state(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
 fn start_wakes(opts: &WakeOptions, metrics: &Metrics) -> WakeSource {
     let w = WakeSource::start(opts);
     // Attaching the fentry programs builds a stand-in kernel BTF (~7 MiB, freed again;
-    // nicmon/src/wake/btf.rs): hand that memory back to the OS instead of keeping it resident.
+    // nicmon/src/read/wake/btf.rs): hand that memory back to the OS instead of keeping it resident.
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only releases free heap pages; no memory in use is touched.
     unsafe {
@@ -246,7 +261,7 @@ fn start_wakes(opts: &WakeOptions, metrics: &Metrics) -> WakeSource {
     if let Some(e) = w.ebpf_error() {
         tracing::warn!("eBPF unavailable: {e}");
     }
-    metrics.set_ebpf(crate::wake::EBPF_EMBEDDED, w.mode() == crate::wake::WakeMode::Ebpf);
+    metrics.set_ebpf(crate::read::wake::EBPF_EMBEDDED, w.mode() == crate::read::wake::WakeMode::Ebpf);
     tracing::info!(mode = w.mode().name(), "wake-up path");
     w
 }

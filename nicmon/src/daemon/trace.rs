@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::cycle::Poll;
-use crate::wake::Wake;
+use crate::decide::poll::Poll;
+use crate::read::wake::Wake;
 
 /// Kernel timestamp → end of the first poll that served the wake-up, per hook (ms).
 #[derive(Default)]
@@ -23,7 +23,7 @@ impl Latencies {
         if matches!(kind, PollKind::FullAfterTargeted) {
             return;
         }
-        let end = crate::wake::monotonic_ns();
+        let end = crate::read::wake::monotonic_ns();
         let mut recorded = Vec::with_capacity(woke.len());
         for w in woke.iter().filter(|w| !self.last.contains(&w.received_ns)) {
             if let Some(k) = w.kernel_ts_ns {
@@ -80,7 +80,7 @@ pub(super) fn print_trace(
 ) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    let now_ns = crate::wake::monotonic_ns();
+    let now_ns = crate::read::wake::monotonic_ns();
     let handed_ns = now_ns.saturating_sub(handed_at.elapsed().as_nanos() as u64);
     let poll_end_ns = handed_ns.saturating_sub(handed_at.duration_since(woke_at + elapsed).as_nanos() as u64);
     let handoff_ms = handed_at.duration_since(woke_at + elapsed).as_secs_f64() * 1e3;
@@ -183,9 +183,9 @@ mod tests {
     #[test]
     fn a_wake_up_is_counted_at_the_first_poll_that_served_it() {
         let wake = |received_ns| Wake {
-            hook: crate::wake::Hook::Rtnetlink,
+            hook: crate::read::wake::Hook::Rtnetlink,
             kernel_ts_ns: Some(1),
-            hint: crate::wake::Hint::Name("eth0".into()),
+            hint: crate::read::wake::Hint::Name("eth0".into()),
             received: Instant::now(),
             received_ns,
         };

@@ -1,4 +1,4 @@
-//! Where a wake-up becomes a poll. The wake sources (`crate::wake`: eBPF ring-buffer
+//! Where a wake-up becomes a poll. The wake sources (`crate::read::wake`: eBPF ring-buffer
 //! records, rtnetlink, the kernel log) hand the loop [`Wake`]s; here they are coalesced and
 //! rate-limited ([`Daemon::wait`]), their hints resolved to devices, and served by a
 //! targeted poll of those devices followed by the full poll ([`Daemon::polls`], SPEC §1.8).
@@ -9,9 +9,10 @@ use time::OffsetDateTime;
 
 use super::Daemon;
 use super::trace::PollKind;
-use crate::discovery;
-use crate::kmsg::{self, Delivery};
-use crate::wake::Wake;
+use crate::read::discovery;
+use crate::read::kmsg;
+use crate::read::kmsg::Delivery;
+use crate::read::wake::Wake;
 
 /// The shortest gap between the starts of two wake-driven polls. A wake-up after a quiet
 /// spell is polled at once (no coalescing sleep); wake-ups arriving within this gap of the
@@ -116,8 +117,8 @@ impl Daemon<'_> {
         let woke_at = Instant::now();
         // A hint naming a device makes a targeted poll: the reads' thread wakes now, while
         // the hint is resolved and the read planned, not when the reads are handed over.
-        if self.last_snapshot.is_some() && woke.iter().any(|w| matches!(w.hint, crate::wake::Hint::Name(_))) {
-            self.monitor.host.expect_reads();
+        if self.last_snapshot.is_some() && woke.iter().any(|w| matches!(w.hint, crate::read::wake::Hint::Name(_))) {
+            self.monitor.observer.host.expect_reads();
         }
         let hints = self.hints(woke);
         let mut targeted = self.targeted_poll(woke, woke_at, &hints.named).await;
@@ -167,7 +168,7 @@ impl Daemon<'_> {
         let mut hints = Hints::default();
         let Some(last) = &self.last_snapshot else { return hints };
         for w in woke {
-            let crate::wake::Hint::Name(n) = &w.hint else { continue };
+            let crate::read::wake::Hint::Name(n) = &w.hint else { continue };
             let named = discovery::devices_in(last, n);
             if named.is_empty() {
                 hints.probed.push(w.clone());
@@ -191,8 +192,8 @@ impl Daemon<'_> {
         let mut targets: Vec<String> = Vec::new();
         let Some(last) = &self.last_snapshot else { return targets };
         for w in wakes {
-            if let crate::wake::Hint::Name(n) = &w.hint {
-                for dev in discovery::devices_probed(&self.monitor.host, last, n) {
+            if let crate::read::wake::Hint::Name(n) = &w.hint {
+                for dev in discovery::devices_probed(&self.monitor.observer.host, last, n) {
                     if !served.contains(&dev) && !targets.contains(&dev) {
                         targets.push(dev);
                     }
@@ -210,7 +211,7 @@ impl Daemon<'_> {
     async fn targeted_poll(&mut self, woke: &[Wake], woke_at: Instant, targets: &[String]) -> bool {
         let Some(base) = self.last_snapshot.as_ref().filter(|_| !targets.is_empty()) else { return false };
         let Some(mut obs) = self.monitor.observe_targeted(&self.state.checks, base, targets) else { return false };
-        obs.woken_by = crate::wake::hook_names(woke);
+        obs.woken_by = crate::read::wake::hook_names(woke);
         let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, OffsetDateTime::now_utc(), &[]);
         let elapsed = woke_at.elapsed();
         // The targeted poll's events go out before anything else (`act` waits for their
@@ -228,7 +229,7 @@ impl Daemon<'_> {
         // The static attributes of every device a wake-up named since the last full poll
         // are read again by this one.
         for dev in std::mem::take(&mut self.statics_owed) {
-            self.monitor.statics.invalidate(&dev);
+            self.monitor.observer.statics.invalidate(&dev);
         }
         let started = Instant::now();
         self.last_full_poll = Some(started);
@@ -243,7 +244,7 @@ impl Daemon<'_> {
         let records = std::mem::take(&mut self.pending_records);
         let now = OffsetDateTime::now_utc();
         let mut obs = self.monitor.observe(&self.state.checks, !records.is_empty());
-        obs.woken_by = crate::wake::hook_names(woke);
+        obs.woken_by = crate::read::wake::hook_names(woke);
         let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, now, &records);
         let elapsed = started.elapsed();
         let completed = std::time::SystemTime::now()
@@ -282,7 +283,7 @@ impl Daemon<'_> {
 
 /// The device a dry targeted poll primes the path with: the first monitored PF with a
 /// netdev (what a carrier wake-up names), else the first monitored PF.
-fn primer(poll: &crate::cycle::Poll) -> Option<String> {
+fn primer(poll: &crate::decide::poll::Poll) -> Option<String> {
     let monitored =
         |d: &&std::sync::Arc<crate::model::Device>| !d.is_vf() && poll.roles.get(&d.name).is_some_and(|c| c.monitored);
     let mut pfs = poll.snapshot.devices.iter().filter(monitored);
@@ -293,19 +294,19 @@ fn primer(poll: &crate::cycle::Poll) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::act::dispatch::{GrpcConfig, SinkSpec};
     use crate::daemon::{PollStall, RunOptions};
-    use crate::dispatch::{GrpcConfig, SinkSpec};
-    use crate::wake::WakeOptions;
+    use crate::read::wake::WakeOptions;
 
     /// A daemon over a fixture node, with no wake source, metrics endpoint or kernel log
     /// (its loop's cycles are driven by the test).
     fn run_options(node: &nicmon_tests::Node) -> RunOptions {
         RunOptions {
-            monitor: crate::cycle::fixture_options(node),
+            monitor: crate::monitor::fixture_options(node),
             state_file: node.root().join("state.json"),
             interval: Duration::from_secs(1),
             sink: SinkSpec::File(node.root().join("events.jsonl")),
-            grpc: GrpcConfig::new(crate::dispatch::DEFAULT_SOCKET.parse().unwrap()),
+            grpc: GrpcConfig::new(crate::act::dispatch::DEFAULT_SOCKET.parse().unwrap()),
             metrics_port: None,
             metrics_bind_address: std::net::Ipv4Addr::LOCALHOST.into(),
             kmsg_path: None,
@@ -318,11 +319,11 @@ mod tests {
 
     fn wake_naming(netdev: &str) -> Wake {
         Wake {
-            hook: crate::wake::Hook::Rtnetlink,
+            hook: crate::read::wake::Hook::Rtnetlink,
             kernel_ts_ns: None,
-            hint: crate::wake::Hint::Name(netdev.to_string()),
+            hint: crate::read::wake::Hint::Name(netdev.to_string()),
             received: Instant::now(),
-            received_ns: crate::wake::monotonic_ns(),
+            received_ns: crate::read::wake::monotonic_ns(),
         }
     }
 
@@ -364,7 +365,7 @@ mod tests {
         assert!(daemon.targeted_primed);
         assert_eq!(daemon.state.checks, checks, "nothing kept");
         assert_eq!(daemon.state.outbox.last_id(), last_batch, "nothing acted on");
-        let used = |d: &Daemon<'_>| d.monitor.host.stats.read_ahead_used.load(Relaxed);
+        let used = |d: &Daemon<'_>| d.monitor.observer.host.stats.read_ahead_used.load(Relaxed);
         assert_eq!(used(&daemon), 0);
 
         // The first wake-up (in a burst: the targeted poll alone) reads what the dry one read.
@@ -412,7 +413,7 @@ mod tests {
         let woke = [wake_naming("eth0"), wake_naming("veth9"), wake_naming("eth9")];
         let hints = daemon.hints(&woke);
         assert_eq!(hints.named, ["mlx5_0"]);
-        let probed: Vec<&crate::wake::Hint> = hints.probed.iter().map(|w| &w.hint).collect();
+        let probed: Vec<&crate::read::wake::Hint> = hints.probed.iter().map(|w| &w.hint).collect();
         assert_eq!(probed, [&woke[1].hint, &woke[2].hint]);
         assert_eq!(daemon.devices_probed(&hints.probed, &hints.named), ["mlx5_1"]);
         assert!(daemon.devices_probed(&hints.probed, &["mlx5_1".to_string()]).is_empty(), "served already");
@@ -443,10 +444,10 @@ mod tests {
         // The tick's first full poll reads both devices' static attributes.
         daemon.cycle(&[]).await;
         assert_eq!(fw_ver(&daemon, "mlx5_0").as_deref(), Some("28.39.1002"));
-        assert_eq!(daemon.monitor.statics.reads(), 2);
+        assert_eq!(daemon.monitor.observer.statics.reads(), 2);
         // The next tick reads none of them.
         daemon.cycle(&[]).await;
-        assert_eq!(daemon.monitor.statics.reads(), 2, "kept between full polls");
+        assert_eq!(daemon.monitor.observer.statics.reads(), 2, "kept between full polls");
 
         // Both devices' firmware changes on disk (as a firmware reset would show it).
         node.write_device_file("mlx5_0", "fw_ver", "28.40.1000\n");
@@ -456,13 +457,13 @@ mod tests {
         // alone runs; it reads no static attribute, and the device is owed a re-read.
         daemon.last_full_poll = Some(Instant::now());
         daemon.cycle(&[wake_naming("eth0")]).await;
-        assert_eq!(daemon.monitor.statics.reads(), 2, "a targeted poll uses the kept static attributes");
+        assert_eq!(daemon.monitor.observer.statics.reads(), 2, "a targeted poll uses the kept static attributes");
         assert!(daemon.statics_owed.contains("mlx5_0"), "{:?}", daemon.statics_owed);
         assert_eq!(fw_ver(&daemon, "mlx5_0").as_deref(), Some("28.39.1002"), "no full poll ran yet");
 
         // The trailing (or the tick's) full poll: mlx5_0 is read again, mlx5_1 is not.
         daemon.cycle(&[]).await;
-        assert_eq!(daemon.monitor.statics.reads(), 3, "exactly the named device's attributes are read again");
+        assert_eq!(daemon.monitor.observer.statics.reads(), 3, "exactly the named device's attributes are read again");
         assert!(daemon.statics_owed.is_empty());
         assert_eq!(fw_ver(&daemon, "mlx5_0").as_deref(), Some("28.40.1000"), "the named device is read again");
         assert_eq!(fw_ver(&daemon, "mlx5_1").as_deref(), Some("28.39.1002"), "an unnamed device keeps its kept value");
@@ -472,7 +473,7 @@ mod tests {
         node.write_device_file("mlx5_1", "fw_ver", "28.41.2000\n");
         daemon.last_full_poll = None;
         daemon.cycle(&[wake_naming("eth1")]).await;
-        assert_eq!(daemon.monitor.statics.reads(), 4);
+        assert_eq!(daemon.monitor.observer.statics.reads(), 4);
         assert_eq!(fw_ver(&daemon, "mlx5_1").as_deref(), Some("28.41.2000"));
         assert_eq!(fw_ver(&daemon, "mlx5_0").as_deref(), Some("28.40.1000"));
         daemon.shutdown().await;

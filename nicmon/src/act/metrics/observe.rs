@@ -1,0 +1,226 @@
+//! What a poll's result shows in the metrics: [`Metrics::observe`]. Read from typed
+//! fields of the poll, its events and the checks' state — never from messages.
+use std::collections::BTreeMap;
+
+use super::Metrics;
+use crate::decide::poll::Poll;
+use crate::decide::state::CheckState;
+use crate::model::event::{Check, HealthEvent, Subject};
+
+impl Metrics {
+    /// Observe one poll: the devices and ports it saw, its deferrals and read health, the
+    /// checks' state it produced (`next`; `poll.next` is moved out by the commit) and its
+    /// unhealthy events.
+    pub fn observe(&self, poll: &Poll, next: &CheckState) {
+        self.observe_with_events(poll, poll.events.iter(), next);
+    }
+
+    /// [`Metrics::observe`] with the poll's events given apart (`poll.events` moved into
+    /// the outbox's batches by the commit).
+    pub fn observe_with_events<'e>(
+        &self,
+        poll: &Poll,
+        events: impl Iterator<Item = &'e HealthEvent>,
+        next: &CheckState,
+    ) {
+        self.observe_roles(poll);
+        self.observe_ports(poll);
+        self.set_pcie(crate::decide::pcie::check::figures(&poll.snapshot, &poll.roles));
+        self.observe_discovered(poll);
+        for check in &poll.deferred {
+            self.first_poll_deferred(*check, 1);
+        }
+        self.set_read_health(poll.reads_abandoned, &poll.stuck_reads);
+        self.kmsg_records_lost(next.kmsg.lost_records);
+        self.set_saturated_counters(next.counters.saturated());
+        self.set_counter_values(
+            next.counters
+                .last_values
+                .iter()
+                .filter_map(|(k, v)| Some((crate::decide::counters::parse_counter_key(k)?, *v))),
+        );
+        for f in &poll.flaps {
+            self.port_flap_transition(&f.device, f.port);
+        }
+        self.set_flapping_ports(
+            next.links.port_states.values().filter(|r| r.flap.is_flapping()).map(|r| (r.device.as_str(), r.port)),
+        );
+        self.observe_errors(events, next);
+        self.observe_phy(poll, next);
+    }
+
+    /// Monitored devices per role.
+    fn observe_roles(&self, poll: &Poll) {
+        let mut by_role: BTreeMap<&str, usize> = Default::default();
+        for c in poll.roles.values() {
+            if let Some(r) = c.role {
+                *by_role.entry(r.as_str()).or_default() += 1;
+            }
+        }
+        self.set_devices_by_role(by_role);
+    }
+
+    /// The health and unknown attributes of monitored ports.
+    fn observe_ports(&self, poll: &Poll) {
+        let mut ports = Vec::new();
+        let mut unknown = Vec::new();
+        for d in &poll.snapshot.devices {
+            // A VF is never monitored (asked first: it is cheaper).
+            if !d.is_vf() && poll.roles.get(&d.name).map(|c| c.monitored).unwrap_or(false) {
+                for p in &d.ports {
+                    unknown.extend(p.unknown.keys().map(|a| (d.name.as_str(), p.number, a.as_str())));
+                    // Unknown is not a value: a port whose state is unknown is neither healthy
+                    // nor unhealthy, so it is left out of the health gauge.
+                    if p.unknown_state().is_none() {
+                        ports.push((d.name.as_str(), p.number, p.is_healthy()));
+                    }
+                }
+            }
+        }
+        self.set_port_health(ports);
+        self.set_unknown_attributes(unknown);
+    }
+
+    /// Monitored PFs per state check (by link layer); InfiniBand ones for the char-device
+    /// check.
+    fn observe_discovered(&self, poll: &Poll) {
+        let mut discovered: BTreeMap<Check, usize> = Default::default();
+        for d in poll.snapshot.devices.iter().filter(|d| !d.is_vf()) {
+            if !poll.roles.get(&d.name).map(|c| c.monitored).unwrap_or(false) {
+                continue;
+            }
+            let ll = crate::decide::roles::device_link_layer(d);
+            if let Some(check) = ll.and_then(crate::decide::linkstate::state_check) {
+                *discovered.entry(check).or_default() += 1;
+            }
+            if ll == Some(&crate::model::LinkLayer::InfiniBand) {
+                *discovered.entry(Check::InfiniBandCharDeviceCheck).or_default() += 1;
+            }
+        }
+        for check in Check::ALL.into_iter().filter(|c| c.watches_devices()) {
+            self.set_devices_discovered(check, discovered.get(&check).copied().unwrap_or(0));
+        }
+    }
+
+    /// The existing monitor's error metrics, from the unhealthy events' typed fields: state
+    /// check errors, and counter threshold breaches (a saturated counter's event is not a
+    /// breach: no thresholds are evaluated while it is saturated).
+    fn observe_errors<'e>(&self, events: impl Iterator<Item = &'e HealthEvent>, next: &CheckState) {
+        for e in events.filter(|e| !e.is_healthy) {
+            // A card's errors are labelled with the card; the node's with no device.
+            let (dev, port) = match e.subject() {
+                Subject::Port { device, port } => (device, port),
+                Subject::Device(name) | Subject::Card(name) => (name, 0),
+                Subject::Node => ("", 0),
+            };
+            let Some(check) = e.check() else { continue };
+            match check {
+                Check::InfiniBandStateCheck
+                | Check::EthernetStateCheck
+                | Check::EFAStateCheck
+                | Check::InfiniBandCharDeviceCheck => self.state_check_error(check, dev, port),
+                Check::InfiniBandDegradationCheck | Check::EthernetDegradationCheck | Check::EFADegradationCheck => {
+                    // The counter rule is the event's error code.
+                    let counter = e.error_code.first().map(String::as_str).unwrap_or("");
+                    if !next.counters.is_saturated(dev, port, counter) {
+                        self.counter_threshold_breach(counter, dev, port, e.is_fatal)
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use time::OffsetDateTime;
+
+    use super::*;
+    use crate::decide::counters::eval::Saturation;
+    use crate::model::event::{Entity, HealthEvent, Stamp};
+
+    fn degradation(counter: &str, fatal: bool) -> HealthEvent {
+        HealthEvent::new(Check::InfiniBandDegradationCheck, &Stamp::default(), OffsetDateTime::UNIX_EPOCH, "x")
+            .entities(vec![Entity::device("mlx5_0".to_string()), Entity::port(1)])
+            .error_code(counter)
+            .unhealthy(fatal)
+    }
+
+    /// The breach metric comes from the event's typed fields and the counters' state: a
+    /// saturated counter's event is not a breach, whatever its message says.
+    #[test]
+    fn breaches_are_counted_from_typed_fields_saturation_excluded() {
+        let mut next = crate::decide::state::CheckState::default();
+        std::sync::Arc::make_mut(&mut next.counters).saturation_flags.insert(
+            crate::decide::counters::counter_key("mlx5_0", 1, "link_downed"),
+            Saturation {
+                check_name: Check::InfiniBandDegradationCheck.as_str().into(),
+                value: 255,
+                since: OffsetDateTime::UNIX_EPOCH,
+            },
+        );
+        let poll = Poll {
+            events: vec![degradation("symbol_error", true), degradation("link_downed", false)],
+            next,
+            ..Default::default()
+        };
+        let metrics = Metrics::new("n");
+        metrics.observe(&poll, &poll.next);
+        let text = metrics.encode();
+        let breaches: Vec<&str> =
+            text.lines().filter(|l| l.starts_with("nic_health_monitor_counter_threshold_breaches_total{")).collect();
+        assert_eq!(breaches.len(), 1, "{breaches:#?}");
+        assert!(breaches[0].contains("symbol_error") && breaches[0].ends_with(" 1"), "{}", breaches[0]);
+    }
+
+    /// A port whose state is unknown is neither healthy nor unhealthy in the metrics: it is
+    /// left out of `nicmon_port_healthy` and shown by `nicmon_port_attribute_unknown`.
+    #[test]
+    fn an_unknown_port_is_not_exported_as_unhealthy() {
+        use crate::model::{Device, Function, PhysState, Port, PortState};
+        let port = |n: u32, state: Option<PortState>| Port {
+            number: n,
+            state: state.clone(),
+            phys_state: Some(PhysState::LinkUp),
+            unknown: if state.is_none() {
+                [("state".to_string(), "empty".to_string())].into()
+            } else {
+                Default::default()
+            },
+            ..Port::default()
+        };
+        let dev = Device {
+            name: "mlx5_0".into(),
+            unsupported: None,
+            pci_address: None,
+            card: None,
+            numa_node: None,
+            hca_type: None,
+            fw_ver: None,
+            board_id: None,
+            driver: None,
+            function: Function::Pf,
+            netdev: None,
+            ports: vec![port(1, Some(PortState::Active)), port(2, None)],
+            unknown: Default::default(),
+            pcie: None,
+        };
+        let classification =
+            crate::decide::roles::Classification { monitored: true, reason: None, role: None, role_reason: None };
+        let poll = Poll {
+            snapshot: crate::model::Snapshot { devices: vec![dev.into()], ..Default::default() },
+            roles: [("mlx5_0".to_string(), classification)].into(),
+            ..Default::default()
+        };
+        let metrics = Metrics::new("n");
+        metrics.observe(&poll, &poll.next);
+        let text = metrics.encode();
+        assert!(text.contains(r#"nicmon_port_healthy{device="mlx5_0",port="1"} 1"#), "{text}");
+        assert!(!text.contains(r#"nicmon_port_healthy{device="mlx5_0",port="2"}"#), "{text}");
+        assert!(
+            text.contains(r#"nicmon_port_attribute_unknown{device="mlx5_0",port="2",attribute="state"} 1"#),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,447 @@
+//! `NICPollStallCheck`: NVSentinel's poll-stall watchdog (`--poll-stall-deadline`,
+//! `--poll-stall-store-only`).
+//!
+//! A poll whose host reads hang would leave NIC state unobserved without anything saying so
+//! (until `/healthz` restarts the pod, and again after). The watchdog says it: once a poll
+//! has been in flight for the deadline, one node-level `NICPollStallCheck` event (unhealthy,
+//! non-fatal, action `NONE`) is published; when a poll completes again, a healthy one. The
+//! first poll to complete after start publishes a healthy event too, which closes a stall left
+//! open by a restart. A stall whose publish failed stays owed: it is published even after the
+//! poll ended, then the recovery. Events carry `STORE_ONLY` with `--poll-stall-store-only`,
+//! else the daemon's `--processing-strategy`.
+//!
+//! The message is upstream's: `NIC state cannot be observed: counter poll in flight for 11s,
+//! state poll in flight for 11s` — upstream names each of its two loops (state, counter)
+//! that is stalled, sorted; nicmon's one poll reads both, so a stalled poll is both.
+//!
+//! Independence: the watchdog is its own OS thread with its own sink (its own connection
+//! to the connector), so a poll stuck in a read cannot hold it, and its publishes never wait
+//! behind the outbox. The poll loop only marks [`Watchdog::begin`] and [`Watchdog::end`].
+//! What a poll is: read → decide → queue into the outbox. The poll never waits on the
+//! connector (the outbox's sender delivers in its own task), so a slow or absent connector
+//! is never counted as a stall; the watchdog's own publishes wait on the server in its
+//! thread, during which it checks nothing (a stall is reported once that publish settles).
+//!
+//! Split as elsewhere: [`Tracker`] decides (pure, on given instants); the thread acts.
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use time::OffsetDateTime;
+
+use crate::act::dispatch::{GrpcConfig, Sink, SinkSpec};
+use crate::model::event::{Check, HealthEvent, ProcessingStrategy, RecommendedAction, Stamp};
+
+/// The event's `checkName` (not a `--checks` name: the watchdog runs whatever checks run).
+pub const CHECK_NAME: &str = "NICPollStallCheck";
+/// `--poll-stall-deadline` when not given: upstream's chart value.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The loops a stalled poll stops, as upstream names them (its `category` label, sorted):
+/// nicmon's poll reads both the state and the counters.
+pub const STALLED_LOOPS: [&str; 2] = ["counter", "state"];
+
+/// What the watchdog owes the connector now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    Nothing,
+    /// A poll has been in flight this long (≥ the deadline) and no stall is reported yet
+    /// (the poll may have ended since: a stall whose publish failed is still owed).
+    Stalled(Duration),
+    /// No poll is stalled, one has completed, and a stall is reported (or nothing has been
+    /// published since start).
+    Healthy,
+}
+
+/// The watchdog's state. Instants are given, so tests decide without a clock.
+#[derive(Debug, Clone, Default)]
+pub struct Tracker {
+    /// When the poll in flight began.
+    started: Option<Instant>,
+    /// A poll completed since the last stall was reported (or since start).
+    completed: bool,
+    /// A stall event is the last one published.
+    reported: bool,
+    /// A healthy event has been published since start.
+    baselined: bool,
+    /// A stall seen and not yet published.
+    owed: Option<Owed>,
+}
+
+/// A stall seen by [`Tracker::due`] whose publish has not settled.
+#[derive(Debug, Clone, Copy)]
+struct Owed {
+    in_flight: Duration,
+    /// Its poll has completed since (the recovery follows the stall at once).
+    ended: bool,
+}
+
+impl Tracker {
+    pub fn begin(&mut self, now: Instant) {
+        self.started = Some(now);
+    }
+
+    pub fn end(&mut self) {
+        self.started = None;
+        self.completed = true;
+        if let Some(o) = &mut self.owed {
+            o.ended = true;
+        }
+    }
+
+    /// What is due at `now` with this deadline. A stall seen here stays owed until it is
+    /// [`settled`](Tracker::settled), whether or not its poll ends first.
+    pub fn due(&mut self, now: Instant, deadline: Duration) -> Due {
+        if let Some(started) = self.started {
+            let in_flight = now.saturating_duration_since(started);
+            if in_flight >= deadline && !self.reported {
+                self.owed = Some(Owed { in_flight, ended: false });
+            }
+        }
+        if let Some(o) = self.owed {
+            return Due::Stalled(o.in_flight);
+        }
+        let stalled_now = self.started.is_some_and(|s| now.saturating_duration_since(s) >= deadline);
+        if !stalled_now && self.completed && (self.reported || !self.baselined) { Due::Healthy } else { Due::Nothing }
+    }
+
+    /// `due` was published (accepted, or rejected for good: it will not be accepted later).
+    pub fn settled(&mut self, due: Due) {
+        match due {
+            Due::Stalled(_) => {
+                self.reported = true;
+                // A poll completed after the stalled one began: the recovery is due now.
+                self.completed = self.owed.take().is_some_and(|o| o.ended);
+            }
+            Due::Healthy => {
+                self.reported = false;
+                self.baselined = true;
+            }
+            Due::Nothing => {}
+        }
+    }
+}
+
+/// How often the watchdog looks: upstream's `min(1s, deadline/4)` (at least 10 ms).
+pub fn check_interval(deadline: Duration) -> Duration {
+    (deadline / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+/// The event for `due` (`None` for [`Due::Nothing`]).
+pub fn event(due: Due, stamp: &Stamp, now: OffsetDateTime) -> Option<HealthEvent> {
+    let (message, healthy) = match due {
+        Due::Nothing => return None,
+        Due::Stalled(d) => (stall_message(d), false),
+        Due::Healthy => ("NIC polls are completing".to_string(), true),
+    };
+    // Built as any event, then filed under the watchdog's own check name.
+    let mut e = HealthEvent::new(Check::InfiniBandStateCheck, stamp, now, &message);
+    e.check_name = std::borrow::Cow::Borrowed(CHECK_NAME);
+    if !healthy {
+        e = e.unhealthy(false).action(RecommendedAction::NONE);
+    }
+    Some(e)
+}
+
+/// Upstream's message: each stalled loop, sorted, comma-joined.
+fn stall_message(in_flight: Duration) -> String {
+    let loops: Vec<String> =
+        STALLED_LOOPS.iter().map(|l| format!("{l} poll in flight for {}", go_seconds(in_flight))).collect();
+    format!("NIC state cannot be observed: {}", loops.join(", "))
+}
+
+/// `d` as Go prints `d.Round(time.Second)`: `0s`, `11s`, `1m30s`, `2h0m5s`.
+fn go_seconds(d: Duration) -> String {
+    let s = (d.as_millis() + 500) / 1000;
+    let (h, m, s) = (s / 3600, s / 60 % 60, s % 60);
+    match (h, m) {
+        (0, 0) => format!("{s}s"),
+        (0, _) => format!("{m}m{s}s"),
+        _ => format!("{h}h{m}m{s}s"),
+    }
+}
+
+/// The strategy stall events carry.
+pub fn strategy(store_only: bool, daemon: ProcessingStrategy) -> ProcessingStrategy {
+    if store_only { ProcessingStrategy::STORE_ONLY } else { daemon }
+}
+
+struct Shared {
+    tracker: Mutex<Tracker>,
+    /// Notified (`notify_waiters`: as a condition variable, only who waits hears it) when a
+    /// poll ends and at stop.
+    wake: tokio::sync::Notify,
+    stop: std::sync::atomic::AtomicBool,
+}
+
+impl Shared {
+    fn tracker(&self) -> std::sync::MutexGuard<'_, Tracker> {
+        self.tracker.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The running watchdog. Dropping it stops the thread at its next look (a publish in
+/// progress is left to finish or to end with the process).
+pub struct Watchdog {
+    shared: Arc<Shared>,
+}
+
+impl Watchdog {
+    /// Start the watchdog thread. `stamp` carries the node name and the events' strategy.
+    pub fn start(deadline: Duration, stamp: Stamp, sink: &SinkSpec, grpc: GrpcConfig) -> std::io::Result<Watchdog> {
+        let shared = Arc::new(Shared {
+            tracker: Mutex::new(Tracker::default()),
+            wake: tokio::sync::Notify::new(),
+            stop: std::sync::atomic::AtomicBool::new(false),
+        });
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let sink = Sink::lazy(sink, grpc);
+        let thread_shared = shared.clone();
+        let strategy = stamp.processing_strategy;
+        std::thread::Builder::new()
+            .name("nicmon-stall".into())
+            .spawn(move || watch(&thread_shared, deadline, &stamp, sink, &rt))?;
+        tracing::info!(
+            deadline = ?deadline,
+            processing_strategy = ?strategy,
+            "NIC poll stall detection enabled"
+        );
+        Ok(Watchdog { shared })
+    }
+
+    /// A poll begins.
+    pub fn begin(&self) {
+        self.shared.tracker().begin(Instant::now());
+    }
+
+    /// The poll completed.
+    pub fn end(&self) {
+        self.shared.tracker().end();
+        self.shared.wake.notify_waiters();
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.shared.wake.notify_waiters();
+    }
+}
+
+/// The watchdog thread: look every [`check_interval`] (and at once when a poll ends),
+/// publish what is due, one event at a time, so a recovery never overtakes its stall.
+/// All of it runs on the thread's own runtime, waits included: the sink's connection is
+/// served between publishes too (a connector's shutdown waits for its peers to answer).
+fn watch(shared: &Shared, deadline: Duration, stamp: &Stamp, sink: Sink, rt: &tokio::runtime::Runtime) {
+    rt.block_on(watch_loop(shared, deadline, stamp, sink));
+}
+
+async fn watch_loop(shared: &Shared, deadline: Duration, stamp: &Stamp, mut sink: Sink) {
+    let every = check_interval(deadline);
+    loop {
+        let due = loop {
+            if shared.stop.load(std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
+            // Listening before the look: a poll that ends after it wakes the wait.
+            let woken = shared.wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let due = shared.tracker().due(Instant::now(), deadline);
+            match due {
+                Due::Nothing => {
+                    let _ = tokio::time::timeout(every, woken).await;
+                }
+                due => break due,
+            }
+        };
+        let Some(e) = event(due, stamp, OffsetDateTime::now_utc()) else { continue };
+        match sink.send(std::slice::from_ref(&e)).await {
+            Ok(()) => {
+                if e.is_healthy {
+                    tracing::info!(check = CHECK_NAME, "NIC polls are completing: healthy event sent");
+                } else {
+                    tracing::warn!(check = CHECK_NAME, message = %e.message, "NIC poll stalled: event sent");
+                }
+                shared.tracker().settled(due);
+            }
+            Err(err) if !err.is_retryable() => {
+                tracing::error!(check = CHECK_NAME, healthy = e.is_healthy, error = %err, "poll stall event rejected for good: dropped");
+                shared.tracker().settled(due);
+            }
+            Err(err) => {
+                tracing::warn!(check = CHECK_NAME, healthy = e.is_healthy, error = %err, "poll stall event not sent: retried");
+                let _ = tokio::time::timeout(every.max(Duration::from_millis(100)), shared.wake.notified()).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const D: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn nothing_is_due_before_the_first_completed_poll_then_one_healthy_baseline() {
+        let t0 = Instant::now();
+        let mut t = Tracker::default();
+        assert_eq!(t.due(t0, D), Due::Nothing);
+        t.begin(t0);
+        assert_eq!(t.due(t0 + Duration::from_secs(9), D), Due::Nothing);
+        t.end();
+        assert_eq!(t.due(t0 + Duration::from_secs(9), D), Due::Healthy);
+        t.settled(Due::Healthy);
+        assert_eq!(t.due(t0 + Duration::from_secs(9), D), Due::Nothing);
+        // Later polls within the deadline: nothing more.
+        t.begin(t0 + Duration::from_secs(20));
+        t.end();
+        assert_eq!(t.due(t0 + Duration::from_secs(21), D), Due::Nothing);
+    }
+
+    #[test]
+    fn a_stall_is_reported_once_and_cleared_by_the_next_completed_poll() {
+        let t0 = Instant::now();
+        let mut t = Tracker::default();
+        t.begin(t0);
+        t.end();
+        t.settled(Due::Healthy);
+        t.begin(t0 + Duration::from_secs(1));
+        let due = t.due(t0 + Duration::from_secs(11), D);
+        assert_eq!(due, Due::Stalled(Duration::from_secs(10)));
+        // Not settled (the publish failed): still due.
+        assert_eq!(t.due(t0 + Duration::from_secs(12), D), Due::Stalled(Duration::from_secs(11)));
+        t.settled(due);
+        assert_eq!(t.due(t0 + Duration::from_secs(30), D), Due::Nothing, "reported once");
+        t.end();
+        assert_eq!(t.due(t0 + Duration::from_secs(31), D), Due::Healthy);
+        t.settled(Due::Healthy);
+        assert_eq!(t.due(t0 + Duration::from_secs(31), D), Due::Nothing);
+    }
+
+    #[test]
+    fn a_stall_before_the_first_completed_poll_is_reported_then_cleared() {
+        let t0 = Instant::now();
+        let mut t = Tracker::default();
+        t.begin(t0);
+        let due = t.due(t0 + D, D);
+        assert_eq!(due, Due::Stalled(D));
+        t.settled(due);
+        t.end();
+        assert_eq!(t.due(t0 + D, D), Due::Healthy);
+    }
+
+    #[test]
+    fn a_new_poll_stalling_again_before_the_recovery_is_sent_stays_reported() {
+        let t0 = Instant::now();
+        let mut t = Tracker::default();
+        t.begin(t0);
+        let due = t.due(t0 + D, D);
+        t.settled(due);
+        t.end();
+        t.begin(t0 + D);
+        // The recovery was not published and the next poll is stalled too: nothing new.
+        assert_eq!(t.due(t0 + D * 3, D), Due::Nothing);
+        t.end();
+        assert_eq!(t.due(t0 + D * 3, D), Due::Healthy);
+    }
+
+    /// A stall and its recovery are about the node: no device, no port.
+    #[test]
+    fn a_stall_is_about_the_node() {
+        let now = OffsetDateTime::UNIX_EPOCH;
+        for due in [Due::Stalled(Duration::from_secs(11)), Due::Healthy] {
+            let e = event(due, &Stamp::default(), now).unwrap();
+            assert_eq!(e.kind(), crate::model::event::EntityKind::Node, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn events_are_node_level_non_fatal_with_action_none() {
+        let stamp = Stamp {
+            node_name: "n1".into(),
+            processing_strategy: strategy(true, ProcessingStrategy::EXECUTE_REMEDIATION),
+        };
+        let now = OffsetDateTime::UNIX_EPOCH;
+        let e = event(Due::Stalled(Duration::from_millis(10_400)), &stamp, now).unwrap();
+        assert_eq!(e.check_name, CHECK_NAME);
+        assert!(!e.is_healthy && !e.is_fatal);
+        assert_eq!(e.recommended_action, RecommendedAction::NONE);
+        assert!(e.entities_impacted.is_empty());
+        assert_eq!(e.processing_strategy, ProcessingStrategy::STORE_ONLY);
+        assert_eq!(
+            e.message,
+            "NIC state cannot be observed: counter poll in flight for 10s, state poll in flight for 10s"
+        );
+        let h = event(Due::Healthy, &stamp, now).unwrap();
+        assert!(h.is_healthy && !h.is_fatal && h.check_name == CHECK_NAME);
+        assert!(event(Due::Nothing, &stamp, now).is_none());
+        let short = event(Due::Stalled(Duration::from_millis(312)), &stamp, now).unwrap();
+        assert_eq!(
+            short.message,
+            "NIC state cannot be observed: counter poll in flight for 0s, state poll in flight for 0s"
+        );
+        assert_eq!(strategy(false, ProcessingStrategy::STORE_AND_ANALYSE), ProcessingStrategy::STORE_AND_ANALYSE);
+    }
+
+    #[test]
+    fn a_stall_whose_publish_failed_is_still_owed_after_the_poll_ended_then_the_recovery() {
+        let t0 = Instant::now();
+        let mut t = Tracker::default();
+        t.begin(t0);
+        t.end();
+        t.settled(Due::Healthy);
+        t.begin(t0 + Duration::from_secs(1));
+        assert_eq!(t.due(t0 + Duration::from_secs(12), D), Due::Stalled(Duration::from_secs(11)));
+        // The publish failed (not settled); the poll ends before the retry.
+        t.end();
+        let due = t.due(t0 + Duration::from_secs(13), D);
+        assert_eq!(due, Due::Stalled(Duration::from_secs(11)), "still owed, as it was seen");
+        assert_eq!(t.due(t0 + Duration::from_secs(14), D), due, "until settled");
+        t.settled(due);
+        // The poll has completed since: the recovery is due at once.
+        let due = t.due(t0 + Duration::from_secs(14), D);
+        assert_eq!(due, Due::Healthy);
+        t.settled(due);
+        assert_eq!(t.due(t0 + Duration::from_secs(15), D), Due::Nothing);
+    }
+
+    #[test]
+    fn an_owed_stall_settled_while_its_poll_is_still_stuck_waits_for_the_poll() {
+        let t0 = Instant::now();
+        let mut t = Tracker::default();
+        t.begin(t0);
+        t.end();
+        t.settled(Due::Healthy);
+        t.begin(t0);
+        let due = t.due(t0 + D, D);
+        t.settled(due);
+        assert_eq!(t.due(t0 + D * 2, D), Due::Nothing, "still stuck: reported once, no recovery");
+        t.end();
+        assert_eq!(t.due(t0 + D * 2, D), Due::Healthy);
+    }
+
+    #[test]
+    fn durations_print_as_go_rounds_them_to_seconds() {
+        let ms = Duration::from_millis;
+        for (d, want) in [
+            (ms(0), "0s"),
+            (ms(499), "0s"),
+            (ms(500), "1s"),
+            (ms(10_400), "10s"),
+            (ms(59_500), "1m0s"),
+            (ms(90_000), "1m30s"),
+            (ms(3_600_000), "1h0m0s"),
+            (ms(7_205_000), "2h0m5s"),
+        ] {
+            assert_eq!(go_seconds(d), want, "{d:?}");
+        }
+    }
+
+    #[test]
+    fn the_check_interval_is_a_quarter_of_the_deadline_at_most_a_second() {
+        assert_eq!(check_interval(Duration::from_secs(10)), Duration::from_secs(1));
+        assert_eq!(check_interval(Duration::from_millis(400)), Duration::from_millis(100));
+        assert_eq!(check_interval(Duration::from_millis(1)), Duration::from_millis(10));
+    }
+}

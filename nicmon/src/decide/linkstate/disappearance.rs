@@ -1,0 +1,96 @@
+//! Device disappearance (000 §7, 002 §5.9): a known device absent from `class/infiniband`
+//! for [`MISSES_BEFORE_REPORT`] consecutive polls is reported once, with the inline PCI
+//! probe's verdict; its return is reported as healthy.
+use std::collections::BTreeSet;
+
+use super::health::state_check_named;
+use super::state::{KnownDevice, LinkState};
+use super::{Ctx, Emitted};
+use crate::decide::roles::device_link_layer;
+use crate::model::PciPresence;
+use crate::model::event::{Entity, HealthEvent};
+
+/// Consecutive polls a known device must be absent before it is reported (lesson 8).
+pub const MISSES_BEFORE_REPORT: u32 = 3;
+
+/// Count misses of known devices that are absent, report those at the limit; returns the
+/// cards of absent devices (left out of the homogeneity comparison).
+pub(super) fn missing_devices(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitted) -> BTreeSet<String> {
+    let present: BTreeSet<&str> = ctx.snap.devices.iter().map(|d| d.name.as_str()).collect();
+    let mut missing_cards = BTreeSet::new();
+    for (name, known) in st.known_devices.iter_mut() {
+        if present.contains(name.as_str()) {
+            continue;
+        }
+        known.misses = known.misses.saturating_add(1);
+        if let Some(card) = &known.card {
+            missing_cards.insert(card.clone());
+        }
+        let check = state_check_named(&known.link_layer);
+        if known.misses >= MISSES_BEFORE_REPORT && !known.reported_missing && ctx.enabled(check) {
+            known.reported_missing = true;
+            let pci = known.pci_address.clone().unwrap_or_else(|| "unknown".into());
+            let why = match ctx.snap.pci_probes.get(name) {
+                Some(PciPresence::Gone) => {
+                    format!("PCI function {pci} gone from the bus (clean removal or hot unplug)")
+                }
+                Some(PciPresence::AllOnes) => {
+                    format!("PCI config space of {pci} reads 0xFF - the device fell off the bus")
+                }
+                Some(PciPresence::Present) => {
+                    format!("PCI function {pci} still present - RDMA device gone (driver unbound or failed)")
+                }
+                Some(PciPresence::ReadError(e)) => {
+                    format!("PCI config space read of {pci} failed ({e}) - bus error")
+                }
+                None => format!("PCI function {pci} not probed"),
+            };
+            out.push(
+                ctx,
+                check,
+                HealthEvent::new(
+                    check,
+                    ctx.stamp,
+                    ctx.now,
+                    &format!("NIC {name} disappeared from /sys/class/infiniband/ - {why}"),
+                )
+                .unhealthy(true)
+                .entities(vec![Entity::device(name.clone())]),
+            );
+        }
+    }
+    missing_cards
+}
+
+/// Remember every monitored device present now; one that was reported missing is back.
+pub(super) fn present_devices(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitted) {
+    for d in &ctx.monitored {
+        let ll = device_link_layer(d).map(|l| l.name().to_string()).unwrap_or_else(|| "Unknown".into());
+        let entry = st.known_devices.entry(d.name.clone()).or_insert(KnownDevice {
+            pci_address: d.pci_address.clone(),
+            card: d.card.clone(),
+            link_layer: ll.clone(),
+            misses: 0,
+            reported_missing: false,
+        });
+        if entry.reported_missing {
+            let check = state_check_named(&ll);
+            out.push(
+                ctx,
+                check,
+                HealthEvent::new(
+                    check,
+                    ctx.stamp,
+                    ctx.now,
+                    &format!("NIC {} is present again in /sys/class/infiniband/", d.name),
+                )
+                .entities(vec![Entity::device(d.name.clone())]),
+            );
+        }
+        entry.misses = 0;
+        entry.reported_missing = false;
+        entry.pci_address = d.pci_address.clone();
+        entry.card = d.card.clone();
+        entry.link_layer = ll;
+    }
+}

@@ -1,0 +1,137 @@
+//! One observation of the node ([`Observation`]): **the** read of a poll, full or targeted.
+//! What to read comes from the caller: the devices known earlier, the EINVAL memo, and
+//! which devices are not monitored (decide's role classification, as a function) — so this
+//! room reads and never decides.
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use crate::model::Snapshot;
+use crate::model::kmsg::{Departed, HostLinks};
+use crate::model::observation::Observation;
+use crate::read::discovery::{self, ReadPlan, RoceReads, StaticCache, Unmonitored};
+use crate::read::ethtool::EthtoolSource;
+use crate::read::ethtool::ports::PortReader;
+use crate::read::host::Host;
+
+/// What the reads keep between polls: the host, what to read beyond the fixed files, the
+/// static attributes of each device incarnation, and the ethtool source.
+pub struct Observer {
+    pub host: Host,
+    pub counter_paths: Vec<Arc<str>>,
+    /// What the RoCE ports read besides, while `[phyCheck]` is enabled.
+    pub roce_reads: RoceReads,
+    /// Static device attributes kept between polls ([`discovery::StaticCache`]).
+    pub statics: Arc<StaticCache>,
+    /// Where the RoCE ports' ethtool data comes from (`None`: not read), and its reader.
+    pub ethtool: Option<EthtoolSource>,
+    pub ethtool_ports: PortReader,
+}
+
+/// What a read takes from the previous poll.
+pub struct Prior<'a> {
+    /// Devices known earlier in this boot (their PCI function is probed when one is
+    /// missing from the listing; a departed one's last kernel-log lines explain why).
+    pub known: Vec<Departed>,
+    /// The files whose read failed with `EINVAL` in this boot: never read again.
+    pub einval: &'a BTreeSet<String>,
+    /// The character-device listing may stand (no character device is missing).
+    pub char_listing_may_stand: bool,
+}
+
+impl Observer {
+    /// Read the host once. `links`: also read what attributing kernel log lines needs.
+    pub fn observe(&self, prior: Prior<'_>, unmonitored: Unmonitored<'_>, links: bool) -> Observation {
+        let plan = ReadPlan {
+            counter_paths: self.counter_paths.clone(),
+            known: prior.known.iter().filter_map(|k| k.pci_address.clone().map(|p| (k.device.clone(), p))).collect(),
+            statics: Some(self.statics.clone()),
+            roce: self.roce_reads.clone(),
+            unmonitored: Some(unmonitored),
+            char_listing_may_stand: prior.char_listing_may_stand,
+            link_only: false,
+        };
+        self.host.begin_poll();
+        // The memo goes into the reader for this read and comes back out with it.
+        self.host.remember_einval(prior.einval.iter().cloned());
+        let mut snapshot = discovery::discover(&self.host, &plan);
+        let ethtool_notes = self.read_ethtool(&mut snapshot, unmonitored);
+        let links = links.then(|| {
+            // Devices that went since an earlier poll: their last lines explain why.
+            let departed =
+                prior.known.into_iter().filter(|k| !snapshot.devices.iter().any(|d| d.name == k.device)).collect();
+            HostLinks::read(&self.host, &snapshot, departed)
+        });
+        let einval = self.host.take_einval();
+        let reads_abandoned = self.host.stats.reads_abandoned.load(std::sync::atomic::Ordering::Relaxed);
+        let stuck_reads = self.host.stuck_reads();
+        Observation {
+            snapshot,
+            links,
+            einval,
+            reads_abandoned,
+            stuck_reads,
+            targeted: None,
+            woken_by: Vec::new(),
+            ethtool_notes,
+        }
+    }
+
+    /// The RoCE ports' ethtool data into `snapshot` (of the monitored devices), under the
+    /// host's read deadlines.
+    fn read_ethtool(&self, snapshot: &mut Snapshot, unmonitored: Unmonitored<'_>) -> Vec<String> {
+        let Some(source) = &self.ethtool else {
+            return Vec::new();
+        };
+        // The PFs' roles (a VF is not read, nor classified).
+        let route = &snapshot.default_route_devices;
+        let monitored: BTreeSet<String> =
+            snapshot.devices.iter().filter(|d| !d.is_vf() && !unmonitored(d, route)).map(|d| d.name.clone()).collect();
+        let wanted = |name: &str| monitored.contains(name);
+        self.ethtool_ports.read(source, snapshot, wanted, || self.host.timeout(), std::time::Instant::now())
+    }
+
+    /// The targeted read of a hinted wake-up (SPEC §1.8): `devices` read again now, by the
+    /// same code as [`Observer::observe`], on top of `base`, the previous full poll's
+    /// snapshot — their link-state files only: the counter, RoCE, ethtool and PCIe data
+    /// are judged by the full poll's checks, over the interval, and the devices keep
+    /// `base`'s readings of them ([`ReadPlan::link_only`]). `None` when the device set
+    /// changed since `base` (only a full poll may decide about devices that came or went).
+    pub fn observe_targeted(
+        &self,
+        einval: &BTreeSet<String>,
+        unmonitored: Unmonitored<'_>,
+        base: &Snapshot,
+        devices: &[String],
+    ) -> Option<Observation> {
+        let plan = ReadPlan {
+            counter_paths: self.counter_paths.clone(),
+            known: Vec::new(),
+            statics: Some(self.statics.clone()),
+            roce: self.roce_reads.clone(),
+            unmonitored: Some(unmonitored),
+            char_listing_may_stand: false,
+            link_only: true,
+        };
+        self.host.begin_poll();
+        self.host.remember_einval(einval.iter().cloned());
+        // The files the last targeted read of these devices read are read again while
+        // the devices are listed and their reads planned (the same files: used).
+        self.host.read_ahead(devices);
+        let snapshot = discovery::rediscover(&self.host, &plan, base, devices);
+        self.host.end_read_ahead();
+        let einval = self.host.take_einval();
+        let snapshot = snapshot?;
+        let reads_abandoned = self.host.stats.reads_abandoned.load(std::sync::atomic::Ordering::Relaxed);
+        let stuck_reads = self.host.stuck_reads();
+        Some(Observation {
+            snapshot,
+            links: None,
+            einval,
+            reads_abandoned,
+            stuck_reads,
+            targeted: Some(devices.to_vec()),
+            ethtool_notes: Vec::new(),
+            woken_by: Vec::new(),
+        })
+    }
+}
