@@ -4,6 +4,7 @@ mod build_ebpf;
 mod demo;
 mod deploy;
 mod latency;
+mod measure;
 mod node_exporter;
 mod prometheus;
 mod scale;

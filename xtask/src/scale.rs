@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use nicmon_tests::Node;
 use nicmon_tests::platforms::{self, Platform};
 
-use crate::bench::{PollFigures, poll_bench, proc_kib};
+use crate::measure::{PollFigures, poll_bench, proc_kib};
 
 /// One row of the series.
 struct Row {
@@ -46,7 +46,7 @@ fn cases() -> Vec<Case> {
         vec![("NICMON_BENCH_PORTS", "1000".to_string())],
         Box::new(|root: &Path| {
             let node = Platform::DgxH100.build_at(root);
-            crate::bench::thousand_ports(&node)?;
+            crate::measure::thousand_ports(&node)?;
             Ok(node)
         }),
     ));
