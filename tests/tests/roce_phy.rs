@@ -32,18 +32,21 @@ struct Phy {
     paused_us: u64,
     /// ECN-marked packets and CNPs (congestion, metrics only).
     ecn: u64,
+    /// The driver gives no per-lane FEC statistics.
+    no_lanes: bool,
 }
 
 impl Phy {
     fn json(&self) -> serde_json::Value {
         let lane = |i: u64| json!({"corrected_blocks": 10 * i, "uncorrectable_blocks": 0});
+        let lanes = if self.no_lanes { json!([]) } else { json!([lane(0), lane(1), lane(2), lane(3)]) };
         json!({
             "fec": {
                 "active": "RS",
                 "corrected_blocks": 1000 + self.corrected_bits / 3,
                 "uncorrectable_blocks": self.uncorrectable,
                 "corrected_bits": self.corrected_bits,
-                "lanes": [lane(0), lane(1), lane(2), lane(3)],
+                "lanes": lanes,
             },
             "pause": {"tx_frames": self.ecn, "rx_frames": self.paused_us / 10},
             "stats": {
@@ -366,4 +369,33 @@ fn congestion_counters_are_read_on_roce_ports_only() {
     let report = node.check_json(&["--config", cfg.to_str().unwrap()]);
     let text = report["devices"].to_string();
     assert!(!text.contains("np_cnp_sent"), "{text}");
+}
+
+#[test]
+fn the_lane_rate_the_rdma_rate_names_picks_the_fec_code() {
+    // No per-lane FEC statistics anywhere: the lanes come from the RDMA `rate`. mlx5_1 is
+    // 4 x 25G (KR4, threshold 1e-5), mlx5_2 one 25G lane (KR4), mlx5_3 2 x 50G (KP4, 1e-4).
+    // A BER of 4e-5 is past KR4's limit (~2.3e-5: codewords are being lost) and well under
+    // KP4's: an event on the two KR4 ports only (issue #43, defect 8).
+    let node = Platform::L40sOci.build();
+    node.write_port_file("mlx5_1", 1, "rate", "100 Gb/sec (4X EDR)\n");
+    node.write_port_file("mlx5_2", 1, "rate", "25 Gb/sec (1X EDR)\n");
+    node.write_port_file("mlx5_3", 1, "rate", "100 Gb/sec (2X HDR)\n");
+    let mut fabric = Fabric::new(&node);
+    for p in &mut fabric.ports {
+        p.no_lanes = true;
+    }
+    fabric.write();
+    let tl = timeline(&node, &fabric.dir);
+    tl.poll(0);
+    fabric.minute(1e-9, 0.0, 0, |_| {});
+    assert!(tl.poll(60).is_empty());
+    let at = |gbps: f64, ber: f64| (gbps * 1e9 * 60.0 * ber) as u64;
+    fabric.minute(1e-9, 0.0, 0, |p| {
+        p[1].corrected_bits += at(100.0, 4e-5);
+        p[2].corrected_bits += at(25.0, 4e-5);
+        p[3].corrected_bits += at(100.0, 4e-5);
+    });
+    let ev = tl.poll(120);
+    assert_eq!(briefs(&ev), vec![eth(false, "mlx5_1", "pre_fec_ber"), eth(false, "mlx5_2", "pre_fec_ber")], "{ev:#?}");
 }

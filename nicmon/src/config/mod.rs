@@ -700,18 +700,19 @@ enabled = true
 
     #[test]
     fn phy_check_sets_the_rate_thresholds_and_rejects_nonsense() {
-        use crate::decide::phy::RsCode;
+        use crate::decide::phy::{RsCode, port_ber_threshold};
         let find = |c: &Config, n: &str| c.counter_rules.iter().find(|r| r.name == n).unwrap().threshold;
+        let set = |c: &Config| c.counter_rules.iter().find(|r| r.name == "pre_fec_ber").unwrap().threshold_set;
         let d = Config::default();
         assert!(d.phy.enabled);
         assert_eq!((find(&d, "pre_fec_ber"), find(&d, "pause_victim")), (1e-4, 0.5));
         // No threshold set: each port's FEC code picks its own default.
-        assert_eq!(d.phy.port_ber_threshold(1e-4, Some(RsCode::Kr4)), Some(1e-5));
-        assert_eq!(d.phy.port_ber_threshold(1e-4, None), None);
+        assert_eq!(port_ber_threshold(set(&d), Some(RsCode::Kr4)), Some(1e-5));
+        assert_eq!(port_ber_threshold(set(&d), None), None);
         let c = Config::parse("x.toml", "[phyCheck]\npreFecBerThreshold = 3e-5\npauseVictimShare = 1\nenabled = false")
             .unwrap();
         assert_eq!((find(&c, "pre_fec_ber"), find(&c, "pause_victim"), c.phy.enabled), (3e-5, 1.0, false));
-        assert_eq!(c.phy.port_ber_threshold(3e-5, Some(RsCode::Kr4)), None, "the operator's holds");
+        assert_eq!(port_ber_threshold(set(&c), Some(RsCode::Kr4)), None, "the operator's holds");
         // The read pace: 10 s unless set; seconds or a duration, 0 = every poll.
         assert_eq!(d.phy.read_interval, std::time::Duration::from_secs(10));
         for (text, want) in [("30", 30), ("\"1m\"", 60), ("0", 0), ("\"1h\"", 3600)] {
@@ -721,7 +722,17 @@ enabled = true
         // A threshold set on the rule holds too.
         let c =
             Config::parse("x.toml", "[[counterDetection.counters]]\nname = \"pre_fec_ber\"\nthreshold = 1e-6").unwrap();
-        assert_eq!(c.phy.port_ber_threshold(find(&c, "pre_fec_ber"), Some(RsCode::Kr4)), None);
+        assert_eq!(port_ber_threshold(set(&c), Some(RsCode::Kr4)), None);
+        // An explicit value equal to the default is set all the same (issue #43, #11): on
+        // the rule, or in [phyCheck].
+        for text in [
+            "[[counterDetection.counters]]\nname = \"pre_fec_ber\"\nthreshold = 1e-4",
+            "[phyCheck]\npreFecBerThreshold = 1e-4",
+        ] {
+            let c = Config::parse("x.toml", text).unwrap();
+            assert_eq!(find(&c, "pre_fec_ber"), 1e-4, "{text}");
+            assert_eq!(port_ber_threshold(set(&c), Some(RsCode::Kr4)), None, "{text}: the operator's 1e-4 holds");
+        }
         for (text, key) in [
             ("preFecBerThreshold = 0", "phyCheck.preFecBerThreshold = 0"),
             ("preFecBerThreshold = 1.0", "phyCheck.preFecBerThreshold = 1.0"),

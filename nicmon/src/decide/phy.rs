@@ -25,9 +25,10 @@ use std::time::Duration;
 /// A lost codeword in this many is the edge the correction limit is computed for.
 pub const FAILURE_AT_LIMIT: f64 = 1e-12;
 
-/// The pre-FEC BER threshold when the FEC code is not known (SPEC §1.11,
-/// `[phyCheck] preFecBerThreshold`): the KP4 one, the FEC of every 200G+ RoCE port.
-pub const DEFAULT_PRE_FEC_BER_THRESHOLD: f64 = 1e-4;
+/// The pre-FEC BER threshold when the FEC code is not known (SPEC §1.11, the `pre_fec_ber`
+/// rule's default; `[phyCheck] preFecBerThreshold` sets it): the KP4 one, the FEC of every
+/// 200G+ RoCE port. The figures themselves are [`RsCode::default_threshold`]'s.
+pub const DEFAULT_PRE_FEC_BER_THRESHOLD: f64 = RsCode::Kp4.default_threshold();
 
 /// Share of time paused by the fabric above which a port is a pause victim (SPEC §1.11).
 pub const PAUSE_VICTIM_SHARE: f64 = 0.5;
@@ -62,7 +63,7 @@ impl RsCode {
     pub const fn default_threshold(self) -> f64 {
         match self {
             RsCode::Kr4 => 1e-5,
-            RsCode::Kp4 => DEFAULT_PRE_FEC_BER_THRESHOLD,
+            RsCode::Kp4 => 1e-4,
         }
     }
 
@@ -107,15 +108,17 @@ impl RsCode {
     }
 }
 
-/// The RS code a port runs, where it can be told: RS-FEC on lanes of 50 Gb/s and more is
-/// KP4, on slower lanes KR4. The lane count is the FEC statistics' (when it gives lanes);
-/// without it only 200 Gb/s and faster ports are known (all PAM4, KP4) — a 100G port may
-/// be 4x25G (KR4) or 2x50G/1x100G (KP4), and then the caller's configured threshold holds.
+/// The RS code a port runs, where it can be told (SPEC §1.11): the lane rate decides — RS-FEC
+/// on lanes of 50 Gb/s and more is KP4, on slower lanes KR4. `lanes`: as the RDMA `rate`
+/// string names them ([`rate_lanes`]), else the FEC statistics' lanes; without either a port
+/// of 25 Gb/s or less is one lane, and 200 Gb/s and faster ports are all PAM4 (KP4). Only a
+/// 50G or 100G port of unknown lanes (2x25G or 1x50G; 4x25G, 2x50G or 1x100G) is `None`:
+/// the rule's threshold holds there.
 pub fn rs_code(mode: Option<FecMode>, rate_bps: f64, lanes: Option<usize>) -> Option<RsCode> {
     if mode != Some(FecMode::Rs) || !rate_bps.is_finite() || rate_bps <= 0.0 {
         return None;
     }
-    match lanes.filter(|&l| l > 0) {
+    match lanes.filter(|&l| l > 0).or_else(|| (rate_bps <= 25e9).then_some(1)) {
         Some(l) if rate_bps / l as f64 >= 50e9 => Some(RsCode::Kp4),
         Some(_) => Some(RsCode::Kr4),
         None if rate_bps >= 200e9 => Some(RsCode::Kp4),
@@ -123,15 +126,17 @@ pub fn rs_code(mode: Option<FecMode>, rate_bps: f64, lanes: Option<usize>) -> Op
     }
 }
 
-/// Pre-FEC BER over an interval: corrected bits / (port rate in bit/s × seconds). `None`
-/// when it cannot be told (no rate, no time, or a counter that went backwards: a reset).
-pub fn pre_fec_ber(prev_bits: u64, cur_bits: u64, rate_bps: f64, elapsed: Duration) -> Option<f64> {
-    let delta = cur_bits.checked_sub(prev_bits)?;
-    let bits_sent = rate_bps * elapsed.as_secs_f64();
-    if !bits_sent.is_finite() || bits_sent <= 0.0 {
-        return None;
-    }
-    Some(delta as f64 / bits_sent)
+/// The lanes an RDMA port's `rate` names: its width (`4X` in `100 Gb/sec (4X EDR)`).
+pub fn rate_lanes(width: Option<&str>) -> Option<usize> {
+    width?.trim().strip_suffix('X')?.parse().ok().filter(|&l| l > 0)
+}
+
+/// A port's own pre-FEC BER threshold, where its FEC code sets it: the code's default
+/// ([`RsCode::default_threshold`]) unless the operator set the rule's threshold
+/// (`threshold_set`: an explicit value holds on every port, whatever it is). `None`: the
+/// rule's threshold.
+pub fn port_ber_threshold(threshold_set: bool, code: Option<RsCode>) -> Option<f64> {
+    code.filter(|_| !threshold_set).map(RsCode::default_threshold)
 }
 
 use crate::model::ethtool::stat;
@@ -209,7 +214,6 @@ fn is_pause_duration(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ethtool::FecSnapshot;
     use std::collections::BTreeMap;
 
     fn stats(pairs: &[(&str, u64)]) -> EthtoolSnapshot {
@@ -265,7 +269,10 @@ mod tests {
             (rs, 100e9, Some(4), Some(RsCode::Kr4)),
             (rs, 100e9, Some(2), Some(RsCode::Kp4)),
             (rs, 100e9, None, None),
+            (rs, 50e9, None, None),
             (rs, 25e9, Some(1), Some(RsCode::Kr4)),
+            // A 25G port is one 25G lane, whatever the FEC statistics give (issue #43).
+            (rs, 25e9, None, Some(RsCode::Kr4)),
             (rs, 100e9, Some(0), None),
             (rs, 0.0, Some(4), None),
             (Some(FecMode::BaseR), 25e9, Some(1), None),
@@ -274,41 +281,6 @@ mod tests {
         ] {
             assert_eq!(rs_code(mode, rate, lanes), want, "{mode:?} {rate} {lanes:?}");
         }
-    }
-
-    #[test]
-    fn pre_fec_ber_over_an_interval() {
-        let minute = Duration::from_secs(60);
-        for (prev, cur, rate, elapsed, want) in [
-            // 400G for a minute: 2.4e13 bits; 24,000 corrected bits is 1e-9 (healthy).
-            (0, 24_000, 400e9, minute, Some(1e-9)),
-            // 2.4e9 corrected bits in the same minute: 1e-4, at the KP4 threshold.
-            (1_000, 2_400_001_000, 400e9, minute, Some(1e-4)),
-            (5, 5, 100e9, minute, Some(0.0)),
-            // A reset (backwards), no rate, no time: cannot be told.
-            (10, 3, 400e9, minute, None),
-            (0, 10, 0.0, minute, None),
-            (0, 10, 400e9, Duration::ZERO, None),
-            (0, 10, f64::NAN, minute, None),
-        ] {
-            let got = pre_fec_ber(prev, cur, rate, elapsed);
-            match (got, want) {
-                (Some(g), Some(w)) => assert!((g - w).abs() <= w * 1e-9, "{prev}->{cur}: {g:e}"),
-                _ => assert_eq!(got, want, "{prev}->{cur}"),
-            }
-        }
-    }
-
-    #[test]
-    fn counters_prefer_the_standard_fec_statistics() {
-        let mut s = stats(&[("rx_corrected_bits_phy", 7), ("rx_pcs_symbol_err_phy", 3)]);
-        assert_eq!((corrected_bits(&s), uncorrectable(&s)), (Some(7), Some(3)));
-        s.fec = Some(FecSnapshot { corrected_bits: Some(70), uncorrectable_blocks: Some(30), ..Default::default() });
-        assert_eq!((corrected_bits(&s), uncorrectable(&s)), (Some(70), Some(30)));
-        // A FEC answer without statistics falls back to the driver's.
-        s.fec = Some(FecSnapshot { active: Some(FecMode::Rs), ..Default::default() });
-        assert_eq!((corrected_bits(&s), uncorrectable(&s)), (Some(7), Some(3)));
-        assert_eq!(corrected_bits(&EthtoolSnapshot::default()), None);
     }
 
     #[test]

@@ -16,6 +16,7 @@ use crate::decide::counters::{self, CounterPort};
 use crate::decide::kmsg::{self, DeviceIndex};
 use crate::decide::linkstate::{self, StateConfig};
 use crate::decide::pcie::{self, PcieState};
+use crate::decide::phy;
 use crate::decide::roles::{self, Classification};
 use crate::decide::settings::Config;
 use crate::decide::state::CheckState;
@@ -399,7 +400,8 @@ fn concat<T>(mut front: Vec<T>, mut back: Vec<T>) -> Vec<T> {
 }
 
 /// Each RoCE port's pre-FEC BER threshold where its FEC code sets it
-/// ([`crate::decide::settings::PhyConfig::port_ber_threshold`]).
+/// ([`crate::decide::phy::port_ber_threshold`]): the code from the port's FEC mode and lane
+/// rate, the lanes named by its RDMA `rate` or else its FEC statistics.
 fn with_ber_thresholds(ports: &mut [CounterPort<'_>], snapshot: &Snapshot, config: &Config) {
     let Some(rule) = config.counter_rules.iter().find(|r| r.name == crate::decide::counters::rule::PRE_FEC_BER_RULE)
     else {
@@ -411,12 +413,14 @@ fn with_ber_thresholds(ports: &mut [CounterPort<'_>], snapshot: &Snapshot, confi
             .iter()
             .find(|d| d.name == cp.device)
             .and_then(|d| d.ports.iter().find(|p| p.number == cp.port));
-        let Some(fec) = port.and_then(|p| p.ethtool.as_ref()).and_then(|e| e.fec.as_ref()) else {
+        let Some(port) = port else { continue };
+        let Some(fec) = port.ethtool.as_ref().and_then(|e| e.fec.as_ref()) else {
             continue;
         };
-        let lanes = (!fec.lanes.is_empty()).then_some(fec.lanes.len());
-        let code = crate::decide::phy::rs_code(fec.active, cp.rate_bps.unwrap_or(0.0), lanes);
-        cp.ber_threshold = config.phy.port_ber_threshold(rule.threshold, code);
+        let named = phy::rate_lanes(port.rate.as_ref().and_then(|r| r.width.as_deref()));
+        let lanes = named.or((!fec.lanes.is_empty()).then_some(fec.lanes.len()));
+        let code = phy::rs_code(fec.active, cp.rate_bps.unwrap_or(0.0), lanes);
+        cp.ber_threshold = phy::port_ber_threshold(rule.threshold_set, code);
     }
 }
 

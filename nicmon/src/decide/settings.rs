@@ -96,7 +96,7 @@ pub struct PhyConfig {
     /// `enabled`: read each monitored RoCE netdev's ethtool data (default true).
     pub enabled: bool,
     /// `preFecBerThreshold`: `None` = the default of each port's FEC code
-    /// ([`crate::decide::phy::RsCode::default_threshold`]; 1e-4 where it is not known).
+    /// ([`crate::decide::phy::RsCode::default_threshold`]; the rule's default where it is not known).
     pub pre_fec_ber_threshold: Option<f64>,
     /// `pauseVictimShare`: share of a minute paused by the fabric above which a port is a
     /// pause victim (default 0.5).
@@ -130,19 +130,13 @@ impl PhyConfig {
     pub fn apply(&self, rules: &mut [CounterRule]) {
         for r in rules {
             match (r.name.as_str(), self.pre_fec_ber_threshold, self.pause_victim_share) {
-                ("pre_fec_ber", Some(t), _) | ("pause_victim", _, Some(t)) => r.threshold = t,
+                ("pre_fec_ber", Some(t), _) | ("pause_victim", _, Some(t)) => {
+                    r.threshold = t;
+                    r.threshold_set = true;
+                }
                 _ => {}
             }
         }
-    }
-
-    /// The pre-FEC BER threshold of a port whose FEC code is `code`, where it differs from
-    /// the rule's: when the operator set no threshold (neither here nor on the rule), the
-    /// code's own default.
-    pub fn port_ber_threshold(&self, rule_threshold: f64, code: Option<crate::decide::phy::RsCode>) -> Option<f64> {
-        let untouched =
-            self.pre_fec_ber_threshold.is_none() && rule_threshold == crate::decide::phy::DEFAULT_PRE_FEC_BER_THRESHOLD;
-        code.filter(|_| untouched).map(|c| c.default_threshold())
     }
 }
 

@@ -323,6 +323,7 @@ impl EntryValues {
         }
         if let Some(t) = e.threshold {
             rule.threshold = t;
+            rule.threshold_set = true;
         }
         if let Some(d) = &e.description {
             rule.description = d.clone();
@@ -391,6 +392,7 @@ fn added_rule(i: usize, e: &CounterEntry, name: &str) -> Result<CounterRule, Cou
         layers: Layers::All,
         measure: Measure::Count,
         error_code: None,
+        threshold_set: false,
     })
 }
 

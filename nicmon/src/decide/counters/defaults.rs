@@ -43,6 +43,7 @@ impl CounterDefinition {
             layers: self.layers,
             measure: self.measure,
             error_code: self.error_code.map(str::to_owned),
+            threshold_set: false,
         }
     }
 }

@@ -109,6 +109,11 @@ pub struct CounterRule {
     /// it is still breached on the port (lesson 12: one recovery must not clear a sibling).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_code: Option<String>,
+    /// The operator gave this rule's threshold (a `[counterDetection]` entry, or a section key
+    /// such as `[phyCheck] preFecBerThreshold`): it holds on every port, whatever its value,
+    /// never replaced by a port's own default (the pre-FEC BER of a KR4 port).
+    #[serde(skip)]
+    pub threshold_set: bool,
 }
 
 impl CounterRule {

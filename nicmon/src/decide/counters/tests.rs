@@ -408,6 +408,7 @@ fn a_wide_data_counter_passing_u32_max_ends_the_episode() {
         layers: Default::default(),
         measure: Default::default(),
         error_code: None,
+        threshold_set: false,
     }];
     let p = "counters/port_xmit_data";
     assert_eq!(n.poll(0, &[(p, u32::MAX as u64)]).len(), 1);
@@ -632,6 +633,7 @@ proptest! {
             layers: Default::default(),
             measure: Default::default(),
             error_code: None,
+            threshold_set: false,
         });
         let mut state = CounterState::default();
         let mut now = T0;

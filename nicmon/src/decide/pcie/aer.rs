@@ -58,6 +58,7 @@ pub fn rules(t: &AerThresholds) -> Vec<CounterRule> {
                 layers: Layers::default(),
                 measure: crate::decide::counters::rule::Measure::Count,
                 error_code: None,
+                threshold_set: false,
             }
         })
         .collect()
