@@ -506,7 +506,13 @@ mod tests {
             .unwrap()
             .into_iter()
             .zip(default_rules())
-            .map(|(m, d)| CounterRule { layers: d.layers, measure: d.measure, error_code: d.error_code, ..m })
+            .map(|(m, d)| CounterRule {
+                layers: d.layers,
+                measure: d.measure,
+                error_code: d.error_code,
+                threshold_set: false,
+                ..m
+            })
             .collect();
         assert_eq!(merged, default_rules());
     }
@@ -718,7 +724,7 @@ mod tests {
         )
         .unwrap();
         let d = default_rules();
-        let want = CounterRule { threshold: 20.0, ..find(&d, "link_error_recovery").clone() };
+        let want = CounterRule { threshold: 20.0, threshold_set: true, ..find(&d, "link_error_recovery").clone() };
         assert_eq!(find(&r, "link_error_recovery"), &want);
         // An override that switches to delta drops the inherited unit.
         let r = rules(
