@@ -97,7 +97,7 @@ use crate::act::state::State;
 use crate::act::state::file::Writer;
 use crate::decide::state::CheckState;
 use crate::model::event::HealthEvent;
-use crate::model::event::{Check, Subject};
+use crate::model::event::{Check, CheckKind, Subject};
 
 /// The "sent, not yet saved" journal (`<state file>.sent`; the rule: the module's notes).
 pub struct Journal {
@@ -194,7 +194,7 @@ impl Journal {
 fn apply_sent(state: &mut State, batches: &[PendingBatch]) {
     use crate::decide::linkstate::state::{Reported, port_key};
     for e in batches.iter().flat_map(|b| &b.events) {
-        if !matches!(e.check(), Some(Check::InfiniBandStateCheck | Check::EthernetStateCheck | Check::EFAStateCheck)) {
+        if e.check().map(Check::kind) != Some(CheckKind::PortState) {
             continue;
         }
         let Subject::Port { device, port } = e.subject() else { continue };

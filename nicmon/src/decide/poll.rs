@@ -361,9 +361,7 @@ fn port_decisions(
     flaps: &[linkstate::FlapTransition],
     links: &linkstate::LinkState,
 ) -> history::PortDecisions {
-    let state_check = |e: &&HealthEvent| {
-        matches!(e.check(), Some(Check::InfiniBandStateCheck | Check::EthernetStateCheck | Check::EFAStateCheck))
-    };
+    let state_check = |e: &&HealthEvent| e.check().map(Check::kind) == Some(CheckKind::PortState);
     let reported = events
         .iter()
         .filter(state_check)

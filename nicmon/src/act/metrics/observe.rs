@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use super::Metrics;
 use crate::decide::poll::Poll;
 use crate::decide::state::CheckState;
-use crate::model::event::{Check, HealthEvent, Subject};
+use crate::model::event::{Check, CheckKind, HealthEvent, Subject};
 
 impl Metrics {
     /// Observe one poll: the devices and ports it saw, its deferrals and read health, the
@@ -114,12 +114,9 @@ impl Metrics {
                 Subject::Node => ("", 0),
             };
             let Some(check) = e.check() else { continue };
-            match check {
-                Check::InfiniBandStateCheck
-                | Check::EthernetStateCheck
-                | Check::EFAStateCheck
-                | Check::InfiniBandCharDeviceCheck => self.state_check_error(check, dev, port),
-                Check::InfiniBandDegradationCheck | Check::EthernetDegradationCheck | Check::EFADegradationCheck => {
+            match check.kind() {
+                CheckKind::PortState | CheckKind::CharDevices => self.state_check_error(check, dev, port),
+                CheckKind::Counters => {
                     // The counter rule is the event's error code.
                     let counter = e.error_code.first().map(String::as_str).unwrap_or("");
                     if !next.counters.is_saturated(dev, port, counter) {
