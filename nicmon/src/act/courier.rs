@@ -82,6 +82,7 @@
 //! restart (the latch is not rebuilt from the journal; the fatal is resent, not cleared).
 //! An unacknowledged batch may thus be sent twice (at-least-once delivery), never lost —
 //! proven by the kill -9 test in `tests/tests/daemon.rs`.
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -128,14 +129,21 @@ impl Journal {
             return;
         }
         // Streamed (a reboot's baselines on a device with 1,000 ports are ~14,000 events).
-        let written = std::fs::OpenOptions::new().create(true).append(true).open(&self.path).and_then(|f| {
-            let mut out = std::io::BufWriter::with_capacity(64 << 10, f);
-            for b in batches {
-                serde_json::to_writer(&mut out, &**b).map_err(std::io::Error::from)?;
-                out.write_all(b"\n")?;
-            }
-            out.flush()
-        });
+        // O_NONBLOCK: a FIFO at the journal's path fails the open (no reader) instead of
+        // blocking the courier; a regular file is written as without it.
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&self.path)
+            .and_then(|f| {
+                let mut out = std::io::BufWriter::with_capacity(64 << 10, f);
+                for b in batches {
+                    serde_json::to_writer(&mut out, &**b).map_err(std::io::Error::from)?;
+                    out.write_all(b"\n")?;
+                }
+                out.flush()
+            });
         if let Err(e) = written {
             tracing::warn!(path = %self.path.display(), error = %e, "cannot append to the sent-batch journal");
         }
@@ -148,7 +156,7 @@ impl Journal {
         if !self.dirty {
             return;
         }
-        match std::fs::OpenOptions::new().write(true).truncate(true).open(&self.path) {
+        match std::fs::OpenOptions::new().write(true).truncate(true).custom_flags(libc::O_NONBLOCK).open(&self.path) {
             Ok(_) => self.dirty = false,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.dirty = false,
             Err(e) => tracing::warn!(path = %self.path.display(), error = %e, "cannot empty the sent-batch journal"),

@@ -133,9 +133,40 @@ pub struct EthtoolSnapshot {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause: Option<PauseSnapshot>,
     /// The picked driver statistics ([`picked`]); `Some` and empty: the driver has
-    /// statistics strings, none of them nicmon's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// statistics strings, none of them nicmon's. A name given twice is an error, never
+    /// the last one's count.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "unique_stats")]
     pub stats: Option<BTreeMap<String, u64>>,
+}
+
+/// `stats` of a snapshot's JSON, refusing a statistic named twice (a map would keep the
+/// last count: a file nicmon cannot understand must say nothing, not one of its values).
+/// `null` is `None`, as for the other parts.
+fn unique_stats<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<BTreeMap<String, u64>>, D::Error> {
+    struct Unique(BTreeMap<String, u64>);
+    struct Visit;
+    impl<'de> serde::de::Visitor<'de> for Visit {
+        type Value = Unique;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a map of statistic names to counts")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Unique, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some((name, count)) = map.next_entry::<String, u64>()? {
+                if out.contains_key(&name) {
+                    return Err(serde::de::Error::custom(format!("statistic {name:?} given twice")));
+                }
+                out.insert(name, count);
+            }
+            Ok(Unique(out))
+        }
+    }
+    impl<'de> Deserialize<'de> for Unique {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Unique, D::Error> {
+            d.deserialize_map(Visit)
+        }
+    }
+    Ok(Option::<Unique>::deserialize(d)?.map(|u| u.0))
 }
 
 /// Why one part of a netdev's ethtool data is not there.

@@ -36,12 +36,21 @@ impl std::fmt::Display for ReadError {
 impl ReadError {
     /// The same error as an `io::Error` (for callers whose errors are I/O errors).
     pub fn into_io(self, path: &Path) -> io::Error {
-        let kind = match &self {
+        io::Error::new(self.io_kind(), format!("{}: {self}", path.display()))
+    }
+
+    /// The same error as an `io::Error` whose text does not name the file (for an error
+    /// type that names it itself).
+    pub fn to_io(&self) -> io::Error {
+        io::Error::new(self.io_kind(), self.to_string())
+    }
+
+    fn io_kind(&self) -> io::ErrorKind {
+        match self {
             ReadError::Missing => io::ErrorKind::NotFound,
             ReadError::Invalid | ReadError::NotRegular(_) | ReadError::TooLarge(_) => io::ErrorKind::InvalidData,
             ReadError::Stuck(_) => io::ErrorKind::TimedOut,
             ReadError::Io(_) => io::ErrorKind::Other,
-        };
-        io::Error::new(kind, format!("{}: {self}", path.display()))
+        }
     }
 }

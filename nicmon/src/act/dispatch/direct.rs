@@ -237,9 +237,14 @@ fn host_of(authority: &str) -> &str {
     host.trim_start_matches('[').trim_end_matches(']')
 }
 
+/// The most nicmon reads of a CA bundle (a system bundle of every public CA is ~200 KiB).
+const CA_MAX_BYTES: usize = 4 << 20;
+
 /// The CA bundle, checked to hold at least one PEM certificate.
 fn read_ca(path: &std::path::Path) -> Result<Vec<u8>, String> {
-    let pem = std::fs::read(path).map_err(|e| format!("cannot read the CA bundle: {e}"))?;
+    // Only a regular file, bounded, under a deadline (a FIFO named here must not block).
+    let pem =
+        crate::read::host::read_file(path, CA_MAX_BYTES).map_err(|e| format!("cannot read the CA bundle: {e}"))?;
     if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
         return Err("no PEM certificate in the CA bundle".into());
     }
@@ -383,6 +388,34 @@ mod tests {
 
     use super::*;
     use crate::model::event::{Check, Stamp};
+
+    /// `<dir>/{name}`, a FIFO with no writer: opening it for reading would block.
+    fn fifo_in(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+        let fifo = dir.join(name);
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        fifo
+    }
+
+    /// `f` on a thread, its answer within 10 s (a guard: a regression that blocks fails
+    /// the test instead of hanging it).
+    fn promptly<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(10)).expect("blocked on a FIFO")
+    }
+
+    /// A FIFO named as the CA bundle is refused before it is opened.
+    #[test]
+    fn a_fifo_ca_bundle_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = fifo_in(dir.path(), "ca.pem");
+        let why = promptly(move || read_ca(&fifo)).unwrap_err();
+        assert!(why.contains("not a regular file (a FIFO)"), "{why}");
+    }
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();

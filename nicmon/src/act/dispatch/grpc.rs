@@ -145,6 +145,9 @@ pub enum TokenError {
     Invalid { path: PathBuf },
 }
 
+/// The most nicmon reads of a token file (a bearer token is well under a kilobyte).
+const TOKEN_MAX_BYTES: usize = 64 << 10;
+
 impl TokenSource {
     pub fn none() -> TokenSource {
         TokenSource { path: None }
@@ -164,8 +167,11 @@ impl TokenSource {
         let Some(path) = &self.path else {
             return Ok(None);
         };
-        let raw =
-            std::fs::read_to_string(path).map_err(|source| TokenError::Unreadable { path: path.clone(), source })?;
+        // Only a regular file, bounded, under a deadline: a FIFO or a device named as the
+        // token file must not block a send.
+        let raw = crate::read::host::read_file(path, TOKEN_MAX_BYTES)
+            .map_err(|e| TokenError::Unreadable { path: path.clone(), source: e.to_io() })?;
+        let raw = String::from_utf8_lossy(&raw);
         let token = raw.trim();
         if token.is_empty() {
             return Err(TokenError::Empty { path: path.clone() });
@@ -347,6 +353,34 @@ pub(super) fn describe(status: &Status) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `<dir>/{name}`, a FIFO with no writer: opening it for reading would block.
+    fn fifo_in(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+        let fifo = dir.join(name);
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        fifo
+    }
+
+    /// `f` on a thread, its answer within 10 s (a guard: a regression that blocks fails
+    /// the test instead of hanging it).
+    fn promptly<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(10)).expect("blocked on a FIFO")
+    }
+
+    /// A FIFO named as the token file is refused before it is opened: a send is not blocked.
+    #[test]
+    fn a_fifo_token_file_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = TokenSource::file(fifo_in(dir.path(), "token"));
+        let why = promptly(move || token.authorization().map(|_| ()).map_err(|e| e.to_string())).unwrap_err();
+        assert!(why.contains("token") && why.contains("not a regular file (a FIFO)"), "{why}");
+    }
 
     #[test]
     fn socket_targets() {

@@ -198,6 +198,35 @@ mod tests {
     use super::copier::{read_all, read_all_with};
     use super::replay::unpack_from;
     use super::side::split_records;
+
+    /// `<dir>/{name}`, a FIFO with no writer: opening it for reading would block.
+    fn fifo_in(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+        let fifo = dir.join(name);
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        fifo
+    }
+
+    /// `f` on a thread, its answer within 10 s (a guard: a regression that blocks fails
+    /// the test instead of hanging it).
+    fn promptly<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(10)).expect("blocked on a FIFO")
+    }
+
+    /// A FIFO given as `--bundle FILE` is refused before it is opened.
+    #[test]
+    fn a_fifo_bundle_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = fifo_in(dir.path(), "b.tar.gz");
+        let why = promptly(move || super::unpack(&fifo).map(|_| ()).map_err(|e| e.to_string())).unwrap_err();
+        assert!(why.contains("b.tar.gz") && why.contains("not a regular file: a FIFO"), "{why}");
+    }
+
     use super::*;
     use crate::read::host::{Access, Host};
 

@@ -71,6 +71,9 @@ impl Replay {
     }
 }
 
+/// The most nicmon reads of a bundle's manifest.
+const MANIFEST_MAX_BYTES: usize = 1 << 20;
+
 /// Unpack a tar stream into a fresh temporary directory.
 pub(super) fn unpack_from(reader: impl Read, what: &str) -> Result<Replay, BundleError> {
     let dir = tempfile::Builder::new().prefix("nicmon-bundle-").tempdir().map_err(BundleError::TempDir)?;
@@ -80,7 +83,8 @@ pub(super) fn unpack_from(reader: impl Read, what: &str) -> Result<Replay, Bundl
     ar.set_overwrite(true);
     ar.unpack(dir.path()).map_err(|why| BundleError::Unpack { what: what.into(), why })?;
     let mpath = dir.path().join(MANIFEST);
-    let manifest = match std::fs::read(&mpath) {
+    // Bounded, and only a regular file: the archive may hold a link named like it.
+    let manifest = match crate::read::host::read_file(&mpath, MANIFEST_MAX_BYTES) {
         Ok(b) => Some(
             serde_json::from_slice::<Manifest>(&b)
                 .map_err(|why| BundleError::InvalidManifest { what: what.into(), why })?,
@@ -97,7 +101,8 @@ pub(super) fn unpack_from(reader: impl Read, what: &str) -> Result<Replay, Bundl
 
 /// Unpack a bundle file (`.tar.gz`) for a replay.
 pub fn unpack(file: &Path) -> Result<Replay, BundleError> {
-    let f = std::fs::File::open(file).map_err(|why| BundleError::Open { path: file.into(), why })?;
+    // Checked to be a regular file before it is opened: a FIFO must not block.
+    let f = crate::read::host::open_regular(file).map_err(|why| BundleError::Open { path: file.into(), why })?;
     let shown = format!("bundle {}", file.display());
     let replay = unpack_from(flate2::read::GzDecoder::new(f), &shown)?;
     if replay.manifest.is_none() {

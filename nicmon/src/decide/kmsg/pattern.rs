@@ -214,10 +214,13 @@ const BUILTINS: &[Builtin] = &[
     // A reset that did not bring the link or the device back (DPC containment, FLR, bus
     // reset; `pci_bridge_wait_for_secondary_bus`): the port's link never came up, or the
     // device never answered (`not ready <n>ms after DPC; giving up`, printed by the device
-    // itself). `ready <n>ms after DPC` is the recovery that worked.
+    // itself). The port's line may carry the DPC driver's prefix (`pcieport <port>: DPC:
+    // Data Link Layer Link Active not set in 1000 msec`: the link behind the port did not
+    // come back after containment); printed by the port, it is attributed to every
+    // monitored card below it. `ready <n>ms after DPC` is the recovery that worked.
     ev(
         "pcie_link_not_restored",
-        r"(?:^|\s)\S+ (?P<bdf>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): (?:Data Link Layer Link Active not set in \d+ msec|not ready \d+ms after [^;]+; giving up)",
+        r"(?:^|\s)\S+ (?P<bdf>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): (?:(?:DPC: )?Data Link Layer Link Active not set in \d+ msec|not ready \d+ms after [^;]+; giving up)",
         true,
         REPLACE_VM,
         "PCIe link or device not back after a reset",

@@ -398,6 +398,34 @@ fn field_failure_negatives_stay_quiet() {
     }
 }
 
+/// A DPC port whose link did not come back after containment prints the line itself
+/// (`pcieport <port>: DPC: Data Link Layer Link Active not set in <n> msec`): fatal,
+/// REPLACE_VM, like `not ready <n>ms after DPC; giving up`, for each monitored card below
+/// that port (here one NIC at 0000:b2:00.0 below 0000:b1:00.0); a port with no monitored
+/// card below says nothing. Strings only: nothing is written to the kernel log.
+#[test]
+fn a_dpc_port_whose_link_did_not_come_back_names_the_nic_below_it() {
+    let line = "pcieport 0000:b1:00.0: DPC: Data Link Layer Link Active not set in 1000 msec";
+    let idx =
+        DeviceIndex::new(vec![pf("mlx5_5", "0000:b2:00.0", None, true), pf("mlx5_6", "0000:b2:00.1", None, true)])
+            .with_bridge("0000:B1:00.0", "0000:b2:00");
+    assert_eq!(idx.resolve_bdf("0000:b1:00.0"), idx.resolve_bdf("0000:b2:00.0"));
+    for (i, rec) in [Record::plain(line), as_kmsg(1, line)].into_iter().enumerate() {
+        let out = process(&KmsgState::default(), std::slice::from_ref(&rec), &idx, &BUILTIN, T0, &stamp());
+        let got: Vec<_> = out.events.iter().map(summary).collect();
+        let want =
+            vec![("pcie_link_not_restored".to_string(), true, RecommendedAction::REPLACE_VM, "mlx5_5".to_string())];
+        assert_eq!(got, want, "record {i}: {rec:?}");
+        assert!(out.events[0].message.contains(line), "{:?}", out.events[0].message);
+    }
+    let no_nic_below = DeviceIndex::new(vec![pf("mlx5_5", "0000:b2:00.0", None, true)]);
+    let out = process(&KmsgState::default(), &[Record::plain(line)], &no_nic_below, &BUILTIN, T0, &stamp());
+    assert!(out.events.is_empty(), "{:?}", out.events);
+    // The recovery that worked says nothing.
+    let ok = "pcieport 0000:b1:00.0: DPC: Data Link Layer Link Active set in 100 msec";
+    assert!(process(&KmsgState::default(), &[Record::plain(ok)], &idx, &BUILTIN, T0, &stamp()).events.is_empty());
+}
+
 #[test]
 fn a_card_failing_on_every_function_is_one_event_per_card() {
     let recs = parse_text(

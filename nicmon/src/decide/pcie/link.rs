@@ -5,8 +5,11 @@
 //! below `min(device max, upstream port max)`: a link limited by its slot (a Gen5 NIC in a
 //! Gen4 slot, an x16 card in an x8 slot or bifurcated port) runs at what both ends can do
 //! and is not degraded. No decision — the last one stands — while the link is down
-//! (`Unknown` speed: the port checks decide about a down link), a figure is unreadable, or
-//! the PF hangs from no PCI bridge (nothing to compare with). The card's role-group peers
+//! (`Unknown` speed and no width: the port checks decide about a down link), a figure is
+//! unreadable, or the PF hangs from no PCI bridge (nothing to compare with). A link that is
+//! up at a speed the kernel has no name for (before 4.17 a Gen4 link reads `Unknown speed`,
+//! its width non-zero) is judged by its width alone: below the maximum width it is
+//! downtrained, its message saying that the speed is unknown. The card's role-group peers
 //! (same role, same model, same capability) say whether it is alone below: the event names
 //! the peers' figure when it is.
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,6 +39,8 @@ type Figure = (u8, Speed);
 pub struct Shortfall {
     pub width: Option<(u8, u8)>,
     pub speed: Option<(Speed, Speed)>,
+    /// The current speed is unknown (judged by the width alone).
+    pub speed_unknown: bool,
 }
 
 impl Shortfall {
@@ -48,6 +53,9 @@ impl Shortfall {
         if let Some((now, cap)) = self.speed {
             parts.push(format!("{} of {} GT/s", now.number(), cap.number()));
         }
+        if self.speed_unknown {
+            parts.push("speed unknown".into());
+        }
         parts.join(", ")
     }
 }
@@ -55,10 +63,11 @@ impl Shortfall {
 /// The verdict on one link this poll.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Training {
-    /// At what both ends can do.
-    Full { width: u8, speed: Speed },
-    /// Below it, in at least one figure.
-    Below { width: Option<u8>, speed: Speed, shortfall: Shortfall },
+    /// At what both ends can do (`speed` `None`: up at a speed the kernel has no name for,
+    /// at full width).
+    Full { width: u8, speed: Option<Speed> },
+    /// Below it, in at least one figure (`speed` `None`: unknown, the width is below).
+    Below { width: Option<u8>, speed: Option<Speed>, shortfall: Shortfall },
     /// No decision this poll, and why.
     Unknown(&'static str),
 }
@@ -67,8 +76,8 @@ impl Training {
     /// The current figures when they are known (for the peer comparison).
     fn current(&self) -> Option<Figure> {
         match self {
-            Training::Full { width, speed } => Some((*width, *speed)),
-            Training::Below { width: Some(w), speed, .. } => Some((*w, *speed)),
+            Training::Full { width, speed: Some(speed) } => Some((*width, *speed)),
+            Training::Below { width: Some(w), speed: Some(speed), .. } => Some((*w, *speed)),
             _ => None,
         }
     }
@@ -84,9 +93,10 @@ pub fn capability(r: &PcieReading) -> Option<Capability> {
 
 /// Judge one PF's link (SPEC §1.10).
 pub fn training(r: &PcieReading) -> Training {
-    let Some(speed) = r.link.speed else {
+    let speed = r.link.speed;
+    if speed.is_none() && r.link.width.is_none() {
         return Training::Unknown("link speed unknown (link down)");
-    };
+    }
     let Some(cap) = capability(r) else {
         return Training::Unknown("no upstream PCI bridge port");
     };
@@ -94,9 +104,12 @@ pub fn training(r: &PcieReading) -> Training {
         (Some(now), Some(c)) => (now < c).then_some((now, c)),
         _ => None,
     };
-    let speed_short = cap.speed.and_then(|c| (speed < c).then_some((speed, c)));
+    let speed_short = match (speed, cap.speed) {
+        (Some(now), Some(c)) => (now < c).then_some((now, c)),
+        _ => None,
+    };
     if width_short.is_some() || speed_short.is_some() {
-        let shortfall = Shortfall { width: width_short, speed: speed_short };
+        let shortfall = Shortfall { width: width_short, speed: speed_short, speed_unknown: speed.is_none() };
         return Training::Below { width: r.link.width, speed, shortfall };
     }
     match (r.link.width, cap.width, cap.speed) {
@@ -161,8 +174,12 @@ fn peer_figures(cards: &[(&CardLink<'_>, Training)]) -> BTreeMap<String, (usize,
     out
 }
 
-fn figures(width: u8, speed: Speed) -> String {
-    format!("x{width} {}", speed.label())
+/// `"x16 Gen5"`; `"x16 (speed unknown)"`.
+fn figures(width: u8, speed: Option<Speed>) -> String {
+    match speed {
+        Some(speed) => format!("x{width} {}", speed.label()),
+        None => format!("x{width} (speed unknown)"),
+    }
 }
 
 fn downtrained_message(c: &CardLink<'_>, t: &Training, peers: Option<&(usize, Figure)>) -> String {
@@ -173,11 +190,11 @@ fn downtrained_message(c: &CardLink<'_>, t: &Training, peers: Option<&(usize, Fi
     if let Some(up) = &c.reading.upstream {
         msg.push_str(&format!(" (upstream port {})", up.address));
     }
-    let current = width.map(|w| (w, *speed));
+    let current = width.zip(*speed);
     match peers {
         Some((n, figure)) if Some(*figure) != current && *n > 0 => msg.push_str(&format!(
             ", below its {n} role-group peers of the same model at {}",
-            figures(figure.0, figure.1)
+            figures(figure.0, Some(figure.1))
         )),
         Some((n, _)) if *n > 0 => msg.push_str(&format!(", as are its {n} role-group peers of the same model")),
         _ => {}

@@ -79,6 +79,41 @@ fn training_against_what_both_ends_can_do() {
     assert!(matches!(link::training(&half), Training::Below { .. }));
 }
 
+/// Before 4.17 a Gen4 link that is up reads `Unknown speed`: its width is judged alone
+/// (SPEC §1.10) — below the width both ends can do it is downtrained, the message saying
+/// the speed is unknown; at full width it is at what can be judged (a retrain clears it).
+#[test]
+fn an_unknown_speed_is_judged_by_the_width_alone() {
+    let mut x8 = reading(8, Speed::GEN4, 16, Speed::GEN4);
+    x8.link.speed = None;
+    match link::training(&x8) {
+        Training::Below { width: Some(8), speed: None, shortfall } => {
+            assert_eq!(shortfall.text(), "x8 of x16, speed unknown")
+        }
+        t => panic!("{t:?}"),
+    }
+    // The slot's width is what both ends can do: an x8 slot is no shortfall.
+    let mut x8_slot = reading(8, Speed::GEN4, 8, Speed::GEN4);
+    x8_slot.link.speed = None;
+    assert!(matches!(link::training(&x8_slot), Training::Full { width: 8, speed: None }));
+    let mut x16 = full();
+    x16.link.speed = None;
+    assert!(matches!(link::training(&x16), Training::Full { width: 16, speed: None }));
+    let (f, st) = link::evaluate(&LinkState::default(), &[card("0000:1a:00", "mlx5_0", &x8)], false);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!((f[0].error_code, f[0].health), ("pcie_link_downtrained", Health::NonFatal));
+    assert!(f[0].message.contains("x8 of x16, speed unknown"), "{}", f[0].message);
+    let (f, st) = link::evaluate(&st, &[card("0000:1a:00", "mlx5_0", &x16)], false);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].health, Health::Healthy);
+    assert!(f[0].message.contains("trained back to x16 (speed unknown)"), "{}", f[0].message);
+    assert!(st.downtrained.is_empty());
+    // Unknown speed and no width: the link is down, no decision.
+    let mut down = x8.clone();
+    down.link.width = None;
+    assert!(matches!(link::training(&down), Training::Unknown(_)));
+}
+
 #[test]
 fn a_downtrained_card_is_reported_once_and_clears_when_it_retrains() {
     let good = full();
@@ -217,6 +252,22 @@ fn aer_fatal_and_nonfatal_totals_rising() {
     assert_eq!(got, vec![("aer_fatal", Health::Healthy), ("aer_nonfatal", Health::Healthy)]);
 }
 
+/// A fatal file with its total line twice (5, then 9) is not understood: no `aer_fatal`
+/// "+4" (a REPLACE_VM from a file nicmon cannot read), and the baseline stands.
+#[test]
+fn a_total_line_given_twice_is_no_fatal_rise() {
+    let five = aer_files("TOTAL_ERR_COR 0\n", "TOTAL_ERR_NONFATAL 0\n", "MalfTLP 5\nTOTAL_ERR_FATAL 5\n");
+    let (f, st, _) = aer_poll(&AerState::default(), &five, T0);
+    assert!(f.is_empty(), "{f:?}");
+    let twice =
+        aer_files("TOTAL_ERR_COR 0\n", "TOTAL_ERR_NONFATAL 0\n", "MalfTLP 5\nTOTAL_ERR_FATAL 5\nTOTAL_ERR_FATAL 9\n");
+    assert_eq!(twice.fatal, None, "not understood: unknown");
+    let (f, st, _) = aer_poll(&st, &twice, T0 + Duration::seconds(1));
+    assert!(f.is_empty(), "{f:?}");
+    let (f, _, _) = aer_poll(&st, &five, T0 + Duration::seconds(2));
+    assert!(f.is_empty(), "{f:?}");
+}
+
 fn correctable(bad_tlp: u64, rx: u64) -> Aer {
     aer_files(
         &format!("RxErr {rx}\nBadTLP {bad_tlp}\nTOTAL_ERR_COR {}\n", bad_tlp + rx),
@@ -310,7 +361,7 @@ mod on_the_testbed {
         assert_eq!(r.upstream.as_ref().map(|u| u.link.max_width), Some(Some(16)));
         assert!(r.aer.available());
         assert_eq!(r.aer.totals().map(|(_, t)| t).sum::<u64>(), 0);
-        assert!(matches!(link::training(&r), Training::Full { width: 16, speed: Speed::GEN5 }));
+        assert!(matches!(link::training(&r), Training::Full { width: 16, speed: Some(Speed::GEN5) }));
         // A root complex is no PCI function: a port hanging from it has no upstream port.
         let rp = node.upstream_port_dir("mlx5_0");
         let mut top = rp.as_path();

@@ -197,11 +197,13 @@ impl AerCounts {
     }
 }
 
-/// `aer_dev_*` of `severity`. `None` when the total line is missing or not a number, or the
-/// total is for another severity: a file that cannot be understood says nothing.
+/// `aer_dev_*` of `severity`. `None` when the total line is missing or not a number, the
+/// total is for another severity, or a line's name (the total's or a bit's) is given twice:
+/// a file that cannot be understood says nothing (which of two counts would be the value?).
 /// Lines that are not `NAME count` are skipped.
 pub fn aer_counts(raw: &str, severity: AerSeverity) -> Option<AerCounts> {
     let mut bits = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     let mut total = None;
     for line in raw.lines() {
         let Some((name, count)) = line.trim().rsplit_once(|c: char| c.is_ascii_whitespace()) else {
@@ -212,11 +214,13 @@ pub fn aer_counts(raw: &str, severity: AerSeverity) -> Option<AerCounts> {
             continue;
         };
         if name.starts_with("TOTAL_") {
-            if name != severity.total_line() {
+            if name != severity.total_line() || total.replace(count).is_some() {
                 return None;
             }
-            total = Some(count);
         } else if !name.is_empty() && name.len() <= 64 && !name.contains(char::is_whitespace) {
+            if !seen.insert(name) {
+                return None;
+            }
             bits.push((name.to_string(), count));
         }
     }
@@ -324,6 +328,22 @@ mod tests {
         // A line that is not `NAME count` is skipped, the rest stands.
         let c = aer_counts("garbage\nBadTLP x\nRxErr 2\nTOTAL_ERR_COR 2\n", AerSeverity::Correctable).unwrap();
         assert_eq!(c.bits, vec![("RxErr".to_string(), 2)]);
+    }
+
+    #[test]
+    fn aer_files_with_a_line_given_twice_say_nothing() {
+        // Which of two totals (or two counts of one bit) is the value? Neither: unknown.
+        let fatal_twice = format!("{FATAL}TOTAL_ERR_FATAL 9\n").replace("TOTAL_ERR_FATAL 1\n", "TOTAL_ERR_FATAL 5\n");
+        assert_eq!(aer_counts(&fatal_twice, AerSeverity::Fatal), None);
+        assert_eq!(aer_counts("TOTAL_ERR_COR 5\nTOTAL_ERR_COR 5\n", AerSeverity::Correctable), None);
+        assert_eq!(aer_counts("BadTLP 1\nRxErr 0\nBadTLP 3\nTOTAL_ERR_COR 4\n", AerSeverity::Correctable), None);
+        assert_eq!(
+            aer_counts("dev_cor_errs_bit[1] 1\ndev_cor_errs_bit[1] 2\nTOTAL_ERR_COR 3\n", AerSeverity::Correctable),
+            None
+        );
+        // A line that is skipped (not `NAME count`) is no second line of its name.
+        let c = aer_counts("BadTLP x\nBadTLP 3\nTOTAL_ERR_COR 3\n", AerSeverity::Correctable).unwrap();
+        assert_eq!((c.bit("BadTLP"), c.total), (Some(3), 3));
     }
 
     #[test]

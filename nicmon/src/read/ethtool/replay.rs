@@ -3,12 +3,12 @@
 //! the driver did not offer; a missing file is a netdev with no ethtool data at all. The
 //! testbed and host trees write these files by hand, `nicmon bundle` writes them from a
 //! live read ([`to_json`]), and a replayed read serialises to the same bytes.
+use crate::model::ReadError;
 use crate::model::ethtool::{Absent, EthtoolRead, EthtoolSnapshot};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// A replay file larger than this is not read (a real one is well under a kilobyte).
-const MAX_FILE: u64 = 1 << 20;
+const MAX_FILE: usize = 1 << 20;
 
 /// Why a replay file could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -48,25 +48,18 @@ pub fn path(dir: &Path, netdev: &str) -> Result<PathBuf, ReplayError> {
     Ok(dir.join(format!("{netdev}.json")))
 }
 
-/// Reads `<dir>/<netdev>.json`: `Ok(None)` when there is none.
+/// Reads `<dir>/<netdev>.json`: `Ok(None)` when there is none. Read as nicmon reads every
+/// file outside sysfs ([`crate::read::host::read_file`]): only a regular file is opened (it
+/// is checked before the open, so a FIFO left in a replay directory cannot block the poll),
+/// at most [`MAX_FILE`] bytes, on a reader thread under a deadline.
 pub fn read(dir: &Path, netdev: &str) -> Result<Option<EthtoolSnapshot>, ReplayError> {
     let path = path(dir, netdev)?;
     let fail = |kind: String| ReplayError::File { path: path.clone(), kind };
-    let file = match std::fs::File::open(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+    let bytes = match crate::read::host::read_file(&path, MAX_FILE) {
+        Ok(b) => b,
+        Err(ReadError::Missing) => return Ok(None),
         Err(e) => return Err(fail(e.to_string())),
     };
-    // Only a regular file: a FIFO left in a replay directory must not block the poll.
-    let meta = file.metadata().map_err(|e| fail(e.to_string()))?;
-    if !meta.is_file() {
-        return Err(fail("not a regular file".into()));
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE + 1).read_to_end(&mut bytes).map_err(|e| fail(e.to_string()))?;
-    if bytes.len() as u64 > MAX_FILE {
-        return Err(fail(format!("larger than {MAX_FILE} bytes")));
-    }
     from_json(&bytes).map(Some).map_err(fail)
 }
 
@@ -103,6 +96,7 @@ mod tests {
     use crate::model::ethtool::FecSnapshot;
     use crate::model::ethtool::PauseSnapshot;
     use proptest::prelude::*;
+    use std::os::unix::fs::OpenOptionsExt;
 
     fn mlx5() -> EthtoolSnapshot {
         EthtoolSnapshot {
@@ -201,19 +195,66 @@ mod tests {
         }
     }
 
+    /// A FIFO named like a replay file is refused before it is opened: `read` answers at
+    /// once with a one-line error naming the file, with no writer ever coming. (Opening a
+    /// FIFO for reading blocks until a writer comes: on a regression the read never
+    /// returns, and the guard below fails the test instead of hanging it.)
     #[test]
-    fn a_fifo_is_not_read() {
+    fn a_fifo_is_refused_without_blocking() {
         let dir = tempfile::tempdir().unwrap();
-        let fifo = dir.path().join("p0.json");
+        let fifo = dir.path().join("eth7.json");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        // Opening a FIFO for reading blocks until a writer comes; a writer keeps this
-        // test from hanging on a regression, and the read must still refuse it.
-        let writer = std::thread::spawn(move || std::fs::OpenOptions::new().write(true).open(&fifo));
-        let read = load(dir.path(), "p0");
-        assert!(matches!(&read.fec, Err(Absent::Failed(w)) if w.contains("regular")), "{read:?}");
-        drop(writer.join());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let replay_dir = dir.path().to_path_buf();
+        std::thread::spawn(move || {
+            let _ = tx.send((read(&replay_dir, "eth7").map(|s| s.is_some()), load(&replay_dir, "eth7")));
+        });
+        let Ok((got, loaded)) = rx.recv_timeout(std::time::Duration::from_secs(10)) else {
+            // Let the stuck open go (a writer that does not wait) before failing.
+            let _ = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&fifo);
+            panic!("reading a FIFO in the replay directory blocked");
+        };
+        let why = got.unwrap_err().to_string();
+        assert!(why.contains("eth7.json") && why.contains("not a regular file (a FIFO)"), "{why}");
+        assert!(!why.contains('\n'), "one line: {why}");
+        assert!(matches!(&loaded.fec, Err(Absent::Failed(w)) if *w == why), "{loaded:?}");
+        assert!(matches!(&loaded.stats, Err(Absent::Failed(w)) if *w == why), "{loaded:?}");
+    }
+
+    /// A key given twice (a statistic, a part, a field) is an error, never the last one's
+    /// value: a file nicmon cannot understand says nothing.
+    #[test]
+    fn a_key_given_twice_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in [
+            ("stat", r#"{"stats": {"rx_prio3_pause_duration": 5, "rx_prio3_pause_duration": 9}}"#),
+            ("part", r#"{"pause": {"tx_frames": 1}, "pause": {"tx_frames": 2}}"#),
+            ("field", r#"{"pause": {"tx_frames": 1, "tx_frames": 2}}"#),
+            ("lane", r#"{"fec": {"lanes": [{"corrected_blocks": 1, "corrected_blocks": 2}]}}"#),
+        ] {
+            assert!(from_json(text.as_bytes()).is_err(), "{name}: {:?}", from_json(text.as_bytes()));
+            std::fs::write(dir.path().join(format!("{name}.json")), text).unwrap();
+            let read = load(dir.path(), name);
+            assert!(matches!(&read.stats, Err(Absent::Failed(w)) if w.contains(&format!("{name}.json"))), "{read:?}");
+        }
+        // Distinct names, and `null` for a part, still parse.
+        let s = from_json(br#"{"stats": {"a": 1, "b": 2}, "pause": null}"#).unwrap();
+        assert_eq!((s.stats.map(|m| m.len()), s.pause), (Some(2), None));
+        assert_eq!(from_json(br#"{"stats": null}"#).unwrap(), EthtoolSnapshot::default());
+    }
+
+    /// A file larger than a replay file can be is refused; a directory by that name too.
+    #[test]
+    fn oversized_files_and_directories_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("big.json"), vec![b' '; MAX_FILE + 1]).unwrap();
+        let why = read(dir.path(), "big").unwrap_err().to_string();
+        assert!(why.contains("big.json") && why.contains("larger than"), "{why}");
+        std::fs::create_dir(dir.path().join("d.json")).unwrap();
+        let why = read(dir.path(), "d").unwrap_err().to_string();
+        assert!(why.contains("d.json") && why.contains("not a regular file (a directory)"), "{why}");
     }
 
     fn json_value() -> impl Strategy<Value = serde_json::Value> {
@@ -249,6 +290,18 @@ mod tests {
         #[test]
         fn bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             let _ = from_json(&bytes);
+        }
+
+        #[test]
+        fn a_statistic_given_twice_never_parses(
+            stats in proptest::collection::btree_map("[a-z_]{1,12}", any::<u64>(), 1..6),
+            pick in any::<prop::sample::Index>(), again in any::<u64>(),
+        ) {
+            let mut pairs: Vec<String> = stats.iter().map(|(k, v)| format!("{k:?}: {v}")).collect();
+            let dup = pick.get(&stats.keys().collect::<Vec<_>>()).to_string();
+            pairs.insert(pick.index(pairs.len() + 1), format!("{dup:?}: {again}"));
+            let text = format!("{{\"stats\": {{{}}}}}", pairs.join(", "));
+            prop_assert!(from_json(text.as_bytes()).is_err(), "{}", text);
         }
 
         #[test]
