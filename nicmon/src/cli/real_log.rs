@@ -74,23 +74,47 @@ pub const KNOWN_MONITOR_WORDS: &[&str] = &[
     "thermal",
 ];
 
+/// A line refused for the real kernel log: the line, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?}: {why}")]
+pub struct Refused {
+    pub text: String,
+    pub why: RefusedWhy,
+}
+
+/// Why a line may not go into the real kernel log.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RefusedWhy {
+    #[error("does not start with the marker {MARKER:?}")]
+    NoMarker,
+    #[error("the marker needs a unique suffix ({MARKER}-<id>)")]
+    NoSuffix,
+    #[error("one line, no priority prefix")]
+    NotOneLine,
+    #[error("matches nicmon's pattern {0}")]
+    Pattern(String),
+    #[error("contains {0:?}, which kernel-log monitors match on")]
+    MonitorWord(&'static str),
+}
+
 /// Why `text` must not go into the real kernel log, or `Ok` when it may.
-pub fn check(text: &str, patterns: &Patterns) -> Result<(), String> {
+pub fn check(text: &str, patterns: &Patterns) -> Result<(), Refused> {
+    let refuse = |why| Err(Refused { text: text.to_string(), why });
     let Some(rest) = text.strip_prefix(MARKER) else {
-        return Err(format!("{text:?}: does not start with the marker {MARKER:?}"));
+        return refuse(RefusedWhy::NoMarker);
     };
     if rest.len() < 8 || !rest.starts_with('-') {
-        return Err(format!("{text:?}: the marker needs a unique suffix ({MARKER}-<id>)"));
+        return refuse(RefusedWhy::NoSuffix);
     }
     if text.contains(['\n', '\r', '<']) {
-        return Err(format!("{text:?}: one line, no priority prefix"));
+        return refuse(RefusedWhy::NotOneLine);
     }
     if let Some((p, _)) = patterns.find(text) {
-        return Err(format!("{text:?}: matches nicmon's pattern {}", p.id));
+        return refuse(RefusedWhy::Pattern(p.id.to_string()));
     }
     let lower = text.to_lowercase();
     if let Some(w) = KNOWN_MONITOR_WORDS.iter().find(|w| lower.contains(*w)) {
-        return Err(format!("{text:?}: contains {w:?}, which kernel-log monitors match on"));
+        return refuse(RefusedWhy::MonitorWord(w));
     }
     Ok(())
 }

@@ -117,7 +117,7 @@ impl KeyAt<'_> {
     }
 
     fn string<'v>(&self, v: &'v toml::Value) -> Result<&'v str, ConfigErrorKind> {
-        string(self.name, v).map_err(ConfigErrorKind::Value)
+        string(self.name, v)
     }
 
     /// The keys of the table this key holds, read against `keys`.
@@ -128,7 +128,7 @@ impl KeyAt<'_> {
 
     /// The section this key holds, deserialized whole ([`section`]).
     fn section<T: serde::de::DeserializeOwned>(&self, v: &toml::Value) -> Result<T, ConfigErrorKind> {
-        section(self.name, v).map_err(ConfigErrorKind::Value)
+        section(self.name, v)
     }
 }
 
@@ -312,9 +312,8 @@ const STATE_CHECK: [Key; 4] = [
         read: |cfg, at, v| {
             cfg.port_state_hold_down = v
                 .as_str()
-                .ok_or_else(|| "expected a string".to_string())
-                .and_then(crate::config::upstream::go_duration)
-                .map_err(|e| at.bad(v, e))?;
+                .ok_or_else(|| at.bad(v, "expected a string"))
+                .and_then(|s| crate::config::upstream::go_duration(s).map_err(|e| at.bad(v, e)))?;
             Ok(())
         },
     },
@@ -332,14 +331,14 @@ const STATE_CHECK: [Key; 4] = [
     Key {
         name: "flapWindow",
         read: |cfg, at, v| {
-            cfg.flap.window = flap_duration(at.name, v).map_err(ConfigErrorKind::Value)?;
+            cfg.flap.window = flap_duration(at.name, v)?;
             Ok(())
         },
     },
     Key {
         name: "flapSettle",
         read: |cfg, at, v| {
-            cfg.flap.settle = flap_duration(at.name, v).map_err(ConfigErrorKind::Value)?;
+            cfg.flap.settle = flap_duration(at.name, v)?;
             Ok(())
         },
     },
@@ -422,7 +421,7 @@ const PHY_CHECK: [Key; 4] = [
     Key {
         name: "readInterval",
         read: |cfg, at, v| {
-            let d = duration(at.name, v, MAX_PHY_READ_INTERVAL).map_err(ConfigErrorKind::Value)?;
+            let d = duration(at.name, v, MAX_PHY_READ_INTERVAL)?;
             cfg.phy.read_interval = d.try_into().unwrap_or(DEFAULT_PHY_READ_INTERVAL);
             Ok(())
         },
@@ -435,28 +434,28 @@ fn fraction(v: &toml::Value) -> Option<f64> {
     (x.is_finite() && x > 0.0 && x <= 1.0).then_some(x)
 }
 
-fn regex_error(e: String) -> ConfigErrorKind {
-    ConfigErrorKind::Value(one_line(&e))
+fn regex_error(e: roles::RegexListError) -> ConfigErrorKind {
+    ConfigErrorKind::Value(one_line(&e.to_string()))
 }
 
 /// Deserialize the section `name`; an error names the key at fault (`kernelLog.enabled =
 /// 1: invalid type: ...`), found by deserializing each key on its own.
-fn section<T: serde::de::DeserializeOwned>(name: &str, value: &toml::Value) -> Result<T, String> {
+fn section<T: serde::de::DeserializeOwned>(name: &str, value: &toml::Value) -> Result<T, ConfigErrorKind> {
     let whole = match value.clone().try_into::<T>() {
         Ok(t) => return Ok(t),
         Err(e) => one_line(e.message()),
     };
     let Some(table) = value.as_table() else {
-        return Err(format!("{name} = {}: expected a table", one_line(&value.to_string())));
+        return Err(ConfigErrorKind::Value(format!("{name} = {}: expected a table", one_line(&value.to_string()))));
     };
     for (k, v) in table {
         let alone = toml::Value::Table(toml::Table::from_iter([(k.clone(), v.clone())]));
         if let Err(e) = alone.try_into::<T>() {
             let shown: String = one_line(&v.to_string()).chars().take(60).collect();
-            return Err(format!("{name}.{k} = {shown}: {}", one_line(e.message())));
+            return Err(ConfigErrorKind::Value(format!("{name}.{k} = {shown}: {}", one_line(e.message()))));
         }
     }
-    Err(format!("{name}: {whole}"))
+    Err(ConfigErrorKind::Value(format!("{name}: {whole}")))
 }
 
 /// The longest `flapWindow` / `flapSettle` accepted.
@@ -464,16 +463,18 @@ const MAX_FLAP_DURATION: time::Duration = time::Duration::hours(24);
 
 /// A flap damping duration: whole seconds (`60`) or a Go duration string (`"60s"`, `"2m"`),
 /// at most a day.
-fn flap_duration(key: &str, v: &toml::Value) -> Result<time::Duration, String> {
+fn flap_duration(key: &str, v: &toml::Value) -> Result<time::Duration, ConfigErrorKind> {
     duration(key, v, MAX_FLAP_DURATION)
 }
 
 /// A duration key: whole seconds (`60`) or a Go duration string (`"60s"`, `"2m"`), from
 /// zero to `max` (a whole number of hours).
-fn duration(key: &str, v: &toml::Value, max: time::Duration) -> Result<time::Duration, String> {
+fn duration(key: &str, v: &toml::Value, max: time::Duration) -> Result<time::Duration, ConfigErrorKind> {
     let expected = || {
         let max = max.whole_hours();
-        format!("{key} = {v}: expected seconds (60) or a duration (\"60s\", \"2m\") of at most {max}h")
+        ConfigErrorKind::Value(format!(
+            "{key} = {v}: expected seconds (60) or a duration (\"60s\", \"2m\") of at most {max}h"
+        ))
     };
     let d = match v {
         toml::Value::Integer(i) => u32::try_from(*i).ok().map(|s| time::Duration::seconds(i64::from(s))),
@@ -485,8 +486,8 @@ fn duration(key: &str, v: &toml::Value, max: time::Duration) -> Result<time::Dur
     d.filter(|d| *d <= max).ok_or_else(expected)
 }
 
-fn string<'a>(key: &str, v: &'a toml::Value) -> Result<&'a str, String> {
-    v.as_str().ok_or_else(|| format!("{key} = {v}: expected a string"))
+fn string<'a>(key: &str, v: &'a toml::Value) -> Result<&'a str, ConfigErrorKind> {
+    v.as_str().ok_or_else(|| ConfigErrorKind::Value(format!("{key} = {v}: expected a string")))
 }
 
 fn one_line(s: &str) -> String {

@@ -128,10 +128,19 @@ pub fn retired_warning(given: &[&str]) -> Option<String> {
     Some(format!("ignored retired NVSentinel flag(s) {} ({})", given.join(", "), why.join("; ")))
 }
 
+/// A value of upstream's flags or environment that does not parse the way Go parses it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GoValueError {
+    #[error("invalid duration {value:?}: {why} (Go syntax, e.g. 1s, 500ms, 1m30s)")]
+    Duration { value: String, why: String },
+    #[error("invalid boolean {0:?}: expected true or false")]
+    Bool(String),
+}
+
 /// A Go `time.ParseDuration` string (`1s`, `500ms`, `1m30s`, `1.5h`, `0`), as upstream's flags
 /// and ConfigMap take them. Negative durations are refused: no setting of nicmon takes one.
-pub fn go_duration(s: &str) -> Result<Duration, String> {
-    let bad = |why: &str| format!("invalid duration {s:?}: {why} (Go syntax, e.g. 1s, 500ms, 1m30s)");
+pub fn go_duration(s: &str) -> Result<Duration, GoValueError> {
+    let bad = |why: &str| GoValueError::Duration { value: s.to_string(), why: why.to_string() };
     if s == "0" {
         return Ok(Duration::ZERO);
     }
@@ -185,11 +194,11 @@ pub fn go_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// A Go `strconv.ParseBool` string: `1 t T TRUE true True 0 f F FALSE false False`.
-pub fn go_bool(s: &str) -> Result<bool, String> {
+pub fn go_bool(s: &str) -> Result<bool, GoValueError> {
     match s {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
-        _ => Err(format!("invalid boolean {s:?}: expected true or false")),
+        _ => Err(GoValueError::Bool(s.to_string())),
     }
 }
 
@@ -276,7 +285,7 @@ mod tests {
             assert_eq!(go_duration(s), Ok(Duration::from_nanos(n)), "{s}");
         }
         for bad in ["", "1", "s", "-1s", "1x", "1.2.3s", ".s", "5 s", "99999999999999999999999h", "1e3s"] {
-            let e = go_duration(bad).unwrap_err();
+            let e = go_duration(bad).unwrap_err().to_string();
             assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
         }
     }
@@ -289,7 +298,7 @@ mod tests {
         for f in ["0", "f", "F", "FALSE", "false", "False"] {
             assert_eq!(go_bool(f), Ok(false));
         }
-        assert!(go_bool("yes").unwrap_err().contains("\"yes\""));
+        assert!(go_bool("yes").unwrap_err().to_string().contains("\"yes\""));
     }
 
     proptest! {

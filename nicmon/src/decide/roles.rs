@@ -171,13 +171,30 @@ pub fn classify_device(
 
 /// Compile a comma-separated list of regexes (the config's format). The error names the
 /// key and the pattern at fault.
-pub fn parse_regex_list(key: &str, value: &str) -> Result<Vec<Regex>, String> {
+pub fn parse_regex_list(key: &str, value: &str) -> Result<Vec<Regex>, RegexListError> {
     value
         .split(',')
         .map(str::trim)
         .filter(|p| !p.is_empty())
-        .map(|p| Regex::new(p).map_err(|e| format!("{key} = {value:?}: invalid regex {p:?}: {e}")))
+        .map(|p| {
+            Regex::new(p).map_err(|error| RegexListError {
+                key: key.to_string(),
+                value: value.to_string(),
+                pattern: p.to_string(),
+                error,
+            })
+        })
         .collect()
+}
+
+/// A pattern of a regex list that does not compile: the key, its value and the pattern.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{key} = {value:?}: invalid regex {pattern:?}: {error}")]
+pub struct RegexListError {
+    pub key: String,
+    pub value: String,
+    pub pattern: String,
+    pub error: regex::Error,
 }
 
 #[cfg(test)]

@@ -250,18 +250,23 @@ struct WireEntity {
     entity_value: String,
 }
 
-impl TryFrom<WireEntity> for Entity {
-    type Error = String;
+/// An entity of the state file that nicmon does not write.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EntityError {
+    #[error("NICPort {0:?}: not a port number")]
+    Port(String),
+    #[error("entity type {0:?}: not one nicmon writes")]
+    Type(String),
+}
 
-    fn try_from(w: WireEntity) -> Result<Entity, String> {
+impl TryFrom<WireEntity> for Entity {
+    type Error = EntityError;
+
+    fn try_from(w: WireEntity) -> Result<Entity, EntityError> {
         match w.entity_type.as_str() {
             NIC => Ok(Entity::Device(w.entity_value)),
-            NIC_PORT => w
-                .entity_value
-                .parse()
-                .map(Entity::Port)
-                .map_err(|_| format!("NICPort {:?}: not a port number", w.entity_value)),
-            other => Err(format!("entity type {other:?}: not one nicmon writes")),
+            NIC_PORT => w.entity_value.parse().map(Entity::Port).map_err(|_| EntityError::Port(w.entity_value.clone())),
+            other => Err(EntityError::Type(other.to_string())),
         }
     }
 }

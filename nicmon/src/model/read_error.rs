@@ -54,3 +54,5 @@ impl ReadError {
         }
     }
 }
+
+impl std::error::Error for ReadError {}

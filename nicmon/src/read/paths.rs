@@ -74,8 +74,36 @@ impl HostPaths {
     }
 }
 
+/// Why the host paths cannot be resolved: each names the config keys and values at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathsError {
+    /// A `sysClass*Path` key whose value does not end in the class directory it names.
+    #[error("config: {key} = {value:?}: expected a path ending in /{rel} (nicmon reads the sysfs root above it)")]
+    NotUnderClass { key: &'static str, value: String, rel: &'static str },
+    /// Two `sysClass*Path` keys under different sysfs roots.
+    #[error(transparent)]
+    DifferentRoots(Box<DifferentRoots>),
+}
+
+/// Two `sysClass*Path` keys (and their values) under different sysfs roots.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "config: {key} = {value:?} and {other_key} = {other_value:?} are under different sysfs roots ({} and {}): \
+     nicmon reads one root (or give --sysfs)",
+    root.display(),
+    other_root.display()
+)]
+pub struct DifferentRoots {
+    pub key: &'static str,
+    pub value: String,
+    pub root: PathBuf,
+    pub other_key: &'static str,
+    pub other_value: String,
+    pub other_root: PathBuf,
+}
+
 /// Resolve the host paths. An error names the key and value that cannot be used.
-pub fn resolve(inputs: &PathInputs<'_>, exists: impl Fn(&Path) -> bool) -> Result<HostPaths, String> {
+pub fn resolve(inputs: &PathInputs<'_>, exists: impl Fn(&Path) -> bool) -> Result<HostPaths, PathsError> {
     let keys = [
         ("sysClassInfinibandPath", inputs.sys_class_infiniband, "class/infiniband"),
         ("sysClassNetPath", inputs.sys_class_net, "class/net"),
@@ -96,19 +124,21 @@ pub fn resolve(inputs: &PathInputs<'_>, exists: impl Fn(&Path) -> bool) -> Resul
             let mut from: Vec<&str> = Vec::new();
             for (key, value, rel) in keys {
                 let Some(v) = value.filter(|v| !v.trim().is_empty()) else { continue };
-                let r = sysfs_root_of(v, rel).ok_or_else(|| {
-                    format!(
-                        "config: {key} = {v:?}: expected a path ending in /{rel} (nicmon reads the sysfs root above it)"
-                    )
+                let r = sysfs_root_of(v, rel).ok_or_else(|| PathsError::NotUnderClass {
+                    key,
+                    value: v.to_string(),
+                    rel,
                 })?;
                 match &root {
                     Some((other, okey, ov)) if *other != r => {
-                        return Err(format!(
-                            "config: {key} = {v:?} and {okey} = {ov:?} are under different sysfs roots ({} and {}): \
-                             nicmon reads one root (or give --sysfs)",
-                            r.display(),
-                            other.display()
-                        ));
+                        return Err(PathsError::DifferentRoots(Box::new(DifferentRoots {
+                            key,
+                            value: v.to_string(),
+                            root: r,
+                            other_key: okey,
+                            other_value: ov.to_string(),
+                            other_root: other.clone(),
+                        })));
                     }
                     Some(_) => {}
                     None => root = Some((r, key, v)),
@@ -220,14 +250,16 @@ mod tests {
 
     #[test]
     fn unusable_keys_are_named() {
-        let e = resolve(&PathInputs { sys_class_net: Some("/host/net"), ..Default::default() }, never).unwrap_err();
+        let e = resolve(&PathInputs { sys_class_net: Some("/host/net"), ..Default::default() }, never)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("sysClassNetPath = \"/host/net\"") && e.contains("class/net"), "{e}");
         let inputs = PathInputs {
             sys_class_infiniband: Some("/a/sys/class/infiniband"),
             sys_class_net: Some("/b/sys/class/net"),
             ..Default::default()
         };
-        let e = resolve(&inputs, never).unwrap_err();
+        let e = resolve(&inputs, never).unwrap_err().to_string();
         assert!(e.contains("sysClassNetPath") && e.contains("sysClassInfinibandPath"), "{e}");
         assert!(resolve(&PathInputs { sys_class_net: Some("class/net"), ..Default::default() }, never).is_err());
     }

@@ -114,7 +114,7 @@ impl DirectConfig {
         let retry_window = match var(ENV_RETRY_WINDOW) {
             None => Duration::from_secs(300),
             Some(raw) => {
-                let d = go_duration(&raw).map_err(|e| err(ENV_RETRY_WINDOW, &raw, &e))?;
+                let d = go_duration(&raw).map_err(|e| err(ENV_RETRY_WINDOW, &raw, &e.to_string()))?;
                 if d <= final_attempt_window {
                     return Err(err(ENV_RETRY_WINDOW, &raw, "must be longer than 1s (the final attempt's share)"));
                 }
@@ -146,7 +146,7 @@ impl DirectConfig {
         })?;
         let insecure = match var(ENV_INSECURE) {
             None => false,
-            Some(raw) => go_bool(&raw).map_err(|e| err(ENV_INSECURE, &raw, &e))?,
+            Some(raw) => go_bool(&raw).map_err(|e| err(ENV_INSECURE, &raw, &e.to_string()))?,
         };
         let transport = match var(ENV_TLS_CA_FILE) {
             Some(ca) => {
@@ -161,7 +161,7 @@ impl DirectConfig {
                         &format!("no TLS server name in it: set {ENV_TLS_SERVER_NAME}"),
                     ));
                 }
-                read_ca(&PathBuf::from(&ca)).map_err(|why| err(ENV_TLS_CA_FILE, &ca, &why))?;
+                read_ca(&PathBuf::from(&ca)).map_err(|why| err(ENV_TLS_CA_FILE, &ca, &why.to_string()))?;
                 Transport::Tls { ca_file: PathBuf::from(ca), server_name }
             }
             None if insecure => Transport::Insecure,
@@ -241,12 +241,31 @@ fn host_of(authority: &str) -> &str {
 const CA_MAX_BYTES: usize = 4 << 20;
 
 /// The CA bundle, checked to hold at least one PEM certificate.
-fn read_ca(path: &std::path::Path) -> Result<Vec<u8>, String> {
+/// Why a CA bundle cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CaError {
+    #[error("cannot read the CA bundle: {0}")]
+    Read(crate::model::ReadError),
+    #[error("no PEM certificate in the CA bundle")]
+    NoPem,
+}
+
+/// Why the direct connection cannot be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("{ENV_TARGET} {target:?}: {error}")]
+    Target { target: String, error: tonic::transport::Error },
+    #[error("{}: {error}", .path.display())]
+    Ca { path: PathBuf, error: CaError },
+    #[error("TLS settings for {uri}: {error}")]
+    Tls { uri: String, error: tonic::transport::Error },
+}
+
+fn read_ca(path: &std::path::Path) -> Result<Vec<u8>, CaError> {
     // Only a regular file, bounded, under a deadline (a FIFO named here must not block).
-    let pem =
-        crate::read::host::read_file(path, CA_MAX_BYTES).map_err(|e| format!("cannot read the CA bundle: {e}"))?;
+    let pem = crate::read::host::read_file(path, CA_MAX_BYTES).map_err(CaError::Read)?;
     if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-        return Err("no PEM certificate in the CA bundle".into());
+        return Err(CaError::NoPem);
     }
     Ok(pem)
 }
@@ -334,7 +353,7 @@ impl DirectSink {
         // retried, as upstream retries auth failures.
         let auth = self.config.token.authorization().map_err(|e| Failure::Retryable(e.to_string()))?;
         if self.client.is_none() {
-            self.client = Some(self.open().map_err(Failure::Retryable)?);
+            self.client = Some(self.open().map_err(|e| Failure::Retryable(e.to_string()))?);
         }
         let client = self.client.as_mut().expect("opened above");
         let mut request = tonic::Request::new(batch.clone());
@@ -360,7 +379,7 @@ impl DirectSink {
     }
 
     /// A lazily connecting channel to the target (connected by the first call).
-    fn open(&self) -> Result<PlatformConnectorClient<Channel>, String> {
+    fn open(&self) -> Result<PlatformConnectorClient<Channel>, OpenError> {
         let c = &self.config;
         let scheme = match c.transport {
             Transport::Tls { .. } => "https",
@@ -368,13 +387,13 @@ impl DirectSink {
         };
         let uri = format!("{scheme}://{}", c.authority);
         let mut endpoint = Endpoint::from_shared(uri.clone())
-            .map_err(|e| format!("{ENV_TARGET} {:?}: {e}", c.target))?
+            .map_err(|error| OpenError::Target { target: c.target.to_string(), error })?
             .connect_timeout(c.rpc_timeout.min(Duration::from_secs(20)));
         if let Transport::Tls { ca_file, server_name } = &c.transport {
-            let pem = read_ca(ca_file).map_err(|why| format!("{}: {why}", ca_file.display()))?;
+            let pem = read_ca(ca_file).map_err(|error| OpenError::Ca { path: ca_file.clone(), error })?;
             let tls =
                 ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)).domain_name(server_name.clone());
-            endpoint = endpoint.tls_config(tls).map_err(|e| format!("TLS settings for {uri}: {e}"))?;
+            endpoint = endpoint.tls_config(tls).map_err(|error| OpenError::Tls { uri: uri.clone(), error })?;
         }
         let client =
             PlatformConnectorClient::new(endpoint.connect_lazy()).max_encoding_message_size(MAX_MESSAGE_BYTES + 1024);
@@ -413,7 +432,7 @@ mod tests {
     fn a_fifo_ca_bundle_is_refused_without_blocking() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = fifo_in(dir.path(), "ca.pem");
-        let why = promptly(move || read_ca(&fifo)).unwrap_err();
+        let why = promptly(move || read_ca(&fifo)).unwrap_err().to_string();
         assert!(why.contains("not a regular file (a FIFO)"), "{why}");
     }
 

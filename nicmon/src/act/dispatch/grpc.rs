@@ -242,7 +242,7 @@ impl GrpcSink {
                         of = policy.attempts,
                         "platform connector not reachable: {why}"
                     );
-                    last = why;
+                    last = why.to_string();
                 }
             }
             if n < policy.attempts {
@@ -279,7 +279,7 @@ impl GrpcSink {
                 Err(Failure::Retryable(why)) => {
                     tracing::debug!(attempt = k + 1, "send to platform connector failed: {why}");
                     self.client = None;
-                    last = why;
+                    last = why.to_string();
                 }
             }
         }
@@ -292,7 +292,8 @@ impl GrpcSink {
         let auth = self.config.token.authorization().map_err(Failure::Token)?;
         let timeout = self.config.retry.call_timeout;
         if self.client.is_none() {
-            self.client = Some(open(&self.config.target, timeout).await.map_err(Failure::Retryable)?);
+            self.client =
+                Some(open(&self.config.target, timeout).await.map_err(|e| Failure::Retryable(e.to_string()))?);
         } else if !self.config.target.path().exists() {
             // Contract: a missing socket file means "connector unavailable".
             return Err(Failure::Retryable(format!(
@@ -315,10 +316,22 @@ impl GrpcSink {
 }
 
 /// Open a connection to the socket at `target`, checking first that the file exists.
-async fn open(target: &SocketTarget, timeout: Duration) -> Result<PlatformConnectorClient<Channel>, String> {
+/// Why the connector's socket could not be connected to.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("socket file {} does not exist", .0.display())]
+    NoSocket(std::path::PathBuf),
+    #[error("connect timed out after {0:?}")]
+    TimedOut(Duration),
+    /// The transport's error and its causes, in one line.
+    #[error("{0}")]
+    Failed(String),
+}
+
+async fn open(target: &SocketTarget, timeout: Duration) -> Result<PlatformConnectorClient<Channel>, ConnectError> {
     let path = target.path().to_path_buf();
     if !path.exists() {
-        return Err(format!("socket file {} does not exist", path.display()));
+        return Err(ConnectError::NoSocket(path));
     }
     // The URI only names the HTTP/2 authority; the connector below ignores it.
     let endpoint = Endpoint::from_static("http://localhost").connect_timeout(timeout);
@@ -327,8 +340,8 @@ async fn open(target: &SocketTarget, timeout: Duration) -> Result<PlatformConnec
         async move { UnixStream::connect(path).await.map(TokioIo::new) }
     });
     match tokio::time::timeout(timeout, endpoint.connect_with_connector(connector)).await {
-        Err(_) => Err(format!("connect timed out after {timeout:?}")),
-        Ok(Err(e)) => Err(crate::act::logging::error_chain(&e)),
+        Err(_) => Err(ConnectError::TimedOut(timeout)),
+        Ok(Err(e)) => Err(ConnectError::Failed(crate::act::logging::error_chain(&e))),
         Ok(Ok(channel)) => Ok(PlatformConnectorClient::new(channel)),
     }
 }

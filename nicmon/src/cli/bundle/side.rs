@@ -151,7 +151,7 @@ pub(super) fn wake_hooks(port: u16) -> String {
         Err(e) => {
             format!(
                 "the daemon's metrics at http://127.0.0.1:{port}/metrics could not be read: {}\n",
-                crate::act::logging::error_chain(&*e)
+                crate::act::logging::error_chain(&e)
             )
         }
     }
@@ -159,7 +159,20 @@ pub(super) fn wake_hooks(port: u16) -> String {
 
 /// Why the daemon's metrics could not be fetched: whatever failed on the way (a socket, HTTP,
 /// the status), shown with its causes ([`crate::act::logging::error_chain`]).
-type FetchError = Box<dyn std::error::Error + Send + Sync>;
+#[derive(Debug, thiserror::Error)]
+enum FetchError {
+    /// The runtime or the connection (a socket error).
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Http(#[from] hyper::Error),
+    #[error(transparent)]
+    Request(#[from] hyper::http::Error),
+    #[error("HTTP {0}")]
+    Status(hyper::StatusCode),
+    #[error("no answer within 3 s")]
+    Timeout,
+}
 
 fn fetch_metrics(port: u16) -> Result<String, FetchError> {
     use http_body_util::{BodyExt, Empty};
@@ -173,12 +186,12 @@ fn fetch_metrics(port: u16) -> Result<String, FetchError> {
             let req = hyper::Request::get("/metrics").header("host", "127.0.0.1").body(Empty::<Bytes>::new())?;
             let resp = send.send_request(req).await?;
             if !resp.status().is_success() {
-                return Err(format!("HTTP {}", resp.status()).into());
+                return Err(FetchError::Status(resp.status()));
             }
             let body = resp.into_body().collect().await?.to_bytes();
             Ok::<_, FetchError>(String::from_utf8_lossy(&body).into_owned())
         })
         .await
-        .map_err(|_| FetchError::from("no answer within 3 s"))?
+        .map_err(|_| FetchError::Timeout)?
     })
 }

@@ -108,13 +108,26 @@ fn bytes_of_mut(buf: &mut [u64]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast(), std::mem::size_of_val(buf)) }
 }
 
+/// An ioctl answer that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnswerError {
+    #[error("short answer")]
+    Short,
+    #[error("{len} statistics names, room for {room}")]
+    Names { len: usize, room: usize },
+    #[error("{len} statistics values, room for {room}")]
+    Values { len: usize, room: usize },
+    #[error("{names} statistics names but {values} values (the set changed): not read")]
+    Mismatch { names: usize, values: usize },
+}
+
 /// The names in an `ethtool_gstrings` answer (`len` at byte 8, then 32-byte names,
 /// NUL-padded). Names that are not UTF-8 are kept lossily (none is picked).
-pub fn parse_strings(buf: &[u8]) -> Result<Vec<String>, String> {
-    let len = buf.get(8..12).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]])).ok_or("short answer")? as usize;
+pub fn parse_strings(buf: &[u8]) -> Result<Vec<String>, AnswerError> {
+    let len = buf.get(8..12).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]])).ok_or(AnswerError::Short)? as usize;
     let body = &buf[12..];
     if len > body.len() / ETH_GSTRING_LEN {
-        return Err(format!("{len} statistics names, room for {}", body.len() / ETH_GSTRING_LEN));
+        return Err(AnswerError::Names { len, room: body.len() / ETH_GSTRING_LEN });
     }
     Ok(body
         .chunks_exact(ETH_GSTRING_LEN)
@@ -127,24 +140,20 @@ pub fn parse_strings(buf: &[u8]) -> Result<Vec<String>, String> {
 }
 
 /// The values in an `ethtool_stats` answer (`n_stats` at byte 4, then `u64`s).
-pub fn parse_values(buf: &[u8]) -> Result<Vec<u64>, String> {
-    let n = buf.get(4..8).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]])).ok_or("short answer")? as usize;
+pub fn parse_values(buf: &[u8]) -> Result<Vec<u64>, AnswerError> {
+    let n = buf.get(4..8).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]])).ok_or(AnswerError::Short)? as usize;
     let body = &buf[8..];
     if n > body.len() / 8 {
-        return Err(format!("{n} statistics values, room for {}", body.len() / 8));
+        return Err(AnswerError::Values { len: n, room: body.len() / 8 });
     }
     Ok(body.chunks_exact(8).take(n).map(|c| u64::from_ne_bytes(c.try_into().unwrap_or_default())).collect())
 }
 
 /// The picked statistics: names and values pair up by position, so two answers of
 /// different lengths (the driver's set changed between the calls) are not paired at all.
-pub fn pick(names: &[String], values: &[u64]) -> Result<BTreeMap<String, u64>, String> {
+pub fn pick(names: &[String], values: &[u64]) -> Result<BTreeMap<String, u64>, AnswerError> {
     if names.len() != values.len() {
-        return Err(format!(
-            "{} statistics names but {} values (the set changed): not read",
-            names.len(),
-            values.len()
-        ));
+        return Err(AnswerError::Mismatch { names: names.len(), values: values.len() });
     }
     Ok(names.iter().zip(values).filter(|(n, _)| picked(n)).map(|(n, v)| (n.clone(), *v)).collect())
 }

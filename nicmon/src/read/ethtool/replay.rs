@@ -14,7 +14,7 @@ const MAX_FILE: usize = 1 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
     #[error("{path}: {kind}")]
-    File { path: PathBuf, kind: String },
+    File { path: PathBuf, kind: ReplayFileError },
     #[error("{0:?} is not a netdev name")]
     Name(String),
 }
@@ -30,8 +30,22 @@ pub fn to_json(snapshot: &EthtoolSnapshot) -> String {
 
 /// Parses a replay file's text. Unknown keys are ignored (a newer writer); a known key of
 /// the wrong type (a negative or fractional count, an unknown FEC mode) is an error.
-pub fn from_json(bytes: &[u8]) -> Result<EthtoolSnapshot, String> {
-    serde_json::from_slice(bytes).map_err(|e| e.to_string())
+pub fn from_json(bytes: &[u8]) -> Result<EthtoolSnapshot, serde_json::Error> {
+    serde_json::from_slice(bytes)
+}
+
+/// What is wrong with a replay file.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayFileError {
+    /// Not read: missing aside (that is no file), not a regular file, too large, unreadable.
+    #[error(transparent)]
+    Read(ReadError),
+    /// Not the replay format.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// Writing it failed.
+    #[error(transparent)]
+    Write(#[from] std::io::Error),
 }
 
 /// The replay file of `netdev` in `dir`; an error for a name that is not one netdev's
@@ -54,19 +68,19 @@ pub fn path(dir: &Path, netdev: &str) -> Result<PathBuf, ReplayError> {
 /// at most [`MAX_FILE`] bytes, on a reader thread under a deadline.
 pub fn read(dir: &Path, netdev: &str) -> Result<Option<EthtoolSnapshot>, ReplayError> {
     let path = path(dir, netdev)?;
-    let fail = |kind: String| ReplayError::File { path: path.clone(), kind };
+    let fail = |kind: ReplayFileError| ReplayError::File { path: path.clone(), kind };
     let bytes = match crate::read::host::read_file(&path, MAX_FILE) {
         Ok(b) => b,
         Err(ReadError::Missing) => return Ok(None),
-        Err(e) => return Err(fail(e.to_string())),
+        Err(e) => return Err(fail(ReplayFileError::Read(e))),
     };
-    from_json(&bytes).map(Some).map_err(fail)
+    from_json(&bytes).map(Some).map_err(|e| fail(e.into()))
 }
 
 /// Writes `<dir>/<netdev>.json` (creating `dir`).
 pub fn write(dir: &Path, netdev: &str, snapshot: &EthtoolSnapshot) -> Result<(), ReplayError> {
     let path = path(dir, netdev)?;
-    let fail = |e: std::io::Error| ReplayError::File { path: path.clone(), kind: e.to_string() };
+    let fail = |e: std::io::Error| ReplayError::File { path: path.clone(), kind: e.into() };
     std::fs::create_dir_all(dir).map_err(fail)?;
     std::fs::write(&path, to_json(snapshot)).map_err(fail)
 }

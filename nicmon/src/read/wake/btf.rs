@@ -12,6 +12,29 @@ use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use aya::Btf;
 use aya_obj::btf::{BtfType, Func, FuncLinkage, Ptr};
 
+/// Why a BTF blob cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum BtfError {
+    #[error("reading the BTF blob: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("not little-endian BTF (magic {0:x?})")]
+    Magic(Option<u16>),
+    #[error("BTF header truncated ({0} bytes)")]
+    HeaderTruncated(usize),
+    #[error("BTF {what} section (offset {off}, {len} bytes) outside the {size} byte blob")]
+    SectionOutside { what: &'static str, off: u32, len: u32, size: u64 },
+    #[error("type {id} truncated at byte {at}: {error}")]
+    TypeRead { id: u32, at: u64, error: std::io::Error },
+    #[error("type {id}: unknown BTF kind {kind}")]
+    UnknownKind { id: u32, kind: u32 },
+    #[error("type {id} truncated at byte {at}")]
+    TypeTruncated { id: u32, at: u64 },
+    #[error("too many types")]
+    TooManyTypes,
+    #[error("stand-in BTF: type {0} landed at another id")]
+    StandInId(u32),
+}
+
 const MAGIC: u16 = 0xeb9f;
 const HEADER_LEN: usize = 24;
 const KIND_FUNC: u32 = 12;
@@ -22,8 +45,8 @@ const CHUNK: usize = 64 * 1024;
 /// `/sys/kernel/btf/vmlinux`), read in chunks from `blob`. Names not in the blob are absent
 /// from the map. A name is found where its string starts (BTF string tables hold each
 /// string once, and names point at their start).
-pub fn func_ids(mut blob: impl Read + Seek, wanted: &[&str]) -> Result<HashMap<String, u32>, String> {
-    let io = |e: std::io::Error| format!("reading the BTF blob: {e}");
+pub fn func_ids(mut blob: impl Read + Seek, wanted: &[&str]) -> Result<HashMap<String, u32>, BtfError> {
+    let io = BtfError::Io;
     let size = blob.seek(SeekFrom::End(0)).map_err(io)?;
     let mut head = [0u8; HEADER_LEN];
     blob.seek(SeekFrom::Start(0)).map_err(io)?;
@@ -47,7 +70,7 @@ pub fn func_ids(mut blob: impl Read + Seek, wanted: &[&str]) -> Result<HashMap<S
     let mut id = 1u32; // id 0 is `void`, never encoded
     while at < type_len {
         let mut rec = [0u8; 12];
-        types.read_exact(&mut rec).map_err(|e| format!("type {id} truncated at byte {at}: {e}"))?;
+        types.read_exact(&mut rec).map_err(|error| BtfError::TypeRead { id, at, error })?;
         let word = |i: usize| u32::from_le_bytes([rec[4 * i], rec[4 * i + 1], rec[4 * i + 2], rec[4 * i + 3]]);
         let (name_off, info) = (word(0), word(1));
         let kind = (info >> 24) & 0x1f;
@@ -58,7 +81,7 @@ pub fn func_ids(mut blob: impl Read + Seek, wanted: &[&str]) -> Result<HashMap<S
             4 | 5 | 15 | 19 => vlen * 12, // STRUCT, UNION, DATASEC, ENUM64
             6 | 13 => vlen * 8,           // ENUM, FUNC_PROTO
             2 | 7..=12 | 16 | 18 => 0,
-            other => return Err(format!("type {id}: unknown BTF kind {other}")),
+            other => return Err(BtfError::UnknownKind { id, kind: other }),
         };
         if kind == KIND_FUNC
             && let Some(w) = names.get(&name_off)
@@ -67,10 +90,10 @@ pub fn func_ids(mut blob: impl Read + Seek, wanted: &[&str]) -> Result<HashMap<S
         }
         let skipped = std::io::copy(&mut (&mut types).take(extra), &mut std::io::sink()).map_err(io)?;
         if skipped < extra {
-            return Err(format!("type {id} truncated at byte {at}"));
+            return Err(BtfError::TypeTruncated { id, at });
         }
         at += 12 + extra;
-        id = id.checked_add(1).ok_or("too many types")?;
+        id = id.checked_add(1).ok_or(BtfError::TooManyTypes)?;
     }
     Ok(found)
 }
@@ -126,7 +149,7 @@ fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 
 /// A BTF that aya resolves `FUNC` names against: each function at its kernel id, every
 /// other slot up to the largest id an anonymous pointer.
-pub fn stand_in(ids: &HashMap<String, u32>) -> Result<Btf, String> {
+pub fn stand_in(ids: &HashMap<String, u32>) -> Result<Btf, BtfError> {
     let max = ids.values().copied().max().unwrap_or(0);
     let mut btf = Btf::new();
     let mut at_id = HashMap::new();
@@ -139,7 +162,7 @@ pub fn stand_in(ids: &HashMap<String, u32>) -> Result<Btf, String> {
             None => BtfType::Ptr(Ptr::new(0, 0)),
         };
         if btf.add_type(ty) != id {
-            return Err(format!("stand-in BTF: type {id} landed at another id"));
+            return Err(BtfError::StandInId(id));
         }
     }
     Ok(btf)
@@ -154,13 +177,13 @@ struct Header {
 }
 
 impl Header {
-    fn read(raw: &[u8]) -> Result<Header, String> {
+    fn read(raw: &[u8]) -> Result<Header, BtfError> {
         let u32_at = |i: usize| raw.get(i..i + 4).map(|b| u32::from_le_bytes(b.try_into().expect("four bytes")));
         let magic = raw.get(0..2).map(|b| u16::from_le_bytes([b[0], b[1]]));
         if magic != Some(MAGIC) {
-            return Err(format!("not little-endian BTF (magic {magic:x?})"));
+            return Err(BtfError::Magic(magic));
         }
-        let field = |i| u32_at(i).ok_or_else(|| format!("BTF header truncated ({} bytes)", raw.len()));
+        let field = |i| u32_at(i).ok_or(BtfError::HeaderTruncated(raw.len()));
         Ok(Header {
             hdr_len: field(4)? as usize,
             type_off: field(8)?,
@@ -171,11 +194,11 @@ impl Header {
     }
 
     /// `(file offset, length)` of a section, checked to lie inside a blob of `size` bytes.
-    fn section(&self, size: u64, off: u32, len: u32, what: &str) -> Result<(u64, u64), String> {
+    fn section(&self, size: u64, off: u32, len: u32, what: &'static str) -> Result<(u64, u64), BtfError> {
         let start = self.hdr_len as u64 + u64::from(off);
         let end = start + u64::from(len);
         if end > size {
-            return Err(format!("BTF {what} section (offset {off}, {len} bytes) outside the {size} byte blob"));
+            return Err(BtfError::SectionOutside { what, off, len, size });
         }
         Ok((start, u64::from(len)))
     }
@@ -252,13 +275,13 @@ mod tests {
 
     #[test]
     fn rejects_what_is_not_btf() {
-        assert!(func_ids(Cursor::new(b""), &["f"]).unwrap_err().contains("magic"));
+        assert!(func_ids(Cursor::new(b""), &["f"]).unwrap_err().to_string().contains("magic"));
         let mut b = blob();
         b.truncate(40);
-        assert!(func_ids(Cursor::new(&b), &["f"]).unwrap_err().contains("outside"));
+        assert!(func_ids(Cursor::new(&b), &["f"]).unwrap_err().to_string().contains("outside"));
         let mut b = blob();
         b[24 + 7] = 31; // kind of type 1
-        assert!(func_ids(Cursor::new(&b), &["f"]).unwrap_err().contains("unknown BTF kind 31"));
+        assert!(func_ids(Cursor::new(&b), &["f"]).unwrap_err().to_string().contains("unknown BTF kind 31"));
     }
 
     proptest! {

@@ -203,7 +203,7 @@ impl EbpfWakes {
     /// hinted record does as soon as it is drained ([`super::EarlyWake`], set there later).
     pub fn load(
         object: &[u8],
-        tracefs: Result<PathBuf, String>,
+        tracefs: Result<PathBuf, tracefs::TracefsError>,
         tx: mpsc::Sender<Wake>,
         early: super::EarlyWakeSlot,
     ) -> Result<EbpfWakes, LoadError> {
@@ -214,7 +214,7 @@ impl EbpfWakes {
     /// page size) instead of the object's 64 KiB when given.
     fn load_with_ring(
         object: &[u8],
-        tracefs: Result<PathBuf, String>,
+        tracefs: Result<PathBuf, tracefs::TracefsError>,
         tx: mpsc::Sender<Wake>,
         ring_bytes: Option<u32>,
         early: super::EarlyWakeSlot,
@@ -478,7 +478,7 @@ fn attach(
     ebpf: &mut Ebpf,
     a: &Attach,
     btf: &Result<Btf, AttachError>,
-    tracefs: &Result<PathBuf, String>,
+    tracefs: &Result<PathBuf, tracefs::TracefsError>,
     facts: &KernelFacts,
 ) -> HookStatus {
     let status = match a.target {
@@ -525,7 +525,7 @@ fn fentry_btf() -> Result<Btf, AttachError> {
     if let Some(&id) = ids.values().min() {
         fentry_refused(id)?;
     }
-    super::btf::stand_in(&ids).map_err(AttachError::NoBtf)
+    super::btf::stand_in(&ids).map_err(|e| AttachError::NoBtf(e.to_string()))
 }
 
 /// [`AttachError::FentryRefused`] when the kernel refuses, with `EPERM`, a two-instruction
@@ -624,12 +624,12 @@ fn attach_tracepoint(
     event: &str,
     prog: &str,
     module: Option<&str>,
-    tracefs: &Result<PathBuf, String>,
+    tracefs: &Result<PathBuf, tracefs::TracefsError>,
 ) -> Result<(Mechanism, Vec<AttachError>), Vec<AttachError>> {
     let named = || (system.to_string(), event.to_string());
     let tfs = tracefs.as_ref().map_err(|why| {
         let (system, event) = named();
-        vec![AttachError::NoTracefs { system, event, why: why.clone() }]
+        vec![AttachError::NoTracefs { system, event, why: why.to_string() }]
     })?;
     if !tracefs::event_dir(tfs, system, event).is_dir() {
         let (system, event) = named();
@@ -875,7 +875,7 @@ mod tests {
             }
         };
         let probe = fentry_refused(id).map_err(|e| e.to_string());
-        let btf = crate::read::wake::btf::stand_in(&ids).map_err(AttachError::NoBtf);
+        let btf = crate::read::wake::btf::stand_in(&ids).map_err(|e| AttachError::NoBtf(e.to_string()));
         let real =
             try_fentry(&mut ebpf, "fentry_netif_carrier_off", "netif_carrier_off", &btf).map_err(|e| e.to_string());
         match probe {

@@ -7,22 +7,32 @@ use std::path::{Path, PathBuf};
 /// The standard mount points, in the order the kernel documentation prefers them.
 pub const MOUNT_POINTS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
 
+/// Why no tracefs could be found: each says what was tried.
+#[derive(Debug, thiserror::Error)]
+pub enum TracefsError {
+    #[error(
+        "tracefs not mounted (looked at {}); mount it with `mount -t tracefs nodev /sys/kernel/tracing`",
+        MOUNT_POINTS.join(", ")
+    )]
+    NotMounted,
+    #[error("mounted tracefs at {} but it has no events/", MOUNT_POINTS[0])]
+    NoEvents,
+    #[error("tracefs not mounted and mounting it at {at} failed: {error}", at = MOUNT_POINTS[0])]
+    MountFailed { error: io::Error },
+}
+
 /// Finds a mounted tracefs (a mount point with an `events` directory). With `mount`,
 /// mounts one at `/sys/kernel/tracing` when none is found. The error says what was tried.
-pub fn locate(mount: bool) -> Result<PathBuf, String> {
+pub fn locate(mount: bool) -> Result<PathBuf, TracefsError> {
     if let Some(found) = find() {
         return Ok(found);
     }
     if !mount {
-        return Err(format!(
-            "tracefs not mounted (looked at {}); mount it with \
-             `mount -t tracefs nodev /sys/kernel/tracing`",
-            MOUNT_POINTS.join(", ")
-        ));
+        return Err(TracefsError::NotMounted);
     }
     match mount_tracefs(Path::new(MOUNT_POINTS[0])) {
-        Ok(()) => find().ok_or_else(|| format!("mounted tracefs at {} but it has no events/", MOUNT_POINTS[0])),
-        Err(e) => Err(format!("tracefs not mounted and mounting it at {} failed: {e}", MOUNT_POINTS[0])),
+        Ok(()) => find().ok_or(TracefsError::NoEvents),
+        Err(error) => Err(TracefsError::MountFailed { error }),
     }
 }
 
