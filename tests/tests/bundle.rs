@@ -353,3 +353,51 @@ fn roce_ethtool_data_is_captured_and_replayed_byte_identically() {
     assert_eq!(d0["ports"][0]["phy"]["fec_mode"], "RS");
     assert_eq!(d0["ports"][0]["counters"]["ethtool/fec_uncorrectable"], 2);
 }
+
+/// A bundle is untrusted: one whose tree holds a link to a file of the replaying host is
+/// refused in one line, and nothing of that file is printed.
+#[test]
+fn a_bundle_linking_out_to_a_host_file_is_refused_in_one_line() {
+    let node = Platform::DgxH100.build();
+    let state = node.root().join("state.json");
+    let file = node.root().join("bundle.tar.gz");
+    bundle(&node, &state, &file);
+    let secret = node.root().join("host-secret");
+    std::fs::write(&secret, "s3cret-host-line\n").unwrap();
+    // The same bundle with each device's fw_ver a link to the host file.
+    let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(std::fs::File::open(&file).unwrap()));
+    let mut out = tar::Builder::new(flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
+    let mut linked = Vec::new();
+    for e in ar.entries().unwrap() {
+        let mut e = e.unwrap();
+        let path = e.path().unwrap().into_owned();
+        let mut h = e.header().clone();
+        if path.ends_with("fw_ver") {
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_size(0);
+            out.append_link(&mut h, &path, &secret).unwrap();
+            linked.push(path);
+            continue;
+        }
+        let mut data = Vec::new();
+        e.read_to_end(&mut data).unwrap();
+        match e.header().link_name().unwrap() {
+            Some(target) => out.append_link(&mut h, &path, target).unwrap(),
+            None => out.append_data(&mut h, &path, &data[..]).unwrap(),
+        }
+    }
+    assert!(!linked.is_empty(), "no fw_ver in the bundle");
+    let evil = node.root().join("evil.tar.gz");
+    std::fs::write(&evil, out.into_inner().unwrap().finish().unwrap()).unwrap();
+    for format in ["json", "table"] {
+        let args = ["check", "--bundle", evil.to_str().unwrap(), "--format", format].map(String::from);
+        let run = nicmon(&args).output().unwrap();
+        assert!(!run.status.success(), "{format}: the bundle was replayed");
+        let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+        assert!(!stdout.contains("s3cret") && !stderr.contains("s3cret"), "{format}: the host file was read");
+        let line =
+            format!("entry {} refused: a link to {}, which leaves the bundle", linked[0].display(), secret.display());
+        assert!(stderr.contains(&line), "{format}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{format}: {stderr}");
+    }
+}

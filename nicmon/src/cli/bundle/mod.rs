@@ -27,6 +27,7 @@
 //! the only code that touches the live node), `side.rs` (the files beside the trees: the
 //! kernel log, the version, the daemon's wake-up hooks), `archive.rs` (the tar archive and
 //! the staging tree), `replay.rs` (unpacking a bundle and replaying `check`/`topology`),
+//! `unpack.rs` (the bounded unpacker: what a bundle may hold, and how much),
 //! `error.rs` (why a capture or a replay failed: [`BundleError`]).
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -42,6 +43,7 @@ mod copier;
 mod error;
 pub mod replay;
 mod side;
+mod unpack;
 
 pub use capture::capture;
 pub use error::BundleError;
@@ -102,11 +104,16 @@ impl Default for Limits {
         Limits {
             per_file: Duration::from_secs(2),
             total: Duration::from_secs(120),
-            file_bytes: 1 << 20,
-            total_bytes: 64 << 20,
+            file_bytes: FILE_BYTES,
+            total_bytes: TOTAL_BYTES,
         }
     }
 }
+
+/// A capture's per-file size cap ([`Limits::file_bytes`]); a replay holds bundles to it too.
+pub(super) const FILE_BYTES: u64 = 1 << 20;
+/// A capture's total size cap ([`Limits::total_bytes`]); a replay holds bundles to it too.
+pub(super) const TOTAL_BYTES: u64 = 64 << 20;
 
 /// The host paths a bundle was captured from.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

@@ -4,6 +4,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::error::BundleError;
+use super::unpack::{MANIFEST_BYTES, unpack_into};
 use super::{BOOT_ID, CONFIG, ETHTOOL, FORMAT, KMSG, MANIFEST, METADATA, Manifest, PROC, STATE, SYS};
 use crate::cli::check::{self, CheckArgs, CheckError};
 
@@ -71,20 +72,13 @@ impl Replay {
     }
 }
 
-/// The most nicmon reads of a bundle's manifest.
-const MANIFEST_MAX_BYTES: usize = 1 << 20;
-
-/// Unpack a tar stream into a fresh temporary directory.
+/// Unpack a tar stream into a fresh temporary directory (within the bounds of
+/// [`unpack_into`]: a bundle is untrusted input).
 pub(super) fn unpack_from(reader: impl Read, what: &str) -> Result<Replay, BundleError> {
     let dir = tempfile::Builder::new().prefix("nicmon-bundle-").tempdir().map_err(BundleError::TempDir)?;
-    let mut ar = tar::Archive::new(reader);
-    ar.set_preserve_permissions(false);
-    ar.set_preserve_mtime(false);
-    ar.set_overwrite(true);
-    ar.unpack(dir.path()).map_err(|why| BundleError::Unpack { what: what.into(), why })?;
-    let mpath = dir.path().join(MANIFEST);
-    // Bounded, and only a regular file: the archive may hold a link named like it.
-    let manifest = match crate::read::host::read_file(&mpath, MANIFEST_MAX_BYTES) {
+    unpack_into(reader, dir.path(), what)?;
+    // A regular file within its bound (the unpacker's too), never opened if it is not one.
+    let manifest = match crate::read::host::read_file(&dir.path().join(MANIFEST), MANIFEST_BYTES as usize) {
         Ok(b) => Some(
             serde_json::from_slice::<Manifest>(&b)
                 .map_err(|why| BundleError::InvalidManifest { what: what.into(), why })?,
