@@ -77,7 +77,7 @@ Examples:\n  nicmon bundle\n  kubectl exec -n nvsentinel POD -- nicmon bundle --
     #[command(long_about = "Print the last transitions of every port (or of NIC, or NIC/PORT) from the state \
 file, oldest first, to the millisecond: the state and phys_state seen, what was published (reported, held by \
 portStateHoldDown, a blip the hold-down swallowed, held as flapping, no event) and the wake-up that made the \
-poll that saw it (or the interval's poll). The state file keeps the last 32 transitions per port, across \
+poll that saw it (or the interval's poll). The state file keeps the last 64 transitions per port, across \
 reboots.\n\nExamples:\n  nicmon history\n  nicmon history mlx5_3/1 --state-file /var/lib/nicmon/state.json\n  \
 nicmon history --bundle node.tar.gz --format json")]
     History(HistoryCli),
@@ -636,13 +636,10 @@ fn run_history(h: HistoryCli) -> anyhow::Result<String> {
         Some(r) => r.state_file().context("the bundle holds no state file")?,
         None => h.state_file,
     };
-    let bytes = match nicmon::read::host::read_file(&path, nicmon::act::state::file::MAX_BYTES) {
-        Ok(b) => b,
-        Err(e) => anyhow::bail!("state file {}: cannot read: {e}", path.display()),
-    };
-    let state =
-        nicmon::act::state::file::parse(&bytes).map_err(|e| anyhow::anyhow!("state file {}: {e}", path.display()))?;
-    let history = state.checks.history.select(h.port.as_deref());
+    // Streamed and bounded as it is read: `kubectl exec` runs this in the pod's memory limit.
+    let history = nicmon::act::state::file::read_history(&path)
+        .map_err(|e| anyhow::anyhow!("state file {}: {e}", path.display()))?
+        .select(h.port.as_deref());
     Ok(match h.format {
         Format::Json => serde_json::to_string_pretty(&history).context("serialising the history")? + "\n",
         Format::Table => nicmon::model::history::timeline(&history),

@@ -48,6 +48,11 @@ pub struct Outbox {
 }
 
 impl Outbox {
+    /// The outbox the state file's `outbox` and `next_batch_id` keys hold.
+    pub(crate) fn from_parts(batches: Vec<Arc<PendingBatch>>, last_id: u64) -> Outbox {
+        Outbox { batches, last_id }
+    }
+
     /// `events` as one batch per check, in [`Check::ALL`] order, with the ids they would
     /// get if queued now (nothing is queued).
     pub fn batches_for(&self, events: &[HealthEvent]) -> Vec<PendingBatch> {

@@ -23,7 +23,11 @@ pub const MAX_PORTS: usize = 256;
 /// shared with the history it was recorded on until a poll changes it (a poll copies the
 /// history, and most ports' lists are the same after it); a list a poll changes is copied
 /// as its transitions' handles, each transition shared with the previous list.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+///
+/// Loaded bounded as [`record`] keeps it: at most [`MAX_PORTS`] ports of at most
+/// [`PER_PORT`] transitions each, whatever the file holds; the transitions and ports beyond
+/// the bounds are dropped as they are read, never all built first ([`HistoryVisitor`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 #[serde(transparent)]
 pub struct History(pub BTreeMap<String, PortList>);
 
@@ -151,28 +155,132 @@ pub fn record<'a>(
     next
 }
 
-/// At most [`MAX_PORTS`] ports: those not read this poll go first (a device renamed), then
-/// those first seen this poll and healthy (nothing to tell yet: a node of more ports than
-/// the history holds would otherwise evict, every poll, ports that come back as new at the
-/// next, and its state file would change every poll), then the others; oldest last
-/// transition first within each.
+/// At most [`MAX_PORTS`] ports, taken from the device that holds the most ports in the
+/// history (one device never erases another's: a device of 1,000 ports keeps what is left
+/// after every other device's ports). Within a device (and between devices of as many
+/// ports) those not read this poll go first (a device renamed), then those first seen this
+/// poll and healthy (nothing to tell yet: a node of more ports than the history holds would
+/// otherwise evict, every poll, ports that come back as new at the next, and its state file
+/// would change every poll), then the others; oldest last transition first within each.
 fn bound(history: &mut History, prev: &History, present: &BTreeSet<(&str, u32)>) {
-    let Some(excess) = history.0.len().checked_sub(MAX_PORTS).filter(|&n| n > 0) else { return };
     let read = |k: &str| {
         k.rsplit_once('/').and_then(|(dev, port)| port.parse().ok().map(|port| present.contains(&(dev, port))))
     };
     // First seen this poll (not in `prev`) and healthy: its one transition says so.
     let fresh = |k: &str, l: &PortList| !prev.0.contains_key(k) && l.last().is_some_and(|t| t.healthy);
-    let mut order: Vec<(bool, bool, Option<i64>, &String)> =
-        history.0.iter().map(|(k, l)| (read(k).unwrap_or(false), !fresh(k, l), l.last().map(|t| t.at_ms), k)).collect();
-    order.sort_unstable();
-    let victims: Vec<String> = order.into_iter().take(excess).map(|(.., k)| k.clone()).collect();
+    evict(history, MAX_PORTS, |k, l| (read(k).unwrap_or(false), !fresh(k, l)));
+}
+
+/// The device a history key belongs to (`mlx5_0` of `mlx5_0/1`).
+fn device_of(key: &str) -> &str {
+    key.rsplit_once('/').map_or(key, |(dev, _)| dev)
+}
+
+/// Keep at most `max` ports of `history`: each victim is taken from the device holding the
+/// most ports; within it, and between devices of as many ports, the first in the order of
+/// `rank` (lower first), then of the oldest last transition, then of the key.
+fn evict(history: &mut History, max: usize, rank: impl Fn(&str, &PortList) -> (bool, bool)) {
+    use std::cmp::Reverse;
+    use std::collections::{BinaryHeap, VecDeque};
+    let Some(excess) = history.0.len().checked_sub(max).filter(|&n| n > 0) else { return };
+    type Order<'a> = (bool, bool, Option<i64>, &'a String);
+    let mut devices: BTreeMap<&str, Vec<Order<'_>>> = BTreeMap::new();
+    for (k, l) in &history.0 {
+        let (a, b) = rank(k, l);
+        devices.entry(device_of(k)).or_default().push((a, b, l.last().map(|t| t.at_ms), k));
+    }
+    let mut queues: Vec<VecDeque<Order<'_>>> = devices
+        .into_values()
+        .map(|mut v| {
+            v.sort_unstable();
+            v.into()
+        })
+        .collect();
+    // The device of the most ports first; between equals, the one whose next victim goes first.
+    let mut heap: BinaryHeap<(usize, Reverse<Order<'_>>, usize)> =
+        queues.iter().enumerate().filter_map(|(i, q)| q.front().map(|&o| (q.len(), Reverse(o), i))).collect();
+    let mut victims = Vec::with_capacity(excess);
+    while victims.len() < excess
+        && let Some((_, _, i)) = heap.pop()
+    {
+        let Some(victim) = queues[i].pop_front() else { continue };
+        victims.push(victim.3.clone());
+        if let Some(&next) = queues[i].front() {
+            heap.push((queues[i].len(), Reverse(next), i));
+        }
+    }
     for k in victims {
         history.0.remove(&k);
     }
 }
 
+/// Loads a [`History`] within its bounds: each port's newest [`PER_PORT`] transitions (a
+/// ring of that many as the list is read), and the ports [`record`] would keep of
+/// [`MAX_PORTS`] (trimmed each time twice as many were read, and at the end).
+struct HistoryVisitor;
+
+impl<'de> serde::de::Visitor<'de> for HistoryVisitor {
+    type Value = History;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a map of ports to their transitions")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<History, A::Error> {
+        let mut history = History::default();
+        while let Some(port) = map.next_key::<String>()? {
+            let LastTransitions(list) = map.next_value()?;
+            history.0.insert(port, Arc::new(list));
+            if history.0.len() >= 2 * MAX_PORTS {
+                history.trim();
+            }
+        }
+        history.trim();
+        Ok(history)
+    }
+}
+
+impl<'de> Deserialize<'de> for History {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<History, D::Error> {
+        d.deserialize_map(HistoryVisitor)
+    }
+}
+
+/// One port's transitions as loaded: the newest [`PER_PORT`], oldest first.
+struct LastTransitions(Vec<Arc<Transition>>);
+
+impl<'de> Deserialize<'de> for LastTransitions {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<LastTransitions, D::Error> {
+        struct Newest;
+        impl<'de> serde::de::Visitor<'de> for Newest {
+            type Value = LastTransitions;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of transitions")
+            }
+
+            fn visit_seq<S: serde::de::SeqAccess<'de>>(self, mut seq: S) -> Result<LastTransitions, S::Error> {
+                let mut kept = std::collections::VecDeque::with_capacity(seq.size_hint().unwrap_or(0).min(PER_PORT));
+                while let Some(t) = seq.next_element::<Transition>()? {
+                    if kept.len() == PER_PORT {
+                        kept.pop_front();
+                    }
+                    kept.push_back(Arc::new(t));
+                }
+                Ok(LastTransitions(kept.into()))
+            }
+        }
+        d.deserialize_seq(Newest)
+    }
+}
+
 impl History {
+    /// At most [`MAX_PORTS`] ports, evicted as [`record`] evicts them (no port is read
+    /// now, none is new).
+    fn trim(&mut self) {
+        evict(self, MAX_PORTS, |_, _| (false, false));
+    }
+
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -390,6 +498,68 @@ mod tests {
         }
         assert_eq!(many.0.len(), MAX_PORTS);
         assert!(!many.0.contains_key("mlx5_0/1") && many.0.contains_key(&format!("mlx5_{}/1", MAX_PORTS + 4)));
+    }
+
+    /// Eight NICs with history, then a device of 1,000 ports whose ports go down and come
+    /// back: the history is full, and every port evicted is the big device's; the eight
+    /// NICs' transitions are all still there (they used to be evicted: their last
+    /// transitions were the oldest).
+    #[test]
+    fn eight_nics_keep_their_history_beside_a_device_of_1000_ports() {
+        let none = PortDecisions::default();
+        let nics: Vec<String> = (0..8).map(|i| format!("mlx5_{i}")).collect();
+        let nic = |i: usize, (state, phys_state): (&'static str, &'static str)| PortReading {
+            device: &nics[i],
+            port: 1,
+            state,
+            phys_state,
+            healthy: state == UP.0,
+        };
+        let mut h = History::default();
+        for (poll, cond) in [UP, DOWN, UP].into_iter().enumerate() {
+            h = record(&h, (0..8).map(|i| nic(i, cond)), &none, t(poll as i64 * 1000), &[]);
+        }
+        let before: Vec<PortList> = nics.iter().map(|n| h.0[&key(n, 1)].clone()).collect();
+        assert!(before.iter().all(|l| l.len() == 3));
+        for poll in 0..4i64 {
+            let (state, phys_state) = if poll % 2 == 0 { DOWN } else { UP };
+            let big = (1..=1000).map(|port| PortReading {
+                device: "mlx5_99",
+                port,
+                state,
+                phys_state,
+                healthy: state == UP.0,
+            });
+            h = record(&h, (0..8).map(|i| nic(i, UP)).chain(big), &none, t(10_000 + poll * 1000), &[]);
+            assert_eq!(h.0.len(), MAX_PORTS);
+            for (n, was) in nics.iter().zip(&before) {
+                assert_eq!(h.0.get(&key(n, 1)), Some(was), "{n}'s history survives poll {poll}");
+            }
+        }
+        assert_eq!(h.0.keys().filter(|k| k.starts_with("mlx5_99/")).count(), MAX_PORTS - 8);
+    }
+
+    /// A history of more ports and longer lists than the bounds (a file nicmon never
+    /// wrote): loaded, it holds at most [`MAX_PORTS`] ports of at most [`PER_PORT`]
+    /// transitions, each port's newest, and the big device's ports are the ones dropped.
+    #[test]
+    fn a_loaded_history_keeps_at_most_the_bound() {
+        let transition = |i: usize| {
+            format!(r#"{{"at_ms":{i},"state":"DOWN","phys_state":"Disabled","healthy":false,"outcome":"quiet"}}"#)
+        };
+        let list = |n: usize| format!("[{}]", (0..n).map(transition).collect::<Vec<_>>().join(","));
+        let mut ports: Vec<String> = (0..8).map(|i| format!(r#""mlx5_{i}/1":{}"#, list(3))).collect();
+        ports.extend((1..=1000).map(|p| format!(r#""mlx5_99/{p}":{}"#, list(PER_PORT + 10))));
+        let text = format!("{{{}}}", ports.join(","));
+        let h: History = serde_json::from_str(&text).unwrap();
+        assert_eq!(h.0.len(), MAX_PORTS);
+        assert!(h.0.values().all(|l| l.len() <= PER_PORT));
+        let big = h.0.iter().find(|(k, _)| k.starts_with("mlx5_99/")).map(|(_, l)| l).unwrap();
+        assert_eq!((big.len(), big[0].at_ms, big[PER_PORT - 1].at_ms), (PER_PORT, 10, PER_PORT as i64 + 9));
+        assert!((0..8).all(|i| h.0[&format!("mlx5_{i}/1")].len() == 3), "the small NICs are all kept");
+        // What nicmon writes loads as it was.
+        let back: History = serde_json::from_str(&serde_json::to_string(&h).unwrap()).unwrap();
+        assert_eq!(back, h);
     }
 
     #[test]

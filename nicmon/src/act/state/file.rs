@@ -77,25 +77,69 @@ pub enum LoadErrorKind {
 
 /// Parse a state file's bytes; never panics.
 pub fn parse(bytes: &[u8]) -> Result<State, LoadErrorKind> {
-    let s: State = serde_json::from_slice(bytes).map_err(|e| LoadErrorKind::Parse(e.to_string()))?;
-    if s.version != VERSION {
-        return Err(LoadErrorKind::Version(s.version));
-    }
-    Ok(s)
+    versioned(serde_json::from_slice(bytes).map_err(|e| LoadErrorKind::Parse(e.to_string()))?)
 }
 
-/// Load the state for this boot. Missing/corrupt → fresh; boot change → fresh + `Rebooted`.
-/// The outbox survives a reboot: events not yet delivered are still owed to the platform.
-pub fn load(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
-    remove_stale_temp_files(path);
-    let fresh = || State::fresh(boot_id.map(str::to_string));
-    let corrupt = |kind| Loaded::Corrupt(LoadError { path: path.to_path_buf(), kind });
-    let bytes = match crate::read::host::read_file(path, MAX_BYTES) {
-        Ok(b) => b,
-        Err(ReadError::Missing) => return (fresh(), Loaded::Missing { reboot: false }),
-        Err(e) => return (fresh(), corrupt(LoadErrorKind::Read(e))),
-    };
-    let parsed = parse(&bytes).map(|s| (s, None)).or_else(|e| match super::upstream_import::import(&bytes) {
+/// A state file's contents that carry the file's version.
+trait Versioned {
+    fn version(&self) -> u32;
+}
+
+impl Versioned for State {
+    fn version(&self) -> u32 {
+        self.version
+    }
+}
+
+/// `s` if it is of nicmon's version.
+fn versioned<T: Versioned>(s: T) -> Result<T, LoadErrorKind> {
+    match s.version() {
+        VERSION => Ok(s),
+        v => Err(LoadErrorKind::Version(v)),
+    }
+}
+
+/// The file at `path` parsed as it is read ([`crate::read::host::stream_file`]: at most
+/// [`MAX_BYTES`], never held whole): `Err` when it cannot be read, else what parsing made
+/// of it. Never panics.
+fn stream<T: serde::de::DeserializeOwned + Versioned>(path: &Path) -> Result<Result<T, LoadErrorKind>, ReadError> {
+    let mut file = crate::read::host::stream_file(path, MAX_BYTES)?;
+    let parsed = serde_json::from_reader(std::io::BufReader::with_capacity(16 << 10, &mut file));
+    if let Some(e) = file.failed.take() {
+        return Err(e);
+    }
+    Ok(parsed.map_err(|e| LoadErrorKind::Parse(e.to_string())).and_then(versioned))
+}
+
+/// Only the port history of a state file (`nicmon history`): the other keys are skipped,
+/// not built.
+#[derive(serde::Deserialize)]
+struct HistoryOnly {
+    version: u32,
+    #[serde(default)]
+    history: crate::model::history::History,
+}
+
+impl Versioned for HistoryOnly {
+    fn version(&self) -> u32 {
+        self.version
+    }
+}
+
+/// The port history of the state file at `path` (`nicmon history`), bounded as it is
+/// loaded ([`crate::model::history::History`]), the file streamed as [`load`] streams it.
+pub fn read_history(path: &Path) -> Result<crate::model::history::History, LoadErrorKind> {
+    match stream::<HistoryOnly>(path) {
+        Ok(parsed) => parsed.map(|h| h.history),
+        Err(e) => Err(LoadErrorKind::Read(e)),
+    }
+}
+
+/// The file at `path` as upstream's schema-v2 state file, once it failed to parse as
+/// nicmon's (`own`: why): the state and whether baselines are owed, or the error to report.
+fn import_upstream(path: &Path, own: LoadErrorKind) -> Result<(State, Option<bool>), LoadErrorKind> {
+    let Ok(bytes) = crate::read::host::read_file(path, MAX_BYTES) else { return Err(own) };
+    match super::upstream_import::import(&bytes) {
         Ok(i) => {
             for s in &i.skipped {
                 tracing::info!(entry = %s, "upstream state file: entry with no nicmon counterpart not imported");
@@ -107,8 +151,23 @@ pub fn load(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
         Err(v2) if bytes.windows(12).any(|w| w == b"\"version\": 2" || w.starts_with(b"\"version\":2")) => {
             Err(LoadErrorKind::Upstream(v2))
         }
-        Err(_) => Err(e),
-    });
+        Err(_) => Err(own),
+    }
+}
+
+/// Load the state for this boot. Missing/corrupt → fresh; boot change → fresh + `Rebooted`.
+/// The outbox survives a reboot: events not yet delivered are still owed to the platform.
+/// The file is parsed as it is read: its text is never held whole beside the state.
+pub fn load(path: &Path, boot_id: Option<&str>) -> (State, Loaded) {
+    remove_stale_temp_files(path);
+    let fresh = || State::fresh(boot_id.map(str::to_string));
+    let corrupt = |kind| Loaded::Corrupt(LoadError { path: path.to_path_buf(), kind });
+    let parsed = match stream::<State>(path) {
+        Ok(Ok(s)) => Ok((s, None)),
+        Ok(Err(own)) => import_upstream(path, own),
+        Err(ReadError::Missing) => return (fresh(), Loaded::Missing { reboot: false }),
+        Err(e) => return (fresh(), corrupt(LoadErrorKind::Read(e))),
+    };
     match parsed {
         Err(kind) => (fresh(), corrupt(kind)),
         Ok((prev, _)) if prev.boot_id.as_deref() != boot_id => {
@@ -697,10 +756,72 @@ mod tests {
         assert_eq!(load(&p, Some("b")).0, s);
     }
 
+    /// A state file holding a history over its bounds (600 ports of 70 transitions, as
+    /// no nicmon wrote it): `load` and `read_history` keep at most the bounds, and the rest
+    /// of the file (version, boot, polls, outbox) loads as written.
+    #[test]
+    fn a_state_file_over_the_history_bounds_loads_within_them() {
+        use crate::model::history::{MAX_PORTS, PER_PORT};
+        let transition = |i: usize| {
+            format!(
+                r#"{{"at_ms":{i},"state":"ACTIVE","phys_state":"LinkUp","healthy":true,"outcome":"quiet","woken_by":["qdisc_reset"]}}"#
+            )
+        };
+        let list = format!("[{}]", (0..PER_PORT + 6).map(transition).collect::<Vec<_>>().join(","));
+        let ports: Vec<String> = (0..600).map(|p| format!(r#""mlx5_{}/{}":{list}"#, p / 2, p % 2 + 1)).collect();
+        let text = format!(
+            r#"{{"version":1,"boot_id":"b","polls":4,"history":{{{}}},"outbox":[],"next_batch_id":7}}"#,
+            ports.join(",")
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state.json");
+        std::fs::write(&p, &text).unwrap();
+        let (s, how) = load(&p, Some("b"));
+        assert_eq!(how, Loaded::Resumed);
+        assert_eq!((s.checks.polls, s.outbox.last_id(), s.outbox.is_empty()), (4, 7, true));
+        for h in [s.checks.history, read_history(&p).unwrap()] {
+            assert_eq!(h.0.len(), MAX_PORTS);
+            assert!(h.0.values().all(|l| l.len() == PER_PORT && l[0].at_ms == 6), "each port's newest kept");
+        }
+    }
+
+    /// A state nicmon wrote with a history and an outbox loads back as it was (the file's
+    /// keys are read straight into their types, not through serde's flatten).
+    #[test]
+    fn a_state_with_history_and_outbox_round_trips() {
+        use crate::model::history::{PortDecisions, PortReading, record};
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state.json");
+        let mut s = State::fresh(Some("b".into()));
+        s.checks.scope = Some("incl=;excl=".into());
+        let up = PortReading { device: "mlx5_0", port: 1, state: "ACTIVE", phys_state: "LinkUp", healthy: true };
+        let at = time::OffsetDateTime::UNIX_EPOCH;
+        s.checks.history = record(&s.checks.history, [up], &PortDecisions::default(), at, &["rtnetlink".into()]);
+        s.outbox.enqueue(&[crate::model::event::HealthEvent::new(
+            crate::model::event::Check::InfiniBandStateCheck,
+            &crate::model::event::Stamp::default(),
+            at,
+            "x",
+        )]);
+        save(&p, &s).unwrap();
+        assert_eq!(load(&p, Some("b")), (s.clone(), Loaded::Resumed));
+        assert_eq!(read_history(&p).unwrap(), s.checks.history);
+    }
+
     proptest! {
         #[test]
         fn parser_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             let _ = parse(&bytes);
+        }
+
+        /// Any bytes as the state file: `load` and `read_history` never panic.
+        #[test]
+        fn loading_any_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let dir = tempfile::tempdir().unwrap();
+            let p = dir.path().join("state.json");
+            std::fs::write(&p, &bytes).unwrap();
+            let _ = load(&p, Some("b"));
+            let _ = read_history(&p);
         }
 
         #[test]

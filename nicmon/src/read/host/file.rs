@@ -72,6 +72,32 @@ pub(super) fn read_regular(path: &Path, limit: usize, past: Past) -> Result<Vec<
 
 /// [`read_regular`], keeping the open file.
 pub(super) fn open_read(path: &Path, limit: usize, past: Past) -> Result<(std::fs::File, Vec<u8>), ReadError> {
+    let file = open_checked(path, limit, past)?;
+    // Read to the end (a procfs file answers a page or so per read). The buffer starts
+    // empty: std probes on the stack first, so an attribute's value is held in a buffer of
+    // its own size, not a page (a poll of a device with 1,000 ports holds tens of thousands).
+    let cap = limit.saturating_add(1);
+    let mut buf = Vec::new();
+    let mut take = (&file).take(cap as u64);
+    loop {
+        match take.read_to_end(&mut buf) {
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(classify(&e)),
+        }
+    }
+    if buf.len() > limit {
+        match past {
+            Past::Error => return Err(ReadError::TooLarge(limit)),
+            Past::Ignore => buf.truncate(limit),
+        }
+    }
+    Ok((file, buf))
+}
+
+/// `path` opened for reading if it is a regular file, and (`Past::Error`) says it holds at
+/// most `limit` bytes.
+pub(super) fn open_checked(path: &Path, limit: usize, past: Past) -> Result<std::fs::File, ReadError> {
     // Refuse before opening: opening a FIFO blocks, a device may do anything.
     let md = std::fs::metadata(path).map_err(|e| classify(&e))?;
     file_kind(&md)?;
@@ -94,26 +120,7 @@ pub(super) fn open_read(path: &Path, limit: usize, past: Past) -> Result<(std::f
     if past == Past::Error && opened.len() > limit as u64 {
         return Err(ReadError::TooLarge(limit));
     }
-    // Read to the end (a procfs file answers a page or so per read). The buffer starts
-    // empty: std probes on the stack first, so an attribute's value is held in a buffer of
-    // its own size, not a page (a poll of a device with 1,000 ports holds tens of thousands).
-    let cap = limit.saturating_add(1);
-    let mut buf = Vec::new();
-    let mut take = (&file).take(cap as u64);
-    loop {
-        match take.read_to_end(&mut buf) {
-            Ok(_) => break,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(classify(&e)),
-        }
-    }
-    if buf.len() > limit {
-        match past {
-            Past::Error => return Err(ReadError::TooLarge(limit)),
-            Past::Ignore => buf.truncate(limit),
-        }
-    }
-    Ok((file, buf))
+    Ok(file)
 }
 
 /// What a non-regular file is (`a FIFO`, `a directory`, ...), or `None` for a regular file.

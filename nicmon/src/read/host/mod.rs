@@ -85,6 +85,7 @@ mod file;
 mod kept;
 mod listing;
 mod reader;
+mod stream;
 
 pub use access::{Access, AccessLog, FAILURE_LINK_PREFIX, failure_link_error};
 pub use file::{NOT_REGULAR, non_regular_kind, open_regular};
@@ -93,6 +94,7 @@ pub use kept::KEPT_REFRESH;
 pub use listing::Listing;
 pub use reader::{Deadlines, FILE_READ_TIMEOUT, FileSet, PendingReads, ReadStats, ReadWaker, Rels, read_file};
 use reader::{Item, Reader};
+pub use stream::{FileStream, stream_file};
 
 /// The most a sysfs attribute can hold (`PAGE_SIZE`; `sysfs_emit` writes at most a page).
 pub const PAGE: usize = 4096;
