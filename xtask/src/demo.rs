@@ -65,29 +65,92 @@ struct TraceWake {
 }
 
 /// The wake-ups of the first poll in `trace` (lines of `nicmon trace` output) whose events
-/// include `needle`.
-fn wakes_that_caught(trace: &str, needle: &str) -> Vec<TraceWake> {
+/// include an unhealthy one naming `needle`; empty when that poll had none (the interval's
+/// poll). `None` while no such poll is in `trace` yet: the daemon prints a targeted poll's
+/// trace only after its events were delivered, so the connector can have the event before
+/// the trace has the poll.
+fn wakes_that_caught(trace: &str, needle: &str) -> Option<Vec<TraceWake>> {
+    /// What the previous line was: a poll's block is its wake lines, then its indented lines.
+    #[derive(PartialEq)]
+    enum Last {
+        Wake,
+        InPoll,
+        Other,
+    }
     let mut group: Vec<TraceWake> = Vec::new();
-    let mut in_events = false;
+    let mut last = Last::Other;
     for line in trace.lines() {
         if let Some(rest) = line.strip_prefix("wake ") {
-            if in_events {
+            if last != Last::Wake {
                 group.clear();
-                in_events = false;
             }
             let field = |k: &str| rest.split_whitespace().find_map(|f| f.strip_prefix(k)).map(str::to_string);
             group.push(TraceWake {
                 hook: field("hook=").unwrap_or_default(),
                 kernel_to_agent_ms: field("kernel->agent_ms=").and_then(|v| v.parse().ok()),
             });
-        } else if line.starts_with("  event ") {
-            in_events = true;
-            if line.contains(needle) && line.contains("healthy=false") {
-                return group;
+            last = Last::Wake;
+        } else if line.starts_with("  ") {
+            // A poll without wake-ups (the interval's) prints its events only.
+            if last == Last::Other {
+                group.clear();
             }
+            last = Last::InPoll;
+            if line.starts_with("  event ") && line.contains(needle) && line.contains("healthy=false") {
+                return Some(group);
+            }
+        } else {
+            last = Last::Other;
         }
     }
-    Vec::new()
+    None
+}
+
+/// How long the demo waits for the trace to show the poll that reported the event.
+const TRACE_WAIT: Duration = Duration::from_secs(3);
+
+/// [`wakes_that_caught`] in the trace file after byte `from`, re-read until the poll is
+/// there or [`TRACE_WAIT`] has passed (`None` then).
+fn await_wakes(trace_path: &Path, from: usize, needle: &str) -> Option<Vec<TraceWake>> {
+    let deadline = Instant::now() + TRACE_WAIT;
+    loop {
+        let trace = std::fs::read_to_string(trace_path).unwrap_or_default();
+        if let Some(w) = wakes_that_caught(trace.get(from..).unwrap_or(""), needle) {
+            return Some(w);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        // The trace file has no change notification worth its cost here: a short re-read.
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// How the first (RoCE) fault was caught, said plainly: through the eBPF ring buffer (the
+/// hook and its kernel -> agent milliseconds), woken otherwise, or by the 1 s poll — and then
+/// why no wake-up carried it.
+fn how_caught(wakes: Option<&[TraceWake]>, no_ebpf_why: Option<&str>, stamped: Option<Duration>) -> String {
+    let stamped = stamped
+        .map(|d| format!(", event generated {:.1} ms after the fault", d.as_secs_f64() * 1e3))
+        .unwrap_or_default();
+    let Some(wakes) = wakes else {
+        return format!(" — the trace did not show the poll that reported it within {TRACE_WAIT:?}{stamped}");
+    };
+    match wakes.iter().find(|w| w.kernel_to_agent_ms.is_some()) {
+        Some(w) => format!(
+            " — caught through the eBPF ring buffer: hook {}, kernel -> agent {:.2} ms{stamped}",
+            w.hook,
+            w.kernel_to_agent_ms.unwrap_or_default()
+        ),
+        None if !wakes.is_empty() => {
+            let hooks: Vec<&str> = wakes.iter().map(|w| w.hook.as_str()).collect();
+            format!(" — woken by {} (not eBPF){stamped}", hooks.join(", "))
+        }
+        None => {
+            let why = no_ebpf_why.unwrap_or("eBPF was loaded, but no wake-up preceded the poll that saw it");
+            format!(" — caught by the 1 s poll (no wake-up: {why})")
+        }
+    }
 }
 
 /// The daemon's start-up log condensed: the wake-up path, the hooks attached, how many
@@ -333,8 +396,7 @@ pub fn run(opts: &Options) -> Result<()> {
         let mut how = String::new();
         if i == 0 && ok {
             // How the first (RoCE) fault was caught: the wake-ups of the poll that reported it.
-            let trace = std::fs::read_to_string(&trace_path).unwrap_or_default();
-            let wakes = wakes_that_caught(trace.get(trace_before..).unwrap_or(""), &format!("NIC={VETH_NIC}"));
+            let wakes = await_wakes(&trace_path, trace_before, &format!("NIC={VETH_NIC}"));
             let stamped = new
                 .iter()
                 .find(|e| !e.is_healthy && e.entities_impacted.iter().any(|x| x.entity_value == VETH_NIC))
@@ -343,26 +405,7 @@ pub fn run(opts: &Options) -> Result<()> {
                     let ts = SystemTime::UNIX_EPOCH + Duration::new(t.seconds as u64, t.nanos as u32);
                     ts.duration_since(at_wall).ok()
                 });
-            let stamped = stamped.map(|d| format!(", event generated {:.1} ms after the fault", d.as_secs_f64() * 1e3));
-            match wakes.iter().find(|w| w.kernel_to_agent_ms.is_some()) {
-                Some(w) => {
-                    how = format!(
-                        " — caught through the eBPF ring buffer: hook {}, kernel -> agent {:.2} ms{}",
-                        w.hook,
-                        w.kernel_to_agent_ms.unwrap_or_default(),
-                        stamped.unwrap_or_default()
-                    );
-                }
-                None if !wakes.is_empty() => {
-                    let hooks: Vec<&str> = wakes.iter().map(|w| w.hook.as_str()).collect();
-                    how = format!(" — woken by {}{}", hooks.join(", "), stamped.unwrap_or_default());
-                }
-                None => {
-                    let why = no_ebpf_why.as_deref().unwrap_or("eBPF did not load, see the wake-up path above");
-                    // (rtnetlink is off only while eBPF was expected to carry the wake-up.)
-                    how = format!(" — caught by the 1 s poll (no wake-up: {why})");
-                }
-            }
+            how = how_caught(wakes.as_deref(), no_ebpf_why.as_deref(), stamped);
         }
         let verdict = if ok {
             format!("detected in {:.2}s{how}", latency.as_secs_f64())
@@ -426,4 +469,57 @@ pub fn run(opts: &Options) -> Result<()> {
         bail!("the host's kernel log gained lines naming the demo's simulated NICs");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A targeted poll woken by the ring buffer, as `nicmon trace` prints it.
+    const TARGETED: &str = "wake hook=qdisc_reset poll=targeted(mlx5_8) kernel_ns=1 hint=Name(\"nmdemoa\") \
+                            kernel->agent_ms=0.200 coalesce_wait_ms=0.010 poll_ms=0.300 events=1 last_batch=3\n  \
+                            event EthernetStateCheck healthy=false fatal=true [NIC=mlx5_8 NICPort=1] down\n";
+
+    #[test]
+    fn the_poll_that_reported_the_event_names_its_wake_ups() {
+        let w = wakes_that_caught(TARGETED, "NIC=mlx5_8").expect("the poll is in the trace");
+        assert_eq!(w.len(), 1);
+        assert_eq!((w[0].hook.as_str(), w[0].kernel_to_agent_ms), ("qdisc_reset", Some(0.2)));
+        let how = how_caught(Some(&w), None, None);
+        assert_eq!(how, " — caught through the eBPF ring buffer: hook qdisc_reset, kernel -> agent 0.20 ms");
+    }
+
+    #[test]
+    fn an_event_delivered_before_its_trace_line_is_waited_for_not_credited_to_polling() {
+        // The connector has the event; the daemon prints the targeted poll's trace after
+        // the delivery: only the wake line (or nothing) is in the file yet.
+        let partial = TARGETED.lines().next().unwrap();
+        assert!(wakes_that_caught(partial, "NIC=mlx5_8").is_none());
+        assert!(wakes_that_caught("", "NIC=mlx5_8").is_none());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("trace.txt");
+        std::fs::write(&path, format!("earlier line\n{TARGETED}")).unwrap();
+        let w = await_wakes(&path, "earlier line\n".len(), "NIC=mlx5_8").expect("found");
+        assert_eq!(w[0].hook, "qdisc_reset");
+    }
+
+    #[test]
+    fn a_poll_without_wake_ups_is_the_interval_poll_and_says_why() {
+        // A wake-up's poll that reported something else, then the interval's poll (no wake
+        // line) that reported the port: the wake-up is not credited.
+        let trace = "wake hook=qdisc_reset poll=full kernel_ns=1 kernel->agent_ms=0.1 events=1\n  \
+                     event EthernetStateCheck healthy=false fatal=true [NIC=mlx5_9 NICPort=1] down\n  \
+                     event EthernetStateCheck healthy=false fatal=true [NIC=mlx5_8 NICPort=1] down\n";
+        // (the same poll reported both: credited)
+        assert_eq!(wakes_that_caught(trace, "NIC=mlx5_8").unwrap().len(), 1);
+        let trace = "wake hook=qdisc_reset poll=full kernel_ns=1 kernel->agent_ms=0.1 events=1\n  \
+                     event EthernetStateCheck healthy=false fatal=true [NIC=mlx5_9 NICPort=1] down\n\
+                     sent batch=4\n  \
+                     event EthernetStateCheck healthy=false fatal=true [NIC=mlx5_8 NICPort=1] down\n";
+        let w = wakes_that_caught(trace, "NIC=mlx5_8").expect("reported");
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(how_caught(Some(&w), Some("--no-ebpf"), None), " — caught by the 1 s poll (no wake-up: --no-ebpf)");
+        assert!(how_caught(Some(&w), None, None).contains("eBPF was loaded, but no wake-up preceded"));
+        assert!(how_caught(None, None, None).contains("did not show the poll"));
+    }
 }
