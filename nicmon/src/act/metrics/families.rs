@@ -46,6 +46,10 @@ families! {
          unreadable, stuck, empty or unparsable";
     events_sent: Family<CheckLabels, Counter> = Family::default() => "nicmon_events_sent",
         "Health events accepted by the sink, by check";
+    unhealthy_events: Family<UnhealthyLabels, Counter> = Family::default() => "nicmon_unhealthy_events",
+        "Unhealthy health events raised by the polls, by check, NIC (device and port; port 0: the \
+         device as a whole, device empty: the node), error code and fatality. A series is created \
+         at its first event, at 1: count it with `(X unless X offset W) or increase(X[W])`";
     events_failed: Family<FailedLabels, Counter> = Family::default() => "nicmon_events_failed",
         "Health events in batches the sink did not accept, by check and failure kind";
     poll_duration: Histogram = Histogram::new(POLL_BUCKETS) => "nicmon_poll_duration_seconds",
@@ -233,6 +237,18 @@ pub(super) struct NodeCheckDevicePort {
     pub(super) check: String,
     pub(super) device: String,
     pub(super) port: u32,
+}
+
+/// [`Families::unhealthy_events`]: the node as upstream's series carry it, the check, the
+/// NIC, the event's (first) error code and its fatality.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct UnhealthyLabels {
+    pub(super) node: String,
+    pub(super) check: String,
+    pub(super) device: String,
+    pub(super) port: u32,
+    pub(super) error_code: String,
+    pub(super) is_fatal: bool,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -21,7 +21,7 @@ pub use server::{Liveness, MetricsServer};
 use families::{
     AerLabels, AttributeLabels, CheckLabels, CounterLabels, DeviceLabels, FailedLabels, Families, HookLabels,
     NodeCategory, NodeCheck, NodeCheckDevicePort, NodeCheckFatal, NodeCounterDevicePortFatal, POLL_CATEGORIES,
-    PortLabels, RoleLabels, SourceLabels,
+    PortLabels, RoleLabels, SourceLabels, UnhealthyLabels,
 };
 
 use crate::model::event::{Check, HealthEvent};
@@ -197,6 +197,20 @@ impl Metrics {
                     .inc_by(events.len() as u64);
             }
         }
+    }
+
+    /// An unhealthy event `e` of the NIC `device` port `port` (port 0: the device as a whole;
+    /// device empty: the node) was raised.
+    fn unhealthy_event(&self, e: &HealthEvent, device: &str, port: u32) {
+        let labels = UnhealthyLabels {
+            node: self.node.clone(),
+            check: e.check_name.to_string(),
+            device: device.into(),
+            port,
+            error_code: e.error_code.first().cloned().unwrap_or_default(),
+            is_fatal: e.is_fatal,
+        };
+        self.f.unhealthy_events.get_or_create(&labels).inc();
     }
 
     /// One poll cycle took `d` and completed at `completed` (Unix seconds). nicmon reads the
