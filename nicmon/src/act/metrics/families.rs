@@ -137,6 +137,10 @@ families! {
     legacy_last_completed: Family<NodeCategory, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
         => "nic_health_monitor_poll_cycle_last_completed_timestamp_seconds",
         "Unix time at which the last poll cycle of the category completed";
+    legacy_poll_stalled: Family<NodeCategory, Gauge> = Family::default()
+        => "nic_health_monitor_poll_stalled",
+        "1 while a poll of the category has been in flight for the stall deadline or longer \
+         (--poll-stall-deadline), 0 otherwise";
     legacy_first_poll_deferred: Family<NodeCheck, Counter> = Family::default()
         => "nic_health_monitor_first_poll_deferred",
         "Polls a check skipped before its first evaluation because devices were unreadable (at most \

@@ -96,6 +96,8 @@ impl Metrics {
                 m.f.legacy_first_poll_deferred
                     .get_or_create(&NodeCheck { node: m.node.clone(), check: check.to_string() });
         }
+        // Not stalled until the watchdog says so (always, without it).
+        m.set_poll_stalled(false);
         for check in Check::ALL {
             let _ = m.f.events_sent.get_or_create(&check_labels(check));
             for kind in ["retryable", "permanent"] {
@@ -223,6 +225,15 @@ impl Metrics {
             let labels = NodeCategory { node: self.node.clone(), category: category.into() };
             self.f.legacy_poll_duration.get_or_create(&labels).observe(secs);
             self.f.legacy_last_completed.get_or_create(&labels).set(completed);
+        }
+    }
+
+    /// Whether the poll in flight has passed the stall deadline (the poll-stall watchdog's
+    /// look): both categories, as nicmon's one poll reads the state and the counters.
+    pub fn set_poll_stalled(&self, stalled: bool) {
+        for category in POLL_CATEGORIES {
+            let labels = NodeCategory { node: self.node.clone(), category: category.into() };
+            self.f.legacy_poll_stalled.get_or_create(&labels).set(i64::from(stalled));
         }
     }
 
@@ -412,6 +423,19 @@ fn check_labels(check: Check) -> CheckLabels {
 mod tests {
     use super::*;
     use crate::model::event::Stamp;
+
+    /// Upstream's stall gauge: 0 for both categories from the start, 1 while stalled.
+    #[test]
+    fn the_poll_stalled_gauge_starts_at_zero_for_both_categories() {
+        let m = Metrics::new("gpu-node-1");
+        let line =
+            |c: &str, v: u8| format!(r#"nic_health_monitor_poll_stalled{{node="gpu-node-1",category="{c}"}} {v}"#);
+        let text = m.encode();
+        assert!(text.contains(&line("state", 0)) && text.contains(&line("counter", 0)), "{text}");
+        m.set_poll_stalled(true);
+        let text = m.encode();
+        assert!(text.contains(&line("state", 1)) && text.contains(&line("counter", 1)), "{text}");
+    }
 
     #[test]
     fn exports_the_named_metrics() {
