@@ -74,6 +74,10 @@ families! {
         => "nicmon_port_pre_fec_ber",
         "Pre-FEC bit error rate of a RoCE port over the last full counter window (FEC-corrected \
          bits / (port rate x window)); absent until a window was measured";
+    port_fec_limit: Family<PortLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+        => "nicmon_port_fec_correction_limit",
+        "The pre-FEC BER the RS-FEC code of a RoCE port can still correct (about 2.4e-4 for \
+         RS(544,514), 2.3e-5 for RS(528,514)); absent where the code is not known";
     port_fec_mode: Family<FecModeLabels, Gauge> = Family::default() => "nicmon_port_fec_mode",
         "1 for the FEC encoding active on a RoCE port (RS, BASER, LLRS, off), as its driver \
          reports it";
@@ -95,6 +99,13 @@ families! {
         "PCIe link speed of a monitored PF in GT/s per lane (32 = Gen5); absent while the link is down";
     pcie_link_width: Family<DeviceLabels, Gauge> = Family::default() => "nicmon_pcie_link_width",
         "PCIe link width of a monitored PF in lanes; absent while the link is down";
+    pcie_link_max_speed: Family<DeviceLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+        => "nicmon_pcie_link_max_speed_gts",
+        "The PCIe link speed a monitored PF can train at in GT/s per lane: the lower of its own \
+         and its upstream port's maximum (below it: downtrained); absent while unknown";
+    pcie_link_max_width: Family<DeviceLabels, Gauge> = Family::default() => "nicmon_pcie_link_max_width",
+        "The PCIe link width a monitored PF can train at in lanes: the lower of its own and its \
+         upstream port's maximum (below it: downtrained); absent while unknown";
     pcie_aer_errors: Family<AerLabels, Gauge> = Family::default() => "nicmon_pcie_aer_errors",
         "AER error total of a monitored PF by severity (the kernel's TOTAL_ERR_COR|NONFATAL|FATAL since \
          boot); absent without AER";

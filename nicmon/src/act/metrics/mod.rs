@@ -303,6 +303,8 @@ impl Metrics {
         self.f.pcie_link_speed.clear();
         self.f.pcie_link_width.clear();
         self.f.pcie_aer_errors.clear();
+        self.f.pcie_link_max_speed.clear();
+        self.f.pcie_link_max_width.clear();
         for (device, speed, width, aer) in pfs {
             let labels = DeviceLabels { device: device.into() };
             if let Some(s) = speed {
@@ -316,6 +318,23 @@ impl Metrics {
                     let labels = AerLabels { device: device.into(), severity: severity.into() };
                     self.f.pcie_aer_errors.get_or_create(&labels).set(i64::try_from(t).unwrap_or(i64::MAX));
                 }
+            }
+        }
+    }
+
+    /// What each monitored PF's PCIe link can train at (`(device, capability)`: the lower of
+    /// its and its upstream port's maxima), after [`Metrics::set_pcie`] of the same poll.
+    pub fn set_pcie_capability<'a>(
+        &self,
+        pfs: impl IntoIterator<Item = (&'a str, crate::decide::pcie::link::Capability)>,
+    ) {
+        for (device, cap) in pfs {
+            let labels = DeviceLabels { device: device.into() };
+            if let Some(s) = cap.speed {
+                self.f.pcie_link_max_speed.get_or_create(&labels).set(f64::from(s.mts()) / 1000.0);
+            }
+            if let Some(w) = cap.width {
+                self.f.pcie_link_max_width.get_or_create(&labels).set(i64::from(w));
             }
         }
     }

@@ -26,6 +26,11 @@ impl Metrics {
         self.observe_roles(poll);
         self.observe_ports(poll);
         self.set_pcie(crate::decide::pcie::check::figures(&poll.snapshot, &poll.roles));
+        self.set_pcie_capability(poll.snapshot.devices.iter().filter(|d| !d.is_vf()).filter_map(|d| {
+            let monitored = poll.roles.get(&d.name).is_some_and(|c| c.monitored);
+            let cap = crate::decide::pcie::link::capability(d.pcie.as_ref().filter(|_| monitored)?)?;
+            Some((d.name.as_str(), cap))
+        }));
         self.observe_discovered(poll);
         for check in &poll.deferred {
             self.first_poll_deferred(*check, 1);
