@@ -100,8 +100,17 @@ impl Tracker {
         if let Some(o) = self.owed {
             return Due::Stalled(o.in_flight);
         }
-        let stalled_now = self.started.is_some_and(|s| now.saturating_duration_since(s) >= deadline);
-        if !stalled_now && self.completed && (self.reported || !self.baselined) { Due::Healthy } else { Due::Nothing }
+        if !self.stalled_now(now, deadline) && self.completed && (self.reported || !self.baselined) {
+            Due::Healthy
+        } else {
+            Due::Nothing
+        }
+    }
+
+    /// Whether the poll in flight has been so for `deadline` or longer at `now`: upstream's
+    /// `nic_health_monitor_poll_stalled` (whatever has been published).
+    pub fn stalled_now(&self, now: Instant, deadline: Duration) -> bool {
+        self.started.is_some_and(|s| now.saturating_duration_since(s) >= deadline)
     }
 
     /// `due` was published (accepted, or rejected for good: it will not be accepted later).
@@ -171,11 +180,24 @@ struct Shared {
     /// poll ends and at stop.
     wake: tokio::sync::Notify,
     stop: std::sync::atomic::AtomicBool,
+    /// Where `nic_health_monitor_poll_stalled` is set (`None`: no metrics).
+    metrics: Option<Arc<crate::act::metrics::Metrics>>,
 }
 
 impl Shared {
     fn tracker(&self) -> std::sync::MutexGuard<'_, Tracker> {
         self.tracker.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What is due at `now`; the stall gauge set from the same look, under the tracker's
+    /// lock, so a poll's end ([`Watchdog::end`]) never lands between the two.
+    fn look(&self, now: Instant, deadline: Duration) -> Due {
+        let mut t = self.tracker();
+        let due = t.due(now, deadline);
+        if let Some(m) = &self.metrics {
+            m.set_poll_stalled(t.stalled_now(now, deadline));
+        }
+        due
     }
 }
 
@@ -186,12 +208,20 @@ pub struct Watchdog {
 }
 
 impl Watchdog {
-    /// Start the watchdog thread. `stamp` carries the node name and the events' strategy.
-    pub fn start(deadline: Duration, stamp: Stamp, sink: &SinkSpec, grpc: GrpcConfig) -> std::io::Result<Watchdog> {
+    /// Start the watchdog thread. `stamp` carries the node name and the events' strategy;
+    /// `metrics` gets `nic_health_monitor_poll_stalled` at every look and poll end.
+    pub fn start(
+        deadline: Duration,
+        stamp: Stamp,
+        sink: &SinkSpec,
+        grpc: GrpcConfig,
+        metrics: Option<Arc<crate::act::metrics::Metrics>>,
+    ) -> std::io::Result<Watchdog> {
         let shared = Arc::new(Shared {
             tracker: Mutex::new(Tracker::default()),
             wake: tokio::sync::Notify::new(),
             stop: std::sync::atomic::AtomicBool::new(false),
+            metrics,
         });
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let sink = Sink::lazy(sink, grpc);
@@ -215,7 +245,13 @@ impl Watchdog {
 
     /// The poll completed.
     pub fn end(&self) {
-        self.shared.tracker().end();
+        {
+            let mut t = self.shared.tracker();
+            t.end();
+            if let Some(m) = &self.shared.metrics {
+                m.set_poll_stalled(false);
+            }
+        }
         self.shared.wake.notify_waiters();
     }
 }
@@ -246,7 +282,7 @@ async fn watch_loop(shared: &Shared, deadline: Duration, stamp: &Stamp, mut sink
             let woken = shared.wake.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            let due = shared.tracker().due(Instant::now(), deadline);
+            let due = shared.look(Instant::now(), deadline);
             match due {
                 Due::Nothing => {
                     let _ = tokio::time::timeout(every, woken).await;
@@ -281,6 +317,21 @@ mod tests {
     use super::*;
 
     const D: Duration = Duration::from_secs(10);
+
+    /// The stall gauge's view: stalled from the deadline while the poll is in flight, not
+    /// once it ended (whatever is still owed to the connector).
+    #[test]
+    fn stalled_now_follows_the_poll_in_flight() {
+        let t0 = Instant::now();
+        let mut t = Tracker::default();
+        assert!(!t.stalled_now(t0, D));
+        t.begin(t0);
+        assert!(!t.stalled_now(t0 + Duration::from_secs(9), D));
+        assert!(t.stalled_now(t0 + D, D));
+        assert!(matches!(t.due(t0 + D, D), Due::Stalled(_)));
+        t.end();
+        assert!(!t.stalled_now(t0 + Duration::from_secs(11), D));
+    }
 
     #[test]
     fn nothing_is_due_before_the_first_completed_poll_then_one_healthy_baseline() {

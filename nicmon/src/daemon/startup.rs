@@ -74,7 +74,7 @@ impl<'a> Daemon<'a> {
         let (kmsg_tx, kmsg) = mpsc::channel::<Delivery>(KMSG_CHANNEL_BATCHES);
         let tail = start_kernel_log(opts, &monitor, state.checks.kmsg.last_seq, kmsg_tx, &metrics);
         let courier = start_courier(opts, &mut state, &loaded, &metrics);
-        let stall = start_stall_watchdog(opts, &monitor)?;
+        let stall = start_stall_watchdog(opts, &monitor, &metrics)?;
         let mut tick = tokio::time::interval(opts.interval.min(Duration::from_secs(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tracing::info!(node = %monitor.decider.stamp.node_name, interval = ?opts.interval, "nicmon running");
@@ -195,6 +195,7 @@ fn start_courier(opts: &RunOptions, state: &mut State, loaded: &Loaded, metrics:
 fn start_stall_watchdog(
     opts: &RunOptions,
     monitor: &Monitor,
+    metrics: &Arc<Metrics>,
 ) -> Result<Option<crate::act::stall::Watchdog>, StartError> {
     if opts.poll_stall.deadline.is_zero() {
         tracing::info!("NIC poll stall detection off (--poll-stall-deadline=0s)");
@@ -207,8 +208,14 @@ fn start_stall_watchdog(
             monitor.decider.stamp.processing_strategy,
         ),
     };
-    let watchdog = crate::act::stall::Watchdog::start(opts.poll_stall.deadline, stamp, &opts.sink, opts.grpc.clone())
-        .map_err(StartError::StallWatchdog)?;
+    let watchdog = crate::act::stall::Watchdog::start(
+        opts.poll_stall.deadline,
+        stamp,
+        &opts.sink,
+        opts.grpc.clone(),
+        Some(metrics.clone()),
+    )
+    .map_err(StartError::StallWatchdog)?;
     Ok(Some(watchdog))
 }
 

@@ -46,6 +46,10 @@ families! {
          unreadable, stuck, empty or unparsable";
     events_sent: Family<CheckLabels, Counter> = Family::default() => "nicmon_events_sent",
         "Health events accepted by the sink, by check";
+    unhealthy_events: Family<UnhealthyLabels, Counter> = Family::default() => "nicmon_unhealthy_events",
+        "Unhealthy health events raised by the polls, by check, NIC (device and port; port 0: the \
+         device as a whole, device empty: the node), error code and fatality. A series is created \
+         at its first event, at 1: count it with `(X unless X offset W) or increase(X[W])`";
     events_failed: Family<FailedLabels, Counter> = Family::default() => "nicmon_events_failed",
         "Health events in batches the sink did not accept, by check and failure kind";
     poll_duration: Histogram = Histogram::new(POLL_BUCKETS) => "nicmon_poll_duration_seconds",
@@ -70,6 +74,10 @@ families! {
         => "nicmon_port_pre_fec_ber",
         "Pre-FEC bit error rate of a RoCE port over the last full counter window (FEC-corrected \
          bits / (port rate x window)); absent until a window was measured";
+    port_fec_limit: Family<PortLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+        => "nicmon_port_fec_correction_limit",
+        "The pre-FEC BER the RS-FEC code of a RoCE port can still correct (about 2.4e-4 for \
+         RS(544,514), 2.3e-5 for RS(528,514)); absent where the code is not known";
     port_fec_mode: Family<FecModeLabels, Gauge> = Family::default() => "nicmon_port_fec_mode",
         "1 for the FEC encoding active on a RoCE port (RS, BASER, LLRS, off), as its driver \
          reports it";
@@ -91,6 +99,13 @@ families! {
         "PCIe link speed of a monitored PF in GT/s per lane (32 = Gen5); absent while the link is down";
     pcie_link_width: Family<DeviceLabels, Gauge> = Family::default() => "nicmon_pcie_link_width",
         "PCIe link width of a monitored PF in lanes; absent while the link is down";
+    pcie_link_max_speed: Family<DeviceLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+        => "nicmon_pcie_link_max_speed_gts",
+        "The PCIe link speed a monitored PF can train at in GT/s per lane: the lower of its own \
+         and its upstream port's maximum (below it: downtrained); absent while unknown";
+    pcie_link_max_width: Family<DeviceLabels, Gauge> = Family::default() => "nicmon_pcie_link_max_width",
+        "The PCIe link width a monitored PF can train at in lanes: the lower of its own and its \
+         upstream port's maximum (below it: downtrained); absent while unknown";
     pcie_aer_errors: Family<AerLabels, Gauge> = Family::default() => "nicmon_pcie_aer_errors",
         "AER error total of a monitored PF by severity (the kernel's TOTAL_ERR_COR|NONFATAL|FATAL since \
          boot); absent without AER";
@@ -133,6 +148,10 @@ families! {
     legacy_last_completed: Family<NodeCategory, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
         => "nic_health_monitor_poll_cycle_last_completed_timestamp_seconds",
         "Unix time at which the last poll cycle of the category completed";
+    legacy_poll_stalled: Family<NodeCategory, Gauge> = Family::default()
+        => "nic_health_monitor_poll_stalled",
+        "1 while a poll of the category has been in flight for the stall deadline or longer \
+         (--poll-stall-deadline), 0 otherwise";
     legacy_first_poll_deferred: Family<NodeCheck, Counter> = Family::default()
         => "nic_health_monitor_first_poll_deferred",
         "Polls a check skipped before its first evaluation because devices were unreadable (at most \
@@ -233,6 +252,18 @@ pub(super) struct NodeCheckDevicePort {
     pub(super) check: String,
     pub(super) device: String,
     pub(super) port: u32,
+}
+
+/// [`Families::unhealthy_events`]: the node as upstream's series carry it, the check, the
+/// NIC, the event's (first) error code and its fatality.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct UnhealthyLabels {
+    pub(super) node: String,
+    pub(super) check: String,
+    pub(super) device: String,
+    pub(super) port: u32,
+    pub(super) error_code: String,
+    pub(super) is_fatal: bool,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -21,7 +21,7 @@ pub use server::{Liveness, MetricsServer};
 use families::{
     AerLabels, AttributeLabels, CheckLabels, CounterLabels, DeviceLabels, FailedLabels, Families, HookLabels,
     NodeCategory, NodeCheck, NodeCheckDevicePort, NodeCheckFatal, NodeCounterDevicePortFatal, POLL_CATEGORIES,
-    PortLabels, RoleLabels, SourceLabels,
+    PortLabels, RoleLabels, SourceLabels, UnhealthyLabels,
 };
 
 use crate::model::event::{Check, HealthEvent};
@@ -96,6 +96,8 @@ impl Metrics {
                 m.f.legacy_first_poll_deferred
                     .get_or_create(&NodeCheck { node: m.node.clone(), check: check.to_string() });
         }
+        // Not stalled until the watchdog says so (always, without it).
+        m.set_poll_stalled(false);
         for check in Check::ALL {
             let _ = m.f.events_sent.get_or_create(&check_labels(check));
             for kind in ["retryable", "permanent"] {
@@ -199,6 +201,20 @@ impl Metrics {
         }
     }
 
+    /// An unhealthy event `e` of the NIC `device` port `port` (port 0: the device as a whole;
+    /// device empty: the node) was raised.
+    fn unhealthy_event(&self, e: &HealthEvent, device: &str, port: u32) {
+        let labels = UnhealthyLabels {
+            node: self.node.clone(),
+            check: e.check_name.to_string(),
+            device: device.into(),
+            port,
+            error_code: e.error_code.first().cloned().unwrap_or_default(),
+            is_fatal: e.is_fatal,
+        };
+        self.f.unhealthy_events.get_or_create(&labels).inc();
+    }
+
     /// One poll cycle took `d` and completed at `completed` (Unix seconds). nicmon reads the
     /// state and the counters in the same cycle: the existing monitor's two categories
     /// (`state`, `counter`) both observe it.
@@ -209,6 +225,15 @@ impl Metrics {
             let labels = NodeCategory { node: self.node.clone(), category: category.into() };
             self.f.legacy_poll_duration.get_or_create(&labels).observe(secs);
             self.f.legacy_last_completed.get_or_create(&labels).set(completed);
+        }
+    }
+
+    /// Whether the poll in flight has passed the stall deadline (the poll-stall watchdog's
+    /// look): both categories, as nicmon's one poll reads the state and the counters.
+    pub fn set_poll_stalled(&self, stalled: bool) {
+        for category in POLL_CATEGORIES {
+            let labels = NodeCategory { node: self.node.clone(), category: category.into() };
+            self.f.legacy_poll_stalled.get_or_create(&labels).set(i64::from(stalled));
         }
     }
 
@@ -278,6 +303,8 @@ impl Metrics {
         self.f.pcie_link_speed.clear();
         self.f.pcie_link_width.clear();
         self.f.pcie_aer_errors.clear();
+        self.f.pcie_link_max_speed.clear();
+        self.f.pcie_link_max_width.clear();
         for (device, speed, width, aer) in pfs {
             let labels = DeviceLabels { device: device.into() };
             if let Some(s) = speed {
@@ -291,6 +318,23 @@ impl Metrics {
                     let labels = AerLabels { device: device.into(), severity: severity.into() };
                     self.f.pcie_aer_errors.get_or_create(&labels).set(i64::try_from(t).unwrap_or(i64::MAX));
                 }
+            }
+        }
+    }
+
+    /// What each monitored PF's PCIe link can train at (`(device, capability)`: the lower of
+    /// its and its upstream port's maxima), after [`Metrics::set_pcie`] of the same poll.
+    pub fn set_pcie_capability<'a>(
+        &self,
+        pfs: impl IntoIterator<Item = (&'a str, crate::decide::pcie::link::Capability)>,
+    ) {
+        for (device, cap) in pfs {
+            let labels = DeviceLabels { device: device.into() };
+            if let Some(s) = cap.speed {
+                self.f.pcie_link_max_speed.get_or_create(&labels).set(f64::from(s.mts()) / 1000.0);
+            }
+            if let Some(w) = cap.width {
+                self.f.pcie_link_max_width.get_or_create(&labels).set(i64::from(w));
             }
         }
     }
@@ -398,6 +442,19 @@ fn check_labels(check: Check) -> CheckLabels {
 mod tests {
     use super::*;
     use crate::model::event::Stamp;
+
+    /// Upstream's stall gauge: 0 for both categories from the start, 1 while stalled.
+    #[test]
+    fn the_poll_stalled_gauge_starts_at_zero_for_both_categories() {
+        let m = Metrics::new("gpu-node-1");
+        let line =
+            |c: &str, v: u8| format!(r#"nic_health_monitor_poll_stalled{{node="gpu-node-1",category="{c}"}} {v}"#);
+        let text = m.encode();
+        assert!(text.contains(&line("state", 0)) && text.contains(&line("counter", 0)), "{text}");
+        m.set_poll_stalled(true);
+        let text = m.encode();
+        assert!(text.contains(&line("state", 1)) && text.contains(&line("counter", 1)), "{text}");
+    }
 
     #[test]
     fn exports_the_named_metrics() {

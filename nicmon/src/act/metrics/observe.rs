@@ -26,6 +26,11 @@ impl Metrics {
         self.observe_roles(poll);
         self.observe_ports(poll);
         self.set_pcie(crate::decide::pcie::check::figures(&poll.snapshot, &poll.roles));
+        self.set_pcie_capability(poll.snapshot.devices.iter().filter(|d| !d.is_vf()).filter_map(|d| {
+            let monitored = poll.roles.get(&d.name).is_some_and(|c| c.monitored);
+            let cap = crate::decide::pcie::link::capability(d.pcie.as_ref().filter(|_| monitored)?)?;
+            Some((d.name.as_str(), cap))
+        }));
         self.observe_discovered(poll);
         for check in &poll.deferred {
             self.first_poll_deferred(*check, 1);
@@ -102,7 +107,8 @@ impl Metrics {
         }
     }
 
-    /// The existing monitor's error metrics, from the unhealthy events' typed fields: state
+    /// Every unhealthy event by check, NIC and error code (`nicmon_unhealthy_events_total`),
+    /// and the existing monitor's error metrics, from the unhealthy events' typed fields: state
     /// check errors, and counter threshold breaches (a saturated counter's event is not a
     /// breach: no thresholds are evaluated while it is saturated).
     fn observe_errors<'e>(&self, events: impl Iterator<Item = &'e HealthEvent>, next: &CheckState) {
@@ -113,6 +119,7 @@ impl Metrics {
                 Subject::Device(name) | Subject::Card(name) => (name, 0),
                 Subject::Node => ("", 0),
             };
+            self.unhealthy_event(e, dev, port);
             let Some(check) = e.check() else { continue };
             match check.kind() {
                 CheckKind::PortState | CheckKind::CharDevices => self.state_check_error(check, dev, port),
@@ -169,6 +176,33 @@ mod tests {
             text.lines().filter(|l| l.starts_with("nic_health_monitor_counter_threshold_breaches_total{")).collect();
         assert_eq!(breaches.len(), 1, "{breaches:#?}");
         assert!(breaches[0].contains("symbol_error") && breaches[0].ends_with(" 1"), "{}", breaches[0]);
+    }
+
+    /// Every unhealthy event is counted by check, NIC, error code and fatality, whatever its
+    /// check (a device's event on port 0); healthy events are not.
+    #[test]
+    fn unhealthy_events_are_counted_by_nic_and_error_code() {
+        let pcie = HealthEvent::new(Check::NICPCIeCheck, &Stamp::default(), OffsetDateTime::UNIX_EPOCH, "x")
+            .entities(vec![Entity::device("mlx5_3".to_string())])
+            .error_code("aer_fatal")
+            .unhealthy(true);
+        let healthy = HealthEvent::new(Check::NICPCIeCheck, &Stamp::default(), OffsetDateTime::UNIX_EPOCH, "x")
+            .entities(vec![Entity::device("mlx5_3".to_string())])
+            .error_code("pcie_link_downtrained");
+        let poll = Poll { events: vec![pcie, degradation("symbol_error", false), healthy], ..Default::default() };
+        let metrics = Metrics::new("n");
+        metrics.observe(&poll, &poll.next);
+        let text = metrics.encode();
+        let mut lines: Vec<&str> = text.lines().filter(|l| l.starts_with("nicmon_unhealthy_events_total{")).collect();
+        lines.sort();
+        assert_eq!(
+            lines,
+            [
+                r#"nicmon_unhealthy_events_total{node="n",check="InfiniBandDegradationCheck",device="mlx5_0",port="1",error_code="symbol_error",is_fatal="false"} 1"#,
+                r#"nicmon_unhealthy_events_total{node="n",check="NICPCIeCheck",device="mlx5_3",port="0",error_code="aer_fatal",is_fatal="true"} 1"#,
+            ],
+            "{text}"
+        );
     }
 
     /// A port whose state is unknown is neither healthy nor unhealthy in the metrics: it is

@@ -20,6 +20,8 @@ pub(super) struct PortPhy<'a> {
     pub(super) pre_fec_ber: Option<f64>,
     pub(super) pause_share: Option<f64>,
     pub(super) fec_mode: Option<String>,
+    /// The BER its RS-FEC code can still correct, where the code is known.
+    pub(super) fec_limit: Option<f64>,
     pub(super) uncorrectable: Option<u64>,
     /// ECN/CNP counters by name ([`ethtool::CONGESTION`]).
     pub(super) congestion: Vec<(&'static str, u64)>,
@@ -45,12 +47,23 @@ pub(super) fn ports<'a>(poll: &'a Poll, counters: &CounterState) -> Vec<PortPhy<
                 pre_fec_ber: counters.measured(&d.name, p.number, PRE_FEC_BER_RULE),
                 pause_share: counters.measured(&d.name, p.number, PAUSE_VICTIM_RULE),
                 fec_mode: snap.and_then(|s| s.fec.as_ref()).and_then(|f| f.active).map(|m| m.name()),
+                fec_limit: fec_limit(p),
                 uncorrectable: snap.and_then(ethtool::uncorrectable),
                 congestion: ethtool::CONGESTION.iter().filter_map(|&n| Some((n, counter(n)?))).collect(),
             });
         }
     }
     out
+}
+
+/// The correction limit of the RS-FEC code `p` runs, told as the pre-FEC BER rule tells it
+/// (the lanes its RDMA `rate` names, else its FEC statistics' lanes).
+fn fec_limit(p: &crate::model::Port) -> Option<f64> {
+    use crate::decide::phy;
+    let fec = p.ethtool.as_ref()?.fec.as_ref()?;
+    let named = phy::rate_lanes(p.rate.as_ref().and_then(|r| r.width.as_deref()));
+    let lanes = named.or((!fec.lanes.is_empty()).then_some(fec.lanes.len()));
+    phy::rs_code(fec.active, p.rate_bps()?, lanes).map(phy::RsCode::correction_limit)
 }
 
 impl Metrics {
@@ -65,6 +78,7 @@ impl Metrics {
         f.port_pre_fec_ber.clear();
         f.port_pause_share.clear();
         f.port_fec_mode.clear();
+        f.port_fec_limit.clear();
         f.port_fec_uncorrectable.clear();
         f.port_congestion.clear();
         for p in ports {
@@ -74,6 +88,9 @@ impl Metrics {
             }
             if let Some(share) = p.pause_share {
                 f.port_pause_share.get_or_create(&labels).set(share);
+            }
+            if let Some(limit) = p.fec_limit {
+                f.port_fec_limit.get_or_create(&labels).set(limit);
             }
             if let Some(n) = p.uncorrectable {
                 f.port_fec_uncorrectable.get_or_create(&labels).set(n as f64);
@@ -180,6 +197,8 @@ mod tests {
         let share = value(&text, &format!("nicmon_port_pause_time_share{port}")).expect("pause share exported");
         assert!((share - 0.25).abs() < 1e-9, "{share}");
         assert_eq!(value(&text, &format!("nicmon_port_fec_uncorrectable_blocks{port}")), Some(5.0));
+        let limit = value(&text, &format!("nicmon_port_fec_correction_limit{port}")).expect("FEC limit exported");
+        assert!((2.3e-4..2.6e-4).contains(&limit), "200G RS-FEC is KP4: {limit:e}");
         let mode = format!(r#"nicmon_port_fec_mode{{device="{dev}",port="1",mode="RS"}}"#);
         assert_eq!(value(&text, &mode), Some(1.0), "{text}");
         let cnp =
