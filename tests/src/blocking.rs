@@ -38,3 +38,22 @@ impl Drop for BlockingFile {
         }
     }
 }
+
+/// `<dir>/{name}`, a FIFO with no writer: opening it for reading would block.
+pub fn fifo_in(dir: &std::path::Path, name: &str) -> PathBuf {
+    let fifo = dir.join(name);
+    let c = std::ffi::CString::new(fifo.to_str().expect("a UTF-8 path")).expect("no NUL in the path");
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", fifo.display());
+    fifo
+}
+
+/// `f` on a thread, its answer within 10 s (a guard: a regression that blocks fails the test
+/// instead of hanging it).
+pub fn promptly<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(10)).expect("blocked on a FIFO")
+}

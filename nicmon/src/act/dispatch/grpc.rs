@@ -367,24 +367,7 @@ pub(super) fn describe(status: &Status) -> String {
 mod tests {
     use super::*;
 
-    /// `<dir>/{name}`, a FIFO with no writer: opening it for reading would block.
-    fn fifo_in(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
-        let fifo = dir.join(name);
-        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        fifo
-    }
-
-    /// `f` on a thread, its answer within 10 s (a guard: a regression that blocks fails
-    /// the test instead of hanging it).
-    fn promptly<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(f());
-        });
-        rx.recv_timeout(std::time::Duration::from_secs(10)).expect("blocked on a FIFO")
-    }
+    use nicmon_tests::blocking::{fifo_in, promptly};
 
     /// A FIFO named as the token file is refused before it is opened: a send is not blocked.
     #[test]
