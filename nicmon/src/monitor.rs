@@ -152,7 +152,8 @@ impl Monitor {
     /// Read the host once. `links`: also read what attributing kernel log lines needs.
     pub fn observe(&self, prev: &CheckState, links: bool) -> Observation {
         let judge = |d: &Device, route: &[String]| self.decider.unmonitored(d, route);
-        self.observer.observe(prior(prev), &judge, links)
+        let departed = |snapshot: &Snapshot| departed(prev, snapshot);
+        self.observer.observe(prior(prev, &departed), &judge, links)
     }
 
     /// The targeted read of a hinted wake-up (SPEC §1.8,
@@ -185,21 +186,28 @@ impl Monitor {
 }
 
 /// What a read takes from the previous poll's state.
-fn prior(prev: &CheckState) -> Prior<'_> {
+fn prior<'a>(prev: &'a CheckState, departed: &'a dyn Fn(&Snapshot) -> Vec<Departed>) -> Prior<'a> {
     Prior {
         known: prev
             .links
             .known_devices
             .iter()
-            .map(|(name, k)| Departed {
-                device: name.clone(),
-                pci_address: k.pci_address.clone(),
-                card: k.card.clone(),
-            })
+            .filter_map(|(n, k)| k.pci_address.clone().map(|p| (n.clone(), p)))
             .collect(),
+        departed,
         einval: &prev.einval,
         char_listing_may_stand: !prev.char_devices.watching(),
     }
+}
+
+/// The devices known earlier in this boot that `snapshot` lacks.
+fn departed(prev: &CheckState, snapshot: &Snapshot) -> Vec<Departed> {
+    prev.links
+        .known_devices
+        .iter()
+        .filter(|(name, _)| !snapshot.devices.iter().any(|d| &d.name == *name))
+        .map(|(name, k)| Departed { device: name.clone(), pci_address: k.pci_address.clone(), card: k.card.clone() })
+        .collect()
 }
 
 /// What RoCE ports read besides, while `[phyCheck]` is enabled: the ECN/CNP congestion

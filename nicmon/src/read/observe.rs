@@ -29,9 +29,12 @@ pub struct Observer {
 
 /// What a read takes from the previous poll.
 pub struct Prior<'a> {
-    /// Devices known earlier in this boot (their PCI function is probed when one is
-    /// missing from the listing; a departed one's last kernel-log lines explain why).
-    pub known: Vec<Departed>,
+    /// Devices known earlier in this boot, by name and PCI address: their PCI function is
+    /// probed when one is missing from the listing.
+    pub known: Vec<(String, String)>,
+    /// The devices known earlier in this boot that a snapshot lacks (their last kernel-log
+    /// lines explain why): asked only when the kernel log's links are read.
+    pub departed: &'a dyn Fn(&Snapshot) -> Vec<Departed>,
     /// The files whose read failed with `EINVAL` in this boot: never read again.
     pub einval: &'a BTreeSet<String>,
     /// The character-device listing may stand (no character device is missing).
@@ -43,7 +46,7 @@ impl Observer {
     pub fn observe(&self, prior: Prior<'_>, unmonitored: Unmonitored<'_>, links: bool) -> Observation {
         let plan = ReadPlan {
             counter_paths: self.counter_paths.clone(),
-            known: prior.known.iter().filter_map(|k| k.pci_address.clone().map(|p| (k.device.clone(), p))).collect(),
+            known: prior.known,
             statics: Some(self.statics.clone()),
             roce: self.roce_reads.clone(),
             unmonitored: Some(unmonitored),
@@ -57,9 +60,7 @@ impl Observer {
         let ethtool_notes = self.read_ethtool(&mut snapshot, unmonitored);
         let links = links.then(|| {
             // Devices that went since an earlier poll: their last lines explain why.
-            let departed =
-                prior.known.into_iter().filter(|k| !snapshot.devices.iter().any(|d| d.name == k.device)).collect();
-            HostLinks::read(&self.host, &snapshot, departed)
+            HostLinks::read(&self.host, &snapshot, (prior.departed)(&snapshot))
         });
         let einval = self.host.take_einval();
         let reads_abandoned = self.host.stats.reads_abandoned.load(std::sync::atomic::Ordering::Relaxed);
