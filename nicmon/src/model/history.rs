@@ -178,16 +178,31 @@ fn device_of(key: &str) -> &str {
 
 /// Keep at most `max` ports of `history`: each victim is taken from the device holding the
 /// most ports; within it, and between devices of as many ports, the first in the order of
-/// `rank` (lower first), then of the oldest last transition, then of the key.
+/// `rank` (lower first), then — between devices read this poll — the device whose history
+/// began last (500 devices that appear and go down never erase the history of the NICs that
+/// were there before them), then of the oldest last transition, then of the key.
 fn evict(history: &mut History, max: usize, rank: impl Fn(&str, &PortList) -> (bool, bool)) {
     use std::cmp::Reverse;
     use std::collections::{BinaryHeap, VecDeque};
     let Some(excess) = history.0.len().checked_sub(max).filter(|&n| n > 0) else { return };
-    type Order<'a> = (bool, bool, Option<i64>, &'a String);
+    type Order<'a> = (bool, bool, Reverse<Option<i64>>, Option<i64>, &'a String);
+    // When each device's history began: its ports' earliest kept transition.
+    let mut since: BTreeMap<&str, Option<i64>> = BTreeMap::new();
+    for (k, l) in &history.0 {
+        let first = l.first().map(|t| t.at_ms);
+        let s = since.entry(device_of(k)).or_insert(first);
+        *s = match (*s, first) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
     let mut devices: BTreeMap<&str, Vec<Order<'_>>> = BTreeMap::new();
     for (k, l) in &history.0 {
         let (a, b) = rank(k, l);
-        devices.entry(device_of(k)).or_default().push((a, b, l.last().map(|t| t.at_ms), k));
+        let dev = device_of(k);
+        // Only between devices read now: of those gone, the oldest go first as before.
+        let began = if a { since[dev] } else { None };
+        devices.entry(dev).or_default().push((a, b, Reverse(began), l.last().map(|t| t.at_ms), k));
     }
     let mut queues: Vec<VecDeque<Order<'_>>> = devices
         .into_values()
@@ -204,7 +219,7 @@ fn evict(history: &mut History, max: usize, rank: impl Fn(&str, &PortList) -> (b
         && let Some((_, _, i)) = heap.pop()
     {
         let Some(victim) = queues[i].pop_front() else { continue };
-        victims.push(victim.3.clone());
+        victims.push(victim.4.clone());
         if let Some(&next) = queues[i].front() {
             heap.push((queues[i].len(), Reverse(next), i));
         }
@@ -537,6 +552,35 @@ mod tests {
             }
         }
         assert_eq!(h.0.keys().filter(|k| k.starts_with("mlx5_99/")).count(), MAX_PORTS - 8);
+    }
+
+    /// Eight NICs with history, then 500 single-port devices that appear and go down and
+    /// come back: the history is full, the devices evicted are the newcomers, and the eight
+    /// NICs' transitions are all still there (ties between devices of one port each used to
+    /// go by the oldest last transition: the eight NICs').
+    #[test]
+    fn eight_nics_keep_their_history_beside_500_new_devices() {
+        let none = PortDecisions::default();
+        let nics: Vec<String> = (0..8).map(|i| format!("mlx5_{i}")).collect();
+        let extra: Vec<String> = (0..500).map(|i| format!("rxe_{i}")).collect();
+        fn reading<'a>(device: &'a str, (state, phys_state): (&'static str, &'static str)) -> PortReading<'a> {
+            PortReading { device, port: 1, state, phys_state, healthy: state == UP.0 }
+        }
+        let mut h = History::default();
+        for (poll, cond) in [UP, DOWN, UP].into_iter().enumerate() {
+            h = record(&h, nics.iter().map(|n| reading(n, cond)), &none, t(poll as i64 * 1000), &[]);
+        }
+        let before: Vec<PortList> = nics.iter().map(|n| h.0[&key(n, 1)].clone()).collect();
+        for poll in 0..4i64 {
+            let cond = if poll % 2 == 0 { DOWN } else { UP };
+            let ports = nics.iter().map(|n| reading(n, UP)).chain(extra.iter().map(|n| reading(n, cond)));
+            h = record(&h, ports, &none, t(10_000 + poll * 1000), &[]);
+            assert_eq!(h.0.len(), MAX_PORTS);
+            for (n, was) in nics.iter().zip(&before) {
+                assert_eq!(h.0.get(&key(n, 1)), Some(was), "{n}'s history survives poll {poll}");
+            }
+        }
+        assert_eq!(h.0.keys().filter(|k| k.starts_with("rxe_")).count(), MAX_PORTS - 8);
     }
 
     /// A history of more ports and longer lists than the bounds (a file nicmon never
