@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use time::{Duration, OffsetDateTime};
 
+use crate::decide::cause;
 use crate::decide::chardev;
 use crate::decide::counters::{self, CounterPort};
 use crate::decide::kmsg::{self, DeviceIndex};
@@ -157,6 +158,8 @@ impl Decider {
         events.extend(kmsg_events);
 
         events.retain(|e| e.check().map(|c| self.state_config.checks.contains(&c)).unwrap_or(true));
+        let facts = cause::base_facts(&snapshot, &events, &held_pcie(&pcie_state, &snapshot));
+        cause::annotate(&mut events, &facts);
         let decided = port_decisions(&events, &links_out.holds, &links_out.flaps, &links_out.state);
         let history = history::record(&prev.history, port_readings(&snapshot, &roles), &decided, now, &woken_by);
         let next = CheckState {
@@ -320,6 +323,27 @@ impl Decider {
 }
 
 /// Whether `name` is a monitored device (management NICs are not).
+/// The PCIe conditions the check holds, by device: a downtrained card (every function of
+/// it), an AER fatal or non-fatal breach still latched.
+fn held_pcie(state: &PcieState, snapshot: &Snapshot) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for d in &snapshot.devices {
+        if let Some(card) = &d.card
+            && state.link.downtrained.contains_key(card)
+        {
+            out.insert(d.name.clone(), format!("PCIe: {}", pcie::link::DOWNTRAINED));
+        }
+    }
+    for (key, b) in &state.aer.counters.breach_flags {
+        let mut parts = key.splitn(3, ':');
+        let (Some(nic), Some(_), Some(code)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        if b.breached && matches!(code, "aer_fatal" | "aer_nonfatal") {
+            out.entry(nic.to_string()).or_insert_with(|| format!("PCIe: {code}"));
+        }
+    }
+    out
+}
+
 fn monitored(roles: &BTreeMap<String, Classification>, name: &str) -> bool {
     roles.get(name).map(|c| c.monitored).unwrap_or(false)
 }
