@@ -400,8 +400,20 @@ fn port_decisions(
         .map(|f| (f.device.clone(), f.port))
         .chain(links.port_states.values().filter(|r| r.flap.is_flapping()).map(|r| (r.device.clone(), r.port)))
         .collect();
+    let causes = events
+        .iter()
+        .filter(state_check)
+        .filter(|e| !e.is_healthy)
+        .filter_map(|e| match e.subject() {
+            Subject::Port { device, port } => {
+                Some(((device.to_string(), port), e.metadata.get(crate::model::cause::CAUSE_KEY)?.clone()))
+            }
+            _ => None,
+        })
+        .collect();
     history::PortDecisions {
         reported,
+        causes,
         held: holds.held.iter().map(|h| (h.device.clone(), h.port)).collect(),
         blips: holds.blips.iter().map(|b| (b.device.clone(), b.port)).collect(),
         flapping,
