@@ -2,6 +2,7 @@
 //! the time — no clock, no I/O. [`poll`] is one poll's decision; each check owns its state.
 pub mod chardev;
 pub mod counters;
+pub mod firmware;
 pub mod kmsg;
 pub mod linkstate;
 pub mod pcie;
@@ -10,3 +11,4 @@ pub mod poll;
 pub mod roles;
 pub mod settings;
 pub mod state;
+pub mod thermal;

@@ -4,8 +4,8 @@
 //! [`crate::read::observe`]'s; the two are composed in [`crate::monitor`].
 //!
 //! The steps, each a method of [`Decider`]: first-poll deferral; the clears of a reboot or a
-//! rescope; link state; counters; character devices; PCIe; kernel log; the filter by
-//! enabled check; the port history.
+//! rescope; link state; counters; character devices; PCIe; NIC temperature; firmware health;
+//! kernel log; the filter by enabled check; one firmware fatal per card; the port history.
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -13,6 +13,7 @@ use time::{Duration, OffsetDateTime};
 
 use crate::decide::chardev;
 use crate::decide::counters::{self, CounterPort};
+use crate::decide::firmware::{self, FirmwareState};
 use crate::decide::kmsg::{self, DeviceIndex};
 use crate::decide::linkstate::{self, StateConfig};
 use crate::decide::pcie::{self, PcieState};
@@ -20,6 +21,7 @@ use crate::decide::phy;
 use crate::decide::roles::{self, Classification};
 use crate::decide::settings::Config;
 use crate::decide::state::CheckState;
+use crate::decide::thermal::{self, ThermalState};
 use crate::model::event::{Check, CheckKind, HealthEvent, Stamp, Subject};
 use crate::model::history;
 use crate::model::kmsg::{HostLinks, Record};
@@ -150,6 +152,11 @@ impl Decider {
         let (pcie_events, pcie_state) = self.pcie(&prev.pcie, &snapshot, &roles, now, full, &mut notes);
         events.extend(pcie_events);
 
+        let (thermal_events, thermal_state) = self.thermal(&prev.thermal, &snapshot, &roles, now);
+        events.extend(thermal_events);
+        let (firmware_events, mut firmware_state) = self.firmware(&prev.firmware, &snapshot, &roles, now);
+        events.extend(firmware_events);
+
         let (kmsg_events, kmsg_state) = match full {
             true => self.kernel_log(&prev.kmsg, kmsg_records, &snapshot, &roles, links, now),
             false => (Vec::new(), Arc::clone(&prev.kmsg)),
@@ -157,6 +164,7 @@ impl Decider {
         events.extend(kmsg_events);
 
         events.retain(|e| e.check().map(|c| self.state_config.checks.contains(&c)).unwrap_or(true));
+        self.one_firmware_fatal(&mut events, &mut firmware_state, &snapshot, now);
         let decided = port_decisions(&events, &links_out.holds, &links_out.flaps, &links_out.state);
         let history = history::record(&prev.history, port_readings(&snapshot, &roles), &decided, now, &woken_by);
         let next = CheckState {
@@ -166,6 +174,8 @@ impl Decider {
             kmsg: kmsg_state,
             char_devices: char_state,
             pcie: pcie_state,
+            thermal: thermal_state,
+            firmware: firmware_state,
             einval,
             scope: Some(scope),
             first_poll_deferrals: prev.first_poll_deferrals,
@@ -297,7 +307,52 @@ impl Decider {
         (out.events, Arc::new(out.state))
     }
 
-    /// Step 7, kernel log: the records that arrived since the previous poll, attributed to
+    /// Step 7, NIC temperature (SPEC §1.13): the monitored NICs' hwmon sensors (a targeted
+    /// poll carries the full poll's readings: nothing changes), when the check is enabled.
+    fn thermal(
+        &self,
+        prev: &ThermalState,
+        snapshot: &Snapshot,
+        roles: &BTreeMap<String, Classification>,
+        now: OffsetDateTime,
+    ) -> (Vec<HealthEvent>, ThermalState) {
+        if !self.state_config.checks.contains(&Check::NICThermalCheck) {
+            return (Vec::new(), prev.clone());
+        }
+        let margin = self.config.thermal.margin_millidegrees();
+        thermal::evaluate(prev, snapshot, roles, margin, now, &self.stamp)
+    }
+
+    /// Step 8, firmware health (SPEC §1.13): the monitored NICs' devlink health reporters
+    /// (a wake-up's targeted poll reads them too), when the check is enabled.
+    fn firmware(
+        &self,
+        prev: &FirmwareState,
+        snapshot: &Snapshot,
+        roles: &BTreeMap<String, Classification>,
+        now: OffsetDateTime,
+    ) -> (Vec<HealthEvent>, FirmwareState) {
+        if !self.state_config.checks.contains(&Check::NICFirmwareCheck) {
+            return (Vec::new(), prev.clone());
+        }
+        firmware::evaluate(prev, snapshot, roles, now, &self.stamp)
+    }
+
+    /// Step 11: one firmware fatal per card per kernel-log dedup window, whichever source
+    /// (devlink, the kernel log) saw it first ([`firmware::dedup_fatals`]).
+    fn one_firmware_fatal(
+        &self,
+        events: &mut Vec<HealthEvent>,
+        state: &mut FirmwareState,
+        snapshot: &Snapshot,
+        now: OffsetDateTime,
+    ) {
+        let window = Duration::seconds(self.config.kernel_log.dedup_window_seconds.min(i64::MAX as u64) as i64);
+        let card_of = |name: &str| snapshot.devices.iter().find(|d| d.name == name).and_then(|d| d.card.clone());
+        firmware::dedup_fatals(events, &mut state.last_fatal, card_of, window, now);
+    }
+
+    /// Step 9, kernel log: the records that arrived since the previous poll, attributed to
     /// the monitored devices.
     fn kernel_log(
         &self,
