@@ -52,6 +52,8 @@ impl Metrics {
         );
         self.observe_errors(events, next);
         self.observe_phy(poll, next);
+        self.observe_thermal(poll);
+        self.observe_devlink(poll);
     }
 
     /// Monitored devices per role.
