@@ -212,6 +212,11 @@ impl Daemon<'_> {
         let Some(base) = self.last_snapshot.as_ref().filter(|_| !targets.is_empty()) else { return false };
         let Some(mut obs) = self.monitor.observe_targeted(&self.state.checks, base, targets) else { return false };
         obs.woken_by = crate::read::wake::hook_names(woke);
+        // A devlink health tracepoint: the reporters of the devices it named are read now.
+        if woke.iter().any(|w| crate::read::wake::is_devlink(w.hook)) {
+            let notes = self.monitor.observer.reread_devlink(&mut obs.snapshot, targets);
+            obs.ethtool_notes.extend(notes);
+        }
         let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, OffsetDateTime::now_utc(), &[]);
         let elapsed = woke_at.elapsed();
         // The targeted poll's events go out before anything else (`act` waits for their

@@ -112,6 +112,26 @@ impl Observer {
         }
     }
 
+    /// A devlink wake-up's read (SPEC §1.13): the devlink health reporters of `devices` (by
+    /// name, in `snapshot`) read again now into `snapshot`, the other functions' kept; the
+    /// notes.
+    pub fn reread_devlink(&self, snapshot: &mut Snapshot, devices: &[String]) -> Vec<String> {
+        let pcis: BTreeSet<String> = snapshot
+            .devices
+            .iter()
+            .filter(|d| !d.is_vf() && devices.contains(&d.name))
+            .filter_map(|d| d.pci_address.clone())
+            .collect();
+        if self.devlink.is_none() || pcis.is_empty() {
+            return Vec::new();
+        }
+        let mut fresh = Snapshot::default();
+        let notes = self.read_devlink(&mut fresh, &pcis);
+        snapshot.devlink.retain(|a, _| !pcis.contains(a));
+        snapshot.devlink.extend(fresh.devlink);
+        notes
+    }
+
     /// The targeted read of a hinted wake-up (SPEC §1.8): `devices` read again now, by the
     /// same code as [`Observer::observe`], on top of `base`, the previous full poll's
     /// snapshot — their link-state files only: the counter, RoCE, ethtool and PCIe data
