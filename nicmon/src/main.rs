@@ -597,6 +597,7 @@ fn run_bundle(b: BundleCli) -> anyhow::Result<String> {
             ..nicmon::cli::bundle::Limits::default()
         },
         ethtool_replay: b.host.ethtool_replay,
+        devlink_replay: b.host.devlink_replay,
     };
     let bundle = nicmon::cli::bundle::capture(&args)?;
     let m = &bundle.manifest;

@@ -153,7 +153,7 @@ impl Monitor {
             statics: Default::default(),
             ethtool: None,
             ethtool_ports: ethtool::ports::PortReader::new(config.phy.read_interval),
-            hwmon: config.thermal.enabled.then(crate::read::hwmon::HwmonReader::default),
+            hwmon: config.thermal.enabled.then(|| crate::read::hwmon::HwmonReader::new(config.thermal.read_interval)),
             devlink: None,
             devlink_reader: Default::default(),
         };

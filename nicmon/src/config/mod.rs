@@ -31,7 +31,7 @@ pub const STATE_CHECK_KEYS: [&str; 4] = key_names(&STATE_CHECK);
 pub const CHAR_DEVICE_CHECK_KEYS: [&str; 1] = key_names(&CHAR_DEVICE_CHECK);
 pub const PCIE_CHECK_KEYS: [&str; 3] = key_names(&PCIE_CHECK);
 pub const PHY_CHECK_KEYS: [&str; 4] = key_names(&PHY_CHECK);
-pub const THERMAL_CHECK_KEYS: [&str; 2] = key_names(&THERMAL_CHECK);
+pub const THERMAL_CHECK_KEYS: [&str; 3] = key_names(&THERMAL_CHECK);
 pub const FIRMWARE_CHECK_KEYS: [&str; 1] = key_names(&FIRMWARE_CHECK);
 
 /// Default location of the config file in the DaemonSet.
@@ -397,7 +397,7 @@ const PCIE_CHECK: [Key; 3] = [
 ];
 
 /// `[thermalCheck]`.
-const THERMAL_CHECK: [Key; 2] = [
+const THERMAL_CHECK: [Key; 3] = [
     Key {
         name: "enabled",
         read: |cfg, at, v| {
@@ -416,6 +416,14 @@ const THERMAL_CHECK: [Key; 2] = [
             cfg.thermal.margin_celsius = m
                 .filter(|m| m.is_finite() && (0.0..=100.0).contains(m))
                 .ok_or_else(|| at.bad(v, "expected degrees Celsius from 0 to 100"))?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "readInterval",
+        read: |cfg, at, v| {
+            let d = duration(at.name, v, MAX_PHY_READ_INTERVAL)?;
+            cfg.thermal.read_interval = d.try_into().unwrap_or(std::time::Duration::from_secs(10));
             Ok(())
         },
     },
@@ -598,9 +606,10 @@ enabled = true
                    [pcieCheck]\nenabled = false\ncorrectableThreshold = 10\ncorrectableVelocityUnit = \"hour\"\n\
                    [phyCheck]\nenabled = true\npreFecBerThreshold = 2e-5\npauseVictimShare = 0.8\nreadInterval = \"30s\"\n\
                    [stateCheck]\nportStateHoldDown = \"2s\"\nflapThreshold = 4\nflapWindow = \"2m\"\nflapSettle = 30\n\
-                   [thermalCheck]\nenabled = true\nmarginCelsius = 7.5\n[firmwareCheck]\nenabled = false\n";
+                   [thermalCheck]\nenabled = true\nmarginCelsius = 7.5\nreadInterval = \"30s\"\n[firmwareCheck]\nenabled = false\n";
         let c = Config::parse("x.toml", all).unwrap();
         assert_eq!((c.thermal.margin_millidegrees(), c.firmware.enabled), (7_500, false));
+        assert_eq!(c.thermal.read_interval, std::time::Duration::from_secs(30));
         assert!(THERMAL_CHECK_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
         assert!(FIRMWARE_CHECK_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
         let e = Config::parse("x.toml", "[thermalCheck]\nmarginCelsius = -1").unwrap_err();

@@ -181,11 +181,13 @@ pub struct ThermalConfig {
     pub enabled: bool,
     /// `marginCelsius` (default 5): `nic_overheating` at `_crit` − this or above.
     pub margin_celsius: f64,
+    /// `readInterval` (default 10 s): a NIC's temperatures are read at most this often.
+    pub read_interval: std::time::Duration,
 }
 
 impl Default for ThermalConfig {
     fn default() -> ThermalConfig {
-        ThermalConfig { enabled: true, margin_celsius: 5.0 }
+        ThermalConfig { enabled: true, margin_celsius: 5.0, read_interval: std::time::Duration::from_secs(10) }
     }
 }
 

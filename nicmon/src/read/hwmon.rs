@@ -4,8 +4,10 @@
 //! **Topology, then readings.** Which hwmon device belongs to which PCI function, and which
 //! channels it has, is found by walking `class/hwmon` — only when the set of monitored PCI
 //! functions changes (discovery found a device come or go) or a known hwmon device vanished;
-//! in between a poll reads just the channels' files, in one batch through [`Host`] (bounded
-//! reads under the poll's deadlines).
+//! the walk also reads the channels' labels and critical temperatures (they do not change).
+//! In between, a poll reads the channels' `input` and `highest`, in one batch through
+//! [`Host`] (bounded reads under the poll's deadlines), at most once per `[thermalCheck]
+//! readInterval` (the last reading stands in between).
 //!
 //! **Links.** The `device` link is not followed: its target's last name is the PCI address
 //! (mlx5's hwmon hangs below its PCI function). `class/hwmon/hwmonN` itself is resolved
@@ -13,17 +15,19 @@
 //! link points outside it is skipped.
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use crate::model::ReadError;
 use crate::model::Snapshot;
-use crate::model::thermal::{SENSOR_FILES, Sensor, input_channel};
+use crate::model::thermal::{Sensor, input_channel};
 use crate::read::host::Host;
 
 /// At most this many hwmon devices are looked at, and this many channels per device.
 const MAX_HWMON: usize = 4096;
 const MAX_CHANNELS: usize = 64;
 
-/// A hwmon device of a monitored PCI function.
+/// A hwmon device of a monitored PCI function, with what does not change while it stays:
+/// its channels, their labels and critical temperatures.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Found {
     /// The PCI function's address (`0000:08:00.0`).
@@ -32,10 +36,16 @@ pub struct Found {
     pub name: String,
     /// Its directory, relative to the sysfs root (the class link resolved).
     pub dir: String,
-    pub channels: Vec<u32>,
+    /// Each channel's sensor as the walk read it (label, crit; no reading yet).
+    pub sensors: Vec<Sensor>,
 }
 
-/// Walk `class/hwmon` for the devices of the PCI functions `pcis`.
+/// The files read at the walk (static) and at each reading, per channel.
+const STATIC_FILES: [&str; 2] = ["label", "crit"];
+const READING_FILES: [&str; 2] = ["input", "highest"];
+
+/// Walk `class/hwmon` for the devices of the PCI functions `pcis`, reading their channels'
+/// labels and critical temperatures.
 pub fn walk(host: &Host, pcis: &BTreeSet<String>) -> Vec<Found> {
     let mut out = Vec::new();
     for name in host.list_sys("class/hwmon").into_iter().filter(|n| n.starts_with("hwmon")).take(MAX_HWMON) {
@@ -56,77 +66,108 @@ pub fn walk(host: &Host, pcis: &BTreeSet<String>) -> Vec<Found> {
         channels.sort_unstable();
         channels.dedup();
         channels.truncate(MAX_CHANNELS);
-        out.push(Found { pci, name, dir, channels });
+        let results = host.read_files(&host.file_set(files(&dir, &channels, &STATIC_FILES), false));
+        let text = |i: usize| results.get(i).and_then(|r| r.as_ref().ok()).map(String::as_str);
+        let sensors = channels
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| Sensor::from_texts(&name, c, [None, text(2 * i + 1), None, text(2 * i)]))
+            .collect();
+        out.push(Found { pci, name: name.clone(), dir, sensors });
     }
     out
 }
 
-/// The sysfs-relative files of `found`'s channels, [`SENSOR_FILES`] per channel.
-fn files(found: &[Found]) -> Vec<String> {
-    let mut rels = Vec::new();
-    for f in found {
-        for c in &f.channels {
-            rels.extend(SENSOR_FILES.iter().map(|s| format!("{}/temp{c}_{s}", f.dir)));
-        }
-    }
-    rels
+/// `<dir>/temp<N>_<file>` for each channel, then each file.
+fn files(dir: &str, channels: &[u32], names: &[&str]) -> Vec<String> {
+    channels.iter().flat_map(|c| names.iter().map(move |f| format!("{dir}/temp{c}_{f}"))).collect()
 }
 
-/// Reads the sensors of the monitored PCI functions, walking `class/hwmon` only when needed
-/// (module doc).
+/// The last walk: for which PCI functions, what it found, and the last reading (when).
+#[derive(Debug)]
+struct Walked {
+    pcis: BTreeSet<String>,
+    found: Vec<Found>,
+    reading: Option<(Instant, BTreeMap<String, Vec<Sensor>>)>,
+}
+
+/// Reads the sensors of the monitored PCI functions: walks `class/hwmon` only when needed,
+/// reads the temperatures at most once per interval (module doc).
 #[derive(Debug, Default)]
 pub struct HwmonReader {
-    /// The PCI functions the last walk was for, and what it found.
-    walked: Mutex<Option<(BTreeSet<String>, Vec<Found>)>>,
+    walked: Mutex<Option<Walked>>,
+    interval: Duration,
     /// Walks so far (for tests and the trace).
     pub walks: std::sync::atomic::AtomicU64,
 }
 
 impl HwmonReader {
-    /// The sensors of the PCI functions `pcis` into `snapshot.thermal`.
-    pub fn read(&self, host: &Host, snapshot: &mut Snapshot, pcis: BTreeSet<String>) {
-        let mut walked = self.walked.lock().unwrap_or_else(|p| p.into_inner());
-        if walked.as_ref().is_none_or(|(set, _)| *set != pcis) {
-            *walked = Some((pcis.clone(), self.walk(host, &pcis)));
-        }
-        let mut sensors = self.read_found(host, walked.as_ref().map(|(_, f)| f.as_slice()).unwrap_or(&[]));
-        if sensors.is_none() {
-            // A known hwmon device is gone (driver reloaded): walk again, once.
-            *walked = Some((pcis.clone(), self.walk(host, &pcis)));
-            sensors = self.read_found(host, walked.as_ref().map(|(_, f)| f.as_slice()).unwrap_or(&[]));
-        }
-        snapshot.thermal = sensors.unwrap_or_default();
+    /// A reader that reads the temperatures at most once per `interval`.
+    pub fn new(interval: Duration) -> HwmonReader {
+        HwmonReader { interval, ..HwmonReader::default() }
     }
 
-    fn walk(&self, host: &Host, pcis: &BTreeSet<String>) -> Vec<Found> {
-        self.walks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        walk(host, pcis)
-    }
-
-    /// The sensors of `found`, by PCI address; `None` when a channel's input is missing (the
-    /// hwmon device went: the walk is stale).
-    fn read_found(&self, host: &Host, found: &[Found]) -> Option<BTreeMap<String, Vec<Sensor>>> {
-        let rels = files(found);
-        if rels.is_empty() {
-            return Some(BTreeMap::new());
+    /// The sensors of the PCI functions `pcis` into `snapshot.thermal` (the last reading
+    /// when it is younger than the interval at `now`).
+    pub fn read(&self, host: &Host, snapshot: &mut Snapshot, pcis: BTreeSet<String>, now: Instant) {
+        let mut guard = self.walked.lock().unwrap_or_else(|p| p.into_inner());
+        let fresh = |w: &Walked| w.pcis == pcis;
+        let walked = match guard.take().filter(fresh) {
+            Some(w) => w,
+            None => self.walk(host, pcis.clone()),
+        };
+        let mut walked = walked;
+        let young = walked.reading.as_ref().filter(|(at, _)| now.saturating_duration_since(*at) < self.interval);
+        if let Some((_, r)) = young {
+            snapshot.thermal = r.clone();
+            *guard = Some(walked);
+            return;
         }
-        let set = host.file_set(rels, false);
-        let results = host.read_files(&set);
-        let mut out: BTreeMap<String, Vec<Sensor>> = BTreeMap::new();
-        let mut at = 0;
-        for f in found {
-            for &c in &f.channels {
-                let texts: [Option<&str>; 4] =
-                    std::array::from_fn(|i| results.get(at + i).and_then(|r| r.as_ref().ok()).map(String::as_str));
-                if matches!(results.get(at), Some(Err(ReadError::Missing))) {
-                    return None;
-                }
-                at += SENSOR_FILES.len();
-                out.entry(f.pci.clone()).or_default().push(Sensor::from_texts(&f.name, c, texts));
+        let reading = match read_found(host, &walked.found) {
+            Some(r) => r,
+            None => {
+                // A known hwmon device is gone (driver reloaded): walk again, once.
+                walked = self.walk(host, pcis);
+                read_found(host, &walked.found).unwrap_or_default()
             }
-        }
-        Some(out)
+        };
+        snapshot.thermal = reading.clone();
+        walked.reading = Some((now, reading));
+        *guard = Some(walked);
     }
+
+    fn walk(&self, host: &Host, pcis: BTreeSet<String>) -> Walked {
+        self.walks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Walked { found: walk(host, &pcis), pcis, reading: None }
+    }
+}
+
+/// The sensors of `found` read now, by PCI address; `None` when a channel's input is
+/// missing (the hwmon device went: the walk is stale).
+fn read_found(host: &Host, found: &[Found]) -> Option<BTreeMap<String, Vec<Sensor>>> {
+    let mut rels = Vec::new();
+    for f in found {
+        let channels: Vec<u32> = f.sensors.iter().map(|s| s.channel).collect();
+        rels.extend(files(&f.dir, &channels, &READING_FILES));
+    }
+    let mut out: BTreeMap<String, Vec<Sensor>> = BTreeMap::new();
+    if rels.is_empty() {
+        return Some(out);
+    }
+    let results = host.read_files(&host.file_set(rels, false));
+    let mut at = 0;
+    for f in found {
+        for s in &f.sensors {
+            if matches!(results.get(at), Some(Err(ReadError::Missing))) {
+                return None;
+            }
+            let text = |i: usize| results.get(at + i).and_then(|r| r.as_ref().ok()).map(String::as_str);
+            let now = Sensor::from_texts(&f.name, s.channel, [text(0), None, text(1), None]);
+            at += READING_FILES.len();
+            out.entry(f.pci.clone()).or_default().push(Sensor { input: now.input, highest: now.highest, ..s.clone() });
+        }
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -174,9 +215,9 @@ mod tests {
     fn reads_the_sensors_of_monitored_functions_and_walks_once() {
         let t = tree();
         let host = Host::new(t.path().join("sys"), t.path().join("proc"));
-        let r = HwmonReader::default();
+        let r = HwmonReader::new(Duration::ZERO);
         let mut snap = Snapshot::default();
-        r.read(&host, &mut snap, pcis(&["0000:08:00.0"]));
+        r.read(&host, &mut snap, pcis(&["0000:08:00.0"]), Instant::now());
         let s = &snap.thermal["0000:08:00.0"];
         assert_eq!(s.len(), 2);
         assert_eq!(
@@ -189,19 +230,38 @@ mod tests {
         // Readings change, the walk stands.
         let hw = t.path().join("sys/devices/pci0000:00/0000:00:01.0/0000:08:00.0/hwmon/hwmon2");
         std::fs::write(hw.join("temp1_input"), "103000\n").unwrap();
-        r.read(&host, &mut snap, pcis(&["0000:08:00.0"]));
+        r.read(&host, &mut snap, pcis(&["0000:08:00.0"]), Instant::now());
         assert_eq!(snap.thermal["0000:08:00.0"][0].input, Some(103_000));
         assert_eq!(r.walks.load(std::sync::atomic::Ordering::Relaxed), 1);
         // Another function set: walked again; no hwmon there: nothing.
-        r.read(&host, &mut snap, pcis(&["0000:09:00.0"]));
+        r.read(&host, &mut snap, pcis(&["0000:09:00.0"]), Instant::now());
         assert!(snap.thermal.is_empty());
         assert_eq!(r.walks.load(std::sync::atomic::Ordering::Relaxed), 2);
         // The hwmon device goes: the stale walk is redone and finds nothing.
-        r.read(&host, &mut snap, pcis(&["0000:08:00.0"]));
+        r.read(&host, &mut snap, pcis(&["0000:08:00.0"]), Instant::now());
         std::fs::remove_dir_all(&hw).unwrap();
-        r.read(&host, &mut snap, pcis(&["0000:08:00.0"]));
+        r.read(&host, &mut snap, pcis(&["0000:08:00.0"]), Instant::now());
         assert!(snap.thermal.is_empty());
         assert_eq!(r.walks.load(std::sync::atomic::Ordering::Relaxed), 4);
+    }
+
+    #[test]
+    fn temperatures_are_read_at_most_once_per_interval() {
+        let t = tree();
+        let host = Host::new(t.path().join("sys"), t.path().join("proc"));
+        let r = HwmonReader::new(Duration::from_secs(10));
+        let hw = t.path().join("sys/devices/pci0000:00/0000:00:01.0/0000:08:00.0/hwmon/hwmon2");
+        let t0 = Instant::now();
+        let input = |at: u64| {
+            let mut snap = Snapshot::default();
+            r.read(&host, &mut snap, pcis(&["0000:08:00.0"]), t0 + Duration::from_secs(at));
+            snap.thermal["0000:08:00.0"][0].input
+        };
+        assert_eq!(input(0), Some(61_000));
+        std::fs::write(hw.join("temp1_input"), "90000\n").unwrap();
+        assert_eq!(input(9), Some(61_000), "the last reading stands");
+        assert_eq!(input(10), Some(90_000));
+        assert_eq!(r.walks.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 
     #[test]
@@ -212,7 +272,7 @@ mod tests {
         std::fs::write(hw.join("temp1_crit"), vec![0xffu8; 5000]).unwrap();
         let host = Host::new(t.path().join("sys"), t.path().join("proc"));
         let mut snap = Snapshot::default();
-        HwmonReader::default().read(&host, &mut snap, pcis(&["0000:08:00.0"]));
+        HwmonReader::new(Duration::ZERO).read(&host, &mut snap, pcis(&["0000:08:00.0"]), Instant::now());
         let s = &snap.thermal["0000:08:00.0"][0];
         assert_eq!((s.input, s.crit), (None, None));
     }

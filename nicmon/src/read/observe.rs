@@ -67,7 +67,7 @@ impl Observer {
         let mut ethtool_notes = self.read_ethtool(&mut snapshot, unmonitored);
         let pcis = monitored_pcis(&snapshot, unmonitored);
         if let Some(hwmon) = &self.hwmon {
-            hwmon.read(&self.host, &mut snapshot, pcis.clone());
+            hwmon.read(&self.host, &mut snapshot, pcis.clone(), std::time::Instant::now());
         }
         ethtool_notes.extend(self.read_devlink(&mut snapshot, &pcis));
         let links = links.then(|| {
