@@ -382,6 +382,33 @@ mod tests {
         daemon.shutdown().await;
     }
 
+    /// A devlink health tracepoint's wake-up (its hint: the PCI address of the function)
+    /// reads that function's reporters at once: in a burst (no full poll follows) the
+    /// targeted poll alone sends the firmware fatal.
+    #[tokio::test]
+    async fn a_devlink_wake_reads_the_reporters_at_once() {
+        let node = two_roce_nics("devlink-wake");
+        let mut opts = run_options(&node);
+        opts.monitor.devlink_replay = Some(node.devlink_dir());
+        let mut daemon = Daemon::start(&opts).await.unwrap();
+        daemon.cycle(&[]).await;
+        assert!(fatal_devices(&node).is_empty());
+        node.bump_reporter("mlx5_1", "fw_fatal", 1);
+        let full_before = Instant::now();
+        daemon.last_full_poll = Some(full_before);
+        let mut wake = wake_naming(&node.info["mlx5_1"].bdf);
+        wake.hook = crate::read::wake::Hook::DevlinkHealthReport;
+        daemon.cycle(&[wake]).await;
+        assert_eq!(daemon.last_full_poll, Some(full_before), "no full poll ran");
+        assert_eq!(fatal_devices(&node), ["mlx5_1"]);
+        // A wake-up of another hook (rtnetlink) does not read devlink on its targeted poll.
+        node.bump_reporter("mlx5_0", "fw_fatal", 1);
+        daemon.last_full_poll = Some(Instant::now());
+        daemon.cycle(&[wake_naming("eth0")]).await;
+        assert_eq!(fatal_devices(&node), ["mlx5_1"]);
+        daemon.shutdown().await;
+    }
+
     /// The devices named in the sink's lines (fatal ones).
     fn fatal_devices(node: &nicmon_tests::Node) -> Vec<String> {
         let text = std::fs::read_to_string(node.root().join("events.jsonl")).unwrap_or_default();

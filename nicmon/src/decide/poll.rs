@@ -114,17 +114,7 @@ impl Decider {
         let rescope = !first_poll && prev.scope.as_ref().is_some_and(|s| *s != scope);
         let mut events = self.clears(reboot, rescope, now);
 
-        let no_links = linkstate::LinkState::default();
-        let prev_links = if rescope { &no_links } else { &prev.links };
-        let links_out = linkstate::evaluate(
-            prev_links,
-            first_poll || rescope,
-            &snapshot,
-            &roles,
-            &self.state_config,
-            now,
-            &self.stamp,
-        );
+        let links_out = self.link_state(prev, rescope, first_poll, &snapshot, &roles, now);
         events.extend(links_out.events);
         notes.extend(links_out.notes);
 
@@ -248,6 +238,21 @@ impl Decider {
         } else {
             Vec::new()
         }
+    }
+
+    /// Step 3, link state (after a rescope, from no memory of ports and devices).
+    fn link_state(
+        &self,
+        prev: &CheckState,
+        rescope: bool,
+        first_poll: bool,
+        snapshot: &Snapshot,
+        roles: &BTreeMap<String, Classification>,
+        now: OffsetDateTime,
+    ) -> linkstate::Outcome {
+        let no_links = linkstate::LinkState::default();
+        let prev_links = if rescope { &no_links } else { &prev.links };
+        linkstate::evaluate(prev_links, first_poll || rescope, snapshot, roles, &self.state_config, now, &self.stamp)
     }
 
     /// Step 4, counters: the rules over `ports` (none on a targeted poll: every counter's
