@@ -261,6 +261,24 @@ pub struct Node {
     char_nodes: BTreeMap<(String, String, u32), String>,
 }
 
+/// A devlink replay file's text as nicmon writes it (`nicmon bundle`): pretty JSON, the
+/// reporters sorted by name, each `name`, `state`, `error_count`, `recover_count` in that
+/// order, one trailing newline — so a bundle's copy is byte-identical.
+pub fn reporters_json(reporters: &[serde_json::Value]) -> String {
+    let mut sorted: Vec<&serde_json::Value> = reporters.iter().collect();
+    sorted.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    let items: Vec<String> = sorted
+        .iter()
+        .map(|r| {
+            format!(
+                "    {{\n      \"name\": {},\n      \"state\": {},\n      \"error_count\": {},\n      \"recover_count\": {}\n    }}",
+                r["name"], r["state"], r["error_count"], r["recover_count"]
+            )
+        })
+        .collect();
+    format!("{{\n  \"reporters\": [\n{}\n  ]\n}}\n", items.join(",\n"))
+}
+
 fn write(path: &Path, content: impl AsRef<[u8]>) {
     if let Some(p) = path.parent() {
         fs::create_dir_all(p).unwrap_or_else(|e| panic!("mkdir {}: {e}", p.display()));
@@ -737,8 +755,7 @@ impl Node {
             .into_iter()
             .map(|n| serde_json::json!({"name": n, "state": "healthy", "error_count": 0, "recover_count": 0}))
             .collect();
-        let path = self.devlink_dir().join(format!("{bdf}.json"));
-        write(&path, serde_json::to_string_pretty(&serde_json::json!({ "reporters": reporters })).unwrap() + "\n");
+        write(&self.devlink_dir().join(format!("{bdf}.json")), reporters_json(&reporters));
     }
 
     /// The hwmon directory of RDMA device `dev`'s PCI function.
@@ -788,7 +805,7 @@ impl Node {
             .and_then(|a| a.iter_mut().find(|r| r["name"] == reporter))
             .unwrap_or_else(|| panic!("{dev} has no reporter {reporter}"));
         f(r);
-        write(&path, serde_json::to_string_pretty(&v).unwrap() + "\n");
+        write(&path, reporters_json(v["reporters"].as_array().unwrap()));
     }
 
     /// A plain Ethernet interface (not RDMA) in `class/net`, e.g. the BMC-side `eth0`.

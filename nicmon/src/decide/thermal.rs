@@ -74,7 +74,7 @@ pub fn evaluate(
             let msg = format!("{} overheating: {} (within {} of critical)", d.name, what.join(", "), deg(margin));
             events.push(HealthEvent { message: msg, ..base.unhealthy(false).error_code(CODE) });
         } else if was && !next.overheating.contains(&d.name) {
-            let what: Vec<String> = sensors.iter().filter(|s| s.input.is_some()).map(|s| describe(s)).collect();
+            let what: Vec<String> = sensors.iter().filter(|s| s.input.is_some()).map(describe).collect();
             let msg = format!("{} temperature back to normal: {}", d.name, what.join(", "));
             events.push(HealthEvent { message: msg, ..base.error_code(CODE) });
         }
