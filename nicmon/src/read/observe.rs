@@ -107,7 +107,10 @@ impl Observer {
     /// host's read deadline; the notes.
     pub fn read_devlink(&self, snapshot: &mut Snapshot, pcis: &BTreeSet<String>) -> Vec<String> {
         match &self.devlink {
-            Some(source) => self.devlink_reader.read(source, snapshot, pcis, self.host.timeout()),
+            Some(source) => {
+                let pci_of = |instance: &str| crate::read::devlink::pci_of(&self.host, instance);
+                self.devlink_reader.read(source, snapshot, pcis, self.host.timeout(), &pci_of)
+            }
             None => Vec::new(),
         }
     }

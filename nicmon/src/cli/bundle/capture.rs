@@ -450,7 +450,8 @@ fn devlink_files(args: &CaptureArgs, staging: &Replay, config: &Config) -> Ethto
     let host = Host::new(staging.sysfs(), staging.procfs());
     let snapshot = discovery::discover(&host, &ReadPlan::default());
     let pcis = snapshot.devices.iter().filter(|d| !d.is_vf()).filter_map(|d| d.pci_address.clone()).collect();
-    let (found, _) = source.read(&pcis, host.timeout());
+    let live = Host::new(&args.sysfs, &args.procfs);
+    let (found, _) = source.read(&pcis, host.timeout(), &|i| crate::read::devlink::pci_of(&live, i));
     found
         .iter()
         .filter(|(a, _)| crate::read::devlink::replay::path(Path::new(DEVLINK), a).is_some())

@@ -23,7 +23,8 @@ const SYSFS_MAGIC: u64 = 0x6265_6572;
 /// The worker socket's own receive bound (the caller's deadline is shorter).
 const SOCKET_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// What answers a dump: the kernel, or a stand-in in tests.
+/// What answers a dump: the kernel, or a stand-in in tests. By devlink instance
+/// (`pci/<BDF>`, `auxiliary/mlx5_core.eth.0`).
 pub type Dump = Arc<dyn Fn() -> Result<BTreeMap<String, Reporters>, Absent> + Send + Sync>;
 
 /// Where devlink data comes from.
@@ -64,8 +65,14 @@ impl DevlinkSource {
 
     /// The reporters of the PCI functions `pcis`, within `timeout`: by address (a function
     /// without any is absent), or why none could be had. Per function in replay: the second
-    /// part lists the files that could not be used.
-    pub fn read(&self, pcis: &BTreeSet<String>, timeout: Duration) -> (BTreeMap<String, Reporters>, Vec<Absent>) {
+    /// part lists the files that could not be used. `pci_of`: the PCI function of a devlink
+    /// instance (`pci/<BDF>` is its own; an auxiliary device's is its parent, [`pci_of`]).
+    pub fn read(
+        &self,
+        pcis: &BTreeSet<String>,
+        timeout: Duration,
+        pci_of: &dyn Fn(&str) -> Option<String>,
+    ) -> (BTreeMap<String, Reporters>, Vec<Absent>) {
         match self {
             DevlinkSource::Replay(dir) => {
                 let mut out = BTreeMap::new();
@@ -82,14 +89,45 @@ impl DevlinkSource {
                 (out, bad)
             }
             DevlinkSource::Kernel { dump, busy } => match kernel_read(dump, busy, timeout) {
-                Ok(mut all) => {
-                    all.retain(|a, _| pcis.contains(a));
-                    (all, Vec::new())
+                Ok(all) => {
+                    let mut out: BTreeMap<String, Reporters> = BTreeMap::new();
+                    for (instance, r) in all {
+                        if let Some(a) = pci_of(&instance).filter(|a| pcis.contains(a)) {
+                            out.entry(a).or_default().reporters.extend(r.reporters);
+                        }
+                    }
+                    (out.into_iter().map(|(a, r)| (a, r.normalised())).collect(), Vec::new())
                 }
                 Err(why) => (BTreeMap::new(), vec![why]),
             },
         }
     }
+}
+
+/// The PCI function of devlink instance `instance` (`bus/name`): a `pci` instance's name; for
+/// another bus (mlx5's `auxiliary/mlx5_core.eth.0`), the PCI function its device hangs below
+/// in sysfs (`bus/<bus>/devices/<name>`, resolved lexically inside the root).
+pub fn pci_of(host: &crate::read::host::Host, instance: &str) -> Option<String> {
+    let (bus, name) = instance.split_once('/')?;
+    if bus == "pci" {
+        return Some(name.to_string());
+    }
+    let ok = |s: &str| !s.is_empty() && !s.contains("..") && s.bytes().all(|b| b.is_ascii_graphic() && b != b'/');
+    if !ok(bus) || !ok(name) {
+        return None;
+    }
+    let parts = host.link_target_sys(&format!("bus/{bus}/devices/{name}"))?;
+    parts.iter().rev().skip(1).find(|p| is_pci_address(p)).cloned()
+}
+
+/// `dddd:bb:dd.f`.
+fn is_pci_address(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && b.iter().enumerate().all(|(i, c)| matches!(i, 4 | 7 | 10) || c.is_ascii_hexdigit())
 }
 
 /// One dump on a worker thread, waited for at most `timeout`; one at a time (a dump stuck in
@@ -135,8 +173,9 @@ impl DevlinkReader {
         snapshot: &mut Snapshot,
         pcis: &BTreeSet<String>,
         timeout: Duration,
+        pci_of: &dyn Fn(&str) -> Option<String>,
     ) -> Vec<String> {
-        let (found, absent) = source.read(pcis, timeout);
+        let (found, absent) = source.read(pcis, timeout, pci_of);
         let mut said = self.said.lock().unwrap_or_else(|p| p.into_inner());
         let mut notes = Vec::new();
         let answered = absent.is_empty();
@@ -183,23 +222,72 @@ mod tests {
         a.iter().map(|s| s.to_string()).collect()
     }
 
+    fn tx(errors: u64) -> Reporters {
+        Reporters {
+            reporters: vec![Reporter {
+                name: "tx".into(),
+                state: ReporterState::Healthy,
+                error_count: errors,
+                recover_count: 0,
+            }],
+        }
+    }
+
+    /// `pci/<BDF>`, and `auxiliary/mlx5_core.eth.0` below 0000:3b:00.0.
+    fn aux(instance: &str) -> Option<String> {
+        match instance.split_once('/')? {
+            ("pci", a) => Some(a.to_string()),
+            ("auxiliary", "mlx5_core.eth.0") => Some("0000:3b:00.0".into()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn an_auxiliary_instance_resolves_to_its_pci_function_in_sysfs() {
+        let t = tempfile::tempdir().unwrap();
+        let sys = t.path().join("sys");
+        let dev = sys.join("devices/pci0000:00/0000:00:01.0/0000:3b:00.0/mlx5_core.eth.0");
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::create_dir_all(sys.join("bus/auxiliary/devices")).unwrap();
+        std::os::unix::fs::symlink(
+            "../../../devices/pci0000:00/0000:00:01.0/0000:3b:00.0/mlx5_core.eth.0",
+            sys.join("bus/auxiliary/devices/mlx5_core.eth.0"),
+        )
+        .unwrap();
+        let host = crate::read::host::Host::new(&sys, t.path().join("proc"));
+        assert_eq!(pci_of(&host, "pci/0000:3b:00.1").as_deref(), Some("0000:3b:00.1"));
+        assert_eq!(pci_of(&host, "auxiliary/mlx5_core.eth.0").as_deref(), Some("0000:3b:00.0"));
+        assert_eq!(pci_of(&host, "auxiliary/mlx5_core.eth.9"), None);
+        assert_eq!(pci_of(&host, "auxiliary/../x"), None);
+        assert_eq!(pci_of(&host, "netdevsim"), None);
+    }
+
     #[test]
     fn kernel_reads_keep_the_monitored_functions_and_say_unsupported_once() {
         let src = DevlinkSource::kernel(Arc::new(|| {
-            Ok([("0000:3b:00.0".to_string(), reporters(2)), ("0000:99:00.0".to_string(), reporters(0))].into())
+            Ok([
+                ("pci/0000:3b:00.0".to_string(), reporters(2)),
+                ("pci/0000:99:00.0".to_string(), reporters(0)),
+                ("auxiliary/mlx5_core.eth.0".to_string(), tx(4)),
+                ("auxiliary/unknown.0".to_string(), tx(9)),
+            ]
+            .into())
         }));
         let r = DevlinkReader::default();
         let mut snap = Snapshot::default();
-        let notes = r.read(&src, &mut snap, &pcis(&["0000:3b:00.0"]), Duration::from_secs(5));
+        let notes = r.read(&src, &mut snap, &pcis(&["0000:3b:00.0"]), Duration::from_secs(5), &aux);
         assert!(notes.is_empty(), "{notes:?}");
         assert_eq!(snap.devlink.keys().collect::<Vec<_>>(), ["0000:3b:00.0"]);
+        // The PF's own reporters and its Ethernet auxiliary device's, merged.
+        let names: Vec<&str> = snap.devlink["0000:3b:00.0"].reporters.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["fw_fatal", "tx"]);
         let none = DevlinkSource::kernel(Arc::new(|| {
             Err(Absent::Unsupported("the kernel has no devlink netlink family".into()))
         }));
-        let notes = r.read(&none, &mut snap, &pcis(&["0000:3b:00.0"]), Duration::from_secs(5));
+        let notes = r.read(&none, &mut snap, &pcis(&["0000:3b:00.0"]), Duration::from_secs(5), &aux);
         assert_eq!(notes.len(), 1, "{notes:?}");
         assert!(notes[0].contains("not supported"), "{notes:?}");
-        assert!(r.read(&none, &mut snap, &pcis(&["0000:3b:00.0"]), Duration::from_secs(5)).is_empty());
+        assert!(r.read(&none, &mut snap, &pcis(&["0000:3b:00.0"]), Duration::from_secs(5), &aux).is_empty());
         assert!(snap.devlink.is_empty());
     }
 
@@ -211,9 +299,9 @@ mod tests {
             let _ = wait.lock().unwrap().recv();
             Ok(BTreeMap::new())
         }));
-        let (_, absent) = src.read(&pcis(&["0000:3b:00.0"]), Duration::from_millis(30));
+        let (_, absent) = src.read(&pcis(&["0000:3b:00.0"]), Duration::from_millis(30), &aux);
         assert!(matches!(&absent[..], [Absent::Failed(w)] if w.contains("abandoned")), "{absent:?}");
-        let (_, absent) = src.read(&pcis(&["0000:3b:00.0"]), Duration::from_millis(30));
+        let (_, absent) = src.read(&pcis(&["0000:3b:00.0"]), Duration::from_millis(30), &aux);
         assert!(matches!(&absent[..], [Absent::Failed(w)] if w.contains("not returned")), "{absent:?}");
         release.send(()).unwrap();
     }
@@ -226,8 +314,13 @@ mod tests {
         let src = DevlinkSource::Replay(dir.path().to_path_buf());
         let r = DevlinkReader::default();
         let mut snap = Snapshot::default();
-        let notes =
-            r.read(&src, &mut snap, &pcis(&["0000:3b:00.0", "0000:3b:00.1", "0000:3b:00.2"]), Duration::from_secs(5));
+        let notes = r.read(
+            &src,
+            &mut snap,
+            &pcis(&["0000:3b:00.0", "0000:3b:00.1", "0000:3b:00.2"]),
+            Duration::from_secs(5),
+            &aux,
+        );
         assert_eq!(snap.devlink.len(), 1);
         assert_eq!(snap.devlink["0000:3b:00.0"].get("fw_fatal").unwrap().error_count, 1);
         assert_eq!(notes.len(), 1, "{notes:?}");

@@ -63,13 +63,13 @@ fn c_string(v: &[u8]) -> Option<String> {
     (!s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_graphic())).then(|| s.to_string())
 }
 
-/// The reporters of every PCI devlink instance, by PCI address, from a dump's replies.
-pub fn by_pci(replies: &[Vec<u8>]) -> BTreeMap<String, Reporters> {
+/// The reporters of every devlink instance, by instance (`pci/0000:3b:00.0`,
+/// `auxiliary/mlx5_core.eth.0`: mlx5's netdev reporters `tx`, `rx` live on the Ethernet
+/// auxiliary device's instance in newer kernels), from a dump's replies.
+pub fn by_instance(replies: &[Vec<u8>]) -> BTreeMap<String, Reporters> {
     let mut out: BTreeMap<String, Reporters> = BTreeMap::new();
     for (bus, dev, r) in replies.iter().filter_map(|r| parse_reply(r)) {
-        if bus == "pci" {
-            out.entry(dev).or_default().reporters.push(r);
-        }
+        out.entry(format!("{bus}/{dev}")).or_default().reporters.push(r);
     }
     out.into_iter().map(|(k, v)| (k, v.normalised())).collect()
 }
@@ -79,7 +79,7 @@ pub fn by_pci(replies: &[Vec<u8>]) -> BTreeMap<String, Reporters> {
 pub fn dump(timeout: Duration) -> Result<BTreeMap<String, Reporters>, Absent> {
     let mut s = EthtoolSocket::open_family(DEVLINK_GENL_NAME, timeout)?;
     let replies = s.dump((CMD_HEALTH_REPORTER_GET, DEVLINK_GENL_VERSION), &[], MAX_REPLIES)?;
-    Ok(by_pci(&replies))
+    Ok(by_instance(&replies))
 }
 
 #[cfg(test)]
@@ -108,7 +108,7 @@ mod tests {
     }
 
     #[test]
-    fn replies_group_by_pci_function() {
+    fn replies_group_by_instance() {
         let replies = vec![
             reply("pci", "0000:3b:00.0", "fw_fatal", 1, 2, 1),
             reply("pci", "0000:3b:00.0", "fw", 0, 0, 0),
@@ -116,20 +116,21 @@ mod tests {
             reply("auxiliary", "mlx5_core.eth.0", "tx", 0, 1, 1),
             reply("pci", "0000:3b:00.0", "rx", 9, 0, 0), // unknown state: dropped
         ];
-        let m = by_pci(&replies);
-        assert_eq!(m.len(), 2);
-        let f = &m["0000:3b:00.0"];
+        let m = by_instance(&replies);
+        assert_eq!(m.len(), 3);
+        assert_eq!(m["auxiliary/mlx5_core.eth.0"].reporters.len(), 1);
+        let f = &m["pci/0000:3b:00.0"];
         assert_eq!(f.reporters.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["fw", "fw_fatal"]);
         let fatal = f.get("fw_fatal").unwrap();
         assert_eq!((fatal.state, fatal.error_count, fatal.recover_count), (ReporterState::Error, 2, 1));
-        assert_eq!(m["0000:3b:00.1"].get("tx").unwrap().error_count, 5);
+        assert_eq!(m["pci/0000:3b:00.1"].get("tx").unwrap().error_count, 5);
     }
 
     proptest! {
         #[test]
         fn the_parser_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
             let _ = parse_reply(&bytes);
-            let _ = by_pci(&[bytes]);
+            let _ = by_instance(&[bytes]);
         }
     }
 }
