@@ -51,6 +51,13 @@ fn a_hot_asic_is_one_non_fatal_nic_overheating_cleared_two_degrees_below_the_lin
     // The report carries every sensor of the monitored PFs.
     let report = tl.report(1);
     assert!(of(report["events"].as_array().unwrap(), "NICThermalCheck").is_empty());
+    let d = report["devices"].as_array().unwrap().iter().find(|d| d["name"] == "mlx5_3").unwrap();
+    assert_eq!(d["sensors"][0]["label"], "asic", "{d:#}");
+    assert_eq!(d["sensors"][0]["input"], 55_000);
+    assert_eq!(d["sensors"][0]["crit"], 105_000);
+    assert_eq!(d["sensors"][1]["label"], "sensor64");
+    assert_eq!(d["devlink"][1]["name"], "fw_fatal", "{d:#}");
+    assert_eq!(d["devlink"][1]["error_count"], 0);
     // crit 105 °C, margin 5 °C: 100 °C is overheating.
     node.set_temperature("mlx5_3", 1, 100_000);
     let events = tl.poll(2);

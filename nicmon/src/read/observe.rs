@@ -65,7 +65,7 @@ impl Observer {
         self.host.remember_einval(prior.einval.iter().cloned());
         let mut snapshot = discovery::discover(&self.host, &plan);
         let mut ethtool_notes = self.read_ethtool(&mut snapshot, unmonitored);
-        let pcis = monitored_pcis(&snapshot, unmonitored);
+        let pcis = pf_addresses(&snapshot);
         if let Some(hwmon) = &self.hwmon {
             hwmon.read(&self.host, &mut snapshot, pcis.clone(), std::time::Instant::now());
         }
@@ -181,13 +181,10 @@ impl Observer {
     }
 }
 
-/// The PCI addresses of the monitored PFs of `snapshot`.
-pub fn monitored_pcis(snapshot: &Snapshot, unmonitored: Unmonitored<'_>) -> BTreeSet<String> {
-    let route = &snapshot.default_route_devices;
-    snapshot
-        .devices
-        .iter()
-        .filter(|d| !d.is_vf() && !unmonitored(d, route))
-        .filter_map(|d| d.pci_address.clone())
-        .collect()
+/// The PCI addresses of the PFs of `snapshot`: whose sensors and devlink reporters are read.
+/// Every PF, not only the monitored ones: `nicmon check` reads before its topology (and so
+/// the roles) is resolved, and a bundle's replay must read what the live run read; the
+/// checks and the metrics judge the monitored ones only.
+pub fn pf_addresses(snapshot: &Snapshot) -> BTreeSet<String> {
+    snapshot.devices.iter().filter(|d| !d.is_vf()).filter_map(|d| d.pci_address.clone()).collect()
 }
