@@ -162,7 +162,13 @@ fn kernel_read(dump: &Dump, busy: &Arc<Mutex<bool>>, timeout: Duration) -> Resul
 #[derive(Debug, Default)]
 pub struct DevlinkReader {
     said: Mutex<BTreeSet<String>>,
+    /// The kernel said it has no devlink (no family): not asked again before this.
+    quiet_until: Mutex<Option<std::time::Instant>>,
 }
+
+/// How long a kernel without devlink is left alone before it is asked again (a poll's dump
+/// costs a socket, a family lookup and a thread).
+pub const UNSUPPORTED_RETRY: Duration = Duration::from_secs(60);
 
 impl DevlinkReader {
     /// The reporters of `pcis` into `snapshot.devlink`; the notes (each said once; a failure
@@ -175,7 +181,16 @@ impl DevlinkReader {
         timeout: Duration,
         pci_of: &dyn Fn(&str) -> Option<String>,
     ) -> Vec<String> {
+        let now = std::time::Instant::now();
+        let mut quiet = self.quiet_until.lock().unwrap_or_else(|p| p.into_inner());
+        if quiet.is_some_and(|t| now < t) {
+            snapshot.devlink.clear();
+            return Vec::new();
+        }
         let (found, absent) = source.read(pcis, timeout, pci_of);
+        let no_family = matches!(source, DevlinkSource::Kernel { .. }) && absent.iter().any(|a| a.is_unsupported());
+        *quiet = no_family.then(|| now + UNSUPPORTED_RETRY);
+        drop(quiet);
         let mut said = self.said.lock().unwrap_or_else(|p| p.into_inner());
         let mut notes = Vec::new();
         let answered = absent.is_empty();
@@ -289,6 +304,10 @@ mod tests {
         assert!(notes[0].contains("not supported"), "{notes:?}");
         assert!(r.read(&none, &mut snap, &pcis(&["0000:3b:00.0"]), Duration::from_secs(5), &aux).is_empty());
         assert!(snap.devlink.is_empty());
+        // Not asked again for a while: even a source that would answer is not read.
+        let answers = DevlinkSource::kernel(Arc::new(|| Ok([("pci/0000:3b:00.0".to_string(), reporters(1))].into())));
+        r.read(&answers, &mut snap, &pcis(&["0000:3b:00.0"]), Duration::from_secs(5), &aux);
+        assert!(snap.devlink.is_empty(), "within UNSUPPORTED_RETRY");
     }
 
     #[test]
