@@ -117,6 +117,11 @@ struct HostArgs {
     /// [default: the kernel when --sysfs is the live sysfs, else none].
     #[arg(long, value_name = "DIR")]
     ethtool_replay: Option<PathBuf>,
+    /// Read the NICs' devlink health reporters from DIR/<PCI address>.json instead of the
+    /// kernel; a missing file = not supported [default: the kernel when --sysfs is the live
+    /// sysfs, else none].
+    #[arg(long, value_name = "DIR")]
+    devlink_replay: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -463,6 +468,7 @@ fn monitor_options_at(
         checks,
         stamp,
         ethtool_replay: host.ethtool_replay,
+        devlink_replay: host.devlink_replay,
     }
 }
 
@@ -591,6 +597,7 @@ fn run_bundle(b: BundleCli) -> anyhow::Result<String> {
             ..nicmon::cli::bundle::Limits::default()
         },
         ethtool_replay: b.host.ethtool_replay,
+        devlink_replay: b.host.devlink_replay,
     };
     let bundle = nicmon::cli::bundle::capture(&args)?;
     let m = &bundle.manifest;

@@ -49,6 +49,9 @@ pub struct MonitorOptions {
     /// `--ethtool-replay DIR`: the RoCE ports' ethtool data from `DIR/<netdev>.json`
     /// instead of the kernel (SPEC §1.11).
     pub ethtool_replay: Option<PathBuf>,
+    /// `--devlink-replay DIR`: the NICs' devlink health reporters from `DIR/<BDF>.json`
+    /// instead of the kernel (SPEC §1.13).
+    pub devlink_replay: Option<PathBuf>,
 }
 
 /// Where the topology comes from ([`Monitor::resolve_topology`]).
@@ -116,6 +119,11 @@ impl Monitor {
         let ethtool = ethtool::ports::source(config.phy.enabled, opts.ethtool_replay.as_deref(), &opts.sysfs);
         let mut monitor = Monitor::new(host, config, topology, opts.stamp.clone(), enabled.checks, boot_id);
         monitor.observer.ethtool = ethtool;
+        monitor.observer.devlink = crate::read::devlink::source(
+            monitor.decider.config.firmware.enabled,
+            opts.devlink_replay.as_deref(),
+            &opts.sysfs,
+        );
         Ok((monitor, TopologySource { metadata: opts.metadata.clone(), required: opts.metadata_required }))
     }
 
@@ -145,6 +153,9 @@ impl Monitor {
             statics: Default::default(),
             ethtool: None,
             ethtool_ports: ethtool::ports::PortReader::new(config.phy.read_interval),
+            hwmon: config.thermal.enabled.then(|| crate::read::hwmon::HwmonReader::new(config.thermal.read_interval)),
+            devlink: None,
+            devlink_reader: Default::default(),
         };
         Monitor { observer, decider: Decider::new(config, topology, stamp, checks), boot_id }
     }
@@ -240,6 +251,7 @@ pub(crate) fn fixture_options(node: &nicmon_tests::Node) -> MonitorOptions {
         checks: Check::ALL.into_iter().collect(),
         stamp: Stamp { node_name: "n1".into(), ..Stamp::default() },
         ethtool_replay: None,
+        devlink_replay: None,
     }
 }
 

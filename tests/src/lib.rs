@@ -261,6 +261,24 @@ pub struct Node {
     char_nodes: BTreeMap<(String, String, u32), String>,
 }
 
+/// A devlink replay file's text as nicmon writes it (`nicmon bundle`): pretty JSON, the
+/// reporters sorted by name, each `name`, `state`, `error_count`, `recover_count` in that
+/// order, one trailing newline — so a bundle's copy is byte-identical.
+pub fn reporters_json(reporters: &[serde_json::Value]) -> String {
+    let mut sorted: Vec<&serde_json::Value> = reporters.iter().collect();
+    sorted.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    let items: Vec<String> = sorted
+        .iter()
+        .map(|r| {
+            format!(
+                "    {{\n      \"name\": {},\n      \"state\": {},\n      \"error_count\": {},\n      \"recover_count\": {}\n    }}",
+                r["name"], r["state"], r["error_count"], r["recover_count"]
+            )
+        })
+        .collect();
+    format!("{{\n  \"reporters\": [\n{}\n  ]\n}}\n", items.join(",\n"))
+}
+
 fn write(path: &Path, content: impl AsRef<[u8]>) {
     if let Some(p) = path.parent() {
         fs::create_dir_all(p).unwrap_or_else(|e| panic!("mkdir {}: {e}", p.display()));
@@ -552,6 +570,10 @@ impl Node {
             &self.sys().join(format!("class/infiniband/{}", spec.name)),
         );
         let vf = physfn.is_some();
+        if !vf {
+            self.hwmon(&pci_dir, bdf);
+            self.devlink_reporters(bdf, spec.netdev.is_some() && spec.link == Link::Eth);
+        }
         let port = ib.join("ports/1");
         let (state, phys) = if vf { ("1: DOWN", "3: Disabled") } else { ("4: ACTIVE", "5: LinkUp") };
         write(&port.join("state"), format!("{state}\n"));
@@ -693,6 +715,97 @@ impl Node {
         write(&d.join("dev"), format!("{major}:{minor}\n"));
         link(&format!("{}{dir}", up(&format!("class/{class}"))), &self.sys().join(format!("class/{class}/{name}")));
         self.char_nodes.insert((kind.into(), dev.into(), port.unwrap_or(0)), name);
+    }
+
+    /// mlx5's hwmon device of a PF (6.5+, `drivers/net/ethernet/mellanox/mlx5/core/hwmon.c`):
+    /// `name` `mlx5`, one channel per firmware sensor and one for the module, each with
+    /// `temp<N>_input`, `_crit`, `_highest` (millidegrees) and `_label` — the firmware's
+    /// sensor name, else the driver's `sensor<index>` (the module's index is 64 + its
+    /// number). Here: `temp1` the ASIC (`asic`, 55 °C, crit 105 °C), `temp2` the module
+    /// (`sensor64`, 45 °C, crit 75 °C). The `device` link names the PCI function.
+    fn hwmon(&mut self, pci_dir: &str, bdf: &str) {
+        let n = fs::read_dir(self.sys().join("class/hwmon")).map(|d| d.count()).unwrap_or(0);
+        let name = format!("hwmon{n}");
+        let dir = format!("{pci_dir}/hwmon/{name}");
+        let d = self.sys().join(&dir);
+        write(&d.join("name"), "mlx5\n");
+        for (ch, label, input, crit) in [(1, "asic", 55_000, 105_000), (2, "sensor64", 45_000, 75_000)] {
+            write(&d.join(format!("temp{ch}_label")), format!("{label}\n"));
+            write(&d.join(format!("temp{ch}_input")), format!("{input}\n"));
+            write(&d.join(format!("temp{ch}_highest")), format!("{input}\n"));
+            write(&d.join(format!("temp{ch}_crit")), format!("{crit}\n"));
+        }
+        link(&format!("../../../{bdf}"), &d.join("device"));
+        link(&format!("{}{dir}", up("class/hwmon")), &self.sys().join(format!("class/hwmon/{name}")));
+    }
+
+    /// The `--devlink-replay` directory of the node: `devlink/<BDF>.json` per mlx5 PF.
+    pub fn devlink_dir(&self) -> PathBuf {
+        self.root.join("devlink")
+    }
+
+    /// A PF's devlink health reporters as mlx5 registers them (`fw`, `fw_fatal`; an
+    /// Ethernet netdev's `tx`, `rx`), healthy with no error.
+    fn devlink_reporters(&self, bdf: &str, netdev: bool) {
+        let mut names = vec!["fw", "fw_fatal"];
+        if netdev {
+            names.extend(["rx", "tx"]);
+        }
+        let reporters: Vec<serde_json::Value> = names
+            .into_iter()
+            .map(|n| serde_json::json!({"name": n, "state": "healthy", "error_count": 0, "recover_count": 0}))
+            .collect();
+        write(&self.devlink_dir().join(format!("{bdf}.json")), reporters_json(&reporters));
+    }
+
+    /// The hwmon directory of RDMA device `dev`'s PCI function.
+    pub fn hwmon_dir(&self, dev: &str) -> PathBuf {
+        let info = self.info.get(dev).unwrap_or_else(|| panic!("no device {dev} on node {}", self.name));
+        let base = self.sys().join(&info.pci_dir).join("hwmon");
+        let first = fs::read_dir(&base).ok().and_then(|mut d| d.next()).and_then(|e| e.ok());
+        first.map(|e| e.path()).unwrap_or_else(|| panic!("{dev} has no hwmon device"))
+    }
+
+    /// Heat sensor `channel` of `dev` (`temp<channel>_input`, and `_highest` when above it)
+    /// to `millidegrees`.
+    pub fn set_temperature(&self, dev: &str, channel: u32, millidegrees: i64) {
+        let d = self.hwmon_dir(dev);
+        write(&d.join(format!("temp{channel}_input")), format!("{millidegrees}\n"));
+        let highest = d.join(format!("temp{channel}_highest"));
+        let was: i64 = fs::read_to_string(&highest).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(i64::MIN);
+        if millidegrees > was {
+            write(&highest, format!("{millidegrees}\n"));
+        }
+    }
+
+    /// `dev`'s devlink health reporter `reporter` reports `errors` more errors: its
+    /// `error_count` rises and its state is `error` (until [`Node::recover_reporter`]).
+    pub fn bump_reporter(&self, dev: &str, reporter: &str, errors: u64) {
+        self.edit_reporter(dev, reporter, |r| {
+            let n = r["error_count"].as_u64().unwrap_or(0) + errors;
+            r["error_count"] = n.into();
+            r["state"] = "error".into();
+        });
+    }
+
+    /// `dev`'s reporter `reporter` recovered: state `healthy`, `recover_count` = its errors.
+    pub fn recover_reporter(&self, dev: &str, reporter: &str) {
+        self.edit_reporter(dev, reporter, |r| {
+            r["recover_count"] = r["error_count"].clone();
+            r["state"] = "healthy".into();
+        });
+    }
+
+    fn edit_reporter(&self, dev: &str, reporter: &str, f: impl FnOnce(&mut serde_json::Value)) {
+        let bdf = &self.info.get(dev).unwrap_or_else(|| panic!("no device {dev} on node {}", self.name)).bdf;
+        let path = self.devlink_dir().join(format!("{bdf}.json"));
+        let mut v: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        let r = v["reporters"]
+            .as_array_mut()
+            .and_then(|a| a.iter_mut().find(|r| r["name"] == reporter))
+            .unwrap_or_else(|| panic!("{dev} has no reporter {reporter}"));
+        f(r);
+        write(&path, reporters_json(v["reporters"].as_array().unwrap()));
     }
 
     /// A plain Ethernet interface (not RDMA) in `class/net`, e.g. the BMC-side `eth0`.

@@ -401,3 +401,47 @@ fn a_bundle_linking_out_to_a_host_file_is_refused_in_one_line() {
         assert_eq!(stderr.trim_end().lines().count(), 1, "{format}: {stderr}");
     }
 }
+
+#[test]
+fn nic_sensors_and_devlink_reporters_are_captured_and_replayed_byte_identically() {
+    // A node with a hot ASIC and a firmware reporter in error: the bundle holds the hwmon
+    // files of the monitored NICs in its sys tree and devlink/<BDF>.json byte for byte, and
+    // `check --bundle` replays the live run's report and events.
+    let node = Platform::DgxH100.build();
+    node.set_temperature("mlx5_0", 1, 104_000);
+    node.bump_reporter("mlx5_0", "fw", 1);
+    let bdf = node.info["mlx5_0"].bdf.clone();
+    let source = std::fs::read(node.devlink_dir().join(format!("{bdf}.json"))).unwrap();
+    let state = node.root().join("state.json");
+    let replay_flag = ["--devlink-replay".to_string(), node.devlink_dir().to_str().unwrap().to_string()];
+    let file = node.root().join("b.tar.gz");
+    let mut args: Vec<String> = vec!["bundle".into()];
+    args.extend(host_flags(&node, &state));
+    args.extend(replay_flag.iter().cloned());
+    args.extend(["--node-name", NODE, "--no-kmsg", "--no-metrics", "-o"].map(String::from));
+    args.push(file.to_str().unwrap().into());
+    ok(nicmon(&args).output().unwrap(), "nicmon bundle");
+    assert_eq!(bundle_file(&file, &format!("devlink/{bdf}.json")).as_deref(), Some(source.as_slice()));
+    let hwmon = node.hwmon_dir("mlx5_0");
+    let rel = hwmon.strip_prefix(node.root()).unwrap().to_str().unwrap().to_string();
+    assert_eq!(bundle_file(&file, &format!("{rel}/temp1_input")).as_deref(), Some(&b"104000\n"[..]));
+    assert_eq!(bundle_file(&file, &format!("{rel}/temp2_label")).as_deref(), Some(&b"sensor64\n"[..]));
+    let now = "2026-03-01T12:00:00Z";
+    let mut live: Vec<String> = vec!["check".into()];
+    live.extend(host_flags(&node, &state));
+    live.extend(replay_flag.iter().cloned());
+    live.extend(["--node-name", NODE, "--format", "json", "--now", now].map(String::from));
+    let live = ok(nicmon(&live).output().unwrap(), "live nicmon check");
+    let replay = replay_check(&file, now);
+    assert_same(&node, &live, &replay, "sensors and reporters");
+    let report: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
+    let codes: Vec<(&str, &str)> = report["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["isHealthy"] == false)
+        .map(|e| (e["checkName"].as_str().unwrap(), e["errorCode"][0].as_str().unwrap()))
+        .collect();
+    assert!(codes.contains(&("NICThermalCheck", "nic_overheating")), "{codes:?}");
+    assert!(codes.contains(&("NICFirmwareCheck", "fw_error")), "{codes:?}");
+}

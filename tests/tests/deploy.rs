@@ -746,6 +746,8 @@ fn the_operator_guide_documents_every_config_key() {
         ("charDeviceCheck.", "[charDeviceCheck]\nzzUnknown = 1\n"),
         ("pcieCheck.", "[pcieCheck]\nzzUnknown = 1\n"),
         ("phyCheck.", "[phyCheck]\nzzUnknown = 1\n"),
+        ("thermalCheck.", "[thermalCheck]\nzzUnknown = 1\n"),
+        ("firmwareCheck.", "[firmwareCheck]\nzzUnknown = 1\n"),
     ];
     let guide = std::fs::read_to_string(deploy::repo_root().join(GUIDE)).unwrap();
     let mut keys = Vec::new();

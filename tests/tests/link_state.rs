@@ -279,7 +279,9 @@ fn restart_recovery_reboot_and_corrupt_state() {
             "EFADegradationCheck",
             "InfiniBandCharDeviceCheck",
             "NICKernelLogCheck",
-            "NICPCIeCheck"
+            "NICPCIeCheck",
+            "NICThermalCheck",
+            "NICFirmwareCheck"
         ]
     );
     assert!(clears.iter().all(|e| e["isHealthy"] == true && e["generatedTimestamp"] == tl.at(99)));

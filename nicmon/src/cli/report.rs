@@ -54,6 +54,12 @@ pub struct DeviceReport {
     pub unknown: BTreeMap<String, String>,
     /// The PF's PCIe link and AER totals (SPEC §1.10); `null` for VFs and devices not read.
     pub pcie: Option<PcieReport>,
+    /// The PCI function's hwmon sensors (millidegrees Celsius), SPEC §1.13.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sensors: Vec<crate::model::thermal::Sensor>,
+    /// The PCI function's devlink health reporters, SPEC §1.13.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub devlink: Vec<crate::model::devlink::Reporter>,
 }
 
 /// A PF's PCIe link as `nicmon check` shows it.
@@ -219,6 +225,13 @@ impl Report {
                         .collect(),
                     unknown: d.unknown.clone(),
                     pcie: d.pcie.as_ref().map(PcieReport::of),
+                    sensors: d.pci_address.as_ref().and_then(|a| snapshot.thermal.get(a)).cloned().unwrap_or_default(),
+                    devlink: d
+                        .pci_address
+                        .as_ref()
+                        .and_then(|a| snapshot.devlink.get(a))
+                        .map(|r| r.reporters.clone())
+                        .unwrap_or_default(),
                 }
             })
             .collect();

@@ -23,14 +23,16 @@ use crate::decide::roles::{self};
 use crate::model::event::{Check, CheckKind};
 
 /// The known keys, as the warning about an unknown one names them: the top-level keys and
-/// those of `[stateDetection]`, `[stateCheck]`, `[charDeviceCheck]`, `[pcieCheck]` and `[phyCheck]`
-/// (the other sections' keys are their structs' fields).
-pub const TOP_LEVEL_KEYS: [&str; 11] = key_names(&TOP_LEVEL);
+/// those of `[stateDetection]`, `[stateCheck]`, `[charDeviceCheck]`, `[pcieCheck]`, `[phyCheck]`,
+/// `[thermalCheck]` and `[firmwareCheck]` (the other sections' keys are their structs' fields).
+pub const TOP_LEVEL_KEYS: [&str; 13] = key_names(&TOP_LEVEL);
 pub const STATE_DETECTION_KEYS: [&str; 2] = key_names(&STATE_DETECTION);
 pub const STATE_CHECK_KEYS: [&str; 4] = key_names(&STATE_CHECK);
 pub const CHAR_DEVICE_CHECK_KEYS: [&str; 1] = key_names(&CHAR_DEVICE_CHECK);
 pub const PCIE_CHECK_KEYS: [&str; 3] = key_names(&PCIE_CHECK);
 pub const PHY_CHECK_KEYS: [&str; 4] = key_names(&PHY_CHECK);
+pub const THERMAL_CHECK_KEYS: [&str; 3] = key_names(&THERMAL_CHECK);
+pub const FIRMWARE_CHECK_KEYS: [&str; 1] = key_names(&FIRMWARE_CHECK);
 
 /// Default location of the config file in the DaemonSet.
 pub const DEFAULT_PATH: &str = "/etc/nic-health-monitor/config.toml";
@@ -170,7 +172,7 @@ const fn key_names<const N: usize>(keys: &[Key; N]) -> [&'static str; N] {
 }
 
 /// The file's top-level keys; the other sections' keys are their structs' fields.
-const TOP_LEVEL: [Key; 11] = [
+const TOP_LEVEL: [Key; 13] = [
     Key {
         name: "nicExclusionRegex",
         read: |cfg, at, v| {
@@ -214,6 +216,8 @@ const TOP_LEVEL: [Key; 11] = [
     Key { name: "charDeviceCheck", read: |cfg, at, v| at.table(cfg, v, &CHAR_DEVICE_CHECK) },
     Key { name: "pcieCheck", read: |cfg, at, v| at.table(cfg, v, &PCIE_CHECK) },
     Key { name: "phyCheck", read: |cfg, at, v| at.table(cfg, v, &PHY_CHECK) },
+    Key { name: "thermalCheck", read: |cfg, at, v| at.table(cfg, v, &THERMAL_CHECK) },
+    Key { name: "firmwareCheck", read: |cfg, at, v| at.table(cfg, v, &FIRMWARE_CHECK) },
 ];
 
 /// `[counterDetection]`: with `enabled = false` nothing else in it is validated (what would
@@ -392,6 +396,48 @@ const PCIE_CHECK: [Key; 3] = [
     },
 ];
 
+/// `[thermalCheck]`.
+const THERMAL_CHECK: [Key; 3] = [
+    Key {
+        name: "enabled",
+        read: |cfg, at, v| {
+            cfg.thermal.enabled = v.as_bool().ok_or_else(|| at.bad(v, "expected true or false"))?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "marginCelsius",
+        read: |cfg, at, v| {
+            let m = match v {
+                toml::Value::Integer(i) => Some(*i as f64),
+                toml::Value::Float(f) => Some(*f),
+                _ => None,
+            };
+            cfg.thermal.margin_celsius = m
+                .filter(|m| m.is_finite() && (0.0..=100.0).contains(m))
+                .ok_or_else(|| at.bad(v, "expected degrees Celsius from 0 to 100"))?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "readInterval",
+        read: |cfg, at, v| {
+            let d = duration(at.name, v, MAX_PHY_READ_INTERVAL)?;
+            cfg.thermal.read_interval = d.try_into().unwrap_or(std::time::Duration::from_secs(10));
+            Ok(())
+        },
+    },
+];
+
+/// `[firmwareCheck]`.
+const FIRMWARE_CHECK: [Key; 1] = [Key {
+    name: "enabled",
+    read: |cfg, at, v| {
+        cfg.firmware.enabled = v.as_bool().ok_or_else(|| at.bad(v, "expected true or false"))?;
+        Ok(())
+    },
+}];
+
 /// `[phyCheck]`.
 const PHY_CHECK: [Key; 4] = [
     Key {
@@ -559,8 +605,15 @@ enabled = true
                    [counterDetection]\n[kernelLog]\n[charDeviceCheck]\nissm = \"always\"\n\
                    [pcieCheck]\nenabled = false\ncorrectableThreshold = 10\ncorrectableVelocityUnit = \"hour\"\n\
                    [phyCheck]\nenabled = true\npreFecBerThreshold = 2e-5\npauseVictimShare = 0.8\nreadInterval = \"30s\"\n\
-                   [stateCheck]\nportStateHoldDown = \"2s\"\nflapThreshold = 4\nflapWindow = \"2m\"\nflapSettle = 30\n";
+                   [stateCheck]\nportStateHoldDown = \"2s\"\nflapThreshold = 4\nflapWindow = \"2m\"\nflapSettle = 30\n\
+                   [thermalCheck]\nenabled = true\nmarginCelsius = 7.5\nreadInterval = \"30s\"\n[firmwareCheck]\nenabled = false\n";
         let c = Config::parse("x.toml", all).unwrap();
+        assert_eq!((c.thermal.margin_millidegrees(), c.firmware.enabled), (7_500, false));
+        assert_eq!(c.thermal.read_interval, std::time::Duration::from_secs(30));
+        assert!(THERMAL_CHECK_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
+        assert!(FIRMWARE_CHECK_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
+        let e = Config::parse("x.toml", "[thermalCheck]\nmarginCelsius = -1").unwrap_err();
+        assert!(e.to_string().contains("thermalCheck.marginCelsius"), "{e}");
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
         assert!(TOP_LEVEL_KEYS.iter().all(|k| all.contains(&format!("{k} =")) || all.contains(&format!("[{k}]"))));
         assert!(STATE_DETECTION_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));

@@ -212,6 +212,11 @@ impl Daemon<'_> {
         let Some(base) = self.last_snapshot.as_ref().filter(|_| !targets.is_empty()) else { return false };
         let Some(mut obs) = self.monitor.observe_targeted(&self.state.checks, base, targets) else { return false };
         obs.woken_by = crate::read::wake::hook_names(woke);
+        // A devlink health tracepoint: the reporters of the devices it named are read now.
+        if woke.iter().any(|w| crate::read::wake::is_devlink(w.hook)) {
+            let notes = self.monitor.observer.reread_devlink(&mut obs.snapshot, targets);
+            obs.ethtool_notes.extend(notes);
+        }
         let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, OffsetDateTime::now_utc(), &[]);
         let elapsed = woke_at.elapsed();
         // The targeted poll's events go out before anything else (`act` waits for their
@@ -374,6 +379,33 @@ mod tests {
         daemon.cycle(&[wake_naming("eth0")]).await;
         assert_eq!(used(&daemon), 1, "the read-ahead the dry poll left is used");
         assert!(daemon.state.outbox.last_id() > last_batch, "the port's DOWN went out");
+        daemon.shutdown().await;
+    }
+
+    /// A devlink health tracepoint's wake-up (its hint: the PCI address of the function)
+    /// reads that function's reporters at once: in a burst (no full poll follows) the
+    /// targeted poll alone sends the firmware fatal.
+    #[tokio::test]
+    async fn a_devlink_wake_reads_the_reporters_at_once() {
+        let node = two_roce_nics("devlink-wake");
+        let mut opts = run_options(&node);
+        opts.monitor.devlink_replay = Some(node.devlink_dir());
+        let mut daemon = Daemon::start(&opts).await.unwrap();
+        daemon.cycle(&[]).await;
+        assert!(fatal_devices(&node).is_empty());
+        node.bump_reporter("mlx5_1", "fw_fatal", 1);
+        let full_before = Instant::now();
+        daemon.last_full_poll = Some(full_before);
+        let mut wake = wake_naming(&node.info["mlx5_1"].bdf);
+        wake.hook = crate::read::wake::Hook::DevlinkHealthReport;
+        daemon.cycle(&[wake]).await;
+        assert_eq!(daemon.last_full_poll, Some(full_before), "no full poll ran");
+        assert_eq!(fatal_devices(&node), ["mlx5_1"]);
+        // A wake-up of another hook (rtnetlink) does not read devlink on its targeted poll.
+        node.bump_reporter("mlx5_0", "fw_fatal", 1);
+        daemon.last_full_poll = Some(Instant::now());
+        daemon.cycle(&[wake_naming("eth0")]).await;
+        assert_eq!(fatal_devices(&node), ["mlx5_1"]);
         daemon.shutdown().await;
     }
 

@@ -3,6 +3,7 @@
 pub mod cause;
 pub mod chardev;
 pub mod counters;
+pub mod firmware;
 pub mod kmsg;
 pub mod linkstate;
 pub mod pcie;
@@ -11,3 +12,4 @@ pub mod poll;
 pub mod roles;
 pub mod settings;
 pub mod state;
+pub mod thermal;

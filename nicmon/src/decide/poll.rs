@@ -4,8 +4,8 @@
 //! [`crate::read::observe`]'s; the two are composed in [`crate::monitor`].
 //!
 //! The steps, each a method of [`Decider`]: first-poll deferral; the clears of a reboot or a
-//! rescope; link state; counters; character devices; PCIe; kernel log; the filter by
-//! enabled check; the port history.
+//! rescope; link state; counters; character devices; PCIe; NIC temperature; firmware health;
+//! kernel log; the filter by enabled check; one firmware fatal per card; the port history.
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -14,6 +14,7 @@ use time::{Duration, OffsetDateTime};
 use crate::decide::cause;
 use crate::decide::chardev;
 use crate::decide::counters::{self, CounterPort};
+use crate::decide::firmware::{self, FirmwareState};
 use crate::decide::kmsg::{self, DeviceIndex};
 use crate::decide::linkstate::{self, StateConfig};
 use crate::decide::pcie::{self, PcieState};
@@ -21,6 +22,7 @@ use crate::decide::phy;
 use crate::decide::roles::{self, Classification};
 use crate::decide::settings::Config;
 use crate::decide::state::CheckState;
+use crate::decide::thermal::{self, ThermalState};
 use crate::model::event::{Check, CheckKind, HealthEvent, Stamp, Subject};
 use crate::model::history;
 use crate::model::kmsg::{HostLinks, Record};
@@ -113,17 +115,7 @@ impl Decider {
         let rescope = !first_poll && prev.scope.as_ref().is_some_and(|s| *s != scope);
         let mut events = self.clears(reboot, rescope, now);
 
-        let no_links = linkstate::LinkState::default();
-        let prev_links = if rescope { &no_links } else { &prev.links };
-        let links_out = linkstate::evaluate(
-            prev_links,
-            first_poll || rescope,
-            &snapshot,
-            &roles,
-            &self.state_config,
-            now,
-            &self.stamp,
-        );
+        let links_out = self.link_state(prev, rescope, first_poll, &snapshot, &roles, now);
         events.extend(links_out.events);
         notes.extend(links_out.notes);
 
@@ -151,6 +143,11 @@ impl Decider {
         let (pcie_events, pcie_state) = self.pcie(&prev.pcie, &snapshot, &roles, now, full, &mut notes);
         events.extend(pcie_events);
 
+        let (thermal_events, thermal_state) = self.thermal(&prev.thermal, &snapshot, &roles, now);
+        events.extend(thermal_events);
+        let (firmware_events, mut firmware_state) = self.firmware(&prev.firmware, &snapshot, &roles, now);
+        events.extend(firmware_events);
+
         let (kmsg_events, kmsg_state) = match full {
             true => self.kernel_log(&prev.kmsg, kmsg_records, &snapshot, &roles, links, now),
             false => (Vec::new(), Arc::clone(&prev.kmsg)),
@@ -158,6 +155,7 @@ impl Decider {
         events.extend(kmsg_events);
 
         events.retain(|e| e.check().map(|c| self.state_config.checks.contains(&c)).unwrap_or(true));
+        self.one_firmware_fatal(&mut events, &mut firmware_state, &snapshot, now);
         let facts = cause::base_facts(&snapshot, &events, &held_pcie(&pcie_state, &snapshot));
         cause::annotate(&mut events, &facts);
         let decided = port_decisions(&events, &links_out.holds, &links_out.flaps, &links_out.state);
@@ -169,6 +167,8 @@ impl Decider {
             kmsg: kmsg_state,
             char_devices: char_state,
             pcie: pcie_state,
+            thermal: thermal_state,
+            firmware: firmware_state,
             einval,
             scope: Some(scope),
             first_poll_deferrals: prev.first_poll_deferrals,
@@ -243,6 +243,21 @@ impl Decider {
         }
     }
 
+    /// Step 3, link state (after a rescope, from no memory of ports and devices).
+    fn link_state(
+        &self,
+        prev: &CheckState,
+        rescope: bool,
+        first_poll: bool,
+        snapshot: &Snapshot,
+        roles: &BTreeMap<String, Classification>,
+        now: OffsetDateTime,
+    ) -> linkstate::Outcome {
+        let no_links = linkstate::LinkState::default();
+        let prev_links = if rescope { &no_links } else { &prev.links };
+        linkstate::evaluate(prev_links, first_poll || rescope, snapshot, roles, &self.state_config, now, &self.stamp)
+    }
+
     /// Step 4, counters: the rules over `ports` (none on a targeted poll: every counter's
     /// state is kept); a counter that went unreadable is a note.
     fn counters(
@@ -300,7 +315,52 @@ impl Decider {
         (out.events, Arc::new(out.state))
     }
 
-    /// Step 7, kernel log: the records that arrived since the previous poll, attributed to
+    /// Step 7, NIC temperature (SPEC §1.13): the monitored NICs' hwmon sensors (a targeted
+    /// poll carries the full poll's readings: nothing changes), when the check is enabled.
+    fn thermal(
+        &self,
+        prev: &ThermalState,
+        snapshot: &Snapshot,
+        roles: &BTreeMap<String, Classification>,
+        now: OffsetDateTime,
+    ) -> (Vec<HealthEvent>, ThermalState) {
+        if !self.state_config.checks.contains(&Check::NICThermalCheck) {
+            return (Vec::new(), prev.clone());
+        }
+        let margin = self.config.thermal.margin_millidegrees();
+        thermal::evaluate(prev, snapshot, roles, margin, now, &self.stamp)
+    }
+
+    /// Step 8, firmware health (SPEC §1.13): the monitored NICs' devlink health reporters
+    /// (a wake-up's targeted poll reads them too), when the check is enabled.
+    fn firmware(
+        &self,
+        prev: &FirmwareState,
+        snapshot: &Snapshot,
+        roles: &BTreeMap<String, Classification>,
+        now: OffsetDateTime,
+    ) -> (Vec<HealthEvent>, FirmwareState) {
+        if !self.state_config.checks.contains(&Check::NICFirmwareCheck) {
+            return (Vec::new(), prev.clone());
+        }
+        firmware::evaluate(prev, snapshot, roles, now, &self.stamp)
+    }
+
+    /// Step 11: one firmware fatal per card per kernel-log dedup window, whichever source
+    /// (devlink, the kernel log) saw it first ([`firmware::dedup_fatals`]).
+    fn one_firmware_fatal(
+        &self,
+        events: &mut Vec<HealthEvent>,
+        state: &mut FirmwareState,
+        snapshot: &Snapshot,
+        now: OffsetDateTime,
+    ) {
+        let window = Duration::seconds(self.config.kernel_log.dedup_window_seconds.min(i64::MAX as u64) as i64);
+        let card_of = |name: &str| snapshot.devices.iter().find(|d| d.name == name).and_then(|d| d.card.clone());
+        firmware::dedup_fatals(events, &mut state.last_fatal, card_of, window, now);
+    }
+
+    /// Step 9, kernel log: the records that arrived since the previous poll, attributed to
     /// the monitored devices.
     fn kernel_log(
         &self,

@@ -42,6 +42,10 @@ pub struct Config {
     pub issm: IssmMode,
     /// `[pcieCheck]`: the PCIe check's settings (SPEC §1.10).
     pub pcie: PcieConfig,
+    /// `[thermalCheck]`: NIC temperature from hwmon (SPEC §1.13).
+    pub thermal: ThermalConfig,
+    /// `[firmwareCheck]`: devlink health reporters (SPEC §1.13).
+    pub firmware: FirmwareConfig,
     /// `[kernelLog]`: the watcher's settings and its compiled pattern table.
     pub kernel_log: KmsgConfig,
     pub patterns: Patterns,
@@ -64,6 +68,8 @@ impl Default for Config {
             counters_off: None,
             issm: IssmMode::default(),
             pcie: PcieConfig::default(),
+            thermal: ThermalConfig::default(),
+            firmware: FirmwareConfig::default(),
             kernel_log: KmsgConfig::default(),
             patterns: Patterns::builtin(),
             warnings: Vec::new(),
@@ -77,6 +83,12 @@ impl Config {
     pub fn state_config(&self, mut checks: BTreeSet<Check>) -> StateConfig {
         if !self.pcie.enabled {
             checks.remove(&Check::NICPCIeCheck);
+        }
+        if !self.thermal.enabled {
+            checks.remove(&Check::NICThermalCheck);
+        }
+        if !self.firmware.enabled {
+            checks.remove(&Check::NICFirmwareCheck);
         }
         StateConfig {
             escalation_grace: Duration::seconds(self.escalation_grace_secs as i64),
@@ -159,6 +171,43 @@ pub struct PcieConfig {
 impl Default for PcieConfig {
     fn default() -> PcieConfig {
         PcieConfig { enabled: true, aer: AerThresholds::default() }
+    }
+}
+
+/// `[thermalCheck]` (SPEC §1.13).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ThermalConfig {
+    /// `enabled` (default true): `false` turns the check off (and its hwmon reads).
+    pub enabled: bool,
+    /// `marginCelsius` (default 5): `nic_overheating` at `_crit` − this or above.
+    pub margin_celsius: f64,
+    /// `readInterval` (default 10 s): a NIC's temperatures are read at most this often.
+    pub read_interval: std::time::Duration,
+}
+
+impl Default for ThermalConfig {
+    fn default() -> ThermalConfig {
+        ThermalConfig { enabled: true, margin_celsius: 5.0, read_interval: std::time::Duration::from_secs(10) }
+    }
+}
+
+impl ThermalConfig {
+    /// The margin in millidegrees.
+    pub fn margin_millidegrees(&self) -> i64 {
+        (self.margin_celsius * 1000.0).round() as i64
+    }
+}
+
+/// `[firmwareCheck]` (SPEC §1.13).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FirmwareConfig {
+    /// `enabled` (default true): `false` turns the check off (and its devlink reads).
+    pub enabled: bool,
+}
+
+impl Default for FirmwareConfig {
+    fn default() -> FirmwareConfig {
+        FirmwareConfig { enabled: true }
     }
 }
 

@@ -6,9 +6,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::decide::chardev::CharDevState;
 use crate::decide::counters::CounterState;
+use crate::decide::firmware::FirmwareState;
 use crate::decide::kmsg::KmsgState;
 use crate::decide::linkstate::LinkState;
 use crate::decide::pcie::check::PcieState;
+use crate::decide::thermal::ThermalState;
 
 /// What the checks carry from one poll to the next: the decide layer's input and output.
 /// The outbox (act's data) is not part of it.
@@ -34,6 +36,13 @@ pub struct CheckState {
     /// poll does not evaluate PCIe).
     #[serde(default, skip_serializing_if = "pcie_is_empty")]
     pub pcie: std::sync::Arc<PcieState>,
+    /// NIC temperature: the NICs reported overheating.
+    #[serde(default, skip_serializing_if = "ThermalState::is_empty")]
+    pub thermal: ThermalState,
+    /// Firmware health: the reporters' baselines, the faults raised, the last firmware fatal
+    /// of each card (the dedup with the kernel log).
+    #[serde(default, skip_serializing_if = "FirmwareState::is_empty")]
+    pub firmware: FirmwareState,
     /// sysfs files whose read failed with EINVAL in this boot: never read again.
     #[serde(default)]
     pub einval: BTreeSet<String>,

@@ -27,6 +27,10 @@ pub enum CheckKind {
     KernelLog,
     /// The PCIe links and AER statistics of the NICs ([`crate::decide::pcie`]).
     Pcie,
+    /// The NICs' hwmon temperature sensors ([`crate::decide::thermal`]).
+    Thermal,
+    /// The NICs' devlink health reporters ([`crate::decide::firmware`]).
+    Firmware,
 }
 
 /// The one list of checks: the [`Check`] enum, [`Check::ALL`], each check's name (as the
@@ -68,6 +72,8 @@ checks! {
     InfiniBandCharDeviceCheck => CharDevices,
     NICKernelLogCheck => KernelLog,
     NICPCIeCheck => Pcie,
+    NICThermalCheck => Thermal,
+    NICFirmwareCheck => Firmware,
 }
 
 impl Check {

@@ -3,6 +3,7 @@
 //! Plain immutable data, no I/O. Every value read from the host that can be unreadable is
 //! an `Option`; unrecognised kernel strings are kept in an `Unknown` variant.
 pub mod cause;
+pub mod devlink;
 pub mod ethtool;
 pub mod event;
 pub mod history;
@@ -10,6 +11,7 @@ pub mod kmsg;
 pub mod observation;
 pub mod pcie;
 pub mod read_error;
+pub mod thermal;
 pub mod topology;
 
 pub use read_error::ReadError;
@@ -331,6 +333,14 @@ pub struct Snapshot {
     /// Shared: the same from poll to poll while the directories list the same entries.
     #[serde(default)]
     pub char_devices: std::sync::Arc<CharDevices>,
+    /// The hwmon temperature sensors of each monitored PCI function, by PCI address
+    /// (SPEC §1.13): read on a full poll, kept by a targeted one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub thermal: BTreeMap<String, Vec<thermal::Sensor>>,
+    /// The devlink health reporters of each monitored PCI function, by PCI address (SPEC
+    /// §1.13); a function that has none (no devlink, not supported) is absent.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub devlink: BTreeMap<String, devlink::Reporters>,
 }
 
 /// The kind of an InfiniBand character device (the prefix of its class entry's name).

@@ -8,10 +8,12 @@ use std::sync::Arc;
 use crate::model::Snapshot;
 use crate::model::kmsg::{Departed, HostLinks};
 use crate::model::observation::Observation;
+use crate::read::devlink::{DevlinkReader, DevlinkSource};
 use crate::read::discovery::{self, ReadPlan, RoceReads, StaticCache, Unmonitored};
 use crate::read::ethtool::EthtoolSource;
 use crate::read::ethtool::ports::PortReader;
 use crate::read::host::Host;
+use crate::read::hwmon::HwmonReader;
 
 /// What the reads keep between polls: the host, what to read beyond the fixed files, the
 /// static attributes of each device incarnation, and the ethtool source.
@@ -25,6 +27,11 @@ pub struct Observer {
     /// Where the RoCE ports' ethtool data comes from (`None`: not read), and its reader.
     pub ethtool: Option<EthtoolSource>,
     pub ethtool_ports: PortReader,
+    /// The NICs' hwmon sensors (`None`: `[thermalCheck]` off).
+    pub hwmon: Option<HwmonReader>,
+    /// Where the NICs' devlink health reporters come from (`None`: not read), and its reader.
+    pub devlink: Option<DevlinkSource>,
+    pub devlink_reader: DevlinkReader,
 }
 
 /// What a read takes from the previous poll.
@@ -57,7 +64,12 @@ impl Observer {
         // The memo goes into the reader for this read and comes back out with it.
         self.host.remember_einval(prior.einval.iter().cloned());
         let mut snapshot = discovery::discover(&self.host, &plan);
-        let ethtool_notes = self.read_ethtool(&mut snapshot, unmonitored);
+        let mut ethtool_notes = self.read_ethtool(&mut snapshot, unmonitored);
+        let pcis = pf_addresses(&snapshot);
+        if let Some(hwmon) = &self.hwmon {
+            hwmon.read(&self.host, &mut snapshot, pcis.clone(), std::time::Instant::now());
+        }
+        ethtool_notes.extend(self.read_devlink(&mut snapshot, &pcis));
         let links = links.then(|| {
             // Devices that went since an earlier poll: their last lines explain why.
             HostLinks::read(&self.host, &snapshot, (prior.departed)(&snapshot))
@@ -89,6 +101,38 @@ impl Observer {
             snapshot.devices.iter().filter(|d| !d.is_vf() && !unmonitored(d, route)).map(|d| d.name.clone()).collect();
         let wanted = |name: &str| monitored.contains(name);
         self.ethtool_ports.read(source, snapshot, wanted, || self.host.timeout(), std::time::Instant::now())
+    }
+
+    /// The monitored PCI functions' devlink health reporters into `snapshot`, under the
+    /// host's read deadline; the notes.
+    pub fn read_devlink(&self, snapshot: &mut Snapshot, pcis: &BTreeSet<String>) -> Vec<String> {
+        match &self.devlink {
+            Some(source) => {
+                let pci_of = |instance: &str| crate::read::devlink::pci_of(&self.host, instance);
+                self.devlink_reader.read(source, snapshot, pcis, self.host.timeout(), &pci_of)
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// A devlink wake-up's read (SPEC §1.13): the devlink health reporters of `devices` (by
+    /// name, in `snapshot`) read again now into `snapshot`, the other functions' kept; the
+    /// notes.
+    pub fn reread_devlink(&self, snapshot: &mut Snapshot, devices: &[String]) -> Vec<String> {
+        let pcis: BTreeSet<String> = snapshot
+            .devices
+            .iter()
+            .filter(|d| !d.is_vf() && devices.contains(&d.name))
+            .filter_map(|d| d.pci_address.clone())
+            .collect();
+        if self.devlink.is_none() || pcis.is_empty() {
+            return Vec::new();
+        }
+        let mut fresh = Snapshot::default();
+        let notes = self.read_devlink(&mut fresh, &pcis);
+        snapshot.devlink.retain(|a, _| !pcis.contains(a));
+        snapshot.devlink.extend(fresh.devlink);
+        notes
     }
 
     /// The targeted read of a hinted wake-up (SPEC §1.8): `devices` read again now, by the
@@ -135,4 +179,12 @@ impl Observer {
             woken_by: Vec::new(),
         })
     }
+}
+
+/// The PCI addresses of the PFs of `snapshot`: whose sensors and devlink reporters are read.
+/// Every PF, not only the monitored ones: `nicmon check` reads before its topology (and so
+/// the roles) is resolved, and a bundle's replay must read what the live run read; the
+/// checks and the metrics judge the monitored ones only.
+pub fn pf_addresses(snapshot: &Snapshot) -> BTreeSet<String> {
+    snapshot.devices.iter().filter(|d| !d.is_vf()).filter_map(|d| d.pci_address.clone()).collect()
 }

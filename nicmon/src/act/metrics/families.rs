@@ -116,6 +116,23 @@ families! {
     pcie_aer_errors: Family<AerLabels, Gauge> = Family::default() => "nicmon_pcie_aer_errors",
         "AER error total of a monitored PF by severity (the kernel's TOTAL_ERR_COR|NONFATAL|FATAL since \
          boot); absent without AER";
+    nic_temperature: Family<SensorLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+        => "nicmon_nic_temperature_celsius",
+        "Temperature of a monitored NIC's hwmon sensor (ASIC, module) in degrees Celsius, as the \
+         last full poll read it; absent while unreadable";
+    nic_temperature_crit: Family<SensorLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+        => "nicmon_nic_temperature_crit_celsius",
+        "Critical temperature of a monitored NIC's hwmon sensor in degrees Celsius (nic_overheating \
+         at this less [thermalCheck] marginCelsius); absent where the driver gives none";
+    nic_temperature_highest: Family<SensorLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+        => "nicmon_nic_temperature_highest_celsius",
+        "Highest temperature a monitored NIC's hwmon sensor recorded in degrees Celsius (the \
+         driver's own record); absent where the driver gives none";
+    devlink_errors: Family<ReporterLabels, Gauge> = Family::default() => "nicmon_devlink_health_errors",
+        "Error count of a monitored NIC's devlink health reporter (fw, fw_fatal, tx, rx, ...) since \
+         the driver loaded (use increase())";
+    devlink_healthy: Family<ReporterLabels, Gauge> = Family::default() => "nicmon_devlink_health_healthy",
+        "1 while a monitored NIC's devlink health reporter is in the healthy state, 0 in error";
     kmsg_records_lost: Counter = Counter::default() => "nicmon_kmsg_records_lost",
         "Kernel log records overwritten before they were read";
     ebpf_wake_records_lost: Counter = Counter::default() => "nicmon_ebpf_wake_records_lost",
@@ -168,6 +185,21 @@ families! {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct DeviceLabels {
     pub(super) device: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct SensorLabels {
+    pub(super) device: String,
+    /// `hwmon3/temp1`.
+    pub(super) sensor: String,
+    /// `asic`, `module0` (empty: no label).
+    pub(super) label: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ReporterLabels {
+    pub(super) device: String,
+    pub(super) reporter: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -54,6 +54,8 @@ impl Metrics {
         self.observe_errors(events.iter().copied(), next);
         self.observe_causes(&events);
         self.observe_phy(poll, next);
+        self.observe_thermal(poll);
+        self.observe_devlink(poll);
     }
 
     /// Monitored devices per role.

@@ -371,8 +371,20 @@ fn settles_to(state: &State, written: &Settled) -> bool {
 /// Whether two checks' states differ in their volatile parts only (see [`settled`]). Every
 /// field is named, so a field added to the state must be added here.
 pub fn same_but_volatile(checks: &CheckState, w: &CheckState) -> bool {
-    let CheckState { polls, links, counters, kmsg, char_devices, pcie, einval, scope, first_poll_deferrals, history } =
-        checks;
+    let CheckState {
+        polls,
+        links,
+        counters,
+        kmsg,
+        char_devices,
+        pcie,
+        thermal,
+        firmware,
+        einval,
+        scope,
+        first_poll_deferrals,
+        history,
+    } = checks;
     (*polls).min(1) == w.polls.min(1)
         && *links == w.links
         && *kmsg == w.kmsg
@@ -381,6 +393,8 @@ pub fn same_but_volatile(checks: &CheckState, w: &CheckState) -> bool {
         && *scope == w.scope
         && *first_poll_deferrals == w.first_poll_deferrals
         && *history == w.history
+        && *thermal == w.thermal
+        && *firmware == w.firmware
         && counters_settle_to(counters, &w.counters)
         && pcie.link == w.pcie.link
         && pcie.aer.window_bits == w.pcie.aer.window_bits

@@ -76,6 +76,10 @@ struct Flat {
     #[serde(default)]
     pcie: Arc<PcieState>,
     #[serde(default)]
+    thermal: crate::decide::thermal::ThermalState,
+    #[serde(default)]
+    firmware: crate::decide::firmware::FirmwareState,
+    #[serde(default)]
     einval: BTreeSet<String>,
     #[serde(default)]
     scope: Option<String>,
@@ -101,6 +105,8 @@ impl From<Flat> for State {
             kmsg: f.kmsg,
             char_devices: f.char_devices,
             pcie: f.pcie,
+            thermal: f.thermal,
+            firmware: f.firmware,
             einval: f.einval,
             scope: f.scope,
             first_poll_deferrals: 0,

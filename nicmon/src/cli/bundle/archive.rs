@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use super::error::BundleError;
-use super::{ETHTOOL, EthtoolFiles, MANIFEST, Manifest, Node, Nodes, PROC, SYS, SideFile, top};
+use super::{EthtoolFiles, MANIFEST, Manifest, Node, Nodes, PROC, SYS, SideFile, top};
 use crate::read::host::{FAILURE_LINK_PREFIX, Tree};
 
 /// Write the entries added since the last call into a staging tree laid out as a bundle
@@ -35,7 +35,7 @@ pub(super) fn write_staging(nodes: &Nodes, dirty: BTreeSet<(Tree, String)>, dir:
 pub(super) fn archive(
     nodes: &Nodes,
     side: &BTreeMap<&'static str, SideFile>,
-    ethtool: &EthtoolFiles,
+    replays: &[(&str, &EthtoolFiles)],
     manifest: Option<&Manifest>,
 ) -> Result<Vec<u8>, BundleError> {
     let mut b = tar::Builder::new(Vec::new());
@@ -54,11 +54,12 @@ pub(super) fn archive(
             append_file(&mut b, name, bytes)?;
         }
     }
-    if !ethtool.is_empty() {
-        dir(&mut b, ETHTOOL)?;
-    }
-    for (netdev, bytes) in ethtool {
-        append_file(&mut b, &format!("{ETHTOOL}/{netdev}.json"), bytes)?;
+    // The replay directories (`ethtool/<netdev>.json`, `devlink/<BDF>.json`).
+    for (top, files) in replays.iter().filter(|(_, f)| !f.is_empty()) {
+        dir(&mut b, top)?;
+        for (name, bytes) in files.iter() {
+            append_file(&mut b, &format!("{top}/{name}.json"), bytes)?;
+        }
     }
     for ((tree, rel), node) in nodes {
         let path = format!("{}/{rel}", top(*tree));

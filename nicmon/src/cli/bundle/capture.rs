@@ -12,8 +12,8 @@ use super::error::BundleError;
 use super::replay::{Replay, unpack_from};
 use super::side::{kernel_log, side_file, version_text, wake_hooks};
 use super::{
-    BOOT_ID, Bundle, CONFIG, CaptureArgs, ETHTOOL, EthtoolFiles, FORMAT, Failure, HostPaths, KMSG, Limits, METADATA,
-    Manifest, Node, Nodes, STATE, SideFile, VERSION, WAKE,
+    BOOT_ID, Bundle, CONFIG, CaptureArgs, DEVLINK, ETHTOOL, EthtoolFiles, FORMAT, Failure, HostPaths, KMSG, Limits,
+    METADATA, Manifest, Node, Nodes, STATE, SideFile, VERSION, WAKE,
 };
 use crate::act::state;
 use crate::act::state::Loaded;
@@ -320,7 +320,7 @@ pub fn capture(args: &CaptureArgs) -> Result<Bundle, BundleError> {
     let mut side = read_side_files(args, deadline);
     let mut cap = Capture::new(args, einval_memo(&side), deadline);
     // The staging tree: the side files once, then each pass's new entries.
-    let staging = unpack_from(&archive(&cap.nodes, &side, &EthtoolFiles::new(), None)?[..], "staging tree")?;
+    let staging = unpack_from(&archive(&cap.nodes, &side, &[], None)?[..], "staging tree")?;
     let (passes, converged) = converge(&mut cap, &staging)?;
     write_staging(&cap.nodes, std::mem::take(&mut cap.dirty), staging.dir.path())?;
     let config = match &side[CONFIG] {
@@ -328,10 +328,11 @@ pub fn capture(args: &CaptureArgs) -> Result<Bundle, BundleError> {
         Err(_) => Config::default(),
     };
     let ethtool = ethtool_files(args, &staging, &config);
+    let devlink = devlink_files(args, &staging, &config);
     let kmsg_records = add_facts(args, &mut side, &staging, &config, deadline);
     let complete = converged && !cap.cut_short;
     let manifest = manifest(args, &cap, &side, Progress { passes, complete, kmsg_records, started });
-    let tar = archive(&cap.nodes, &side, &ethtool, Some(&manifest))?;
+    let tar = archive(&cap.nodes, &side, &[(ETHTOOL, &ethtool), (DEVLINK, &devlink)], Some(&manifest))?;
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
     gz.write_all(&tar).map_err(BundleError::Compress)?;
     let bytes = gz.finish().map_err(BundleError::Compress)?;
@@ -435,6 +436,27 @@ fn ethtool_files(args: &CaptureArgs, staging: &Replay, config: &Config) -> Ethto
         }
     }
     out
+}
+
+/// The devlink health reporters of every monitored PF of the captured tree, as replay files
+/// (written by [`crate::read::devlink::replay::to_json`]; a function with none has no file:
+/// not supported, as on replay).
+fn devlink_files(args: &CaptureArgs, staging: &Replay, config: &Config) -> EthtoolFiles {
+    let Some(source) =
+        crate::read::devlink::source(config.firmware.enabled, args.devlink_replay.as_deref(), &args.sysfs)
+    else {
+        return EthtoolFiles::new();
+    };
+    let host = Host::new(staging.sysfs(), staging.procfs());
+    let snapshot = discovery::discover(&host, &ReadPlan::default());
+    let pcis = snapshot.devices.iter().filter(|d| !d.is_vf()).filter_map(|d| d.pci_address.clone()).collect();
+    let live = Host::new(&args.sysfs, &args.procfs);
+    let (found, _) = source.read(&pcis, host.timeout(), &|i| crate::read::devlink::pci_of(&live, i));
+    found
+        .iter()
+        .filter(|(a, _)| crate::read::devlink::replay::path(Path::new(DEVLINK), a).is_some())
+        .map(|(a, r)| (a.clone(), crate::read::devlink::replay::to_json(r).into_bytes()))
+        .collect()
 }
 
 /// How the capture went, for the manifest.

@@ -65,6 +65,8 @@ pub(super) const VERSION: &str = "version.txt";
 pub(super) const WAKE: &str = "wake-hooks.txt";
 /// The RoCE netdevs' ethtool replay files (`ethtool/<netdev>.json`, SPEC §1.11).
 pub(super) const ETHTOOL: &str = "ethtool";
+/// The PCI functions' devlink health replay files (`devlink/<BDF>.json`, SPEC §1.13).
+pub(super) const DEVLINK: &str = "devlink";
 
 /// What `nicmon bundle` reads and where it writes.
 #[derive(Debug, Clone)]
@@ -84,6 +86,9 @@ pub struct CaptureArgs {
     /// Where the RoCE netdevs' ethtool data is read from (`--ethtool-replay`; `None`: the
     /// kernel, when `sysfs` is the live sysfs). Captured as `ethtool/<netdev>.json`.
     pub ethtool_replay: Option<PathBuf>,
+    /// Where the NICs' devlink health reporters are read from (`--devlink-replay`; `None`:
+    /// the kernel, when `sysfs` is the live sysfs). Captured as `devlink/<BDF>.json`.
+    pub devlink_replay: Option<PathBuf>,
 }
 
 /// The bounds of one capture.
@@ -272,8 +277,7 @@ mod tests {
         };
         let mut side = BTreeMap::new();
         side.insert(METADATA, Ok(b"{}".to_vec()));
-        let replay =
-            unpack_from(&archive(&cap.nodes, &side, &EthtoolFiles::new(), Some(&m)).unwrap()[..], "t").unwrap();
+        let replay = unpack_from(&archive(&cap.nodes, &side, &[], Some(&m)).unwrap()[..], "t").unwrap();
         assert_eq!(replay.manifest.as_ref(), Some(&m));
         assert_eq!(std::fs::read(replay.metadata()).unwrap(), b"{}");
         assert!(replay.state_file().is_none());
@@ -282,9 +286,7 @@ mod tests {
         assert_eq!(shown, "/m.json: bad");
         // A newer format is refused with a message naming it.
         let newer = Manifest { format: FORMAT + 1, ..m };
-        let err = unpack_from(&archive(&cap.nodes, &side, &EthtoolFiles::new(), Some(&newer)).unwrap()[..], "bundle x")
-            .err()
-            .unwrap();
+        let err = unpack_from(&archive(&cap.nodes, &side, &[], Some(&newer)).unwrap()[..], "bundle x").err().unwrap();
         assert!(err.to_string().contains("bundle x: bundle format 2"), "{err}");
     }
 
@@ -386,8 +388,7 @@ mod tests {
         assert_eq!(cap.nodes[&(Tree::Sys, "a/dangling".into())], Node::Link("../nowhere".into()));
         assert_eq!(cap.nodes[&(Tree::Sys, "a/file".into())], Node::File(b"1\n".to_vec()));
         // The replayed tree fails the same way through the host reader.
-        let replay =
-            unpack_from(&archive(&cap.nodes, &BTreeMap::new(), &EthtoolFiles::new(), None).unwrap()[..], "t").unwrap();
+        let replay = unpack_from(&archive(&cap.nodes, &BTreeMap::new(), &[], None).unwrap()[..], "t").unwrap();
         let live = Host::new(&sys, "/nonexistent");
         let again = Host::new(replay.sysfs(), "/nonexistent");
         for f in ["a/fifo", "a/dangling", "a/file", "a/none"] {

@@ -49,6 +49,11 @@ impl Replay {
         Some(self.path(KMSG)).filter(|p| p.exists())
     }
 
+    /// The devlink replay directory (`None`: the bundle has none).
+    pub fn devlink(&self) -> Option<PathBuf> {
+        Some(self.path(super::DEVLINK)).filter(|p| p.is_dir())
+    }
+
     /// The ethtool replay directory (`None`: the bundle has none).
     pub fn ethtool(&self) -> Option<PathBuf> {
         Some(self.path(ETHTOOL)).filter(|p| p.is_dir())
@@ -126,6 +131,7 @@ pub fn replay_check(
     // A bundle is not this host: its ethtool data is its own. Without one nothing is read
     // (the replay tree is not the live sysfs), as on a node whose ethtool data was not read.
     args.monitor.ethtool_replay = replay.ethtool();
+    args.monitor.devlink_replay = replay.devlink();
     if !node_flag_given {
         args.monitor.stamp.node_name = m.node_name.clone();
     }

@@ -561,6 +561,7 @@ mod tests {
                 metrics_port: None,
                 limits: super::super::Limits::default(),
                 ethtool_replay: None,
+                devlink_replay: None,
             };
             let bundle = super::super::capture(&args).unwrap();
             let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(&bundle.bytes[..]));

@@ -168,7 +168,7 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
         }
     }
 
-    Snapshot { devices, default_route_ifaces, default_route_devices, pci_probes, char_devices }
+    Snapshot { devices, default_route_ifaces, default_route_devices, pci_probes, char_devices, ..Snapshot::default() }
 }
 
 /// The interfaces that carry a default route (`<procfs>/net/route`) and the IB devices

@@ -12,6 +12,8 @@ const NLMSG_HDRLEN: usize = 16;
 const GENL_HDRLEN: usize = 4;
 const NLA_HDRLEN: usize = 4;
 const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLM_F_DUMP: u16 = 0x300;
 const NLM_F_REQUEST: u16 = 1;
 const NLM_F_ACK: u16 = 4;
 const NLA_F_NESTED: u16 = 1 << 15;
@@ -80,6 +82,8 @@ pub enum Message<'a> {
     Reply { seq: u32, attrs: &'a [u8] },
     /// `NLMSG_ERROR`: 0 is the acknowledgement, else a negative errno.
     Error { seq: u32, errno: i32 },
+    /// `NLMSG_DONE`: the end of a dump, with 0 or a negative errno.
+    Done { seq: u32, errno: i32 },
 }
 
 /// The messages of one datagram; stops at the first malformed one.
@@ -102,6 +106,10 @@ pub fn messages(mut buf: &[u8]) -> impl Iterator<Item = Message<'_>> {
                 let errno = payload.get(..4).map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))?;
                 return Some(Message::Error { seq, errno });
             }
+            if kind == NLMSG_DONE {
+                let errno = payload.get(..4).map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]])).unwrap_or(0);
+                return Some(Message::Done { seq, errno });
+            }
             if kind >= GENL_ID_CTRL
                 && let Some(attrs) = payload.get(GENL_HDRLEN..)
             {
@@ -114,20 +122,25 @@ pub fn messages(mut buf: &[u8]) -> impl Iterator<Item = Message<'_>> {
 
 /// A request message: `cmd` of `family` with the given attributes (already encoded).
 pub fn encode(family: u16, cmd: u8, seq: u32, attributes: &[u8]) -> Vec<u8> {
+    encode_with(family, (cmd, ETHTOOL_GENL_VERSION), NLM_F_REQUEST | NLM_F_ACK, seq, attributes)
+}
+
+/// A request message of any generic-netlink family: `(cmd, version)`, netlink `flags`.
+pub fn encode_with(family: u16, (cmd, version): (u8, u8), flags: u16, seq: u32, attributes: &[u8]) -> Vec<u8> {
     let len = NLMSG_HDRLEN + GENL_HDRLEN + attributes.len();
     let mut m = Vec::with_capacity(len);
     m.extend_from_slice(&(len as u32).to_ne_bytes());
     m.extend_from_slice(&family.to_ne_bytes());
-    m.extend_from_slice(&(NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
+    m.extend_from_slice(&flags.to_ne_bytes());
     m.extend_from_slice(&seq.to_ne_bytes());
     m.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel fills it
-    m.extend_from_slice(&[cmd, ETHTOOL_GENL_VERSION, 0, 0]);
+    m.extend_from_slice(&[cmd, version, 0, 0]);
     m.extend_from_slice(attributes);
     m
 }
 
 /// Appends one attribute (padded to 4 bytes).
-fn put_attr(out: &mut Vec<u8>, kind: u16, value: &[u8]) {
+pub fn put_attr(out: &mut Vec<u8>, kind: u16, value: &[u8]) {
     out.extend_from_slice(&((NLA_HDRLEN + value.len()) as u16).to_ne_bytes());
     out.extend_from_slice(&kind.to_ne_bytes());
     out.extend_from_slice(value);
@@ -249,22 +262,77 @@ impl EthtoolSocket {
     /// Opens the socket and resolves the ethtool family. A kernel built without ethtool
     /// netlink (`CONFIG_ETHTOOL_NETLINK` off) answers `ENOENT`: unsupported.
     pub fn open(timeout: Duration) -> Result<EthtoolSocket, Absent> {
+        EthtoolSocket::open_family(ETHTOOL_GENL_NAME, timeout)
+    }
+
+    /// Opens a socket on the generic-netlink family `name` (`ethtool`, `devlink`); a kernel
+    /// without it (`ENOENT`) is unsupported.
+    pub fn open_family(name: &str, timeout: Duration) -> Result<EthtoolSocket, Absent> {
         let fd = open_socket(timeout).map_err(|e| Absent::Failed(format!("netlink socket: {e}")))?;
         let mut s = EthtoolSocket { fd, family: GENL_ID_CTRL, seq: 0 };
-        let mut name = ETHTOOL_GENL_NAME.as_bytes().to_vec();
-        name.push(0);
+        let mut family_name = name.as_bytes().to_vec();
+        family_name.push(0);
         let mut attributes = Vec::new();
-        put_attr(&mut attributes, CTRL_ATTR_FAMILY_NAME, &name);
+        put_attr(&mut attributes, CTRL_ATTR_FAMILY_NAME, &family_name);
         match s.transact(GENL_ID_CTRL, CTRL_CMD_GETFAMILY, &attributes) {
             Ok(reply) => {
-                s.family = parse_family_id(&reply).ok_or_else(|| Absent::Failed("no ethtool family id".into()))?;
+                s.family = parse_family_id(&reply).ok_or_else(|| Absent::Failed(format!("no {name} family id")))?;
                 Ok(s)
             }
             Err(Answer::Errno(e)) if e == libc::ENOENT => {
-                Err(Absent::Unsupported("the kernel has no ethtool netlink family".into()))
+                Err(Absent::Unsupported(format!("the kernel has no {name} netlink family")))
             }
-            Err(e) => Err(e.into_absent("ethtool family")),
+            Err(e) => Err(e.into_absent(&format!("{name} family"))),
         }
+    }
+
+    /// A dump of `(cmd, version)` of the socket's family with `attributes`: every reply's
+    /// attributes, at most `max` (more is a malformed answer). An errno ends it as an error.
+    pub fn dump(&mut self, (cmd, version): (u8, u8), attributes: &[u8], max: usize) -> Result<Vec<Vec<u8>>, Absent> {
+        self.seq = self.seq.wrapping_add(1);
+        let seq = self.seq;
+        let msg = encode_with(self.family, (cmd, version), NLM_F_REQUEST | NLM_F_DUMP, seq, attributes);
+        self.send(&msg).map_err(|e| e.into_absent("dump"))?;
+        let mut buf = vec![0u8; 32 * 1024];
+        let mut replies = Vec::new();
+        loop {
+            let n = self.recv(&mut buf).map_err(|e| e.into_absent("dump"))?;
+            for m in messages(&buf[..n]) {
+                match m {
+                    Message::Reply { seq: s, attrs } if s == seq => {
+                        if replies.len() >= max {
+                            return Err(Absent::Failed(format!("dump: more than {max} replies")));
+                        }
+                        replies.push(attrs.to_vec());
+                    }
+                    Message::Done { seq: s, errno: 0 } if s == seq => return Ok(replies),
+                    Message::Done { seq: s, errno } | Message::Error { seq: s, errno } if s == seq && errno != 0 => {
+                        return Err(Answer::Errno(-errno).into_absent("dump"));
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn send(&self, msg: &[u8]) -> Result<(), Answer> {
+        // SAFETY: `msg` is valid for reads of its length.
+        let n = unsafe { libc::send(self.fd.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) };
+        if n < 0 { Err(Answer::Io(io::Error::last_os_error())) } else { Ok(()) }
+    }
+
+    /// One datagram into `buf`: its length.
+    fn recv(&self, buf: &mut [u8]) -> Result<usize, Answer> {
+        // SAFETY: `buf` is valid for writes of its length.
+        let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_TRUNC) };
+        if n < 0 {
+            return Err(Answer::Io(io::Error::last_os_error()));
+        }
+        let n = n as usize;
+        if n > buf.len() {
+            return Err(Answer::Malformed(format!("answer of {n} bytes truncated")));
+        }
+        Ok(n)
     }
 
     /// `request` for `netdev`, with statistics: the reply's attributes.

@@ -100,6 +100,12 @@ impl Wake {
     }
 }
 
+/// Whether `hook` is one of the devlink health tracepoints (their hint is the PCI address
+/// of the function whose reporter fired): its wake-up reads the reporters at once.
+pub fn is_devlink(hook: Hook) -> bool {
+    matches!(hook, Hook::DevlinkHealthReport | Hook::DevlinkHealthReporterStateUpdate | Hook::DevlinkHwerr)
+}
+
 /// What a wake-up says about where to look; advisory only (the poll reads everything).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Hint {

@@ -1,0 +1,110 @@
+//! NIC temperature and firmware health in the metrics (SPEC §1.13): every hwmon sensor of a
+//! monitored NIC (input, crit, highest, in °C) and every devlink health reporter (error
+//! count, healthy). Read from the poll's snapshot, the same NICs the checks judge; each set
+//! replaces the last poll's, so a NIC that went stops being exported.
+use super::Metrics;
+use super::families::{ReporterLabels, SensorLabels};
+use crate::decide::poll::Poll;
+use crate::model::devlink::ReporterState;
+use crate::model::thermal::celsius;
+
+impl Metrics {
+    /// Every sensor of every monitored NIC.
+    pub(super) fn observe_thermal(&self, poll: &Poll) {
+        self.f.nic_temperature.clear();
+        self.f.nic_temperature_crit.clear();
+        self.f.nic_temperature_highest.clear();
+        for (d, sensors) in crate::decide::thermal::judged(&poll.snapshot, &poll.roles) {
+            for s in sensors {
+                let labels = SensorLabels {
+                    device: d.name.clone(),
+                    sensor: format!("{}/{}", s.hwmon, s.name()),
+                    label: s.label.clone().unwrap_or_default(),
+                };
+                for (family, v) in [
+                    (&self.f.nic_temperature, s.input),
+                    (&self.f.nic_temperature_crit, s.crit),
+                    (&self.f.nic_temperature_highest, s.highest),
+                ] {
+                    if let Some(v) = v {
+                        family.get_or_create(&labels).set(celsius(v));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every devlink health reporter of every monitored NIC.
+    pub(super) fn observe_devlink(&self, poll: &Poll) {
+        self.f.devlink_errors.clear();
+        self.f.devlink_healthy.clear();
+        for (d, reporters) in crate::decide::firmware::judged(&poll.snapshot, &poll.roles) {
+            for r in &reporters.reporters {
+                let labels = ReporterLabels { device: d.name.clone(), reporter: r.name.clone() };
+                self.f.devlink_errors.get_or_create(&labels).set(i64::try_from(r.error_count).unwrap_or(i64::MAX));
+                self.f.devlink_healthy.get_or_create(&labels).set(i64::from(r.state == ReporterState::Healthy));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::decide::roles::Classification;
+    use crate::model::Function;
+    use crate::model::devlink::{Reporter, Reporters};
+    use crate::model::thermal::Sensor;
+
+    #[test]
+    fn sensors_and_reporters_are_exported() {
+        let mut poll = Poll::default();
+        for (name, pci) in [("mlx5_0", "0000:3b:00.0"), ("mlx5_9", "0000:99:00.0")] {
+            poll.snapshot.devices.push(Arc::new(crate::model::Device {
+                name: name.into(),
+                unsupported: None,
+                pci_address: Some(pci.into()),
+                card: None,
+                numa_node: None,
+                hca_type: None,
+                fw_ver: None,
+                board_id: None,
+                driver: None,
+                function: Function::Pf,
+                netdev: None,
+                ports: Vec::new(),
+                unknown: Default::default(),
+                pcie: None,
+            }));
+            let sensor = Sensor {
+                hwmon: "hwmon2".into(),
+                channel: 1,
+                label: Some("asic".into()),
+                input: Some(61_500),
+                crit: Some(105_000),
+                highest: None,
+            };
+            poll.snapshot.thermal.insert(pci.into(), vec![sensor]);
+            let r = Reporter { name: "fw_fatal".into(), state: ReporterState::Error, error_count: 2, recover_count: 1 };
+            poll.snapshot.devlink.insert(pci.into(), Reporters { reporters: vec![r] });
+        }
+        let monitored = Classification { monitored: true, reason: None, role: None, role_reason: None };
+        poll.roles.insert("mlx5_0".into(), monitored);
+        let m = Metrics::new("n");
+        m.observe_thermal(&poll);
+        m.observe_devlink(&poll);
+        let text = m.encode();
+        for want in [
+            r#"nicmon_nic_temperature_celsius{device="mlx5_0",sensor="hwmon2/temp1",label="asic"} 61.5"#,
+            r#"nicmon_nic_temperature_crit_celsius{device="mlx5_0",sensor="hwmon2/temp1",label="asic"} 105.0"#,
+            r#"nicmon_devlink_health_errors{device="mlx5_0",reporter="fw_fatal"} 2"#,
+            r#"nicmon_devlink_health_healthy{device="mlx5_0",reporter="fw_fatal"} 0"#,
+        ] {
+            assert!(text.contains(want), "{want}\n{text}");
+        }
+        assert!(!text.contains("nicmon_nic_temperature_highest_celsius{"), "{text}");
+        assert!(!text.contains("mlx5_9"), "an unmonitored NIC is not exported: {text}");
+    }
+}
