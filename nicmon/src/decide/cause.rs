@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 
 use crate::model::cause::{CAUSE_KEY, Cause, DeviceFacts, Diagnosis, EVIDENCE_KEY, Facts, ModuleFacts, lanes_text};
 use crate::model::event::{CheckKind, HealthEvent, MAX_MESSAGE_LEN, Subject};
+use crate::model::thermal::celsius;
 use crate::model::{PciPresence, Snapshot};
 
 /// Counters whose breach means the link itself went away or could not hold symbols: judged
@@ -178,10 +179,10 @@ pub fn annotate(events: &mut [HealthEvent], facts: &Facts) {
     }
 }
 
-/// The facts the snapshot and this poll's events give without the new sources: the PCI
-/// probe of a device gone from `class/infiniband`, the kernel log's and the PCIe check's
-/// unhealthy events of this poll, and the PCIe conditions still held (`held_pcie`: device →
-/// evidence, from the check's state).
+/// The facts of the snapshot and this poll's events: the PCI probe of a device gone from
+/// `class/infiniband`, hwmon sensors at or over their critical temperature, the kernel log's,
+/// devlink's and the PCIe check's unhealthy events of this poll, and the PCIe conditions
+/// still held (`held_pcie`: device → evidence, from the check's state).
 pub fn base_facts(snapshot: &Snapshot, events: &[HealthEvent], held_pcie: &BTreeMap<String, String>) -> Facts {
     let mut facts = Facts::default();
     for d in &snapshot.devices {
@@ -198,6 +199,14 @@ pub fn base_facts(snapshot: &Snapshot, events: &[HealthEvent], held_pcie: &BTree
             PciPresence::Gone => {}
         }
     }
+    for d in &snapshot.devices {
+        let Some(sensors) = d.pci_address.as_ref().and_then(|a| snapshot.thermal.get(a)) else { continue };
+        if let Some(hot) = sensors.iter().find(|s| s.at_or_over(0)) {
+            let (t, c) = (hot.input.unwrap_or_default(), hot.crit.unwrap_or_default());
+            let ev = format!("sensor {} at {:.1} C, critical {:.1} C", hot.display(), celsius(t), celsius(c));
+            facts.devices.entry(d.name.clone()).or_default().thermal = Some(ev);
+        }
+    }
     for (device, ev) in held_pcie {
         facts.devices.entry(device.clone()).or_default().pcie.get_or_insert_with(|| ev.clone());
     }
@@ -205,12 +214,13 @@ pub fn base_facts(snapshot: &Snapshot, events: &[HealthEvent], held_pcie: &BTree
         let Some(code) = e.error_code.first() else { continue };
         let part = match e.check().map(|c| c.kind()) {
             Some(CheckKind::Pcie) if code != "aer_correctable" => Some(Cause::Pcie),
-            Some(CheckKind::KernelLog) => kernel_log_part(code),
+            Some(CheckKind::KernelLog | CheckKind::Firmware) => kernel_log_part(code),
             _ => None,
         };
         let Some(part) = part else { continue };
         let evidence = match e.check().map(|c| c.kind()) {
             Some(CheckKind::KernelLog) => format!("kernel log: {code}"),
+            Some(CheckKind::Firmware) => format!("devlink health: {code}"),
             _ => format!("PCIe: {code}"),
         };
         for device in devices_of(e, &facts).into_iter().map(str::to_string).collect::<Vec<_>>() {

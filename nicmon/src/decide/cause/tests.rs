@@ -182,3 +182,58 @@ fn base_facts_read_the_pci_probe_and_this_polls_kernel_log_and_pcie_events() {
     assert_eq!(cause(&watchdog, &facts).0, Cause::Unknown);
     assert_eq!(cause(&down("mlx5_0"), &facts).0, Cause::Pcie);
 }
+
+fn pf(name: &str, pci: &str) -> crate::model::Device {
+    crate::model::Device {
+        name: name.into(),
+        unsupported: None,
+        pci_address: Some(pci.into()),
+        card: Some(pci[..10].into()),
+        numa_node: None,
+        hca_type: None,
+        fw_ver: None,
+        board_id: None,
+        driver: None,
+        function: crate::model::Function::Pf,
+        netdev: None,
+        ports: Vec::new(),
+        unknown: Default::default(),
+        pcie: None,
+    }
+}
+
+/// A sensor at its critical temperature makes the NIC's dead port `nic-thermal`; one 5 °C
+/// below it (overheating, not yet critical) decides nothing. A devlink `fw_fatal` event names
+/// the firmware for every function of its card.
+#[test]
+fn base_facts_read_the_sensors_and_the_firmware_check() {
+    use crate::model::thermal::Sensor;
+    let sensor = |input: i64| Sensor {
+        hwmon: "hwmon3".into(),
+        channel: 1,
+        label: Some("asic".into()),
+        input: Some(input),
+        crit: Some(105_000),
+        highest: None,
+    };
+    let mut snapshot = Snapshot::default();
+    snapshot.devices = vec![
+        std::sync::Arc::new(pf("mlx5_0", "0000:3b:00.0")),
+        std::sync::Arc::new(pf("mlx5_1", "0000:3b:00.1")),
+        std::sync::Arc::new(pf("mlx5_8", "0000:5e:00.0")),
+    ];
+    snapshot.thermal.insert("0000:5e:00.0".into(), vec![sensor(105_000)]);
+    snapshot.thermal.insert("0000:3b:00.0".into(), vec![sensor(100_000)]);
+    let fw = HealthEvent::new(Check::NICFirmwareCheck, &Stamp::default(), at(), "fw fatal")
+        .unhealthy(true)
+        .error_code("fw_fatal")
+        .entities(vec![Entity::device("mlx5_0")]);
+    let facts = base_facts(&snapshot, std::slice::from_ref(&fw), &BTreeMap::new());
+    assert_eq!(cause(&down("mlx5_8"), &facts), (Cause::NicThermal, "sensor asic at 105.0 C, critical 105.0 C".into()));
+    assert_eq!(cause(&fw, &facts), (Cause::NicFirmware, "devlink health: fw_fatal".into()));
+    let card = HealthEvent::new(Check::InfiniBandStateCheck, &Stamp::default(), at(), "card")
+        .unhealthy(true)
+        .entities(vec![Entity::card("0000:3b:00")]);
+    assert_eq!(cause(&card, &facts).0, Cause::NicFirmware, "the card of the function whose firmware failed");
+    assert_eq!(cause(&down("mlx5_1"), &facts).0, Cause::Unknown, "100 C of 105 C is not critical");
+}
