@@ -8,6 +8,7 @@ pub mod ethtool;
 pub mod event;
 pub mod history;
 pub mod kmsg;
+pub mod module;
 pub mod observation;
 pub mod pcie;
 pub mod read_error;
