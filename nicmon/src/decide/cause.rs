@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 
 use crate::model::cause::{CAUSE_KEY, Cause, DeviceFacts, Diagnosis, EVIDENCE_KEY, Facts, ModuleFacts, lanes_text};
 use crate::model::event::{CheckKind, HealthEvent, MAX_MESSAGE_LEN, Subject};
+use crate::model::module::{Lane, Module, decode};
 use crate::model::thermal::celsius;
 use crate::model::{PciPresence, Snapshot};
 
@@ -179,8 +180,40 @@ pub fn annotate(events: &mut [HealthEvent], facts: &Facts) {
     }
 }
 
-/// The facts of the snapshot and this poll's events: the PCI probe of a device gone from
-/// `class/infiniband`, hwmon sensors at or over their critical temperature, the kernel log's,
+/// What a decoded module says for the rules: lanes numbered from 1.
+pub fn module_facts(m: &Module) -> ModuleFacts {
+    let lanes = |f: &dyn Fn(&Lane) -> bool| -> Vec<usize> {
+        m.lanes.iter().enumerate().filter(|(_, l)| f(l)).map(|(i, _)| i + 1).collect()
+    };
+    let rx_below = |limit: Option<f64>| match limit {
+        Some(limit) => lanes(&|l: &Lane| l.rx_power_mw.is_some_and(|p| p < limit)),
+        None => Vec::new(),
+    };
+    let rx = m.rx_power_thresholds_mw;
+    let hot = m.temperature_high_alarm
+        || matches!((m.temperature_c, m.temperature_thresholds), (Some(t), Some(th)) if t > th.high_alarm);
+    let temperature_alarm = hot.then(|| match (m.temperature_c, m.temperature_thresholds) {
+        (Some(t), Some(th)) => format!("module at {t:.1} C, high alarm {:.1} C", th.high_alarm),
+        _ => "module temperature high alarm".to_string(),
+    });
+    let module_fault = m.in_fault().then(|| match m.fault_cause {
+        Some(c) if c != 0 => format!("CMIS module state Fault (cause {c})"),
+        _ => "CMIS module state Fault".to_string(),
+    });
+    ModuleFacts {
+        lanes: m.lanes.len(),
+        tx_fault: lanes(&|l: &Lane| l.tx_fault),
+        tx_los: lanes(&|l: &Lane| l.tx_los),
+        rx_los: lanes(&|l: &Lane| l.rx_los),
+        rx_below_low_alarm: rx_below(rx.map(|t| t.low_alarm)),
+        rx_below_low_warning: rx_below(rx.map(|t| t.low_warning)),
+        module_fault,
+        temperature_alarm,
+    }
+}
+
+/// The facts of the snapshot and this poll's events: each port's transceiver (replayed or
+/// read), the PCI probe of a device gone from `class/infiniband`, hwmon sensors at or over their critical temperature, the kernel log's,
 /// devlink's and the PCIe check's unhealthy events of this poll, and the PCIe conditions
 /// still held (`held_pcie`: device → evidence, from the check's state).
 pub fn base_facts(snapshot: &Snapshot, events: &[HealthEvent], held_pcie: &BTreeMap<String, String>) -> Facts {
@@ -205,6 +238,14 @@ pub fn base_facts(snapshot: &Snapshot, events: &[HealthEvent], held_pcie: &BTree
             let (t, c) = (hot.input.unwrap_or_default(), hot.crit.unwrap_or_default());
             let ev = format!("sensor {} at {:.1} C, critical {:.1} C", hot.display(), celsius(t), celsius(c));
             facts.devices.entry(d.name.clone()).or_default().thermal = Some(ev);
+        }
+    }
+    for d in &snapshot.devices {
+        for p in &d.ports {
+            let module = p.ethtool.as_ref().and_then(|e| e.module.as_ref()).and_then(|m| decode(&m.pages));
+            if let Some(m) = module {
+                facts.ports.insert((d.name.clone(), p.number), module_facts(&m));
+            }
         }
     }
     for (device, ev) in held_pcie {

@@ -137,6 +137,15 @@ pub struct EthtoolSnapshot {
     /// the last one's count.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "unique_stats")]
     pub stats: Option<BTreeMap<String, u64>>,
+    /// The port's transceiver memory (SPEC §1.13): `{"pages": {"0": "<hex>", ...}}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<ModuleRead>,
+}
+
+/// A transceiver's pages as read ([`crate::model::module`] decodes them).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModuleRead {
+    pub pages: crate::model::module::Pages,
 }
 
 /// `stats` of a snapshot's JSON, refusing a statistic named twice (a map would keep the
@@ -194,12 +203,14 @@ pub struct EthtoolRead {
     pub fec: Result<FecSnapshot, Absent>,
     pub pause: Result<PauseSnapshot, Absent>,
     pub stats: Result<BTreeMap<String, u64>, Absent>,
+    /// The transceiver's pages; `None`: not read (no module, not supported, not replayed).
+    pub module: Option<ModuleRead>,
 }
 
 impl EthtoolRead {
     /// Every part absent for the same reason.
     pub fn absent(why: Absent) -> EthtoolRead {
-        EthtoolRead { fec: Err(why.clone()), pause: Err(why.clone()), stats: Err(why) }
+        EthtoolRead { fec: Err(why.clone()), pause: Err(why.clone()), stats: Err(why), module: None }
     }
 
     /// The parts that were read.
@@ -208,6 +219,7 @@ impl EthtoolRead {
             fec: self.fec.as_ref().ok().cloned(),
             pause: self.pause.as_ref().ok().cloned(),
             stats: self.stats.as_ref().ok().cloned(),
+            module: self.module.clone(),
         }
     }
 }

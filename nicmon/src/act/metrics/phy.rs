@@ -137,6 +137,7 @@ mod tests {
             }),
             pause: None,
             stats: Some(BTreeMap::from([("rx_prio3_pause_duration".to_string(), paused_us)])),
+            module: None,
         };
         std::fs::write(dir.join(format!("{netdev}.json")), replay::to_json(&snap)).unwrap();
     }

@@ -204,7 +204,12 @@ mod tests {
     use crate::model::ethtool::FecSnapshot;
 
     fn snap(fec: Option<FecSnapshot>, stats: &[(&str, u64)]) -> EthtoolSnapshot {
-        EthtoolSnapshot { fec, pause: None, stats: Some(stats.iter().map(|(n, v)| (n.to_string(), *v)).collect()) }
+        EthtoolSnapshot {
+            fec,
+            pause: None,
+            stats: Some(stats.iter().map(|(n, v)| (n.to_string(), *v)).collect()),
+            module: None,
+        }
     }
 
     #[test]

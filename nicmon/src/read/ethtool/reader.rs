@@ -73,7 +73,7 @@ impl Probe for Kernel {
             Some(s) => s.driver_stats(netdev),
             None => Err(Absent::Failed("ioctl socket: could not open".into())),
         };
-        EthtoolRead { fec, pause, stats }
+        EthtoolRead { fec, pause, stats, module: None }
     }
 }
 
@@ -226,6 +226,7 @@ mod tests {
                 fec: Err(Absent::Unsupported(netdev.into())),
                 pause: Ok(PauseSnapshot { tx_frames: Some(1), rx_frames: None }),
                 stats: Ok(Default::default()),
+                module: None,
             }
         }
     }

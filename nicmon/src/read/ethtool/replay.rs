@@ -95,6 +95,7 @@ pub fn load(dir: &Path, netdev: &str) -> EthtoolRead {
                 fec: s.fec.ok_or_else(|| unsupported("fec")),
                 pause: s.pause.ok_or_else(|| unsupported("pause")),
                 stats: s.stats.ok_or_else(|| unsupported("stats")),
+                module: s.module,
             }
         }
         Ok(None) => EthtoolRead::absent(Absent::Unsupported(format!("{netdev}: no replay file"))),
@@ -126,6 +127,7 @@ mod tests {
             }),
             pause: Some(PauseSnapshot { tx_frames: Some(0), rx_frames: Some(u64::MAX) }),
             stats: Some([("rx_prio3_pause_duration".to_string(), 5), ("rx_corrected_bits_phy".to_string(), 7)].into()),
+            module: None,
         }
     }
 
