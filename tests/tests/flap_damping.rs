@@ -50,7 +50,10 @@ fn thirty_seconds_of_flapping_is_three_transitions_one_flapping_event_and_one_he
         ],
         "{ev:#?}"
     );
-    assert_eq!(ev[0]["message"], "RoCE port mlx5_2 port 1: state DOWN, phys_state Disabled, operstate down");
+    assert_eq!(
+        ev[0]["message"],
+        "RoCE port mlx5_2 port 1: state DOWN, phys_state Disabled, operstate down - probable cause: unknown"
+    );
     up(&node);
     assert_eq!(
         briefs(&tl.poll(2)),
@@ -92,7 +95,7 @@ fn thirty_seconds_of_flapping_is_three_transitions_one_flapping_event_and_one_he
     assert_eq!(
         ev[0]["message"],
         "RoCE port mlx5_2 port 1: state DOWN, phys_state Disabled, operstate down - port flapping: \
-         3 transitions in 60 s, held until healthy for 60 s"
+         3 transitions in 60 s, held until healthy for 60 s - probable cause: unknown"
     );
     assert_eq!(ev[0]["generatedTimestamp"], tl.at(6));
 
@@ -270,7 +273,7 @@ fn blips_under_the_hold_down_still_count_as_flapping() {
     assert_eq!(
         ev[0]["message"],
         "RoCE port mlx5_2 port 1 - port flapping: 3 transitions in 60 s (each recovered within portStateHoldDown), \
-         held until healthy for 60 s"
+         held until healthy for 60 s - probable cause: unknown"
     );
     assert_eq!(port_report(&tl.report(12))["flapping"], true);
 

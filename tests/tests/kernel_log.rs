@@ -266,8 +266,9 @@ fn every_reference_line_yields_its_pattern_on_the_right_nic() {
                     assert_eq!(e["agent"], "nic-health-monitor");
                     assert_eq!(e["componentClass"], "NIC");
                     assert_eq!(e["generatedTimestamp"], tl.at(t));
-                    let msg = e["message"].as_str().unwrap();
+                    let (msg, cause) = e["message"].as_str().unwrap().split_once(" - probable cause: ").unwrap();
                     assert!(msg.ends_with(&format!(" on {dev}: {line}")), "{format:?}: {msg}");
+                    assert!(cause.starts_with(e["metadata"]["probableCause"].as_str().unwrap()), "{cause}");
                 }
             }
         }
@@ -454,7 +455,11 @@ fn quoted_lines_are_sanitised_and_capped() {
         assert_eq!(ev.iter().map(brief).collect::<Vec<_>>(), vec![kernel_log(true, "mlx5_11", "health_compromised")]);
         let msg = ev[0]["message"].as_str().unwrap();
         assert!(!msg.contains(';') && !msg.chars().any(char::is_control), "{format:?}: {msg:?}");
-        assert!(msg.len() < 500 && msg.ends_with("..."), "{format:?}: {} bytes", msg.len());
+        assert!(msg.len() <= 512, "{format:?}: {} bytes", msg.len());
+        // The quoted line is cut; the probable cause ends the message.
+        let (quoted, cause) = msg.split_once(" - probable cause: ").unwrap();
+        assert!(quoted.ends_with("..."), "{format:?}: {msg}");
+        assert_eq!(cause, "nic-firmware (kernel log: health_compromised)");
         assert!(msg.contains("device's health compromised - reached miss count"), "{msg}");
     }
 }
@@ -561,8 +566,9 @@ fn field_failures_fire_once_per_card_with_the_table_severity() {
             assert_eq!(got, expected, "{format:?} {line}");
             for (e, (_, _, action, dev)) in ev.iter().zip(want.iter()) {
                 assert_eq!(e["recommendedAction"], *action, "{line}");
-                let msg = e["message"].as_str().unwrap();
+                let (msg, cause) = e["message"].as_str().unwrap().split_once(" - probable cause: ").unwrap();
                 assert!(msg.ends_with(&format!(" on {dev}: {line}")), "{format:?}: {msg}");
+                assert!(cause.starts_with(e["metadata"]["probableCause"].as_str().unwrap()), "{cause}");
             }
         }
         // All of them again, printed by every PF within one window: nothing new.

@@ -143,7 +143,11 @@ fn roce_port_down_is_fatal_with_operstate() {
     assert_eq!(ev.len(), 2, "{ev:#?}");
     assert_eq!(card_event(&ev[1], "EthernetStateCheck"), (false, true));
     assert_eq!(brief(&ev[0]), ("EthernetStateCheck".into(), false, true, "NIC=mlx5_2 NICPort=1".into(), String::new()));
-    assert_eq!(ev[0]["message"], "RoCE port mlx5_2 port 1: state DOWN, phys_state Disabled, operstate down");
+    assert_eq!(
+        ev[0]["message"],
+        "RoCE port mlx5_2 port 1: state DOWN, phys_state Disabled, operstate down - probable cause: unknown"
+    );
+    assert_eq!(ev[0]["metadata"]["probableCause"], "unknown");
 }
 
 #[test]
@@ -477,7 +481,11 @@ fn non_escalating_state_is_fatal_on_a_card_below_its_peers_only() {
         brief(&ev[0]),
         ("InfiniBandStateCheck".into(), false, true, "NIC=mlx5_3 NICPort=1".into(), String::new())
     );
-    assert!(ev[0]["message"].as_str().unwrap().ends_with("has 1 active ports, its peers 2"), "{}", ev[0]["message"]);
+    assert!(
+        ev[0]["message"].as_str().unwrap().ends_with("has 1 active ports, its peers 2 - probable cause: unknown"),
+        "{}",
+        ev[0]["message"]
+    );
     assert_eq!(card_event(&ev[1], "InfiniBandStateCheck"), (false, true));
     assert!(tl.poll(2).is_empty());
     node.repair("mlx5_3", 1);

@@ -1,5 +1,6 @@
 //! The decide layer (pure): functions of a snapshot, the previous state, the settings and
 //! the time — no clock, no I/O. [`poll`] is one poll's decision; each check owns its state.
+pub mod cause;
 pub mod chardev;
 pub mod counters;
 pub mod firmware;

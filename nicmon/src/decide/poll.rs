@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use time::{Duration, OffsetDateTime};
 
+use crate::decide::cause;
 use crate::decide::chardev;
 use crate::decide::counters::{self, CounterPort};
 use crate::decide::firmware::{self, FirmwareState};
@@ -155,6 +156,8 @@ impl Decider {
 
         events.retain(|e| e.check().map(|c| self.state_config.checks.contains(&c)).unwrap_or(true));
         self.one_firmware_fatal(&mut events, &mut firmware_state, &snapshot, now);
+        let facts = cause::base_facts(&snapshot, &events, &held_pcie(&pcie_state, &snapshot));
+        cause::annotate(&mut events, &facts);
         let decided = port_decisions(&events, &links_out.holds, &links_out.flaps, &links_out.state);
         let history = history::record(&prev.history, port_readings(&snapshot, &roles), &decided, now, &woken_by);
         let next = CheckState {
@@ -380,6 +383,27 @@ impl Decider {
 }
 
 /// Whether `name` is a monitored device (management NICs are not).
+/// The PCIe conditions the check holds, by device: a downtrained card (every function of
+/// it), an AER fatal or non-fatal breach still latched.
+fn held_pcie(state: &PcieState, snapshot: &Snapshot) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for d in &snapshot.devices {
+        if let Some(card) = &d.card
+            && state.link.downtrained.contains_key(card)
+        {
+            out.insert(d.name.clone(), format!("PCIe: {}", pcie::link::DOWNTRAINED));
+        }
+    }
+    for (key, b) in &state.aer.counters.breach_flags {
+        let mut parts = key.splitn(3, ':');
+        let (Some(nic), Some(_), Some(code)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        if b.breached && matches!(code, "aer_fatal" | "aer_nonfatal") {
+            out.entry(nic.to_string()).or_insert_with(|| format!("PCIe: {code}"));
+        }
+    }
+    out
+}
+
 fn monitored(roles: &BTreeMap<String, Classification>, name: &str) -> bool {
     roles.get(name).map(|c| c.monitored).unwrap_or(false)
 }
@@ -436,8 +460,20 @@ fn port_decisions(
         .map(|f| (f.device.clone(), f.port))
         .chain(links.port_states.values().filter(|r| r.flap.is_flapping()).map(|r| (r.device.clone(), r.port)))
         .collect();
+    let causes = events
+        .iter()
+        .filter(state_check)
+        .filter(|e| !e.is_healthy)
+        .filter_map(|e| match e.subject() {
+            Subject::Port { device, port } => {
+                Some(((device.to_string(), port), e.metadata.get(crate::model::cause::CAUSE_KEY)?.clone()))
+            }
+            _ => None,
+        })
+        .collect();
     history::PortDecisions {
         reported,
+        causes,
         held: holds.held.iter().map(|h| (h.device.clone(), h.port)).collect(),
         blips: holds.blips.iter().map(|b| (b.device.clone(), b.port)).collect(),
         flapping,

@@ -47,6 +47,9 @@ pub struct Transition {
     /// the interval's poll.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub woken_by: Vec<String>,
+    /// The probable cause of the unhealthy event reported for it (`metadata.probableCause`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
 }
 
 /// What nicmon published for a transition.
@@ -88,6 +91,8 @@ pub struct PortDecisions {
     pub blips: BTreeSet<(String, u32)>,
     /// Ports held as flapping after this poll, or whose transition flap damping held.
     pub flapping: BTreeSet<(String, u32)>,
+    /// The probable cause of each unhealthy state-check event of a port this poll.
+    pub causes: BTreeMap<(String, u32), String>,
 }
 
 /// A port's key in the history: `<device>/<port>`.
@@ -120,7 +125,9 @@ pub fn record<'a>(
             if shared.last().is_some_and(|t| t.outcome == Outcome::Held && decided.reported.contains(&id))
                 && let Some(last) = Arc::make_mut(shared).last_mut()
             {
-                Arc::make_mut(last).outcome = Outcome::Reported;
+                let last = Arc::make_mut(last);
+                last.outcome = Outcome::Reported;
+                last.cause = decided.causes.get(&id).cloned();
             }
             continue;
         }
@@ -146,6 +153,7 @@ pub fn record<'a>(
             healthy: p.healthy,
             outcome,
             woken_by: woken_by.to_vec(),
+            cause: (outcome == Outcome::Reported).then(|| decided.causes.get(&id).cloned()).flatten(),
         }));
         if list.len() > PER_PORT {
             list.drain(..list.len() - PER_PORT);
@@ -345,7 +353,10 @@ pub fn timeline(history: &History) -> String {
                 format!("woken by {}", t.woken_by.join(", "))
             };
             let condition = format!("{}/{}", t.state, t.phys_state);
-            let what = outcome_text(t, i.checked_sub(1).and_then(|j| list.get(j)).map(|t| &**t));
+            let mut what = outcome_text(t, i.checked_sub(1).and_then(|j| list.get(j)).map(|t| &**t));
+            if let Some(cause) = &t.cause {
+                what.push_str(&format!(", probable cause: {cause}"));
+            }
             lines.push((t.at_ms, port, format!("{when:<24}  {port:<10}  {condition:<24}  {what}  ({by})")));
         }
     }
@@ -471,11 +482,18 @@ mod tests {
         let reported = PortDecisions { reported: port(), ..Default::default() };
         let h = record(&History::default(), [reading(UP.0, UP.1)], &reported, t(0), &[]);
         let h = record(&h, [reading(DOWN.0, DOWN.1)], &held, t(100), &[]);
-        let h = record(&h, [reading(DOWN.0, DOWN.1)], &reported, t(2100), &[]);
+        let due = PortDecisions {
+            causes: [(("mlx5_0".to_string(), 1), "cable-or-far-end".to_string())].into(),
+            ..PortDecisions { reported: port(), ..Default::default() }
+        };
+        let h = record(&h, [reading(DOWN.0, DOWN.1)], &due, t(2100), &[]);
         let h = record(&h, [reading(UP.0, UP.1)], &reported, t(5000), &[]);
         let outcomes: Vec<Outcome> = h.0["mlx5_0/1"].iter().map(|x| x.outcome).collect();
         assert_eq!(outcomes, [Outcome::Reported, Outcome::Reported, Outcome::Reported]);
         assert_eq!(h.0["mlx5_0/1"][1].at_ms, ms(100), "the time the DOWN was seen, not when it was reported");
+        let causes: Vec<Option<&str>> = h.0["mlx5_0/1"].iter().map(|x| x.cause.as_deref()).collect();
+        assert_eq!(causes, [None, Some("cable-or-far-end"), None], "the cause of the event that reported it");
+        assert!(timeline(&h).lines().nth(1).unwrap().contains("reported, probable cause: cable-or-far-end"));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //!
 //! Plain immutable data, no I/O. Every value read from the host that can be unreadable is
 //! an `Option`; unrecognised kernel strings are kept in an `Unknown` variant.
+pub mod cause;
 pub mod devlink;
 pub mod ethtool;
 pub mod event;

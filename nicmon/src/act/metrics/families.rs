@@ -50,6 +50,13 @@ families! {
         "Unhealthy health events raised by the polls, by check, NIC (device and port; port 0: the \
          device as a whole, device empty: the node), error code and fatality. A series is created \
          at its first event, at 1: count it with `(X unless X offset W) or increase(X[W])`";
+    unhealthy_by_cause: Family<CauseLabels, Counter> = Family::default() => "nicmon_unhealthy_events_by_cause",
+        "Unhealthy health events by check and probable cause (nic, nic-firmware, nic-thermal, optic, \
+         cable-or-far-end, pcie, driver, unknown; metadata.probableCause): a fleet's share of dead \
+         links by the part that failed. A series is created at its first event, at 1";
+    unhealthy_ports_by_cause: Family<NodeCause, Gauge> = Family::default() => "nicmon_unhealthy_ports",
+        "Ports (and devices) unhealthy now by their state check, by the probable cause of the event \
+         that made them so; every cause is exported, 0 when none";
     events_failed: Family<FailedLabels, Counter> = Family::default() => "nicmon_events_failed",
         "Health events in batches the sink did not accept, by check and failure kind";
     poll_duration: Histogram = Histogram::new(POLL_BUCKETS) => "nicmon_poll_duration_seconds",
@@ -296,6 +303,21 @@ pub(super) struct UnhealthyLabels {
     pub(super) port: u32,
     pub(super) error_code: String,
     pub(super) is_fatal: bool,
+}
+
+/// [`Families::unhealthy_by_cause`]: the node, the check and the probable cause.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct CauseLabels {
+    pub(super) node: String,
+    pub(super) check: String,
+    pub(super) probable_cause: String,
+}
+
+/// [`Families::unhealthy_ports_by_cause`]: the node and the probable cause.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct NodeCause {
+    pub(super) node: String,
+    pub(super) probable_cause: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -13,6 +13,7 @@ mod phy;
 pub mod server;
 mod thermal;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
@@ -21,8 +22,8 @@ pub use server::{Liveness, MetricsServer};
 
 use families::{
     AerLabels, AttributeLabels, CheckLabels, CounterLabels, DeviceLabels, FailedLabels, Families, HookLabels,
-    NodeCategory, NodeCheck, NodeCheckDevicePort, NodeCheckFatal, NodeCounterDevicePortFatal, POLL_CATEGORIES,
-    PortLabels, RoleLabels, SourceLabels, UnhealthyLabels,
+    NodeCategory, NodeCause, NodeCheck, NodeCheckDevicePort, NodeCheckFatal, NodeCounterDevicePortFatal,
+    POLL_CATEGORIES, PortLabels, RoleLabels, SourceLabels, UnhealthyLabels,
 };
 
 use crate::model::event::{Check, HealthEvent};
@@ -72,6 +73,9 @@ pub struct Metrics {
     stuck_reads: std::sync::Mutex<Vec<String>>,
     /// The device and counter names of the counter series, each allocated once.
     label_values: std::sync::Mutex<std::collections::BTreeSet<std::sync::Arc<str>>>,
+    /// The ports (and devices) unhealthy now by their state check, and the probable cause of
+    /// the event that made them so (`nicmon_unhealthy_ports`).
+    causes_now: std::sync::Mutex<BTreeMap<(String, u32), crate::model::cause::Cause>>,
 }
 
 impl Metrics {
@@ -89,7 +93,12 @@ impl Metrics {
             reads_abandoned_seen: Default::default(),
             stuck_reads: Default::default(),
             label_values: Default::default(),
+            causes_now: Default::default(),
         };
+        for cause in crate::model::cause::Cause::ALL {
+            let labels = NodeCause { node: m.node.clone(), probable_cause: cause.as_str().into() };
+            let _ = m.f.unhealthy_ports_by_cause.get_or_create(&labels);
+        }
         // Series of change-gated counters exist at 0 from the start, so that rate() and
         // alerts see them before the first event.
         for check in Check::ALL.into_iter().filter(|c| c.defers_first_poll()) {

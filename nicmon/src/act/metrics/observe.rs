@@ -50,7 +50,9 @@ impl Metrics {
         self.set_flapping_ports(
             next.links.port_states.values().filter(|r| r.flap.is_flapping()).map(|r| (r.device.as_str(), r.port)),
         );
-        self.observe_errors(events, next);
+        let events: Vec<&HealthEvent> = events.collect();
+        self.observe_errors(events.iter().copied(), next);
+        self.observe_causes(&events);
         self.observe_phy(poll, next);
         self.observe_thermal(poll);
         self.observe_devlink(poll);
@@ -106,6 +108,48 @@ impl Metrics {
         }
         for check in Check::ALL.into_iter().filter(|c| c.watches_devices()) {
             self.set_devices_discovered(check, discovered.get(&check).copied().unwrap_or(0));
+        }
+    }
+
+    /// Unhealthy events by probable cause, and the ports (and devices) unhealthy now by their
+    /// state check, by the cause of the event that made them so (a healthy event of the state
+    /// check clears its port; a clear of the node, every one).
+    fn observe_causes(&self, events: &[&HealthEvent]) {
+        use crate::model::cause::{CAUSE_KEY, Cause};
+        let mut now = self.causes_now.lock().unwrap_or_else(|p| p.into_inner());
+        for e in events {
+            let cause = e.metadata.get(CAUSE_KEY).and_then(|c| Cause::parse(c)).unwrap_or(Cause::Unknown);
+            if !e.is_healthy {
+                let labels = super::families::CauseLabels {
+                    node: self.node.clone(),
+                    check: e.check_name.to_string(),
+                    probable_cause: cause.as_str().into(),
+                };
+                self.f.unhealthy_by_cause.get_or_create(&labels).inc();
+            }
+            if e.check().map(|c| c.kind()) != Some(CheckKind::PortState) {
+                continue;
+            }
+            let key = match e.subject() {
+                Subject::Port { device, port } => (device.to_string(), port),
+                Subject::Device(d) | Subject::Card(d) => (d.to_string(), 0),
+                Subject::Node => {
+                    now.clear();
+                    continue;
+                }
+            };
+            match e.is_healthy {
+                true => now.remove(&key),
+                false => now.insert(key, cause),
+            };
+        }
+        let mut counts: BTreeMap<Cause, i64> = Cause::ALL.into_iter().map(|c| (c, 0)).collect();
+        for c in now.values() {
+            *counts.entry(*c).or_default() += 1;
+        }
+        for (cause, n) in counts {
+            let labels = super::families::NodeCause { node: self.node.clone(), probable_cause: cause.as_str().into() };
+            self.f.unhealthy_ports_by_cause.get_or_create(&labels).set(n);
         }
     }
 
@@ -204,6 +248,52 @@ mod tests {
                 r#"nicmon_unhealthy_events_total{node="n",check="NICPCIeCheck",device="mlx5_3",port="0",error_code="aer_fatal",is_fatal="true"} 1"#,
             ],
             "{text}"
+        );
+    }
+
+    /// Dead ports by probable cause: counted while unhealthy, cleared by their healthy event;
+    /// unhealthy events of every check counted by cause.
+    #[test]
+    fn dead_ports_and_unhealthy_events_are_counted_by_probable_cause() {
+        use crate::model::cause::CAUSE_KEY;
+        let down = |dev: &str, cause: &str, healthy: bool| {
+            let mut e = HealthEvent::new(Check::EthernetStateCheck, &Stamp::default(), OffsetDateTime::UNIX_EPOCH, "x")
+                .entities(vec![Entity::device(dev.to_string()), Entity::port(1)]);
+            if !healthy {
+                e = e.unhealthy(true);
+                e.metadata.insert(CAUSE_KEY.into(), cause.into());
+            }
+            e
+        };
+        let metrics = Metrics::new("n");
+        let lines = |m: &Metrics, prefix: &str| -> Vec<String> {
+            let mut v: Vec<String> = m.encode().lines().filter(|l| l.starts_with(prefix)).map(str::to_string).collect();
+            v.sort();
+            v
+        };
+        let zero = lines(&metrics, "nicmon_unhealthy_ports{");
+        assert_eq!(zero.len(), 8, "every cause exported at 0 from the start: {zero:?}");
+        assert!(zero.iter().all(|l| l.ends_with(" 0")));
+        let first = Poll {
+            events: vec![
+                down("mlx5_8", "optic", false),
+                down("mlx5_9", "cable-or-far-end", false),
+                down("mlx5_10", "cable-or-far-end", false),
+            ],
+            ..Default::default()
+        };
+        metrics.observe(&first, &first.next);
+        let second = Poll { events: vec![down("mlx5_9", "", true)], ..Default::default() };
+        metrics.observe(&second, &second.next);
+        let now = lines(&metrics, "nicmon_unhealthy_ports{");
+        assert!(now.contains(&r#"nicmon_unhealthy_ports{node="n",probable_cause="optic"} 1"#.to_string()), "{now:?}");
+        assert!(now.contains(&r#"nicmon_unhealthy_ports{node="n",probable_cause="cable-or-far-end"} 1"#.to_string()));
+        assert_eq!(
+            lines(&metrics, "nicmon_unhealthy_events_by_cause_total{"),
+            [
+                r#"nicmon_unhealthy_events_by_cause_total{node="n",check="EthernetStateCheck",probable_cause="cable-or-far-end"} 2"#,
+                r#"nicmon_unhealthy_events_by_cause_total{node="n",check="EthernetStateCheck",probable_cause="optic"} 1"#,
+            ]
         );
     }
 
