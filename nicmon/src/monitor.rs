@@ -155,7 +155,7 @@ impl Monitor {
             ethtool_ports: ethtool::ports::PortReader::new(config.phy.read_interval),
             hwmon: config.thermal.enabled.then(|| crate::read::hwmon::HwmonReader::new(config.thermal.read_interval)),
             devlink: None,
-            devlink_reader: Default::default(),
+            devlink_reader: crate::read::devlink::DevlinkReader::new(config.firmware.read_interval),
         };
         Monitor { observer, decider: Decider::new(config, topology, stamp, checks), boot_id }
     }

@@ -32,7 +32,7 @@ pub const CHAR_DEVICE_CHECK_KEYS: [&str; 1] = key_names(&CHAR_DEVICE_CHECK);
 pub const PCIE_CHECK_KEYS: [&str; 3] = key_names(&PCIE_CHECK);
 pub const PHY_CHECK_KEYS: [&str; 4] = key_names(&PHY_CHECK);
 pub const THERMAL_CHECK_KEYS: [&str; 3] = key_names(&THERMAL_CHECK);
-pub const FIRMWARE_CHECK_KEYS: [&str; 1] = key_names(&FIRMWARE_CHECK);
+pub const FIRMWARE_CHECK_KEYS: [&str; 2] = key_names(&FIRMWARE_CHECK);
 
 /// Default location of the config file in the DaemonSet.
 pub const DEFAULT_PATH: &str = "/etc/nic-health-monitor/config.toml";
@@ -430,13 +430,23 @@ const THERMAL_CHECK: [Key; 3] = [
 ];
 
 /// `[firmwareCheck]`.
-const FIRMWARE_CHECK: [Key; 1] = [Key {
-    name: "enabled",
-    read: |cfg, at, v| {
-        cfg.firmware.enabled = v.as_bool().ok_or_else(|| at.bad(v, "expected true or false"))?;
-        Ok(())
+const FIRMWARE_CHECK: [Key; 2] = [
+    Key {
+        name: "enabled",
+        read: |cfg, at, v| {
+            cfg.firmware.enabled = v.as_bool().ok_or_else(|| at.bad(v, "expected true or false"))?;
+            Ok(())
+        },
     },
-}];
+    Key {
+        name: "readInterval",
+        read: |cfg, at, v| {
+            let d = duration(at.name, v, MAX_PHY_READ_INTERVAL)?;
+            cfg.firmware.read_interval = d.try_into().unwrap_or(std::time::Duration::from_secs(5));
+            Ok(())
+        },
+    },
+];
 
 /// `[phyCheck]`.
 const PHY_CHECK: [Key; 4] = [
@@ -606,7 +616,7 @@ enabled = true
                    [pcieCheck]\nenabled = false\ncorrectableThreshold = 10\ncorrectableVelocityUnit = \"hour\"\n\
                    [phyCheck]\nenabled = true\npreFecBerThreshold = 2e-5\npauseVictimShare = 0.8\nreadInterval = \"30s\"\n\
                    [stateCheck]\nportStateHoldDown = \"2s\"\nflapThreshold = 4\nflapWindow = \"2m\"\nflapSettle = 30\n\
-                   [thermalCheck]\nenabled = true\nmarginCelsius = 7.5\nreadInterval = \"30s\"\n[firmwareCheck]\nenabled = false\n";
+                   [thermalCheck]\nenabled = true\nmarginCelsius = 7.5\nreadInterval = \"30s\"\n[firmwareCheck]\nenabled = false\nreadInterval = \"1s\"\n";
         let c = Config::parse("x.toml", all).unwrap();
         assert_eq!((c.thermal.margin_millidegrees(), c.firmware.enabled), (7_500, false));
         assert_eq!(c.thermal.read_interval, std::time::Duration::from_secs(30));

@@ -400,12 +400,28 @@ mod tests {
         wake.hook = crate::read::wake::Hook::DevlinkHealthReport;
         daemon.cycle(&[wake]).await;
         assert_eq!(daemon.last_full_poll, Some(full_before), "no full poll ran");
+        // The sink's line is written by the sender task (this thread's other task): give it
+        // the CPU until it is there, within a bound.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while fatal_devices(&node).is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         assert_eq!(fatal_devices(&node), ["mlx5_1"]);
-        // A wake-up of another hook (rtnetlink) does not read devlink on its targeted poll.
+        // A wake-up of another hook (rtnetlink) does not read devlink on its targeted poll,
+        // and its base (the last full poll's snapshot, older than the devlink wake-up's
+        // reading) does not hand out the old count: no second fatal for mlx5_1 later.
         node.bump_reporter("mlx5_0", "fw_fatal", 1);
         daemon.last_full_poll = Some(Instant::now());
         daemon.cycle(&[wake_naming("eth0")]).await;
+        daemon.cycle(&[wake_naming("eth1")]).await;
+        daemon.last_full_poll = None;
+        daemon.cycle(&[]).await;
         assert_eq!(fatal_devices(&node), ["mlx5_1"]);
+        let fatals = || {
+            let text = std::fs::read_to_string(node.root().join("events.jsonl")).unwrap_or_default();
+            text.lines().filter(|l| l.contains("\"isFatal\":true")).count()
+        };
+        assert_eq!(fatals(), 1);
         daemon.shutdown().await;
     }
 

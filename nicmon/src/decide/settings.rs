@@ -203,11 +203,14 @@ impl ThermalConfig {
 pub struct FirmwareConfig {
     /// `enabled` (default true): `false` turns the check off (and its devlink reads).
     pub enabled: bool,
+    /// `readInterval` (default 5 s): the reporters are read at most this often (a devlink
+    /// tracepoint's wake-up reads its function at once).
+    pub read_interval: std::time::Duration,
 }
 
 impl Default for FirmwareConfig {
     fn default() -> FirmwareConfig {
-        FirmwareConfig { enabled: true }
+        FirmwareConfig { enabled: true, read_interval: std::time::Duration::from_secs(5) }
     }
 }
 

@@ -109,7 +109,7 @@ impl Observer {
         match &self.devlink {
             Some(source) => {
                 let pci_of = |instance: &str| crate::read::devlink::pci_of(&self.host, instance);
-                self.devlink_reader.read(source, snapshot, pcis, self.host.timeout(), &pci_of)
+                self.devlink_reader.read_paced(source, snapshot, pcis, self.host.timeout(), &pci_of)
             }
             None => Vec::new(),
         }
@@ -128,8 +128,11 @@ impl Observer {
         if self.devlink.is_none() || pcis.is_empty() {
             return Vec::new();
         }
+        let Some(source) = &self.devlink else { return Vec::new() };
         let mut fresh = Snapshot::default();
-        let notes = self.read_devlink(&mut fresh, &pcis);
+        let pci_of = |instance: &str| crate::read::devlink::pci_of(&self.host, instance);
+        let notes = self.devlink_reader.read(source, &mut fresh, &pcis, self.host.timeout(), &pci_of);
+        self.devlink_reader.keep_fresh(&pcis, &fresh.devlink);
         snapshot.devlink.retain(|a, _| !pcis.contains(a));
         snapshot.devlink.extend(fresh.devlink);
         notes
@@ -165,7 +168,9 @@ impl Observer {
         let snapshot = discovery::rediscover(&self.host, &plan, base, devices);
         self.host.end_read_ahead();
         let einval = self.host.take_einval();
-        let snapshot = snapshot?;
+        let mut snapshot = snapshot?;
+        // The devlink readings as fresh as a devlink wake-up since the base left them.
+        self.devlink_reader.kept_into(&mut snapshot);
         let reads_abandoned = self.host.stats.reads_abandoned.load(std::sync::atomic::Ordering::Relaxed);
         let stuck_reads = self.host.stuck_reads();
         Some(Observation {

@@ -164,13 +164,67 @@ pub struct DevlinkReader {
     said: Mutex<BTreeSet<String>>,
     /// The kernel said it has no devlink (no family): not asked again before this.
     quiet_until: Mutex<Option<std::time::Instant>>,
+    /// [`DevlinkReader::read_paced`]: the functions are read at most this often...
+    interval: Duration,
+    /// ...and between reads they get the last reading: when, of which functions, what.
+    kept: Mutex<Option<Kept>>,
 }
+
+type Kept = (std::time::Instant, BTreeSet<String>, BTreeMap<String, Reporters>);
 
 /// How long a kernel without devlink is left alone before it is asked again (a poll's dump
 /// costs a socket, a family lookup and a thread).
 pub const UNSUPPORTED_RETRY: Duration = Duration::from_secs(60);
 
 impl DevlinkReader {
+    /// A reader whose [`DevlinkReader::read_paced`] reads at most once per `interval`.
+    pub fn new(interval: Duration) -> DevlinkReader {
+        DevlinkReader { interval, ..DevlinkReader::default() }
+    }
+
+    /// [`DevlinkReader::read`] at most once per interval for the same functions (the last
+    /// reading between).
+    pub fn read_paced(
+        &self,
+        source: &DevlinkSource,
+        snapshot: &mut Snapshot,
+        pcis: &BTreeSet<String>,
+        timeout: Duration,
+        pci_of: &dyn Fn(&str) -> Option<String>,
+    ) -> Vec<String> {
+        let now = std::time::Instant::now();
+        {
+            let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((at, set, map)) = kept.as_ref()
+                && set == pcis
+                && now.saturating_duration_since(*at) < self.interval
+            {
+                snapshot.devlink = map.clone();
+                return Vec::new();
+            }
+        }
+        let notes = self.read(source, snapshot, pcis, timeout, pci_of);
+        *self.kept.lock().unwrap_or_else(|p| p.into_inner()) = Some((now, pcis.clone(), snapshot.devlink.clone()));
+        notes
+    }
+
+    /// The freshest reading (the last paced one, with the wake-ups' since) into `snapshot`:
+    /// a targeted poll's base snapshot may be older than a wake-up's reading.
+    pub fn kept_into(&self, snapshot: &mut Snapshot) {
+        if let Some((_, _, map)) = self.kept.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            snapshot.devlink = map.clone();
+        }
+    }
+
+    /// A wake-up's fresh reading of `pcis` (`fresh`): the kept reading takes it, so the paced
+    /// reads between do not hand out older counts.
+    pub fn keep_fresh(&self, pcis: &BTreeSet<String>, fresh: &BTreeMap<String, Reporters>) {
+        if let Some((_, _, map)) = self.kept.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            map.retain(|a, _| !pcis.contains(a));
+            map.extend(fresh.iter().map(|(a, r)| (a.clone(), r.clone())));
+        }
+    }
+
     /// The reporters of `pcis` into `snapshot.devlink`; the notes (each said once; a failure
     /// again after a read that worked).
     pub fn read(
