@@ -20,6 +20,7 @@ pub mod debian;
 pub mod deploy;
 pub mod kernel_log;
 pub mod latency;
+pub mod optics;
 pub mod pcie;
 pub mod platforms;
 pub mod prometheus;

@@ -382,7 +382,6 @@ impl Decider {
     }
 }
 
-/// Whether `name` is a monitored device (management NICs are not).
 /// The PCIe conditions the check holds, by device: a downtrained card (every function of
 /// it), an AER fatal or non-fatal breach still latched.
 fn held_pcie(state: &PcieState, snapshot: &Snapshot) -> BTreeMap<String, String> {
@@ -404,6 +403,7 @@ fn held_pcie(state: &PcieState, snapshot: &Snapshot) -> BTreeMap<String, String>
     out
 }
 
+/// Whether `name` is a monitored device (management NICs are not).
 fn monitored(roles: &BTreeMap<String, Classification>, name: &str) -> bool {
     roles.get(name).map(|c| c.monitored).unwrap_or(false)
 }
