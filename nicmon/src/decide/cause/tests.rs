@@ -216,12 +216,14 @@ fn base_facts_read_the_sensors_and_the_firmware_check() {
         crit: Some(105_000),
         highest: None,
     };
-    let mut snapshot = Snapshot::default();
-    snapshot.devices = vec![
-        std::sync::Arc::new(pf("mlx5_0", "0000:3b:00.0")),
-        std::sync::Arc::new(pf("mlx5_1", "0000:3b:00.1")),
-        std::sync::Arc::new(pf("mlx5_8", "0000:5e:00.0")),
-    ];
+    let mut snapshot = Snapshot {
+        devices: vec![
+            std::sync::Arc::new(pf("mlx5_0", "0000:3b:00.0")),
+            std::sync::Arc::new(pf("mlx5_1", "0000:3b:00.1")),
+            std::sync::Arc::new(pf("mlx5_8", "0000:5e:00.0")),
+        ],
+        ..Snapshot::default()
+    };
     snapshot.thermal.insert("0000:5e:00.0".into(), vec![sensor(105_000)]);
     snapshot.thermal.insert("0000:3b:00.0".into(), vec![sensor(100_000)]);
     let fw = HealthEvent::new(Check::NICFirmwareCheck, &Stamp::default(), at(), "fw fatal")
