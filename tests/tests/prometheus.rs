@@ -412,7 +412,8 @@ fn the_dashboard_is_importable_as_is() {
             continue;
         }
         assert!(
-            ["stat", "table", "timeseries", "status-history", "heatmap", "bargauge"].contains(&p["type"].as_str().unwrap()),
+            ["stat", "table", "timeseries", "status-history", "heatmap", "bargauge"]
+                .contains(&p["type"].as_str().unwrap()),
             "{title}"
         );
         assert_eq!(p["datasource"]["uid"], "${datasource}", "{title}");

@@ -322,6 +322,7 @@ mod tests {
             hook: crate::read::wake::Hook::Rtnetlink,
             kernel_ts_ns: None,
             hint: crate::read::wake::Hint::Name(netdev.to_string()),
+            removed: false,
             received: Instant::now(),
             received_ns: crate::read::wake::monotonic_ns(),
         }
