@@ -97,7 +97,17 @@ impl Decider {
         kmsg_records: &[Record],
     ) -> Poll {
         let mut notes = obs.ethtool_notes;
-        let Observation { snapshot, links, einval, reads_abandoned, stuck_reads, targeted, woken_by, .. } = obs;
+        let Observation {
+            snapshot,
+            links,
+            einval,
+            reads_abandoned,
+            stuck_reads,
+            targeted,
+            woken_by,
+            kernel_removed,
+            ..
+        } = obs;
         // A port whose link layer is unreadable is judged with its last known one.
         let snapshot = linkstate::with_known_link_layers(&prev.links, snapshot);
         let roles = roles::classify(&snapshot, &self.topology, &self.config.filters);
@@ -123,6 +133,7 @@ impl Decider {
             &self.state_config,
             now,
             &self.stamp,
+            &kernel_removed,
         );
         events.extend(links_out.events);
         notes.extend(links_out.notes);
