@@ -96,18 +96,8 @@ impl Decider {
         now: OffsetDateTime,
         kmsg_records: &[Record],
     ) -> Poll {
-        let mut notes = obs.ethtool_notes;
-        let Observation {
-            snapshot,
-            links,
-            einval,
-            reads_abandoned,
-            stuck_reads,
-            targeted,
-            woken_by,
-            kernel_removed,
-            ..
-        } = obs;
+        let (mut notes, kernel_removed) = (obs.ethtool_notes, obs.kernel_removed);
+        let Observation { snapshot, links, einval, reads_abandoned, stuck_reads, targeted, woken_by, .. } = obs;
         // A port whose link layer is unreadable is judged with its last known one.
         let snapshot = linkstate::with_known_link_layers(&prev.links, snapshot);
         let roles = roles::classify(&snapshot, &self.topology, &self.config.filters);
@@ -137,7 +127,6 @@ impl Decider {
         );
         events.extend(links_out.events);
         notes.extend(links_out.notes);
-
         // A targeted read (its devices' link-state files): the counters, the character
         // devices, PCIe and the kernel log records wait for the full poll that follows.
         let full = targeted.is_none();
