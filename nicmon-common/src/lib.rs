@@ -165,6 +165,9 @@ hooks! {
     /// Userspace only: an rtnetlink `RTNLGRP_LINK` notification (the carrier wake source
     /// without eBPF).
     Rtnetlink = 100, "rtnetlink";
+    /// Userspace only: a kobject uevent (`NETLINK_KOBJECT_UEVENT`) `add`/`remove` of an
+    /// `infiniband`, `net` or `pci` device (SPEC §1.15).
+    Uevent = 101, "uevent";
 }
 
 impl Hook {
@@ -174,6 +177,11 @@ impl Hook {
 
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|h| h.name() == name)
+    }
+
+    /// A wake source of userspace (a netlink socket), with no kernel program behind it.
+    pub const fn is_userspace(self) -> bool {
+        self.slot().is_none()
     }
 
     /// Slot of this hook in the kernel programs' per-hook globals, for the kernel hooks.
@@ -254,11 +262,13 @@ mod tests {
     #[test]
     fn kernel_hooks_fit_the_global_slots() {
         for h in Hook::ALL {
-            if h != Hook::Rtnetlink {
+            if !h.is_userspace() {
                 assert!(h.slot().is_some(), "{h:?}");
             }
         }
         assert_eq!(Hook::Rtnetlink.slot(), None);
+        assert_eq!(Hook::Uevent.slot(), None);
+        assert!(Hook::Uevent.is_userspace() && Hook::Rtnetlink.is_userspace() && !Hook::AerEvent.is_userspace());
     }
 
     #[test]

@@ -257,6 +257,9 @@ struct RunCli {
     /// Do not listen to rtnetlink link notifications.
     #[arg(long)]
     no_rtnetlink: bool,
+    /// Do not listen to kobject uevents (device add/remove, SPEC §1.15).
+    #[arg(long)]
+    no_uevent: bool,
     /// No wake-up sources at all: polling only.
     #[arg(long)]
     no_wake: bool,
@@ -391,6 +394,7 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
         wake: WakeOptions {
             object: if r.no_ebpf { None } else { nicmon::read::wake::EMBEDDED_OBJECT },
             rtnetlink: !r.no_rtnetlink,
+            uevent: !r.no_uevent,
             ..WakeOptions::default()
         },
         no_wake: r.no_wake,
@@ -553,9 +557,10 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
     let _ = writeln!(out, "kernel log:        {kmsg}");
     let _ = writeln!(
         out,
-        "wake-ups:          eBPF {}, rtnetlink {}",
+        "wake-ups:          eBPF {}, rtnetlink {}, uevent {}",
         on_off(r.no_wake || r.no_ebpf),
-        on_off(r.no_wake || r.no_rtnetlink)
+        on_off(r.no_wake || r.no_rtnetlink),
+        on_off(r.no_wake || r.no_uevent)
     );
     let _ = writeln!(out, "counter rules:     {}", config.counter_rules.len());
     for w in &warnings {

@@ -688,3 +688,71 @@ mod tests {
         assert!(stages_of(TRACE, t + 40_000, t + 180_000, t + 460_000).is_none());
     }
 }
+
+/// What [`device_loss`] measured: one RoCE NIC whose netdev is a real veth leaves the tree
+/// and the host deletes its veth.
+#[derive(Debug, Clone)]
+pub struct DeviceLoss {
+    /// T (right before the veth's deletion is handed to `ip`) → the fatal disappearance
+    /// event's line in the sink, ms.
+    pub delivered_ms: f64,
+    /// T → the event's `generatedTimestamp`, ms.
+    pub generated_ms: f64,
+    /// The event's message.
+    pub message: String,
+    /// The daemon's log (start-up line with the wake hooks).
+    pub log: String,
+}
+
+/// Run the daemon `bin` (`extra` flags, poll `interval`) over a node whose `mlx5_0` has the
+/// veth `<tag>a` as its netdev; once it reported the node healthy, remove `mlx5_0` from the
+/// fixture tree (its `class/infiniband` entry and its directory, its `class/net` link) and
+/// delete the veth; measure until the fatal disappearance event of `mlx5_0` is in the sink.
+pub fn device_loss(bin: &Path, extra: &[&str], interval: &str, tag: &str) -> Result<DeviceLoss, String> {
+    let mut veth = Veth::create(tag)?;
+    let mut node = Node::new("device-loss");
+    let rc = node.root_complex(0, 0);
+    let rp = node.root_port(&rc, 1);
+    node.card(&rp, 0, vec![NicSpec::eth("mlx5_0", &veth.a)]);
+    let rp2 = node.root_port(&rc, 2);
+    node.card(&rp2, 0, vec![NicSpec::eth("mlx5_1", "fixture1")]);
+    node.use_host_netdev(&veth.a);
+    let sink: PathBuf = node.root().join("events.jsonl");
+    let log = node.root().join("nicmon.log");
+    let mut child = node
+        .daemon_command(bin, "run", None, "state.json", "loss")
+        .args(["--no-kmsg", "--no-metrics", "--state-polling-interval", interval])
+        .arg("--sink")
+        .arg(format!("file:{}", sink.display()))
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(&log).map_err(|e| e.to_string())?))
+        .spawn()
+        .map_err(|e| format!("spawn nicmon: {e}"))?;
+    let result = (|| {
+        let mut watch = SinkWatch::new(&sink);
+        watch.wait_event(true, 0, Duration::from_secs(30)).ok_or("no baseline event from nicmon")?;
+        // Pacing only: let the daemon settle into its interval after the baseline.
+        std::thread::sleep(Duration::from_millis(300));
+        let ib_dir = node.sys().join(&node.info["mlx5_0"].ib_dir);
+        std::fs::remove_file(node.sys().join("class/infiniband/mlx5_0")).map_err(|e| e.to_string())?;
+        std::fs::remove_dir_all(&ib_dir).map_err(|e| e.to_string())?;
+        let _ = std::fs::remove_file(node.sys().join(format!("class/net/{}", veth.a)));
+        let t = SystemTime::now();
+        let a = veth.a.clone();
+        veth.ip(&format!("link del {a}"));
+        let (ev, seen) = watch.wait_event(false, 0, Duration::from_secs(15)).ok_or("no fatal event for mlx5_0")?;
+        let at = ts_of(&ev).ok_or("event without a timestamp")?;
+        Ok::<_, String>(DeviceLoss {
+            delivered_ms: seen.wall.duration_since(t).unwrap_or_default().as_secs_f64() * 1e3,
+            generated_ms: at.duration_since(t).unwrap_or_default().as_secs_f64() * 1e3,
+            message: ev["message"].as_str().unwrap_or_default().to_string(),
+            log: String::new(),
+        })
+    })();
+    let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    result.map(|r| DeviceLoss { log, ..r })
+}

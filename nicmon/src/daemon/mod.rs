@@ -118,6 +118,8 @@ pub struct Daemon<'a> {
     /// Devices named by wake-ups since the last full poll: it reads their static
     /// attributes again.
     statics_owed: BTreeSet<String>,
+    /// What the kernel said was removed, and when ([`wakeup::KERNEL_WORD_KEPT`]).
+    kernel_removed: std::collections::BTreeMap<String, Instant>,
     /// Whether the targeted poll's path ran once ([`Daemon::prime_targeted_poll`]).
     targeted_primed: bool,
     /// When a hinted eBPF record may wake the reader thread early ([`crate::read::wake::EarlyWake`]):

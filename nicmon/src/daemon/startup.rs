@@ -99,6 +99,7 @@ impl<'a> Daemon<'a> {
             last_full_poll: None,
             last_snapshot: None,
             statics_owed: BTreeSet::new(),
+            kernel_removed: Default::default(),
             targeted_primed: false,
             early_gate,
             trace_latencies: Default::default(),

@@ -186,6 +186,7 @@ mod tests {
             hook: crate::read::wake::Hook::Rtnetlink,
             kernel_ts_ns: Some(1),
             hint: crate::read::wake::Hint::Name("eth0".into()),
+            removed: false,
             received: Instant::now(),
             received_ns,
         };

@@ -39,6 +39,11 @@ pub const BURST_FULL_POLL_GAP: Duration = Duration::from_millis(250);
 /// the CPU on the latency path).
 pub const TARGETED_DELIVERY_WAIT: Duration = Duration::from_millis(50);
 
+/// How long the kernel's word that something was removed (a wake-up with
+/// [`Wake::removed`]) goes with the polls: a uevent `remove` is sent before sysfs drops the
+/// entry, so a poll of the next seconds may be the one that confirms it.
+pub const KERNEL_WORD_KEPT: Duration = Duration::from_secs(10);
+
 /// A cycle's wake-ups by what their hints name ([`Daemon::hints`]).
 #[derive(Default)]
 struct Hints {
@@ -206,6 +211,18 @@ impl Daemon<'_> {
         targets
     }
 
+    /// What the kernel said was removed within [`KERNEL_WORD_KEPT`], the removals among
+    /// `woke` included (names, netdevs, PCI addresses: for the decider).
+    fn kernel_word(&mut self, woke: &[Wake]) -> std::collections::BTreeSet<String> {
+        for w in woke.iter().filter(|w| w.removed) {
+            if let crate::read::wake::Hint::Name(n) = &w.hint {
+                self.kernel_removed.insert(n.clone(), w.received);
+            }
+        }
+        self.kernel_removed.retain(|_, at| at.elapsed() < KERNEL_WORD_KEPT);
+        self.kernel_removed.keys().cloned().collect()
+    }
+
     /// The targeted poll of `targets` (read on the last full poll's snapshot), acted on and
     /// delivered before anything else. Whether it ran.
     async fn targeted_poll(&mut self, woke: &[Wake], woke_at: Instant, targets: &[String]) -> bool {
@@ -217,6 +234,7 @@ impl Daemon<'_> {
             let notes = self.monitor.observer.reread_devlink(&mut obs.snapshot, targets);
             obs.ethtool_notes.extend(notes);
         }
+        obs.kernel_removed = self.kernel_word(woke);
         let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, OffsetDateTime::now_utc(), &[]);
         let elapsed = woke_at.elapsed();
         // The targeted poll's events go out before anything else (`act` waits for their
@@ -250,6 +268,7 @@ impl Daemon<'_> {
         let now = OffsetDateTime::now_utc();
         let mut obs = self.monitor.observe(&self.state.checks, !records.is_empty());
         obs.woken_by = crate::read::wake::hook_names(woke);
+        obs.kernel_removed = self.kernel_word(woke);
         let poll = self.monitor.decide(&self.state.checks, &self.loaded, obs, now, &records);
         let elapsed = started.elapsed();
         let completed = std::time::SystemTime::now()
@@ -327,6 +346,7 @@ mod tests {
             hook: crate::read::wake::Hook::Rtnetlink,
             kernel_ts_ns: None,
             hint: crate::read::wake::Hint::Name(netdev.to_string()),
+            removed: false,
             received: Instant::now(),
             received_ns: crate::read::wake::monotonic_ns(),
         }

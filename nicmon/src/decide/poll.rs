@@ -98,7 +98,7 @@ impl Decider {
         now: OffsetDateTime,
         kmsg_records: &[Record],
     ) -> Poll {
-        let mut notes = obs.ethtool_notes;
+        let (mut notes, kernel_removed) = (obs.ethtool_notes, obs.kernel_removed);
         let Observation { snapshot, links, einval, reads_abandoned, stuck_reads, targeted, woken_by, .. } = obs;
         // A port whose link layer is unreadable is judged with its last known one.
         let snapshot = linkstate::with_known_link_layers(&prev.links, snapshot);
@@ -115,10 +115,9 @@ impl Decider {
         let rescope = !first_poll && prev.scope.as_ref().is_some_and(|s| *s != scope);
         let mut events = self.clears(reboot, rescope, now);
 
-        let links_out = self.link_state(prev, rescope, first_poll, &snapshot, &roles, now);
+        let links_out = self.link_state(prev, rescope, first_poll, &snapshot, &roles, now, &kernel_removed);
         events.extend(links_out.events);
         notes.extend(links_out.notes);
-
         // A targeted read (its devices' link-state files): the counters, the character
         // devices, PCIe and the kernel log records wait for the full poll that follows.
         let full = targeted.is_none();
@@ -244,6 +243,7 @@ impl Decider {
     }
 
     /// Step 3, link state (after a rescope, from no memory of ports and devices).
+    #[allow(clippy::too_many_arguments)]
     fn link_state(
         &self,
         prev: &CheckState,
@@ -252,10 +252,12 @@ impl Decider {
         snapshot: &Snapshot,
         roles: &BTreeMap<String, Classification>,
         now: OffsetDateTime,
+        kernel_removed: &BTreeSet<String>,
     ) -> linkstate::Outcome {
         let no_links = linkstate::LinkState::default();
         let prev_links = if rescope { &no_links } else { &prev.links };
-        linkstate::evaluate(prev_links, first_poll || rescope, snapshot, roles, &self.state_config, now, &self.stamp)
+        let fresh = first_poll || rescope;
+        linkstate::evaluate(prev_links, fresh, snapshot, roles, &self.state_config, now, &self.stamp, kernel_removed)
     }
 
     /// Step 4, counters: the rules over `ports` (none on a targeted poll: every counter's

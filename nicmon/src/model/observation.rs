@@ -25,4 +25,8 @@ pub struct Observation {
     /// The wake-ups this poll answers (hook names; empty: the interval's poll), for the port
     /// history. Set by the daemon.
     pub woken_by: Vec<String>,
+    /// What the kernel said was removed lately (uevent `remove`, rtnetlink `RTM_DELLINK`):
+    /// RDMA device names, netdev names and PCI addresses. A known device this names that
+    /// the poll finds gone is reported at once (SPEC §1.15). Set by the daemon.
+    pub kernel_removed: BTreeSet<String>,
 }

@@ -85,6 +85,7 @@ impl Observer {
             stuck_reads,
             targeted: None,
             woken_by: Vec::new(),
+            kernel_removed: BTreeSet::new(),
             ethtool_notes,
         }
     }
@@ -182,6 +183,7 @@ impl Observer {
             targeted: Some(devices.to_vec()),
             ethtool_notes: Vec::new(),
             woken_by: Vec::new(),
+            kernel_removed: BTreeSet::new(),
         })
     }
 }

@@ -1,6 +1,8 @@
 //! Device disappearance (000 §7, 002 §5.9): a known device absent from `class/infiniband`
 //! for [`MISSES_BEFORE_REPORT`] consecutive polls is reported once, with the inline PCI
-//! probe's verdict; its return is reported as healthy.
+//! probe's verdict; its return is reported as healthy. When the kernel said lately that the
+//! device, its netdev or its PCI function was removed ([`Ctx::kernel_removed`]: a uevent
+//! `remove`, an `RTM_DELLINK`), the first poll that finds it absent reports it (SPEC §1.15).
 use std::collections::BTreeSet;
 
 use super::health::state_check_named;
@@ -27,7 +29,8 @@ pub(super) fn missing_devices(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitt
             missing_cards.insert(card.clone());
         }
         let check = state_check_named(&known.link_layer);
-        if known.misses >= MISSES_BEFORE_REPORT && !known.reported_missing && ctx.enabled(check) {
+        let due = known.misses >= MISSES_BEFORE_REPORT || kernel_said_removed(ctx, name, known);
+        if due && !known.reported_missing && ctx.enabled(check) {
             known.reported_missing = true;
             let pci = known.pci_address.clone().unwrap_or_else(|| "unknown".into());
             let why = match ctx.snap.pci_probes.get(name) {
@@ -62,6 +65,12 @@ pub(super) fn missing_devices(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitt
     missing_cards
 }
 
+/// Whether the kernel said lately that `name`, its netdev or its PCI function was removed.
+fn kernel_said_removed(ctx: &Ctx<'_>, name: &str, known: &KnownDevice) -> bool {
+    let said = |n: &Option<String>| n.as_ref().is_some_and(|n| ctx.kernel_removed.contains(n));
+    ctx.kernel_removed.contains(name) || said(&known.netdev) || said(&known.pci_address)
+}
+
 /// Remember every monitored device present now; one that was reported missing is back.
 pub(super) fn present_devices(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitted) {
     for d in &ctx.monitored {
@@ -72,6 +81,7 @@ pub(super) fn present_devices(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitt
             link_layer: ll.clone(),
             misses: 0,
             reported_missing: false,
+            netdev: d.netdev.clone(),
         });
         if entry.reported_missing {
             let check = state_check_named(&ll);
@@ -91,6 +101,7 @@ pub(super) fn present_devices(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitt
         entry.reported_missing = false;
         entry.pci_address = d.pci_address.clone();
         entry.card = d.card.clone();
+        entry.netdev = d.netdev.clone();
         entry.link_layer = ll;
     }
 }

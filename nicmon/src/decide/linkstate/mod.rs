@@ -99,6 +99,8 @@ pub(crate) struct Ctx<'a> {
     pub stamp: &'a Stamp,
     /// No usable previous state (the first poll of a boot).
     pub first_poll: bool,
+    /// What the kernel said was removed lately (device, netdev or PCI address names).
+    pub kernel_removed: &'a BTreeSet<String>,
 }
 
 impl Ctx<'_> {
@@ -128,7 +130,9 @@ impl Emitted {
     }
 }
 
-/// Evaluate the state checks for one poll. `first_poll`: no usable previous state.
+/// Evaluate the state checks for one poll. `first_poll`: no usable previous state;
+/// `kernel_removed`: what the kernel said was removed lately ([`disappearance`]).
+#[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     prev: &LinkState,
     first_poll: bool,
@@ -137,6 +141,7 @@ pub fn evaluate(
     cfg: &StateConfig,
     now: OffsetDateTime,
     stamp: &Stamp,
+    kernel_removed: &BTreeSet<String>,
 ) -> Outcome {
     let mut st = prev.clone();
     let (snap, efa_notes) = efa::fold_netdev(snap);
@@ -148,7 +153,7 @@ pub fn evaluate(
         .filter(|d| !d.is_vf() && roles.get(&d.name).map(|c| c.monitored).unwrap_or(false))
         .map(|d| &**d)
         .collect();
-    let ctx = Ctx { snap, roles, monitored, cfg, now, stamp, first_poll };
+    let ctx = Ctx { snap, roles, monitored, cfg, now, stamp, first_poll, kernel_removed };
     let mut out = Emitted { notes: efa_notes, ..Emitted::default() };
 
     let missing_cards = disappearance::missing_devices(&ctx, &mut st, &mut out);

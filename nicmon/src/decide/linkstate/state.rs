@@ -73,6 +73,9 @@ pub struct KnownDevice {
     pub misses: u32,
     /// A disappearance event was sent (a reappearance then sends a healthy event).
     pub reported_missing: bool,
+    /// Its netdev when last seen (the kernel may announce the loss by that name).
+    #[serde(default)]
+    pub netdev: Option<String>,
 }
 
 /// The state checks' memory.

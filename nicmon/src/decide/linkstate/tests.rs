@@ -1,5 +1,5 @@
 //! The evaluator as a whole: hold-down and flap damping together, over any sequence of polls.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use time::macros::datetime;
@@ -73,7 +73,7 @@ proptest! {
         let stamp = Stamp::default();
         let roles = roles();
         let mut now = T0;
-        let out = evaluate(&LinkState::default(), true, &snapshot(true), &roles, &cfg, now, &stamp);
+        let out = evaluate(&LinkState::default(), true, &snapshot(true), &roles, &cfg, now, &stamp, &BTreeSet::new());
         let mut st = out.state;
         let mut down_since: Option<OffsetDateTime> = None;
         let mut last_port_healthy = true;
@@ -85,7 +85,7 @@ proptest! {
             } else {
                 down_since.get_or_insert(now);
             }
-            let out = evaluate(&st, false, &snapshot(up), &roles, &cfg, now, &stamp);
+            let out = evaluate(&st, false, &snapshot(up), &roles, &cfg, now, &stamp, &BTreeSet::new());
             let was_flapping = flapping;
             for e in out.events.iter().filter(|e| is_port(e)) {
                 let flap_event = e.error_code.iter().any(|c| c == ERROR_CODE);
@@ -127,14 +127,23 @@ fn each_event_names_its_port_card_or_device() {
     let cfg = StateConfig::default();
     let stamp = Stamp::default();
     let roles = roles();
-    let base = evaluate(&LinkState::default(), true, &snapshot(true), &roles, &cfg, T0, &stamp);
+    let base = evaluate(&LinkState::default(), true, &snapshot(true), &roles, &cfg, T0, &stamp, &BTreeSet::new());
     let subjects = |events: &[HealthEvent]| -> Vec<(bool, String)> {
         events.iter().map(|e| (e.is_healthy, format!("{:?}", e.subject()))).collect()
     };
     assert!(base.events.iter().all(|e| e.is_healthy), "{:?}", subjects(&base.events));
     assert!(base.events.iter().any(|e| e.subject() == Subject::Port { device: "mlx5_0", port: 1 }));
 
-    let down = evaluate(&base.state, false, &snapshot(false), &roles, &cfg, T0 + Duration::seconds(1), &stamp);
+    let down = evaluate(
+        &base.state,
+        false,
+        &snapshot(false),
+        &roles,
+        &cfg,
+        T0 + Duration::seconds(1),
+        &stamp,
+        &BTreeSet::new(),
+    );
     let unhealthy: Vec<Subject<'_>> = down.events.iter().filter(|e| !e.is_healthy).map(HealthEvent::subject).collect();
     assert!(unhealthy.contains(&Subject::Port { device: "mlx5_0", port: 1 }), "{:?}", subjects(&down.events));
     assert!(unhealthy.contains(&Subject::Card("0000:10:00")), "{:?}", subjects(&down.events));
@@ -146,11 +155,64 @@ fn each_event_names_its_port_card_or_device() {
     let mut st = base.state;
     let mut events = Vec::new();
     for i in 1..=super::disappearance::MISSES_BEFORE_REPORT {
-        let out = evaluate(&st, false, &gone, &roles, &cfg, T0 + Duration::seconds(i.into()), &stamp);
+        let out = evaluate(&st, false, &gone, &roles, &cfg, T0 + Duration::seconds(i.into()), &stamp, &BTreeSet::new());
         events.extend(out.events);
         st = out.state;
     }
     let gone: Vec<&HealthEvent> = events.iter().filter(|e| !e.is_healthy).collect();
     assert_eq!(gone.len(), 1, "{:?}", subjects(&events));
     assert_eq!(gone[0].subject(), Subject::Device("mlx5_2"));
+}
+
+/// The disappearance events of `mlx5_2` over the polls after it left, each poll with the
+/// kernel's word `said` (what it said was removed): the poll of each event, 1-based.
+fn mlx5_2_lost_at(said: &[&str]) -> Vec<u32> {
+    let (cfg, stamp, roles) = (StateConfig::default(), Stamp::default(), roles());
+    let mut present = snapshot(true);
+    let mut dev = (*present.devices[2]).clone();
+    dev.netdev = Some("eth2".into());
+    present.devices[2] = dev.into();
+    let base = evaluate(&LinkState::default(), true, &present, &roles, &cfg, T0, &stamp, &BTreeSet::new());
+    assert_eq!(base.state.known_devices["mlx5_2"].netdev.as_deref(), Some("eth2"), "the netdev is remembered");
+    let mut gone = present.clone();
+    gone.devices.retain(|d| d.name != "mlx5_2");
+    let said: BTreeSet<String> = said.iter().map(|s| s.to_string()).collect();
+    let mut st = base.state;
+    let mut lost = Vec::new();
+    for i in 1..=super::disappearance::MISSES_BEFORE_REPORT + 1 {
+        let out = evaluate(&st, false, &gone, &roles, &cfg, T0 + Duration::seconds(i.into()), &stamp, &said);
+        for e in out.events.iter().filter(|e| !e.is_healthy) {
+            assert_eq!(e.subject(), Subject::Device("mlx5_2"), "{e:?}");
+            lost.push(i);
+        }
+        st = out.state;
+    }
+    lost
+}
+
+/// Without the kernel's word a missing device is reported after three polls; with it (the
+/// device's name, its netdev or its PCI address removed) in the first poll that finds it
+/// gone; a removal the kernel announced of another device changes nothing.
+#[test]
+fn the_kernel_word_reports_a_lost_device_at_once() {
+    assert_eq!(mlx5_2_lost_at(&[]), vec![super::disappearance::MISSES_BEFORE_REPORT]);
+    assert_eq!(mlx5_2_lost_at(&["mlx5_2"]), vec![1], "uevent remove of the RDMA device");
+    assert_eq!(mlx5_2_lost_at(&["eth2"]), vec![1], "uevent remove / RTM_DELLINK of its netdev");
+    assert_eq!(mlx5_2_lost_at(&["0000:12:00.0"]), vec![1], "uevent remove of its PCI function");
+    assert_eq!(
+        mlx5_2_lost_at(&["mlx5_1", "eth1", "0000:11:00.0", "eth0"]),
+        vec![super::disappearance::MISSES_BEFORE_REPORT],
+        "another device's removal does not speed this one up"
+    );
+}
+
+/// The kernel's word for a device still present reports nothing (sysfs must confirm).
+#[test]
+fn the_kernel_word_alone_reports_nothing() {
+    let (cfg, stamp, roles) = (StateConfig::default(), Stamp::default(), roles());
+    let base = evaluate(&LinkState::default(), true, &snapshot(true), &roles, &cfg, T0, &stamp, &BTreeSet::new());
+    let said: BTreeSet<String> = ["mlx5_2".to_string()].into();
+    let out = evaluate(&base.state, false, &snapshot(true), &roles, &cfg, T0 + Duration::seconds(1), &stamp, &said);
+    assert!(out.events.iter().all(|e| e.is_healthy), "{:?}", out.events);
+    assert_eq!(out.state.known_devices["mlx5_2"].misses, 0);
 }

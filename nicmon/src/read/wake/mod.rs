@@ -3,12 +3,14 @@
 //! A [`Wake`] never carries a verdict; the agent answers it with a full sysfs poll. The
 //! sources are the embedded eBPF programs ([`ebpf`]: tracepoints, fentry/kprobes, each
 //! attached when the kernel allows it, with the reason recorded when not) and the
-//! rtnetlink link notifications ([`rtnetlink`]), the carrier source that needs no eBPF.
+//! rtnetlink link notifications ([`rtnetlink`]), the carrier source that needs no eBPF, and
+//! the kernel's uevents ([`uevent`]: a device, netdev or PCI function added or removed).
 //! [`WakeSource`] starts what the host allows and says which hooks are live.
 mod btf;
 pub mod ebpf;
 pub mod rtnetlink;
 pub mod tracefs;
+pub mod uevent;
 
 pub use nicmon_common::Hook;
 use std::fmt;
@@ -76,6 +78,9 @@ pub struct Wake {
     /// `CLOCK_MONOTONIC` ns when the kernel program ran (eBPF hooks only).
     pub kernel_ts_ns: Option<u64>,
     pub hint: Hint,
+    /// The kernel said the hinted object was removed (a uevent `remove`, an rtnetlink
+    /// `RTM_DELLINK`): the decider may report a known device's loss at once (SPEC §1.15).
+    pub removed: bool,
     /// When userspace received it.
     pub received: Instant,
     /// `CLOCK_MONOTONIC` ns when userspace received it: comparable with `kernel_ts_ns`.
@@ -133,6 +138,7 @@ pub enum Mechanism {
     Kprobe,
     Tracepoint,
     Rtnetlink,
+    Uevent,
 }
 
 impl Mechanism {
@@ -142,6 +148,7 @@ impl Mechanism {
             Mechanism::Kprobe => "kprobe",
             Mechanism::Tracepoint => "tracepoint",
             Mechanism::Rtnetlink => "rtnetlink",
+            Mechanism::Uevent => "uevent",
         }
     }
 }
@@ -199,6 +206,8 @@ pub struct WakeOptions {
     /// The kernel programs to load; `None` disables eBPF.
     pub object: Option<&'static [u8]>,
     pub rtnetlink: bool,
+    /// Listen to kobject uevents ([`uevent`]).
+    pub uevent: bool,
     /// Mount tracefs at `/sys/kernel/tracing` when it is not mounted.
     pub mount_tracefs: bool,
     /// Use this tracefs instead of looking for one.
@@ -207,7 +216,7 @@ pub struct WakeOptions {
 
 impl Default for WakeOptions {
     fn default() -> Self {
-        Self { object: EMBEDDED_OBJECT, rtnetlink: true, mount_tracefs: true, tracefs: None }
+        Self { object: EMBEDDED_OBJECT, rtnetlink: true, uevent: true, mount_tracefs: true, tracefs: None }
     }
 }
 
@@ -270,6 +279,21 @@ impl WakeSource {
                     attached: false,
                     via: None,
                     reason: Some(format!("rtnetlink socket: {e}")),
+                },
+            });
+        }
+        if opts.uevent {
+            let started = uevent::UeventSocket::open().and_then(|s| uevent::spawn(s, tx.clone()));
+            hooks.push(match started {
+                Ok(task) => {
+                    tasks.push(task);
+                    HookStatus { hook: Hook::Uevent, attached: true, via: Some(Mechanism::Uevent), reason: None }
+                }
+                Err(e) => HookStatus {
+                    hook: Hook::Uevent,
+                    attached: false,
+                    via: None,
+                    reason: Some(format!("uevent socket: {e}")),
                 },
             });
         }

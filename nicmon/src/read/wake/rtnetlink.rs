@@ -123,11 +123,13 @@ const fn align4(n: usize) -> usize {
 
 impl LinkNotice {
     fn into_wake(self, received: Instant, received_ns: u64) -> Wake {
+        // `RTM_DELLINK` naming the link is the kernel's word that the netdev is gone.
+        let removed = self.deleted && self.ifname.is_some();
         let hint = match self.ifname {
             Some(name) => Hint::Name(name),
             None => Hint::Ifindex(self.ifindex),
         };
-        Wake { hook: Hook::Rtnetlink, kernel_ts_ns: None, hint, received, received_ns }
+        Wake { hook: Hook::Rtnetlink, kernel_ts_ns: None, hint, removed, received, received_ns }
     }
 }
 
@@ -161,6 +163,7 @@ pub fn spawn(socket: LinkSocket, tx: mpsc::Sender<Wake>) -> io::Result<JoinHandl
                             hook: Hook::Rtnetlink,
                             kernel_ts_ns: None,
                             hint: Hint::None,
+                            removed: false,
                             received: Instant::now(),
                             received_ns: monotonic_ns(),
                         };
