@@ -22,6 +22,7 @@ pub mod kernel_log;
 pub mod latency;
 pub mod pcie;
 pub mod platforms;
+pub mod prom_server;
 pub mod prometheus;
 pub mod promql;
 
