@@ -173,19 +173,27 @@ fn label<'a>(a: &'a Value, name: &str) -> &'a str {
     a["labels"][name].as_str().unwrap_or("")
 }
 
-/// Waits until every expected alert fires; returns them all (every instance of each).
+/// Waits until every expected alert fires for its fault; returns each alert's instances,
+/// and says how long after `since` (the faults, or Prometheus' start) each was first seen firing.
 fn wait_all_firing(prom: &Prometheus, since: Instant) -> Vec<(&'static str, Vec<Value>)> {
-    EXPECTED
-        .iter()
-        .map(|&(alert, code, dev, port)| {
-            let fired = wait_for(&format!("{alert} to fire for {dev}/{port}"), || {
-                let f = prom.firing(alert);
-                f.iter().any(|a| label(a, "device") == dev && label(a, "port") == port).then_some(f)
-            });
-            eprintln!("{alert} ({code} {dev}/{port}) firing {:.1} s after the faults", since.elapsed().as_secs_f64());
-            (alert, fired)
-        })
-        .collect()
+    let mut seen: Vec<Option<f64>> = vec![None; EXPECTED.len()];
+    let fired = wait_for("every physical alert to fire", || {
+        let all = prom.alerts()?;
+        let firing = |alert: &str| -> Vec<Value> {
+            all.iter().filter(|a| label(a, "alertname") == alert && a["state"] == "firing").cloned().collect()
+        };
+        let now: Vec<(&'static str, Vec<Value>)> = EXPECTED.iter().map(|e| (e.0, firing(e.0))).collect();
+        for ((_, f), (&(_, _, dev, port), t)) in now.iter().zip(EXPECTED.iter().zip(&mut seen)) {
+            if t.is_none() && f.iter().any(|a| label(a, "device") == dev && label(a, "port") == port) {
+                *t = Some(since.elapsed().as_secs_f64());
+            }
+        }
+        seen.iter().all(Option::is_some).then_some(now)
+    });
+    for (&(alert, code, dev, port), t) in EXPECTED.iter().zip(&seen) {
+        eprintln!("{alert} ({code} {dev}/{port}) firing after {:.1} s", t.unwrap_or_default());
+    }
+    fired
 }
 
 /// Each alert fires for its own fault only, naming node, device and port, with its runbook.
@@ -257,7 +265,6 @@ fn each_physical_fault_present_when_nicmon_starts_fires_its_alert() {
     node.set_pcie_link("mlx5_2", Some((8, 5)));
     let mut fabric = Fabric::new(&node);
     let (_nicmon, metrics) = start_nicmon(&node, &fabric);
-    let since = Instant::now();
     inject_counted_faults(&node, &mut fabric);
     let codes: BTreeSet<&str> = EXPECTED.iter().filter(|e| e.1 != "NICPCIeCheck").map(|e| e.1).collect();
     wait_for("nicmon to export every event series", || {
@@ -273,6 +280,8 @@ fn each_physical_fault_present_when_nicmon_starts_fires_its_alert() {
             .collect();
         (born == codes).then_some(())
     });
+    // Times from Prometheus' start: every series is already there, above 0.
+    let since = Instant::now();
     let prom = Prometheus::start(&tools.prometheus, RULES, metrics);
     let fired = wait_all_firing(&prom, since);
     assert_alerts(&prom, metrics, &fired);
