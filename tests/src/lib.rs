@@ -23,6 +23,7 @@ pub mod latency;
 pub mod optics;
 pub mod pcie;
 pub mod platforms;
+pub mod prom_server;
 pub mod prometheus;
 pub mod promql;
 

@@ -9,129 +9,18 @@
 //! to get it, the real-Prometheus test says so in one line and passes.
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
 
 use nicmon_tests::daemon::Daemon;
 use nicmon_tests::deploy::repo_root;
 use nicmon_tests::platforms::Platform;
+use nicmon_tests::prom_server::{Prometheus, free_port, http_get, wait_for};
 use nicmon_tests::prometheus::{self, DASHBOARD, RULE_TESTS, RULES};
 use nicmon_tests::promql::metric_names;
 use nicmon_tests::{Node, nicmon_bin};
 use serde_json::Value;
 
-const WAIT: Duration = Duration::from_secs(90);
 const GUIDE: &str = "docs/operator-guide.md";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// `GET path` over HTTP/1.0: the status code and the body (`None` while nothing listens).
-fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
-    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    Some((code, body))
-}
-
-fn percent_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// Polls `probe` (an HTTP endpoint: nothing to be woken by) until it returns `Some`.
-fn wait_for<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// A Prometheus server on loopback, killed when dropped.
-struct Prometheus {
-    _process: Daemon,
-    addr: SocketAddr,
-    _dir: tempfile::TempDir,
-}
-
-impl Prometheus {
-    /// Scraping `target` every second, evaluating the project's rules every second.
-    fn start(bin: &Path, target: SocketAddr) -> Prometheus {
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\n\
-                 scrape_configs:\n  - job_name: nicmon\n    static_configs:\n      - targets: ['{target}']\n",
-                repo_root().join(RULES).display()
-            ),
-        )
-        .unwrap();
-        let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-        let process = Daemon::spawn(
-            Command::new(bin)
-                .arg(format!("--config.file={}", config.display()))
-                .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
-                .arg(format!("--web.listen-address={addr}"))
-                .arg("--log.level=warn")
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit()),
-        );
-        let p = Prometheus { _process: process, addr, _dir: dir };
-        wait_for("Prometheus to be ready", || http_get(addr, "/-/ready").filter(|(c, _)| *c == 200));
-        p
-    }
-
-    /// `GET /api/v1/<path>`: the response's `data`, or Prometheus' error.
-    fn api(&self, path: &str) -> Result<Value, String> {
-        let (code, body) = http_get(self.addr, &format!("/api/v1/{path}")).ok_or("Prometheus is not answering")?;
-        let v: Value = serde_json::from_str(&body).map_err(|e| format!("HTTP {code}: {e}: {body}"))?;
-        if v["status"] != "success" {
-            return Err(format!("HTTP {code}: {}: {}", v["errorType"], v["error"]));
-        }
-        Ok(v["data"].clone())
-    }
-
-    /// An instant query's result vector (or scalar).
-    fn query(&self, expr: &str) -> Result<Value, String> {
-        self.api(&format!("query?query={}", percent_encode(expr)))
-    }
-
-    /// `expr` as Prometheus prints it (parsed, then formatted): proves it parses.
-    fn format(&self, expr: &str) -> Result<String, String> {
-        self.api(&format!("format_query?query={}", percent_encode(expr)))?
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| "format_query: not a string".to_string())
-    }
-
-    fn firing(&self, alert: &str) -> Vec<Value> {
-        let alerts = self.api("alerts").unwrap();
-        alerts["alerts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|a| a["labels"]["alertname"] == alert && a["state"] == "firing")
-            .cloned()
-            .collect()
-    }
-}
 
 /// The rules' record names (series the rules themselves make).
 fn recorded(rules: &Value) -> BTreeSet<String> {
@@ -269,7 +158,7 @@ fn every_rule_and_panel_expression_evaluates_against_a_real_prometheus() {
         }
     };
     let (node, _nicmon, metrics, exposition) = start_nicmon();
-    let prom = Prometheus::start(&tools.prometheus, metrics);
+    let prom = Prometheus::start(&tools.prometheus, RULES, metrics);
     wait_for("the first scrape", || {
         prom.query("count(nicmon_port_healthy)").ok().filter(|r| !r["result"].as_array().unwrap().is_empty())
     });

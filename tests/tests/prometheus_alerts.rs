@@ -1,0 +1,288 @@
+//! The physical-layer alerts (deploy/prometheus/nicmon-rules.yaml, group `nicmon-physical`,
+//! and `NicmonFatalHealthEvent`) against a real Prometheus 2.42 scraping a running nicmon, with
+//! the rules as shipped (no `for:` or window rewritten): a PCIe downtrain, a fatal and a
+//! non-fatal AER error, a pre-FEC BER above the FEC threshold, post-FEC loss (uncorrectable
+//! codewords), a PFC storm and a pause victim each fire their own alert, naming node, device
+//! and port, with its runbook.
+//!
+//! Two runs, in parallel (two test threads), one nicmon and one Prometheus each:
+//! - **first occurrence**: a healthy node, scraped; nothing fires; then every fault is
+//!   injected at once while nicmon runs and Prometheus scrapes: each alert fires for its own
+//!   NIC and port and for no other, the untouched ports staying quiet over a full minute
+//!   (the BER and pause windows' length) — the quiet case of every alert;
+//! - **present at start-up**: the node boots with its PCIe link at x8 of x16, and every
+//!   counted fault occurs during nicmon's first polls; Prometheus starts only once nicmon
+//!   exports all seven event series, so each is born above 0 before Prometheus' first scrape
+//!   (the case `increase()` alone misses: the rules' `X unless X offset W` guard catches it).
+//!
+//! A counter already non-zero when nicmon first reads it (AER totals, uncorrectable blocks,
+//! storm events) is by design a baseline, not an event (a condition from before the monitor
+//! started cannot be dated: SPEC §1.4, as upstream): "present at start-up" for those is a
+//! count that moves during the first polls, before the first scrape. The BER and pause share
+//! are rates over a one-minute window (SPEC §1.11): they fire at the end of the first full
+//! window, about 60 s after nicmon's first ethtool read, which sets the length of both runs.
+//!
+//! Not flaky by construction: every wait is on a condition (an exposition line, an alert in
+//! Prometheus' API) with a 180 s deadline; an unanswered API call is "not yet", not a failure
+//! (under load Prometheus may answer late, and a scrape may miss its 1 s timeout, marking the
+//! series stale for a moment); the ethtool replay files are replaced atomically (a rename), so
+//! a poll never reads half a file; AER and link files are single small writes, and a poll that
+//! reads one empty skips that counter, keeping its snapshot.
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Instant;
+
+use nicmon_tests::daemon::Daemon;
+use nicmon_tests::deploy::repo_root;
+use nicmon_tests::pcie::AerFile;
+use nicmon_tests::platforms::Platform;
+use nicmon_tests::prom_server::{Prometheus, free_port, http_get, wait_for};
+use nicmon_tests::prometheus::{self, RULES};
+use nicmon_tests::{Node, nicmon_bin};
+use serde_json::{Value, json};
+
+const NODE: &str = "roce-node-3";
+const GUIDE: &str = "docs/operator-guide.md";
+
+/// What each injected fault must fire: the alert, its `error_code` (or `check`), device, port.
+const EXPECTED: &[(&str, &str, &str, &str)] = &[
+    ("NicmonPCIeLinkDowntrained", "pcie_link_downtrained", "mlx5_2", "0"),
+    ("NicmonPCIeAerFatal", "aer_fatal", "mlx5_4", "0"),
+    ("NicmonPCIeAerErrors", "aer_nonfatal", "mlx5_5", "0"),
+    ("NicmonPreFecBerHigh", "pre_fec_ber", "mlx5_0", "1"),
+    ("NicmonFecUncorrectable", "fec_uncorrectable", "mlx5_1", "1"),
+    ("NicmonPfcStorm", "pfc_storm", "mlx5_3", "1"),
+    ("NicmonPauseVictim", "pause_victim", "mlx5_2", "1"),
+    // The fatal AER error is the node's one fatal event.
+    ("NicmonFatalHealthEvent", "NICPCIeCheck", "mlx5_4", "0"),
+];
+
+/// A 200G port's bits in one minute.
+const BITS_PER_MINUTE: u64 = 200_000_000_000 * 60;
+
+/// One netdev's ethtool data, as mlx5 gives it (the shape tests/tests/roce_phy.rs uses).
+#[derive(Clone, Copy, Default)]
+struct Phy {
+    corrected_bits: u64,
+    uncorrectable: u64,
+    storm_warnings: u64,
+    paused_us: u64,
+}
+
+impl Phy {
+    fn json(&self) -> Value {
+        let lane = json!({"corrected_blocks": 0, "uncorrectable_blocks": 0});
+        json!({
+            "fec": {
+                "active": "RS",
+                "corrected_blocks": 1000 + self.corrected_bits / 3,
+                "uncorrectable_blocks": self.uncorrectable,
+                "corrected_bits": self.corrected_bits,
+                "lanes": [lane, lane, lane, lane],
+            },
+            "pause": {"tx_frames": 0, "rx_frames": self.paused_us / 10},
+            "stats": {
+                "rx_corrected_bits_phy": self.corrected_bits,
+                "rx_pcs_symbol_err_phy": 0,
+                "rx_discards_phy": 0,
+                "tx_pause_storm_warning_events": self.storm_warnings,
+                "tx_pause_storm_error_events": 0,
+                "rx_prio3_pause_duration": self.paused_us,
+                "rx_prio0_pause_duration": 0,
+            },
+        })
+    }
+}
+
+/// The node's ethtool replay directory, `<netdev>.json` per RoCE port.
+struct Fabric {
+    dir: PathBuf,
+    ports: [Phy; 6],
+}
+
+impl Fabric {
+    fn new(node: &Node) -> Fabric {
+        let f = Fabric { dir: node.root().join("ethtool"), ports: [Phy::default(); 6] };
+        std::fs::create_dir_all(&f.dir).unwrap();
+        f.write();
+        f
+    }
+
+    /// Every file replaced by a rename: a poll reads the old file or the new one.
+    fn write(&self) {
+        for (i, p) in self.ports.iter().enumerate() {
+            let tmp = self.dir.join(format!(".rdma{i}.json.tmp"));
+            std::fs::write(&tmp, serde_json::to_string_pretty(&p.json()).unwrap()).unwrap();
+            std::fs::rename(&tmp, self.dir.join(format!("rdma{i}.json"))).unwrap();
+        }
+    }
+}
+
+/// The counted faults: two AER errors, and on the RoCE ports a pre-FEC BER of 1e-3 over a
+/// minute (KP4's threshold is 1e-4), 7 lost codewords, a PFC storm warning, and ten minutes
+/// paused (a share of 1, capped, whatever the window).
+fn inject_counted_faults(node: &Node, fabric: &mut Fabric) {
+    node.set_aer("mlx5_4", AerFile::Fatal, &[("SDES", 1)]);
+    node.set_aer("mlx5_5", AerFile::NonFatal, &[("CmpltTO", 1)]);
+    fabric.ports[0].corrected_bits += BITS_PER_MINUTE / 1000;
+    fabric.ports[1].uncorrectable += 7;
+    fabric.ports[3].storm_warnings += 1;
+    fabric.ports[2].paused_us += 600_000_000;
+    fabric.write();
+}
+
+/// nicmon `run` on the node: polls every 200 ms, ethtool read every second (`[phyCheck]
+/// readInterval`), metrics on loopback.
+fn start_nicmon(node: &Node, fabric: &Fabric) -> (Daemon, SocketAddr) {
+    let config = node.root().join("nicmon.toml");
+    std::fs::write(&config, "[phyCheck]\nreadInterval = \"1s\"\n").unwrap();
+    let metrics: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let nicmon = Daemon::spawn(
+        node.daemon_command(&nicmon_bin(), "run", Some(&config), "state.json", NODE)
+            .args(["--no-kmsg", "--no-wake", "--sink", "stdout", "--state-polling-interval", "200ms"])
+            .arg("--ethtool-replay")
+            .arg(&fabric.dir)
+            .args(["--metrics-bind-address", "127.0.0.1", "--metrics-port", &metrics.port().to_string()])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit()),
+    );
+    // The first poll done: every baseline (AER totals, ethtool counters) taken.
+    wait_for("nicmon's first poll", || {
+        let (code, body) = http_get(metrics, "/metrics")?;
+        (code == 200 && body.lines().any(|l| l.starts_with(POLL_DONE) && !l.ends_with(" 0"))).then_some(())
+    });
+    (nicmon, metrics)
+}
+
+const POLL_DONE: &str = "nic_health_monitor_poll_cycle_last_completed_timestamp_seconds{";
+
+fn tools() -> Option<prometheus::Tools> {
+    match prometheus::ensure_tools(&repo_root()) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            eprintln!("SKIP: no Prometheus on this machine and it cannot be installed ({e})");
+            None
+        }
+    }
+}
+
+fn label<'a>(a: &'a Value, name: &str) -> &'a str {
+    a["labels"][name].as_str().unwrap_or("")
+}
+
+/// Waits until every expected alert fires for its fault; returns each alert's instances,
+/// and says how long after `since` (the faults, or Prometheus' start) each was first seen firing.
+fn wait_all_firing(prom: &Prometheus, since: Instant) -> Vec<(&'static str, Vec<Value>)> {
+    let mut seen: Vec<Option<f64>> = vec![None; EXPECTED.len()];
+    let fired = wait_for("every physical alert to fire", || {
+        let all = prom.alerts()?;
+        let firing = |alert: &str| -> Vec<Value> {
+            all.iter().filter(|a| label(a, "alertname") == alert && a["state"] == "firing").cloned().collect()
+        };
+        let now: Vec<(&'static str, Vec<Value>)> = EXPECTED.iter().map(|e| (e.0, firing(e.0))).collect();
+        for ((_, f), (&(_, _, dev, port), t)) in now.iter().zip(EXPECTED.iter().zip(&mut seen)) {
+            if t.is_none() && f.iter().any(|a| label(a, "device") == dev && label(a, "port") == port) {
+                *t = Some(since.elapsed().as_secs_f64());
+            }
+        }
+        seen.iter().all(Option::is_some).then_some(now)
+    });
+    for (&(alert, code, dev, port), t) in EXPECTED.iter().zip(&seen) {
+        eprintln!("{alert} ({code} {dev}/{port}) firing after {:.1} s", t.unwrap_or_default());
+    }
+    fired
+}
+
+/// Each alert fires for its own fault only, naming node, device and port, with its runbook.
+fn assert_alerts(prom: &Prometheus, metrics: SocketAddr, fired: &[(&str, Vec<Value>)]) {
+    let guide = std::fs::read_to_string(repo_root().join(GUIDE)).unwrap();
+    for ((alert, all), &(_, code, dev, port)) in fired.iter().zip(EXPECTED) {
+        assert_eq!(all.len(), 1, "{alert} fires for its fault only: {all:#?}");
+        let a = &all[0];
+        let code_label = if *alert == "NicmonFatalHealthEvent" { "check" } else { "error_code" };
+        for (name, want) in [("node", NODE), ("device", dev), ("port", port), (code_label, code)] {
+            assert_eq!(label(a, name), want, "{alert}: label {name}: {a:#}");
+        }
+        assert_eq!(label(a, "instance"), metrics.to_string(), "{alert}");
+        let runbook = a["annotations"]["runbook_url"].as_str().unwrap_or("");
+        let anchor = alert.to_lowercase();
+        assert_eq!(runbook, format!("{GUIDE}#{anchor}"), "{alert}: runbook");
+        assert!(guide.lines().any(|l| l == format!("### {alert}")), "{GUIDE} has no section for {alert}");
+        let summary = a["annotations"]["summary"].as_str().unwrap_or("");
+        assert!(summary.contains(dev) && summary.contains(NODE), "{alert}: summary {summary:?}");
+    }
+    // And nothing else fires: no other physical alert, no alert for an untouched NIC.
+    let expected: BTreeSet<&str> = EXPECTED.iter().map(|e| e.0).collect();
+    let others: Vec<Value> = prom
+        .alerts()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|a| a["state"] == "firing" && !expected.contains(label(a, "alertname")))
+        .collect();
+    assert_eq!(others, Vec::<Value>::new(), "alerts firing beyond the injected faults");
+}
+
+/// Healthy node, Prometheus scraping: no physical alert is active (pending or firing) after
+/// several scrapes and rule evaluations; then every fault at once fires its own alert.
+#[test]
+fn each_physical_fault_fires_its_own_alert_at_its_first_occurrence_and_a_healthy_port_stays_quiet() {
+    let Some(tools) = tools() else { return };
+    let node = Platform::L40sOci.build();
+    let mut fabric = Fabric::new(&node);
+    let (_nicmon, metrics) = start_nicmon(&node, &fabric);
+    let prom = Prometheus::start(&tools.prometheus, RULES, metrics);
+    // Five successful scrapes, the rules evaluated every second meanwhile.
+    wait_for("five scrapes of nicmon", || {
+        prom.has("sum_over_time(up{job=\"nicmon\"}[10m]) >= 5 and on () count(nicmon_port_healthy) > 0").then_some(())
+    });
+    wait_for("every physical rule evaluated", || {
+        let r = prom.api("rules").ok()?;
+        let g = r["groups"].as_array()?.iter().find(|g| g["name"] == "nicmon-physical")?;
+        g["rules"].as_array()?.iter().all(|r| r["health"] == "ok").then_some(())
+    });
+    let alerts = wait_for("Prometheus' alerts", || prom.alerts());
+    let mine: BTreeSet<&str> = EXPECTED.iter().map(|e| e.0).collect();
+    let active: Vec<&Value> = alerts.iter().filter(|a| mine.contains(label(a, "alertname"))).collect();
+    assert!(active.is_empty(), "a healthy node: {active:#?}");
+
+    let since = Instant::now();
+    node.set_pcie_link("mlx5_2", Some((8, 5)));
+    inject_counted_faults(&node, &mut fabric);
+    let fired = wait_all_firing(&prom, since);
+    assert_alerts(&prom, metrics, &fired);
+}
+
+/// A node booted with a downtrained PCIe link, its counted faults in nicmon's first polls:
+/// every event series is exported above 0 before Prometheus' first scrape, and each alert
+/// fires all the same.
+#[test]
+fn each_physical_fault_present_when_nicmon_starts_fires_its_alert() {
+    let Some(tools) = tools() else { return };
+    let node = Platform::L40sOci.build();
+    node.set_pcie_link("mlx5_2", Some((8, 5)));
+    let mut fabric = Fabric::new(&node);
+    let (_nicmon, metrics) = start_nicmon(&node, &fabric);
+    inject_counted_faults(&node, &mut fabric);
+    let codes: BTreeSet<&str> = EXPECTED.iter().filter(|e| e.1 != "NICPCIeCheck").map(|e| e.1).collect();
+    wait_for("nicmon to export every event series", || {
+        let (_, body) = http_get(metrics, "/metrics")?;
+        let born: BTreeSet<&str> = codes
+            .iter()
+            .copied()
+            .filter(|c| {
+                body.lines().any(|l| {
+                    l.starts_with("nicmon_unhealthy_events_total{") && l.contains(&format!("error_code=\"{c}\""))
+                })
+            })
+            .collect();
+        (born == codes).then_some(())
+    });
+    // Times from Prometheus' start: every series is already there, above 0.
+    let since = Instant::now();
+    let prom = Prometheus::start(&tools.prometheus, RULES, metrics);
+    let fired = wait_all_firing(&prom, since);
+    assert_alerts(&prom, metrics, &fired);
+}
