@@ -42,7 +42,8 @@ async fn link_down_wakes_through_rtnetlink() {
 
 #[tokio::test]
 async fn nothing_enabled_means_no_wake_source() {
-    let source = WakeSource::start(&WakeOptions { object: None, rtnetlink: false, uevent: false, ..WakeOptions::default() });
+    let source =
+        WakeSource::start(&WakeOptions { object: None, rtnetlink: false, uevent: false, ..WakeOptions::default() });
     assert_eq!(source.mode(), WakeMode::None);
     assert!(source.hooks().is_empty());
 }

@@ -308,7 +308,10 @@ fn the_port_history_is_in_check_json_and_in_the_bundle() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "{text}");
     assert!(lines[1].starts_with("2026-01-01T00:00:01.250Z  mlx5_3/1"), "{text}");
-    assert!(lines[1].contains("DOWN/Polling") && lines[1].contains("reported, probable cause: unknown  (no wake-up)"), "{text}");
+    assert!(
+        lines[1].contains("DOWN/Polling") && lines[1].contains("reported, probable cause: unknown  (no wake-up)"),
+        "{text}"
+    );
 }
 
 #[test]

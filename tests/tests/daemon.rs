@@ -55,7 +55,10 @@ fn cable_pull_arrives_as_the_expected_health_event() {
     let ents: Vec<(&str, &str)> =
         e.entities_impacted.iter().map(|x| (x.entity_type.as_str(), x.entity_value.as_str())).collect();
     assert_eq!(ents, [("NIC", "mlx5_3"), ("NICPort", "1")]);
-    assert!(e.metadata.is_empty());
+    // The probable cause rides in the metadata (and ends the message); nothing else.
+    assert_eq!(e.metadata.len(), 1, "{:?}", e.metadata);
+    assert_eq!(e.metadata.get("probableCause").map(String::as_str), Some("unknown"));
+    assert!(e.message.ends_with(" - probable cause: unknown"), "{}", e.message);
     let ts = e.generated_timestamp.as_ref().expect("timestamp");
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
     assert!((now - ts.seconds).abs() < 60, "timestamp is now-ish");
