@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use crate::model::cause::{CAUSE_KEY, Cause, DeviceFacts, Diagnosis, EVIDENCE_KEY, Facts, ModuleFacts, lanes_text};
 use crate::model::event::{CheckKind, HealthEvent, MAX_MESSAGE_LEN, Subject};
-use crate::model::module::{Lane, Module, decode};
+use crate::model::module::{Module, decode};
 use crate::model::thermal::celsius;
 use crate::model::{PciPresence, Snapshot};
 
@@ -180,33 +180,24 @@ pub fn annotate(events: &mut [HealthEvent], facts: &Facts) {
     }
 }
 
-/// What a decoded module says for the rules: lanes numbered from 1.
+/// What a decoded module says for the rules: lanes as the module numbers them (from 1).
 pub fn module_facts(m: &Module) -> ModuleFacts {
-    let lanes = |f: &dyn Fn(&Lane) -> bool| -> Vec<usize> {
-        m.lanes.iter().enumerate().filter(|(_, l)| f(l)).map(|(i, _)| i + 1).collect()
-    };
-    let rx_below = |limit: Option<f64>| match limit {
-        Some(limit) => lanes(&|l: &Lane| l.rx_power_mw.is_some_and(|p| p < limit)),
-        None => Vec::new(),
-    };
-    let rx = m.rx_power_thresholds_mw;
-    let hot = m.temperature_high_alarm
-        || matches!((m.temperature_c, m.temperature_thresholds), (Some(t), Some(th)) if t > th.high_alarm);
-    let temperature_alarm = hot.then(|| match (m.temperature_c, m.temperature_thresholds) {
-        (Some(t), Some(th)) => format!("module at {t:.1} C, high alarm {:.1} C", th.high_alarm),
-        _ => "module temperature high alarm".to_string(),
-    });
-    let module_fault = m.in_fault().then(|| match m.fault_cause {
-        Some(c) if c != 0 => format!("CMIS module state Fault (cause {c})"),
+    let temperature_alarm =
+        m.temperature_over_high_alarm().then(|| match (m.temperature_c, m.temperature_thresholds) {
+            (Some(t), Some(th)) => format!("module at {t:.1} C, high alarm {:.1} C", th.high_alarm),
+            _ => "module temperature high alarm".to_string(),
+        });
+    let module_fault = m.in_fault().then(|| match (m.fault_cause, m.fault_cause_text()) {
+        (Some(c), Some(text)) if c != 0 => format!("CMIS module state Fault ({text})"),
         _ => "CMIS module state Fault".to_string(),
     });
     ModuleFacts {
         lanes: m.lanes.len(),
-        tx_fault: lanes(&|l: &Lane| l.tx_fault),
-        tx_los: lanes(&|l: &Lane| l.tx_los),
-        rx_los: lanes(&|l: &Lane| l.rx_los),
-        rx_below_low_alarm: rx_below(rx.map(|t| t.low_alarm)),
-        rx_below_low_warning: rx_below(rx.map(|t| t.low_warning)),
+        tx_fault: m.tx_fault_lanes(),
+        tx_los: m.lanes_where(|l| l.tx_los),
+        rx_los: m.rx_los_lanes(),
+        rx_below_low_alarm: m.rx_power_below_low_alarm(),
+        rx_below_low_warning: m.rx_power_low_lanes(),
         module_fault,
         temperature_alarm,
     }
