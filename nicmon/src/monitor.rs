@@ -119,6 +119,8 @@ impl Monitor {
         let ethtool = ethtool::ports::source(config.phy.enabled, opts.ethtool_replay.as_deref(), &opts.sysfs);
         let mut monitor = Monitor::new(host, config, topology, opts.stamp.clone(), enabled.checks, boot_id);
         monitor.observer.ethtool = ethtool;
+        let optics = monitor.decider.config.optics.enabled;
+        monitor.observer.modules = ethtool::ports::source(optics, opts.ethtool_replay.as_deref(), &opts.sysfs);
         monitor.observer.devlink = crate::read::devlink::source(
             monitor.decider.config.firmware.enabled,
             opts.devlink_replay.as_deref(),
@@ -153,6 +155,8 @@ impl Monitor {
             statics: Default::default(),
             ethtool: None,
             ethtool_ports: ethtool::ports::PortReader::new(config.phy.read_interval),
+            modules: None,
+            module_reader: ethtool::modules::ModuleReader::new(config.optics.read_interval),
             hwmon: config.thermal.enabled.then(|| crate::read::hwmon::HwmonReader::new(config.thermal.read_interval)),
             devlink: None,
             devlink_reader: crate::read::devlink::DevlinkReader::new(config.firmware.read_interval),

@@ -9,7 +9,9 @@
 //! ([`Config::state_config`]) are derived from them.
 pub mod upstream;
 
-pub use crate::decide::settings::{Config, CountersOff, DEFAULT_PHY_READ_INTERVAL, PcieConfig, PhyConfig};
+pub use crate::decide::settings::{
+    Config, CountersOff, DEFAULT_PHY_READ_INTERVAL, OpticsConfig, PcieConfig, PhyConfig,
+};
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -24,8 +26,9 @@ use crate::model::event::{Check, CheckKind};
 
 /// The known keys, as the warning about an unknown one names them: the top-level keys and
 /// those of `[stateDetection]`, `[stateCheck]`, `[charDeviceCheck]`, `[pcieCheck]`, `[phyCheck]`,
-/// `[thermalCheck]` and `[firmwareCheck]` (the other sections' keys are their structs' fields).
-pub const TOP_LEVEL_KEYS: [&str; 13] = key_names(&TOP_LEVEL);
+/// `[thermalCheck]`, `[firmwareCheck]` and `[opticsCheck]` (the other sections' keys are their
+/// structs' fields).
+pub const TOP_LEVEL_KEYS: [&str; 14] = key_names(&TOP_LEVEL);
 pub const STATE_DETECTION_KEYS: [&str; 2] = key_names(&STATE_DETECTION);
 pub const STATE_CHECK_KEYS: [&str; 4] = key_names(&STATE_CHECK);
 pub const CHAR_DEVICE_CHECK_KEYS: [&str; 1] = key_names(&CHAR_DEVICE_CHECK);
@@ -33,6 +36,7 @@ pub const PCIE_CHECK_KEYS: [&str; 3] = key_names(&PCIE_CHECK);
 pub const PHY_CHECK_KEYS: [&str; 4] = key_names(&PHY_CHECK);
 pub const THERMAL_CHECK_KEYS: [&str; 3] = key_names(&THERMAL_CHECK);
 pub const FIRMWARE_CHECK_KEYS: [&str; 2] = key_names(&FIRMWARE_CHECK);
+pub const OPTICS_CHECK_KEYS: [&str; 2] = key_names(&OPTICS_CHECK);
 
 /// Default location of the config file in the DaemonSet.
 pub const DEFAULT_PATH: &str = "/etc/nic-health-monitor/config.toml";
@@ -172,7 +176,7 @@ const fn key_names<const N: usize>(keys: &[Key; N]) -> [&'static str; N] {
 }
 
 /// The file's top-level keys; the other sections' keys are their structs' fields.
-const TOP_LEVEL: [Key; 13] = [
+const TOP_LEVEL: [Key; 14] = [
     Key {
         name: "nicExclusionRegex",
         read: |cfg, at, v| {
@@ -218,6 +222,7 @@ const TOP_LEVEL: [Key; 13] = [
     Key { name: "phyCheck", read: |cfg, at, v| at.table(cfg, v, &PHY_CHECK) },
     Key { name: "thermalCheck", read: |cfg, at, v| at.table(cfg, v, &THERMAL_CHECK) },
     Key { name: "firmwareCheck", read: |cfg, at, v| at.table(cfg, v, &FIRMWARE_CHECK) },
+    Key { name: "opticsCheck", read: |cfg, at, v| at.table(cfg, v, &OPTICS_CHECK) },
 ];
 
 /// `[counterDetection]`: with `enabled = false` nothing else in it is validated (what would
@@ -448,6 +453,25 @@ const FIRMWARE_CHECK: [Key; 2] = [
     },
 ];
 
+/// `[opticsCheck]`.
+const OPTICS_CHECK: [Key; 2] = [
+    Key {
+        name: "enabled",
+        read: |cfg, at, v| {
+            cfg.optics.enabled = v.as_bool().ok_or_else(|| at.bad(v, "expected true or false"))?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "readInterval",
+        read: |cfg, at, v| {
+            let d = duration(at.name, v, MAX_PHY_READ_INTERVAL)?;
+            cfg.optics.read_interval = d.try_into().unwrap_or(std::time::Duration::from_secs(60));
+            Ok(())
+        },
+    },
+];
+
 /// `[phyCheck]`.
 const PHY_CHECK: [Key; 4] = [
     Key {
@@ -616,8 +640,14 @@ enabled = true
                    [pcieCheck]\nenabled = false\ncorrectableThreshold = 10\ncorrectableVelocityUnit = \"hour\"\n\
                    [phyCheck]\nenabled = true\npreFecBerThreshold = 2e-5\npauseVictimShare = 0.8\nreadInterval = \"30s\"\n\
                    [stateCheck]\nportStateHoldDown = \"2s\"\nflapThreshold = 4\nflapWindow = \"2m\"\nflapSettle = 30\n\
-                   [thermalCheck]\nenabled = true\nmarginCelsius = 7.5\nreadInterval = \"30s\"\n[firmwareCheck]\nenabled = false\nreadInterval = \"1s\"\n";
+                   [thermalCheck]\nenabled = true\nmarginCelsius = 7.5\nreadInterval = \"30s\"\n[firmwareCheck]\nenabled = false\nreadInterval = \"1s\"\n\
+                   [opticsCheck]\nenabled = false\nreadInterval = \"5m\"\n";
         let c = Config::parse("x.toml", all).unwrap();
+        assert_eq!(c.optics, OpticsConfig { enabled: false, read_interval: std::time::Duration::from_secs(300) });
+        assert_eq!(Config::default().optics.read_interval, std::time::Duration::from_secs(60));
+        assert!(OPTICS_CHECK_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));
+        let e = Config::parse("x.toml", "[opticsCheck]\nreadInterval = \"2h\"").unwrap_err();
+        assert!(e.to_string().contains("opticsCheck.readInterval"), "{e}");
         assert_eq!((c.thermal.margin_millidegrees(), c.firmware.enabled), (7_500, false));
         assert_eq!(c.thermal.read_interval, std::time::Duration::from_secs(30));
         assert!(THERMAL_CHECK_KEYS.iter().all(|k| all.contains(&format!("{k} ="))));

@@ -233,7 +233,7 @@ pub fn base_facts(snapshot: &Snapshot, events: &[HealthEvent], held_pcie: &BTree
     }
     for d in &snapshot.devices {
         for p in &d.ports {
-            let module = p.ethtool.as_ref().and_then(|e| e.module.as_ref()).and_then(|m| decode(&m.pages));
+            let module = p.module.as_deref().and_then(decode);
             if let Some(m) = module {
                 facts.ports.insert((d.name.clone(), p.number), module_facts(&m));
             }

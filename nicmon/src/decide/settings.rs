@@ -46,6 +46,8 @@ pub struct Config {
     pub thermal: ThermalConfig,
     /// `[firmwareCheck]`: devlink health reporters (SPEC §1.13).
     pub firmware: FirmwareConfig,
+    /// `[opticsCheck]`: the ports' transceivers (SPEC §1.13).
+    pub optics: OpticsConfig,
     /// `[kernelLog]`: the watcher's settings and its compiled pattern table.
     pub kernel_log: KmsgConfig,
     pub patterns: Patterns,
@@ -70,6 +72,7 @@ impl Default for Config {
             pcie: PcieConfig::default(),
             thermal: ThermalConfig::default(),
             firmware: FirmwareConfig::default(),
+            optics: OpticsConfig::default(),
             kernel_log: KmsgConfig::default(),
             patterns: Patterns::builtin(),
             warnings: Vec::new(),
@@ -211,6 +214,23 @@ pub struct FirmwareConfig {
 impl Default for FirmwareConfig {
     fn default() -> FirmwareConfig {
         FirmwareConfig { enabled: true, read_interval: std::time::Duration::from_secs(5) }
+    }
+}
+
+/// `[opticsCheck]` (SPEC §1.13).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OpticsConfig {
+    /// `enabled` (default true): `false` turns the module reads off, and with them the optic
+    /// events and the module facts of the probable cause.
+    pub enabled: bool,
+    /// `readInterval` (default 60 s): a port's module is read at most this often (mlx5
+    /// answers with firmware commands), and at once when the port's state changes.
+    pub read_interval: std::time::Duration,
+}
+
+impl Default for OpticsConfig {
+    fn default() -> OpticsConfig {
+        OpticsConfig { enabled: true, read_interval: std::time::Duration::from_secs(60) }
     }
 }
 

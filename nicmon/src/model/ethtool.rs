@@ -203,23 +203,22 @@ pub struct EthtoolRead {
     pub fec: Result<FecSnapshot, Absent>,
     pub pause: Result<PauseSnapshot, Absent>,
     pub stats: Result<BTreeMap<String, u64>, Absent>,
-    /// The transceiver's pages; `None`: not read (no module, not supported, not replayed).
-    pub module: Option<ModuleRead>,
 }
 
 impl EthtoolRead {
     /// Every part absent for the same reason.
     pub fn absent(why: Absent) -> EthtoolRead {
-        EthtoolRead { fec: Err(why.clone()), pause: Err(why.clone()), stats: Err(why), module: None }
+        EthtoolRead { fec: Err(why.clone()), pause: Err(why.clone()), stats: Err(why) }
     }
 
-    /// The parts that were read.
+    /// The parts that were read (the transceiver's pages are read on their own:
+    /// [`crate::read::ethtool::modules`]).
     pub fn snapshot(&self) -> EthtoolSnapshot {
         EthtoolSnapshot {
             fec: self.fec.as_ref().ok().cloned(),
             pause: self.pause.as_ref().ok().cloned(),
             stats: self.stats.as_ref().ok().cloned(),
-            module: self.module.clone(),
+            module: None,
         }
     }
 }

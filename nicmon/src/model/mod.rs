@@ -213,6 +213,13 @@ pub struct Port {
     /// (`[phyCheck] readInterval`) and the last one is kept in between. `None`: not read.
     #[serde(skip)]
     pub ethtool_age: Option<std::time::Duration>,
+    /// The port's transceiver pages, as its netdev's driver answered (SPEC §1.13): read at
+    /// most every `[opticsCheck] readInterval` and at once when the port's state changes,
+    /// the last reading kept in between ([`crate::read::ethtool::modules`]). `None`: not
+    /// read (no netdev, not supported, no module, no source). Decoded by
+    /// [`crate::model::module::decode`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<std::sync::Arc<crate::model::module::Pages>>,
     /// A RoCE port's netdev `speed` in Mb/s, read while `[phyCheck]` is enabled: the port
     /// rate of the pre-FEC BER where `rate` gives none. `None`: not read, unreadable, or
     /// unknown (`-1`, no link).

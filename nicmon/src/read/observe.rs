@@ -11,6 +11,7 @@ use crate::model::observation::Observation;
 use crate::read::devlink::{DevlinkReader, DevlinkSource};
 use crate::read::discovery::{self, ReadPlan, RoceReads, StaticCache, Unmonitored};
 use crate::read::ethtool::EthtoolSource;
+use crate::read::ethtool::modules::ModuleReader;
 use crate::read::ethtool::ports::PortReader;
 use crate::read::host::Host;
 use crate::read::hwmon::HwmonReader;
@@ -27,6 +28,10 @@ pub struct Observer {
     /// Where the RoCE ports' ethtool data comes from (`None`: not read), and its reader.
     pub ethtool: Option<EthtoolSource>,
     pub ethtool_ports: PortReader,
+    /// Where the ports' transceiver pages come from (`None`: `[opticsCheck]` off, or no
+    /// source), and their reader (SPEC §1.13).
+    pub modules: Option<EthtoolSource>,
+    pub module_reader: ModuleReader,
     /// The NICs' hwmon sensors (`None`: `[thermalCheck]` off).
     pub hwmon: Option<HwmonReader>,
     /// Where the NICs' devlink health reporters come from (`None`: not read), and its reader.
@@ -65,6 +70,7 @@ impl Observer {
         self.host.remember_einval(prior.einval.iter().cloned());
         let mut snapshot = discovery::discover(&self.host, &plan);
         let mut ethtool_notes = self.read_ethtool(&mut snapshot, unmonitored);
+        ethtool_notes.extend(self.read_modules(&mut snapshot, unmonitored));
         let pcis = pf_addresses(&snapshot);
         if let Some(hwmon) = &self.hwmon {
             hwmon.read(&self.host, &mut snapshot, pcis.clone(), std::time::Instant::now());
@@ -102,6 +108,19 @@ impl Observer {
             snapshot.devices.iter().filter(|d| !d.is_vf() && !unmonitored(d, route)).map(|d| d.name.clone()).collect();
         let wanted = |name: &str| monitored.contains(name);
         self.ethtool_ports.read(source, snapshot, wanted, || self.host.timeout(), std::time::Instant::now())
+    }
+
+    /// The monitored PFs' transceiver pages into `snapshot` at their pace
+    /// ([`crate::read::ethtool::modules`]), under the host's read deadlines; the notes.
+    fn read_modules(&self, snapshot: &mut Snapshot, unmonitored: Unmonitored<'_>) -> Vec<String> {
+        let Some(source) = &self.modules else {
+            return Vec::new();
+        };
+        let route = &snapshot.default_route_devices;
+        let monitored: BTreeSet<String> =
+            snapshot.devices.iter().filter(|d| !d.is_vf() && !unmonitored(d, route)).map(|d| d.name.clone()).collect();
+        let wanted = |name: &str| monitored.contains(name);
+        self.module_reader.read(source, snapshot, wanted, || self.host.timeout(), std::time::Instant::now())
     }
 
     /// The monitored PCI functions' devlink health reporters into `snapshot`, under the
@@ -172,6 +191,14 @@ impl Observer {
         let mut snapshot = snapshot?;
         // The devlink readings as fresh as a devlink wake-up since the base left them.
         self.devlink_reader.kept_into(&mut snapshot);
+        // A port whose state changed has its module read now: the event knows why.
+        let ethtool_notes = match &self.modules {
+            Some(source) => {
+                let now = std::time::Instant::now();
+                self.module_reader.read_changed(source, &mut snapshot, devices, || self.host.timeout(), now)
+            }
+            None => Vec::new(),
+        };
         let reads_abandoned = self.host.stats.reads_abandoned.load(std::sync::atomic::Ordering::Relaxed);
         let stuck_reads = self.host.stuck_reads();
         Some(Observation {
@@ -181,7 +208,7 @@ impl Observer {
             reads_abandoned,
             stuck_reads,
             targeted: Some(devices.to_vec()),
-            ethtool_notes: Vec::new(),
+            ethtool_notes,
             woken_by: Vec::new(),
             kernel_removed: BTreeSet::new(),
         })

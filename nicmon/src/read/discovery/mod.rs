@@ -241,7 +241,7 @@ pub fn rediscover(host: &Host, plan: &ReadPlan, base: &Snapshot, names: &[String
 }
 
 /// What a link-only read ([`ReadPlan::link_only`]) of `new` did not read, as `base` has
-/// it: the PCIe reading, and each port's counters, netdev speed and ethtool data.
+/// it: the PCIe reading, and each port's counters, netdev speed, ethtool data and module.
 fn keep_base_readings(new: &mut Device, base: &Device) {
     new.pcie = base.pcie.clone();
     for p in &mut new.ports {
@@ -250,6 +250,7 @@ fn keep_base_readings(new: &mut Device, base: &Device) {
             p.netdev_speed = old.netdev_speed;
             p.ethtool = old.ethtool.clone();
             p.ethtool_age = old.ethtool_age;
+            p.module = old.module.clone();
         }
     }
 }

@@ -563,6 +563,7 @@ pub(super) fn finish_port(dev: &str, p: PortRead, results: &[Result<String, Read
         unknown,
         ethtool: None,
         ethtool_age: None,
+        module: None,
         netdev_speed,
     }
 }

@@ -147,6 +147,17 @@ pub fn put_attr(out: &mut Vec<u8>, kind: u16, value: &[u8]) {
     out.resize(align4(out.len()), 0);
 }
 
+/// The request header for `netdev` without flags, nested (`ETHTOOL_A_*_HEADER`).
+pub fn header_attr(netdev: &str) -> Vec<u8> {
+    let mut header = Vec::new();
+    let mut name = netdev.as_bytes().to_vec();
+    name.push(0);
+    put_attr(&mut header, A_HEADER_DEV_NAME, &name);
+    let mut out = Vec::new();
+    put_attr(&mut out, A_HEADER | NLA_F_NESTED, &header);
+    out
+}
+
 /// The attributes of a `*_GET` for `netdev` with statistics: the request header, nested.
 pub fn request_attrs(netdev: &str) -> Vec<u8> {
     let mut header = Vec::new();
@@ -338,6 +349,12 @@ impl EthtoolSocket {
     /// `request` for `netdev`, with statistics: the reply's attributes.
     pub fn get(&mut self, request: Request, netdev: &str) -> Result<Vec<u8>, Absent> {
         self.transact(self.family, request.cmd(), &request_attrs(netdev)).map_err(|e| e.into_absent(netdev))
+    }
+
+    /// Any `cmd` of the socket's family with `attributes` (already encoded): the reply's
+    /// attributes; `what` names the request in an error.
+    pub fn call(&mut self, cmd: u8, attributes: &[u8], what: &str) -> Result<Vec<u8>, Absent> {
+        self.transact(self.family, cmd, attributes).map_err(|e| e.into_absent(what))
     }
 
     /// Sends one request and reads until its acknowledgement: the reply's attributes.

@@ -8,9 +8,11 @@
 //! not asked again until the abandoned read has returned, and at most [`MAX_STUCK`] reads
 //! may be stuck at once.
 use super::ioctl::IoctlSocket;
+use super::module;
 use super::netlink::{EthtoolSocket, Request, parse_fec, parse_pause};
 use super::replay;
 use crate::model::ethtool::{Absent, EthtoolRead};
+use crate::model::module::Pages;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -34,11 +36,24 @@ impl EthtoolSource {
             EthtoolSource::Replay(dir) => replay::load(dir, netdev),
         }
     }
+
+    /// `netdev`'s transceiver pages ([`module`]), within `timeout`.
+    pub fn read_module(&self, netdev: &str, timeout: Duration) -> Result<Pages, Absent> {
+        match self {
+            EthtoolSource::Kernel(r) => r.read_module(netdev, timeout),
+            EthtoolSource::Replay(dir) => replay::load_module(dir, netdev),
+        }
+    }
 }
 
 /// What answers a worker's requests: the kernel, or a stand-in in tests.
 pub trait Probe: Send {
     fn read(&mut self, netdev: &str) -> EthtoolRead;
+
+    /// The transceiver's pages; a probe without modules has none to offer.
+    fn module(&mut self, netdev: &str) -> Result<Pages, Absent> {
+        Err(Absent::Unsupported(format!("{netdev}: no module")))
+    }
 }
 
 /// Builds a worker thread's [`Probe`] (on that thread).
@@ -73,7 +88,19 @@ impl Probe for Kernel {
             Some(s) => s.driver_stats(netdev),
             None => Err(Absent::Failed("ioctl socket: could not open".into())),
         };
-        EthtoolRead { fec, pause, stats, module: None }
+        EthtoolRead { fec, pause, stats }
+    }
+
+    fn module(&mut self, netdev: &str) -> Result<Pages, Absent> {
+        let socket = self.netlink.get_or_insert_with(|| EthtoolSocket::open(SOCKET_TIMEOUT));
+        let read = match socket {
+            Ok(socket) => module::read_pages(&mut module::Kernel { socket, netdev }),
+            Err(why) => Err(why.clone()),
+        };
+        if self.netlink.as_ref().is_some_and(Result::is_err) && !read.as_ref().is_err_and(Absent::is_unsupported) {
+            self.netlink = None; // a socket that failed to open is tried again next read
+        }
+        read
     }
 }
 
@@ -90,9 +117,23 @@ impl Busy {
     }
 }
 
+/// What a job asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ask {
+    Read,
+    Module,
+}
+
+/// A job's answer.
+enum Answer {
+    Read(EthtoolRead),
+    Module(Result<Pages, Absent>),
+}
+
 struct Job {
     netdev: String,
-    answer: mpsc::SyncSender<EthtoolRead>,
+    ask: Ask,
+    answer: mpsc::SyncSender<Answer>,
 }
 
 /// Reads netdevs' ethtool data on a worker thread, with a deadline per read.
@@ -122,11 +163,27 @@ impl EthtoolReader {
 
     /// `netdev`'s ethtool data, waiting at most `timeout`.
     pub fn read(&self, netdev: &str, timeout: Duration) -> EthtoolRead {
-        if let Err(why) = self.claim(netdev, timeout) {
-            return EthtoolRead::absent(Absent::Failed(why));
+        match self.ask(netdev, Ask::Read, timeout) {
+            Ok(Answer::Read(read)) => read,
+            Ok(Answer::Module(_)) => EthtoolRead::absent(Absent::Failed("the wrong answer".into())),
+            Err(why) => EthtoolRead::absent(Absent::Failed(why)),
         }
+    }
+
+    /// `netdev`'s transceiver pages, waiting at most `timeout`.
+    pub fn read_module(&self, netdev: &str, timeout: Duration) -> Result<Pages, Absent> {
+        match self.ask(netdev, Ask::Module, timeout) {
+            Ok(Answer::Module(read)) => read,
+            Ok(Answer::Read(_)) => Err(Absent::Failed("the wrong answer".into())),
+            Err(why) => Err(Absent::Failed(why)),
+        }
+    }
+
+    /// Hands `ask` for `netdev` to the worker and waits at most `timeout` for its answer.
+    fn ask(&self, netdev: &str, ask: Ask, timeout: Duration) -> Result<Answer, String> {
+        self.claim(netdev, timeout)?;
         let (answer, answered) = mpsc::sync_channel(1);
-        let job = Job { netdev: netdev.to_string(), answer };
+        let job = Job { netdev: netdev.to_string(), ask, answer };
         let sent = {
             let mut worker = self.worker.lock().unwrap_or_else(|p| p.into_inner());
             let tx = worker.get_or_insert_with(|| self.spawn());
@@ -135,17 +192,13 @@ impl EthtoolReader {
         if let Err(job) = sent {
             self.busy.lock().remove(&job.netdev);
             *self.worker.lock().unwrap_or_else(|p| p.into_inner()) = None;
-            return EthtoolRead::absent(Absent::Failed("the ethtool worker thread is gone".into()));
+            return Err("the ethtool worker thread is gone".into());
         }
-        match answered.recv_timeout(timeout) {
-            Ok(read) => read,
-            Err(_) => {
-                // Leave the thread to its read: the next read gets a fresh one.
-                *self.worker.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                let why = format!("{netdev}: no answer within {} ms: abandoned", timeout.as_millis());
-                EthtoolRead::absent(Absent::Failed(why))
-            }
-        }
+        answered.recv_timeout(timeout).map_err(|_| {
+            // Leave the thread to its read: the next read gets a fresh one.
+            *self.worker.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            format!("{netdev}: no answer within {} ms: abandoned", timeout.as_millis())
+        })
     }
 
     /// Marks `netdev` busy, or says why it cannot be read now.
@@ -171,7 +224,10 @@ impl EthtoolReader {
         let spawned = std::thread::Builder::new().name("nicmon-ethtool".into()).spawn(move || {
             let mut probe = factory();
             for job in rx {
-                let read = probe.read(&job.netdev);
+                let read = match job.ask {
+                    Ask::Read => Answer::Read(probe.read(&job.netdev)),
+                    Ask::Module => Answer::Module(probe.module(&job.netdev)),
+                };
                 busy.lock().remove(&job.netdev);
                 busy.returned.notify_all();
                 let _ = job.answer.send(read); // the caller may have given up
@@ -226,7 +282,6 @@ mod tests {
                 fec: Err(Absent::Unsupported(netdev.into())),
                 pause: Ok(PauseSnapshot { tx_frames: Some(1), rx_frames: None }),
                 stats: Ok(Default::default()),
-                module: None,
             }
         }
     }

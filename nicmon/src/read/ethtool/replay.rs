@@ -5,6 +5,7 @@
 //! live read ([`to_json`]), and a replayed read serialises to the same bytes.
 use crate::model::ReadError;
 use crate::model::ethtool::{Absent, EthtoolRead, EthtoolSnapshot};
+use crate::model::module::Pages;
 use std::path::{Path, PathBuf};
 
 /// A replay file larger than this is not read (a real one is well under a kilobyte).
@@ -95,11 +96,23 @@ pub fn load(dir: &Path, netdev: &str) -> EthtoolRead {
                 fec: s.fec.ok_or_else(|| unsupported("fec")),
                 pause: s.pause.ok_or_else(|| unsupported("pause")),
                 stats: s.stats.ok_or_else(|| unsupported("stats")),
-                module: s.module,
             }
         }
         Ok(None) => EthtoolRead::absent(Absent::Unsupported(format!("{netdev}: no replay file"))),
         Err(e) => EthtoolRead::absent(Absent::Failed(e.to_string())),
+    }
+}
+
+/// `netdev`'s transceiver pages from the replay directory `dir` (the file's `module`): an
+/// absent key or file is unsupported, an unreadable or malformed file (a bad page) fails.
+pub fn load_module(dir: &Path, netdev: &str) -> Result<Pages, Absent> {
+    match read(dir, netdev) {
+        Ok(Some(s)) => s
+            .module
+            .map(|m| m.pages)
+            .ok_or_else(|| Absent::Unsupported(format!("{netdev}: no module in the replay file"))),
+        Ok(None) => Err(Absent::Unsupported(format!("{netdev}: no replay file"))),
+        Err(e) => Err(Absent::Failed(e.to_string())),
     }
 }
 
