@@ -276,3 +276,36 @@ fn nicmon_check_prints_a_sensible_table_on_each_shape() {
         assert!(!table.contains("FATAL") && !table.contains("UNHEALTHY"), "{table}");
     }
 }
+
+#[test]
+fn bnxt_en_phy_statistics_stand_in_for_the_missing_fec_ones() {
+    // bnxt_en's netlink FEC statistics give blocks only (`bnxt_get_fec_stats`): the pre-FEC
+    // BER comes from its `ethtool -S` `rx_corrected_bits`, the post-FEC loss from
+    // `rx_fec_uncorrectable_blocks`.
+    let node = Platform::Mi300xThor2.build();
+    let dir = node.root().join("ethtool");
+    std::fs::create_dir_all(&dir).unwrap();
+    let netdev = node.info["bnxt_re2"].netdev.clone().unwrap();
+    let write = |corrected_bits: u64, uncorrectable: u64| {
+        let v = serde_json::json!({
+            "fec": {"active": "RS", "corrected_blocks": corrected_bits / 4},
+            "stats": {"rx_corrected_bits": corrected_bits, "rx_fec_uncorrectable_blocks": uncorrectable},
+        });
+        std::fs::write(dir.join(format!("{netdev}.json")), v.to_string()).unwrap();
+    };
+    let mut t = Timeline::new(&node);
+    t.extra = vec!["--ethtool-replay".into(), dir.to_str().unwrap().into()];
+    write(1000, 0);
+    assert!(unhealthy(&t.poll(0)).is_empty());
+    // 400 G for a minute at a BER of 3e-4: above RS(544,514)'s 1e-4.
+    let bits = (400e9 * 60.0 * 3e-4) as u64;
+    write(1000 + bits, 4);
+    let events = t.poll(60);
+    let mut codes: Vec<String> = unhealthy(&events).into_iter().map(|b| format!("{} {}", b.3, b.4)).collect();
+    codes.sort();
+    assert_eq!(
+        codes,
+        ["NIC=bnxt_re2 NICPort=1 fec_uncorrectable", "NIC=bnxt_re2 NICPort=1 pre_fec_ber"],
+        "{events:#?}"
+    );
+}
