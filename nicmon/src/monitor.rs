@@ -150,6 +150,7 @@ impl Monitor {
     ) -> Monitor {
         let observer = Observer {
             counter_paths: counters::read_paths(&config.counter_rules).into_iter().map(Into::into).collect(),
+            counter_drivers: counters::read_path_drivers(&config.counter_rules),
             roce_reads: roce_reads(&config),
             host,
             statics: Default::default(),

@@ -26,6 +26,7 @@ pub mod platforms;
 pub mod prom_server;
 pub mod prometheus;
 pub mod promql;
+pub mod vendors;
 
 /// Link layer of a NIC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +77,8 @@ pub struct NicSpec {
     pub hca_type: String,
     pub rate: String,
     pub netdev: Option<String>,
+    /// Whose NIC it is (its PCI vendor, driver and counters); Mellanox unless said.
+    pub vendor: vendors::Vendor,
 }
 
 impl NicSpec {
@@ -86,6 +89,7 @@ impl NicSpec {
             hca_type: "MT4129".into(),
             rate: "400 Gb/sec (4X NDR)".into(),
             netdev: None,
+            vendor: vendors::Vendor::Mellanox,
         }
     }
     pub fn eth(name: &str, netdev: &str) -> NicSpec {
@@ -95,6 +99,7 @@ impl NicSpec {
             hca_type: "MT4129".into(),
             rate: "200 Gb/sec (4X HDR)".into(),
             netdev: Some(netdev.into()),
+            vendor: vendors::Vendor::Mellanox,
         }
     }
     pub fn hca(mut self, h: &str) -> NicSpec {
@@ -118,6 +123,7 @@ impl NicSpec {
             hca_type: "efa1".into(),
             rate: "100 Gb/sec (4X EDR)".into(),
             netdev: netdev.map(str::to_string),
+            vendor: vendors::Vendor::Mellanox,
         }
     }
 }
@@ -534,6 +540,7 @@ impl Node {
             hca_type: hca.trim().into(),
             rate: "400 Gb/sec (4X NDR)".into(),
             netdev: None,
+            vendor: vendors::Vendor::Mellanox,
         }
     }
 
@@ -549,6 +556,9 @@ impl Node {
     fn function(&mut self, slot: &Slot, bdf: &str, spec: NicSpec, physfn: Option<&str>) {
         if spec.link == Link::Efa {
             return self.efa_function(slot, bdf, spec);
+        }
+        if spec.vendor != vendors::Vendor::Mellanox {
+            return self.vendor_function(slot, bdf, spec);
         }
         let pci_dir = format!("{}/{bdf}", slot.dir);
         let class = if spec.link == Link::Ib { 0x020700 } else { 0x020000 };
@@ -1066,10 +1076,13 @@ impl Node {
         let info = &self.info[dev];
         fs::create_dir_all(self.stash()).unwrap();
         let _ = fs::rename(self.sys().join(format!("class/infiniband/{dev}")), self.stash().join(format!("ib-{dev}")));
-        let _ = fs::rename(
-            self.sys().join(format!("bus/pci/devices/{}", info.bdf)),
-            self.stash().join(format!("pci-{dev}")),
-        );
+        // A software device (rxe) has no PCI function.
+        if !info.bdf.is_empty() {
+            let _ = fs::rename(
+                self.sys().join(format!("bus/pci/devices/{}", info.bdf)),
+                self.stash().join(format!("pci-{dev}")),
+            );
+        }
     }
 
     /// The device falls off the bus: gone from `class/infiniband`, its config space reads `0xFF`.
@@ -1083,14 +1096,22 @@ impl Node {
     pub fn restore_device(&self, dev: &str) {
         let info = &self.info[dev];
         let _ = fs::rename(self.stash().join(format!("ib-{dev}")), self.sys().join(format!("class/infiniband/{dev}")));
+        if info.bdf.is_empty() {
+            return;
+        }
         let _ = fs::rename(
             self.stash().join(format!("pci-{dev}")),
             self.sys().join(format!("bus/pci/devices/{}", info.bdf)),
         );
-        let vendor = fs::read_to_string(self.sys().join(&info.pci_dir).join("vendor")).unwrap_or_default();
-        match vendor.trim() {
-            "0x1d0f" => self.set_config_space(dev, &config_space(0x1d0f, 0xefa1)),
-            _ => self.set_config_space(dev, &config_space(0x15b3, 0x1021)),
+        // The function's own ids (`vendor`, `device`): its config space as it was.
+        let id = |f: &str| {
+            let text = fs::read_to_string(self.sys().join(&info.pci_dir).join(f)).unwrap_or_default();
+            u16::from_str_radix(text.trim().trim_start_matches("0x"), 16).ok()
+        };
+        match (id("vendor"), id("device")) {
+            (Some(0x1d0f), _) => self.set_config_space(dev, &config_space(0x1d0f, 0xefa1)),
+            (Some(0x15b3), _) | (None, _) | (_, None) => self.set_config_space(dev, &config_space(0x15b3, 0x1021)),
+            (Some(vendor), Some(device)) => self.set_config_space(dev, &config_space(vendor, device)),
         }
     }
 

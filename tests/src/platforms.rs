@@ -8,6 +8,7 @@
 use crate::Link;
 use crate::NicSpec;
 use crate::Node;
+use crate::vendors::Vendor;
 
 /// The six platforms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +21,14 @@ pub enum Platform {
     DgxH100,
     AwsP5,
     AwsP4d,
+    /// AMD MI300X-like: 8 Broadcom Thor2 (`bnxt_re`) compute NICs (SPEC §1.14).
+    Mi300xThor2,
+    /// AMD MI300X-like: 8 AMD Pensando Pollara 400 (`ionic`) compute NICs.
+    Mi300xPollara,
+    /// 8 H100 and 8 Intel E810 (`irdma` over `ice`) compute ports.
+    E810,
+    /// A CI node: soft RoCE (`rxe0`) over a plain netdev.
+    RxeCi,
 }
 
 impl Platform {
@@ -34,6 +43,11 @@ impl Platform {
         Platform::AwsP4d,
     ];
 
+    /// The other vendors' node shapes (SPEC §1.14): not in [`Platform::ALL`], whose tests
+    /// expect NVIDIA's metadata and mlx5 or EFA NICs.
+    pub const VENDORS: [Platform; 4] =
+        [Platform::Mi300xThor2, Platform::Mi300xPollara, Platform::E810, Platform::RxeCi];
+
     pub fn name(self) -> &'static str {
         match self {
             Platform::A100Oci => "a100-oci",
@@ -44,11 +58,15 @@ impl Platform {
             Platform::DgxH100 => "dgx-h100",
             Platform::AwsP5 => "aws-p5",
             Platform::AwsP4d => "aws-p4d",
+            Platform::Mi300xThor2 => "mi300x-thor2",
+            Platform::Mi300xPollara => "mi300x-pollara",
+            Platform::E810 => "e810",
+            Platform::RxeCi => "rxe-ci",
         }
     }
 
     pub fn parse(s: &str) -> Option<Platform> {
-        Platform::ALL.into_iter().find(|p| p.name() == s)
+        Platform::ALL.into_iter().chain(Platform::VENDORS).find(|p| p.name() == s)
     }
 
     /// (management, compute, storage) — 000 §4.1.3 / §4.2.4; DGX-like: 8 IB compute +
@@ -63,7 +81,16 @@ impl Platform {
             Platform::DgxH100 => (0, 8, 4),
             Platform::AwsP5 => (0, 32, 0),
             Platform::AwsP4d => (0, 4, 0),
+            // The management card's second port: storage (NODE to its socket's GPUs).
+            Platform::Mi300xThor2 | Platform::Mi300xPollara | Platform::E810 => (1, 8, 1),
+            Platform::RxeCi => (0, 1, 0),
         }
+    }
+
+    /// Whether NVIDIA's metadata collector runs there (not on AMD GPU nodes, nor on a node
+    /// without GPUs): without it the roles come from the PCI tree.
+    pub fn has_metadata(self) -> bool {
+        !matches!(self, Platform::Mi300xThor2 | Platform::Mi300xPollara | Platform::RxeCi)
     }
 
     /// Build the node in a temporary directory, metadata file included.
@@ -90,9 +117,15 @@ impl Platform {
             Platform::DgxH100 => dgx_h100(n, 2),
             Platform::AwsP5 => aws_p5(n),
             Platform::AwsP4d => aws_p4d(n),
+            Platform::Mi300xThor2 => mi300x(n, Vendor::Broadcom),
+            Platform::Mi300xPollara => mi300x(n, Vendor::Pensando),
+            Platform::E810 => e810(n),
+            Platform::RxeCi => rxe_ci(n),
         }
         n.plain_netdev("lo");
-        n.write_metadata();
+        if self.has_metadata() {
+            n.write_metadata();
+        }
     }
 }
 
@@ -323,4 +356,83 @@ fn aws_p4d(n: &mut Node) {
         efa_on(n, &np, Some(&format!("ens{}", 33 + pair)), "efa0");
     }
     aws_primary_ena(n);
+}
+
+/// An AMD MI300X-like node (Dell XE9680-style): 2 sockets, 8 MI300X each beside one 400 G
+/// RoCE NIC of `vendor` on its own PCIe switch (PIX), and a Broadcom BCM57414 dual-port
+/// 25 G OCP management card on a CPU root port, its first port carrying the default route.
+/// Thor2 (`Vendor::Broadcom`, `BroadcomLegacy`): `bnxt_re0..7`; Pollara: `rocep<bus>s0`
+/// (rdma-core's udev names).
+fn mi300x(n: &mut Node, vendor: Vendor) {
+    for g in 0..8 {
+        let numa = if g < 4 { 0 } else { 1 };
+        let rc = n.root_complex(0, numa);
+        let rp = n.root_port(&rc, 1);
+        let sw = n.switch(&rp);
+        let gp = n.switch_port(&sw, 0);
+        let np = n.switch_port(&sw, 1);
+        n.amd_gpu(&gp, 0);
+        let bus = np.bus();
+        let spec = match vendor {
+            Vendor::Pensando => NicSpec::roce(&format!("rocep{bus}s0"), &format!("enp{bus}s0"), vendor),
+            _ => NicSpec::roce(&format!("bnxt_re{g}"), &format!("enp{bus}s0np0"), vendor),
+        };
+        n.card(&np, 0, vec![spec]);
+    }
+    management_bcm57414(n, 8);
+}
+
+/// A Broadcom BCM57414 dual-port 25 G management card on a root port of socket 0:
+/// `bnxt_re<first>` (`eno8303np0`, the default route) and `bnxt_re<first + 1>`.
+fn management_bcm57414(n: &mut Node, first: usize) {
+    let port =
+        |i: usize, nd: &str| NicSpec::roce(&format!("bnxt_re{i}"), nd, Vendor::Broadcom).rate("25 Gb/sec (1X EDR)");
+    own_rc_card(n, 0, 0, vec![port(first, "eno8303np0"), port(first + 1, "eno8403np1")]);
+    n.default_route("eno8303np0");
+}
+
+/// The MI300X-like node with Thor2 NICs whose driver writes the counter names of before
+/// 2025 (`to_retransmits`, ...): both generations are in the field.
+pub fn mi300x_thor2_legacy() -> Node {
+    let mut n = Node::new(Platform::Mi300xThor2.name());
+    mi300x(&mut n, Vendor::BroadcomLegacy);
+    n.plain_netdev("lo");
+    n
+}
+
+/// 2 sockets, 8 H100 and 4 dual-port Intel E810-C 100 G cards (8 PFs, `irdma` over `ice`,
+/// named `rocep<bus>s0f<fn>` by rdma-core), each card on the PCIe switch of a pair of GPUs
+/// (PIX); an E810-XXV dual-port 25 G management card on a CPU root port, its first port
+/// carrying the default route.
+fn e810(n: &mut Node) {
+    let spec = |bus: u8, f: u8| {
+        NicSpec::roce(&format!("rocep{bus}s0f{f}"), &format!("ens{bus}f{f}"), Vendor::Intel).rate("100 Gb/sec (4X EDR)")
+    };
+    for pair in 0..4 {
+        let numa = if pair < 2 { 0 } else { 1 };
+        let rc = n.root_complex(0, numa);
+        let rp = n.root_port(&rc, 1);
+        let sw = n.switch(&rp);
+        for k in 0..2u8 {
+            let gp = n.switch_port(&sw, k);
+            n.gpu(&gp, 0);
+        }
+        let np = n.switch_port(&sw, 2);
+        let bus = np.bus();
+        n.card(&np, 0, vec![spec(bus, 0), spec(bus, 1)]);
+    }
+    let rc = n.root_complex(0, 0);
+    let rp = n.root_port(&rc, 1);
+    let bus = rp.bus();
+    let mgmt = |f: u8| spec(bus, f).rate("25 Gb/sec (1X EDR)");
+    n.card(&rp, 0, vec![mgmt(0), mgmt(1)]);
+    n.default_route(&format!("ens{bus}f0"));
+}
+
+/// A CI node without GPUs: `eth0` (a plain netdev, no RDMA) carries the default route;
+/// soft RoCE `rxe0` rides on `eth1`.
+fn rxe_ci(n: &mut Node) {
+    n.plain_netdev("eth0");
+    n.default_route("eth0");
+    n.rxe("rxe0", "eth1");
 }

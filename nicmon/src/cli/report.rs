@@ -10,6 +10,7 @@ use crate::decide::linkstate::{LinkState, port_key};
 use crate::decide::pcie::link;
 use crate::decide::roles::{Classification, Role};
 use crate::model::Snapshot;
+use crate::model::driver::RdmaDriver;
 use crate::model::event::HealthEvent;
 use crate::model::pcie::parse::AerSeverity;
 use crate::model::pcie::parse::Speed;
@@ -48,6 +49,13 @@ pub struct DeviceReport {
     pub netdev: Option<String>,
     pub role: Option<Role>,
     pub role_reason: Option<String>,
+    /// The RDMA driver recognised (SPEC §1.14): `bnxt_re`, `ionic`, `irdma`, `rxe`, `siw`;
+    /// absent for mlx5 and EFA devices (their report predates it) and unrecognised ones.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rdma_driver: Option<&'static str>,
+    /// A software RDMA device (rxe, siw): never fatal. Absent (false) for hardware.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub software: bool,
     pub ports: Vec<PortReport>,
     /// Device attributes that were unknown (`numa_node`), and why.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -192,6 +200,11 @@ impl Report {
                     netdev: d.netdev.clone(),
                     role: c.and_then(|c| c.role),
                     role_reason: c.and_then(|c| c.role_reason.clone()),
+                    rdma_driver: d
+                        .rdma_driver
+                        .filter(|r| !matches!(r, RdmaDriver::Mlx5 | RdmaDriver::Efa))
+                        .map(RdmaDriver::name),
+                    software: d.is_software(),
                     ports: d
                         .ports
                         .iter()
@@ -316,6 +329,11 @@ impl Report {
                 d.role_reason.clone().unwrap_or_default()
             } else {
                 format!("not monitored: {}", d.reason.clone().unwrap_or_default())
+            };
+            // The driver where it is not mlx5's or EFA's (a software device's role says it).
+            let note = match d.rdma_driver.filter(|_| !d.software) {
+                Some(driver) => format!("[{driver}] {note}"),
+                None => note,
             };
             let pcie = d.pcie.as_ref().map(|p| p.link.as_str()).unwrap_or("-");
             if d.ports.is_empty() {

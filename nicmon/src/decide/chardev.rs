@@ -395,6 +395,7 @@ mod tests {
             fw_ver: None,
             board_id: None,
             driver: Some("mlx5_core".into()),
+            rdma_driver: None,
             function: Function::Pf,
             netdev: None,
             ports: (1..=ports).map(|n| Port { number: n, link_layer: Some(ll.clone()), ..Port::default() }).collect(),

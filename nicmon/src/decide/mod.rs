@@ -11,5 +11,6 @@ pub mod phy;
 pub mod poll;
 pub mod roles;
 pub mod settings;
+pub mod software;
 pub mod state;
 pub mod thermal;

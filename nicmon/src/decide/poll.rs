@@ -21,6 +21,7 @@ use crate::decide::pcie::{self, PcieState};
 use crate::decide::phy;
 use crate::decide::roles::{self, Classification};
 use crate::decide::settings::Config;
+use crate::decide::software;
 use crate::decide::state::CheckState;
 use crate::decide::thermal::{self, ThermalState};
 use crate::model::event::{Check, CheckKind, HealthEvent, Stamp, Subject};
@@ -154,6 +155,7 @@ impl Decider {
         events.extend(kmsg_events);
 
         events.retain(|e| e.check().map(|c| self.state_config.checks.contains(&c)).unwrap_or(true));
+        software::never_fatal(&mut events, &software::devices(&snapshot, &links_out.state));
         self.one_firmware_fatal(&mut events, &mut firmware_state, &snapshot, now);
         let facts = cause::base_facts(&snapshot, &events, &held_pcie(&pcie_state, &snapshot));
         cause::annotate(&mut events, &facts);
@@ -417,7 +419,7 @@ fn counter_ports<'s>(snapshot: &'s Snapshot, roles: &BTreeMap<String, Classifica
         .devices
         .iter()
         .filter(|d| !d.is_vf() && monitored(roles, &d.name))
-        .flat_map(|d| d.ports.iter().map(move |p| CounterPort::new(&d.name, p)))
+        .flat_map(|d| d.ports.iter().map(move |p| CounterPort::new(&d.name, d.rdma_driver, p)))
         .collect()
 }
 
@@ -539,28 +541,41 @@ fn unreadable_devices(
 /// 001 §7.1: an enabled counter a port does not have is not evaluated there (fail open) and
 /// said once, on the first poll of a boot — one line per counter, naming the ports. The
 /// counters of a RoCE port's ethtool data go or come together (a netdev whose driver gives
-/// none: veth, virtio): one line names them with the ports that lack the same ones.
+/// none: veth, virtio), and so do the IBTA PMA counters of a port without any (`counters/`
+/// exists only for drivers with a PMA agent: not bnxt_re, ionic, irdma, rxe): one line names
+/// them with the ports that lack the same ones.
 fn missing_counter_notes(ports: &[CounterPort<'_>], rules: &[counters::CounterRule]) -> Vec<String> {
-    let from_ethtool = |name: &str| {
-        rules.iter().any(|r| r.name == name && r.path.starts_with(crate::decide::counters::rule::ETHTOOL_PREFIX))
+    use crate::decide::counters::rule::ETHTOOL_PREFIX;
+    const PMA: &str = "counters/";
+    let path_of = |name: &str| rules.iter().find(|r| r.name == name).map_or("", |r| r.path.as_str());
+    let no_pma = |device: &str, port: u32| {
+        ports.iter().any(|p| p.device == device && p.port == port && !p.counters.keys().any(|k| k.starts_with(PMA)))
     };
     let mut by_rule: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut by_port: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // (kind: 0 ethtool, 1 PMA) → port → its missing rules.
+    let mut by_port: [BTreeMap<String, Vec<String>>; 2] = Default::default();
     for (device, port, rule) in counters::missing(ports, rules) {
         let at = format!("{device} port {port}");
-        match from_ethtool(&rule) {
-            true => by_port.entry(at).or_default().push(rule),
-            false => by_rule.entry(rule).or_default().push(at),
+        let path = path_of(&rule);
+        if path.starts_with(ETHTOOL_PREFIX) {
+            by_port[0].entry(at).or_default().push(rule);
+        } else if path.starts_with(PMA) && no_pma(&device, port) {
+            by_port[1].entry(at).or_default().push(rule);
+        } else {
+            by_rule.entry(rule).or_default().push(at);
         }
-    }
-    let mut by_set: BTreeMap<Vec<String>, Vec<String>> = BTreeMap::new();
-    for (at, rules) in by_port {
-        by_set.entry(rules).or_default().push(at);
     }
     let counters = by_rule
         .into_iter()
         .map(|(rule, at)| format!("counter {rule} absent on {}: not evaluated there", at.join(", ")));
-    let phy = by_set.into_iter().map(|(rules, at)| {
+    let [phy, pma] = by_port.map(|by_port| {
+        let mut by_set: BTreeMap<Vec<String>, Vec<String>> = BTreeMap::new();
+        for (at, rules) in by_port {
+            by_set.entry(rules).or_default().push(at);
+        }
+        by_set
+    });
+    let phy = phy.into_iter().map(|(rules, at)| {
         format!(
             "RoCE physical-layer counters {} absent on {} (not in the ethtool data of their netdev's driver): not \
              evaluated there",
@@ -568,7 +583,15 @@ fn missing_counter_notes(ports: &[CounterPort<'_>], rules: &[counters::CounterRu
             at.join(", ")
         )
     });
-    counters.chain(phy).collect()
+    let pma = pma.into_iter().map(|(rules, at)| {
+        format!(
+            "IBTA PMA counters {} absent on {} (no counters/ directory: their driver has no PMA agent): not \
+             evaluated there",
+            rules.join(", "),
+            at.join(", ")
+        )
+    });
+    counters.chain(phy).chain(pma).collect()
 }
 
 /// After a discovery-scope change: one entity-less healthy event per enabled state check
@@ -647,6 +670,7 @@ mod tests {
             device,
             port: 1,
             link_layer: Some(&ll),
+            driver: Some(crate::model::driver::RdmaDriver::Mlx5),
             counters,
             rate_bps: None,
             ber_threshold: None,

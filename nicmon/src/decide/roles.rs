@@ -87,10 +87,10 @@ pub fn classify(snapshot: &Snapshot, topo: &Topology, filters: &NicFilters) -> B
         .collect()
 }
 
-/// Whether one device is monitored: [`classify_device`]'s answer, a VF's and an
-/// unsupported device's (never monitored, whatever else) without classifying it.
+/// Whether one device is monitored: [`classify_device`]'s answer, a VF's (never
+/// monitored, whatever else) without classifying it.
 pub fn is_monitored(dev: &Device, default_route_devices: &[String], topo: &Topology, filters: &NicFilters) -> bool {
-    !dev.is_vf() && dev.unsupported.is_none() && classify_device(dev, default_route_devices, topo, filters).monitored
+    !dev.is_vf() && classify_device(dev, default_route_devices, topo, filters).monitored
 }
 
 /// Classify one device; `default_route_devices`: the snapshot's (the devices behind the
@@ -104,15 +104,13 @@ pub fn classify_device(
     if let Some(re) = filters.exclude.iter().find(|re| re.is_match(&dev.name)) {
         return Classification::skip(format!("excluded by nicExclusionRegex {:?}", re.as_str()));
     }
-    if let Some(why) = &dev.unsupported {
-        return Classification::skip(why.clone());
-    }
     if dev.is_vf() {
         return Classification::skip("SR-IOV virtual function: DOWN until assigned, not monitored".into());
     }
     let ll = device_link_layer(dev);
     // InfiniBand and AWS EFA are GPU compute fabrics; Ethernet may be storage.
     let is_ib = matches!(ll, Some(LinkLayer::InfiniBand | LinkLayer::Efa));
+    // The override brings in any RDMA device, one of a driver nicmon does not know included.
     if !filters.include_override.is_empty() {
         return match filters.include_override.iter().find(|re| re.is_match(&dev.name)) {
             Some(re) => Classification::role(
@@ -121,6 +119,18 @@ pub fn classify_device(
             ),
             None => Classification::skip("not listed by nicInclusionRegexOverride".into()),
         };
+    }
+    if let Some(why) = &dev.unsupported {
+        return Classification::skip(why.clone());
+    }
+    // 0. A software RDMA device (rxe, siw) has no PCI function: no topology to place it, no
+    // card to compare. It is a test fabric: monitored, never fatal (`decide::software`).
+    if let Some(driver) = dev.rdma_driver.filter(|d| d.is_software()) {
+        let over = dev.netdev.as_deref().map(|n| format!(" over {n}")).unwrap_or_default();
+        return Classification::role(
+            Role::Compute,
+            format!("software RDMA device ({}{over}): never fatal, not compared with cards", driver.name()),
+        );
     }
 
     // 1. The default route.

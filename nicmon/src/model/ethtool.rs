@@ -231,11 +231,16 @@ enum Pick {
     Numbered(&'static str, &'static str),
 }
 
-/// The driver statistics nicmon keeps (mlx5's names; other drivers' are simply absent).
+/// The driver statistics nicmon keeps (mlx5's names, and bnxt_en's for its PHY where the
+/// standard FEC statistics lack them; other drivers' are simply absent).
 const PICKED: &[Pick] = &[
     // PHY: pre-FEC bit errors, post-FEC symbol errors, per-lane errors, receive discards.
     Pick::Exact("rx_corrected_bits_phy"),
     Pick::Exact("rx_pcs_symbol_err_phy"),
+    // bnxt_en's port statistics (`bnxt_ethtool.c`, `bnxt_port_stats_ext_arr`): its netlink
+    // FEC statistics give blocks, not the corrected bits the pre-FEC BER needs.
+    Pick::Exact(BNXT_CORRECTED_BITS),
+    Pick::Exact(BNXT_UNCORRECTABLE_BLOCKS),
     Pick::Numbered("rx_err_lane_", "_phy"),
     Pick::Exact("rx_discards_phy"),
     // PFC storm prevention and the time the fabric paused this port, per priority (µs).
@@ -285,15 +290,28 @@ pub fn numbered(name: &str, prefix: &str, suffix: &str) -> Option<u32> {
 /// (`ethtool/fec_corrected_bits`, `ethtool/fec_uncorrectable`, `ethtool/pause_duration`).
 pub const ETHTOOL_PREFIX: &str = "ethtool/";
 
-/// A port's corrected-bit counter: the FEC statistics', else mlx5's `rx_corrected_bits_phy`.
+/// bnxt_en's pre-FEC corrected bits and post-FEC uncorrectable blocks (`ethtool -S`).
+const BNXT_CORRECTED_BITS: &str = "rx_corrected_bits";
+const BNXT_UNCORRECTABLE_BLOCKS: &str = "rx_fec_uncorrectable_blocks";
+
+/// A port's corrected-bit counter: the FEC statistics', else mlx5's `rx_corrected_bits_phy`,
+/// else bnxt_en's `rx_corrected_bits`.
 pub fn corrected_bits(s: &EthtoolSnapshot) -> Option<u64> {
-    s.fec.as_ref().and_then(|f| f.corrected_bits).or_else(|| stat(s, "rx_corrected_bits_phy"))
+    s.fec
+        .as_ref()
+        .and_then(|f| f.corrected_bits)
+        .or_else(|| stat(s, "rx_corrected_bits_phy"))
+        .or_else(|| stat(s, BNXT_CORRECTED_BITS))
 }
 
 /// A port's post-FEC error counter: uncorrectable FEC blocks, else mlx5's
-/// `rx_pcs_symbol_err_phy`.
+/// `rx_pcs_symbol_err_phy`, else bnxt_en's `rx_fec_uncorrectable_blocks`.
 pub fn uncorrectable(s: &EthtoolSnapshot) -> Option<u64> {
-    s.fec.as_ref().and_then(|f| f.uncorrectable_blocks).or_else(|| stat(s, "rx_pcs_symbol_err_phy"))
+    s.fec
+        .as_ref()
+        .and_then(|f| f.uncorrectable_blocks)
+        .or_else(|| stat(s, "rx_pcs_symbol_err_phy"))
+        .or_else(|| stat(s, BNXT_UNCORRECTABLE_BLOCKS))
 }
 
 /// A driver statistic of the snapshot, by its ethtool name.
@@ -337,6 +355,25 @@ mod tests {
         }
         assert_eq!(numbered("rx_prio3_pause_duration", "rx_prio", "_pause_duration"), Some(3));
         assert_eq!(numbered("rx_prio_pause_duration", "rx_prio", "_pause_duration"), None);
+    }
+
+    #[test]
+    fn bnxt_en_statistics_stand_in_for_missing_fec_statistics() {
+        let with = |fec: Option<FecSnapshot>, stats: &[(&str, u64)]| EthtoolSnapshot {
+            fec,
+            stats: Some(stats.iter().map(|(k, v)| (k.to_string(), *v)).collect()),
+            ..EthtoolSnapshot::default()
+        };
+        let bnxt = [("rx_corrected_bits", 700), ("rx_fec_uncorrectable_blocks", 3)];
+        assert!(bnxt.iter().all(|(n, _)| picked(n)));
+        // bnxt_en's netlink FEC statistics: blocks, no corrected bits.
+        let blocks = FecSnapshot { uncorrectable_blocks: Some(2), ..FecSnapshot::default() };
+        let s = with(Some(blocks), &bnxt);
+        assert_eq!((corrected_bits(&s), uncorrectable(&s)), (Some(700), Some(2)));
+        assert_eq!((corrected_bits(&with(None, &bnxt)), uncorrectable(&with(None, &bnxt))), (Some(700), Some(3)));
+        // mlx5's names first.
+        let both = with(None, &[("rx_corrected_bits_phy", 5), ("rx_corrected_bits", 700)]);
+        assert_eq!(corrected_bits(&both), Some(5));
     }
 
     #[test]

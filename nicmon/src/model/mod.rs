@@ -4,6 +4,7 @@
 //! an `Option`; unrecognised kernel strings are kept in an `Unknown` variant.
 pub mod cause;
 pub mod devlink;
+pub mod driver;
 pub mod ethtool;
 pub mod event;
 pub mod history;
@@ -276,7 +277,8 @@ pub enum Function {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Device {
     pub name: String,
-    /// Why this device is not a candidate for monitoring (non-Mellanox), or `None`.
+    /// Why this device is not a candidate for monitoring (its RDMA driver not recognised),
+    /// or `None`.
     pub unsupported: Option<String>,
     pub pci_address: Option<String>,
     /// PCI `domain:bus:device` (`0000:3b:00`): the physical card.
@@ -286,6 +288,11 @@ pub struct Device {
     pub fw_ver: Option<String>,
     pub board_id: Option<String>,
     pub driver: Option<String>,
+    /// The RDMA driver recognised from `driver`, the PCI vendor (or, for the software
+    /// drivers, the absence of a PCI function); `None`: not recognised — not monitored
+    /// unless `nicInclusionRegexOverride` lists it (SPEC §1.14).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdma_driver: Option<driver::RdmaDriver>,
     pub function: Function,
     pub netdev: Option<String>,
     pub ports: Vec<Port>,
@@ -301,6 +308,11 @@ pub struct Device {
 impl Device {
     pub fn is_vf(&self) -> bool {
         self.function == Function::Vf
+    }
+
+    /// A software RDMA device (`rxe`, `siw`): no PCI function, never fatal.
+    pub fn is_software(&self) -> bool {
+        self.rdma_driver.is_some_and(driver::RdmaDriver::is_software)
     }
 }
 

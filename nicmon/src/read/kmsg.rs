@@ -524,6 +524,7 @@ mod tests {
                     fw_ver: None,
                     board_id: None,
                     driver: None,
+                    rdma_driver: None,
                     function: crate::model::Function::Pf,
                     netdev: Some("ib0".into()),
                     ports: vec![],

@@ -21,6 +21,8 @@ use crate::read::hwmon::HwmonReader;
 pub struct Observer {
     pub host: Host,
     pub counter_paths: Vec<Arc<str>>,
+    /// Per path of `counter_paths`, the drivers whose devices read it.
+    pub counter_drivers: Vec<crate::model::driver::Drivers>,
     /// What the RoCE ports read besides, while `[phyCheck]` is enabled.
     pub roce_reads: RoceReads,
     /// Static device attributes kept between polls ([`discovery::StaticCache`]).
@@ -58,6 +60,7 @@ impl Observer {
     pub fn observe(&self, prior: Prior<'_>, unmonitored: Unmonitored<'_>, links: bool) -> Observation {
         let plan = ReadPlan {
             counter_paths: self.counter_paths.clone(),
+            counter_drivers: self.counter_drivers.clone(),
             known: prior.known,
             statics: Some(self.statics.clone()),
             roce: self.roce_reads.clone(),
@@ -173,6 +176,7 @@ impl Observer {
     ) -> Option<Observation> {
         let plan = ReadPlan {
             counter_paths: self.counter_paths.clone(),
+            counter_drivers: self.counter_drivers.clone(),
             known: Vec::new(),
             statics: Some(self.statics.clone()),
             roce: self.roce_reads.clone(),

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! testbed write <platform> <dir>          platforms: a100-oci h100-oci l40s-oci onprem-l40s gb200-nvl4 dgx-h100
+//!                                         aws-p5 aws-p4d mi300x-thor2 mi300x-pollara e810 rxe-ci
 //! testbed list
 //! ```
 //! The tree has `sys/`, `proc/` and `gpu_metadata.json`; point nicmon at it with
@@ -14,7 +15,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["list"] => {
-            for p in Platform::ALL {
+            for p in Platform::ALL.into_iter().chain(Platform::VENDORS) {
                 let (m, c, s) = p.expected_roles();
                 println!("{:<12} management={m} compute={c} storage={s}", p.name());
             }
@@ -28,10 +29,12 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
                 let node = p.build_at(root);
+                let meta = if p.has_metadata() { " --metadata {dir}/gpu_metadata.json" } else { "" };
                 println!(
-                    "wrote {} to {dir}: {} devices; use --sysfs {dir}/sys --procfs {dir}/proc --metadata {dir}/gpu_metadata.json",
+                    "wrote {} to {dir}: {} devices; use --sysfs {dir}/sys --procfs {dir}/proc{}",
                     p.name(),
-                    node.info.len()
+                    node.info.len(),
+                    meta.replace("{dir}", dir)
                 );
                 ExitCode::SUCCESS
             }

@@ -323,6 +323,7 @@ mod tests {
             fw_ver: None,
             board_id: None,
             driver: None,
+            rdma_driver: None,
             function: Function::Pf,
             netdev: None,
             ports: vec![port(1, Some(PortState::Active)), port(2, None)],

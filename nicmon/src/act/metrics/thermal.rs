@@ -72,6 +72,7 @@ mod tests {
                 fw_ver: None,
                 board_id: None,
                 driver: None,
+                rdma_driver: None,
                 function: Function::Pf,
                 netdev: None,
                 ports: Vec::new(),

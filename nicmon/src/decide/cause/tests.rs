@@ -194,6 +194,7 @@ fn pf(name: &str, pci: &str) -> crate::model::Device {
         fw_ver: None,
         board_id: None,
         driver: None,
+        rdma_driver: None,
         function: crate::model::Function::Pf,
         netdev: None,
         ports: Vec::new(),

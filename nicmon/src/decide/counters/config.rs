@@ -21,6 +21,7 @@ pub use super::rule::{
     CounterRule, DEVICE_TEMPLATE_PREFIX, ETHTOOL_PREFIX, Layers, Measure, NET_TEMPLATE_PREFIX, ThresholdType,
     VelocityUnit,
 };
+pub use crate::model::driver::Drivers;
 
 /// The `[counterDetection]` section as the operator wrote it.
 ///
@@ -237,6 +238,19 @@ pub fn read_paths(rules: &[CounterRule]) -> Vec<String> {
     paths
 }
 
+/// Per path of [`read_paths`] (same order), the drivers of the rules that read it: a
+/// device reads a path only when one of its driver's rules needs it.
+pub fn read_path_drivers(rules: &[CounterRule]) -> Vec<Drivers> {
+    read_paths(rules)
+        .iter()
+        .map(|p| {
+            let mut of_path = rules.iter().filter(|r| r.enabled && &r.path == p).map(|r| r.drivers);
+            let first = of_path.next().unwrap_or(Drivers::ALL);
+            of_path.fold(first, Drivers::union)
+        })
+        .collect()
+}
+
 /// Merge `entries` into `defaults` by name (001 §10.3) and validate the result (001 §10.5).
 /// Returns every rule, disabled ones included, defaults first, then additions in file order.
 pub fn merge(defaults: &[CounterRule], entries: &[CounterEntry]) -> Result<Vec<CounterRule>, CounterConfigError> {
@@ -393,6 +407,8 @@ fn added_rule(i: usize, e: &CounterEntry, name: &str) -> Result<CounterRule, Cou
         measure: Measure::Count,
         error_code: None,
         threshold_set: false,
+        drivers: Drivers::ALL,
+        alias: None,
     })
 }
 
@@ -446,14 +462,69 @@ mod tests {
         rules.iter().find(|r| r.name == name).unwrap()
     }
 
+    use crate::model::driver::RdmaDriver;
+
+    #[test]
+    fn vendor_rules_pair_their_generations_and_keep_their_own_meaning() {
+        let all = default_rules();
+        // Each generation's name aliases the other, same driver, same judgement.
+        for r in all.iter().filter(|r| r.alias.is_some()) {
+            let other = all.iter().find(|o| Some(&o.path) == r.alias.as_ref() && o.drivers == r.drivers);
+            let other = other.unwrap_or_else(|| panic!("{}: no rule reads its alias", r.name));
+            assert_eq!(other.alias.as_deref(), Some(r.path.as_str()), "{}", r.name);
+            assert_eq!(
+                (other.threshold_type, other.threshold, other.velocity_unit),
+                (r.threshold_type, r.threshold, r.velocity_unit)
+            );
+        }
+        let on = |path: &str, driver: RdmaDriver| -> Vec<(String, bool)> {
+            let of = all.iter().filter(|r| r.path == path && r.drivers.covers(Some(driver)));
+            of.map(|r| (r.name.clone(), r.is_fatal)).collect()
+        };
+        // mlx5's rnr_nak_retry_err is the retries exhausted (fatal); bnxt_re's, since 2025,
+        // counts RNR NAKs received: its own rule, not fatal.
+        let rnr = "hw_counters/rnr_nak_retry_err";
+        assert_eq!(on(rnr, RdmaDriver::Mlx5), [("rnr_nak_retry_err".to_string(), true)]);
+        assert_eq!(on(rnr, RdmaDriver::BnxtRe), [("bnxt_re_rnr_nak_retry_err".to_string(), false)]);
+        assert!(on(rnr, RdmaDriver::Ionic).is_empty());
+        // Both bnxt_re generations, irdma's names with spaces, rxe's.
+        for (path, driver, name) in [
+            ("hw_counters/to_retransmits", RdmaDriver::BnxtRe, "bnxt_re_to_retransmits"),
+            ("hw_counters/local_ack_timeout_err", RdmaDriver::BnxtRe, "bnxt_re_local_ack_timeout_err"),
+            ("hw_counters/RNR received", RdmaDriver::Irdma, "irdma_RNR_received"),
+            ("hw_counters/CRC errors", RdmaDriver::Irdma, "irdma_CRC_errors"),
+            ("hw_counters/link_downed", RdmaDriver::Rxe, "rxe_link_downed"),
+            ("hw_counters/req_tx_retry_excd_err", RdmaDriver::Ionic, "ionic_req_tx_retry_excd_err"),
+        ] {
+            assert_eq!(on(path, driver), [(name.to_string(), false)], "{path}");
+        }
+        // The IBTA PMA counters mean the same on every driver.
+        assert_eq!(on("counters/link_downed", RdmaDriver::Irdma), [("link_downed".to_string(), true)]);
+        // A path is read by the devices of the drivers of its rules only.
+        let r = rules("").unwrap();
+        let paths = read_paths(&r);
+        let drivers = read_path_drivers(&r);
+        let of = |p: &str| drivers[paths.iter().position(|x| x == p).unwrap()];
+        assert!(of("hw_counters/local_ack_timeout_err").covers(Some(RdmaDriver::BnxtRe)));
+        assert!(of("hw_counters/local_ack_timeout_err").covers(Some(RdmaDriver::Mlx5)));
+        assert!(!of("hw_counters/local_ack_timeout_err").covers(Some(RdmaDriver::Irdma)));
+        assert!(!of("hw_counters/out_of_buffer").covers(Some(RdmaDriver::Mlx5)), "mlx5 does not read bnxt_re's");
+        assert!(of("counters/symbol_error").covers(None));
+    }
+
     #[test]
     fn defaults_are_001_section_10_2() {
         let r = rules("").unwrap();
         // 14 mlx5/netdev rules, 6 of the 13 EFA rules (upstream chart's defaults), 5 RoCE
         // physical-layer rules; the rest of upstream's allow-list (38 names) is known but
-        // not watched by default.
-        assert_eq!(r.len(), 25);
-        assert_eq!(default_rules().len(), 43);
+        // not watched by default. Then the other drivers' own counters (SPEC §1.14), all
+        // watched, none fatal.
+        let vendor = |r: &CounterRule| r.drivers.listed().iter().any(|d| !matches!(d, RdmaDriver::Mlx5));
+        let (vendors, upstream): (Vec<_>, Vec<_>) = r.iter().partition(|r| vendor(r));
+        assert_eq!(upstream.len(), 25);
+        assert_eq!(default_rules().iter().filter(|r| !vendor(r)).count(), 43);
+        assert_eq!(vendors.len(), default_rules().iter().filter(|r| vendor(r)).count());
+        assert!(vendors.iter().all(|r| !r.is_fatal && r.layers == Layers::Rdma), "{vendors:?}");
         assert_eq!(r, default_rules().into_iter().filter(|r| r.enabled).collect::<Vec<_>>());
         let fatal: Vec<&str> = r.iter().filter(|r| r.is_fatal).map(|r| r.name.as_str()).collect();
         assert_eq!(
@@ -511,6 +582,8 @@ mod tests {
                 measure: d.measure,
                 error_code: d.error_code,
                 threshold_set: false,
+                drivers: d.drivers,
+                alias: d.alias,
                 ..m
             })
             .collect();
@@ -679,8 +752,9 @@ mod tests {
         ] {
             assert!(known.iter().any(|k| k == n), "{n}");
         }
-        // Upstream's 38 and nicmon's RoCE physical-layer rules.
-        assert_eq!(known.len(), 43);
+        // Upstream's 38 and nicmon's RoCE physical-layer rules, then the other drivers' own.
+        let vendor = ["bnxt_re_", "irdma_", "ionic_", "rxe_"];
+        assert_eq!(known.iter().filter(|k| !vendor.iter().any(|v| k.starts_with(v))).count(), 43);
     }
 
     #[test]

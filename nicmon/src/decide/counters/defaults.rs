@@ -6,6 +6,12 @@ use super::rule::Measure::{BitErrorRate, Count, TimeShare};
 use super::rule::ThresholdType::{Delta, Velocity};
 use super::rule::VelocityUnit::{Hour, Minute, Second};
 use super::rule::{CounterRule, Layers, Measure, ThresholdType, VelocityUnit};
+use crate::model::driver::{Drivers, RdmaDriver};
+
+/// Every driver: the IBTA PMA counters, netdev statistics and ethtool data.
+const ALL: Drivers = Drivers::ALL;
+/// mlx5's own `hw_counters/` (firmware counters: their names mean what mlx5 says).
+const MLX5: Drivers = Drivers::only(&[RdmaDriver::Mlx5]);
 
 /// One built-in counter, as written in [`COUNTER_DEFINITIONS`]; [`CounterDefinition::rule`]
 /// makes the [`CounterRule`] the evaluator reads.
@@ -26,6 +32,11 @@ pub struct CounterDefinition {
     pub measure: Measure,
     /// The events' `errorCode` when it is not the rule's name ([`CounterRule::error_code`]).
     pub error_code: Option<&'static str>,
+    /// The RDMA drivers whose ports read it ([`CounterRule::drivers`]): a `hw_counters/`
+    /// name means what its driver says.
+    pub drivers: Drivers,
+    /// The same counter's path under its other generation's name ([`CounterRule::alias`]).
+    pub alias: Option<&'static str>,
     pub description: &'static str,
 }
 
@@ -44,6 +55,8 @@ impl CounterDefinition {
             measure: self.measure,
             error_code: self.error_code.map(str::to_owned),
             threshold_set: false,
+            drivers: self.drivers,
+            alias: self.alias.map(str::to_owned),
         }
     }
 }
@@ -54,8 +67,34 @@ pub fn default_rules() -> Vec<CounterRule> {
     COUNTER_DEFINITIONS.iter().map(CounterDefinition::rule).collect()
 }
 
+/// bnxt_re's, irdma's, ionic's and rxe's own `hw_counters/`.
+const BNXT_RE: Drivers = Drivers::only(&[RdmaDriver::BnxtRe]);
+const IRDMA: Drivers = Drivers::only(&[RdmaDriver::Irdma]);
+const IONIC: Drivers = Drivers::only(&[RdmaDriver::Ionic]);
+const RXE: Drivers = Drivers::only(&[RdmaDriver::Rxe]);
+
+/// What every vendor `hw_counters/` rule shares: watched by default, non-fatal (a vendor's
+/// counter alone is degradation evidence; fatality is left to the operator's `isFatal`),
+/// read on RDMA ports of its driver only.
+const VENDOR: CounterDefinition = CounterDefinition {
+    name: "",
+    path: "",
+    enabled: true,
+    is_fatal: false,
+    threshold_type: Delta,
+    threshold: 0.0,
+    velocity_unit: None,
+    layers: Layers::Rdma,
+    measure: Count,
+    error_code: None,
+    drivers: ALL,
+    alias: None,
+    description: "",
+};
+
 /// Every counter nicmon knows by name (upstream's allow-list) with nicmon's defaults: mlx5
-/// PMA and `hw_counters/` counters on IB/RoCE ports, netdev statistics on every port.
+/// PMA and `hw_counters/` counters on IB/RoCE ports, netdev statistics on every port, EFA's,
+/// and the other RDMA drivers' own `hw_counters/` (SPEC §1.14), each on its driver's ports.
 pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
     CounterDefinition {
         name: "link_downed",
@@ -68,6 +107,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Rdma,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "Port Training State Machine failed - QP disconnect",
     },
     CounterDefinition {
@@ -81,6 +122,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Rdma,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "HCA internal buffer overflow - lossless contract violated",
     },
     CounterDefinition {
@@ -94,6 +137,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Rdma,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "Physical errors exceed LocalPhyErrors hardware cap",
     },
     CounterDefinition {
@@ -107,6 +152,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Rdma,
         measure: Count,
         error_code: None,
+        drivers: MLX5,
+        alias: None,
         description: "Receiver Not Ready NAK retry exhausted - connection severed",
     },
     CounterDefinition {
@@ -120,6 +167,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Rdma,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "PHY bit errors before FEC - physical layer degradation",
     },
     CounterDefinition {
@@ -133,6 +182,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Rdma,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "Symbol errors exceed IBTA BER threshold (10E-12) - link outside spec",
     },
     CounterDefinition {
@@ -146,6 +197,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Rdma,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "Link retraining events - micro-flapping",
     },
     CounterDefinition {
@@ -159,6 +212,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Rdma,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "Malformed packets received",
     },
     CounterDefinition {
@@ -172,6 +227,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Rdma,
         measure: Count,
         error_code: None,
+        drivers: MLX5,
+        alias: None,
         description: "Fabric routing issues - out of sequence packets",
     },
     CounterDefinition {
@@ -185,6 +242,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Rdma,
         measure: Count,
         error_code: None,
+        drivers: MLX5,
+        alias: None,
         description: "ACK timeout - potential fabric black hole",
     },
     CounterDefinition {
@@ -198,6 +257,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Rdma,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "TX discards due to congestion",
     },
     CounterDefinition {
@@ -211,6 +272,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Rdma,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "TX wait ticks - congestion backpressure",
     },
     CounterDefinition {
@@ -224,6 +287,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Rdma,
         measure: Count,
         error_code: None,
+        drivers: MLX5,
+        alias: None,
         description: "Victim flow oscillation",
     },
     CounterDefinition {
@@ -237,6 +302,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::All,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "Link instability - carrier state changes",
     },
     // AWS EFA (upstream's allow-list and chart defaults): per-port `hw_counters/<name
@@ -253,6 +320,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Efa,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "EFA admin commands that never completed - the device stopped responding",
     },
     CounterDefinition {
@@ -266,6 +335,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Efa,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "EFA admin command errors",
     },
     CounterDefinition {
@@ -279,6 +350,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Efa,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "EFA receive drops",
     },
     CounterDefinition {
@@ -292,6 +365,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Efa,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "EFA retransmission timeouts",
     },
     CounterDefinition {
@@ -305,6 +380,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Efa,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "EFA remote peers not responding",
     },
     CounterDefinition {
@@ -318,6 +395,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Efa,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "EFA connections to remote peers impaired",
     },
     CounterDefinition {
@@ -331,6 +410,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Efa,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "EFA RDMA read work request errors",
     },
     CounterDefinition {
@@ -344,6 +425,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Efa,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "EFA RDMA write work request errors",
     },
     CounterDefinition {
@@ -357,6 +440,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Efa,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "EFA device keep-alive events received",
     },
     CounterDefinition {
@@ -370,6 +455,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Efa,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "EFA memory registration errors",
     },
     CounterDefinition {
@@ -383,6 +470,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Efa,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "EFA queue pair creation errors",
     },
     CounterDefinition {
@@ -396,6 +485,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Efa,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "EFA completion queue creation errors",
     },
     CounterDefinition {
@@ -409,6 +500,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Efa,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "EFA address handle creation errors",
     },
     // The rest of upstream's allow-list: known by name (a config may list them), not
@@ -424,6 +517,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Rdma,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "RX discards due to congestion or buffer pressure",
     },
     CounterDefinition {
@@ -437,6 +532,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Rdma,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "Remote physical-layer errors received on this port",
     },
     CounterDefinition {
@@ -450,6 +547,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Rdma,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "Packets discarded because switch relay forwarding failed",
     },
     CounterDefinition {
@@ -463,6 +562,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Rdma,
         measure: Count,
         error_code: None,
+        drivers: MLX5,
+        alias: None,
         description: "Implied NAK sequence errors - retransmission pressure",
     },
     CounterDefinition {
@@ -476,6 +577,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Rdma,
         measure: Count,
         error_code: None,
+        drivers: MLX5,
+        alias: None,
         description: "Packet sequence errors - retransmission pressure",
     },
     CounterDefinition {
@@ -489,6 +592,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Rdma,
         measure: Count,
         error_code: None,
+        drivers: MLX5,
+        alias: None,
         description: "Requester transport retry limit exceeded",
     },
     CounterDefinition {
@@ -502,6 +607,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::All,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "RX packets with CRC/FCS errors",
     },
     CounterDefinition {
@@ -515,6 +622,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::All,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "Aggregate RX packet errors",
     },
     CounterDefinition {
@@ -528,6 +637,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::All,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "RX packets missed due to receive-side capacity pressure",
     },
     CounterDefinition {
@@ -541,6 +652,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::All,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "TX carrier-sense errors",
     },
     CounterDefinition {
@@ -554,6 +667,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::All,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "Aggregate TX packet errors",
     },
     // RoCE physical layer and lossless fabric (SPEC §1.11), from the netdev's ethtool data.
@@ -569,6 +684,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Roce,
         measure: BitErrorRate,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "Pre-FEC bit error rate near the FEC's correction limit - clean or replace the optic, check the cable and switch port",
     },
     CounterDefinition {
@@ -582,6 +699,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Roce,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "Codewords the FEC could not correct - frames lost and retransmitted",
     },
     CounterDefinition {
@@ -595,6 +714,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Roce,
         measure: Count,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "PFC storm warning - this NIC has been sending pause frames for too long",
     },
     CounterDefinition {
@@ -610,6 +731,8 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         // The same condition as the warning, one step on: operators see one `pfc_storm`,
         // its message saying which; the rule (state, `[counterDetection]` name) stays its own.
         error_code: Some("pfc_storm"),
+        drivers: ALL,
+        alias: None,
         description: "PFC storm error - storm prevention disabled pause on this port: the host is not draining its receive queue",
     },
     CounterDefinition {
@@ -623,6 +746,569 @@ pub const COUNTER_DEFINITIONS: &[CounterDefinition] = &[
         layers: Layers::Roce,
         measure: TimeShare,
         error_code: None,
+        drivers: ALL,
+        alias: None,
         description: "Paused by the fabric most of the time - a host or switch downstream is not draining",
+    },
+    // Broadcom bnxt_re (`drivers/infiniband/hw/bnxt_re/hw_counters.c`), both generations of
+    // names: the 2025 series ("RoCE related hardware counters update") renamed them to mlx5's
+    // names, with the same meanings except `rnr_nak_retry_err` (RNR NAKs received there, the
+    // retries exhausted on mlx5). Each generation's name is its own rule, aliased to the other.
+    CounterDefinition {
+        name: "bnxt_re_to_retransmits",
+        path: "hw_counters/to_retransmits",
+        threshold_type: Velocity,
+        threshold: 1.0,
+        velocity_unit: Some(Second),
+        drivers: BNXT_RE,
+        alias: Some("hw_counters/local_ack_timeout_err"),
+        description: "Retransmissions after an ACK timeout - potential fabric black hole",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "bnxt_re_local_ack_timeout_err",
+        path: "hw_counters/local_ack_timeout_err",
+        threshold_type: Velocity,
+        threshold: 1.0,
+        velocity_unit: Some(Second),
+        drivers: BNXT_RE,
+        alias: Some("hw_counters/to_retransmits"),
+        description: "Retransmissions after an ACK timeout (to_retransmits before 2025) - potential fabric black hole",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "bnxt_re_seq_err_naks_rcvd",
+        path: "hw_counters/seq_err_naks_rcvd",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Second),
+        drivers: BNXT_RE,
+        alias: Some("hw_counters/packet_seq_err"),
+        description: "NAK sequence errors received - packets lost in the fabric",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "bnxt_re_packet_seq_err",
+        path: "hw_counters/packet_seq_err",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Second),
+        drivers: BNXT_RE,
+        alias: Some("hw_counters/seq_err_naks_rcvd"),
+        description: "NAK sequence errors received (seq_err_naks_rcvd before 2025) - packets lost in the fabric",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "bnxt_re_max_retry_exceeded",
+        path: "hw_counters/max_retry_exceeded",
+        threshold_type: Delta,
+        threshold: 0.0,
+        drivers: BNXT_RE,
+        description: "Transport retries exhausted - a queue pair failed",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "bnxt_re_rnr_naks_rcvd",
+        path: "hw_counters/rnr_naks_rcvd",
+        threshold_type: Velocity,
+        threshold: 100.0,
+        velocity_unit: Some(Second),
+        drivers: BNXT_RE,
+        alias: Some("hw_counters/rnr_nak_retry_err"),
+        description: "RNR NAKs received - remote receivers keep not being ready",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "bnxt_re_rnr_nak_retry_err",
+        path: "hw_counters/rnr_nak_retry_err",
+        threshold_type: Velocity,
+        threshold: 100.0,
+        velocity_unit: Some(Second),
+        drivers: BNXT_RE,
+        alias: Some("hw_counters/rnr_naks_rcvd"),
+        description: "RNR NAKs received (rnr_naks_rcvd before 2025; not mlx5's retries exhausted) - remote receivers keep not being ready",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "bnxt_re_missing_resp",
+        path: "hw_counters/missing_resp",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Second),
+        drivers: BNXT_RE,
+        alias: Some("hw_counters/implied_nak_seq_err"),
+        description: "Missing responses (implied NAKs) - packets lost in the fabric",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "bnxt_re_implied_nak_seq_err",
+        path: "hw_counters/implied_nak_seq_err",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Second),
+        drivers: BNXT_RE,
+        alias: Some("hw_counters/missing_resp"),
+        description: "Missing responses (missing_resp before 2025) - packets lost in the fabric",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "bnxt_re_unrecoverable_err",
+        path: "hw_counters/unrecoverable_err",
+        threshold_type: Delta,
+        threshold: 0.0,
+        drivers: BNXT_RE,
+        description: "Unrecoverable errors - a queue pair hit an error it cannot recover from",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "bnxt_re_oos_drop_count",
+        path: "hw_counters/oos_drop_count",
+        threshold_type: Velocity,
+        threshold: 100.0,
+        velocity_unit: Some(Second),
+        drivers: BNXT_RE,
+        alias: Some("hw_counters/out_of_sequence"),
+        description: "Out-of-sequence packets dropped by the responder - fabric routing issues",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "bnxt_re_out_of_sequence",
+        path: "hw_counters/out_of_sequence",
+        threshold_type: Velocity,
+        threshold: 100.0,
+        velocity_unit: Some(Second),
+        drivers: BNXT_RE,
+        alias: Some("hw_counters/oos_drop_count"),
+        description: "Out-of-sequence packets dropped by the responder (oos_drop_count before 2025) - fabric routing issues",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "bnxt_re_rx_out_of_buffer",
+        path: "hw_counters/rx_out_of_buffer",
+        threshold_type: Velocity,
+        threshold: 100.0,
+        velocity_unit: Some(Second),
+        drivers: BNXT_RE,
+        alias: Some("hw_counters/out_of_buffer"),
+        description: "Packets dropped for lack of a receive buffer",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "bnxt_re_out_of_buffer",
+        path: "hw_counters/out_of_buffer",
+        threshold_type: Velocity,
+        threshold: 100.0,
+        velocity_unit: Some(Second),
+        drivers: BNXT_RE,
+        alias: Some("hw_counters/rx_out_of_buffer"),
+        description: "Packets dropped for lack of a receive buffer (rx_out_of_buffer before 2025)",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "bnxt_re_req_cqe_error",
+        path: "hw_counters/req_cqe_error",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Minute),
+        drivers: BNXT_RE,
+        description: "Requester completions in error (since the 2025 names)",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "bnxt_re_resp_cqe_error",
+        path: "hw_counters/resp_cqe_error",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Minute),
+        drivers: BNXT_RE,
+        description: "Responder completions in error (since the 2025 names)",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "bnxt_re_res_tx_pci_err",
+        path: "hw_counters/res_tx_pci_err",
+        threshold_type: Delta,
+        threshold: 0.0,
+        drivers: BNXT_RE,
+        description: "PCIe errors on the responder's transmit DMA",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "bnxt_re_res_rx_pci_err",
+        path: "hw_counters/res_rx_pci_err",
+        threshold_type: Delta,
+        threshold: 0.0,
+        drivers: BNXT_RE,
+        description: "PCIe errors on the responder's receive DMA",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "bnxt_re_rx_roce_errors",
+        path: "hw_counters/rx_roce_errors",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Second),
+        drivers: BNXT_RE,
+        description: "RoCE packets received in error",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "bnxt_re_rx_roce_discards",
+        path: "hw_counters/rx_roce_discards",
+        threshold_type: Velocity,
+        threshold: 100.0,
+        velocity_unit: Some(Second),
+        drivers: BNXT_RE,
+        description: "RoCE packets discarded on receive",
+        ..VENDOR
+    },
+    // Intel irdma (`drivers/infiniband/hw/irdma/verbs.c`, `irdma_hw_stat_descs`): the kernel's
+    // names, spaces included; the TCP (iWARP) ones renamed with GEN3 (`tcpRetransSegs` →
+    // `RetransSegs`), aliased like bnxt_re's. The GEN3 ones exist on GEN3 hardware only.
+    CounterDefinition {
+        name: "irdma_ip4InDiscards",
+        path: "hw_counters/ip4InDiscards",
+        threshold_type: Velocity,
+        threshold: 100.0,
+        velocity_unit: Some(Second),
+        drivers: IRDMA,
+        description: "IPv4 packets discarded on receive",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "irdma_ip6InDiscards",
+        path: "hw_counters/ip6InDiscards",
+        threshold_type: Velocity,
+        threshold: 100.0,
+        velocity_unit: Some(Second),
+        drivers: IRDMA,
+        description: "IPv6 packets discarded on receive",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "irdma_ip4InTruncatedPkts",
+        path: "hw_counters/ip4InTruncatedPkts",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Second),
+        drivers: IRDMA,
+        description: "Truncated IPv4 packets received",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "irdma_ip6InTruncatedPkts",
+        path: "hw_counters/ip6InTruncatedPkts",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Second),
+        drivers: IRDMA,
+        description: "Truncated IPv6 packets received",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "irdma_tcpRetransSegs",
+        path: "hw_counters/tcpRetransSegs",
+        threshold_type: Velocity,
+        threshold: 100.0,
+        velocity_unit: Some(Second),
+        drivers: IRDMA,
+        alias: Some("hw_counters/RetransSegs"),
+        description: "iWARP TCP segments retransmitted - loss in the fabric",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "irdma_RetransSegs",
+        path: "hw_counters/RetransSegs",
+        threshold_type: Velocity,
+        threshold: 100.0,
+        velocity_unit: Some(Second),
+        drivers: IRDMA,
+        alias: Some("hw_counters/tcpRetransSegs"),
+        description: "iWARP TCP segments retransmitted (tcpRetransSegs before GEN3) - loss in the fabric",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "irdma_tcpInOptErrors",
+        path: "hw_counters/tcpInOptErrors",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Second),
+        drivers: IRDMA,
+        alias: Some("hw_counters/InOptErrors"),
+        description: "iWARP TCP option errors received",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "irdma_InOptErrors",
+        path: "hw_counters/InOptErrors",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Second),
+        drivers: IRDMA,
+        alias: Some("hw_counters/tcpInOptErrors"),
+        description: "iWARP TCP option errors received (tcpInOptErrors before GEN3)",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "irdma_tcpInProtoErrors",
+        path: "hw_counters/tcpInProtoErrors",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Second),
+        drivers: IRDMA,
+        alias: Some("hw_counters/InProtoErrors"),
+        description: "iWARP TCP protocol errors received",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "irdma_InProtoErrors",
+        path: "hw_counters/InProtoErrors",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Second),
+        drivers: IRDMA,
+        alias: Some("hw_counters/tcpInProtoErrors"),
+        description: "iWARP TCP protocol errors received (tcpInProtoErrors before GEN3)",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "irdma_RNR_received",
+        path: "hw_counters/RNR received",
+        threshold_type: Velocity,
+        threshold: 100.0,
+        velocity_unit: Some(Second),
+        drivers: IRDMA,
+        description: "'RNR received': RNR NAKs received - remote receivers keep not being ready",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "irdma_Nak_Sequence_Error",
+        path: "hw_counters/Nak Sequence Error",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Second),
+        drivers: IRDMA,
+        description: "'Nak Sequence Error': NAK sequence errors - packets lost in the fabric",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "irdma_Nak_Sequence_Error_Implied",
+        path: "hw_counters/Nak Sequence Error Implied",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Second),
+        drivers: IRDMA,
+        description: "'Nak Sequence Error Implied': implied NAK sequence errors - packets lost in the fabric",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "irdma_RTO",
+        path: "hw_counters/RTO",
+        threshold_type: Velocity,
+        threshold: 1.0,
+        velocity_unit: Some(Second),
+        drivers: IRDMA,
+        description: "'RTO': retransmission timeouts - potential fabric black hole",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "irdma_Rcvd_Out_of_order_packets",
+        path: "hw_counters/Rcvd Out of order packets",
+        threshold_type: Velocity,
+        threshold: 100.0,
+        velocity_unit: Some(Second),
+        drivers: IRDMA,
+        description: "'Rcvd Out of order packets': out-of-order packets received - fabric routing issues",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "irdma_CRC_errors",
+        path: "hw_counters/CRC errors",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Minute),
+        drivers: IRDMA,
+        description: "'CRC errors': packets with a bad ICRC - corruption on the path",
+        ..VENDOR
+    },
+    // AMD Pensando ionic (`drivers/infiniband/hw/ionic/ionic_hw_stats.c`): the firmware names
+    // its counters; these are the names AMD's tools list as error counters (read where the
+    // firmware gives them, absent otherwise).
+    CounterDefinition {
+        name: "ionic_tx_rdma_ack_timeout",
+        path: "hw_counters/tx_rdma_ack_timeout",
+        threshold_type: Velocity,
+        threshold: 1.0,
+        velocity_unit: Some(Second),
+        drivers: IONIC,
+        description: "ACK timeouts - potential fabric black hole",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "ionic_req_rx_pkt_seq_err",
+        path: "hw_counters/req_rx_pkt_seq_err",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Second),
+        drivers: IONIC,
+        description: "NAK sequence errors received - packets lost in the fabric",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "ionic_req_rx_impl_nak_seq_err",
+        path: "hw_counters/req_rx_impl_nak_seq_err",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Second),
+        drivers: IONIC,
+        description: "Implied NAK sequence errors - packets lost in the fabric",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "ionic_req_tx_retry_excd_err",
+        path: "hw_counters/req_tx_retry_excd_err",
+        threshold_type: Delta,
+        threshold: 0.0,
+        drivers: IONIC,
+        description: "Transport retries exhausted - a queue pair failed",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "ionic_req_rx_rnr_retry_err",
+        path: "hw_counters/req_rx_rnr_retry_err",
+        threshold_type: Delta,
+        threshold: 0.0,
+        drivers: IONIC,
+        description: "RNR retry errors - a queue pair gave up on a receiver not ready",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "ionic_resp_rx_outouf_seq",
+        path: "hw_counters/resp_rx_outouf_seq",
+        threshold_type: Velocity,
+        threshold: 100.0,
+        velocity_unit: Some(Second),
+        drivers: IONIC,
+        description: "Out-of-sequence requests at the responder - fabric routing issues",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "ionic_resp_rx_outof_buf",
+        path: "hw_counters/resp_rx_outof_buf",
+        threshold_type: Velocity,
+        threshold: 100.0,
+        velocity_unit: Some(Second),
+        drivers: IONIC,
+        description: "Requests dropped for lack of a receive buffer",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "ionic_req_rx_cqe_err",
+        path: "hw_counters/req_rx_cqe_err",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Minute),
+        drivers: IONIC,
+        description: "Requester completions in error",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "ionic_resp_rx_cqe_err",
+        path: "hw_counters/resp_rx_cqe_err",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Minute),
+        drivers: IONIC,
+        description: "Responder completions in error",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "ionic_rx_rdma_mtu_discard_pkts",
+        path: "hw_counters/rx_rdma_mtu_discard_pkts",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Second),
+        drivers: IONIC,
+        description: "RDMA packets discarded for exceeding the MTU - MTU mismatch on the path",
+        ..VENDOR
+    },
+    // Soft RoCE rxe (`drivers/infiniband/sw/rxe/rxe_hw_counters.c`): a software device is never
+    // fatal (its events are non-fatal whatever a rule says, `decide::software`).
+    CounterDefinition {
+        name: "rxe_link_downed",
+        path: "hw_counters/link_downed",
+        threshold_type: Delta,
+        threshold: 0.0,
+        drivers: RXE,
+        description: "The port went down",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "rxe_retry_exceeded_err",
+        path: "hw_counters/retry_exceeded_err",
+        threshold_type: Delta,
+        threshold: 0.0,
+        drivers: RXE,
+        description: "Transport retries exhausted - a queue pair failed",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "rxe_retry_rnr_exceeded_err",
+        path: "hw_counters/retry_rnr_exceeded_err",
+        threshold_type: Delta,
+        threshold: 0.0,
+        drivers: RXE,
+        description: "RNR retries exhausted - a queue pair failed",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "rxe_rcvd_seq_err",
+        path: "hw_counters/rcvd_seq_err",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Second),
+        drivers: RXE,
+        description: "Sequence errors received - packets lost",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "rxe_out_of_seq_request",
+        path: "hw_counters/out_of_seq_request",
+        threshold_type: Velocity,
+        threshold: 100.0,
+        velocity_unit: Some(Second),
+        drivers: RXE,
+        description: "Out-of-sequence requests received",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "rxe_completer_retry_err",
+        path: "hw_counters/completer_retry_err",
+        threshold_type: Velocity,
+        threshold: 1.0,
+        velocity_unit: Some(Second),
+        drivers: RXE,
+        description: "Retransmissions by the completer - ACKs not coming back",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "rxe_rcvd_rnr_err",
+        path: "hw_counters/rcvd_rnr_err",
+        threshold_type: Velocity,
+        threshold: 100.0,
+        velocity_unit: Some(Second),
+        drivers: RXE,
+        description: "RNR NAKs received - remote receivers keep not being ready",
+        ..VENDOR
+    },
+    CounterDefinition {
+        name: "rxe_send_err",
+        path: "hw_counters/send_err",
+        threshold_type: Velocity,
+        threshold: 10.0,
+        velocity_unit: Some(Second),
+        drivers: RXE,
+        description: "Packets the netdev failed to send",
+        ..VENDOR
     },
 ];

@@ -40,6 +40,7 @@ use time::{Duration, OffsetDateTime};
 
 use super::rule::{CounterRule, DEVICE_TEMPLATE_PREFIX, ETHTOOL_PREFIX, Measure, ThresholdType, VelocityUnit};
 use super::width;
+use crate::model::driver::RdmaDriver;
 use crate::model::event::{Check, Entity, HealthEvent, Stamp};
 use crate::model::{LinkLayer, Port};
 
@@ -50,6 +51,9 @@ pub struct CounterPort<'a> {
     pub device: &'a str,
     pub port: u32,
     pub link_layer: Option<&'a LinkLayer>,
+    /// The device's RDMA driver (`None`: not recognised): a rule is evaluated only on ports
+    /// of its drivers ([`CounterRule::drivers`]).
+    pub driver: Option<RdmaDriver>,
     /// Values keyed by rule path (`counters/link_downed`); unreadable ones absent.
     pub counters: &'a BTreeMap<std::sync::Arc<str>, u64>,
     /// The port's rate in bit/s (its RDMA `rate`), for [`Measure::BitErrorRate`] rules;
@@ -63,16 +67,23 @@ pub struct CounterPort<'a> {
 }
 
 impl<'a> CounterPort<'a> {
-    pub fn new(device: &'a str, port: &'a Port) -> CounterPort<'a> {
+    pub fn new(device: &'a str, driver: Option<RdmaDriver>, port: &'a Port) -> CounterPort<'a> {
         CounterPort {
             device,
             port: port.number,
             link_layer: port.link_layer.as_ref(),
+            driver,
             counters: &port.counters,
             rate_bps: port.rate_bps(),
             ber_threshold: None,
             ethtool_age: port.ethtool_age.unwrap_or_default(),
         }
+    }
+
+    /// Whether `rule` is evaluated on this port: enabled, and the port of one of its link
+    /// layers and drivers.
+    pub fn applies(&self, rule: &CounterRule) -> bool {
+        rule.enabled && rule.layers.covers(self.link_layer) && rule.drivers.covers(self.driver)
     }
 
     /// The check this port's counter events are filed under. Anything not Ethernet or EFA
@@ -206,7 +217,7 @@ pub fn evaluate(
     let shared = Shared::of(rules);
     for p in ports {
         let ethtool_at = now - p.ethtool_age;
-        for (i, rule) in rules.iter().enumerate().filter(|(_, r)| r.enabled && r.layers.covers(p.link_layer)) {
+        for (i, rule) in rules.iter().enumerate().filter(|(_, r)| p.applies(r)) {
             let Some(&value) = p.counters.get(rule.path.as_str()) else {
                 continue;
             };
@@ -254,7 +265,7 @@ pub fn went_unreadable(
 ) -> Vec<(String, u32, String)> {
     let mut out = Vec::new();
     for p in ports {
-        for rule in rules.iter().filter(|r| r.enabled && r.layers.covers(p.link_layer)) {
+        for rule in rules.iter().filter(|r| p.applies(r)) {
             if p.counters.contains_key(rule.path.as_str()) {
                 continue;
             }
@@ -535,15 +546,15 @@ fn saturation(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, a
 }
 
 /// The (device, port, rule name) of every enabled rule whose counter a port does not have:
-/// for one startup log line each (001 §7.1), never an error or an event.
+/// for one startup log line each (001 §7.1), never an error or an event. A counter whose
+/// other generation's name is read there ([`CounterRule::alias`]) is not missing.
 pub fn missing(ports: &[CounterPort<'_>], rules: &[CounterRule]) -> Vec<(String, u32, String)> {
     let mut out = Vec::new();
     for p in ports {
         // A device-level counter is read on port 1 only: not missing elsewhere.
         let device_level = |r: &CounterRule| r.path.starts_with(DEVICE_TEMPLATE_PREFIX);
-        for r in
-            rules.iter().filter(|r| r.enabled && r.layers.covers(p.link_layer) && (p.port == 1 || !device_level(r)))
-        {
+        let renamed = |r: &CounterRule| r.alias.as_deref().is_some_and(|a| p.counters.contains_key(a));
+        for r in rules.iter().filter(|r| p.applies(r) && (p.port == 1 || !device_level(r)) && !renamed(r)) {
             if !p.counters.contains_key(r.path.as_str()) {
                 out.push((p.device.to_owned(), p.port, r.name.clone()));
             }

@@ -15,6 +15,7 @@ pub mod width;
 mod tests;
 
 pub use config::{
-    CounterConfigError, CounterDetection, CounterEntry, CounterRule, Layers, ThresholdType, VelocityUnit, read_paths,
+    CounterConfigError, CounterDetection, CounterEntry, CounterRule, Layers, ThresholdType, VelocityUnit,
+    read_path_drivers, read_paths,
 };
 pub use eval::{CounterPort, CounterState, counter_key, evaluate, missing, parse_counter_key, went_unreadable};

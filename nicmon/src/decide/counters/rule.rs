@@ -114,6 +114,16 @@ pub struct CounterRule {
     /// never replaced by a port's own default (the pre-FEC BER of a KR4 port).
     #[serde(skip)]
     pub threshold_set: bool,
+    /// The RDMA drivers whose ports this counter is read on (owned by the code for the
+    /// built-in rules: a `hw_counters/` name means what its driver says; every driver for a
+    /// counter the operator adds).
+    #[serde(skip)]
+    pub drivers: crate::model::driver::Drivers,
+    /// The path of the same counter under its other generation's name (bnxt_re renamed its
+    /// counters in 2025): while that file is read on a port, this one's absence there is no
+    /// news (no startup note).
+    #[serde(skip)]
+    pub alias: Option<String>,
 }
 
 impl CounterRule {

@@ -51,6 +51,7 @@ impl Node {
             device: self.device,
             port: self.port,
             link_layer: Some(&self.link_layer),
+            driver: Some(crate::model::driver::RdmaDriver::Mlx5),
             counters: &counters,
             rate_bps: self.rate_bps,
             ber_threshold: None,
@@ -323,6 +324,7 @@ fn missing_counters_fail_open() {
         device: "mlx5_0",
         port: 1,
         link_layer: Some(&LinkLayer::Ethernet),
+        driver: Some(crate::model::driver::RdmaDriver::Mlx5),
         counters: &counters,
         rate_bps: None,
         ber_threshold: None,
@@ -332,7 +334,7 @@ fn missing_counters_fail_open() {
     assert!(gone.contains(&("mlx5_0".into(), 1, "roce_slow_restart".into())));
     assert!(!gone.iter().any(|(_, _, c)| c == "link_downed"));
     // symbol_error feeds two rules; the EFA rules do not apply to a RoCE port.
-    let applicable = n.rules.iter().filter(|r| r.enabled && r.layers.covers(Some(&LinkLayer::Ethernet))).count();
+    let applicable = n.rules.iter().filter(|r| ports[0].applies(r)).count();
     assert_eq!(gone.len(), applicable - 4);
     assert!(!gone.iter().any(|(_, _, c)| c.starts_with("efa_")));
 }
@@ -409,6 +411,8 @@ fn a_wide_data_counter_passing_u32_max_ends_the_episode() {
         measure: Default::default(),
         error_code: None,
         threshold_set: false,
+        drivers: Default::default(),
+        alias: None,
     }];
     let p = "counters/port_xmit_data";
     assert_eq!(n.poll(0, &[(p, u32::MAX as u64)]).len(), 1);
@@ -634,6 +638,8 @@ proptest! {
             measure: Default::default(),
             error_code: None,
             threshold_set: false,
+            drivers: Default::default(),
+            alias: None,
         });
         let mut state = CounterState::default();
         let mut now = T0;
@@ -647,7 +653,7 @@ proptest! {
                 .filter_map(|(p, v)| v.map(|v| ((*p).into(), v)))
                 .collect();
             let ll = LinkLayer::InfiniBand;
-            let ports = [CounterPort { device: "mlx5_0", port: 1, link_layer: Some(&ll), counters: &counters, rate_bps: None, ber_threshold: None, ethtool_age: Default::default() }];
+            let ports = [CounterPort { device: "mlx5_0", port: 1, link_layer: Some(&ll), driver: Some(crate::model::driver::RdmaDriver::Mlx5), counters: &counters, rate_bps: None, ber_threshold: None, ethtool_age: Default::default() }];
             let (events, next) = evaluate(&state, &ports, &rules, now, reboot, &Stamp::default());
             for e in &events {
                 prop_assert_eq!(e.error_code.len(), 1);
@@ -684,6 +690,7 @@ fn a_counter_that_goes_unreadable_is_said_once_per_episode() {
             device: n.device,
             port: n.port,
             link_layer: Some(&n.link_layer),
+            driver: Some(crate::model::driver::RdmaDriver::Mlx5),
             counters,
             rate_bps: None,
             ber_threshold: None,
@@ -762,6 +769,7 @@ mod roce_phy {
                     device: "mlx5_0",
                     port: 1,
                     link_layer: Some(&LinkLayer::Ethernet),
+                    driver: Some(crate::model::driver::RdmaDriver::Mlx5),
                     counters: c,
                     rate_bps: n.rate_bps,
                     ber_threshold: port_threshold,

@@ -15,6 +15,7 @@ fn device(name: &str, pci: &str) -> Device {
         fw_ver: None,
         board_id: None,
         driver: None,
+        rdma_driver: None,
         function: Function::Pf,
         netdev: None,
         ports: Vec::new(),

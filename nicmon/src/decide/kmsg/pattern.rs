@@ -301,6 +301,72 @@ const BUILTINS: &[Builtin] = &[
         NONE,
         "cable unplugged",
     )),
+    // Other RDMA vendors' firmware-fatal, reset and hang lines (SPEC §1.14), each printed
+    // with its driver's `<driver> <BDF>[ <if>]:` prefix (attributed to the card by that BDF,
+    // as mlx5's). A firmware fatal condition or a reset that failed stops the RDMA device:
+    // every queue pair of the card is lost — fatal, as mlx5's `fw_fatal_error`.
+    // bnxt_en (`drivers/net/ethernet/broadcom/bnxt/bnxt.c`): `bnxt_async_event_process`
+    // (RESET_NOTIFY; `..., data1: 0x%x, ...` since 6.x), `bnxt_fw_exception`.
+    ev(
+        "bnxt_fw_fatal",
+        r"Firmware fatal reset event(?: received|, data1: 0x[0-9a-fA-F]+)|Detected firmware fatal condition, initiating reset",
+        true,
+        REPLACE_VM,
+        "bnxt_en firmware fatal condition",
+    ),
+    // `bnxt_fw_reset`, `bnxt_fw_reset_task`: the firmware did not come back.
+    ev("bnxt_fw_reset_failed", r"Firmware reset aborted", true, REPLACE_VM, "bnxt_en firmware reset failed"),
+    // A reset the firmware announced (an update being activated): the link drops briefly.
+    ev(
+        "bnxt_fw_reset",
+        r"Firmware non-fatal reset event(?: received|, data1: 0x[0-9a-fA-F]+)",
+        false,
+        NONE,
+        "bnxt_en firmware reset",
+    ),
+    // ice (`drivers/net/ethernet/intel/ice/ice_main.c`: `ice_rebuild`, `ice_tx_timeout`,
+    // `ice_probe_recovery_mode`; i40e prints the last two the same way).
+    ev("ice_rebuild_failed", r"Rebuild failed, unload and reload driver", true, REPLACE_VM, "ice reset rebuild failed"),
+    ev(
+        "tx_timeout_unrecoverable",
+        r"tx_timeout recovery unsuccessful, device is in unrecoverable state",
+        true,
+        REPLACE_VM,
+        "transmit timeout recovery failed: device unrecoverable",
+    ),
+    ev(
+        "fw_recovery_mode",
+        r"Firmware recovery mode detected\. Limiting functionality",
+        true,
+        REPLACE_VM,
+        "NIC firmware in recovery mode",
+    ),
+    // irdma (`drivers/infiniband/hw/irdma/main.c`, `irdma_iidc_event_handler`,
+    // `irdma_request_reset`): `ibdev_*` lines, `ice <BDF> <ibdev>: ...`.
+    ev(
+        "irdma_critical_error",
+        r"critical PE Error, GLPE_CRITERR=0x[0-9a-fA-F]+",
+        true,
+        REPLACE_VM,
+        "irdma critical protocol engine error",
+    ),
+    ev(
+        "irdma_reset_request",
+        r"(?:^|\s)(?:ice|i40e|idpf) [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7] \S+: Requesting a reset\b",
+        false,
+        NONE,
+        "irdma requested a function reset",
+    ),
+    // ionic (`drivers/net/ethernet/pensando/ionic/ionic_dev.c` `ionic_heartbeat_check`,
+    // `ionic_lif.c` `ionic_lif_handle_fw_up`).
+    ev(
+        "ionic_fw_heartbeat_stalled",
+        r"(?:^|\s)ionic [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]: FW heartbeat stalled at -?\d+",
+        true,
+        REPLACE_VM,
+        "ionic firmware heartbeat stalled",
+    ),
+    ev("ionic_fw_restart_failed", r"FW Up: LIFs restart failed", true, REPLACE_VM, "ionic firmware restart failed"),
     Builtin {
         id: "access_reg_failed",
         regex: r"ACCESS_REG\(0x805\)(?: op_mod\(0x[0-9a-fA-F]+\))? failed",

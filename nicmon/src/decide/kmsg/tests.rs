@@ -48,6 +48,12 @@ fn node() -> DeviceIndex {
         pf("mlx5_16", "0000:02:00.0", None, true),
         // The management NIC (default route): never reported.
         pf("mlx5_20", "0000:c1:00.0", Some("eth0"), false),
+        // Other vendors (SPEC §1.14): a Thor2 (dual-function card), an E810 port, a Pollara.
+        pf("bnxt_re0", "0000:c5:00.0", Some("enp197s0f0np0"), true),
+        pf("bnxt_re1", "0000:c5:00.1", Some("enp197s0f1np1"), true),
+        pf("rocep76s0", "0000:4c:00.0", Some("ens76f0"), true),
+        pf("rocep36s0", "0000:24:00.0", Some("enp36s0"), true),
+        pf("irdma1", "0000:b1:00.0", Some("ens801f0np0"), true),
         // A card in PCI domain 0x0041.
         pf("mlx5_21", "0041:01:00.0", None, true),
         pf("mlx5_22", "0041:01:00.1", None, true),
@@ -345,6 +351,106 @@ fn field_failure_lines() -> Vec<(&'static str, Vec<Expected>)> {
             ],
         ),
     ]
+}
+
+/// Other RDMA vendors' firmware-fatal, reset and hang lines (SPEC §1.14): the format strings
+/// of `drivers/net/ethernet/broadcom/bnxt/bnxt.c` (`bnxt_async_event_process`,
+/// `bnxt_fw_exception`, `bnxt_fw_reset`), `drivers/net/ethernet/intel/ice/ice_main.c`
+/// (`ice_rebuild`, `ice_tx_timeout`, `ice_probe_recovery_mode`),
+/// `drivers/infiniband/hw/irdma/main.c` and `drivers/net/ethernet/pensando/ionic/`
+/// (`ionic_dev.c`, `ionic_lif.c`) as the kernel prints them; the irdma, ice and ionic ones
+/// as quoted in bug reports and patches.
+fn vendor_lines() -> Vec<(&'static str, Vec<Expected>)> {
+    use RecommendedAction::*;
+    vec![
+        (
+            "bnxt_en 0000:c5:00.0 enp197s0f0np0: Firmware fatal reset event received",
+            vec![("bnxt_fw_fatal", true, REPLACE_VM, "bnxt_re0")],
+        ),
+        // The 6.x wording; printed by the card's second function: its first speaks for it.
+        (
+            "bnxt_en 0000:c5:00.1 enp197s0f1np1: Firmware fatal reset event, data1: 0x40010002, data2: 0x0, min wait 1000 ms, max wait 6000 ms",
+            vec![("bnxt_fw_fatal", true, REPLACE_VM, "bnxt_re0")],
+        ),
+        (
+            "bnxt_en 0000:c5:00.0 enp197s0f0np0: Detected firmware fatal condition, initiating reset",
+            vec![("bnxt_fw_fatal", true, REPLACE_VM, "bnxt_re0")],
+        ),
+        (
+            "bnxt_en 0000:c5:00.0 enp197s0f0np0: Firmware reset aborted, PCI config space invalid",
+            vec![("bnxt_fw_reset_failed", true, REPLACE_VM, "bnxt_re0")],
+        ),
+        (
+            "bnxt_en 0000:c5:00.0 enp197s0f0np0: Firmware non-fatal reset event received, max wait time 6000 msec",
+            vec![("bnxt_fw_reset", false, NONE, "bnxt_re0")],
+        ),
+        (
+            "ice 0000:4c:00.0 rocep76s0: critical PE Error, GLPE_CRITERR=0x00011424",
+            vec![("irdma_critical_error", true, REPLACE_VM, "rocep76s0")],
+        ),
+        ("ice 0000:4c:00.0 rocep76s0: Requesting a reset", vec![("irdma_reset_request", false, NONE, "rocep76s0")]),
+        (
+            "ice 0000:b1:00.0: Rebuild failed, unload and reload driver",
+            vec![("ice_rebuild_failed", true, REPLACE_VM, "irdma1")],
+        ),
+        (
+            "ice 0000:b1:00.0 ens801f0np0: tx_timeout recovery unsuccessful, device is in unrecoverable state.",
+            vec![("tx_timeout_unrecoverable", true, REPLACE_VM, "irdma1")],
+        ),
+        (
+            "ice 0000:b1:00.0: Firmware recovery mode detected. Limiting functionality. Refer to the Intel(R) Ethernet Adapters and Devices User Guide for details on firmware recovery mode",
+            vec![("fw_recovery_mode", true, REPLACE_VM, "irdma1")],
+        ),
+        (
+            "ionic 0000:24:00.0: FW heartbeat stalled at -1342169688",
+            vec![("ionic_fw_heartbeat_stalled", true, REPLACE_VM, "rocep36s0")],
+        ),
+        (
+            "ionic 0000:24:00.0: FW Up: LIFs restart failed - err -5",
+            vec![("ionic_fw_restart_failed", true, REPLACE_VM, "rocep36s0")],
+        ),
+    ]
+}
+
+/// What the same drivers print when things go well, and the same words elsewhere.
+const VENDOR_NEGATIVES: &[&str] = &[
+    "ice 0000:4c:00.0 rocep76s0: ICE OICR event notification: oicr = 0x10000003",
+    "ice 0000:4c:00.0 rocep76s0: Q1 Resource Check",
+    "ionic 0000:24:00.0: FW heartbeat restored at 12345",
+    "ionic 0000:24:00.0: FW Up: LIFs restarted",
+    "bnxt_en 0000:c5:00.0 enp197s0f0np0: NIC Link is Up, 400000 Mbps full duplex, Flow control: ON - receive & transmit",
+    "xe 0000:03:00.0: [drm] Requesting a reset",
+];
+
+#[test]
+fn other_vendors_firmware_lines_yield_one_event_per_card() {
+    for (i, (line, want)) in vendor_lines().into_iter().enumerate() {
+        for rec in [Record::plain(line), as_kmsg(i as u64 + 1, line)] {
+            let out = run(std::slice::from_ref(&rec));
+            let got: Vec<_> = out.events.iter().map(summary).collect();
+            let want: Vec<_> = want.iter().map(|(id, f, a, d)| (id.to_string(), *f, *a, d.to_string())).collect();
+            assert_eq!(got, want, "line: {line} (record {rec:?})");
+            assert!(
+                out.events.iter().all(|e| e.message.contains(line.split(": ").last().unwrap())),
+                "{:?}",
+                out.events
+            );
+        }
+        // Never written into the real kernel log by a test.
+        let marked = format!("{}-12345678 {line}", real_log::MARKER);
+        assert!(real_log::check(&marked, &BUILTIN).is_err(), "{marked:?} would be written");
+    }
+    // The card's two functions printing the same fatal at once: one event.
+    let both = [
+        as_kmsg(1, "bnxt_en 0000:c5:00.0 enp197s0f0np0: Firmware fatal reset event received"),
+        as_kmsg(2, "bnxt_en 0000:c5:00.1 enp197s0f1np1: Firmware fatal reset event received"),
+    ];
+    assert_eq!(run(&both).events.len(), 1);
+    for (i, line) in VENDOR_NEGATIVES.iter().enumerate() {
+        for rec in [Record::plain(*line), as_kmsg(i as u64 + 1, line)] {
+            assert!(run(std::slice::from_ref(&rec)).events.is_empty(), "{line}");
+        }
+    }
 }
 
 /// The same words from other drivers, successes, and bridges without a monitored NIC below.
@@ -741,6 +847,7 @@ fn from_snapshot_uses_the_callers_roles() {
         fw_ver: None,
         board_id: None,
         driver: None,
+        rdma_driver: None,
         function,
         netdev: None,
         ports: vec![],

@@ -57,7 +57,7 @@ pub(super) fn missing_devices(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitt
                     ctx.now,
                     &format!("NIC {name} disappeared from /sys/class/infiniband/ - {why}"),
                 )
-                .unhealthy(true)
+                .unhealthy(!known.software)
                 .entities(vec![Entity::device(name.clone())]),
             );
         }
@@ -82,6 +82,7 @@ pub(super) fn present_devices(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitt
             misses: 0,
             reported_missing: false,
             netdev: d.netdev.clone(),
+            software: d.is_software(),
         });
         if entry.reported_missing {
             let check = state_check_named(&ll);
@@ -102,6 +103,7 @@ pub(super) fn present_devices(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitt
         entry.pci_address = d.pci_address.clone();
         entry.card = d.card.clone();
         entry.netdev = d.netdev.clone();
+        entry.software = d.is_software();
         entry.link_layer = ll;
     }
 }

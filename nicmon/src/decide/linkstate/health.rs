@@ -73,6 +73,15 @@ pub fn port_health(port: &Port, ll: &LinkLayer) -> PortHealth {
     }
 }
 
+/// A software RDMA device's port (rxe, siw: SPEC §1.14) is never fatal: a fatal state is
+/// non-fatal there, and nothing escalates (no card, no peers, a test fabric).
+pub fn capped(health: PortHealth, software: bool) -> PortHealth {
+    match health {
+        PortHealth::Fatal | PortHealth::NonFatal { .. } if software => PortHealth::NonFatal { escalates: false },
+        other => other,
+    }
+}
+
 fn name_or_unknown(s: Option<&str>) -> &str {
     s.unwrap_or("unknown")
 }

@@ -4,7 +4,7 @@
 //! polls and reported only through its card (lesson 1, lesson 11).
 use super::escalation::escalate;
 use super::flap::{self, FlapState, Settle, Transition};
-use super::health::{PortHealth, healthy_text, port_health, state_text};
+use super::health::{PortHealth, capped, healthy_text, port_health, state_text};
 use super::homogeneity::Cards;
 use super::state::{PortRecord, Reported};
 use super::{Ctx, Emitted, FlapTransition};
@@ -67,7 +67,7 @@ pub(super) fn transition(
     blip: bool,
     out: &mut Emitted,
 ) {
-    let health = port_health(pv.port, pv.ll);
+    let health = capped(port_health(pv.port, pv.ll), pv.device.is_software());
     match health {
         PortHealth::Unknown | PortHealth::Quiet => {}
         PortHealth::Healthy => healthy(ctx, pv, r, blip, out),
@@ -176,7 +176,8 @@ fn passes_flap_damping(ctx: &Ctx<'_>, pv: &PortView<'_>, r: &mut PortRecord, out
                 ctx.cfg.flap.window.whole_seconds(),
                 ctx.cfg.flap.settle.whole_seconds()
             );
-            let ev = HealthEvent::new(pv.check, ctx.stamp, ctx.now, &msg).unhealthy(true).error_code(flap::ERROR_CODE);
+            let fatal = !pv.device.is_software();
+            let ev = HealthEvent::new(pv.check, ctx.stamp, ctx.now, &msg).unhealthy(fatal).error_code(flap::ERROR_CODE);
             pv.emit(ctx, out, ev);
             r.reported = Reported::Fatal;
             flap_counted(pv, r, true, out);
@@ -204,7 +205,8 @@ fn blip_transition(ctx: &Ctx<'_>, pv: &PortView<'_>, r: &mut PortRecord, out: &m
                 ctx.cfg.flap.window.whole_seconds(),
                 ctx.cfg.flap.settle.whole_seconds()
             );
-            let ev = HealthEvent::new(pv.check, ctx.stamp, ctx.now, &msg).unhealthy(true).error_code(flap::ERROR_CODE);
+            let fatal = !pv.device.is_software();
+            let ev = HealthEvent::new(pv.check, ctx.stamp, ctx.now, &msg).unhealthy(fatal).error_code(flap::ERROR_CODE);
             pv.emit(ctx, out, ev);
             r.reported = Reported::Fatal;
             flap_counted(pv, r, true, out);

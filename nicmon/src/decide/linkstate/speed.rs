@@ -17,7 +17,9 @@ fn rate_key(gbps: f64) -> u64 {
 
 pub(super) fn speed(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitted) {
     let mut rates: BTreeMap<Group, Vec<u64>> = BTreeMap::new();
-    for d in &ctx.monitored {
+    // A software device's rate is its netdev's, whatever that is: it has no peers.
+    let hardware: Vec<_> = ctx.monitored.iter().filter(|d| !d.is_software()).collect();
+    for d in &hardware {
         let (Some(role), Some(ll)) = (ctx.role_of(d), device_link_layer(d)) else {
             continue;
         };
@@ -27,7 +29,7 @@ pub(super) fn speed(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitted) {
             }
         }
     }
-    for d in &ctx.monitored {
+    for d in &hardware {
         let (Some(role), Some(ll)) = (ctx.role_of(d), device_link_layer(d)) else {
             continue;
         };

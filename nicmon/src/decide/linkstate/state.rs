@@ -76,6 +76,9 @@ pub struct KnownDevice {
     /// Its netdev when last seen (the kernel may announce the loss by that name).
     #[serde(default)]
     pub netdev: Option<String>,
+    /// A software RDMA device (rxe, siw): its disappearance is not fatal.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub software: bool,
 }
 
 /// The state checks' memory.

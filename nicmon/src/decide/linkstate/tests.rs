@@ -25,6 +25,7 @@ fn snapshot(up: bool) -> Snapshot {
         fw_ver: None,
         board_id: None,
         driver: Some("mlx5_core".into()),
+        rdma_driver: None,
         function: Function::Pf,
         netdev: None,
         ports: vec![Port {

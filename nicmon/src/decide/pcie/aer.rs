@@ -59,6 +59,8 @@ pub fn rules(t: &AerThresholds) -> Vec<CounterRule> {
                 measure: crate::decide::counters::rule::Measure::Count,
                 error_code: None,
                 threshold_set: false,
+                drivers: Default::default(),
+                alias: None,
             }
         })
         .collect()
@@ -119,6 +121,7 @@ pub fn evaluate(
             device: p.nic,
             port: 0,
             link_layer: None,
+            driver: None,
             counters,
             rate_bps: None,
             ber_threshold: None,

@@ -20,6 +20,7 @@ use crate::read::parse;
 use std::sync::atomic::Ordering;
 
 mod chars;
+mod driver;
 mod pci;
 mod plan;
 mod statics;
@@ -41,6 +42,10 @@ pub struct ReadPlan<'a> {
     /// or a netdev template (`/sys/class/net/{interface}/carrier_changes`).
     /// Shared with every port's counter values ([`Port::counters`]' keys).
     pub counter_paths: Vec<Arc<str>>,
+    /// Per path of `counter_paths` (same index), the RDMA drivers whose devices read it (a
+    /// `hw_counters/` file means what its driver says); a path without an entry: every
+    /// device.
+    pub counter_drivers: Vec<crate::model::driver::Drivers>,
     /// Devices (name, PCI address) known from earlier polls: when one is missing from
     /// `class/infiniband`, its PCI function is probed (002 §5.9).
     pub known: Vec<(String, String)>,
@@ -68,6 +73,7 @@ impl std::fmt::Debug for ReadPlan<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReadPlan")
             .field("counter_paths", &self.counter_paths)
+            .field("counter_drivers", &self.counter_drivers)
             .field("known", &self.known)
             .field("statics", &self.statics)
             .field("roce", &self.roce)
@@ -94,12 +100,10 @@ pub struct RoceReads {
 /// Where the RDMA devices are listed.
 const DEVICES: &str = "class/infiniband";
 
-static MLX5_NAME: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^mlx5_(bond_)?\d+$").expect("static regex"));
-
 const MELLANOX_VENDOR: u32 = 0x15b3;
 const NVIDIA_VENDOR: u32 = 0x10de;
-/// Amazon (the `efa` driver's adapters).
-const AMAZON_VENDOR: u32 = 0x1d0f;
+/// AMD (Instinct accelerators: a GPU node's GPUs when they are not NVIDIA's).
+const AMD_VENDOR: u32 = 0x1002;
 
 /// Read every RDMA device, its ports and counters, the default route and the PCI probes.
 pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {

@@ -43,7 +43,10 @@ pub struct PciNode {
     pub root_port_vendor: Option<u32>,
 }
 
-/// GPUs on the PCI bus: vendor `0x10de`, class `0x0300xx` (VGA) or `0x0302xx` (3D).
+/// GPUs on the PCI bus: NVIDIA's (vendor `0x10de`, class `0x0300xx` VGA or `0x0302xx` 3D)
+/// and AMD Instinct accelerators (vendor `0x1002`, class `0x1200xx` processing accelerator —
+/// MI300 — or `0x0380xx` display controller — MI100/MI200); an AMD GPU node has no
+/// NVIDIA metadata, its roles come from this tree.
 pub fn pci_gpus(host: &Host) -> Vec<PciGpu> {
     host.list_sys("bus/pci/devices")
         .into_iter()
@@ -51,7 +54,10 @@ pub fn pci_gpus(host: &Host) -> Vec<PciGpu> {
             let dir = format!("bus/pci/devices/{bdf}");
             let vendor = host.read_sys(&format!("{dir}/vendor")).ok().and_then(|v| parse::hex_u32(&v));
             let class = host.read_sys(&format!("{dir}/class")).ok().and_then(|v| parse::hex_u32(&v));
-            vendor == Some(NVIDIA_VENDOR) && matches!(class.map(|c| c >> 8), Some(0x0300) | Some(0x0302))
+            matches!(
+                (vendor, class.map(|c| c >> 8)),
+                (Some(NVIDIA_VENDOR), Some(0x0300 | 0x0302)) | (Some(AMD_VENDOR), Some(0x1200 | 0x0380))
+            )
         })
         .filter_map(|bdf| {
             let pci_address = parse::pci_address(&bdf)?;

@@ -2,6 +2,7 @@
 //! [`Batch`] (read together, one hand-off to the reader thread), then each device, port,
 //! counter and PCIe reading finished from the batch's results.
 use super::*;
+use crate::model::driver::RdmaDriver;
 
 /// The result of file `i` of a batch (by reference; an error cloned).
 pub(super) fn at(results: &[Result<String, ReadError>], i: usize) -> Result<&str, ReadError> {
@@ -181,6 +182,8 @@ pub(super) struct PortRead {
 pub(super) struct PortPlan<'p> {
     pub(super) plan: &'p ReadPlan<'p>,
     pub(super) roce: bool,
+    /// The device's RDMA driver: only the counter paths of its driver are read.
+    pub(super) driver: Option<RdmaDriver>,
 }
 
 /// Files read ahead: begun before the listings, under the kept-file generation then.
@@ -264,21 +267,13 @@ pub(super) fn read_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut 
         }
         (None, _) => Arc::new(read_statics(host, &base, link_by_path())),
     };
-    let driver = statics.driver.as_deref();
-    let vendor = statics.vendor;
-
-    // AWS EFA: bound to `efa`; by the Amazon vendor only when the driver is unknown (an
-    // Amazon function bound to another driver is not an EFA).
-    let efa = match driver {
-        Some(d) => d == "efa",
-        None => vendor == Some(AMAZON_VENDOR),
-    };
-    let supported = efa || MLX5_NAME.is_match(name) || driver == Some("mlx5_core") || vendor == Some(MELLANOX_VENDOR);
-    let unsupported = (!supported).then(|| {
+    let efa = statics.rdma_driver == Some(RdmaDriver::Efa);
+    let unsupported = statics.rdma_driver.is_none().then(|| {
         format!(
-            "not an NVIDIA/Mellanox mlx5 or AWS EFA device (driver {}, PCI vendor {})",
-            driver.unwrap_or("unknown"),
-            vendor.map(|v| format!("{v:#06x}")).unwrap_or_else(|| "unknown".into())
+            "RDMA driver not recognised (PCI driver {}, PCI vendor {}): list it in nicInclusionRegexOverride to \
+             monitor it",
+            statics.driver.as_deref().unwrap_or("unknown"),
+            statics.vendor.map(|v| format!("{v:#06x}")).unwrap_or_else(|| "unknown".into())
         )
     });
 
@@ -286,7 +281,8 @@ pub(super) fn read_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut 
         Some(dir) => host.list_in(dir, "device/net"),
         None => host.list_sys(&format!("{base}/device/net")),
     };
-    let netdev = netdevs.first().cloned();
+    // A software device has no `device/net`: its netdev is rxe's `parent`.
+    let netdev = netdevs.first().cloned().or_else(|| statics.parent.clone());
     if fresh {
         // A new incarnation (or the periodic re-read): its kept-open files are opened again.
         host.forget_kept(Some(&base));
@@ -298,9 +294,10 @@ pub(super) fn read_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut 
         }
     }
 
-    // Unsupported devices and VFs are listed, not monitored: read their ports' states
-    // for the report, but no counters.
-    let read_counters = supported && statics.function != Function::Vf;
+    // VFs are listed, not monitored: their ports' states are read for the report, but no
+    // counters. A device of an unrecognised driver is read whole: `nicInclusionRegexOverride`
+    // may bring it in (a monitor reads an unmonitored one once per incarnation).
+    let read_counters = statics.function != Function::Vf;
     let numbers = if statics.ports.is_empty() { list_ports(host, &base) } else { statics.ports.clone() };
     // Their files are not kept open: a monitor reads such a device once per incarnation
     // ([`unmonitored`]).
@@ -310,7 +307,8 @@ pub(super) fn read_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut 
         .map(|n| {
             let port_netdev = port_netdev(host, &base, &netdevs, n).or_else(|| netdev.clone());
             let roce = !efa && statics.link_layers.get(&n).is_none_or(|l| *l == LinkLayer::Ethernet);
-            let reads = (read_counters && !plan.link_only).then_some(PortPlan { plan, roce });
+            let driver = statics.rdma_driver;
+            let reads = (read_counters && !plan.link_only).then_some(PortPlan { plan, roce, driver });
             plan_port(name, n, port_netdev.as_deref(), reads, batch)
         })
         .collect();
@@ -372,7 +370,7 @@ pub(super) fn finish_device(
 ) -> Device {
     let DeviceRead { name, statics, efa, unsupported, netdev, ports, pcie } = r;
     let pcie = pcie.and_then(|p| finish_pcie(&name, &statics, p, results, files, plan));
-    let Statics { pci_address, driver, function, numa_node, hca_type, fw_ver, board_id, .. } = &*statics;
+    let Statics { pci_address, driver, rdma_driver, function, numa_node, hca_type, fw_ver, board_id, .. } = &*statics;
     let (pci_address, driver, function, numa_node) =
         (pci_address.clone(), driver.clone(), *function, numa_node.clone());
     let (hca_type, fw_ver, board_id) = (hca_type.clone(), fw_ver.clone(), board_id.clone());
@@ -404,6 +402,7 @@ pub(super) fn finish_device(
         fw_ver,
         board_id,
         driver,
+        rdma_driver: *rdma_driver,
         function,
         netdev,
         ports,
@@ -442,12 +441,13 @@ pub(super) fn plan_port(
     let operstate = netdev.map(|nd| batch.add(format_args!("class/net/{nd}/operstate")));
     let carrier = netdev.map(|nd| batch.add(format_args!("class/net/{nd}/carrier")));
     let (mut counters, mut roce_counters, mut speed) = (Vec::new(), Vec::new(), None);
-    if let Some(PortPlan { plan, roce }) = reads {
+    if let Some(PortPlan { plan, roce, driver }) = reads {
         let cache = plan.statics.as_deref();
-        counters = plan_counters((dev, n, netdev), &plan.counter_paths, 0, cache, batch);
+        let own = |k: usize| plan.counter_drivers.get(k).is_none_or(|d| d.covers(driver));
+        counters = plan_counters((dev, n, netdev), &plan.counter_paths, (0, &own), cache, batch);
         if roce {
-            roce_counters =
-                plan_counters((dev, n, netdev), &plan.roce.counter_paths, plan.counter_paths.len(), cache, batch);
+            let base = plan.counter_paths.len();
+            roce_counters = plan_counters((dev, n, netdev), &plan.roce.counter_paths, (base, &|_| true), cache, batch);
             let rated = cache.is_some_and(|c| c.is_rated(dev, n));
             speed =
                 netdev.filter(|_| plan.roce.speed && !rated).map(|nd| batch.add(format_args!("class/net/{nd}/speed")));
@@ -469,19 +469,19 @@ pub(super) fn plan_port(
     }
 }
 
-/// The counter files of `paths` on port `n` of `dev` (netdev `netdev`), added to `batch`
-/// unless found absent in this incarnation: (index in `paths`, index of the file). A
-/// counter is remembered absent by (port, `base` + its index): the rules' paths come first,
-/// the RoCE reads' after them.
+/// The counter files of `paths` on port `n` of `dev` (netdev `netdev`) that `read` says the
+/// device reads (its driver's), added to `batch` unless found absent in this incarnation:
+/// (index in `paths`, index of the file). A counter is remembered absent by (port, `base` +
+/// its index): the rules' paths come first, the RoCE reads' after them.
 pub(super) fn plan_counters(
     (dev, n, netdev): (&str, u32, Option<&str>),
     paths: &[Arc<str>],
-    base: usize,
+    (base, read): (usize, &dyn Fn(usize) -> bool),
     cache: Option<&StaticCache>,
     batch: &mut Batch,
 ) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
-    for (k, path) in paths.iter().enumerate() {
+    for (k, path) in paths.iter().enumerate().filter(|(k, _)| read(*k)) {
         let Some(file) = CounterFile::of(dev, n, path, netdev) else { continue };
         if !cache.is_some_and(|c| c.is_counter_absent(dev, n, base + k)) {
             out.push((k, batch.add(format_args!("{file}"))));

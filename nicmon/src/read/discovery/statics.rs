@@ -20,6 +20,11 @@ pub(super) struct Statics {
     pub(super) pci_address: Option<String>,
     pub(super) driver: Option<String>,
     pub(super) vendor: Option<u32>,
+    /// The RDMA driver recognised from the above ([`super::driver::recognise`]).
+    pub(super) rdma_driver: Option<crate::model::driver::RdmaDriver>,
+    /// rxe's `parent` attribute: the netdev a software device rides on (it has no
+    /// `device/net`).
+    pub(super) parent: Option<String>,
     pub(super) function: Function,
     /// The value (`-1` included), and why it is unknown when it is.
     pub(super) numa_node: (Option<i32>, Option<String>),
@@ -315,13 +320,33 @@ pub(super) fn read_statics(host: &Host, base: &str, link: Option<String>) -> Sta
             matches!(ll, LinkLayer::InfiniBand | LinkLayer::Ethernet).then_some((*n, ll))
         })
         .collect();
+    let driver = host.link_name_sys(&format!("{base}/device/driver"));
+    let vendor = host.read_sys(&format!("{base}/device/vendor")).ok().and_then(|v| parse::hex_u32(&v));
+    // No `device` link: no PCI function (rxe, siw). Only then are `parent` and `node_type`
+    // read (a hardware device's reads stay what they were).
+    let virtual_device = link.is_none();
+    let (parent, node_type) = match virtual_device {
+        true => (opt(host.read_sys(&format!("{base}/parent"))), opt(host.read_sys(&format!("{base}/node_type")))),
+        false => (None, None),
+    };
+    let name = base.rsplit('/').next().unwrap_or(base);
+    let identity = super::driver::Identity {
+        pci_driver: driver.as_deref(),
+        vendor,
+        virtual_device,
+        parent: parent.as_deref(),
+        node_type: node_type.as_deref(),
+    };
+    let rdma_driver = super::driver::recognise(name, &identity);
     Statics {
         ports,
         link_layers,
         link,
         pci_address,
-        driver: host.link_name_sys(&format!("{base}/device/driver")),
-        vendor: host.read_sys(&format!("{base}/device/vendor")).ok().and_then(|v| parse::hex_u32(&v)),
+        driver,
+        vendor,
+        rdma_driver,
+        parent,
         function,
         // `-1` is a value (no NUMA affinity); unreadable or garbage is unknown.
         numa_node: attribute(
