@@ -246,6 +246,7 @@ fn a_veth_answers_not_supported_said_once() {
         fw_ver: None,
         board_id: None,
         driver: None,
+        rdma_driver: None,
         function: crate::model::Function::Pf,
         netdev: Some(veth.0.into()),
         ports: vec![Port { number: 1, ..Port::default() }],
