@@ -13,4 +13,5 @@ pub mod roles;
 pub mod settings;
 pub mod software;
 pub mod state;
+pub mod optics;
 pub mod thermal;

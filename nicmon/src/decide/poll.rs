@@ -17,6 +17,7 @@ use crate::decide::counters::{self, CounterPort};
 use crate::decide::firmware::{self, FirmwareState};
 use crate::decide::kmsg::{self, DeviceIndex};
 use crate::decide::linkstate::{self, StateConfig};
+use crate::decide::optics::{self, OpticsState};
 use crate::decide::pcie::{self, PcieState};
 use crate::decide::phy;
 use crate::decide::roles::{self, Classification};
@@ -145,6 +146,8 @@ impl Decider {
 
         let (thermal_events, thermal_state) = self.thermal(&prev.thermal, &snapshot, &roles, now);
         events.extend(thermal_events);
+        let (optics_events, optics_state) = self.optics(&prev.optics, &snapshot, &roles, now);
+        events.extend(optics_events);
         let (firmware_events, mut firmware_state) = self.firmware(&prev.firmware, &snapshot, &roles, now);
         events.extend(firmware_events);
 
@@ -169,6 +172,7 @@ impl Decider {
             char_devices: char_state,
             pcie: pcie_state,
             thermal: thermal_state,
+            optics: optics_state,
             firmware: firmware_state,
             einval,
             scope: Some(scope),
@@ -333,6 +337,23 @@ impl Decider {
         }
         let margin = self.config.thermal.margin_millidegrees();
         thermal::evaluate(prev, snapshot, roles, margin, now, &self.stamp)
+    }
+
+    /// Step 7b, optics (SPEC §1.13): each monitored port's module as last read (reads are
+    /// paced; a state change reads at once), when its degradation check is enabled. The
+    /// events are filtered by check with the others.
+    fn optics(
+        &self,
+        prev: &OpticsState,
+        snapshot: &Snapshot,
+        roles: &BTreeMap<String, Classification>,
+        now: OffsetDateTime,
+    ) -> (Vec<HealthEvent>, OpticsState) {
+        let checks = &self.state_config.checks;
+        if !checks.contains(&Check::EthernetDegradationCheck) && !checks.contains(&Check::InfiniBandDegradationCheck) {
+            return (Vec::new(), prev.clone());
+        }
+        optics::evaluate(prev, snapshot, roles, now, &self.stamp)
     }
 
     /// Step 8, firmware health (SPEC §1.13): the monitored NICs' devlink health reporters

@@ -9,6 +9,7 @@ use crate::decide::counters::CounterState;
 use crate::decide::firmware::FirmwareState;
 use crate::decide::kmsg::KmsgState;
 use crate::decide::linkstate::LinkState;
+use crate::decide::optics::OpticsState;
 use crate::decide::pcie::check::PcieState;
 use crate::decide::thermal::ThermalState;
 
@@ -39,6 +40,9 @@ pub struct CheckState {
     /// NIC temperature: the NICs reported overheating.
     #[serde(default, skip_serializing_if = "ThermalState::is_empty")]
     pub thermal: ThermalState,
+    /// Optics: the conditions raised, by port.
+    #[serde(default, skip_serializing_if = "OpticsState::is_empty")]
+    pub optics: OpticsState,
     /// Firmware health: the reporters' baselines, the faults raised, the last firmware fatal
     /// of each card (the dedup with the kernel log).
     #[serde(default, skip_serializing_if = "FirmwareState::is_empty")]

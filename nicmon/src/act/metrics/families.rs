@@ -133,6 +133,39 @@ families! {
          the driver loaded (use increase())";
     devlink_healthy: Family<ReporterLabels, Gauge> = Family::default() => "nicmon_devlink_health_healthy",
         "1 while a monitored NIC's devlink health reporter is in the healthy state, 0 in error";
+    optic_rx_power: Family<LaneLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+        => "nicmon_optic_rx_power_dbm",
+        "Receive optical power of a lane of a monitored port's module in dBm, as last read (reads \
+         are paced by [opticsCheck] readInterval); absent with no light (see nicmon_optic_rx_los) \
+         or where the module does not measure it";
+    optic_rx_power_low_warning: Family<LaneLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+        => "nicmon_optic_rx_power_low_warning_dbm",
+        "The module's own low-warning threshold for a lane's receive power in dBm (below it: \
+         optic_rx_power_low while the link is up); absent where the module gives none";
+    optic_rx_power_low_alarm: Family<LaneLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+        => "nicmon_optic_rx_power_low_alarm_dbm",
+        "The module's own low-alarm threshold for a lane's receive power in dBm; absent where the \
+         module gives none";
+    optic_tx_power: Family<LaneLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+        => "nicmon_optic_tx_power_dbm",
+        "Transmit optical power of a lane of a monitored port's module in dBm; absent where not \
+         measured or zero";
+    optic_tx_bias: Family<LaneLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+        => "nicmon_optic_tx_bias_milliamperes",
+        "Laser bias current of a lane of a monitored port's module in mA; absent where not measured";
+    optic_rx_los: Family<LaneLabels, Gauge> = Family::default() => "nicmon_optic_rx_los",
+        "1 while a lane's latched Rx loss-of-signal flag was set at the module's last read";
+    optic_tx_fault: Family<LaneLabels, Gauge> = Family::default() => "nicmon_optic_tx_fault",
+        "1 while a lane's latched Tx fault flag was set at the module's last read";
+    optic_temperature: Family<ModuleLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+        => "nicmon_optic_temperature_celsius",
+        "Temperature of a monitored port's module in degrees Celsius, as last read";
+    optic_temperature_high_warning: Family<ModuleLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+        => "nicmon_optic_temperature_high_warning_celsius",
+        "The module's own high-warning temperature in degrees Celsius (above it: optic_temperature)";
+    optic_supply: Family<ModuleLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+        => "nicmon_optic_supply_volts",
+        "Supply voltage (Vcc) of a monitored port's module in volts, as last read";
     kmsg_records_lost: Counter = Counter::default() => "nicmon_kmsg_records_lost",
         "Kernel log records overwritten before they were read";
     ebpf_wake_records_lost: Counter = Counter::default() => "nicmon_ebpf_wake_records_lost",
@@ -194,6 +227,22 @@ pub(super) struct SensorLabels {
     pub(super) sensor: String,
     /// `asic`, `module0` (empty: no label).
     pub(super) label: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct LaneLabels {
+    pub(super) device: String,
+    pub(super) port: u32,
+    /// As the module numbers its lanes, from 1.
+    pub(super) lane: u32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ModuleLabels {
+    pub(super) device: String,
+    pub(super) port: u32,
+    /// `QSFP28`, `OSFP`, ...
+    pub(super) module: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -11,6 +11,7 @@ mod families;
 mod observe;
 mod phy;
 pub mod server;
+mod optics;
 mod thermal;
 
 use std::collections::BTreeMap;

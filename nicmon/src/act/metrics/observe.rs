@@ -55,6 +55,7 @@ impl Metrics {
         self.observe_causes(&events);
         self.observe_phy(poll, next);
         self.observe_thermal(poll);
+        self.observe_optics(poll);
         self.observe_devlink(poll);
     }
 

@@ -379,6 +379,7 @@ pub fn same_but_volatile(checks: &CheckState, w: &CheckState) -> bool {
         char_devices,
         pcie,
         thermal,
+        optics,
         firmware,
         einval,
         scope,
@@ -394,6 +395,7 @@ pub fn same_but_volatile(checks: &CheckState, w: &CheckState) -> bool {
         && *first_poll_deferrals == w.first_poll_deferrals
         && *history == w.history
         && *thermal == w.thermal
+        && *optics == w.optics
         && *firmware == w.firmware
         && counters_settle_to(counters, &w.counters)
         && pcie.link == w.pcie.link

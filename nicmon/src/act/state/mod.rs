@@ -78,6 +78,8 @@ struct Flat {
     #[serde(default)]
     thermal: crate::decide::thermal::ThermalState,
     #[serde(default)]
+    optics: crate::decide::optics::OpticsState,
+    #[serde(default)]
     firmware: crate::decide::firmware::FirmwareState,
     #[serde(default)]
     einval: BTreeSet<String>,
@@ -106,6 +108,7 @@ impl From<Flat> for State {
             char_devices: f.char_devices,
             pcie: f.pcie,
             thermal: f.thermal,
+            optics: f.optics,
             firmware: f.firmware,
             einval: f.einval,
             scope: f.scope,
