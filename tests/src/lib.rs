@@ -622,6 +622,12 @@ impl Node {
             link(&format!("{}{net_dir}", up("class/net")), &self.sys().join(format!("class/net/{nd}")));
             // device/infiniband is reached through the netdev's device link.
             self.next_ifindex += 1;
+            // A RoCE PF's transceiver, in the ethtool replay directory: 400 G and up an OSFP
+            // (CMIS), below a QSFP56 (SFF-8636). An IPoIB netdev answers no module read.
+            if !vf && spec.link == Link::Eth {
+                let form = if speed_of(&spec.rate) >= 400_000 { optics::Form::Osfp } else { optics::Form::Qsfp56 };
+                self.put_module(nd, &optics::Module::healthy(form));
+            }
         }
         self.info.insert(
             spec.name.clone(),
@@ -902,16 +908,55 @@ impl Node {
         write(&self.port_file(dev, port, "phys_state"), format!("{phys}\n"));
     }
 
-    /// A cable pull: `1: DOWN` / `2: Polling`, and the netdev (if any) loses carrier.
+    /// The `--ethtool-replay` directory of the node: `ethtool/<netdev>.json` per RoCE PF,
+    /// with its transceiver (`module`).
+    pub fn ethtool_dir(&self) -> PathBuf {
+        self.root.join("ethtool")
+    }
+
+    /// Put `module` in `netdev`'s ethtool replay file (its other keys kept).
+    pub fn put_module(&self, netdev: &str, module: &optics::Module) {
+        let path = self.ethtool_dir().join(format!("{netdev}.json"));
+        let mut v: serde_json::Value =
+            fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_else(|| serde_json::json!({}));
+        v["module"] = module.json();
+        write(&path, serde_json::to_string_pretty(&v).unwrap());
+    }
+
+    /// The form of `dev`'s transceiver (`None`: no netdev or no module in its replay file).
+    pub fn module_form(&self, dev: &str) -> Option<optics::Form> {
+        let nd = self.info[dev].netdev.clone()?;
+        let text = fs::read_to_string(self.ethtool_dir().join(format!("{nd}.json"))).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        match v["module"]["pages"]["0"].as_str()?.get(..2)? {
+            "11" => Some(optics::Form::Qsfp56),
+            "19" => Some(optics::Form::Osfp),
+            _ => None,
+        }
+    }
+
+    /// `dev`'s transceiver as `f` makes it from a healthy one of its form (nothing when it
+    /// has none).
+    pub fn set_module(&self, dev: &str, f: impl FnOnce(optics::Module) -> optics::Module) {
+        if let (Some(form), Some(nd)) = (self.module_form(dev), self.info[dev].netdev.clone()) {
+            self.put_module(&nd, &f(optics::Module::healthy(form)));
+        }
+    }
+
+    /// A cable pull: `1: DOWN` / `2: Polling`, and the netdev (if any) loses carrier; its
+    /// transceiver (if any) sees no light on any lane (written first: a poll that sees the
+    /// port down sees the module dark).
     pub fn pull_cable(&self, dev: &str, port: u32) {
+        self.set_module(dev, optics::Module::dark);
         self.set_port(dev, port, "1: DOWN", "2: Polling");
         if let Some(nd) = self.info[dev].netdev.clone() {
             self.set_operstate(&nd, "down");
         }
     }
 
-    /// Back to `4: ACTIVE` / `5: LinkUp`, netdev up.
+    /// Back to `4: ACTIVE` / `5: LinkUp`, netdev up, light on its transceiver again.
     pub fn repair(&self, dev: &str, port: u32) {
+        self.set_module(dev, |m| m);
         self.set_port(dev, port, "4: ACTIVE", "5: LinkUp");
         if let Some(nd) = self.info[dev].netdev.clone() {
             self.set_operstate(&nd, "up");
@@ -926,6 +971,8 @@ impl Node {
         let net = self.root.join("sys").join(&info.pci_dir).join("net");
         fs::rename(net.join(&old), net.join(new)).unwrap_or_else(|e| panic!("rename netdev {old}: {e}"));
         let _ = fs::remove_file(self.sys().join(format!("class/net/{old}")));
+        let replay = self.ethtool_dir();
+        let _ = fs::rename(replay.join(format!("{old}.json")), replay.join(format!("{new}.json")));
         let net_dir = format!("{}/net/{new}", self.info[dev].pci_dir);
         link(&format!("{}{net_dir}", up("class/net")), &self.sys().join(format!("class/net/{new}")));
     }

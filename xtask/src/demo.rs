@@ -247,6 +247,11 @@ pub fn run(opts: &Options) -> Result<()> {
         .args(["--platform-connector-socket", &conn.target()])
         .arg("--kmsg-path")
         .arg(&kmsg)
+        // The NICs' transceivers and devlink health reporters, as the node's replay files.
+        .arg("--ethtool-replay")
+        .arg(node.ethtool_dir())
+        .arg("--devlink-replay")
+        .arg(node.devlink_dir())
         .env("RUST_LOG", "info")
         .stdout(Stdio::from(std::fs::File::create(&trace_path)?))
         .stderr(Stdio::from(std::fs::File::create(&log_path)?));
@@ -292,6 +297,8 @@ pub fn run(opts: &Options) -> Result<()> {
         Some(v) => steps.push((
             format!("cable pull on {VETH_NIC} (RoCE; its veth loses carrier)"),
             Box::new(move || {
+                // The far end goes dark: no light on the module's lanes, then the port.
+                node.set_module(VETH_NIC, nicmon_tests::optics::Module::dark);
                 node.set_port(VETH_NIC, 1, "1: DOWN", "3: Disabled");
                 let a = v.borrow().a.clone();
                 v.borrow_mut().ip(&format!("link set {a} down"));
@@ -345,6 +352,7 @@ pub fn run(opts: &Options) -> Result<()> {
             node.restore_device("mlx5_6");
             match &veth {
                 Some(v) => {
+                    node.set_module(VETH_NIC, |m| m);
                     node.set_port(VETH_NIC, 1, "4: ACTIVE", "5: LinkUp");
                     let a = v.borrow().a.clone();
                     v.borrow_mut().ip(&format!("link set {a} up"));

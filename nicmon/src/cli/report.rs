@@ -138,6 +138,69 @@ pub struct PortReport {
     /// A RoCE port's physical layer (SPEC §1.11); absent where no ethtool data was read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phy: Option<PhyReport>,
+    /// The port's transceiver as last read (SPEC §1.13); absent where none was read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module: Option<ModuleReport>,
+}
+
+/// A port's transceiver, briefly: what the MODULE column shows.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct ModuleReport {
+    /// `QSFP28`, `OSFP`, ...
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub temperature_c: Option<f64>,
+    /// The lane with the least receive power, its power (dBm; `None`: no light) and the
+    /// module's low warning (dBm).
+    pub worst_lane: Option<usize>,
+    pub worst_rx_power_dbm: Option<f64>,
+    pub rx_power_low_warning_dbm: Option<f64>,
+    /// Lanes with a latched Rx LOS / Tx fault; CMIS module state Fault.
+    pub rx_los_lanes: Vec<usize>,
+    pub tx_fault_lanes: Vec<usize>,
+    pub fault: bool,
+}
+
+impl ModuleReport {
+    pub fn of(m: &crate::model::module::Module) -> ModuleReport {
+        use crate::model::module::dbm;
+        let worst = m.worst_rx_lane();
+        ModuleReport {
+            kind: m.type_name(),
+            temperature_c: m.temperature_c,
+            worst_lane: worst.map(|l| l.number),
+            worst_rx_power_dbm: worst.and_then(|l| dbm(l.rx_power_mw)),
+            rx_power_low_warning_dbm: dbm(m.rx_power_thresholds_mw.map(|t| t.low_warning)),
+            rx_los_lanes: m.rx_los_lanes(),
+            tx_fault_lanes: m.tx_fault_lanes(),
+            fault: m.in_fault(),
+        }
+    }
+
+    /// For the table: `OSFP 45C -3.0/-10.0` (type, temperature, worst lane's Rx power
+    /// against its low warning, dBm), `OSFP 45C LOS` with no light on any lane.
+    pub fn cell(&self) -> String {
+        let mut cell = self.kind.to_string();
+        if let Some(t) = self.temperature_c {
+            let _ = write!(cell, " {t:.0}C");
+        }
+        let warn = self.rx_power_low_warning_dbm.map_or("?".to_string(), |w| format!("{w:.1}"));
+        match (self.worst_lane, self.worst_rx_power_dbm) {
+            (_, Some(p)) => {
+                let _ = write!(cell, " {p:.1}/{warn}");
+            }
+            (Some(_), None) => cell.push_str(" dark"),
+            (None, None) => {}
+        }
+        if self.fault {
+            cell.push_str(" FAULT");
+        } else if !self.tx_fault_lanes.is_empty() {
+            cell.push_str(" TXFAULT");
+        } else if !self.rx_los_lanes.is_empty() {
+            cell.push_str(" LOS");
+        }
+        cell
+    }
 }
 
 /// A RoCE port's physical layer and lossless fabric, as the last windows measured them.
@@ -234,6 +297,11 @@ impl Report {
                                 pause_share: None,
                             }),
                             history: Vec::new(),
+                            module: p
+                                .module
+                                .as_deref()
+                                .and_then(crate::model::module::decode)
+                                .map(|m| ModuleReport::of(&m)),
                         })
                         .collect(),
                     unknown: d.unknown.clone(),
@@ -320,8 +388,8 @@ impl Report {
     fn port_lines(&self, out: &mut String) {
         let _ = writeln!(
             out,
-            "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} {:<9} NOTE",
-            "DEVICE", "PORT", "ROLE", "LINK", "STATE", "PHYS_STATE", "GB/S", "PCIE", "HEALTH"
+            "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} {:<9} {:<26} NOTE",
+            "DEVICE", "PORT", "ROLE", "LINK", "STATE", "PHYS_STATE", "GB/S", "PCIE", "HEALTH", "MODULE"
         );
         for d in &self.devices {
             let role = d.role.map(Role::as_str).unwrap_or("-");
@@ -339,8 +407,8 @@ impl Report {
             if d.ports.is_empty() {
                 let _ = writeln!(
                     out,
-                    "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} {:<9} {}",
-                    d.name, "-", role, "-", "-", "-", "-", pcie, "-", note
+                    "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} {:<9} {:<26} {}",
+                    d.name, "-", role, "-", "-", "-", "-", pcie, "-", "-", note
                 );
             }
             for p in &d.ports {
@@ -366,9 +434,10 @@ impl Report {
                     Some(phy) => format!("{}; {note}", phy.line()),
                     None => note,
                 };
+                let module = p.module.as_ref().map_or("-".to_string(), ModuleReport::cell);
                 let _ = writeln!(
                     out,
-                    "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} {:<9} {}",
+                    "{:<14} {:>4}  {:<10} {:<10} {:<8} {:<26} {:>7}  {:<9} {:<9} {:<26} {}",
                     d.name,
                     p.port,
                     role,
@@ -378,6 +447,7 @@ impl Report {
                     rate,
                     pcie,
                     health,
+                    module,
                     note
                 );
             }

@@ -22,7 +22,7 @@ use time::OffsetDateTime;
 use crate::decide::roles::Classification;
 use crate::model::cause::lanes_text;
 use crate::model::event::{Check, Entity, HealthEvent, Stamp, sanitize_message};
-use crate::model::module::{Module, decode, dbm};
+use crate::model::module::{Module, dbm, decode};
 use crate::model::{Device, LinkLayer, Port, PortState, Snapshot};
 
 /// The optics conditions, in the order their events are sent.

@@ -110,9 +110,8 @@ impl Decider {
             return Poll { snapshot, roles, next, notes, reads_abandoned, stuck_reads, deferred, ..Poll::default() };
         }
         let reboot = baselines_owed && first_poll;
-        // The discovery scope changed since the state was made (nicExclusionRegex or
-        // nicInclusionRegexOverride edited): the state checks forget their ports and devices
-        // and re-baseline (their clear, then healthy events); counters and latches are kept.
+        // The discovery scope changed since the state was made (the regexes edited): the state
+        // checks forget their ports and re-baseline; counters and latches are kept.
         let scope = self.config.filters.fingerprint();
         let rescope = !first_poll && prev.scope.as_ref().is_some_and(|s| *s != scope);
         let mut events = self.clears(reboot, rescope, now);

@@ -5,8 +5,10 @@
 //!                                         aws-p5 aws-p4d mi300x-thor2 mi300x-pollara e810 rxe-ci
 //! testbed list
 //! ```
-//! The tree has `sys/`, `proc/` and `gpu_metadata.json`; point nicmon at it with
-//! `--sysfs <dir>/sys --procfs <dir>/proc --metadata <dir>/gpu_metadata.json`.
+//! The tree has `sys/` (with the NICs' hwmon sensors), `proc/`, `gpu_metadata.json`, the
+//! RoCE NICs' transceivers in `ethtool/` and the devlink health reporters in `devlink/`;
+//! point nicmon at it with `--sysfs <dir>/sys --procfs <dir>/proc --metadata
+//! <dir>/gpu_metadata.json --ethtool-replay <dir>/ethtool --devlink-replay <dir>/devlink`.
 use std::process::ExitCode;
 
 use nicmon_tests::platforms::Platform;
@@ -29,13 +31,16 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
                 let node = p.build_at(root);
-                let meta = if p.has_metadata() { " --metadata {dir}/gpu_metadata.json" } else { "" };
-                println!(
-                    "wrote {} to {dir}: {} devices; use --sysfs {dir}/sys --procfs {dir}/proc{}",
-                    p.name(),
-                    node.info.len(),
-                    meta.replace("{dir}", dir)
-                );
+                let mut flags = format!("--sysfs {dir}/sys --procfs {dir}/proc");
+                if p.has_metadata() {
+                    flags.push_str(&format!(" --metadata {dir}/gpu_metadata.json"));
+                }
+                for (flag, at) in [("--ethtool-replay", node.ethtool_dir()), ("--devlink-replay", node.devlink_dir())] {
+                    if at.is_dir() {
+                        flags.push_str(&format!(" {flag} {}", at.display()));
+                    }
+                }
+                println!("wrote {} to {dir}: {} devices; use {flags}", p.name(), node.info.len());
                 ExitCode::SUCCESS
             }
             None => {

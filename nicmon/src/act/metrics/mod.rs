@@ -9,9 +9,9 @@
 //!   dashboards people already have keep working after the switch.
 mod families;
 mod observe;
+mod optics;
 mod phy;
 pub mod server;
-mod optics;
 mod thermal;
 
 use std::collections::BTreeMap;

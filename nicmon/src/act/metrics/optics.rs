@@ -31,16 +31,19 @@ impl Metrics {
             let (device, port, m) = (&j.device.name, j.port.number, &j.module);
             let module = ModuleLabels { device: device.clone(), port, module: m.type_name().to_string() };
             let warning = m.temperature_thresholds.map(|t| t.high_warning);
-            for (family, v) in
-                [(&f.optic_temperature, m.temperature_c), (&f.optic_temperature_high_warning, warning), (&f.optic_supply, m.vcc_v)]
-            {
+            for (family, v) in [
+                (&f.optic_temperature, m.temperature_c),
+                (&f.optic_temperature_high_warning, warning),
+                (&f.optic_supply, m.vcc_v),
+            ] {
                 if let Some(v) = v {
                     family.get_or_create(&module).set(v);
                 }
             }
             let rx = m.rx_power_thresholds_mw;
             for l in &m.lanes {
-                let lane = LaneLabels { device: device.clone(), port, lane: u32::try_from(l.number).unwrap_or(u32::MAX) };
+                let lane =
+                    LaneLabels { device: device.clone(), port, lane: u32::try_from(l.number).unwrap_or(u32::MAX) };
                 let values = [
                     (&f.optic_rx_power, dbm(l.rx_power_mw)),
                     (&f.optic_rx_power_low_warning, dbm(rx.map(|t| t.low_warning))),
@@ -131,7 +134,10 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want}\n{text}");
         }
-        assert!(!text.contains(r#"nicmon_optic_rx_power_dbm{device="mlx5_0",port="1",lane="2"}"#), "no light, no dBm: {text}");
+        assert!(
+            !text.contains(r#"nicmon_optic_rx_power_dbm{device="mlx5_0",port="1",lane="2"}"#),
+            "no light, no dBm: {text}"
+        );
         assert!(!text.contains("mlx5_9"), "an unmonitored NIC is not exported: {text}");
     }
 }

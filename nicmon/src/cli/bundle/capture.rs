@@ -411,24 +411,32 @@ fn add_facts(
     kmsg_records
 }
 
-/// The ethtool data of every RoCE netdev of the captured tree, as replay files: what the
-/// driver answered, written by [`crate::read::ethtool::replay::to_json`] (a netdev with nothing offered
-/// has no file: not supported, as on replay).
+/// The ethtool data of every RoCE netdev of the captured tree and the transceiver of every
+/// PF's netdev, as replay files: what the driver answered, written by
+/// [`crate::read::ethtool::replay::to_json`] (a netdev with nothing offered has no file: not
+/// supported, as on replay).
 fn ethtool_files(args: &CaptureArgs, staging: &Replay, config: &Config) -> EthtoolFiles {
-    let Some(source) =
-        crate::read::ethtool::ports::source(config.phy.enabled, args.ethtool_replay.as_deref(), &args.sysfs)
-    else {
+    let replay = args.ethtool_replay.as_deref();
+    let phy = crate::read::ethtool::ports::source(config.phy.enabled, replay, &args.sysfs);
+    let optics = crate::read::ethtool::ports::source(config.optics.enabled, replay, &args.sysfs);
+    if phy.is_none() && optics.is_none() {
         return EthtoolFiles::new();
-    };
+    }
     let host = Host::new(staging.sysfs(), staging.procfs());
     let snapshot = discovery::discover(&host, &ReadPlan::default());
     let mut out = EthtoolFiles::new();
     for d in snapshot.devices.iter().filter(|d| !d.is_vf()) {
-        let roce = d.ports.iter().any(|p| p.link_layer == Some(crate::model::LinkLayer::Ethernet));
-        let Some(netdev) = d.netdev.as_ref().filter(|_| roce) else {
+        let Some(netdev) = d.netdev.as_ref() else {
             continue;
         };
-        let snap = source.read(netdev, host.timeout()).snapshot();
+        let roce = d.ports.iter().any(|p| p.link_layer == Some(crate::model::LinkLayer::Ethernet));
+        let mut snap = match (&phy, roce) {
+            (Some(source), true) => source.read(netdev, host.timeout()).snapshot(),
+            _ => ethtool::EthtoolSnapshot::default(),
+        };
+        if let Some(source) = &optics {
+            snap.module = source.read_module(netdev, host.timeout()).ok().map(|pages| ethtool::ModuleRead { pages });
+        }
         if snap != ethtool::EthtoolSnapshot::default()
             && crate::read::ethtool::replay::path(Path::new(ETHTOOL), netdev).is_ok()
         {

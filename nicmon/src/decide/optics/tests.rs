@@ -77,8 +77,9 @@ fn snapshot(state: PortState, layer: LinkLayer, module: Option<Pages>) -> (Snaps
     };
     let mut s = Snapshot::default();
     s.devices.push(Arc::new(device));
-    let roles = [("mlx5_0".to_string(), Classification { monitored: true, reason: None, role: None, role_reason: None })]
-        .into();
+    let roles =
+        [("mlx5_0".to_string(), Classification { monitored: true, reason: None, role: None, role_reason: None })]
+            .into();
     (s, roles)
 }
 
@@ -104,7 +105,10 @@ fn rx_power_below_the_low_warning_while_up_is_raised_then_cleared() {
     let e = &ev[0];
     assert_eq!(ev.len(), 1, "{ev:?}");
     assert!(!e.is_healthy && !e.is_fatal, "{e:?}");
-    assert_eq!((e.check(), e.entities_text().as_str()), (Some(Check::EthernetDegradationCheck), "NIC=mlx5_0 NICPort=1"));
+    assert_eq!(
+        (e.check(), e.entities_text().as_str()),
+        (Some(Check::EthernetDegradationCheck), "NIC=mlx5_0 NICPort=1")
+    );
     assert_eq!(e.error_code, ["optic_rx_power_low"]);
     assert_eq!(
         e.message,
@@ -118,7 +122,14 @@ fn rx_power_below_the_low_warning_while_up_is_raised_then_cleared() {
     assert!(ev.is_empty() && st.raised["mlx5_0:1"].contains("optic_rx_power_low"), "{ev:?}");
     // Up again with good light: cleared.
     let (ev, st) = run(&st, PortState::Active, Some(qsfp(40, 0.8, 0, 0)));
-    assert_eq!(said(&ev), [(true, "optic_rx_power_low".into(), "mlx5_0 port 1 QSFP28: Rx power back above the module's low warning on every lane".into())]);
+    assert_eq!(
+        said(&ev),
+        [(
+            true,
+            "optic_rx_power_low".into(),
+            "mlx5_0 port 1 QSFP28: Rx power back above the module's low warning on every lane".into()
+        )]
+    );
     assert!(st.is_empty());
 }
 
@@ -152,18 +163,25 @@ fn rx_los_tx_fault_and_temperature_each_their_event() {
 fn cmis_module_fault_names_its_cause_on_the_infiniband_check() {
     let (s, roles) = snapshot(PortState::Down, LinkLayer::InfiniBand, Some(osfp(5, 1)));
     let (ev, st) = evaluate(&OpticsState::default(), &s, &roles, OffsetDateTime::UNIX_EPOCH, &Stamp::default());
-    assert_eq!(said(&ev), [(false, "optic_module_fault".into(), "mlx5_0 port 1 OSFP: CMIS module state Fault (TEC runaway)".into())]);
+    assert_eq!(
+        said(&ev),
+        [(false, "optic_module_fault".into(), "mlx5_0 port 1 OSFP: CMIS module state Fault (TEC runaway)".into())]
+    );
     assert_eq!(ev[0].check(), Some(Check::InfiniBandDegradationCheck));
     let (s, roles) = snapshot(PortState::Active, LinkLayer::InfiniBand, Some(osfp(3, 0)));
     let (ev, st) = evaluate(&st, &s, &roles, OffsetDateTime::UNIX_EPOCH, &Stamp::default());
-    assert_eq!(said(&ev), [(true, "optic_module_fault".into(), "mlx5_0 port 1 OSFP: module out of its Fault state".into())]);
+    assert_eq!(
+        said(&ev),
+        [(true, "optic_module_fault".into(), "mlx5_0 port 1 OSFP: module out of its Fault state".into())]
+    );
     assert!(st.is_empty());
 }
 
 #[test]
 fn unmonitored_devices_and_undecodable_pages_are_not_judged() {
     let (s, _) = snapshot(PortState::Active, LinkLayer::Ethernet, Some(qsfp(40, 0.0, 0b1111, 0)));
-    let (ev, _) = evaluate(&OpticsState::default(), &s, &BTreeMap::new(), OffsetDateTime::UNIX_EPOCH, &Stamp::default());
+    let (ev, _) =
+        evaluate(&OpticsState::default(), &s, &BTreeMap::new(), OffsetDateTime::UNIX_EPOCH, &Stamp::default());
     assert!(ev.is_empty());
     // An SFP (identifier 0x03) is not decoded: nothing judged, nothing said.
     let mut p = qsfp(40, 0.0, 0b1111, 0);
