@@ -448,3 +448,47 @@ fn nic_sensors_and_devlink_reporters_are_captured_and_replayed_byte_identically(
     assert!(codes.contains(&("NICThermalCheck", "nic_overheating")), "{codes:?}");
     assert!(codes.contains(&("NICFirmwareCheck", "fw_error")), "{codes:?}");
 }
+
+#[test]
+fn transceiver_pages_are_captured_and_replayed_byte_identically() {
+    // A RoCE cable pulled (its module dark) and a module with a Tx fault: the bundle's
+    // ethtool/<netdev>.json holds each module's pages as read, and `check --bundle` replays
+    // the live run's report and events (the optics events and the probable cause).
+    let node = Platform::DgxH100.build();
+    node.pull_cable("mlx5_8", 1);
+    node.set_module("mlx5_9", |m| nicmon_tests::optics::Module { tx_fault: vec![1], ..m });
+    let state = node.root().join("state.json");
+    let replay_flag = ["--ethtool-replay".to_string(), node.ethtool_dir().to_str().unwrap().to_string()];
+    let file = node.root().join("b.tar.gz");
+    let mut args: Vec<String> = vec!["bundle".into()];
+    args.extend(host_flags(&node, &state));
+    args.extend(replay_flag.iter().cloned());
+    args.extend(["--node-name", NODE, "--no-kmsg", "--no-metrics", "-o"].map(String::from));
+    args.push(file.to_str().unwrap().into());
+    ok(nicmon(&args).output().unwrap(), "nicmon bundle");
+    for dev in ["mlx5_8", "mlx5_9", "mlx5_10"] {
+        let nd = node.info[dev].netdev.clone().unwrap();
+        let source: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(node.ethtool_dir().join(format!("{nd}.json"))).unwrap()).unwrap();
+        let captured = bundle_file(&file, &format!("ethtool/{nd}.json")).unwrap_or_else(|| panic!("{nd} not captured"));
+        let captured: serde_json::Value = serde_json::from_slice(&captured).unwrap();
+        assert_eq!(captured["module"], source["module"], "{dev}");
+    }
+    let now = "2026-03-01T12:00:00Z";
+    let mut live: Vec<String> = vec!["check".into()];
+    live.extend(host_flags(&node, &state));
+    live.extend(replay_flag.iter().cloned());
+    live.extend(["--node-name", NODE, "--format", "json", "--now", now].map(String::from));
+    let live = ok(nicmon(&live).output().unwrap(), "live nicmon check");
+    let replay = replay_check(&file, now);
+    assert_same(&node, &live, &replay, "transceivers");
+    let report: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
+    let codes: Vec<&str> = report["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["isHealthy"] == false)
+        .filter_map(|e| e["errorCode"][0].as_str())
+        .collect();
+    assert!(codes.contains(&"optic_rx_los") && codes.contains(&"optic_tx_fault"), "{codes:?}");
+}
