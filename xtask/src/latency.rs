@@ -6,16 +6,20 @@
 use std::process::Command;
 
 use anyhow::{Result, bail};
-use nicmon_tests::latency::{Mode, Stages, cpu_storm, measure};
+use nicmon_tests::latency::{Mode, Stages, cpu_storm, device_loss, measure, percentile};
 
 #[derive(clap::Args)]
 pub struct Options {
-    /// Faults per mode.
+    /// Faults per mode (0: skip the detection latency).
     #[arg(long, default_value_t = 50)]
     reps: usize,
     /// Seconds of the wake storm (0: skip it).
     #[arg(long, default_value_t = 30)]
     storm_seconds: u64,
+    /// Device losses measured (a veth-backed NIC leaves the tree and its veth is deleted;
+    /// 0: skip them).
+    #[arg(long, default_value_t = 10)]
+    loss_reps: usize,
     /// Measure this nicmon binary instead of building one (to compare two builds in the
     /// same conditions).
     #[arg(long)]
@@ -27,16 +31,30 @@ pub fn run(opts: &Options) -> Result<()> {
         Some(bin) => bin.clone(),
         None => build()?,
     };
+    if opts.reps > 0 {
+        detection(&bin, opts.reps)?;
+    }
+    if opts.loss_reps > 0 {
+        device_losses(&bin, opts.loss_reps)?;
+    }
+    if opts.storm_seconds > 0 {
+        storm(&bin, opts.storm_seconds)?;
+    }
+    Ok(())
+}
+
+/// Detection latency of each mode, `reps` faults each, and where the time went.
+fn detection(bin: &std::path::Path, reps: usize) -> Result<()> {
     println!(
         "detection latency, veth carrier loss + fixture port DOWN -> event generatedTimestamp, {} faults per mode, 1 s poll interval",
-        opts.reps
+        reps
     );
     let mut rows = Vec::new();
     let mut samples = Vec::new();
     for mode in [Mode::Ebpf, Mode::Rtnetlink, Mode::Polling] {
-        eprintln!("==> {} ({} faults)", mode.name(), opts.reps);
+        eprintln!("==> {} ({} faults)", mode.name(), reps);
         let tag = format!("nmb{}{}", std::process::id() % 10000, &mode.name()[..1]);
-        match measure(&bin, mode, opts.reps, "1s", &tag) {
+        match measure(bin, mode, reps, "1s", &tag) {
             Ok(s) => {
                 if mode == Mode::Ebpf {
                     for l in s.hooks_log.lines().filter(|l| l.contains("wake-up hook") || l.contains("wake-up path")) {
@@ -99,11 +117,17 @@ pub fn run(opts: &Options) -> Result<()> {
         "polling only / eBPF at the median (delivered): {ratio:.0}x [bar >= 500x]: {}",
         if ratio >= 500.0 { "met" } else { "NOT met" }
     );
-    if opts.storm_seconds > 0 {
-        eprintln!("==> wake storm: a veth flapped as fast as possible for {} s (eBPF path)", opts.storm_seconds);
+    Ok(())
+}
+
+/// The wake storm: a veth flapped as fast as the kernel allows for `seconds`, and the
+/// daemon's CPU meanwhile (the eBPF path).
+fn storm(bin: &std::path::Path, seconds: u64) -> Result<()> {
+    if seconds > 0 {
+        eprintln!("==> wake storm: a veth flapped as fast as possible for {} s (eBPF path)", seconds);
         let tag = format!("nms{}", std::process::id() % 10000);
-        let mode = if rows.iter().any(|r| r.0 == Mode::Ebpf) { Mode::Ebpf } else { Mode::Rtnetlink };
-        match cpu_storm(&bin, mode, opts.storm_seconds, &tag) {
+        let mode = Mode::Ebpf;
+        match cpu_storm(bin, mode, seconds, &tag) {
             Ok(s) => println!(
                 "wake storm ({}): {} carrier changes in {:.0} s ({:.0}/s): daemon CPU {:.2} % of one core [bar < 5 %]: {}",
                 mode.name(),
@@ -116,6 +140,31 @@ pub fn run(opts: &Options) -> Result<()> {
             Err(e) => bail!("wake storm: {e}"),
         }
     }
+    Ok(())
+}
+
+/// Device loss on the kernel's word (SPEC §1.15), the default wake sources: a NIC whose
+/// netdev is a real veth leaves the fixture tree and the host deletes the veth; the veth's
+/// deletion → the fatal disappearance event's line in the sink, `reps` times.
+fn device_losses(bin: &std::path::Path, reps: usize) -> Result<()> {
+    eprintln!("==> device loss on the kernel's word ({reps} losses, default wake sources, 1 s polls)");
+    let mut delivered = Vec::with_capacity(reps);
+    for i in 0..reps {
+        let tag = format!("nmd{}{i}", std::process::id() % 1000);
+        match device_loss(bin, &[], "1s", &tag) {
+            Ok(l) if l.message.contains("disappeared") => delivered.push(l.delivered_ms),
+            Ok(l) => bail!("device loss {i}: not a disappearance event: {}", l.message),
+            Err(e) => bail!("device loss {i}: {e}"),
+        }
+    }
+    let (p50, p90) = (percentile(&delivered, 0.5), percentile(&delivered, 0.9));
+    println!(
+        "device loss (veth deleted -> fatal disappearance event in the sink), {} losses: p50 {p50:.1} ms, p90 {p90:.1} ms, \
+         max {:.1} ms [bar: p50 <= 50 ms]: {}",
+        delivered.len(),
+        delivered.iter().copied().fold(0.0, f64::max),
+        if p50 <= 50.0 { "met" } else { "NOT met" }
+    );
     Ok(())
 }
 
