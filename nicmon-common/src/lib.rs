@@ -168,6 +168,9 @@ hooks! {
     /// Userspace only: a kobject uevent (`NETLINK_KOBJECT_UEVENT`) `add`/`remove` of an
     /// `infiniband`, `net` or `pci` device (SPEC §1.15).
     Uevent = 101, "uevent";
+    /// Userspace only: an RDMA netlink monitor notification (`RDMA_NL_GROUP_NOTIFY`, 6.12+):
+    /// an RDMA device registered or unregistered, a netdev attached or detached.
+    RdmaMonitor = 102, "rdma_monitor";
 }
 
 impl Hook {

@@ -260,6 +260,10 @@ struct RunCli {
     /// Do not listen to kobject uevents (device add/remove, SPEC §1.15).
     #[arg(long)]
     no_uevent: bool,
+    /// Do not listen to the RDMA netlink monitor (device register/unregister, netdev
+    /// attach/detach; kernel 6.12+, SPEC §1.15).
+    #[arg(long)]
+    no_rdma_monitor: bool,
     /// No wake-up sources at all: polling only.
     #[arg(long)]
     no_wake: bool,
@@ -395,6 +399,7 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
             object: if r.no_ebpf { None } else { nicmon::read::wake::EMBEDDED_OBJECT },
             rtnetlink: !r.no_rtnetlink,
             uevent: !r.no_uevent,
+            rdma_monitor: !r.no_rdma_monitor,
             ..WakeOptions::default()
         },
         no_wake: r.no_wake,
@@ -557,10 +562,11 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
     let _ = writeln!(out, "kernel log:        {kmsg}");
     let _ = writeln!(
         out,
-        "wake-ups:          eBPF {}, rtnetlink {}, uevent {}",
+        "wake-ups:          eBPF {}, rtnetlink {}, uevent {}, RDMA netlink monitor {}",
         on_off(r.no_wake || r.no_ebpf),
         on_off(r.no_wake || r.no_rtnetlink),
-        on_off(r.no_wake || r.no_uevent)
+        on_off(r.no_wake || r.no_uevent),
+        on_off(r.no_wake || r.no_rdma_monitor)
     );
     let _ = writeln!(out, "counter rules:     {}", config.counter_rules.len());
     for w in &warnings {

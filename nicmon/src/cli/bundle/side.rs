@@ -29,9 +29,11 @@ pub(super) fn side_file(path: &Path, limits: &Limits, deadline: Instant) -> Side
     }
 }
 
-/// `nicmon version`'s text.
+/// `nicmon version`'s text: the version, whether the eBPF programs are built in, and which
+/// userspace wake sources this host lets nicmon open (the eBPF hooks are probed when the
+/// daemon starts: its start-up line and `nicmon_wake_hook_attached` say which attached).
 pub fn version_text() -> String {
-    format!(
+    let mut out = format!(
         "nicmon {}\neBPF programs: {}\n",
         env!("CARGO_PKG_VERSION"),
         if crate::read::wake::EBPF_EMBEDDED {
@@ -39,7 +41,15 @@ pub fn version_text() -> String {
         } else {
             "not built in (polling and rtnetlink only; run `cargo xtask build-ebpf` and rebuild)"
         }
-    )
+    );
+    for (hook, probe) in crate::read::wake::probe_userspace() {
+        let said = match probe {
+            Ok(()) => "available".to_string(),
+            Err(why) => format!("not available ({why})"),
+        };
+        out.push_str(&format!("wake source {}: {said}\n", hook.name()));
+    }
+    out
 }
 
 /// The kernel log records of the last 24 h that a pattern matches or that name a NIC of

@@ -8,6 +8,7 @@
 //! [`WakeSource`] starts what the host allows and says which hooks are live.
 mod btf;
 pub mod ebpf;
+pub mod rdma_monitor;
 pub mod rtnetlink;
 pub mod tracefs;
 pub mod uevent;
@@ -139,6 +140,7 @@ pub enum Mechanism {
     Tracepoint,
     Rtnetlink,
     Uevent,
+    RdmaNetlink,
 }
 
 impl Mechanism {
@@ -149,6 +151,7 @@ impl Mechanism {
             Mechanism::Tracepoint => "tracepoint",
             Mechanism::Rtnetlink => "rtnetlink",
             Mechanism::Uevent => "uevent",
+            Mechanism::RdmaNetlink => "rdma netlink",
         }
     }
 }
@@ -208,6 +211,8 @@ pub struct WakeOptions {
     pub rtnetlink: bool,
     /// Listen to kobject uevents ([`uevent`]).
     pub uevent: bool,
+    /// Listen to the RDMA netlink monitor ([`rdma_monitor`]).
+    pub rdma_monitor: bool,
     /// Mount tracefs at `/sys/kernel/tracing` when it is not mounted.
     pub mount_tracefs: bool,
     /// Use this tracefs instead of looking for one.
@@ -216,7 +221,14 @@ pub struct WakeOptions {
 
 impl Default for WakeOptions {
     fn default() -> Self {
-        Self { object: EMBEDDED_OBJECT, rtnetlink: true, uevent: true, mount_tracefs: true, tracefs: None }
+        Self {
+            object: EMBEDDED_OBJECT,
+            rtnetlink: true,
+            uevent: true,
+            rdma_monitor: true,
+            mount_tracefs: true,
+            tracefs: None,
+        }
     }
 }
 
@@ -294,6 +306,26 @@ impl WakeSource {
                     attached: false,
                     via: None,
                     reason: Some(format!("uevent socket: {e}")),
+                },
+            });
+        }
+        if opts.rdma_monitor {
+            let started = rdma_monitor::MonitorSocket::open().and_then(|s| rdma_monitor::spawn(s, tx.clone()));
+            hooks.push(match started {
+                Ok(task) => {
+                    tasks.push(task);
+                    HookStatus {
+                        hook: Hook::RdmaMonitor,
+                        attached: true,
+                        via: Some(Mechanism::RdmaNetlink),
+                        reason: None,
+                    }
+                }
+                Err(e) => HookStatus {
+                    hook: Hook::RdmaMonitor,
+                    attached: false,
+                    via: None,
+                    reason: Some(format!("RDMA netlink socket: {e}")),
                 },
             });
         }
@@ -407,6 +439,17 @@ impl LostWakes {
 
 /// Sends a wake-up; a full channel drops it (see [`CHANNEL_CAPACITY`]). `false` when the
 /// receiver is gone and the source should stop.
+/// Whether each userspace wake source can be opened on this host (its socket opened and
+/// closed again), with the kernel's refusal where not: what `nicmon version` says.
+pub fn probe_userspace() -> Vec<(Hook, Result<(), String>)> {
+    let said = |r: std::io::Result<()>, what: &str| r.map_err(|e| format!("{what}: {e}"));
+    vec![
+        (Hook::Rtnetlink, said(rtnetlink::LinkSocket::open().map(drop), "rtnetlink socket")),
+        (Hook::Uevent, said(uevent::UeventSocket::open().map(drop), "uevent socket")),
+        (Hook::RdmaMonitor, said(rdma_monitor::MonitorSocket::open().map(drop), "RDMA netlink socket")),
+    ]
+}
+
 fn deliver(tx: &mpsc::Sender<Wake>, wake: Wake) -> bool {
     !matches!(tx.try_send(wake), Err(mpsc::error::TrySendError::Closed(_)))
 }
