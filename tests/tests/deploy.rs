@@ -748,6 +748,7 @@ fn the_operator_guide_documents_every_config_key() {
         ("phyCheck.", "[phyCheck]\nzzUnknown = 1\n"),
         ("thermalCheck.", "[thermalCheck]\nzzUnknown = 1\n"),
         ("firmwareCheck.", "[firmwareCheck]\nzzUnknown = 1\n"),
+        ("opticsCheck.", "[opticsCheck]\nzzUnknown = 1\n"),
     ];
     let guide = std::fs::read_to_string(deploy::repo_root().join(GUIDE)).unwrap();
     let mut keys = Vec::new();
