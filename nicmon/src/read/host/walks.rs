@@ -47,6 +47,8 @@ struct DirWatch {
 const SYSFS_MAGIC: i64 = 0x6265_6572;
 
 fn on_sysfs(path: &Path) -> bool {
+    // `f_type`'s width differs between architectures.
+    #[allow(clippy::unnecessary_cast)]
     rustix::fs::statfs(path).is_ok_and(|st| st.f_type as i64 == SYSFS_MAGIC)
 }
 
