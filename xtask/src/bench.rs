@@ -11,7 +11,9 @@
 //!   file: the first poll baselines every port and counter);
 //! - node_exporter's infiniband collector on the same tree in the same run, the peer the poll
 //!   is compared with (`node_exporter.rs`);
-//! - the scale series: 0, 16 and 64 VFs per PF and the 1,000-port device (`scale.rs`).
+//! - the scale series: 0, 16 and 64 VFs per PF and the 1,000-port device (`scale.rs`);
+//! - the daemon's poll cost (wall, CPU, context switches, migrations per poll) on the plain
+//!   12-NIC node without VFs and on the 512-VF node, node_exporter beside (`pollcost.rs`).
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -48,6 +50,16 @@ pub struct Options {
     /// Leave node_exporter out (a machine without apt or network).
     #[arg(long)]
     no_peer: bool,
+    /// Only the daemon's poll cost (wall, CPU, context switches, migrations per poll) on the
+    /// plain 12-NIC node and the 512-VF node, beside node_exporter.
+    #[arg(long, conflicts_with_all = ["hostile_only", "daemon_only", "scale_only"])]
+    poll_cost_only: bool,
+    /// Seconds each daemon of the poll-cost figures is measured for (50 ms interval).
+    #[arg(long, default_value_t = 20)]
+    cost_seconds: u64,
+    /// A nicmon binary to measure instead of building this tree's (an A/B of two builds).
+    #[arg(long)]
+    nicmon: Option<std::path::PathBuf>,
 }
 
 fn count_files(dir: &Path) -> usize {
@@ -73,13 +85,27 @@ fn count_files(dir: &Path) -> usize {
 
 pub fn run(opts: &Options) -> Result<()> {
     let root = crate::build_ebpf::repo_root()?;
-    eprintln!("==> building nicmon (release)");
-    let st =
-        Command::new(cargo()).current_dir(&root).args(["build", "--release", "--quiet", "-p", "nicmon"]).status()?;
-    if !st.success() {
-        bail!("cargo build --release -p nicmon failed");
+    let bin = match &opts.nicmon {
+        Some(bin) => bin.clone(),
+        None => {
+            eprintln!("==> building nicmon (release)");
+            let st = Command::new(cargo())
+                .current_dir(&root)
+                .args(["build", "--release", "--quiet", "-p", "nicmon"])
+                .status()?;
+            if !st.success() {
+                bail!("cargo build --release -p nicmon failed");
+            }
+            let target = std::env::var_os("CARGO_TARGET_DIR").map(std::path::PathBuf::from);
+            target.unwrap_or_else(|| root.join("target")).join("release/nicmon")
+        }
+    };
+    if opts.poll_cost_only {
+        let peer = peer(&root, opts)?;
+        let ok = crate::pollcost::run(&bin, peer.as_deref(), opts.cost_seconds, opts.scrapes)?;
+        println!("{}", if ok { "all bars met" } else { "SOME BARS NOT MET" });
+        return Ok(());
     }
-    let bin = root.join("target/release/nicmon");
     if opts.scale_only {
         let peer = peer(&root, opts)?;
         let ok = crate::scale::run(&root, &bin, peer.as_deref(), opts.scale_polls)?;
@@ -126,7 +152,9 @@ pub fn run(opts: &Options) -> Result<()> {
     let worst = hostile_rss(&bin)?;
     // 3. The scale series.
     let scale = crate::scale::run(&root, &bin, peer.as_deref(), opts.scale_polls)?;
-    let ok = poll.median_ms <= 2.0 && poll.floor_ratio <= 0.5 && peer_ok && d.met() && worst <= 32.0 && scale;
+    // 4. The daemon's poll cost on the plain node and the 512-VF node.
+    let cost = crate::pollcost::run(&bin, peer.as_deref(), opts.cost_seconds, opts.scrapes)?;
+    let ok = poll.median_ms <= 2.0 && poll.floor_ratio <= 0.5 && peer_ok && d.met() && worst <= 32.0 && scale && cost;
     println!("{}", if ok { "all bars met" } else { "SOME BARS NOT MET" });
     Ok(())
 }

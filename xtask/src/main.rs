@@ -6,6 +6,7 @@ mod deploy;
 mod latency;
 mod measure;
 mod node_exporter;
+mod pollcost;
 mod prometheus;
 mod scale;
 mod test;

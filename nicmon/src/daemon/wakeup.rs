@@ -122,8 +122,14 @@ impl Daemon<'_> {
         let woke_at = Instant::now();
         // A hint naming a device makes a targeted poll: the reads' thread wakes now, while
         // the hint is resolved and the read planned, not when the reads are handed over.
-        if self.last_snapshot.is_some() && woke.iter().any(|w| matches!(w.hint, crate::read::wake::Hint::Name(_))) {
+        let named = woke.iter().any(|w| matches!(w.hint, crate::read::wake::Hint::Name(_)));
+        if self.last_snapshot.is_some() && named {
             self.monitor.observer.host.expect_reads();
+        }
+        // A hint is a sign that the topology may have moved: the next full poll walks its
+        // paths again (listings, links; see `read::discovery::walk`).
+        if named {
+            self.monitor.observer.host.topology_hint();
         }
         let hints = self.hints(woke);
         let mut targeted = self.targeted_poll(woke, woke_at, &hints.named).await;

@@ -71,7 +71,7 @@ pub(super) enum CharAttrs {
 /// The class directories of `host` read now, nothing kept.
 pub fn char_devices(host: &Host) -> CharDevices {
     let mut batch = Batch::default();
-    let listed = plan(host, None, true, &mut batch);
+    let listed = plan(host, None, true, true, &mut batch);
     let files = batch.finish(host, false);
     let results = if files.is_empty() { Vec::new() } else { host.read_files(&files) };
     Arc::unwrap_or_clone(finish(listed, &results, None))
@@ -79,7 +79,8 @@ pub fn char_devices(host: &Host) -> CharDevices {
 
 impl StaticCache {
     /// The last poll's class directories when their listing stands (see the module notes).
-    fn standing_chars(&self, host: &Host) -> Option<Last> {
+    /// Between walks (`walk` false, see [`super::walk`]) the entries are not looked up.
+    fn standing_chars(&self, host: &Host, walk: bool) -> Option<Last> {
         let c = self.inner.lock().ok()?;
         let last = c.chars.last.as_ref()?;
         if last.generation != c.frozen.generation() || last.listed_at.elapsed() >= STATIC_REFRESH {
@@ -88,6 +89,9 @@ impl StaticCache {
         for (k, dir) in c.chars.dirs.iter().enumerate() {
             // A directory absent or unreadable then is listed again (that costs nothing).
             let (Some(dir), Some(nodes)) = (dir, listed(&last.chars, k)) else { return None };
+            if !walk {
+                continue;
+            }
             let there = |i: &usize| nodes.get(*i).is_some_and(|n| host.exists_in(dir, &n.name));
             if !host.still_at_path(dir) || !last.read[k].iter().all(there) {
                 return None;
@@ -96,13 +100,19 @@ impl StaticCache {
         Some(last.clone())
     }
 
-    /// List both class directories again: their names, or why not.
-    fn relist_chars(&self, host: &Host) -> Option<[Result<Arc<[String]>, ReadError>; 2]> {
+    /// List both class directories again: their names, or why not. Between walks (`walk`
+    /// false) through the directories as last opened.
+    fn relist_chars(&self, host: &Host, walk: bool) -> Option<[Result<Arc<[String]>, ReadError>; 2]> {
         let mut c = self.inner.lock().ok()?;
         let mut listings = std::mem::take(&mut c.chars.listings);
         for (k, (l, (dir, _))) in listings.iter_mut().zip(DIRS).enumerate() {
             let rel = format!("class/{dir}");
+            if !walk {
+                host.relist_sys_kept(&rel, l);
+                continue;
+            }
             host.relist_sys(&rel, l);
+            host.watch_dir_sys(&rel);
             c.chars.dirs[k] = l.names().is_ok().then(|| host.open_dir_sys(&rel)).flatten();
         }
         let names = [0, 1].map(|k| listings[k].names().cloned().map_err(Clone::clone));
@@ -140,11 +150,12 @@ impl StaticCache {
 /// List both class directories (with `cache`: through its listings, unless the last
 /// listing stands and `list` does not ask for one) and add the attribute files to read to
 /// `batch`.
-pub(super) fn plan(host: &Host, cache: Option<&StaticCache>, list: bool, batch: &mut Batch) -> CharRead {
-    if let Some(last) = cache.filter(|_| !list).and_then(|c| c.standing_chars(host)) {
+/// `walk`: whether this poll walks paths ([`super::walk`]).
+pub(super) fn plan(host: &Host, cache: Option<&StaticCache>, list: bool, walk: bool, batch: &mut Batch) -> CharRead {
+    if let Some(last) = cache.filter(|_| !list).and_then(|c| c.standing_chars(host, walk)) {
         return plan_same(last, batch);
     }
-    let listed = match cache.and_then(|c| c.relist_chars(host)) {
+    let listed = match cache.and_then(|c| c.relist_chars(host, walk)) {
         Some(names) => names,
         None => DIRS.map(|(dir, _)| host.list_sys_dir(&format!("class/{dir}")).map(Arc::from)),
     };

@@ -25,6 +25,7 @@ mod pci;
 mod plan;
 mod statics;
 mod unmonitored;
+mod walk;
 pub use chars::char_devices;
 use pci::ib_devices_of_iface;
 pub use pci::{PciNode, pci_gpus, pci_node, pci_path, probe_pci, upstream_port};
@@ -110,14 +111,18 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
     // The reader starts on the last full poll's files while this thread lists the devices
     // and plans this poll's files; used only if those are the same files.
     let last = plan.statics.as_ref().and_then(|c| c.last_batch());
-    let mut prefetch =
-        last.as_ref().map(|files| Prefetch { generation: host.kept_generation(), reads: host.start_files(files) });
+    let mut prefetch = last
+        .as_ref()
+        .map(|files| Prefetch { generation: host.kept_generation(), reads: host.start_files(files).patient() });
+    // Whether this poll walks its paths ([`walk`]); always without a static cache.
+    let mut walk = plan.statics.as_ref().is_none_or(|c| c.walk_due(host));
     let names: Arc<[String]> = match &plan.statics {
         Some(cache) => {
-            let (names, changed) = cache.relist(host);
+            let (names, changed) = cache.relist(host, walk);
             if changed {
                 // A device came or went: every kept-open file is opened again.
                 host.forget_kept(None);
+                walk = true;
             }
             names
         }
@@ -139,10 +144,10 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
         .enumerate()
         .map(|(i, n)| match frozen.get(i).cloned().flatten() {
             Some(d) => Planned::Frozen(d),
-            None => Planned::Read(read_device(host, n, plan, &mut batch)),
+            None => Planned::Read(read_device(host, n, plan, walk, &mut batch)),
         })
         .collect();
-    let chars = chars::plan(host, plan.statics.as_deref(), !plan.char_listing_may_stand, &mut batch);
+    let chars = chars::plan(host, plan.statics.as_deref(), !plan.char_listing_may_stand, walk, &mut batch);
     let same = batch.is_prev(keep);
     if !same {
         // Other files than the last poll's: the last batch (and what was read ahead of it)

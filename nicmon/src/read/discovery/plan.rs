@@ -206,7 +206,7 @@ pub(super) fn read_batch(
         }
         other => {
             drop_prefetch(host, other);
-            if files.is_empty() { Vec::new() } else { host.read_files(files) }
+            if files.is_empty() { Vec::new() } else { host.read_files_patient(files) }
         }
     }
 }
@@ -239,17 +239,21 @@ pub(super) fn plan_device(host: &Host, name: &str, plan: &ReadPlan, route: &[Str
     {
         return Planned::Frozen(d);
     }
-    Planned::Read(read_device(host, name, plan, batch))
+    Planned::Read(read_device(host, name, plan, true, batch))
 }
 
 /// Plan the read of a device: its static attributes (kept or read now), its listings, and
-/// its per-poll files into `batch`.
-pub(super) fn read_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut Batch) -> DeviceRead {
+/// its per-poll files into `batch`. Between walks (`walk` false, [`super::walk`]) the kept
+/// attributes and listings stand without a look at the device's paths.
+pub(super) fn read_device(host: &Host, name: &str, plan: &ReadPlan, walk: bool, batch: &mut Batch) -> DeviceRead {
     let base = format!("class/infiniband/{name}");
     let link_by_path = || host.link_name_sys(&format!("{base}/device"));
     // The incarnation check: the `device` link read again, in the kept directory when there
     // is one (a removed directory answers nothing there: a new incarnation).
     let kept = plan.statics.as_ref().and_then(|c| c.get(name, Instant::now())).filter(|s| {
+        if !walk {
+            return true;
+        }
         let link = match (&s.dir, &s.link) {
             (Some(dir), Some(_)) => host.link_name_in(dir, "device"),
             _ => link_by_path(),
@@ -277,16 +281,13 @@ pub(super) fn read_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut 
         )
     });
 
-    let netdevs = match &statics.dir {
-        Some(dir) => host.list_in(dir, "device/net"),
-        None => host.list_sys(&format!("{base}/device/net")),
-    };
+    let netdevs = super::walk::netdevs(host, name, &base, &statics, plan, walk || fresh);
     // A software device has no `device/net`: its netdev is rxe's `parent`.
-    let netdev = netdevs.first().cloned().or_else(|| statics.parent.clone());
+    let netdev = netdevs.list.first().cloned().or_else(|| statics.parent.clone());
     if fresh {
         // A new incarnation (or the periodic re-read): its kept-open files are opened again.
         host.forget_kept(Some(&base));
-        for nd in &netdevs {
+        for nd in &netdevs.list {
             host.forget_kept(Some(&format!("class/net/{nd}")));
         }
         if let Some(address) = &statics.pci_address {
@@ -305,7 +306,7 @@ pub(super) fn read_device(host: &Host, name: &str, plan: &ReadPlan, batch: &mut 
     let ports = numbers
         .into_iter()
         .map(|n| {
-            let port_netdev = port_netdev(host, &base, &netdevs, n).or_else(|| netdev.clone());
+            let port_netdev = netdevs.of_port(host, &base, n).or_else(|| netdev.clone());
             let roce = !efa && statics.link_layers.get(&n).is_none_or(|l| *l == LinkLayer::Ethernet);
             let driver = statics.rdma_driver;
             let reads = (read_counters && !plan.link_only).then_some(PortPlan { plan, roce, driver });

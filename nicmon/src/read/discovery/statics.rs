@@ -117,6 +117,10 @@ pub(super) struct CacheInner {
     pub(super) frozen: Frozen,
     /// The character-device class directories as the last full poll listed and read them.
     pub(super) chars: chars::Kept,
+    /// Per device: its netdevs as the last walk listed them ([`walk`]).
+    pub(super) netdevs: BTreeMap<String, Arc<walk::Netdevs>>,
+    /// The last walk ([`walk`]).
+    pub(super) walk: walk::Walked,
 }
 
 impl CacheInner {
@@ -133,6 +137,7 @@ impl CacheInner {
     /// Forget everything about `device` but its presence.
     pub(super) fn forget(&mut self, device: &str) {
         self.by_device.remove(device);
+        self.netdevs.remove(device);
         self.absent.remove(device);
         self.rated.remove(device);
         if let Some(i) = self.position(device) {
@@ -214,14 +219,22 @@ impl StaticCache {
 
     /// List the devices again: their names, and whether the set differs from the last
     /// listing's (then everything kept about the devices is dropped).
-    pub(super) fn relist(&self, host: &Host) -> (Arc<[String]>, bool) {
+    /// Between walks (`walk` false) through the directory as last opened.
+    pub(super) fn relist(&self, host: &Host, walk: bool) -> (Arc<[String]>, bool) {
         let Ok(mut c) = self.inner.lock() else { return (host.list_sys(DEVICES).into(), true) };
         let mut listing = std::mem::take(&mut c.listing);
-        let changed = host.relist_sys(DEVICES, &mut listing);
+        let changed = if walk {
+            host.watch_dir_sys("class");
+            host.watch_dir_sys(DEVICES);
+            host.relist_sys(DEVICES, &mut listing)
+        } else {
+            host.relist_sys_kept(DEVICES, &mut listing)
+        };
         c.listing = listing;
         let names: Arc<[String]> = c.listing.names().cloned().unwrap_or_else(|_| Arc::from([]));
         if changed {
             c.by_device.clear();
+            c.netdevs.clear();
             c.absent.clear();
             c.rated.clear();
             c.frozen.reset(names.len());

@@ -27,6 +27,9 @@ pub(super) struct Kept {
     /// The watch on kept files that are not on sysfs; made with the first such file.
     /// `Err`: inotify could not be set up (each such file is checked after its reads).
     pub(super) watch: Option<Result<Watch, ()>>,
+    /// Kept files that failed their read or were found removed (opened by their path
+    /// again): a sign that a device may have gone ([`super::walks`]).
+    pub(super) failures: u64,
 }
 
 /// An `inotify` watch on kept files that are not on sysfs: which kept paths each watch
@@ -243,7 +246,7 @@ pub(super) fn read_kept(
             Err(ReadError::Invalid) if k.guard == Guard::Sysfs => {
                 return (Err(ReadError::Invalid), Some((Some(key), k, generation)));
             }
-            _ => {}
+            _ => lock().failures += 1,
         }
     }
     match open_read(path, limit, past) {

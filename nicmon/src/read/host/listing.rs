@@ -1,7 +1,9 @@
 //! A directory listed poll after poll ([`Listing`]): the entries as the directory gives
 //! them are compared with the last listing's, byte for byte, and parsed and sorted only when
 //! they differ, so an unchanged directory of a thousand entries costs its `getdents` calls
-//! and one comparison, no allocation.
+//! and one comparison, no allocation. The directory stays open: a listing that need not
+//! walk its path ([`Listing::relist_kept`]) rewinds it (`lseek` and `getdents64`, no
+//! `open`, no path walk).
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
@@ -11,6 +13,8 @@ use super::ReadError;
 /// A directory's listing, kept between polls ([`super::Host::relist_sys`]).
 #[derive(Debug, Clone)]
 pub struct Listing {
+    /// The directory as last opened by its path.
+    dir: KeptDir,
     /// The entry names in the directory's order, each followed by a NUL.
     raw: Vec<u8>,
     /// The buffer the next listing is read into (swapped with `raw` when it differs).
@@ -23,7 +27,7 @@ pub struct Listing {
 
 impl Default for Listing {
     fn default() -> Listing {
-        Listing { raw: Vec::new(), scratch: Vec::new(), names: Ok(Arc::from([])), listed: false }
+        Listing { dir: KeptDir(None), raw: Vec::new(), scratch: Vec::new(), names: Ok(Arc::from([])), listed: false }
     }
 }
 
@@ -33,11 +37,33 @@ impl Listing {
         self.names.as_ref()
     }
 
-    /// List `path` again: whether the names (or the failure) differ from the last listing's.
+    /// List `path` again (opened by its path): whether the names (or the failure) differ
+    /// from the last listing's.
     pub(super) fn relist(&mut self, path: &Path) -> bool {
+        let listed = list_raw(path, &mut self.scratch);
+        let (listed, dir) = match listed {
+            Ok(dir) => (Ok(()), Some(dir)),
+            Err(e) => (Err(e), None),
+        };
+        self.dir.0 = dir;
+        self.compare(listed)
+    }
+
+    /// List the directory again as it was last opened (rewound, read), or by `path` when
+    /// it was not: as [`Listing::relist`].
+    pub(super) fn relist_kept(&mut self, path: &Path) -> bool {
+        let Some(dir) = &mut self.dir.0 else { return self.relist(path) };
+        let listed = read_entries(dir, &mut self.scratch);
+        if listed.is_err() {
+            self.dir.0 = None;
+        }
+        self.compare(listed)
+    }
+
+    /// Take the listing just read into `scratch` (or its failure).
+    fn compare(&mut self, listed: io::Result<()>) -> bool {
         let first = !self.listed;
         self.listed = true;
-        let listed = list_raw(path, &mut self.scratch);
         let names = match listed {
             Ok(()) if self.names.is_ok() && self.scratch == self.raw && !first => return false,
             Ok(()) => {
@@ -68,13 +94,37 @@ fn parse(raw: &[u8]) -> Arc<[String]> {
     names.into()
 }
 
+/// A directory kept open between listings (not cloned with its [`Listing`]).
+struct KeptDir(Option<rustix::fs::Dir>);
+
+impl Clone for KeptDir {
+    fn clone(&self) -> KeptDir {
+        KeptDir(None)
+    }
+}
+
+impl std::fmt::Debug for KeptDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("KeptDir").field(&self.0.is_some()).finish()
+    }
+}
+
 /// The entry names of directory `path` in its order, each followed by a NUL, into `out`
-/// (cleared first): one `open`, `getdents64` until the end, one `close`.
-fn list_raw(path: &Path, out: &mut Vec<u8>) -> io::Result<()> {
+/// (cleared first): one `open`, `getdents64` until the end. The directory, open, is
+/// returned.
+fn list_raw(path: &Path, out: &mut Vec<u8>) -> io::Result<rustix::fs::Dir> {
     use rustix::fs::{Mode, OFlags};
-    out.clear();
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NONBLOCK;
     let mut dir = rustix::fs::Dir::new(rustix::fs::openat(rustix::fs::CWD, path, flags, Mode::empty())?)?;
+    read_entries(&mut dir, out)?;
+    Ok(dir)
+}
+
+/// The entry names of the open directory `dir` from its start, as [`list_raw`] writes
+/// them: rewound (one `lseek`), `getdents64` until the end.
+fn read_entries(dir: &mut rustix::fs::Dir, out: &mut Vec<u8>) -> io::Result<()> {
+    out.clear();
+    dir.rewind();
     while let Some(entry) = dir.read() {
         let entry = entry?;
         let name = entry.file_name().to_bytes();

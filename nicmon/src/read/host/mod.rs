@@ -86,6 +86,7 @@ mod kept;
 mod listing;
 mod reader;
 mod stream;
+mod walks;
 
 pub use access::{Access, AccessLog, FAILURE_LINK_PREFIX, failure_link_error};
 pub use file::{NOT_REGULAR, non_regular_kind, open_regular};
@@ -95,6 +96,7 @@ pub use listing::Listing;
 pub use reader::{Deadlines, FILE_READ_TIMEOUT, FileSet, PendingReads, ReadStats, ReadWaker, Rels, read_file};
 use reader::{Item, Reader};
 pub use stream::{FileStream, stream_file};
+pub use walks::WALK_PERIOD;
 
 /// The most a sysfs attribute can hold (`PAGE_SIZE`; `sysfs_emit` writes at most a page).
 pub const PAGE: usize = 4096;
@@ -135,6 +137,7 @@ pub struct Host {
     poll_deadline: Mutex<Option<Instant>>,
     accesses: Option<AccessLog>,
     read_ahead: Mutex<ReadAhead>,
+    walks: walks::Walks,
     pub stats: ReadStats,
 }
 
@@ -167,6 +170,7 @@ impl Host {
             poll_deadline: Mutex::new(None),
             accesses: None,
             read_ahead: Mutex::default(),
+            walks: walks::Walks::default(),
             stats: ReadStats::default(),
         }
     }
@@ -287,6 +291,16 @@ impl Host {
             return results;
         }
         let pending = self.start_files(set);
+        self.finish_files(pending)
+    }
+
+    /// [`Host::read_files`] for a batch no wake-up waits for (a full poll's): its thread is
+    /// brought to this one's CPU only when it is late ([`PendingReads::patient`]).
+    pub fn read_files_patient(&self, set: &Arc<FileSet>) -> Vec<Result<String, ReadError>> {
+        if let Some(results) = self.take_read_ahead(set) {
+            return results;
+        }
+        let pending = self.start_files(set).patient();
         self.finish_files(pending)
     }
 
@@ -418,6 +432,26 @@ impl Host {
         self.reader.shared.kept().generation
     }
 
+    /// A sign that the topology may have moved (a wake-up's hint): the next poll walks its
+    /// paths again ([`walks`]).
+    pub fn topology_hint(&self) {
+        self.walks.hint();
+    }
+
+    /// Watch sysfs directory `rel` for entries coming and going, where sysfs's rules do not
+    /// hold (a fixture tree; see [`walks`]).
+    pub fn watch_dir_sys(&self, rel: &str) {
+        self.walks.watch_dir(&self.sys(rel));
+    }
+
+    /// The sum of the signs that the topology moved (a hint, a kept file's failure, an event
+    /// on a watched directory): a walk is owed when it differs from the last walk's. `None`:
+    /// a directory could not be watched, every poll walks.
+    pub fn topology_signs(&self) -> Option<u64> {
+        let failures = self.reader.shared.kept().failures;
+        self.walks.moved(failures)
+    }
+
     /// Close the kept-open files under sysfs-relative `rel` (all of them: `None`): the
     /// device they belong to went, or is a new incarnation.
     pub fn forget_kept(&self, rel: Option<&str>) {
@@ -503,6 +537,13 @@ impl Host {
     pub fn relist_sys(&self, rel: &str, listing: &mut Listing) -> bool {
         self.note_sys(rel, |tree, rel| Access::List { tree, rel });
         listing.relist(&self.sys(rel))
+    }
+
+    /// [`Host::relist_sys`] through the directory as `listing` last opened it (rewound: no
+    /// path walk), or by its path when it has none open.
+    pub fn relist_sys_kept(&self, rel: &str, listing: &mut Listing) -> bool {
+        self.note_sys(rel, |tree, rel| Access::List { tree, rel });
+        listing.relist_kept(&self.sys(rel))
     }
 
     /// Names in a sysfs directory, sorted, or why it could not be listed: `Missing` when

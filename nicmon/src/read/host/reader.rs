@@ -205,6 +205,12 @@ pub const EXPECT_SPIN: Duration = Duration::from_micros(500);
 /// awake begins within microseconds, one woken on an idle CPU within ~0.1 ms on a VM.
 pub const NOT_BEGUN: Duration = Duration::from_micros(150);
 
+/// [`NOT_BEGUN`] for a batch no wake-up waits for (a full poll's, [`PendingReads::patient`]):
+/// a reader thread woken on an idle CPU of a VM may take a few hundred microseconds to run,
+/// and bringing it over then costs a migration and two `sched_setaffinity` calls per poll
+/// for nothing; only a batch this late (its CPU busy with something else) is brought over.
+pub const PATIENT: Duration = Duration::from_millis(2);
+
 /// A batch's results by index (`None`: not read yet).
 type Slots = Vec<Option<Result<Vec<u8>, ReadError>>>;
 
@@ -225,6 +231,9 @@ pub(super) struct Pending {
     next: usize,
     flight: Option<Flight>,
     lane: Lane,
+    /// How long a batch may wait for its thread to begin before the thread is brought to
+    /// the waiting one's CPU ([`NOT_BEGUN`], or [`PATIENT`] for a full poll's batch).
+    pub(super) late: Duration,
 }
 
 /// Which reader thread a read goes to. A file set's batch may be read ahead while the
@@ -346,6 +355,13 @@ pub struct PendingReads {
 }
 
 impl PendingReads {
+    /// The reads of a batch no wake-up waits for: its thread is brought over only when it
+    /// has not begun within [`PATIENT`].
+    pub fn patient(mut self) -> PendingReads {
+        self.pending.late = PATIENT;
+        self
+    }
+
     /// The files being read.
     pub fn files(&self) -> &Arc<FileSet> {
         &self.set
@@ -451,7 +467,7 @@ impl Reader {
 
     fn start_lane(&self, items: Arc<[Item]>, (read, poll_end): (Duration, Option<Instant>), lane: Lane) -> Pending {
         let n = items.len();
-        let mut pending = Pending { items, out: Vec::new(), next: 0, flight: None, lane };
+        let mut pending = Pending { items, out: Vec::new(), next: 0, flight: None, lane, late: NOT_BEGUN };
         if n > 0 {
             self.launch(&mut pending, read, poll_end);
         }
@@ -509,7 +525,7 @@ impl Reader {
                 }
                 break;
             };
-            let mut nudge = Some(launched + NOT_BEGUN);
+            let mut nudge = Some(launched + p.late);
             loop {
                 let (current, since) = *progress.current.lock().unwrap_or_else(|p| p.into_inner());
                 let mut until = since + read;

@@ -1,0 +1,161 @@
+//! Path walks on demand (issue 47, "poll cost"): what a poll finds by walking paths — the
+//! device listing, each device's `device` link and netdev listing, the character-device
+//! entries — is walked again only when something says the topology may have moved, or
+//! every [`WALK_PERIOD`]. The signs, summed into one number ([`Walks::moved`]):
+//! - a hint: a wake-up naming a device, an interface or a PCI function (a uevent, an
+//!   rtnetlink or eBPF record; [`super::Host::topology_hint`]);
+//! - a kept-open file that failed its read (`ENODEV`: sysfs says its device went) or was
+//!   found removed ([`super::kept`]);
+//! - off sysfs (a fixture tree, which sysfs's rules do not bind): an `inotify` event on a
+//!   directory the last walk went through (an entry created, removed or renamed there, or
+//!   the directory itself removed or moved). A directory that cannot be watched (no
+//!   inotify, the watch limit reached) makes every poll walk, as before.
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// How long a walk's result stands without a sign that the topology moved.
+pub const WALK_PERIOD: Duration = Duration::from_secs(30);
+
+/// The hints and the watch on the directories walked.
+#[derive(Default)]
+pub(super) struct Walks {
+    /// Bumped by each hint and each event of the watch.
+    epoch: AtomicU64,
+    watch: Mutex<DirWatch>,
+}
+
+impl std::fmt::Debug for Walks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Walks").field("epoch", &self.epoch).finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct DirWatch {
+    /// Made with the first directory off sysfs; `Err`: none could be had.
+    inotify: Option<Result<inotify::Inotify, ()>>,
+    /// The directories seen since the last event: watched, or on sysfs (nothing to watch).
+    seen: BTreeSet<PathBuf>,
+    /// A directory off sysfs could not be watched: every poll walks.
+    blind: bool,
+}
+
+/// `statfs`'s magic number of sysfs.
+const SYSFS_MAGIC: i64 = 0x6265_6572;
+
+fn on_sysfs(path: &Path) -> bool {
+    // `f_type`'s width differs between architectures.
+    #[allow(clippy::unnecessary_cast)]
+    rustix::fs::statfs(path).is_ok_and(|st| st.f_type as i64 == SYSFS_MAGIC)
+}
+
+impl Walks {
+    pub(super) fn hint(&self) {
+        self.epoch.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Watch directory `path` (off sysfs) for entries coming, going or renamed, and for its
+    /// own removal; nothing for a directory already seen since the last event, or absent
+    /// (its parent, watched, says when it comes).
+    pub(super) fn watch_dir(&self, path: &Path) {
+        let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+        if w.blind || w.seen.contains(path) {
+            return;
+        }
+        if on_sysfs(path) {
+            w.seen.insert(path.to_path_buf());
+            return;
+        }
+        let inotify = w.inotify.get_or_insert_with(|| inotify::Inotify::init().map_err(|_| ()));
+        let Ok(inotify) = inotify else {
+            w.blind = true;
+            return;
+        };
+        use inotify::WatchMask as M;
+        let mask = M::CREATE | M::DELETE | M::MOVED_FROM | M::MOVED_TO | M::DELETE_SELF | M::MOVE_SELF | M::ONLYDIR;
+        match inotify.watches().add(path, mask) {
+            Ok(_) => {
+                w.seen.insert(path.to_path_buf());
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {}
+            Err(_) => w.blind = true,
+        }
+    }
+
+    /// The sum of the signs so far (drains the watch: one `read` when it exists); `None`
+    /// while a directory off sysfs could not be watched (every poll walks).
+    pub(super) fn moved(&self, kept_failures: u64) -> Option<u64> {
+        let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+        if w.blind {
+            return None;
+        }
+        let mut events = 0u64;
+        if let Some(Ok(inotify)) = &mut w.inotify {
+            let mut buf = [0u8; 4096];
+            loop {
+                match inotify.read_events(&mut buf) {
+                    Ok(evs) => {
+                        let n = evs.count() as u64;
+                        if n == 0 {
+                            break;
+                        }
+                        events += n;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(_) => {
+                        w.blind = true;
+                        return None;
+                    }
+                }
+            }
+        }
+        if events > 0 {
+            // The next walk watches what it goes through again (a directory removed lost
+            // its watch; one made anew at the same path has none yet).
+            w.seen.clear();
+            self.epoch.fetch_add(events, Ordering::Relaxed);
+        }
+        Some(self.epoch.load(Ordering::Relaxed).wrapping_add(kept_failures))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_coming_or_going_in_a_watched_directory_moves_the_sum() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = Walks::default();
+        w.watch_dir(dir.path());
+        let s0 = w.moved(0).unwrap();
+        assert_eq!(w.moved(0), Some(s0), "nothing happened");
+        std::fs::write(dir.path().join("x"), "1").unwrap();
+        let s1 = w.moved(0).unwrap();
+        assert_ne!(s1, s0, "an entry created");
+        // In-place writes (as sysfs values change) are no sign.
+        std::fs::write(dir.path().join("x"), "2").unwrap();
+        assert_eq!(w.moved(0), Some(s1));
+        // The event cleared what was seen: the directory is watched again by the next walk.
+        w.watch_dir(dir.path());
+        std::fs::rename(dir.path().join("x"), dir.path().join("y")).unwrap();
+        let s2 = w.moved(0).unwrap();
+        assert_ne!(s2, s1, "an entry renamed");
+        w.hint();
+        assert_ne!(w.moved(0), Some(s2), "a hint");
+        let s3 = w.moved(0).unwrap();
+        assert_ne!(w.moved(1), Some(s3), "a kept file's failure");
+    }
+
+    #[test]
+    fn an_absent_directory_is_not_watched_and_blinds_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = Walks::default();
+        w.watch_dir(&dir.path().join("absent"));
+        assert!(w.moved(0).is_some());
+    }
+}
