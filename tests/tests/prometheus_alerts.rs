@@ -22,6 +22,17 @@
 //! are rates over a one-minute window (SPEC §1.11): they fire at the end of the first full
 //! window, about 60 s after nicmon's first ethtool read, which sets the length of both runs.
 //!
+//! The same two runs, on a second node, for NIC temperature, firmware health and the
+//! transceivers (`NicmonNicOverheating`, `NicmonFirmwareFatal`, `NicmonFirmwareErrors`, the
+//! optics alerts the testbed's modules can show; see the section below for the two they
+//! cannot).
+//!
+//! Alerts of the file not fired here against a real Prometheus (their promtool tests in
+//! deploy/prometheus/tests/ fire them and keep them quiet; tests/tests/prometheus.rs
+//! evaluates every expression against a live nicmon, a port down and a fatal counter breach
+//! selected by `NicmonPortDown` and `NicmonLinkErrorsFatal`): the port and counter alerts,
+//! and the monitor's own, most of which hold for 1 to 20 minutes (`for:`) as shipped.
+//!
 //! Not flaky by construction: every wait is on a condition (an exposition line, an alert in
 //! Prometheus' API) with a 180 s deadline; an unanswered API call is "not yet", not a failure
 //! (under load Prometheus may answer late, and a scrape may miss its 1 s timeout, marking the
