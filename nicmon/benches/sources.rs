@@ -55,12 +55,8 @@ struct Polled {
 
 impl Polled {
     fn new(monitor: Monitor) -> Polled {
-        let mut p = Polled {
-            monitor,
-            state: CheckState::default(),
-            loaded: Loaded::Missing { reboot: false },
-            t: time::OffsetDateTime::now_utc(),
-        };
+        let mut p =
+            Polled { monitor, state: CheckState::default(), loaded: Loaded::Missing { reboot: false }, t: time::OffsetDateTime::now_utc() };
         for _ in 0..20 {
             p.poll();
         }
@@ -88,8 +84,7 @@ fn spread(v: &mut [f64]) -> (f64, f64) {
 fn main() {
     let polls: usize = std::env::var("NICMON_BENCH_POLLS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
     let node = platforms::dgx_h100_with_vfs(0, None);
-    for (round, every) in [("default read intervals", None), ("every source read on every poll", Some(Duration::ZERO))]
-    {
+    for (round, every) in [("default read intervals", None), ("every source read on every poll", Some(Duration::ZERO))] {
         let mut with = Polled::new(monitor_of(&node, true, every));
         let mut without = Polled::new(monitor_of(&node, false, every));
         let modules = with.state.links.port_states.len();
