@@ -231,4 +231,34 @@ mod tests {
             }
         }
     }
+
+    /// A device of a driver nicmon does not know (its PCI function bound to `foo_rdma`,
+    /// vendor 0x1234): discovery marks it unsupported and it is not monitored, saying why;
+    /// `nicInclusionRegexOverride` naming it brings it in (SPEC §1.14).
+    #[test]
+    fn the_inclusion_override_brings_in_a_device_of_an_unknown_driver() {
+        let node = Platform::E810.build();
+        let dev = node.pfs().into_iter().next().expect("a PF");
+        let pci = node.sys().join(&node.info[&dev].pci_dir);
+        std::fs::remove_file(pci.join("driver")).unwrap();
+        std::os::unix::fs::symlink("../../../bus/pci/drivers/foo_rdma", pci.join("driver")).unwrap();
+        std::fs::write(pci.join("vendor"), "0x1234\n").unwrap();
+        let host = Host::new(node.sys(), node.proc());
+        let snap = discovery::discover(&host, &ReadPlan::default());
+        let topo = crate::read::topology::resolve(&host, &snap, Some(&node.metadata_path()), false).unwrap();
+        let d = snap.devices.iter().find(|d| d.name == dev).expect("still discovered");
+        assert_eq!(d.rdma_driver, None, "{d:?}");
+        let route = &snap.default_route_devices;
+        let c = classify_device(d, route, &topo, &NicFilters::default());
+        assert!(!c.monitored, "{c:?}");
+        let why = c.reason.unwrap_or_default();
+        assert!(why.contains("RDMA driver not recognised (PCI driver foo_rdma, PCI vendor 0x1234)"), "{why}");
+        let filters = NicFilters {
+            include_override: parse_regex_list("x", &format!("^{dev}$")).unwrap(),
+            ..NicFilters::default()
+        };
+        let c = classify_device(d, route, &topo, &filters);
+        assert!(c.monitored, "{c:?}");
+        assert!(c.role_reason.unwrap_or_default().contains("listed by nicInclusionRegexOverride"));
+    }
 }
