@@ -14,7 +14,8 @@ async fn link_down_wakes_through_rtnetlink() {
     if !is_root() {
         return skip(TEST, "needs root (veth)");
     }
-    let opts = WakeOptions { object: None, rtnetlink: true, uevent: false, ..WakeOptions::default() };
+    let opts =
+        WakeOptions { object: None, rtnetlink: true, uevent: false, rdma_monitor: false, ..WakeOptions::default() };
     let mut source = WakeSource::start(&opts);
     assert_eq!(source.mode(), WakeMode::RtnetlinkOnly, "{:?}", source.hooks());
     assert_eq!(source.live_hooks().collect::<Vec<_>>(), vec![Hook::Rtnetlink]);
@@ -42,8 +43,13 @@ async fn link_down_wakes_through_rtnetlink() {
 
 #[tokio::test]
 async fn nothing_enabled_means_no_wake_source() {
-    let source =
-        WakeSource::start(&WakeOptions { object: None, rtnetlink: false, uevent: false, ..WakeOptions::default() });
+    let source = WakeSource::start(&WakeOptions {
+        object: None,
+        rtnetlink: false,
+        uevent: false,
+        rdma_monitor: false,
+        ..WakeOptions::default()
+    });
     assert_eq!(source.mode(), WakeMode::None);
     assert!(source.hooks().is_empty());
 }
