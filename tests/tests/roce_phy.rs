@@ -301,9 +301,11 @@ fn missing_ethtool_data_is_said_once_in_a_few_lines() {
     }
     assert!(lines(" absent on ").len() == 1, "one absent line: {log}");
     for i in 0..6 {
+        // One line for its ethtool data, one for its transceiver (both read from the replay).
         let netdev = lines(&format!("of rdma{i}: not supported"));
-        assert_eq!(netdev.len(), 1, "rdma{i}: {log}");
-        assert!(netdev[0].contains("ethtool FEC, pause and statistics of"), "{log}");
+        assert_eq!(netdev.len(), 2, "rdma{i}: {log}");
+        assert_eq!(lines(&format!("ethtool FEC, pause and statistics of rdma{i}: not supported")).len(), 1, "{log}");
+        assert_eq!(lines(&format!("transceiver module of rdma{i}: not supported")).len(), 1, "{log}");
     }
 }
 
