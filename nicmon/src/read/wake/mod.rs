@@ -8,6 +8,7 @@
 //! [`WakeSource`] starts what the host allows and says which hooks are live.
 mod btf;
 pub mod ebpf;
+mod nlsock;
 pub mod rdma_monitor;
 pub mod rtnetlink;
 pub mod tracefs;

@@ -4,7 +4,7 @@
 use super::{Hint, Wake, monotonic_ns};
 use nicmon_common::Hook;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -29,34 +29,7 @@ impl AsRawFd for LinkSocket {
 impl LinkSocket {
     /// Opens a non-blocking `NETLINK_ROUTE` socket bound to the `RTNLGRP_LINK` group.
     pub fn open() -> io::Result<Self> {
-        // SAFETY: plain syscall; the returned fd is owned below.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a fresh fd nobody else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: an all-zero sockaddr_nl is valid; fields set below.
-        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        addr.nl_groups = libc::RTMGRP_LINK as u32;
-        // SAFETY: `addr` is a valid sockaddr_nl of the given size.
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&raw const addr).cast(),
-                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let fd = super::nlsock::open(libc::SOCK_RAW, libc::NETLINK_ROUTE, libc::RTMGRP_LINK as u32)?;
         Ok(Self { fd })
     }
 

@@ -6,7 +6,7 @@
 use super::{Hint, Wake, monotonic_ns};
 use nicmon_common::Hook;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -28,48 +28,14 @@ impl AsRawFd for UeventSocket {
 impl UeventSocket {
     /// Opens a non-blocking `NETLINK_KOBJECT_UEVENT` socket bound to the kernel's group.
     pub fn open() -> io::Result<Self> {
-        // SAFETY: plain syscall; the returned fd is owned below.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                libc::NETLINK_KOBJECT_UEVENT,
-            )
-        };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a fresh fd nobody else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: an all-zero sockaddr_nl is valid; fields set below.
-        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        addr.nl_groups = KERNEL_GROUP;
-        // SAFETY: `addr` is a valid sockaddr_nl of the given size.
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&raw const addr).cast(),
-                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let fd = super::nlsock::open(libc::SOCK_DGRAM, libc::NETLINK_KOBJECT_UEVENT, KERNEL_GROUP)?;
         Ok(Self { fd })
     }
 
     /// One datagram, with whether the kernel sent it (sender port id 0): a uevent from a
     /// process is ignored.
     fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, bool)> {
-        // SAFETY: an all-zero sockaddr_nl is valid; the kernel fills it.
-        let mut from: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t;
-        // SAFETY: `buf` is valid for writes of its length, `from` for `len` bytes.
-        let n = unsafe {
-            libc::recvfrom(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0, (&raw mut from).cast(), &mut len)
-        };
-        if n < 0 { Err(io::Error::last_os_error()) } else { Ok((n as usize, from.nl_pid == 0)) }
+        super::nlsock::recv(&self.fd, buf)
     }
 }
 
