@@ -194,6 +194,13 @@ impl Stages {
     pub fn call_after_line(&self) -> bool {
         self.call > self.accepted()
     }
+
+    /// The monitor's own part: the kernel program's record (its `bpf_ktime_get_ns` stamp)
+    /// → the harness saw the line in the sink, both on CLOCK_MONOTONIC. The fault's own path
+    /// in the kernel before the hook (`to_kernel`) is not in it.
+    pub fn monitor_part(&self) -> f64 {
+        self.delivered() - self.to_kernel
+    }
 }
 
 impl Stages {

@@ -80,12 +80,16 @@ impl Tracker {
         self.started = Some(now);
     }
 
-    pub fn end(&mut self) {
+    /// The poll in flight completed. Returns whether the watchdog has something to publish
+    /// now (a stall owed or reported, its recovery, or the start-up baseline): only then is
+    /// it woken, so a steady stream of polls costs its thread nothing.
+    pub fn end(&mut self) -> bool {
         self.started = None;
         self.completed = true;
         if let Some(o) = &mut self.owed {
             o.ended = true;
         }
+        self.owed.is_some() || self.reported || !self.baselined
     }
 
     /// What is due at `now` with this deadline. A stall seen here stays owed until it is
@@ -245,14 +249,17 @@ impl Watchdog {
 
     /// The poll completed.
     pub fn end(&self) {
-        {
+        let owed = {
             let mut t = self.shared.tracker();
-            t.end();
+            let owed = t.end();
             if let Some(m) = &self.shared.metrics {
                 m.set_poll_stalled(false);
             }
+            owed
+        };
+        if owed {
+            self.shared.wake.notify_waiters();
         }
-        self.shared.wake.notify_waiters();
     }
 }
 
@@ -340,13 +347,13 @@ mod tests {
         assert_eq!(t.due(t0, D), Due::Nothing);
         t.begin(t0);
         assert_eq!(t.due(t0 + Duration::from_secs(9), D), Due::Nothing);
-        t.end();
+        assert!(t.end(), "the baseline is owed: the watchdog is woken");
         assert_eq!(t.due(t0 + Duration::from_secs(9), D), Due::Healthy);
         t.settled(Due::Healthy);
         assert_eq!(t.due(t0 + Duration::from_secs(9), D), Due::Nothing);
-        // Later polls within the deadline: nothing more.
+        // Later polls within the deadline: nothing more, and the watchdog is not woken.
         t.begin(t0 + Duration::from_secs(20));
-        t.end();
+        assert!(!t.end(), "a quiet poll's end wakes nothing");
         assert_eq!(t.due(t0 + Duration::from_secs(21), D), Due::Nothing);
     }
 
@@ -364,7 +371,7 @@ mod tests {
         assert_eq!(t.due(t0 + Duration::from_secs(12), D), Due::Stalled(Duration::from_secs(11)));
         t.settled(due);
         assert_eq!(t.due(t0 + Duration::from_secs(30), D), Due::Nothing, "reported once");
-        t.end();
+        assert!(t.end(), "the recovery is owed: the watchdog is woken");
         assert_eq!(t.due(t0 + Duration::from_secs(31), D), Due::Healthy);
         t.settled(Due::Healthy);
         assert_eq!(t.due(t0 + Duration::from_secs(31), D), Due::Nothing);

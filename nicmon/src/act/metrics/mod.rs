@@ -74,6 +74,9 @@ pub struct Metrics {
     stuck_reads: std::sync::Mutex<Vec<String>>,
     /// The device and counter names of the counter series, each allocated once.
     label_values: std::sync::Mutex<std::collections::BTreeSet<std::sync::Arc<str>>>,
+    /// The counter series set by the last [`Metrics::set_counter_values`]: the next sets
+    /// theirs in place and removes only those gone (no series made again on every poll).
+    counter_series: std::sync::Mutex<std::collections::HashSet<CounterLabels>>,
     /// The ports (and devices) unhealthy now by their state check, and the probable cause of
     /// the event that made them so (`nicmon_unhealthy_ports`).
     causes_now: std::sync::Mutex<BTreeMap<(String, u32), crate::model::cause::Cause>>,
@@ -94,6 +97,7 @@ impl Metrics {
             reads_abandoned_seen: Default::default(),
             stuck_reads: Default::default(),
             label_values: Default::default(),
+            counter_series: Default::default(),
             causes_now: Default::default(),
         };
         for cause in crate::model::cause::Cause::ALL {
@@ -352,8 +356,8 @@ impl Metrics {
 
     /// The counters the rules read `((device, port, rule), value)`, replacing the previous set.
     pub fn set_counter_values<'a>(&self, values: impl IntoIterator<Item = ((&'a str, u32, &'a str), u64)>) {
-        self.f.counter_value.clear();
         let mut names = self.label_values.lock().unwrap_or_else(|p| p.into_inner());
+        let mut series = self.counter_series.lock().unwrap_or_else(|p| p.into_inner());
         let mut shared = |v: &str| match names.get(v) {
             Some(s) => s.clone(),
             None => {
@@ -362,10 +366,16 @@ impl Metrics {
                 s
             }
         };
+        let mut now = std::collections::HashSet::with_capacity(series.len());
         for ((device, port, counter), value) in values {
             let labels = CounterLabels { device: shared(device), port, counter: shared(counter) };
             self.f.counter_value.get_or_create(&labels).set(value as f64);
+            now.insert(labels);
         }
+        for gone in series.difference(&now) {
+            self.f.counter_value.remove(gone);
+        }
+        *series = now;
         // Names no series uses any more are let go.
         names.retain(|s| std::sync::Arc::strong_count(s) > 1);
     }

@@ -153,7 +153,7 @@ impl StaticCache {
 /// `walk`: whether this poll walks paths ([`super::walk`]).
 pub(super) fn plan(host: &Host, cache: Option<&StaticCache>, list: bool, walk: bool, batch: &mut Batch) -> CharRead {
     if let Some(last) = cache.filter(|_| !list).and_then(|c| c.standing_chars(host, walk)) {
-        return plan_same(last, batch);
+        return plan_same(last, walk, batch);
     }
     let listed = match cache.and_then(|c| c.relist_chars(host, walk)) {
         Some(names) => names,
@@ -167,8 +167,10 @@ pub(super) fn plan(host: &Host, cache: Option<&StaticCache>, list: bool, walk: b
     }))
 }
 
-/// The entries read at the last full poll, read again.
-fn plan_same(last: Last, batch: &mut Batch) -> CharRead {
+/// The entries read at the last full poll, read again: each entry's `ibdev` (an entry
+/// removed fails its read), and its `port` only on a walk (an entry's port is fixed while it
+/// exists: between walks it is the last one read).
+fn plan_same(last: Last, walk: bool, batch: &mut Batch) -> CharRead {
     let mut read: [Vec<(usize, usize, Option<usize>)>; 2] = Default::default();
     for k in 0..2 {
         let Some(nodes) = listed(&last.chars, k) else { continue };
@@ -176,7 +178,8 @@ fn plan_same(last: Last, batch: &mut Batch) -> CharRead {
         for &i in &last.read[k] {
             let Some(n) = nodes.get(i) else { continue };
             let ibdev = batch.add(format_args!("class/{rel}/{}/ibdev", n.name));
-            let port = (n.kind != CharKind::Uverbs).then(|| batch.add(format_args!("class/{rel}/{}/port", n.name)));
+            let port =
+                (walk && n.kind != CharKind::Uverbs).then(|| batch.add(format_args!("class/{rel}/{}/port", n.name)));
             read[k].push((i, ibdev, port));
         }
     }
@@ -237,7 +240,11 @@ pub(super) fn finish(
             let mut chars = last.chars.clone();
             for (k, entries) in read.iter().enumerate() {
                 for &(i, ibdev, port) in entries {
-                    let e = read_entry(results, ibdev, port);
+                    let mut e = read_entry(results, ibdev, port);
+                    if port.is_none() {
+                        // Not read (between walks, or a verbs entry, which has none): as kept.
+                        e.port = listed(&chars, k).and_then(|nodes| nodes.get(i)).and_then(|n| n.port);
+                    }
                     let same = |n: &CharNode| n.device == e.device && n.port == e.port;
                     if listed(&chars, k).is_none_or(|nodes| nodes.get(i).is_none_or(same)) {
                         continue;

@@ -21,6 +21,7 @@ use std::sync::atomic::Ordering;
 
 mod chars;
 mod driver;
+mod kept_plan;
 mod pci;
 mod plan;
 mod statics;
@@ -133,20 +134,11 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
     let keep = plan.statics.is_some();
     // The default route first: whether a device is a management NIC (not monitored, not
     // read) depends on it.
-    let (default_route_ifaces, default_route_devices) = default_route(host);
-    let mut batch = Batch::against(last);
-    let frozen = match (&plan.statics, plan.unmonitored) {
-        (Some(cache), Some(judge)) => cache.frozen(judge, &default_route_devices),
-        _ => Vec::new(),
+    let (default_route_ifaces, default_route_devices) = match &plan.statics {
+        Some(cache) => cache.route(host, walk),
+        None => default_route(host),
     };
-    let reads: Vec<Planned> = names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| match frozen.get(i).cloned().flatten() {
-            Some(d) => Planned::Frozen(d),
-            None => Planned::Read(read_device(host, n, plan, walk, &mut batch)),
-        })
-        .collect();
+    let (reads, mut batch, made) = plan_devices(host, plan, (&names, walk), &default_route_devices, last);
     let chars = chars::plan(host, plan.statics.as_deref(), !plan.char_listing_may_stand, walk, &mut batch);
     let same = batch.is_prev(keep);
     if !same {
@@ -166,6 +158,9 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
     }
     if let Some(cache) = &plan.statics {
         cache.set_last_batch(files.clone());
+        if let Some(made) = made {
+            cache.keep_plan(made, &files);
+        }
     }
     let devices = finish_devices(reads, &results, &files, plan, &default_route_devices);
     let char_devices = chars::finish(chars, &results, plan.statics.as_deref());
@@ -178,6 +173,41 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
     }
 
     Snapshot { devices, default_route_ifaces, default_route_devices, pci_probes, char_devices, ..Snapshot::default() }
+}
+
+/// The plan of the devices `names` (`walk`: whether this poll walks) into a batch made
+/// against `last` (the last batch): the kept plan when it stands ([`kept_plan`]), else made
+/// now — then returned a third time, to be kept once its batch is made.
+fn plan_devices(
+    host: &Host,
+    plan: &ReadPlan,
+    (names, walk): (&[String], bool),
+    route: &[String],
+    last: Option<Arc<FileSet>>,
+) -> (Vec<Planned>, Batch, Option<kept_plan::KeptPlan>) {
+    let frozen = match (&plan.statics, plan.unmonitored) {
+        (Some(cache), Some(judge)) => cache.frozen(judge, route),
+        _ => Vec::new(),
+    };
+    let cache = plan.statics.as_ref().filter(|_| !plan.link_only);
+    if let Some(kept) = cache.and_then(|c| c.kept_plan(walk, route)) {
+        host.stats.plans_kept.fetch_add(1, Ordering::Relaxed);
+        let batch = kept.batch();
+        return (kept.reads, batch, None);
+    }
+    let mut batch = Batch::against(last);
+    let reads: Vec<Planned> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| match frozen.get(i).cloned().flatten() {
+            Some(d) => Planned::Frozen(d),
+            None => Planned::Read(read_device(host, n, plan, walk, &mut batch)),
+        })
+        .collect();
+    let made = cache
+        .filter(|_| kept_plan::KeptPlan::keepable(&reads))
+        .map(|c| kept_plan::KeptPlan::new(&reads, &batch, route, c.frozen_generation()));
+    (reads, batch, made)
 }
 
 /// The interfaces that carry a default route (`<procfs>/net/route`) and the IB devices

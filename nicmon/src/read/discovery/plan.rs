@@ -139,6 +139,7 @@ impl Batch {
 
 /// A device's read before its per-poll files are read: its static attributes, listings,
 /// and where each port's files are in the [`Batch`].
+#[derive(Clone)]
 pub(super) struct DeviceRead {
     pub(super) name: String,
     pub(super) statics: Arc<Statics>,
@@ -151,6 +152,7 @@ pub(super) struct DeviceRead {
 
 /// Where a PF's per-poll PCIe files are in the [`Batch`]: `current_link_speed`,
 /// `current_link_width`, and the AER files not found absent in this incarnation.
+#[derive(Clone)]
 pub(super) struct PcieRead {
     pub(super) speed: usize,
     pub(super) width: usize,
@@ -158,9 +160,12 @@ pub(super) struct PcieRead {
 }
 
 /// Where one port's files are in the [`Batch`].
+#[derive(Clone)]
 pub(super) struct PortRead {
     pub(super) number: u32,
-    pub(super) link_layer: usize,
+    /// The `link_layer` file's index, or the link layer the device's static attributes
+    /// read ([`super::Statics::link_layers`]: fixed while the device exists, not read again).
+    pub(super) link_layer: Result<usize, LinkLayer>,
     pub(super) state: usize,
     pub(super) phys_state: usize,
     pub(super) rate: usize,
@@ -226,6 +231,7 @@ pub(super) fn list_ports(host: &Host, base: &str) -> Vec<u32> {
 }
 
 /// A device of a poll before its per-poll files are read.
+#[derive(Clone)]
 pub(super) enum Planned {
     /// Its frozen reading: nothing of it is read ([`unmonitored`]).
     Frozen(Arc<Device>),
@@ -310,7 +316,8 @@ pub(super) fn read_device(host: &Host, name: &str, plan: &ReadPlan, walk: bool, 
             let roce = !efa && statics.link_layers.get(&n).is_none_or(|l| *l == LinkLayer::Ethernet);
             let driver = statics.rdma_driver;
             let reads = (read_counters && !plan.link_only).then_some(PortPlan { plan, roce, driver });
-            plan_port(name, n, port_netdev.as_deref(), reads, batch)
+            let known = statics.link_layers.get(&n).cloned();
+            plan_port(name, (n, known), port_netdev.as_deref(), reads, batch)
         })
         .collect();
     batch.read_once(false);
@@ -428,17 +435,22 @@ pub(super) fn port_netdev(host: &Host, base: &str, netdevs: &[String], n: u32) -
         .cloned()
 }
 
-/// The files of port `n` that every poll reads, added to `batch`.
+/// The files of port `n` that every poll reads, added to `batch`; `known`: its link layer
+/// as the device's static attributes read it (then its file is not read).
 pub(super) fn plan_port(
     dev: &str,
-    n: u32,
+    (n, known): (u32, Option<LinkLayer>),
     netdev: Option<&str>,
     reads: Option<PortPlan<'_>>,
     batch: &mut Batch,
 ) -> PortRead {
     let mut file = |f: &str| batch.add(format_args!("class/infiniband/{dev}/ports/{n}/{f}"));
-    let (link_layer, state, phys_state, rate, lid, sm_lid) =
-        (file("link_layer"), file("state"), file("phys_state"), file("rate"), file("lid"), file("sm_lid"));
+    let link_layer = match known {
+        Some(l) => Err(l),
+        None => Ok(file("link_layer")),
+    };
+    let (state, phys_state, rate, lid, sm_lid) =
+        (file("state"), file("phys_state"), file("rate"), file("lid"), file("sm_lid"));
     let operstate = netdev.map(|nd| batch.add(format_args!("class/net/{nd}/operstate")));
     let carrier = netdev.map(|nd| batch.add(format_args!("class/net/{nd}/carrier")));
     let (mut counters, mut roce_counters, mut speed) = (Vec::new(), Vec::new(), None);
@@ -522,10 +534,16 @@ pub(super) fn finish_port(dev: &str, p: PortRead, results: &[Result<String, Read
     let get = |i: usize| at(results, i);
     let read = |i: usize| get(i).ok();
     let mut unknown = BTreeMap::new();
-    let (link_layer, why) = attribute(get(p.link_layer), parse::link_layer, |l| !matches!(l, LinkLayer::Unknown(_)));
-    if let Some(why) = why {
-        unknown.insert("link_layer".to_string(), why);
-    }
+    let link_layer = match p.link_layer {
+        Ok(i) => {
+            let (l, why) = attribute(get(i), parse::link_layer, |l| !matches!(l, LinkLayer::Unknown(_)));
+            if let Some(why) = why {
+                unknown.insert("link_layer".to_string(), why);
+            }
+            l
+        }
+        Err(known) => Some(known),
+    };
     let (state, why) = attribute(get(p.state), parse::port_state, |s| !matches!(s, PortState::Unknown(_)));
     if let Some(why) = why {
         unknown.insert("state".to_string(), why);

@@ -121,6 +121,10 @@ pub(super) struct CacheInner {
     pub(super) netdevs: BTreeMap<String, Arc<walk::Netdevs>>,
     /// The last walk ([`walk`]).
     pub(super) walk: walk::Walked,
+    /// The default route as the last walk read it ([`walk::Route`]).
+    pub(super) route: Option<walk::Route>,
+    /// The last full poll's plan of its devices, while it stands ([`kept_plan`]).
+    pub(super) plan: Option<kept_plan::KeptPlan>,
 }
 
 impl CacheInner {
@@ -136,6 +140,7 @@ impl CacheInner {
 
     /// Forget everything about `device` but its presence.
     pub(super) fn forget(&mut self, device: &str) {
+        self.plan = None;
         self.by_device.remove(device);
         self.netdevs.remove(device);
         self.absent.remove(device);
@@ -171,10 +176,14 @@ impl StaticCache {
             && c.by_device.contains_key(device)
         {
             let a = c.absent.entry(device.to_string()).or_default();
-            match file {
+            let new = match file {
                 AbsentFile::Counter(port, k) => a.counters.insert((port, k)),
                 AbsentFile::File(rel) => a.files.insert(rel.to_string()),
             };
+            if new {
+                // The next plan leaves the file out.
+                c.plan = None;
+            }
         }
     }
 
@@ -188,10 +197,10 @@ impl StaticCache {
             && c.by_device.contains_key(device)
         {
             let ports = c.rated.entry(device.to_string()).or_default();
-            if rated {
-                ports.insert(port);
-            } else {
-                ports.remove(&port);
+            let changed = if rated { ports.insert(port) } else { ports.remove(&port) };
+            if changed {
+                // The next plan reads the netdev's speed, or stops reading it.
+                c.plan = None;
             }
         }
     }
@@ -203,6 +212,7 @@ impl StaticCache {
     pub(super) fn clear_last_batch(&self) {
         if let Ok(mut c) = self.inner.lock() {
             c.last_batch = None;
+            c.plan = None;
         }
     }
 
@@ -233,6 +243,7 @@ impl StaticCache {
         c.listing = listing;
         let names: Arc<[String]> = c.listing.names().cloned().unwrap_or_else(|_| Arc::from([]));
         if changed {
+            c.plan = None;
             c.by_device.clear();
             c.netdevs.clear();
             c.absent.clear();
@@ -280,6 +291,7 @@ impl StaticCache {
         if let Ok(mut c) = self.inner.lock()
             && let Some(i) = c.position(&device.name)
         {
+            c.plan = None;
             c.by_device.remove(&device.name);
             c.absent.remove(&device.name);
             c.rated.remove(&device.name);

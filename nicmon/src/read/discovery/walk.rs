@@ -48,7 +48,30 @@ impl StaticCache {
     fn keep_netdevs(&self, device: &str, netdevs: Arc<Netdevs>) {
         if let Ok(mut c) = self.inner.lock() {
             c.netdevs.insert(device.to_string(), netdevs);
+            c.plan = None;
         }
+    }
+}
+
+/// The interfaces that carry a default route and the IB devices behind them, as a walk
+/// read them (`<procfs>/net/route` and each interface's `device/infiniband`).
+pub(super) type Route = (Vec<String>, Vec<String>);
+
+impl StaticCache {
+    /// The default route: read on a walk (and watched, off procfs, for writes: a fixture's
+    /// route file rewritten is a sign), else as the last walk read it. A route that moves
+    /// to another interface without a sign is seen by the next walk (at most
+    /// [`WALK_PERIOD`] later).
+    pub(super) fn route(&self, host: &Host, walk: bool) -> Route {
+        if !walk && let Some(r) = self.inner.lock().ok().and_then(|c| c.route.clone()) {
+            return r;
+        }
+        let r = default_route(host);
+        host.watch_proc_writes("net");
+        if let Ok(mut c) = self.inner.lock() {
+            c.route = Some(r.clone());
+        }
+        r
     }
 }
 

@@ -441,7 +441,13 @@ impl Host {
     /// Watch sysfs directory `rel` for entries coming and going, where sysfs's rules do not
     /// hold (a fixture tree; see [`walks`]).
     pub fn watch_dir_sys(&self, rel: &str) {
-        self.walks.watch_dir(&self.sys(rel));
+        self.walks.watch_dir(&self.sys(rel), false);
+    }
+
+    /// Watch procfs directory `rel` for its files being written as well (a fixture's
+    /// `net/route` rewritten; the real procfs sends no events: nothing is watched there).
+    pub fn watch_proc_writes(&self, rel: &str) {
+        self.walks.watch_dir(&self.procfs.join(rel), true);
     }
 
     /// The sum of the signs that the topology moved (a hint, a kept file's failure, an event

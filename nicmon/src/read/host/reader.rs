@@ -42,6 +42,9 @@ pub struct ReadStats {
     pub read_ahead_used: AtomicU64,
     /// Batches read ahead and dropped (the poll's files were not the same).
     pub read_ahead_dropped: AtomicU64,
+    /// Full polls whose devices' plan was the last poll's, kept
+    /// ([`crate::read::discovery`]'s `kept_plan`).
+    pub plans_kept: AtomicU64,
     /// When `Some`: every file read is appended (benchmarks measure the open/read/close
     /// floor of exactly the files a poll reads).
     pub recorded: Mutex<Option<Vec<PathBuf>>>,

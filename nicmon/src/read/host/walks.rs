@@ -45,11 +45,15 @@ struct DirWatch {
 
 /// `statfs`'s magic number of sysfs.
 const SYSFS_MAGIC: i64 = 0x6265_6572;
+/// `statfs`'s magic number of procfs.
+const PROC_MAGIC: i64 = 0x9fa0;
 
-fn on_sysfs(path: &Path) -> bool {
+/// Whether `path` is on sysfs or procfs, whose files the kernel makes (no `inotify` event
+/// for them).
+fn on_kernel_fs(path: &Path) -> bool {
     // `f_type`'s width differs between architectures.
     #[allow(clippy::unnecessary_cast)]
-    rustix::fs::statfs(path).is_ok_and(|st| st.f_type as i64 == SYSFS_MAGIC)
+    rustix::fs::statfs(path).is_ok_and(|st| matches!(st.f_type as i64, SYSFS_MAGIC | PROC_MAGIC))
 }
 
 impl Walks {
@@ -60,12 +64,13 @@ impl Walks {
     /// Watch directory `path` (off sysfs) for entries coming, going or renamed, and for its
     /// own removal; nothing for a directory already seen since the last event, or absent
     /// (its parent, watched, says when it comes).
-    pub(super) fn watch_dir(&self, path: &Path) {
+    /// `writes`: also for files in it written (a fixture's file rewritten in place).
+    pub(super) fn watch_dir(&self, path: &Path, writes: bool) {
         let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
         if w.blind || w.seen.contains(path) {
             return;
         }
-        if on_sysfs(path) {
+        if on_kernel_fs(path) {
             w.seen.insert(path.to_path_buf());
             return;
         }
@@ -75,7 +80,10 @@ impl Walks {
             return;
         };
         use inotify::WatchMask as M;
-        let mask = M::CREATE | M::DELETE | M::MOVED_FROM | M::MOVED_TO | M::DELETE_SELF | M::MOVE_SELF | M::ONLYDIR;
+        let mut mask = M::CREATE | M::DELETE | M::MOVED_FROM | M::MOVED_TO | M::DELETE_SELF | M::MOVE_SELF | M::ONLYDIR;
+        if writes {
+            mask |= M::CLOSE_WRITE;
+        }
         match inotify.watches().add(path, mask) {
             Ok(_) => {
                 w.seen.insert(path.to_path_buf());
@@ -131,7 +139,7 @@ mod tests {
     fn an_entry_coming_or_going_in_a_watched_directory_moves_the_sum() {
         let dir = tempfile::tempdir().unwrap();
         let w = Walks::default();
-        w.watch_dir(dir.path());
+        w.watch_dir(dir.path(), false);
         let s0 = w.moved(0).unwrap();
         assert_eq!(w.moved(0), Some(s0), "nothing happened");
         std::fs::write(dir.path().join("x"), "1").unwrap();
@@ -141,7 +149,7 @@ mod tests {
         std::fs::write(dir.path().join("x"), "2").unwrap();
         assert_eq!(w.moved(0), Some(s1));
         // The event cleared what was seen: the directory is watched again by the next walk.
-        w.watch_dir(dir.path());
+        w.watch_dir(dir.path(), false);
         std::fs::rename(dir.path().join("x"), dir.path().join("y")).unwrap();
         let s2 = w.moved(0).unwrap();
         assert_ne!(s2, s1, "an entry renamed");
@@ -152,10 +160,22 @@ mod tests {
     }
 
     #[test]
+    fn a_directory_watched_for_writes_moves_the_sum_when_a_file_is_rewritten() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("route"), "a").unwrap();
+        let w = Walks::default();
+        w.watch_dir(dir.path(), true);
+        let s0 = w.moved(0).unwrap();
+        assert_eq!(w.moved(0), Some(s0), "nothing happened");
+        std::fs::write(dir.path().join("route"), "b").unwrap();
+        assert_ne!(w.moved(0), Some(s0), "the file rewritten in place");
+    }
+
+    #[test]
     fn an_absent_directory_is_not_watched_and_blinds_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let w = Walks::default();
-        w.watch_dir(&dir.path().join("absent"));
+        w.watch_dir(&dir.path().join("absent"), false);
         assert!(w.moved(0).is_some());
     }
 }
