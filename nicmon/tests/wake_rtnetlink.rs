@@ -14,8 +14,14 @@ async fn link_down_wakes_through_rtnetlink() {
     if !is_root() {
         return skip(TEST, "needs root (veth)");
     }
-    let opts =
-        WakeOptions { object: None, rtnetlink: true, uevent: false, rdma_monitor: false, ..WakeOptions::default() };
+    let opts = WakeOptions {
+        object: None,
+        rtnetlink: true,
+        uevent: false,
+        rdma_monitor: false,
+        devlink_monitor: false,
+        ..WakeOptions::default()
+    };
     let mut source = WakeSource::start(&opts);
     assert_eq!(source.mode(), WakeMode::RtnetlinkOnly, "{:?}", source.hooks());
     assert_eq!(source.live_hooks().collect::<Vec<_>>(), vec![Hook::Rtnetlink]);
@@ -48,6 +54,7 @@ async fn nothing_enabled_means_no_wake_source() {
         rtnetlink: false,
         uevent: false,
         rdma_monitor: false,
+        devlink_monitor: false,
         ..WakeOptions::default()
     });
     assert_eq!(source.mode(), WakeMode::None);
