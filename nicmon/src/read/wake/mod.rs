@@ -84,7 +84,8 @@ pub struct Wake {
     pub kernel_ts_ns: Option<u64>,
     pub hint: Hint,
     /// The kernel said the hinted object was removed (a uevent `remove`, an rtnetlink
-    /// `RTM_DELLINK`): the decider may report a known device's loss at once (SPEC §1.15).
+    /// `RTM_DELLINK`, the RDMA monitor's unregister, a devlink `DEVLINK_CMD_DEL`): the
+    /// decider may report a known device's loss at once (SPEC §1.15).
     pub removed: bool,
     /// When userspace received it.
     pub received: Instant,
