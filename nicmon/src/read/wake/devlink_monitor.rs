@@ -172,7 +172,8 @@ pub fn spawn(socket: MonitorSocket, tx: mpsc::Sender<Wake>) -> io::Result<JoinHa
     super::nlsock::listen(socket.fd, tx, Hook::DevlinkMonitor, "devlink netlink monitor", move |buf, at, ns| {
         let notices = parse(buf, family);
         for n in &notices {
-            tracing::debug!(event = ?n.event, bus = %n.bus, dev = %n.dev, reporter = ?n.reporter, "devlink notification");
+            let (event, bus, dev, reporter) = (n.event, &n.bus, &n.dev, &n.reporter);
+            tracing::debug!(?event, %bus, %dev, ?reporter, "devlink notification");
         }
         notices.into_iter().map(|n| n.into_wake(at, ns)).collect()
     })
