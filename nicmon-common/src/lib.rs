@@ -171,6 +171,10 @@ hooks! {
     /// Userspace only: an RDMA netlink monitor notification (`RDMA_NL_GROUP_NOTIFY`, 6.12+):
     /// an RDMA device registered or unregistered, a netdev attached or detached.
     RdmaMonitor = 102, "rdma_monitor";
+    /// Userspace only: a devlink notification (generic netlink family `devlink`, group
+    /// `config`): a health reporter's state change or recovery, an instance registered or
+    /// unregistered.
+    DevlinkMonitor = 103, "devlink_monitor";
 }
 
 impl Hook {

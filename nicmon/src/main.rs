@@ -264,6 +264,10 @@ struct RunCli {
     /// attach/detach; kernel 6.12+, SPEC §1.15).
     #[arg(long)]
     no_rdma_monitor: bool,
+    /// Do not listen to devlink notifications (health reporter state changes and
+    /// recoveries, devlink instances registered/unregistered; SPEC §1.15).
+    #[arg(long)]
+    no_devlink_monitor: bool,
     /// No wake-up sources at all: polling only.
     #[arg(long)]
     no_wake: bool,
@@ -400,6 +404,7 @@ fn run_daemon(r: RunCli, trace: bool) -> anyhow::Result<String> {
             rtnetlink: !r.no_rtnetlink,
             uevent: !r.no_uevent,
             rdma_monitor: !r.no_rdma_monitor,
+            devlink_monitor: !r.no_devlink_monitor,
             ..WakeOptions::default()
         },
         no_wake: r.no_wake,
@@ -562,11 +567,12 @@ fn check_config(r: &RunCli) -> anyhow::Result<String> {
     let _ = writeln!(out, "kernel log:        {kmsg}");
     let _ = writeln!(
         out,
-        "wake-ups:          eBPF {}, rtnetlink {}, uevent {}, RDMA netlink monitor {}",
+        "wake-ups:          eBPF {}, rtnetlink {}, uevent {}, RDMA netlink monitor {}, devlink monitor {}",
         on_off(r.no_wake || r.no_ebpf),
         on_off(r.no_wake || r.no_rtnetlink),
         on_off(r.no_wake || r.no_uevent),
-        on_off(r.no_wake || r.no_rdma_monitor)
+        on_off(r.no_wake || r.no_rdma_monitor),
+        on_off(r.no_wake || r.no_devlink_monitor)
     );
     let _ = writeln!(out, "counter rules:     {}", config.counter_rules.len());
     for w in &warnings {

@@ -14,8 +14,14 @@ async fn link_down_wakes_through_rtnetlink() {
     if !is_root() {
         return skip(TEST, "needs root (veth)");
     }
-    let opts =
-        WakeOptions { object: None, rtnetlink: true, uevent: false, rdma_monitor: false, ..WakeOptions::default() };
+    let opts = WakeOptions {
+        object: None,
+        rtnetlink: true,
+        uevent: false,
+        rdma_monitor: false,
+        devlink_monitor: false,
+        ..WakeOptions::default()
+    };
     let mut source = WakeSource::start(&opts);
     assert_eq!(source.mode(), WakeMode::RtnetlinkOnly, "{:?}", source.hooks());
     assert_eq!(source.live_hooks().collect::<Vec<_>>(), vec![Hook::Rtnetlink]);
@@ -48,8 +54,38 @@ async fn nothing_enabled_means_no_wake_source() {
         rtnetlink: false,
         uevent: false,
         rdma_monitor: false,
+        devlink_monitor: false,
         ..WakeOptions::default()
     });
     assert_eq!(source.mode(), WakeMode::None);
     assert!(source.hooks().is_empty());
+}
+
+/// The devlink notification source alone: one hook, attached through devlink netlink where
+/// the kernel has devlink, else not attached with the kernel's answer — the same answer
+/// `nicmon version`'s probe gives. The mode stays "none": it is not a carrier source.
+#[tokio::test]
+async fn the_devlink_monitor_is_reported_attached_or_with_the_kernels_reason() {
+    let source = WakeSource::start(&WakeOptions {
+        object: None,
+        rtnetlink: false,
+        uevent: false,
+        rdma_monitor: false,
+        devlink_monitor: true,
+        ..WakeOptions::default()
+    });
+    assert_eq!(source.mode(), WakeMode::None);
+    let [h] = source.hooks() else { panic!("one hook: {:?}", source.hooks()) };
+    assert_eq!(h.hook, Hook::DevlinkMonitor);
+    let probe = nicmon::read::wake::probe_userspace();
+    let (_, probed) = probe.iter().find(|(hook, _)| *hook == Hook::DevlinkMonitor).expect("the probe covers it");
+    if h.attached {
+        assert_eq!(h.via, Some(Mechanism::DevlinkNetlink));
+        assert!(probed.is_ok(), "{probed:?}");
+    } else {
+        let reason = h.reason.as_deref().unwrap_or_default();
+        assert!(reason.starts_with("devlink netlink: "), "{reason}");
+        assert_eq!(probed.as_ref().err().map(String::as_str), Some(reason), "the probe says the same");
+        println!("devlink monitor not attached here: {reason}");
+    }
 }

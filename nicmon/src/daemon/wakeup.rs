@@ -413,7 +413,39 @@ mod tests {
     /// targeted poll alone sends the firmware fatal.
     #[tokio::test]
     async fn a_devlink_wake_reads_the_reporters_at_once() {
-        let node = two_roce_nics("devlink-wake");
+        devlink_wake_reads_the_reporters("devlink-wake", |bdf| {
+            let mut wake = wake_naming(bdf);
+            wake.hook = crate::read::wake::Hook::DevlinkHealthReport;
+            wake
+        })
+        .await;
+    }
+
+    /// The same for the devlink netlink monitor's wake-up: the kernel's
+    /// `DEVLINK_CMD_HEALTH_REPORTER_RECOVER` for `pci/<bdf>` (decoded from its bytes in
+    /// `read::wake::devlink_monitor`'s tests) makes a targeted poll of that function's device
+    /// that reads its reporters.
+    #[tokio::test]
+    async fn a_devlink_monitor_wake_reads_the_reporters_at_once() {
+        use crate::read::wake::devlink_monitor::{Event, Notice};
+        devlink_wake_reads_the_reporters("devlink-monitor-wake", |bdf| {
+            let notice = Notice {
+                event: Event::Health,
+                bus: "pci".into(),
+                dev: bdf.to_string(),
+                reporter: Some(("fw_fatal".into(), crate::model::devlink::ReporterState::Error)),
+            };
+            let wake = notice.into_wake(Instant::now(), crate::read::wake::monotonic_ns());
+            assert_eq!(wake.hook, crate::read::wake::Hook::DevlinkMonitor);
+            wake
+        })
+        .await;
+    }
+
+    /// A wake-up `wake_for(<PCI address of mlx5_1>)` after mlx5_1's `fw_fatal` counted an
+    /// error: in a burst, its targeted poll alone sends the fatal for mlx5_1, once.
+    async fn devlink_wake_reads_the_reporters(name: &str, wake_for: impl Fn(&str) -> Wake) {
+        let node = two_roce_nics(name);
         let mut opts = run_options(&node);
         opts.monitor.devlink_replay = Some(node.devlink_dir());
         let mut daemon = Daemon::start(&opts).await.unwrap();
@@ -422,9 +454,7 @@ mod tests {
         node.bump_reporter("mlx5_1", "fw_fatal", 1);
         let full_before = Instant::now();
         daemon.last_full_poll = Some(full_before);
-        let mut wake = wake_naming(&node.info["mlx5_1"].bdf);
-        wake.hook = crate::read::wake::Hook::DevlinkHealthReport;
-        daemon.cycle(&[wake]).await;
+        daemon.cycle(&[wake_for(&node.info["mlx5_1"].bdf)]).await;
         assert_eq!(daemon.last_full_poll, Some(full_before), "no full poll ran");
         // The sink's line is written by the sender task (this thread's other task): give it
         // the CPU until it is there, within a bound.

@@ -2,7 +2,7 @@
 //! for [`MISSES_BEFORE_REPORT`] consecutive polls is reported once, with the inline PCI
 //! probe's verdict; its return is reported as healthy. When the kernel said lately that the
 //! device, its netdev or its PCI function was removed ([`Ctx::kernel_removed`]: a uevent
-//! `remove`, an `RTM_DELLINK`), the first poll that finds it absent reports it (SPEC §1.15).
+//! `remove`, an `RTM_DELLINK`, an RDMA or devlink unregistration), the first poll that finds it absent reports it (SPEC §1.15).
 use std::collections::BTreeSet;
 
 use super::health::state_check_named;

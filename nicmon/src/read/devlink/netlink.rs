@@ -9,7 +9,7 @@ use crate::model::devlink::{Reporter, ReporterState, Reporters};
 use crate::model::ethtool::Absent;
 use crate::read::ethtool::netlink::{EthtoolSocket, attrs};
 
-const DEVLINK_GENL_NAME: &str = "devlink";
+pub const DEVLINK_GENL_NAME: &str = "devlink";
 const DEVLINK_GENL_VERSION: u8 = 1;
 const CMD_HEALTH_REPORTER_GET: u8 = 52;
 const ATTR_BUS_NAME: u16 = 1;
@@ -26,16 +26,35 @@ const MAX_REPLIES: usize = 16 * 1024;
 /// One reply: the devlink instance (`pci/0000:3b:00.0` → bus `pci`, name `0000:3b:00.0`) and
 /// its reporter; `None` when a part is missing or malformed.
 pub fn parse_reply(reply: &[u8]) -> Option<(String, String, Reporter)> {
-    let (mut bus, mut dev, mut rep) = (None, None, None);
-    for (kind, value) in attrs(reply) {
+    let h = parse_handle(reply);
+    Some((h.bus?, h.dev?, h.reporter?))
+}
+
+/// What a devlink message's attributes say about its instance and reporter, each part as
+/// far as it is present and well formed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Handle {
+    /// `DEVLINK_ATTR_BUS_NAME` (`pci`, `auxiliary`, `netdevsim`).
+    pub bus: Option<String>,
+    /// `DEVLINK_ATTR_DEV_NAME` (`0000:3b:00.0`).
+    pub dev: Option<String>,
+    /// `DEVLINK_ATTR_HEALTH_REPORTER`, nested.
+    pub reporter: Option<Reporter>,
+}
+
+/// The instance and reporter of a devlink message's attributes (a reply, or a notification
+/// such as `DEVLINK_CMD_HEALTH_REPORTER_RECOVER`, `DEVLINK_CMD_DEL`).
+pub fn parse_handle(attributes: &[u8]) -> Handle {
+    let mut h = Handle::default();
+    for (kind, value) in attrs(attributes) {
         match kind {
-            ATTR_BUS_NAME => bus = c_string(value),
-            ATTR_DEV_NAME => dev = c_string(value),
-            ATTR_HEALTH_REPORTER => rep = parse_reporter(value),
+            ATTR_BUS_NAME => h.bus = c_string(value),
+            ATTR_DEV_NAME => h.dev = c_string(value),
+            ATTR_HEALTH_REPORTER => h.reporter = parse_reporter(value),
             _ => {}
         }
     }
-    Some((bus?, dev?, rep?))
+    h
 }
 
 fn parse_reporter(nested: &[u8]) -> Option<Reporter> {

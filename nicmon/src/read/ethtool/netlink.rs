@@ -23,6 +23,11 @@ const GENL_ID_CTRL: u16 = 16;
 const CTRL_CMD_GETFAMILY: u8 = 3;
 const CTRL_ATTR_FAMILY_ID: u16 = 1;
 const CTRL_ATTR_FAMILY_NAME: u16 = 2;
+/// `CTRL_ATTR_MCAST_GROUPS`: nested, one nest per group with `CTRL_ATTR_MCAST_GRP_NAME` (1)
+/// and `CTRL_ATTR_MCAST_GRP_ID` (2).
+const CTRL_ATTR_MCAST_GROUPS: u16 = 7;
+const CTRL_ATTR_MCAST_GRP_NAME: u16 = 1;
+const CTRL_ATTR_MCAST_GRP_ID: u16 = 2;
 const ETHTOOL_GENL_NAME: &str = "ethtool";
 const ETHTOOL_GENL_VERSION: u8 = 1;
 
@@ -253,6 +258,31 @@ pub fn parse_family_id(reply: &[u8]) -> Option<u16> {
         .and_then(|(_, v)| Some(u16::from_ne_bytes(v.try_into().ok()?)))
 }
 
+/// The multicast groups in a `CTRL_CMD_GETFAMILY` reply, as (name, id); a malformed group
+/// is skipped.
+pub fn parse_mcast_groups(reply: &[u8]) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    for (_, groups) in attrs(reply).filter(|(k, _)| *k == CTRL_ATTR_MCAST_GROUPS) {
+        for (_, group) in attrs(groups) {
+            let (mut name, mut id) = (None, None);
+            for (kind, value) in attrs(group) {
+                match kind {
+                    CTRL_ATTR_MCAST_GRP_NAME => {
+                        let end = value.iter().position(|&b| b == 0).unwrap_or(value.len());
+                        name = std::str::from_utf8(&value[..end]).ok().map(str::to_string);
+                    }
+                    CTRL_ATTR_MCAST_GRP_ID => id = u32_of(value),
+                    _ => {}
+                }
+            }
+            if let (Some(name), Some(id)) = (name, id) {
+                out.push((name, id));
+            }
+        }
+    }
+    out
+}
+
 const fn align4(n: usize) -> usize {
     (n + 3) & !3
 }
@@ -262,6 +292,8 @@ pub struct EthtoolSocket {
     fd: OwnedFd,
     family: u16,
     seq: u32,
+    /// The family's multicast groups, (name, id), from its `CTRL_CMD_GETFAMILY` reply.
+    groups: Vec<(String, u32)>,
 }
 
 /// The errnos that mean "this device or kernel does not offer it".
@@ -280,7 +312,7 @@ impl EthtoolSocket {
     /// without it (`ENOENT`) is unsupported.
     pub fn open_family(name: &str, timeout: Duration) -> Result<EthtoolSocket, Absent> {
         let fd = open_socket(timeout).map_err(|e| Absent::Failed(format!("netlink socket: {e}")))?;
-        let mut s = EthtoolSocket { fd, family: GENL_ID_CTRL, seq: 0 };
+        let mut s = EthtoolSocket { fd, family: GENL_ID_CTRL, seq: 0, groups: Vec::new() };
         let mut family_name = name.as_bytes().to_vec();
         family_name.push(0);
         let mut attributes = Vec::new();
@@ -288,6 +320,7 @@ impl EthtoolSocket {
         match s.transact(GENL_ID_CTRL, CTRL_CMD_GETFAMILY, &attributes) {
             Ok(reply) => {
                 s.family = parse_family_id(&reply).ok_or_else(|| Absent::Failed(format!("no {name} family id")))?;
+                s.groups = parse_mcast_groups(&reply);
                 Ok(s)
             }
             Err(Answer::Errno(e)) if e == libc::ENOENT => {
@@ -295,6 +328,16 @@ impl EthtoolSocket {
             }
             Err(e) => Err(e.into_absent(&format!("{name} family"))),
         }
+    }
+
+    /// The family's id (the `nlmsg_type` of its messages).
+    pub fn family(&self) -> u16 {
+        self.family
+    }
+
+    /// The id of the family's multicast group `name` (`config` for devlink), when it has one.
+    pub fn group(&self, name: &str) -> Option<u32> {
+        self.groups.iter().find(|(n, _)| n == name).map(|(_, id)| *id)
     }
 
     /// A dump of `(cmd, version)` of the socket's family with `attributes`: every reply's
@@ -536,6 +579,29 @@ mod tests {
         assert_eq!(m.len(), u32::from_ne_bytes(m[..4].try_into().unwrap()) as usize);
     }
 
+    /// A `CTRL_CMD_GETFAMILY` reply as the kernel builds it (`ctrl_fill_info`): the id, the
+    /// name, then `CTRL_ATTR_MCAST_GROUPS` with one nest per group (index 1, 2, …).
+    #[test]
+    fn family_reply_gives_the_id_and_the_multicast_groups() {
+        let group = |name: &str, id: u32| {
+            let mut g = Vec::new();
+            put_attr(&mut g, CTRL_ATTR_MCAST_GRP_ID, &id.to_ne_bytes());
+            put_attr(&mut g, CTRL_ATTR_MCAST_GRP_NAME, format!("{name}\0").as_bytes());
+            g
+        };
+        let mut groups = Vec::new();
+        put_attr(&mut groups, 1 | NLA_F_NESTED, &group("config", 9));
+        put_attr(&mut groups, 2 | NLA_F_NESTED, &[1, 2]); // malformed: skipped
+        put_attr(&mut groups, 3 | NLA_F_NESTED, &group("other", 12));
+        let mut reply = Vec::new();
+        put_attr(&mut reply, CTRL_ATTR_FAMILY_ID, &27u16.to_ne_bytes());
+        put_attr(&mut reply, CTRL_ATTR_FAMILY_NAME, b"devlink\0");
+        put_attr(&mut reply, CTRL_ATTR_MCAST_GROUPS | NLA_F_NESTED, &groups);
+        assert_eq!(parse_family_id(&reply), Some(27));
+        assert_eq!(parse_mcast_groups(&reply), [("config".to_string(), 9), ("other".to_string(), 12)]);
+        assert!(parse_mcast_groups(&reply[..8]).is_empty());
+    }
+
     #[test]
     fn messages_replies_errors_and_truncation() {
         let mut d = encode(30, 30, 5, &[1, 0, 0, 0]);
@@ -563,6 +629,7 @@ mod tests {
             let _ = parse_fec(&bytes);
             let _ = parse_pause(&bytes);
             let _ = parse_family_id(&bytes);
+            let _ = parse_mcast_groups(&bytes);
             let _ = messages(&bytes).count();
             let _ = attrs(&bytes).count();
         }

@@ -4,9 +4,12 @@
 //! sources are the embedded eBPF programs ([`ebpf`]: tracepoints, fentry/kprobes, each
 //! attached when the kernel allows it, with the reason recorded when not) and the
 //! rtnetlink link notifications ([`rtnetlink`]), the carrier source that needs no eBPF, and
-//! the kernel's uevents ([`uevent`]: a device, netdev or PCI function added or removed).
+//! the kernel's uevents ([`uevent`]: a device, netdev or PCI function added or removed), the
+//! RDMA netlink monitor ([`rdma_monitor`]) and devlink's notifications ([`devlink_monitor`]:
+//! a health reporter's state change or recovery, an instance registered or unregistered).
 //! [`WakeSource`] starts what the host allows and says which hooks are live.
 mod btf;
+pub mod devlink_monitor;
 pub mod ebpf;
 mod nlsock;
 pub mod rdma_monitor;
@@ -81,7 +84,8 @@ pub struct Wake {
     pub kernel_ts_ns: Option<u64>,
     pub hint: Hint,
     /// The kernel said the hinted object was removed (a uevent `remove`, an rtnetlink
-    /// `RTM_DELLINK`): the decider may report a known device's loss at once (SPEC §1.15).
+    /// `RTM_DELLINK`, the RDMA monitor's unregister, a devlink `DEVLINK_CMD_DEL`): the
+    /// decider may report a known device's loss at once (SPEC §1.15).
     pub removed: bool,
     /// When userspace received it.
     pub received: Instant,
@@ -107,10 +111,14 @@ impl Wake {
     }
 }
 
-/// Whether `hook` is one of the devlink health tracepoints (their hint is the PCI address
-/// of the function whose reporter fired): its wake-up reads the reporters at once.
+/// Whether `hook` is one of the devlink health tracepoints or the devlink netlink monitor
+/// (their hint is the PCI address of the function whose reporter fired): its wake-up reads
+/// the reporters at once.
 pub fn is_devlink(hook: Hook) -> bool {
-    matches!(hook, Hook::DevlinkHealthReport | Hook::DevlinkHealthReporterStateUpdate | Hook::DevlinkHwerr)
+    matches!(
+        hook,
+        Hook::DevlinkHealthReport | Hook::DevlinkHealthReporterStateUpdate | Hook::DevlinkHwerr | Hook::DevlinkMonitor
+    )
 }
 
 /// What a wake-up says about where to look; advisory only (the poll reads everything).
@@ -142,6 +150,7 @@ pub enum Mechanism {
     Rtnetlink,
     Uevent,
     RdmaNetlink,
+    DevlinkNetlink,
 }
 
 impl Mechanism {
@@ -153,6 +162,7 @@ impl Mechanism {
             Mechanism::Rtnetlink => "rtnetlink",
             Mechanism::Uevent => "uevent",
             Mechanism::RdmaNetlink => "rdma netlink",
+            Mechanism::DevlinkNetlink => "devlink netlink",
         }
     }
 }
@@ -214,6 +224,8 @@ pub struct WakeOptions {
     pub uevent: bool,
     /// Listen to the RDMA netlink monitor ([`rdma_monitor`]).
     pub rdma_monitor: bool,
+    /// Listen to devlink notifications ([`devlink_monitor`]).
+    pub devlink_monitor: bool,
     /// Mount tracefs at `/sys/kernel/tracing` when it is not mounted.
     pub mount_tracefs: bool,
     /// Use this tracefs instead of looking for one.
@@ -227,6 +239,7 @@ impl Default for WakeOptions {
             rtnetlink: true,
             uevent: true,
             rdma_monitor: true,
+            devlink_monitor: true,
             mount_tracefs: true,
             tracefs: None,
         }
@@ -295,41 +308,27 @@ impl WakeSource {
                 },
             });
         }
-        if opts.uevent {
-            let started = uevent::UeventSocket::open().and_then(|s| uevent::spawn(s, tx.clone()));
-            hooks.push(match started {
+        let mut userspace = |on: bool, hook, via, what: &str, started: &dyn Fn() -> std::io::Result<JoinHandle<()>>| {
+            if !on {
+                return;
+            }
+            hooks.push(match started() {
                 Ok(task) => {
                     tasks.push(task);
-                    HookStatus { hook: Hook::Uevent, attached: true, via: Some(Mechanism::Uevent), reason: None }
+                    HookStatus { hook, attached: true, via: Some(via), reason: None }
                 }
-                Err(e) => HookStatus {
-                    hook: Hook::Uevent,
-                    attached: false,
-                    via: None,
-                    reason: Some(format!("uevent socket: {e}")),
-                },
+                Err(e) => HookStatus { hook, attached: false, via: None, reason: Some(format!("{what}: {e}")) },
             });
-        }
-        if opts.rdma_monitor {
-            let started = rdma_monitor::MonitorSocket::open().and_then(|s| rdma_monitor::spawn(s, tx.clone()));
-            hooks.push(match started {
-                Ok(task) => {
-                    tasks.push(task);
-                    HookStatus {
-                        hook: Hook::RdmaMonitor,
-                        attached: true,
-                        via: Some(Mechanism::RdmaNetlink),
-                        reason: None,
-                    }
-                }
-                Err(e) => HookStatus {
-                    hook: Hook::RdmaMonitor,
-                    attached: false,
-                    via: None,
-                    reason: Some(format!("RDMA netlink socket: {e}")),
-                },
-            });
-        }
+        };
+        userspace(opts.uevent, Hook::Uevent, Mechanism::Uevent, "uevent socket", &|| {
+            uevent::UeventSocket::open().and_then(|s| uevent::spawn(s, tx.clone()))
+        });
+        userspace(opts.rdma_monitor, Hook::RdmaMonitor, Mechanism::RdmaNetlink, "RDMA netlink socket", &|| {
+            rdma_monitor::MonitorSocket::open().and_then(|s| rdma_monitor::spawn(s, tx.clone()))
+        });
+        userspace(opts.devlink_monitor, Hook::DevlinkMonitor, Mechanism::DevlinkNetlink, "devlink netlink", &|| {
+            devlink_monitor::MonitorSocket::open().and_then(|s| devlink_monitor::spawn(s, tx.clone()))
+        });
         let rtnl_live = hooks.iter().any(|h| h.hook == Hook::Rtnetlink && h.attached);
         let mode = match (ebpf_live, rtnl_live) {
             (true, _) => WakeMode::Ebpf,
@@ -438,8 +437,6 @@ impl LostWakes {
     }
 }
 
-/// Sends a wake-up; a full channel drops it (see [`CHANNEL_CAPACITY`]). `false` when the
-/// receiver is gone and the source should stop.
 /// Whether each userspace wake source can be opened on this host (its socket opened and
 /// closed again), with the kernel's refusal where not: what `nicmon version` says.
 pub fn probe_userspace() -> Vec<(Hook, Result<(), String>)> {
@@ -448,9 +445,12 @@ pub fn probe_userspace() -> Vec<(Hook, Result<(), String>)> {
         (Hook::Rtnetlink, said(rtnetlink::LinkSocket::open().map(drop), "rtnetlink socket")),
         (Hook::Uevent, said(uevent::UeventSocket::open().map(drop), "uevent socket")),
         (Hook::RdmaMonitor, said(rdma_monitor::MonitorSocket::open().map(drop), "RDMA netlink socket")),
+        (Hook::DevlinkMonitor, said(devlink_monitor::MonitorSocket::open().map(drop), "devlink netlink")),
     ]
 }
 
+/// Sends a wake-up; a full channel drops it (see [`CHANNEL_CAPACITY`]). `false` when the
+/// receiver is gone and the source should stop.
 fn deliver(tx: &mpsc::Sender<Wake>, wake: Wake) -> bool {
     !matches!(tx.try_send(wake), Err(mpsc::error::TrySendError::Closed(_)))
 }

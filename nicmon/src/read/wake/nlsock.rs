@@ -1,8 +1,12 @@
 //! The netlink sockets of the userspace wake sources ([`super::rtnetlink`], [`super::uevent`],
-//! [`super::rdma_monitor`]): opened non-blocking, bound to multicast groups, read one
-//! datagram at a time with the sender's port id.
+//! [`super::rdma_monitor`], [`super::devlink_monitor`]): opened non-blocking, bound to (or
+//! joined to) multicast groups, read one datagram at a time with the sender's port id.
+use super::{Hint, Hook, Wake, monotonic_ns};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Instant;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 /// A non-blocking `AF_NETLINK` socket of `kind` (`SOCK_RAW`, `SOCK_DGRAM`) and `protocol`,
 /// bound with the group mask `groups` (0: none).
@@ -32,6 +36,22 @@ pub(super) fn open(kind: libc::c_int, protocol: libc::c_int, groups: u32) -> io:
     Ok(fd)
 }
 
+/// Joins the multicast group `group` (`NETLINK_ADD_MEMBERSHIP`: any group number, where the
+/// bind mask of [`open`] holds only the first 32).
+pub(super) fn join(fd: &OwnedFd, group: u32) -> io::Result<()> {
+    // SAFETY: `group` is a valid u32 for the option's length.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_NETLINK,
+            libc::NETLINK_ADD_MEMBERSHIP,
+            (&raw const group).cast(),
+            std::mem::size_of::<u32>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
 /// One datagram into `buf`: its length, and whether the kernel sent it (sender port id 0).
 pub(super) fn recv(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<(usize, bool)> {
     // SAFETY: an all-zero sockaddr_nl is valid; the kernel fills it.
@@ -42,4 +62,58 @@ pub(super) fn recv(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<(usize, bool)> {
         libc::recvfrom(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0, (&raw mut from).cast(), &mut len)
     };
     if n < 0 { Err(io::Error::last_os_error()) } else { Ok((n as usize, from.nl_pid == 0)) }
+}
+
+/// Spawns the listener task of a netlink wake source on the current tokio runtime: each
+/// datagram the kernel sent (others are ignored) becomes the wake-ups `decode` makes of it,
+/// given when it arrived (`Instant`, `CLOCK_MONOTONIC` ns). An overrun (`ENOBUFS`) still
+/// wakes, as `hook` without a hint. The task ends when the receiver is dropped, or with a
+/// warning naming `what` when the socket fails.
+pub(super) fn listen<F>(
+    fd: OwnedFd,
+    tx: mpsc::Sender<Wake>,
+    hook: Hook,
+    what: &'static str,
+    decode: F,
+) -> io::Result<JoinHandle<()>>
+where
+    F: Fn(&[u8], Instant, u64) -> Vec<Wake> + Send + 'static,
+{
+    let fd = super::register_readable(fd)?;
+    Ok(tokio::spawn(async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let Ok(mut guard) = fd.readable().await else {
+                return;
+            };
+            loop {
+                let wakes = match recv(guard.get_inner(), &mut buf) {
+                    Ok((n, true)) => decode(&buf[..n], Instant::now(), monotonic_ns()),
+                    Ok((_, false)) => continue,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        guard.clear_ready();
+                        break;
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => vec![Wake {
+                        hook,
+                        kernel_ts_ns: None,
+                        hint: Hint::None,
+                        removed: false,
+                        received: Instant::now(),
+                        received_ns: monotonic_ns(),
+                    }],
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "{what} stopped");
+                        return;
+                    }
+                };
+                for wake in wakes {
+                    if !super::deliver(&tx, wake) {
+                        return;
+                    }
+                }
+            }
+        }
+    }))
 }

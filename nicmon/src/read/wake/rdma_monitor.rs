@@ -8,7 +8,7 @@
 //! `RDMA_NLDEV_ATTR_EVENT_TYPE` (u8), `RDMA_NLDEV_ATTR_DEV_NAME` and, for netdev events,
 //! `RDMA_NLDEV_ATTR_NDEV_NAME` (`include/uapi/rdma/rdma_netlink.h`). A kernel before 6.12
 //! accepts the subscription and sends nothing: the uevents still say the same, later.
-use super::{Hint, Wake, monotonic_ns};
+use super::{Hint, Wake};
 use nicmon_common::Hook;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -84,26 +84,8 @@ impl MonitorSocket {
     /// where the RDMA core is not loaded (`EPROTONOSUPPORT`) or joining needs a capability.
     pub fn open() -> io::Result<Self> {
         let fd = super::nlsock::open(libc::SOCK_RAW, NETLINK_RDMA, 0)?;
-        let group = GROUP_NOTIFY;
-        // SAFETY: `group` is a valid u32 for the option's length.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_NETLINK,
-                libc::NETLINK_ADD_MEMBERSHIP,
-                (&raw const group).cast(),
-                std::mem::size_of::<u32>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        super::nlsock::join(&fd, GROUP_NOTIFY)?;
         Ok(Self { fd })
-    }
-
-    /// One datagram, with whether the kernel sent it (sender port id 0).
-    fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, bool)> {
-        super::nlsock::recv(&self.fd, buf)
     }
 }
 
@@ -178,46 +160,9 @@ impl Notice {
 /// Spawns the listener task on the current tokio runtime; it sends a [`Wake`] per notice
 /// and ends when the receiver is dropped. An overrun (`ENOBUFS`) still wakes, without a hint.
 pub fn spawn(socket: MonitorSocket, tx: mpsc::Sender<Wake>) -> io::Result<JoinHandle<()>> {
-    let fd = super::register_readable(socket)?;
-    Ok(tokio::spawn(async move {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            let Ok(mut guard) = fd.readable().await else {
-                return;
-            };
-            loop {
-                let wakes = match guard.get_inner().recv(&mut buf) {
-                    Ok((n, true)) => {
-                        let (at, ns) = (Instant::now(), monotonic_ns());
-                        parse(&buf[..n]).into_iter().map(|x| x.into_wake(at, ns)).collect()
-                    }
-                    Ok((_, false)) => continue,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        guard.clear_ready();
-                        break;
-                    }
-                    Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => vec![Wake {
-                        hook: Hook::RdmaMonitor,
-                        kernel_ts_ns: None,
-                        hint: Hint::None,
-                        removed: false,
-                        received: Instant::now(),
-                        received_ns: monotonic_ns(),
-                    }],
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "RDMA netlink monitor stopped");
-                        return;
-                    }
-                };
-                for wake in wakes {
-                    if !super::deliver(&tx, wake) {
-                        return;
-                    }
-                }
-            }
-        }
-    }))
+    super::nlsock::listen(socket.fd, tx, Hook::RdmaMonitor, "RDMA netlink monitor", |buf, at, ns| {
+        parse(buf).into_iter().map(|x| x.into_wake(at, ns)).collect()
+    })
 }
 
 #[cfg(test)]
