@@ -130,7 +130,9 @@ pub fn evaluate(
         .collect();
     // The engine's own events are not used: its state says what happened (module doc).
     let (_, counters) = counters::evaluate(&prev.counters, &engine_ports, &rules, now, reboot, &Stamp::default());
-    let mut out = AerOutcome { state: AerState { counters, ..prev.clone() }, ..AerOutcome::default() };
+    // The engine's state is new; the rest is carried over (the old engine state is not cloned).
+    let state = AerState { counters, window_bits: prev.window_bits.clone(), unavailable: prev.unavailable.clone() };
+    let mut out = AerOutcome { state, ..AerOutcome::default() };
     for p in ports {
         for rule in &rules {
             let Some(s) = AerSeverity::of_error_code(&rule.name) else {

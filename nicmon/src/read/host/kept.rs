@@ -27,9 +27,6 @@ pub(super) struct Kept {
     /// The watch on kept files that are not on sysfs; made with the first such file.
     /// `Err`: inotify could not be set up (each such file is checked after its reads).
     pub(super) watch: Option<Result<Watch, ()>>,
-    /// Kept files that failed their read or were found removed (opened by their path
-    /// again): a sign that a device may have gone ([`super::walks`]).
-    pub(super) failures: u64,
 }
 
 /// An `inotify` watch on kept files that are not on sysfs: which kept paths each watch
@@ -222,7 +219,7 @@ fn kept_budget() -> usize {
 pub(super) type PutBack = (Option<KeptKey>, KeptFile, u64);
 
 pub(super) fn read_kept(
-    kept: &Mutex<Kept>,
+    (kept, failures): (&Mutex<Kept>, &std::sync::atomic::AtomicU64),
     key: &str,
     path: &Path,
     (limit, past): (usize, Past),
@@ -246,7 +243,10 @@ pub(super) fn read_kept(
             Err(ReadError::Invalid) if k.guard == Guard::Sysfs => {
                 return (Err(ReadError::Invalid), Some((Some(key), k, generation)));
             }
-            _ => lock().failures += 1,
+            // A sign that a device may have gone ([`super::walks`]).
+            _ => {
+                failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
         }
     }
     match open_read(path, limit, past) {

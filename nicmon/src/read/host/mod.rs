@@ -429,7 +429,7 @@ impl Host {
     /// A number that changes whenever kept-open files are forgotten ([`Host::forget_kept`]):
     /// reads begun before a change may have used a descriptor that was forgotten.
     pub fn kept_generation(&self) -> u64 {
-        self.reader.shared.kept().generation
+        self.reader.shared.kept_generation.load(Ordering::Relaxed)
     }
 
     /// A sign that the topology may have moved (a wake-up's hint): the next poll walks its
@@ -454,7 +454,7 @@ impl Host {
     /// on a watched directory): a walk is owed when it differs from the last walk's. `None`:
     /// a directory could not be watched, every poll walks.
     pub fn topology_signs(&self) -> Option<u64> {
-        let failures = self.reader.shared.kept().failures;
+        let failures = self.reader.shared.kept_failures.load(Ordering::Relaxed);
         self.walks.moved(failures)
     }
 

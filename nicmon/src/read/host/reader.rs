@@ -384,6 +384,11 @@ pub(super) struct Shared {
     pub(super) kept: Mutex<Kept>,
     /// Batches whose thread was brought to the waiting thread's CPU ([`Reader::nudge`]).
     pub(super) nudged: AtomicU64,
+    /// [`Kept::generation`] as last set, and the kept files that failed their read or were
+    /// found removed: read by the polling thread without taking the kept files' lock (which
+    /// the reader thread takes twice per file while it reads a batch).
+    pub(super) kept_generation: AtomicU64,
+    pub(super) kept_failures: AtomicU64,
 }
 
 impl Shared {
@@ -664,6 +669,7 @@ impl Reader {
     pub(super) fn forget_kept(&self, prefix: Option<&str>) {
         let mut k = self.shared.kept();
         k.generation = k.generation.wrapping_add(1);
+        self.shared.kept_generation.store(k.generation, Ordering::Relaxed);
         match prefix {
             None => k.files.clear(),
             Some(p) => k.files.retain(|key, _| !Path::new(&*key.0).starts_with(p)),
@@ -678,6 +684,7 @@ impl Reader {
         k.files.retain(|key, _| wanted.contains(&key.0.rsplit_once('/').unwrap_or(("", &key.0))));
         if k.files.len() != before {
             k.generation = k.generation.wrapping_add(1);
+            self.shared.kept_generation.store(k.generation, Ordering::Relaxed);
         }
     }
 
@@ -735,7 +742,8 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Msg>, shared: &Shared, read_fn: 
                 continue;
             }
             let (result, keep) = if item.keep {
-                read_kept(&shared.kept, item.rel_in(&mut rel_buf), path, (item.limit, item.past), &mut scratch)
+                let kept = (&shared.kept, &shared.kept_failures);
+                read_kept(kept, item.rel_in(&mut rel_buf), path, (item.limit, item.past), &mut scratch)
             } else {
                 (read_fn(path, item.limit, item.past), None)
             };
