@@ -218,10 +218,11 @@ fn kept_budget() -> usize {
 /// [`Kept::generation`] it was taken out under.
 pub(super) type PutBack = (Option<KeptKey>, KeptFile, u64);
 
+/// `path`: the file's path, asked only when it is opened (not for a kept file's `pread`).
 pub(super) fn read_kept(
     (kept, failures): (&Mutex<Kept>, &std::sync::atomic::AtomicU64),
     key: &str,
-    path: &Path,
+    path: impl FnOnce() -> std::path::PathBuf,
     (limit, past): (usize, Past),
     scratch: &mut [u8],
 ) -> (Result<Vec<u8>, ReadError>, Option<PutBack>) {
@@ -249,13 +250,14 @@ pub(super) fn read_kept(
             }
         }
     }
-    match open_read(path, limit, past) {
+    let path = path();
+    match open_read(&path, limit, past) {
         Ok((file, buf)) => {
             // Off sysfs, a file is watched only where it can be kept (the budget has room):
             // one past the budget is closed after this read, and a watch would outlive it.
             let guard = if on_sysfs(&file) {
                 Guard::Sysfs
-            } else if lock().watch_if_room(path, key, &file) {
+            } else if lock().watch_if_room(&path, key, &file) {
                 Guard::Watched
             } else {
                 Guard::Links

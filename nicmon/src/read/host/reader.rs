@@ -732,8 +732,15 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Msg>, shared: &Shared, read_fn: 
         }
         for (index, item) in job.items.iter().enumerate().skip(job.start) {
             *job.progress.current.lock().unwrap_or_else(|p| p.into_inner()) = (index, Instant::now());
-            let path = item.path_in(&mut path_buf);
-            let earlier = shared.stuck().get(path).map(|s| s.since.elapsed());
+            // The path is made only where it is asked for: a read stuck somewhere (looked
+            // up by path), a file read once or opened anew. A kept file's `pread` needs none.
+            let earlier = {
+                let stuck = shared.stuck();
+                match stuck.is_empty() {
+                    true => None,
+                    false => stuck.get(item.path_in(&mut path_buf)).map(|s| s.since.elapsed()),
+                }
+            };
             if let Some(ago) = earlier {
                 let e = ReadError::Stuck(format!(
                     "an earlier read has not returned ({ago:.1?} ago): not read again until it does"
@@ -743,15 +750,15 @@ fn reader_thread(id: u64, jobs: &mpsc::Receiver<Msg>, shared: &Shared, read_fn: 
             }
             let (result, keep) = if item.keep {
                 let kept = (&shared.kept, &shared.kept_failures);
-                read_kept(kept, item.rel_in(&mut rel_buf), path, (item.limit, item.past), &mut scratch)
+                read_kept(kept, item.rel_in(&mut rel_buf), || item.path(), (item.limit, item.past), &mut scratch)
             } else {
-                (read_fn(path, item.limit, item.past), None)
+                (read_fn(item.path_in(&mut path_buf), item.limit, item.past), None)
             };
             let mut stuck = shared.stuck();
             job.progress.results.lock().unwrap_or_else(|p| p.into_inner())[index] = Some(result);
-            if stuck.get(path).is_some_and(|s| s.worker == id) {
-                let s = stuck.remove(path).expect("checked above");
-                tracing::info!(path = %path.display(), after = ?s.since.elapsed(), "a stuck read returned");
+            if !stuck.is_empty() && stuck.get(item.path_in(&mut path_buf)).is_some_and(|s| s.worker == id) {
+                let s = stuck.remove(item.path_in(&mut path_buf)).expect("checked above");
+                tracing::info!(path = %item.path().display(), after = ?s.since.elapsed(), "a stuck read returned");
                 // Abandoned: a newer thread serves the reader now (and the rest of this
                 // batch was handed to it). A file it had kept is closed here.
                 return;
