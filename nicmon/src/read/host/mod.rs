@@ -82,6 +82,7 @@ use std::time::{Duration, Instant};
 
 mod access;
 mod file;
+mod handoff;
 mod kept;
 mod listing;
 mod reader;

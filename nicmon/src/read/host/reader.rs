@@ -418,7 +418,7 @@ pub struct Reader {
 }
 
 /// A lane's reader thread, if one is running: its id and its queue.
-pub(super) type Worker = Mutex<Option<(u64, mpsc::Sender<Msg>, Arc<Helper>)>>;
+pub(super) type Worker = Mutex<Option<(u64, super::handoff::Tx<Msg>, Arc<Helper>)>>;
 
 /// Wakes the batch lane's reader thread, if there is one, to wait awake for a batch
 /// ([`Reader::expect`]); see [`super::Host::read_waker`].
@@ -618,7 +618,7 @@ impl Reader {
         for _ in 0..2 {
             if w.is_none() {
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                let (tx, rx) = mpsc::channel::<Msg>();
+                let (tx, rx) = super::handoff::queue::<Msg>();
                 let shared = Arc::clone(&self.shared);
                 let read_fn = self.read_fn;
                 let helper = Arc::new(Helper::default());
@@ -635,11 +635,11 @@ impl Reader {
             let (id, tx, _) = w.as_ref().expect("set above");
             match tx.send(Msg::Job(job)) {
                 Ok(()) => return Ok(*id),
-                Err(mpsc::SendError(Msg::Job(back))) => {
+                Err(Msg::Job(back)) => {
                     job = back;
                     *w = None;
                 }
-                Err(mpsc::SendError(Msg::Expect)) => unreachable!("a job was sent"),
+                Err(Msg::Expect) => unreachable!("a job was sent"),
             }
         }
         Err(ReadError::Io("no reader thread".into()))
@@ -695,15 +695,15 @@ impl Reader {
 
 /// The next batch for the reader thread; `None` once the reader is gone. Woken by
 /// [`Msg::Expect`], it waits for the batch awake (yielding the CPU) for [`EXPECT_SPIN`].
-fn next_job(jobs: &mpsc::Receiver<Msg>) -> Option<Job> {
+fn next_job(jobs: &super::handoff::Rx<Msg>) -> Option<Job> {
     let mut awake_until: Option<Instant> = None;
     loop {
         let msg = match awake_until {
-            None => jobs.recv().ok()?,
+            None => jobs.recv()?,
             Some(until) => match jobs.try_recv() {
                 Ok(msg) => msg,
-                Err(mpsc::TryRecvError::Disconnected) => return None,
-                Err(mpsc::TryRecvError::Empty) => {
+                Err(super::handoff::Empty::Closed) => return None,
+                Err(super::handoff::Empty::Now) => {
                     if Instant::now() >= until {
                         awake_until = None;
                     } else {
@@ -720,7 +720,7 @@ fn next_job(jobs: &mpsc::Receiver<Msg>) -> Option<Job> {
     }
 }
 
-fn reader_thread(id: u64, jobs: &mpsc::Receiver<Msg>, shared: &Shared, read_fn: ReadFn, place: &Helper) {
+fn reader_thread(id: u64, jobs: &super::handoff::Rx<Msg>, shared: &Shared, read_fn: ReadFn, place: &Helper) {
     // The first read of a kept file lands here (on the heap, zeroed once per thread).
     let mut scratch = vec![0u8; PAGE + 1].into_boxed_slice();
     let mut path_buf = PathBuf::new();
