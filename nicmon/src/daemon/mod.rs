@@ -108,6 +108,10 @@ pub struct Daemon<'a> {
     pending_records: Vec<Record>,
     /// When the last wake-driven poll started (the rate limit's reference).
     last_wake_poll: Option<tokio::time::Instant>,
+    /// When the last wake-driven poll for the kernel's word that a device or netdev was
+    /// removed started: such a wake-up is polled at once, inside the rate limit's gap too,
+    /// once per gap ([`wakeup::WAKE_POLL_GAP`]).
+    last_removal_poll: Option<tokio::time::Instant>,
     /// When the last full poll started.
     last_full_poll: Option<Instant>,
     /// When the trailing poll of the last wake-driven one is due ([`TRAILING_POLL`]).
@@ -146,6 +150,9 @@ impl<'a> Daemon<'a> {
                     if !woke.is_empty() {
                         let now = tokio::time::Instant::now();
                         self.last_wake_poll = Some(now);
+                        if woke.iter().any(|w| w.removed) {
+                            self.last_removal_poll = Some(now);
+                        }
                         self.trailing_due = Some(now + TRAILING_POLL);
                         let gap =
                             crate::read::wake::monotonic_ns().saturating_add(wakeup::WAKE_POLL_GAP.as_nanos() as u64);

@@ -95,6 +95,7 @@ impl<'a> Daemon<'a> {
             hold_due: None,
             pending_records: Vec::new(),
             last_wake_poll: None,
+            last_removal_poll: None,
             trailing_due: None,
             last_full_poll: None,
             last_snapshot: None,

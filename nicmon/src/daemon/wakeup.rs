@@ -66,13 +66,29 @@ pub(super) enum Wakeup {
     Stop,
 }
 
+/// Until when a wake-up received `now` waits before its poll (`None`: polled at once): the
+/// end of the rate limit's gap after the last wake-driven poll, unless it is the kernel's
+/// word that a device or netdev was removed (`removed`) and no such wake-up was polled in
+/// the last gap — a device's loss is sent at once, and a mass removal still gets one poll
+/// per gap.
+fn held_until(
+    removed: bool,
+    last_wake_poll: Option<tokio::time::Instant>,
+    last_removal_poll: Option<tokio::time::Instant>,
+    now: tokio::time::Instant,
+) -> Option<tokio::time::Instant> {
+    let until = last_wake_poll.map(|t| t + WAKE_POLL_GAP).filter(|u| *u > now)?;
+    let at_once = removed && last_removal_poll.is_none_or(|t| t + WAKE_POLL_GAP <= now);
+    (!at_once).then_some(until)
+}
+
 impl Daemon<'_> {
     /// Wait for the next reason to act. Kernel log records are collected on the way.
     pub(super) async fn wait(&mut self) -> Wakeup {
         let (wakes, kmsg, courier) = (&mut self.wakes, &mut self.kmsg, &mut self.courier);
         let metrics = &self.metrics;
         let (tick, sigterm, records) = (&mut self.tick, &mut self.sigterm, &mut self.pending_records);
-        let rate_limit_until = self.last_wake_poll.map(|t| t + WAKE_POLL_GAP);
+        let (last_wake_poll, last_removal_poll) = (self.last_wake_poll, self.last_removal_poll);
         let hold_due = self.hold_due;
         let trailing_due = self.trailing_due;
         tokio::select! {
@@ -84,10 +100,12 @@ impl Daemon<'_> {
                 Wakeup::Poll(Vec::new())
             }
             Some(w) = async { match wakes.as_mut() { Some(w) => w.recv().await, None => std::future::pending().await } } => {
+                let held = held_until(w.removed, last_wake_poll, last_removal_poll, tokio::time::Instant::now());
                 let mut woke = vec![w];
                 // Rate limit: within the gap after the previous wake-driven poll, wait for
-                // its end; everything that arrived by then is served by this one poll.
-                if let Some(until) = rate_limit_until.filter(|u| *u > tokio::time::Instant::now()) {
+                // its end; everything that arrived by then is served by this one poll. Not
+                // for the kernel's word that a device went (its event is sent at once).
+                if let Some(until) = held {
                     tokio::time::sleep_until(until).await;
                 }
                 if let Some(ws) = wakes.as_mut() {
@@ -356,6 +374,21 @@ mod tests {
             received: Instant::now(),
             received_ns: crate::read::wake::monotonic_ns(),
         }
+    }
+
+    #[test]
+    fn the_kernels_word_of_a_removal_is_not_held_by_the_gap_once_per_gap() {
+        let t0 = tokio::time::Instant::now();
+        let gap_end = t0 + WAKE_POLL_GAP;
+        let now = t0 + Duration::from_millis(5);
+        assert_eq!(held_until(false, None, None, now), None, "no wake-driven poll yet");
+        assert_eq!(held_until(false, Some(t0), None, now), Some(gap_end), "inside the gap");
+        assert_eq!(held_until(true, Some(t0), None, now), None, "a removal: at once");
+        assert_eq!(held_until(true, Some(t0), Some(t0), now), Some(gap_end), "a second one in the same gap waits");
+        let later = t0 + WAKE_POLL_GAP + Duration::from_millis(1);
+        assert_eq!(held_until(false, Some(t0), Some(t0), later), None, "past the gap");
+        let earlier = t0 - WAKE_POLL_GAP;
+        assert_eq!(held_until(true, Some(t0), Some(earlier), now), None, "the last removal's gap is over");
     }
 
     /// A node of two RoCE NICs, `mlx5_0` (netdev `eth0`) and `mlx5_1` (`eth1`), each on a
