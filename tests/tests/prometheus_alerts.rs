@@ -45,20 +45,18 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Instant;
 
+use nicmon_tests::alerts::{
+    Expected, assert_alerts, label, tools, wait_all_firing, wait_first_poll, wait_rules_evaluated,
+};
 use nicmon_tests::daemon::Daemon;
-use nicmon_tests::deploy::repo_root;
 use nicmon_tests::pcie::AerFile;
 use nicmon_tests::platforms::Platform;
 use nicmon_tests::prom_server::{Prometheus, free_port, http_get, wait_for};
-use nicmon_tests::prometheus::{self, RULES};
+use nicmon_tests::prometheus::RULES;
 use nicmon_tests::{Node, nicmon_bin};
 use serde_json::{Value, json};
 
 const NODE: &str = "roce-node-3";
-const GUIDE: &str = "docs/operator-guide.md";
-
-/// What an injected fault must fire: the alert, its `error_code` (or `check`), device, port.
-type Expected = (&'static str, &'static str, &'static str, &'static str);
 
 /// What each injected physical fault must fire.
 const EXPECTED: &[Expected] = &[
@@ -164,85 +162,8 @@ fn start_nicmon(node: &Node, fabric: &Fabric) -> (Daemon, SocketAddr) {
             .stderr(Stdio::inherit()),
     );
     // The first poll done: every baseline (AER totals, ethtool counters) taken.
-    wait_for("nicmon's first poll", || {
-        let (code, body) = http_get(metrics, "/metrics")?;
-        (code == 200 && body.lines().any(|l| l.starts_with(POLL_DONE) && !l.ends_with(" 0"))).then_some(())
-    });
+    wait_first_poll(metrics);
     (nicmon, metrics)
-}
-
-const POLL_DONE: &str = "nic_health_monitor_poll_cycle_last_completed_timestamp_seconds{";
-
-fn tools() -> Option<prometheus::Tools> {
-    match prometheus::ensure_tools(&repo_root()) {
-        Ok(t) => Some(t),
-        Err(e) => {
-            eprintln!("SKIP: no Prometheus on this machine and it cannot be installed ({e})");
-            None
-        }
-    }
-}
-
-fn label<'a>(a: &'a Value, name: &str) -> &'a str {
-    a["labels"][name].as_str().unwrap_or("")
-}
-
-/// Waits until every expected alert fires for its fault; returns each alert's instances,
-/// and says how long after `since` (the faults, or Prometheus' start) each was first seen firing.
-fn wait_all_firing(prom: &Prometheus, since: Instant, expected: &[Expected]) -> Vec<(&'static str, Vec<Value>)> {
-    let mut seen: Vec<Option<f64>> = vec![None; expected.len()];
-    let fired = wait_for("every expected alert to fire", || {
-        let all = prom.alerts()?;
-        let firing = |alert: &str| -> Vec<Value> {
-            all.iter().filter(|a| label(a, "alertname") == alert && a["state"] == "firing").cloned().collect()
-        };
-        let now: Vec<(&'static str, Vec<Value>)> = expected.iter().map(|e| (e.0, firing(e.0))).collect();
-        for ((_, f), (&(_, _, dev, port), t)) in now.iter().zip(expected.iter().zip(&mut seen)) {
-            if t.is_none() && f.iter().any(|a| label(a, "device") == dev && label(a, "port") == port) {
-                *t = Some(since.elapsed().as_secs_f64());
-            }
-        }
-        seen.iter().all(Option::is_some).then_some(now)
-    });
-    for (&(alert, code, dev, port), t) in expected.iter().zip(&seen) {
-        eprintln!("{alert} ({code} {dev}/{port}) firing after {:.1} s", t.unwrap_or_default());
-    }
-    fired
-}
-
-/// Each alert fires for its own fault only, naming node, device and port, with its runbook.
-fn assert_alerts(
-    prom: &Prometheus,
-    metrics: SocketAddr,
-    node: &str,
-    fired: &[(&str, Vec<Value>)],
-    expected: &[Expected],
-) {
-    let guide = std::fs::read_to_string(repo_root().join(GUIDE)).unwrap();
-    for ((alert, all), &(_, code, dev, port)) in fired.iter().zip(expected) {
-        assert_eq!(all.len(), 1, "{alert} fires for its fault only: {all:#?}");
-        let a = &all[0];
-        let code_label = if *alert == "NicmonFatalHealthEvent" { "check" } else { "error_code" };
-        for (name, want) in [("node", node), ("device", dev), ("port", port), (code_label, code)] {
-            assert_eq!(label(a, name), want, "{alert}: label {name}: {a:#}");
-        }
-        assert_eq!(label(a, "instance"), metrics.to_string(), "{alert}");
-        let runbook = a["annotations"]["runbook_url"].as_str().unwrap_or("");
-        let anchor = alert.to_lowercase();
-        assert_eq!(runbook, format!("{GUIDE}#{anchor}"), "{alert}: runbook");
-        assert!(guide.lines().any(|l| l == format!("### {alert}")), "{GUIDE} has no section for {alert}");
-        let summary = a["annotations"]["summary"].as_str().unwrap_or("");
-        assert!(summary.contains(dev) && summary.contains(node), "{alert}: summary {summary:?}");
-    }
-    // And nothing else fires: no other physical alert, no alert for an untouched NIC.
-    let names: BTreeSet<&str> = expected.iter().map(|e| e.0).collect();
-    let others: Vec<Value> = prom
-        .alerts()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|a| a["state"] == "firing" && !names.contains(label(a, "alertname")))
-        .collect();
-    assert_eq!(others, Vec::<Value>::new(), "alerts firing beyond the injected faults");
 }
 
 /// Healthy node, Prometheus scraping: no physical alert is active (pending or firing) after
@@ -258,11 +179,7 @@ fn each_physical_fault_fires_its_own_alert_at_its_first_occurrence_and_a_healthy
     wait_for("five scrapes of nicmon", || {
         prom.has("sum_over_time(up{job=\"nicmon\"}[10m]) >= 5 and on () count(nicmon_port_healthy) > 0").then_some(())
     });
-    wait_for("every physical rule evaluated", || {
-        let r = prom.api("rules").ok()?;
-        let g = r["groups"].as_array()?.iter().find(|g| g["name"] == "nicmon-physical")?;
-        g["rules"].as_array()?.iter().all(|r| r["health"] == "ok").then_some(())
-    });
+    wait_rules_evaluated(&prom, &["nicmon-physical"]);
     let alerts = wait_for("Prometheus' alerts", || prom.alerts());
     let mine: BTreeSet<&str> = EXPECTED.iter().map(|e| e.0).collect();
     let active: Vec<&Value> = alerts.iter().filter(|a| mine.contains(label(a, "alertname"))).collect();
@@ -272,7 +189,7 @@ fn each_physical_fault_fires_its_own_alert_at_its_first_occurrence_and_a_healthy
     node.set_pcie_link("mlx5_2", Some((8, 5)));
     inject_counted_faults(&node, &mut fabric);
     let fired = wait_all_firing(&prom, since, EXPECTED);
-    assert_alerts(&prom, metrics, NODE, &fired, EXPECTED);
+    assert_alerts(&prom, metrics, NODE, &fired, EXPECTED, &[]);
 }
 
 /// A node booted with a downtrained PCIe link, its counted faults in nicmon's first polls:
@@ -304,7 +221,7 @@ fn each_physical_fault_present_when_nicmon_starts_fires_its_alert() {
     let since = Instant::now();
     let prom = Prometheus::start(&tools.prometheus, RULES, metrics);
     let fired = wait_all_firing(&prom, since, EXPECTED);
-    assert_alerts(&prom, metrics, NODE, &fired, EXPECTED);
+    assert_alerts(&prom, metrics, NODE, &fired, EXPECTED, &[]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -382,10 +299,7 @@ fn start_nicmon_nic(node: &Node) -> (Daemon, SocketAddr) {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit()),
     );
-    wait_for("nicmon's first poll", || {
-        let (code, body) = http_get(metrics, "/metrics")?;
-        (code == 200 && body.lines().any(|l| l.starts_with(POLL_DONE) && !l.ends_with(" 0"))).then_some(())
-    });
+    wait_first_poll(metrics);
     (nicmon, metrics)
 }
 
@@ -401,11 +315,7 @@ fn each_nic_temperature_firmware_and_optics_fault_fires_its_own_alert_at_its_fir
         prom.has("sum_over_time(up{job=\"nicmon\"}[10m]) >= 5 and on () count(nicmon_optic_rx_power_dbm) > 0")
             .then_some(())
     });
-    wait_for("every physical rule evaluated", || {
-        let r = prom.api("rules").ok()?;
-        let g = r["groups"].as_array()?.iter().find(|g| g["name"] == "nicmon-physical")?;
-        g["rules"].as_array()?.iter().all(|r| r["health"] == "ok").then_some(())
-    });
+    wait_rules_evaluated(&prom, &["nicmon-physical"]);
     let alerts = wait_for("Prometheus' alerts", || prom.alerts());
     let mine: BTreeSet<&str> = EXPECTED_NIC.iter().map(|e| e.0).collect();
     let active: Vec<&Value> = alerts.iter().filter(|a| mine.contains(label(a, "alertname"))).collect();
@@ -414,7 +324,7 @@ fn each_nic_temperature_firmware_and_optics_fault_fires_its_own_alert_at_its_fir
     let since = Instant::now();
     inject_nic_faults(&node);
     let fired = wait_all_firing(&prom, since, EXPECTED_NIC);
-    assert_alerts(&prom, metrics, NIC_NODE, &fired, EXPECTED_NIC);
+    assert_alerts(&prom, metrics, NIC_NODE, &fired, EXPECTED_NIC, &[]);
 }
 
 /// The node boots hot, with its firmware errors counted and its modules faulty: every event
@@ -437,5 +347,5 @@ fn each_nic_temperature_firmware_and_optics_fault_present_when_nicmon_starts_fir
     let since = Instant::now();
     let prom = Prometheus::start(&tools.prometheus, RULES, metrics);
     let fired = wait_all_firing(&prom, since, EXPECTED_NIC);
-    assert_alerts(&prom, metrics, NIC_NODE, &fired, EXPECTED_NIC);
+    assert_alerts(&prom, metrics, NIC_NODE, &fired, EXPECTED_NIC, &[]);
 }
