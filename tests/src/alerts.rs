@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::deploy::repo_root;
-use crate::prom_server::{Prometheus, http_get, wait_for};
+use crate::prom_server::{Prometheus, WAIT, http_get, wait_for};
 use crate::prometheus::{self, RULES};
 
 /// The operator guide, where every runbook is.
@@ -69,9 +69,11 @@ fn matches(a: &Value, &(alert, code, dev, port): &Expected) -> bool {
 pub fn wait_all_firing(prom: &Prometheus, since: Instant, expected: &[Expected]) -> Vec<Value> {
     let mut seen: Vec<Option<f64>> = vec![None; expected.len()];
     let names: BTreeSet<&str> = expected.iter().map(|e| e.0).collect();
-    let fired = wait_for("every expected alert to fire", || {
+    let deadline = Instant::now() + WAIT;
+    let fired = loop {
         let firing: Vec<Value> = prom
-            .alerts()?
+            .alerts()
+            .unwrap_or_default()
             .into_iter()
             .filter(|a| a["state"] == "firing" && names.contains(label(a, "alertname")))
             .collect();
@@ -80,8 +82,13 @@ pub fn wait_all_firing(prom: &Prometheus, since: Instant, expected: &[Expected])
                 *t = Some(since.elapsed().as_secs_f64());
             }
         }
-        seen.iter().all(Option::is_some).then_some(firing)
-    });
+        if seen.iter().all(Option::is_some) {
+            break firing;
+        }
+        let missing: Vec<&Expected> = expected.iter().zip(&seen).filter(|(_, t)| t.is_none()).map(|(e, _)| e).collect();
+        assert!(Instant::now() < deadline, "timed out ({WAIT:?}) waiting for {missing:?} to fire");
+        std::thread::sleep(Duration::from_millis(200));
+    };
     for (&(alert, code, dev, port), t) in expected.iter().zip(&seen) {
         eprintln!("{alert} ({code} {dev}/{port}) firing after {:.1} s", t.unwrap_or_default());
     }
