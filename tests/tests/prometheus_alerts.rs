@@ -23,15 +23,15 @@
 //! window, about 60 s after nicmon's first ethtool read, which sets the length of both runs.
 //!
 //! The same two runs, on a second node, for NIC temperature, firmware health and the
-//! transceivers (`NicmonNicOverheating`, `NicmonFirmwareFatal`, `NicmonFirmwareErrors`, the
-//! optics alerts the testbed's modules can show; see the section below for the two they
-//! cannot).
+//! transceivers (`NicmonNicOverheating`, `NicmonFirmwareFatal`, `NicmonFirmwareErrors` and
+//! the five optics alerts).
 //!
-//! Alerts of the file not fired here against a real Prometheus (their promtool tests in
-//! deploy/prometheus/tests/ fire them and keep them quiet; tests/tests/prometheus.rs
-//! evaluates every expression against a live nicmon, a port down and a fatal counter breach
-//! selected by `NicmonPortDown` and `NicmonLinkErrorsFatal`): the port and counter alerts,
-//! and the monitor's own, most of which hold for 1 to 20 minutes (`for:`) as shipped.
+//! Alerts of the file not fired here: the port and counter alerts and the monitor's own
+//! (groups `nicmon-ports`, `nicmon-monitor`, `nicmon-ebpf`, `nicmon-kernel-log`), most of
+//! which hold for 1 to 20 minutes (`for:`) as shipped — tests/tests/prometheus_monitor_alerts.rs
+//! fires and quiets them against a real Prometheus with those holds shortened (only
+//! `NicmonPollStalled` cannot be provoked: that file says why); their promtool tests in
+//! deploy/prometheus/tests/ fire them and keep them quiet with the holds as shipped.
 //!
 //! Not flaky by construction: every wait is on a condition (an exposition line, an alert in
 //! Prometheus' API) with a 180 s deadline; an unanswered API call is "not yet", not a failure
@@ -227,16 +227,9 @@ fn each_physical_fault_present_when_nicmon_starts_fires_its_alert() {
 // ---------------------------------------------------------------------------------------
 // NIC temperature, firmware health and the transceivers (group `nicmon-physical`): one
 // nicmon on a RoCE node whose six PFs each carry a hwmon device, devlink health reporters
-// and a QSFP56 module (the testbed's), read from its replay directories; each fault on its
-// own PF, so one Prometheus sees them all apart.
-//
-// Not provoked here, and why: `NicmonOpticTemperature` (the testbed's modules have a fixed
-// temperature, 40 °C, under their 70 °C warning: tests/src/optics.rs has no knob for it) and
-// `NicmonOpticModuleFault` (the Fault state is CMIS's, an OSFP's; this node's 200G ports
-// carry SFF-8636 QSFP56 modules). Their rules are the same expression as the optics alerts
-// fired here with another `error_code` (promtool covers them: deploy/prometheus/tests/
-// nic.test.yaml); `inject_optic_fault` is where a case for each goes once the testbed can
-// make the fault.
+// and a module (the testbed's QSFP56, SFF-8636; mlx5_2's an OSFP, CMIS, fitted before the
+// node boots: the module Fault state is CMIS's), read from its replay directories; each
+// fault on its own PF and alert, so one Prometheus sees them all apart.
 
 const NIC_NODE: &str = "roce-node-5";
 
@@ -248,22 +241,41 @@ const EXPECTED_NIC: &[Expected] = &[
     ("NicmonOpticRxPowerLow", "optic_rx_power_low", "mlx5_3", "1"),
     ("NicmonOpticRxLos", "optic_rx_los", "mlx5_4", "1"),
     ("NicmonOpticTxFault", "optic_tx_fault", "mlx5_5", "1"),
+    ("NicmonOpticTemperature", "optic_temperature", "mlx5_0", "1"),
+    ("NicmonOpticModuleFault", "optic_module_fault", "mlx5_2", "1"),
     // The firmware fatal is the node's one fatal event.
     ("NicmonFatalHealthEvent", "NICFirmwareCheck", "mlx5_1", "0"),
 ];
 
 /// Makes the transceiver fault whose event has error code `code` on `dev`'s module (its
-/// port staying up): the hook every optics case of this file goes through. Panics for a
-/// code the testbed's modules cannot show (see above).
+/// port staying up): the hook every optics case of this file goes through.
 fn inject_optic_fault(node: &Node, dev: &str, code: &str) {
-    use nicmon_tests::optics::Module;
+    use nicmon_tests::optics::{Form, Module};
     assert!(node.module_form(dev).is_some(), "{dev} has no module on this node");
     match code {
         "optic_rx_power_low" => node.set_module(dev, |m| Module { rx_power_mw: 0.08, ..m }),
         "optic_rx_los" => node.set_module(dev, |m| Module { rx_los: vec![2], ..m }),
         "optic_tx_fault" => node.set_module(dev, |m| Module { tx_fault: vec![3], ..m }),
+        // 2 °C above the module's high warning (70 °C on a QSFP56, 75 °C on an OSFP).
+        "optic_temperature" => node.set_module(dev, |m| {
+            let warning = if m.form == Form::Osfp { 75 } else { 70 };
+            Module { temperature_c: warning + 2, ..m }
+        }),
+        "optic_module_fault" => {
+            assert_eq!(node.module_form(dev), Some(Form::Osfp), "{dev}: the Fault state is a CMIS module's");
+            node.set_module(dev, |m| Module { fault: true, ..m })
+        }
         other => panic!("the testbed's modules cannot show {other}"),
     }
+}
+
+/// The NIC node as it boots: an L40S OCI RoCE node whose mlx5_2 (rdma2) carries a healthy
+/// OSFP (CMIS) module in place of its QSFP56.
+fn nic_node() -> Node {
+    use nicmon_tests::optics::{Form, Module};
+    let node = Platform::L40sOci.build();
+    node.put_module("rdma2", &Module::healthy(Form::Osfp));
+    node
 }
 
 /// Every NIC fault of [`EXPECTED_NIC`]: a sensor 4 °C under its 105 °C critical line (the
@@ -308,7 +320,7 @@ fn start_nicmon_nic(node: &Node) -> (Daemon, SocketAddr) {
 #[test]
 fn each_nic_temperature_firmware_and_optics_fault_fires_its_own_alert_at_its_first_occurrence() {
     let Some(tools) = tools() else { return };
-    let node = Platform::L40sOci.build();
+    let node = nic_node();
     let (_nicmon, metrics) = start_nicmon_nic(&node);
     let prom = Prometheus::start(&tools.prometheus, RULES, metrics);
     wait_for("five scrapes of nicmon", || {
@@ -332,7 +344,7 @@ fn each_nic_temperature_firmware_and_optics_fault_fires_its_own_alert_at_its_fir
 #[test]
 fn each_nic_temperature_firmware_and_optics_fault_present_when_nicmon_starts_fires_its_alert() {
     let Some(tools) = tools() else { return };
-    let node = Platform::L40sOci.build();
+    let node = nic_node();
     inject_nic_faults(&node);
     let (_nicmon, metrics) = start_nicmon_nic(&node);
     let codes: BTreeSet<&str> = EXPECTED_NIC.iter().filter(|e| e.0 != "NicmonFatalHealthEvent").map(|e| e.1).collect();
