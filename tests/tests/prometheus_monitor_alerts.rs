@@ -264,6 +264,34 @@ fn hang_reads(node: &Node, blocking: &BlockingFile, dev: &str) {
     std::os::unix::fs::symlink(blocking.pipe(), &ctr).unwrap();
 }
 
+/// The healthy node's faults, one after the other: the port fault's batch rejected for
+/// good; six reads hanging, each once the last was abandoned (a hung read keeps its reader
+/// thread and is never retried: a read abandoned poll after poll takes a new file each
+/// time); two kernel log records with nine lost between them.
+fn inject_monitor_faults(
+    node: &Node,
+    metrics: SocketAddr,
+    conn: &Connector,
+    kmsg: &std::path::Path,
+    hung: &[(&str, &BlockingFile)],
+) {
+    conn.refuse_next(&[Code::InvalidArgument]);
+    node.set_port("mlx5_0", 1, "1: DOWN", "3: Disabled");
+    assert!(
+        conn.wait_for_calls(Duration::from_secs(60), |calls| calls.iter().any(|c| c.refused.is_some())),
+        "the port fault's batch reached the connector"
+    );
+    for &(dev, blocking) in hung {
+        let before = plain(&scrape(metrics), "nicmon_reads_abandoned_total").unwrap_or(0.0);
+        hang_reads(node, blocking, dev);
+        wait_for("the hung read abandoned", || {
+            plain(&scrape(metrics), "nicmon_reads_abandoned_total").filter(|n| *n > before)
+        });
+    }
+    let mut w = std::fs::OpenOptions::new().append(true).open(kmsg).unwrap();
+    std::io::Write::write_all(&mut w, format!("{}{}", kmsg_record(101), kmsg_record(111)).as_bytes()).unwrap();
+}
+
 const FAULTY_NODE: &str = "gpu-node-5";
 const HEALTHY_NODE: &str = "gpu-node-6";
 
@@ -336,26 +364,14 @@ fn each_monitor_fault_fires_its_alert_at_start_up_and_at_its_first_occurrence_an
     let fired = wait_all_firing(&prom, since, &at_start);
     assert_alerts(&prom, faulty_metrics, FAULTY_NODE, &fired, &at_start, &[]);
 
-    // The healthy node's faults, all at once.
-    // The port fault's batch is the one rejected; then the reads hang and records are lost.
     let since = Instant::now();
-    conn.refuse_next(&[Code::InvalidArgument]);
-    healthy.set_port("mlx5_0", 1, "1: DOWN", "3: Disabled");
-    assert!(
-        conn.wait_for_calls(Duration::from_secs(60), |calls| calls.iter().any(|c| c.refused.is_some())),
-        "the port fault's batch reached the connector"
+    inject_monitor_faults(
+        &healthy,
+        healthy_metrics,
+        &conn,
+        &kmsg,
+        &hung.iter().copied().zip(&blocking_healthy).collect::<Vec<_>>(),
     );
-    // A read abandoned poll after poll: a new file hangs once the last one was abandoned
-    // (each hung read keeps its reader thread; nicmon never retries it), six of them.
-    for (dev, blocking) in hung.iter().zip(&blocking_healthy) {
-        let before = plain(&scrape(healthy_metrics), "nicmon_reads_abandoned_total").unwrap_or(0.0);
-        hang_reads(&healthy, blocking, dev);
-        wait_for("the hung read abandoned", || {
-            plain(&scrape(healthy_metrics), "nicmon_reads_abandoned_total").filter(|n| *n > before)
-        });
-    }
-    let mut w = std::fs::OpenOptions::new().append(true).open(&kmsg).unwrap();
-    std::io::Write::write_all(&mut w, format!("{}{}", kmsg_record(101), kmsg_record(111)).as_bytes()).unwrap();
     let first: &[Expected] = &[
         ("NicmonReadsStuck", "", "", ""),
         ("NicmonReadsAbandoned", "", "", ""),
