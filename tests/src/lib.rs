@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+pub mod alerts;
 pub mod blocking;
 pub mod connector;
 pub mod daemon;

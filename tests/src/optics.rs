@@ -1,7 +1,8 @@
 //! Transceiver memory for the testbed: SFF-8636 (QSFP56) and CMIS (OSFP) pages as nicmon's
 //! ethtool replay file carries them (`"module": {"pages": {"0": "<hex>", ...}}`: page 0 whole,
 //! the others their upper half), written byte by byte at the offsets of SFF-8636 rev 2.10a and
-//! CMIS 5.2, with the faults a test needs: Rx LOS, Tx fault, weak receive power.
+//! CMIS 5.2, with the faults a test needs: Rx LOS, Tx fault, weak receive power, a hot
+//! module, CMIS's module Fault state.
 use std::path::Path;
 
 /// The memory map.
@@ -22,12 +23,19 @@ pub struct Module {
     pub tx_fault: Vec<usize>,
     /// CMIS module state Fault.
     pub fault: bool,
+    /// Case temperature, whole °C (high warning 70 °C on a QSFP56, 75 °C on an OSFP).
+    pub temperature_c: i16,
 }
 
 impl Module {
-    /// A healthy module: 0.8 mW on every lane (low warning 0.1 mW, low alarm 0.05 mW).
+    /// A healthy module: 0.8 mW on every lane (low warning 0.1 mW, low alarm 0.05 mW), at
+    /// 40 °C (a QSFP56) or 45 °C (an OSFP).
     pub fn healthy(form: Form) -> Module {
-        Module { form, rx_power_mw: 0.8, rx_los: Vec::new(), tx_fault: Vec::new(), fault: false }
+        let temperature_c = match form {
+            Form::Qsfp56 => 40,
+            Form::Osfp => 45,
+        };
+        Module { form, rx_power_mw: 0.8, rx_los: Vec::new(), tx_fault: Vec::new(), fault: false, temperature_c }
     }
 
     pub fn lanes(&self) -> usize {
@@ -63,7 +71,7 @@ impl Module {
                 p0[0] = 0x11;
                 p0[3] = Self::mask(&self.rx_los);
                 p0[4] = Self::mask(&self.tx_fault);
-                Self::put16(&mut p0, 22, 40 * 256);
+                Self::put16(&mut p0, 22, (self.temperature_c as u16) << 8);
                 Self::put16(&mut p0, 26, 33_000);
                 for i in 0..4 {
                     Self::put16(&mut p0, 34 + 2 * i, rx);
@@ -82,7 +90,7 @@ impl Module {
             Form::Osfp => {
                 p0[0] = 0x19;
                 p0[3] = if self.fault { 5 << 1 } else { 3 << 1 };
-                Self::put16(&mut p0, 14, 45 * 256);
+                Self::put16(&mut p0, 14, (self.temperature_c as u16) << 8);
                 Self::put16(&mut p0, 16, 33_000);
                 let mut p2 = vec![0u8; 128];
                 for (i, t) in [80u16, 0, 75, 5].into_iter().enumerate() {

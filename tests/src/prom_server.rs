@@ -73,16 +73,23 @@ pub struct Prometheus {
 
 impl Prometheus {
     /// Scraping `target` every second, evaluating the rules file `rules` (relative to the
-    /// repository) every second, as shipped (no `for:` rewritten).
-    pub fn start(bin: &Path, rules: &str, target: SocketAddr) -> Prometheus {
+    /// repository, or absolute) every second.
+    pub fn start(bin: &Path, rules: impl AsRef<Path>, target: SocketAddr) -> Prometheus {
+        Prometheus::start_all(bin, rules, &[target])
+    }
+
+    /// [`Prometheus::start`] scraping every one of `targets` (one job, an `instance` each).
+    pub fn start_all(bin: &Path, rules: impl AsRef<Path>, targets: &[SocketAddr]) -> Prometheus {
         let dir = tempfile::tempdir().unwrap();
+        let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
         let config = dir.path().join("prometheus.yml");
         std::fs::write(
             &config,
             format!(
                 "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\n\
-                 scrape_configs:\n  - job_name: nicmon\n    static_configs:\n      - targets: ['{target}']\n",
-                repo_root().join(rules).display()
+                 scrape_configs:\n  - job_name: nicmon\n    static_configs:\n      - targets: [{}]\n",
+                repo_root().join(rules).display(),
+                targets.join(", ")
             ),
         )
         .unwrap();

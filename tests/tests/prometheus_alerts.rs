@@ -23,15 +23,15 @@
 //! window, about 60 s after nicmon's first ethtool read, which sets the length of both runs.
 //!
 //! The same two runs, on a second node, for NIC temperature, firmware health and the
-//! transceivers (`NicmonNicOverheating`, `NicmonFirmwareFatal`, `NicmonFirmwareErrors`, the
-//! optics alerts the testbed's modules can show; see the section below for the two they
-//! cannot).
+//! transceivers (`NicmonNicOverheating`, `NicmonFirmwareFatal`, `NicmonFirmwareErrors` and
+//! the five optics alerts).
 //!
-//! Alerts of the file not fired here against a real Prometheus (their promtool tests in
-//! deploy/prometheus/tests/ fire them and keep them quiet; tests/tests/prometheus.rs
-//! evaluates every expression against a live nicmon, a port down and a fatal counter breach
-//! selected by `NicmonPortDown` and `NicmonLinkErrorsFatal`): the port and counter alerts,
-//! and the monitor's own, most of which hold for 1 to 20 minutes (`for:`) as shipped.
+//! Alerts of the file not fired here: the port and counter alerts and the monitor's own
+//! (groups `nicmon-ports`, `nicmon-monitor`, `nicmon-ebpf`, `nicmon-kernel-log`), most of
+//! which hold for 1 to 20 minutes (`for:`) as shipped — tests/tests/prometheus_monitor_alerts.rs
+//! fires and quiets them against a real Prometheus with those holds shortened (only
+//! `NicmonPollStalled` cannot be provoked: that file says why); their promtool tests in
+//! deploy/prometheus/tests/ fire them and keep them quiet with the holds as shipped.
 //!
 //! Not flaky by construction: every wait is on a condition (an exposition line, an alert in
 //! Prometheus' API) with a 180 s deadline; an unanswered API call is "not yet", not a failure
@@ -45,20 +45,18 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Instant;
 
+use nicmon_tests::alerts::{
+    Expected, assert_alerts, label, tools, wait_all_firing, wait_first_poll, wait_rules_evaluated,
+};
 use nicmon_tests::daemon::Daemon;
-use nicmon_tests::deploy::repo_root;
 use nicmon_tests::pcie::AerFile;
 use nicmon_tests::platforms::Platform;
 use nicmon_tests::prom_server::{Prometheus, free_port, http_get, wait_for};
-use nicmon_tests::prometheus::{self, RULES};
+use nicmon_tests::prometheus::RULES;
 use nicmon_tests::{Node, nicmon_bin};
 use serde_json::{Value, json};
 
 const NODE: &str = "roce-node-3";
-const GUIDE: &str = "docs/operator-guide.md";
-
-/// What an injected fault must fire: the alert, its `error_code` (or `check`), device, port.
-type Expected = (&'static str, &'static str, &'static str, &'static str);
 
 /// What each injected physical fault must fire.
 const EXPECTED: &[Expected] = &[
@@ -164,85 +162,8 @@ fn start_nicmon(node: &Node, fabric: &Fabric) -> (Daemon, SocketAddr) {
             .stderr(Stdio::inherit()),
     );
     // The first poll done: every baseline (AER totals, ethtool counters) taken.
-    wait_for("nicmon's first poll", || {
-        let (code, body) = http_get(metrics, "/metrics")?;
-        (code == 200 && body.lines().any(|l| l.starts_with(POLL_DONE) && !l.ends_with(" 0"))).then_some(())
-    });
+    wait_first_poll(metrics);
     (nicmon, metrics)
-}
-
-const POLL_DONE: &str = "nic_health_monitor_poll_cycle_last_completed_timestamp_seconds{";
-
-fn tools() -> Option<prometheus::Tools> {
-    match prometheus::ensure_tools(&repo_root()) {
-        Ok(t) => Some(t),
-        Err(e) => {
-            eprintln!("SKIP: no Prometheus on this machine and it cannot be installed ({e})");
-            None
-        }
-    }
-}
-
-fn label<'a>(a: &'a Value, name: &str) -> &'a str {
-    a["labels"][name].as_str().unwrap_or("")
-}
-
-/// Waits until every expected alert fires for its fault; returns each alert's instances,
-/// and says how long after `since` (the faults, or Prometheus' start) each was first seen firing.
-fn wait_all_firing(prom: &Prometheus, since: Instant, expected: &[Expected]) -> Vec<(&'static str, Vec<Value>)> {
-    let mut seen: Vec<Option<f64>> = vec![None; expected.len()];
-    let fired = wait_for("every expected alert to fire", || {
-        let all = prom.alerts()?;
-        let firing = |alert: &str| -> Vec<Value> {
-            all.iter().filter(|a| label(a, "alertname") == alert && a["state"] == "firing").cloned().collect()
-        };
-        let now: Vec<(&'static str, Vec<Value>)> = expected.iter().map(|e| (e.0, firing(e.0))).collect();
-        for ((_, f), (&(_, _, dev, port), t)) in now.iter().zip(expected.iter().zip(&mut seen)) {
-            if t.is_none() && f.iter().any(|a| label(a, "device") == dev && label(a, "port") == port) {
-                *t = Some(since.elapsed().as_secs_f64());
-            }
-        }
-        seen.iter().all(Option::is_some).then_some(now)
-    });
-    for (&(alert, code, dev, port), t) in expected.iter().zip(&seen) {
-        eprintln!("{alert} ({code} {dev}/{port}) firing after {:.1} s", t.unwrap_or_default());
-    }
-    fired
-}
-
-/// Each alert fires for its own fault only, naming node, device and port, with its runbook.
-fn assert_alerts(
-    prom: &Prometheus,
-    metrics: SocketAddr,
-    node: &str,
-    fired: &[(&str, Vec<Value>)],
-    expected: &[Expected],
-) {
-    let guide = std::fs::read_to_string(repo_root().join(GUIDE)).unwrap();
-    for ((alert, all), &(_, code, dev, port)) in fired.iter().zip(expected) {
-        assert_eq!(all.len(), 1, "{alert} fires for its fault only: {all:#?}");
-        let a = &all[0];
-        let code_label = if *alert == "NicmonFatalHealthEvent" { "check" } else { "error_code" };
-        for (name, want) in [("node", node), ("device", dev), ("port", port), (code_label, code)] {
-            assert_eq!(label(a, name), want, "{alert}: label {name}: {a:#}");
-        }
-        assert_eq!(label(a, "instance"), metrics.to_string(), "{alert}");
-        let runbook = a["annotations"]["runbook_url"].as_str().unwrap_or("");
-        let anchor = alert.to_lowercase();
-        assert_eq!(runbook, format!("{GUIDE}#{anchor}"), "{alert}: runbook");
-        assert!(guide.lines().any(|l| l == format!("### {alert}")), "{GUIDE} has no section for {alert}");
-        let summary = a["annotations"]["summary"].as_str().unwrap_or("");
-        assert!(summary.contains(dev) && summary.contains(node), "{alert}: summary {summary:?}");
-    }
-    // And nothing else fires: no other physical alert, no alert for an untouched NIC.
-    let names: BTreeSet<&str> = expected.iter().map(|e| e.0).collect();
-    let others: Vec<Value> = prom
-        .alerts()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|a| a["state"] == "firing" && !names.contains(label(a, "alertname")))
-        .collect();
-    assert_eq!(others, Vec::<Value>::new(), "alerts firing beyond the injected faults");
 }
 
 /// Healthy node, Prometheus scraping: no physical alert is active (pending or firing) after
@@ -258,11 +179,7 @@ fn each_physical_fault_fires_its_own_alert_at_its_first_occurrence_and_a_healthy
     wait_for("five scrapes of nicmon", || {
         prom.has("sum_over_time(up{job=\"nicmon\"}[10m]) >= 5 and on () count(nicmon_port_healthy) > 0").then_some(())
     });
-    wait_for("every physical rule evaluated", || {
-        let r = prom.api("rules").ok()?;
-        let g = r["groups"].as_array()?.iter().find(|g| g["name"] == "nicmon-physical")?;
-        g["rules"].as_array()?.iter().all(|r| r["health"] == "ok").then_some(())
-    });
+    wait_rules_evaluated(&prom, &["nicmon-physical"]);
     let alerts = wait_for("Prometheus' alerts", || prom.alerts());
     let mine: BTreeSet<&str> = EXPECTED.iter().map(|e| e.0).collect();
     let active: Vec<&Value> = alerts.iter().filter(|a| mine.contains(label(a, "alertname"))).collect();
@@ -272,7 +189,7 @@ fn each_physical_fault_fires_its_own_alert_at_its_first_occurrence_and_a_healthy
     node.set_pcie_link("mlx5_2", Some((8, 5)));
     inject_counted_faults(&node, &mut fabric);
     let fired = wait_all_firing(&prom, since, EXPECTED);
-    assert_alerts(&prom, metrics, NODE, &fired, EXPECTED);
+    assert_alerts(&prom, metrics, NODE, &fired, EXPECTED, &[]);
 }
 
 /// A node booted with a downtrained PCIe link, its counted faults in nicmon's first polls:
@@ -304,22 +221,15 @@ fn each_physical_fault_present_when_nicmon_starts_fires_its_alert() {
     let since = Instant::now();
     let prom = Prometheus::start(&tools.prometheus, RULES, metrics);
     let fired = wait_all_firing(&prom, since, EXPECTED);
-    assert_alerts(&prom, metrics, NODE, &fired, EXPECTED);
+    assert_alerts(&prom, metrics, NODE, &fired, EXPECTED, &[]);
 }
 
 // ---------------------------------------------------------------------------------------
 // NIC temperature, firmware health and the transceivers (group `nicmon-physical`): one
 // nicmon on a RoCE node whose six PFs each carry a hwmon device, devlink health reporters
-// and a QSFP56 module (the testbed's), read from its replay directories; each fault on its
-// own PF, so one Prometheus sees them all apart.
-//
-// Not provoked here, and why: `NicmonOpticTemperature` (the testbed's modules have a fixed
-// temperature, 40 °C, under their 70 °C warning: tests/src/optics.rs has no knob for it) and
-// `NicmonOpticModuleFault` (the Fault state is CMIS's, an OSFP's; this node's 200G ports
-// carry SFF-8636 QSFP56 modules). Their rules are the same expression as the optics alerts
-// fired here with another `error_code` (promtool covers them: deploy/prometheus/tests/
-// nic.test.yaml); `inject_optic_fault` is where a case for each goes once the testbed can
-// make the fault.
+// and a module (the testbed's QSFP56, SFF-8636; mlx5_2's an OSFP, CMIS, fitted before the
+// node boots: the module Fault state is CMIS's), read from its replay directories; each
+// fault on its own PF and alert, so one Prometheus sees them all apart.
 
 const NIC_NODE: &str = "roce-node-5";
 
@@ -331,22 +241,41 @@ const EXPECTED_NIC: &[Expected] = &[
     ("NicmonOpticRxPowerLow", "optic_rx_power_low", "mlx5_3", "1"),
     ("NicmonOpticRxLos", "optic_rx_los", "mlx5_4", "1"),
     ("NicmonOpticTxFault", "optic_tx_fault", "mlx5_5", "1"),
+    ("NicmonOpticTemperature", "optic_temperature", "mlx5_0", "1"),
+    ("NicmonOpticModuleFault", "optic_module_fault", "mlx5_2", "1"),
     // The firmware fatal is the node's one fatal event.
     ("NicmonFatalHealthEvent", "NICFirmwareCheck", "mlx5_1", "0"),
 ];
 
 /// Makes the transceiver fault whose event has error code `code` on `dev`'s module (its
-/// port staying up): the hook every optics case of this file goes through. Panics for a
-/// code the testbed's modules cannot show (see above).
+/// port staying up): the hook every optics case of this file goes through.
 fn inject_optic_fault(node: &Node, dev: &str, code: &str) {
-    use nicmon_tests::optics::Module;
+    use nicmon_tests::optics::{Form, Module};
     assert!(node.module_form(dev).is_some(), "{dev} has no module on this node");
     match code {
         "optic_rx_power_low" => node.set_module(dev, |m| Module { rx_power_mw: 0.08, ..m }),
         "optic_rx_los" => node.set_module(dev, |m| Module { rx_los: vec![2], ..m }),
         "optic_tx_fault" => node.set_module(dev, |m| Module { tx_fault: vec![3], ..m }),
+        // 2 °C above the module's high warning (70 °C on a QSFP56, 75 °C on an OSFP).
+        "optic_temperature" => node.set_module(dev, |m| {
+            let warning = if m.form == Form::Osfp { 75 } else { 70 };
+            Module { temperature_c: warning + 2, ..m }
+        }),
+        "optic_module_fault" => {
+            assert_eq!(node.module_form(dev), Some(Form::Osfp), "{dev}: the Fault state is a CMIS module's");
+            node.set_module(dev, |m| Module { fault: true, ..m })
+        }
         other => panic!("the testbed's modules cannot show {other}"),
     }
+}
+
+/// The NIC node as it boots: an L40S OCI RoCE node whose mlx5_2 (rdma2) carries a healthy
+/// OSFP (CMIS) module in place of its QSFP56.
+fn nic_node() -> Node {
+    use nicmon_tests::optics::{Form, Module};
+    let node = Platform::L40sOci.build();
+    node.put_module("rdma2", &Module::healthy(Form::Osfp));
+    node
 }
 
 /// Every NIC fault of [`EXPECTED_NIC`]: a sensor 4 °C under its 105 °C critical line (the
@@ -382,10 +311,7 @@ fn start_nicmon_nic(node: &Node) -> (Daemon, SocketAddr) {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit()),
     );
-    wait_for("nicmon's first poll", || {
-        let (code, body) = http_get(metrics, "/metrics")?;
-        (code == 200 && body.lines().any(|l| l.starts_with(POLL_DONE) && !l.ends_with(" 0"))).then_some(())
-    });
+    wait_first_poll(metrics);
     (nicmon, metrics)
 }
 
@@ -394,18 +320,14 @@ fn start_nicmon_nic(node: &Node) -> (Daemon, SocketAddr) {
 #[test]
 fn each_nic_temperature_firmware_and_optics_fault_fires_its_own_alert_at_its_first_occurrence() {
     let Some(tools) = tools() else { return };
-    let node = Platform::L40sOci.build();
+    let node = nic_node();
     let (_nicmon, metrics) = start_nicmon_nic(&node);
     let prom = Prometheus::start(&tools.prometheus, RULES, metrics);
     wait_for("five scrapes of nicmon", || {
         prom.has("sum_over_time(up{job=\"nicmon\"}[10m]) >= 5 and on () count(nicmon_optic_rx_power_dbm) > 0")
             .then_some(())
     });
-    wait_for("every physical rule evaluated", || {
-        let r = prom.api("rules").ok()?;
-        let g = r["groups"].as_array()?.iter().find(|g| g["name"] == "nicmon-physical")?;
-        g["rules"].as_array()?.iter().all(|r| r["health"] == "ok").then_some(())
-    });
+    wait_rules_evaluated(&prom, &["nicmon-physical"]);
     let alerts = wait_for("Prometheus' alerts", || prom.alerts());
     let mine: BTreeSet<&str> = EXPECTED_NIC.iter().map(|e| e.0).collect();
     let active: Vec<&Value> = alerts.iter().filter(|a| mine.contains(label(a, "alertname"))).collect();
@@ -414,7 +336,7 @@ fn each_nic_temperature_firmware_and_optics_fault_fires_its_own_alert_at_its_fir
     let since = Instant::now();
     inject_nic_faults(&node);
     let fired = wait_all_firing(&prom, since, EXPECTED_NIC);
-    assert_alerts(&prom, metrics, NIC_NODE, &fired, EXPECTED_NIC);
+    assert_alerts(&prom, metrics, NIC_NODE, &fired, EXPECTED_NIC, &[]);
 }
 
 /// The node boots hot, with its firmware errors counted and its modules faulty: every event
@@ -422,7 +344,7 @@ fn each_nic_temperature_firmware_and_optics_fault_fires_its_own_alert_at_its_fir
 #[test]
 fn each_nic_temperature_firmware_and_optics_fault_present_when_nicmon_starts_fires_its_alert() {
     let Some(tools) = tools() else { return };
-    let node = Platform::L40sOci.build();
+    let node = nic_node();
     inject_nic_faults(&node);
     let (_nicmon, metrics) = start_nicmon_nic(&node);
     let codes: BTreeSet<&str> = EXPECTED_NIC.iter().filter(|e| e.0 != "NicmonFatalHealthEvent").map(|e| e.1).collect();
@@ -437,5 +359,5 @@ fn each_nic_temperature_firmware_and_optics_fault_present_when_nicmon_starts_fir
     let since = Instant::now();
     let prom = Prometheus::start(&tools.prometheus, RULES, metrics);
     let fired = wait_all_firing(&prom, since, EXPECTED_NIC);
-    assert_alerts(&prom, metrics, NIC_NODE, &fired, EXPECTED_NIC);
+    assert_alerts(&prom, metrics, NIC_NODE, &fired, EXPECTED_NIC, &[]);
 }

@@ -1,0 +1,394 @@
+//! The port and counter alerts (deploy/prometheus/nicmon-rules.yaml, group `nicmon-ports`)
+//! and the monitor's own (groups `nicmon-monitor`, `nicmon-ebpf`, `nicmon-kernel-log`)
+//! against a real Prometheus 2.42 scraping running nicmons: each fires for its fault, on its
+//! first occurrence and when the fault is there as nicmon starts, naming what it says it
+//! names, with its runbook; each stays quiet on a healthy node over a scrape window.
+//!
+//! **What is rewritten, and why.** Most of these alerts hold 1 to 20 minutes (`for:`) as
+//! shipped: the rules Prometheus loads here are a copy of the shipped file in which every
+//! `for: <duration>` line reads `for: 5s` ([`alerts::rules_with_short_holds`], checked line
+//! by line by its unit test) — nothing else: every expression, range window and threshold is
+//! the shipped one. Prometheus scrapes and evaluates every second.
+//!
+//! Not flaky by construction: every wait is on a condition (an exposition line, an alert in
+//! Prometheus' API) with a 180 s deadline; a quiet case samples Prometheus' alerts over its
+//! window and fails on any active (pending or firing) one.
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nicmon_tests::alerts::{
+    self, Expected, assert_alerts, assert_quiet_for, tools, wait_all_firing, wait_first_poll, wait_rules_evaluated,
+};
+use nicmon_tests::blocking::BlockingFile;
+use nicmon_tests::connector::Connector;
+use nicmon_tests::daemon::Daemon;
+use nicmon_tests::platforms::Platform;
+use nicmon_tests::prom_server::{Prometheus, free_port, http_get, wait_for};
+use nicmon_tests::{Node, nicmon_bin};
+use tonic::Code;
+
+// ---------------------------------------------------------------------------------------
+// Ports and counters: one nicmon on an H100 OCI node (16 InfiniBand compute ports), each
+// fault on its own port.
+
+const PORT_NODE: &str = "gpu-node-4";
+
+/// What each port fault must fire.
+const EXPECTED_PORTS: &[Expected] = &[
+    ("NicmonPortDown", "", "mlx5_0", "1"),
+    ("NicmonPortFlapping", "", "mlx5_3", "1"),
+    // The flapping port blipped five times under the hold-down before it was flapping.
+    ("NicmonPortBlips", "", "mlx5_3", "1"),
+    ("NicmonPortBlips", "", "mlx5_5", "1"),
+    ("NicmonLinkDegraded", "InfiniBandStateCheck", "mlx5_12", "1"),
+    ("NicmonLinkErrorsFatal", "link_downed", "mlx5_7", "1"),
+    ("NicmonLinkErrors", "port_rcv_errors", "mlx5_9", "1"),
+    ("NicmonCounterSaturated", "link_downed", "mlx5_13", "1"),
+    ("NicmonPortAttributeUnknown", "state", "mlx5_15", "1"),
+];
+
+/// The alerts that fire besides: the fatal port and counter events, and the monitor's own
+/// about how this nicmon runs (`--no-kmsg`, `--no-wake`: their holds are 5 s here).
+const ALSO_PORTS: &[&str] = &["NicmonFatalHealthEvent", "NicmonKernelLogNotWatched", "NicmonEbpfUnavailable"];
+
+/// The group's alerts (the quiet case covers each).
+const PORT_ALERTS: &[&str] = &[
+    "NicmonPortDown",
+    "NicmonPortFlapping",
+    "NicmonPortBlips",
+    "NicmonLinkDegraded",
+    "NicmonLinkErrorsFatal",
+    "NicmonLinkErrors",
+    "NicmonCounterSaturated",
+    "NicmonPortAttributeUnknown",
+];
+
+/// The hold-down that makes short DOWNs blips, and a flap threshold above the blips port's
+/// three blips.
+const PORT_CONFIG: &str = "[stateCheck]\nportStateHoldDown = \"15s\"\nflapThreshold = 6\n";
+
+/// A numeric value of the first exposition line of `family` (`name{`) that carries `dev`.
+fn value_of(body: &str, family: &str, dev: &str) -> Option<f64> {
+    let device = format!("device=\"{dev}\"");
+    body.lines().find(|l| l.starts_with(family) && l.contains(&device)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+fn scrape(metrics: SocketAddr) -> String {
+    http_get(metrics, "/metrics").filter(|(c, _)| *c == 200).map(|(_, b)| b).unwrap_or_default()
+}
+
+/// The value of the label-less series `name` in `body`.
+fn plain(body: &str, name: &str) -> Option<f64> {
+    body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+fn polls_done(metrics: SocketAddr) -> Option<f64> {
+    plain(&scrape(metrics), "nicmon_poll_duration_seconds_count")
+}
+
+const BLIPS: &str = "nic_health_monitor_port_state_blips_total{";
+const FLAPPING: &str = "nicmon_port_flapping{";
+
+/// A DOWN shorter than the hold-down: pulled, seen by two full polls, repaired; returns
+/// once nicmon counted the blip (or holds the port as flapping).
+fn blip(node: &Node, metrics: SocketAddr, dev: &str) {
+    let before = value_of(&scrape(metrics), BLIPS, dev).unwrap_or(0.0);
+    let polls = wait_for("nicmon's poll count", || polls_done(metrics));
+    node.pull_cable(dev, 1);
+    wait_for("two polls of the pulled port", || polls_done(metrics).filter(|n| *n >= polls + 2.0));
+    node.repair(dev, 1);
+    wait_for("the blip counted", || {
+        let body = scrape(metrics);
+        let counted = value_of(&body, BLIPS, dev).is_some_and(|n| n > before);
+        (counted || value_of(&body, FLAPPING, dev) == Some(1.0)).then_some(())
+    });
+}
+
+/// The faults a node can have as nicmon first reads it: a port down, one trained at half
+/// its group's rate, a saturated 8-bit counter, an unparsable state.
+fn inject_port_states(node: &Node) {
+    node.set_port("mlx5_0", 1, "1: DOWN", "3: Disabled");
+    node.set_rate("mlx5_12", 1, "200 Gb/sec (2X NDR)");
+    node.set_counter("mlx5_13", 1, "counters/link_downed", 255);
+    node.write_port_file("mlx5_15", 1, "state", "not a port state\n");
+}
+
+/// The faults that are moves of what nicmon already read: counter breaches, blips, flaps.
+fn inject_port_moves(node: &Node, metrics: SocketAddr) {
+    node.set_counter("mlx5_7", 1, "counters/link_downed", 1);
+    node.set_counter("mlx5_9", 1, "counters/port_rcv_errors", 100_000);
+    for _ in 0..3 {
+        blip(node, metrics, "mlx5_5");
+    }
+    for _ in 0..10 {
+        if value_of(&scrape(metrics), FLAPPING, "mlx5_3") == Some(1.0) {
+            return;
+        }
+        blip(node, metrics, "mlx5_3");
+    }
+    panic!("mlx5_3 not flapping after 10 blips: {}", scrape(metrics));
+}
+
+/// nicmon `run` on `node`, polling every 200 ms, metrics on loopback.
+fn start_nicmon(node: &Node, name: &str, config: &str, extra: &[&str]) -> (Daemon, SocketAddr) {
+    let path = node.root().join("nicmon.toml");
+    std::fs::write(&path, config).unwrap();
+    let metrics: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let nicmon = Daemon::spawn(
+        node.daemon_command(&nicmon_bin(), "run", Some(&path), "state.json", name)
+            .args(["--state-polling-interval", "200ms"])
+            .args(extra)
+            .args(["--metrics-bind-address", "127.0.0.1", "--metrics-port", &metrics.port().to_string()])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit()),
+    );
+    wait_first_poll(metrics);
+    (nicmon, metrics)
+}
+
+const PORT_ARGS: &[&str] = &["--no-kmsg", "--no-wake", "--sink", "stdout"];
+
+/// A healthy node, scraped: no port or counter alert is active over 15 s (three holds);
+/// then every fault, each on its port, fires its own alert and nothing else.
+#[test]
+fn each_port_and_counter_fault_fires_its_alert_at_its_first_occurrence_and_a_healthy_node_stays_quiet() {
+    let Some(tools) = tools() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let rules = alerts::rules_with_short_holds(dir.path());
+    let node = Platform::H100Oci.build();
+    let (_nicmon, metrics) = start_nicmon(&node, PORT_NODE, PORT_CONFIG, PORT_ARGS);
+    let prom = Prometheus::start(&tools.prometheus, &rules, metrics);
+    wait_for("five scrapes of nicmon", || {
+        prom.has("sum_over_time(up{job=\"nicmon\"}[10m]) >= 5 and on () count(nicmon_port_healthy) > 0").then_some(())
+    });
+    wait_rules_evaluated(&prom, &["nicmon-ports"]);
+    assert_quiet_for(&prom, metrics, PORT_ALERTS, Duration::from_secs(15));
+
+    let since = Instant::now();
+    inject_port_states(&node);
+    inject_port_moves(&node, metrics);
+    let fired = wait_all_firing(&prom, since, EXPECTED_PORTS);
+    assert_alerts(&prom, metrics, PORT_NODE, &fired, EXPECTED_PORTS, ALSO_PORTS);
+}
+
+/// The node boots with a port down, one downtrained, a counter saturated and a state
+/// unreadable; its counters breach, one port blips and one flaps during nicmon's first
+/// polls: every series is exported before Prometheus' first scrape, and each alert fires.
+#[test]
+fn each_port_and_counter_fault_present_when_nicmon_starts_fires_its_alert() {
+    let Some(tools) = tools() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let rules = alerts::rules_with_short_holds(dir.path());
+    let node = Platform::H100Oci.build();
+    inject_port_states(&node);
+    let (_nicmon, metrics) = start_nicmon(&node, PORT_NODE, PORT_CONFIG, PORT_ARGS);
+    inject_port_moves(&node, metrics);
+    wait_for("nicmon to export every fault", || {
+        let body = scrape(metrics);
+        let has = |family: &str, dev: &str, want: fn(f64) -> bool| value_of(&body, family, dev).is_some_and(want);
+        (has("nicmon_port_healthy{", "mlx5_0", |v| v == 0.0)
+            && has("nic_health_monitor_state_check_errors_total{", "mlx5_12", |v| v > 0.0)
+            && has("nic_health_monitor_counter_threshold_breaches_total{", "mlx5_7", |v| v > 0.0)
+            && has("nic_health_monitor_counter_threshold_breaches_total{", "mlx5_9", |v| v > 0.0)
+            && has("nicmon_counter_saturated{", "mlx5_13", |v| v == 1.0)
+            && has("nicmon_port_attribute_unknown{", "mlx5_15", |v| v == 1.0))
+        .then_some(())
+    });
+    let since = Instant::now();
+    let prom = Prometheus::start(&tools.prometheus, &rules, metrics);
+    let fired = wait_all_firing(&prom, since, EXPECTED_PORTS);
+    assert_alerts(&prom, metrics, PORT_NODE, &fired, EXPECTED_PORTS, ALSO_PORTS);
+}
+
+// ---------------------------------------------------------------------------------------
+// The monitor's own alerts: two nicmons, each on its own node, one Prometheus scraping
+// both (the alerts tell them apart by `instance`).
+//
+// - **at start-up**: a node without NVSentinel's metadata file, nicmon started with its
+//   eBPF programs off (`--no-ebpf`), a kernel log path that does not exist, a platform
+//   connector that is not listening, and a counter file whose reads never return (a
+//   tracefs `trace_pipe`, tests/src/blocking.rs): `NicmonTopologyFallback`,
+//   `NicmonEbpfUnavailable` (where the binary carries the programs),
+//   `NicmonKernelLogNotWatched`, `NicmonEventsNotDelivered`, `NicmonReadsStuck`.
+// - **first occurrence**, on a healthy node (metadata, a followed kernel log file, an
+//   accepting connector, eBPF as it loads here), quiet over a 15 s window first: the
+//   connector rejecting a batch for good (a port fault's), six counter reads hanging one
+//   after the other, a sequence gap in the kernel log; then nicmon killed:
+//   `NicmonEventsDropped`, `NicmonReadsStuck`, `NicmonReadsAbandoned`, `NicmonPollSlow`,
+//   `NicmonKernelLogRecordsLost`, then `NicmonAbsent`.
+//
+// `NicmonReadsAbandoned` and `NicmonPollSlow` are rates over what Prometheus scraped
+// (`increase`, `rate` of the poll-duration histogram, no `unless … offset` guard): they
+// alert on reads abandoned, polls slow, *while* Prometheus watches. nicmon abandons a hung
+// read once and never retries it (the read is then `NicmonReadsStuck`'s, which fires at
+// start-up); so a hang from before the first scrape is not theirs, by design, and their
+// case is abandonment that goes on (a new file hanging after another).
+//
+// Not fired: `NicmonPollStalled` (no completed poll for 30 s while /metrics still answers).
+// A real nicmon cannot be made to stall that long: every host read is abandoned at its 1 s
+// deadline and a poll's at 2 s, and past 8 stuck reads the rest fail at once, so a poll
+// always completes; a stopped process stops answering /metrics too, and its series go
+// stale (`NicmonAbsent`'s case). Its quiet case is here.
+
+const MONITOR_ALERTS: &[&str] = &[
+    "NicmonPollStalled",
+    "NicmonAbsent",
+    "NicmonReadsStuck",
+    "NicmonReadsAbandoned",
+    "NicmonPollSlow",
+    "NicmonEventsNotDelivered",
+    "NicmonEventsDropped",
+    "NicmonTopologyFallback",
+    "NicmonEbpfUnavailable",
+    "NicmonKernelLogNotWatched",
+    "NicmonKernelLogRecordsLost",
+];
+
+/// Whether this nicmon carries its eBPF programs (`cargo xtask build-ebpf` before the build).
+fn ebpf_built_in() -> bool {
+    let out = std::process::Command::new(nicmon_bin()).arg("version").output().unwrap();
+    String::from_utf8_lossy(&out.stdout).contains("eBPF programs: built in")
+}
+
+/// One kernel log record in `/dev/kmsg`'s format (nothing driver-like).
+fn kmsg_record(seq: u64) -> String {
+    format!("6,{seq},{},-;nicmon alert test record {seq}\n", seq * 1000)
+}
+
+/// `dev`'s counter file whose reads hang from now on: a symlink to `blocking`'s trace_pipe.
+fn hang_reads(node: &Node, blocking: &BlockingFile, dev: &str) {
+    let ctr = node.port_file(dev, 1, "counters/link_downed");
+    std::fs::remove_file(&ctr).unwrap();
+    std::os::unix::fs::symlink(blocking.pipe(), &ctr).unwrap();
+}
+
+/// The healthy node's faults, one after the other: the port fault's batch rejected for
+/// good; six reads hanging, each once the last was abandoned (a hung read keeps its reader
+/// thread and is never retried: a read abandoned poll after poll takes a new file each
+/// time); two kernel log records with nine lost between them.
+fn inject_monitor_faults(
+    node: &Node,
+    metrics: SocketAddr,
+    conn: &Connector,
+    kmsg: &std::path::Path,
+    hung: &[(&str, &BlockingFile)],
+) {
+    conn.refuse_next(&[Code::InvalidArgument]);
+    node.set_port("mlx5_0", 1, "1: DOWN", "3: Disabled");
+    assert!(
+        conn.wait_for_calls(Duration::from_secs(60), |calls| calls.iter().any(|c| c.refused.is_some())),
+        "the port fault's batch reached the connector"
+    );
+    for &(dev, blocking) in hung {
+        let before = plain(&scrape(metrics), "nicmon_reads_abandoned_total").unwrap_or(0.0);
+        hang_reads(node, blocking, dev);
+        wait_for("the hung read abandoned", || {
+            plain(&scrape(metrics), "nicmon_reads_abandoned_total").filter(|n| *n > before)
+        });
+    }
+    let mut w = std::fs::OpenOptions::new().append(true).open(kmsg).unwrap();
+    std::io::Write::write_all(&mut w, format!("{}{}", kmsg_record(101), kmsg_record(111)).as_bytes()).unwrap();
+}
+
+const FAULTY_NODE: &str = "gpu-node-5";
+const HEALTHY_NODE: &str = "gpu-node-6";
+
+#[test]
+fn each_monitor_fault_fires_its_alert_at_start_up_and_at_its_first_occurrence_and_a_healthy_monitor_stays_quiet() {
+    let Some(tools) = tools() else { return };
+    // Declared first, dropped last: the daemons reading the trace_pipes are gone by then.
+    let Some(blocking_faulty) = BlockingFile::new("alerts-faulty") else { return };
+    // One instance per hung file (a trace_pipe is read by one reader at a time).
+    let hung = ["mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7", "mlx5_8"];
+    let Some(blocking_healthy) =
+        hung.iter().map(|d| BlockingFile::new(&format!("alerts-{d}"))).collect::<Option<Vec<_>>>()
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let rules = alerts::rules_with_short_holds(dir.path());
+    let ebpf = ebpf_built_in();
+
+    // Faulty from the start.
+    let faulty = Platform::H100Oci.build();
+    faulty.remove_metadata();
+    hang_reads(&faulty, &blocking_faulty, "mlx5_8");
+    let nowhere = format!("unix://{}", faulty.root().join("no-connector.sock").display());
+    let no_kmsg = faulty.root().join("no-such-kmsg");
+    let (_faulty, faulty_metrics) = start_nicmon(
+        &faulty,
+        FAULTY_NODE,
+        "",
+        &["--no-ebpf", "--kmsg-path", no_kmsg.to_str().unwrap(), "--platform-connector-socket", &nowhere],
+    );
+
+    // Healthy until its faults.
+    let healthy = Platform::H100Oci.build();
+    let kmsg = healthy.root().join("kmsg.log");
+    std::fs::write(&kmsg, kmsg_record(100)).unwrap();
+    let conn = Connector::start(&healthy.root().join("nvsentinel.sock"));
+    let (mut healthy_nicmon, healthy_metrics) = start_nicmon(
+        &healthy,
+        HEALTHY_NODE,
+        "",
+        &["--kmsg-path", kmsg.to_str().unwrap(), "--platform-connector-socket", &conn.target()],
+    );
+    let ebpf_loaded = plain(&scrape(healthy_metrics), "nicmon_ebpf_available") == Some(1.0);
+
+    let since = Instant::now();
+    let prom = Prometheus::start_all(&tools.prometheus, &rules, &[faulty_metrics, healthy_metrics]);
+    wait_for("five scrapes of both", || {
+        prom.has("count(sum_over_time(up{job=\"nicmon\"}[10m]) >= 5) == 2").then_some(())
+    });
+    wait_rules_evaluated(&prom, &["nicmon-monitor", "nicmon-ebpf", "nicmon-kernel-log"]);
+    let quiet: Vec<&str> =
+        MONITOR_ALERTS.iter().copied().filter(|a| *a != "NicmonEbpfUnavailable" || ebpf_loaded).collect();
+    if !ebpf_loaded {
+        eprintln!("NicmonEbpfUnavailable's quiet case not shown: eBPF did not load on this machine");
+    }
+    assert_quiet_for(&prom, healthy_metrics, &quiet, Duration::from_secs(15));
+
+    let mut at_start: Vec<Expected> = vec![
+        ("NicmonTopologyFallback", "sysfs", "", ""),
+        ("NicmonKernelLogNotWatched", "", "", ""),
+        ("NicmonEventsNotDelivered", "", "", ""),
+        ("NicmonReadsStuck", "", "", ""),
+    ];
+    if ebpf {
+        at_start.push(("NicmonEbpfUnavailable", "", "", ""));
+    } else {
+        eprintln!("NicmonEbpfUnavailable not fired: this nicmon carries no eBPF programs (nicmon_ebpf_embedded 0)");
+    }
+    let fired = wait_all_firing(&prom, since, &at_start);
+    assert_alerts(&prom, faulty_metrics, FAULTY_NODE, &fired, &at_start, &[]);
+
+    let since = Instant::now();
+    inject_monitor_faults(
+        &healthy,
+        healthy_metrics,
+        &conn,
+        &kmsg,
+        &hung.iter().copied().zip(&blocking_healthy).collect::<Vec<_>>(),
+    );
+    let first: &[Expected] = &[
+        ("NicmonReadsStuck", "", "", ""),
+        ("NicmonReadsAbandoned", "", "", ""),
+        ("NicmonPollSlow", "", "", ""),
+        ("NicmonEventsDropped", "InfiniBandStateCheck", "", ""),
+        ("NicmonKernelLogRecordsLost", "", "", ""),
+    ];
+    let fired = wait_all_firing(&prom, since, first);
+    let port_down = ["NicmonFatalHealthEvent", "NicmonPortDown"];
+    assert_alerts(&prom, healthy_metrics, HEALTHY_NODE, &fired, first, &port_down);
+
+    // Gone after Prometheus scraped it.
+    let since = Instant::now();
+    healthy_nicmon.kill9();
+    let absent: &[Expected] = &[("NicmonAbsent", "", "", "")];
+    let fired = wait_all_firing(&prom, since, absent);
+    // (The alerts of its last scrapes may still be firing as the series go stale.)
+    let before: Vec<&str> = MONITOR_ALERTS.iter().chain(&port_down).copied().collect();
+    assert_alerts(&prom, healthy_metrics, HEALTHY_NODE, &fired, absent, &before);
+}
