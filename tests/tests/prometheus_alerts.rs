@@ -150,18 +150,29 @@ fn inject_counted_faults(node: &Node, fabric: &mut Fabric) {
 fn start_nicmon(node: &Node, fabric: &Fabric) -> (Daemon, SocketAddr) {
     let config = node.root().join("nicmon.toml");
     std::fs::write(&config, "[phyCheck]\nreadInterval = \"1s\"\n").unwrap();
+    // Returns once the first poll is done: every baseline (AER totals, ethtool counters) taken.
+    spawn_replayed(node, NODE, &config, &["--ethtool-replay".as_ref(), fabric.dir.as_os_str()])
+}
+
+/// nicmon `run` on `node` as `node_name` with `config` and `replay` (its replay flags):
+/// every 200 ms, no kernel log or wake-up, events to stdout (dropped), metrics on loopback;
+/// returned once its first poll is done.
+fn spawn_replayed(
+    node: &Node,
+    node_name: &str,
+    config: &std::path::Path,
+    replay: &[&std::ffi::OsStr],
+) -> (Daemon, SocketAddr) {
     let metrics: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let nicmon = Daemon::spawn(
-        node.daemon_command(&nicmon_bin(), "run", Some(&config), "state.json", NODE)
+        node.daemon_command(&nicmon_bin(), "run", Some(config), "state.json", node_name)
             .args(["--no-kmsg", "--no-wake", "--sink", "stdout", "--state-polling-interval", "200ms"])
-            .arg("--ethtool-replay")
-            .arg(&fabric.dir)
+            .args(replay)
             .args(["--metrics-bind-address", "127.0.0.1", "--metrics-port", &metrics.port().to_string()])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit()),
     );
-    // The first poll done: every baseline (AER totals, ethtool counters) taken.
     wait_first_poll(metrics);
     (nicmon, metrics)
 }
@@ -298,21 +309,9 @@ fn start_nicmon_nic(node: &Node) -> (Daemon, SocketAddr) {
         format!("[thermalCheck]\n{every_poll}[firmwareCheck]\n{every_poll}[opticsCheck]\n{every_poll}"),
     )
     .unwrap();
-    let metrics: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let nicmon = Daemon::spawn(
-        node.daemon_command(&nicmon_bin(), "run", Some(&config), "state.json", NIC_NODE)
-            .args(["--no-kmsg", "--no-wake", "--sink", "stdout", "--state-polling-interval", "200ms"])
-            .arg("--ethtool-replay")
-            .arg(node.ethtool_dir())
-            .arg("--devlink-replay")
-            .arg(node.devlink_dir())
-            .args(["--metrics-bind-address", "127.0.0.1", "--metrics-port", &metrics.port().to_string()])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit()),
-    );
-    wait_first_poll(metrics);
-    (nicmon, metrics)
+    let (ethtool, devlink) = (node.ethtool_dir(), node.devlink_dir());
+    let replay = ["--ethtool-replay".as_ref(), ethtool.as_os_str(), "--devlink-replay".as_ref(), devlink.as_os_str()];
+    spawn_replayed(node, NIC_NODE, &config, &replay)
 }
 
 /// A healthy RoCE node, scraped: no NIC alert is active; then every fault at once fires its

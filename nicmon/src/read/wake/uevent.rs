@@ -3,7 +3,7 @@
 //! `remove` of the `infiniband`, `net` and `pci` subsystems wakes the agent with a hint (the
 //! device name, the interface name or the PCI address); a `remove` is flagged, so the
 //! decider may report a device's loss in the poll that confirms it instead of after three.
-use super::{Hint, Wake, monotonic_ns};
+use super::{Hint, Wake};
 use nicmon_common::Hook;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -30,12 +30,6 @@ impl UeventSocket {
     pub fn open() -> io::Result<Self> {
         let fd = super::nlsock::open(libc::SOCK_DGRAM, libc::NETLINK_KOBJECT_UEVENT, KERNEL_GROUP)?;
         Ok(Self { fd })
-    }
-
-    /// One datagram, with whether the kernel sent it (sender port id 0): a uevent from a
-    /// process is ignored.
-    fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, bool)> {
-        super::nlsock::recv(&self.fd, buf)
     }
 }
 
@@ -120,44 +114,9 @@ impl Uevent {
 /// uevent and ends when the receiver is dropped. A socket overrun (`ENOBUFS`: some uevents
 /// were lost) still wakes, without a hint.
 pub fn spawn(socket: UeventSocket, tx: mpsc::Sender<Wake>) -> io::Result<JoinHandle<()>> {
-    let fd = super::register_readable(socket)?;
-    Ok(tokio::spawn(async move {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            let Ok(mut guard) = fd.readable().await else {
-                return;
-            };
-            loop {
-                let wake = match guard.get_inner().recv(&mut buf) {
-                    Ok((n, from_kernel)) => {
-                        let event = parse_uevent(&buf[..n]).filter(|_| from_kernel);
-                        let Some(event) = event else { continue };
-                        event.into_wake(Instant::now(), monotonic_ns())
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        guard.clear_ready();
-                        break;
-                    }
-                    Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => Wake {
-                        hook: Hook::Uevent,
-                        kernel_ts_ns: None,
-                        hint: Hint::None,
-                        removed: false,
-                        received: Instant::now(),
-                        received_ns: monotonic_ns(),
-                    },
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "uevent listener stopped");
-                        return;
-                    }
-                };
-                if !super::deliver(&tx, wake) {
-                    return;
-                }
-            }
-        }
-    }))
+    super::nlsock::listen(socket.fd, tx, Hook::Uevent, "uevent listener", |buf, at, ns| {
+        parse_uevent(buf).map(|event| event.into_wake(at, ns)).into_iter().collect()
+    })
 }
 
 #[cfg(test)]
