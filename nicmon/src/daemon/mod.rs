@@ -114,6 +114,10 @@ pub struct Daemon<'a> {
     last_removal_poll: Option<tokio::time::Instant>,
     /// When the last full poll started.
     last_full_poll: Option<Instant>,
+    /// Within a burst, the shortest gap between two full polls after a targeted one
+    /// ([`wakeup::BURST_FULL_POLL_GAP`]; a field so that tests on a loaded machine can
+    /// hold a burst open however slow their polls are).
+    burst_gap: Duration,
     /// When the trailing poll of the last wake-driven one is due ([`TRAILING_POLL`]).
     trailing_due: Option<tokio::time::Instant>,
     /// The last full poll's snapshot: what a wake-up's hint can name, and the base of a

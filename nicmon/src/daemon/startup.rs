@@ -98,6 +98,7 @@ impl<'a> Daemon<'a> {
             last_removal_poll: None,
             trailing_due: None,
             last_full_poll: None,
+            burst_gap: super::wakeup::BURST_FULL_POLL_GAP,
             last_snapshot: None,
             statics_owed: BTreeSet::new(),
             kernel_removed: Default::default(),
