@@ -233,7 +233,7 @@ pub fn run_topology(
     for d in &snapshot.devices {
         let c = &roles[&d.name];
         let role = c.role.map(|r| r.as_str()).unwrap_or("-");
-        let why = c.role_reason.clone().or_else(|| c.reason.clone()).unwrap_or_default();
+        let why = c.role_reason.clone().or_else(|| c.reason.as_deref().map(String::from)).unwrap_or_default();
         let mon = if c.monitored { "monitored" } else { "not monitored" };
         let link = roles::device_link_layer(d).map(|l| l.name().to_string()).unwrap_or_else(|| "?".into());
         out.push_str(&format!("{:<14} {:<11} {:<10} {:<14} {}\n", d.name, role, link, mon, why));

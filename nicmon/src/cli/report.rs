@@ -252,7 +252,7 @@ impl Report {
                 DeviceReport {
                     name: d.name.clone(),
                     monitored: c.map(|c| c.monitored).unwrap_or(false),
-                    reason: c.and_then(|c| c.reason.clone()),
+                    reason: c.and_then(|c| c.reason.as_deref().map(String::from)),
                     pci_address: d.pci_address.clone(),
                     card: d.card.clone(),
                     numa_node: d.numa_node,

@@ -1,5 +1,6 @@
 //! NIC roles (SPEC §1.2, 000 §4): which NICs are monitored, and in which group their
 //! cards are compared. Pure: a function of the snapshot, the topology and the filters.
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use regex::Regex;
@@ -53,20 +54,21 @@ impl NicFilters {
 pub struct Classification {
     pub monitored: bool,
     /// Why not monitored (`None` when monitored).
-    pub reason: Option<String>,
+    /// Static where it can be (a VF's, on a node of hundreds of VFs, every poll).
+    pub reason: Option<Cow<'static, str>>,
     pub role: Option<Role>,
     pub role_reason: Option<String>,
 }
 
 impl Classification {
-    fn skip(reason: String) -> Classification {
-        Classification { monitored: false, reason: Some(reason), role: None, role_reason: None }
+    fn skip(reason: impl Into<Cow<'static, str>>) -> Classification {
+        Classification { monitored: false, reason: Some(reason.into()), role: None, role_reason: None }
     }
     fn role(role: Role, why: String) -> Classification {
         let monitored = role != Role::Management;
         Classification {
             monitored,
-            reason: (!monitored).then(|| format!("management NIC: {why}")),
+            reason: (!monitored).then(|| format!("management NIC: {why}").into()),
             role: Some(role),
             role_reason: Some(why),
         }
@@ -105,7 +107,7 @@ pub fn classify_device(
         return Classification::skip(format!("excluded by nicExclusionRegex {:?}", re.as_str()));
     }
     if dev.is_vf() {
-        return Classification::skip("SR-IOV virtual function: DOWN until assigned, not monitored".into());
+        return Classification::skip("SR-IOV virtual function: DOWN until assigned, not monitored");
     }
     let ll = device_link_layer(dev);
     // InfiniBand and AWS EFA are GPU compute fabrics; Ethernet may be storage.
@@ -117,7 +119,7 @@ pub fn classify_device(
                 if is_ib { Role::Compute } else { Role::Storage },
                 format!("listed by nicInclusionRegexOverride {:?}", re.as_str()),
             ),
-            None => Classification::skip("not listed by nicInclusionRegexOverride".into()),
+            None => Classification::skip("not listed by nicInclusionRegexOverride"),
         };
     }
     if let Some(why) = &dev.unsupported {

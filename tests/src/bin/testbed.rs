@@ -3,6 +3,7 @@
 //! ```text
 //! testbed write <platform> <dir>          platforms: a100-oci h100-oci l40s-oci onprem-l40s gb200-nvl4 dgx-h100
 //!                                         aws-p5 aws-p4d mi300x-thor2 mi300x-pollara e810 rxe-ci
+//! testbed write-sriov <vfs-per-pf> <dir>  the DGX-H100-like node with SR-IOV VFs on its IB PFs
 //! testbed list
 //! ```
 //! The tree has `sys/` (with the NICs' hwmon sensors), `proc/`, `gpu_metadata.json`, the
@@ -48,8 +49,27 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        ["write-sriov", vfs, dir] => match vfs.parse::<u32>() {
+            Ok(vfs) => {
+                if let Err(e) = std::fs::create_dir_all(dir) {
+                    eprintln!("testbed: cannot create {dir}: {e}");
+                    return ExitCode::from(2);
+                }
+                let node = nicmon_tests::platforms::dgx_h100_with_vfs(vfs, Some(std::path::Path::new(dir)));
+                println!(
+                    "wrote dgx-h100 with {vfs} VFs per IB PF to {dir}: {} devices; use --sysfs {dir}/sys --procfs {dir}/proc \
+                     --metadata {dir}/gpu_metadata.json",
+                    node.info.len()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(_) => {
+                eprintln!("testbed: VFs per PF must be a number, got {vfs:?}");
+                ExitCode::from(2)
+            }
+        },
         _ => {
-            eprintln!("usage: testbed write <platform> <dir> | testbed list");
+            eprintln!("usage: testbed write <platform> <dir> | testbed write-sriov <vfs-per-pf> <dir> | testbed list");
             ExitCode::from(2)
         }
     }

@@ -8,6 +8,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use super::replaced::Replaced;
+
 /// The table's rows become the fields of [`Families`], their constructors
 /// [`Families::new`] and their registration [`Families::register`], in this order.
 macro_rules! families {
@@ -31,17 +33,17 @@ macro_rules! families {
 }
 
 families! {
-    devices: Family<RoleLabels, Gauge> = Family::default() => "nicmon_devices",
+    devices: Replaced<RoleLabels, Gauge> = Replaced::default() => "nicmon_devices",
         "RDMA devices by role (compute, storage, management); management devices are not monitored";
-    port_healthy: Family<PortLabels, Gauge> = Family::default() => "nicmon_port_healthy",
+    port_healthy: Replaced<PortLabels, Gauge> = Replaced::default() => "nicmon_port_healthy",
         "1 while a monitored port is healthy, 0 while it is not; absent while its state is unknown";
     port_flap_transitions: Family<PortLabels, Counter> = Family::default() => "nicmon_port_flap_transitions",
         "Unhealthy transitions (healthy to unhealthy) of a monitored port, reported or held by flap \
          damping";
-    port_flapping: Family<PortLabels, Gauge> = Family::default() => "nicmon_port_flapping",
+    port_flapping: Replaced<PortLabels, Gauge> = Replaced::default() => "nicmon_port_flapping",
         "1 while a port is held as flapping (one fatal event sent, further transitions not \
          published)";
-    port_attribute_unknown: Family<AttributeLabels, Gauge> = Family::default() => "nicmon_port_attribute_unknown",
+    port_attribute_unknown: Replaced<AttributeLabels, Gauge> = Replaced::default() => "nicmon_port_attribute_unknown",
         "1 while a monitored port's attribute (state, phys_state, link_layer) is unknown: \
          unreadable, stuck, empty or unparsable";
     events_sent: Family<CheckLabels, Counter> = Family::default() => "nicmon_events_sent",
@@ -71,99 +73,99 @@ families! {
         "1 when the eBPF hook is attached, 0 when it could not attach";
     topology_source: Family<SourceLabels, Gauge> = Family::default() => "nicmon_topology_source",
         "1 for the source the NIC roles come from (metadata, sysfs, none)";
-    counter_saturated: Family<CounterLabels, Gauge> = Family::default() => "nicmon_counter_saturated",
+    counter_saturated: Replaced<CounterLabels, Gauge> = Replaced::default() => "nicmon_counter_saturated",
         "1 while a counter reads at its maximum and no longer counts";
     counter_value: Family<CounterLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
         => "nicmon_port_counter",
         "The value of a port counter a counter rule reads, as the last poll read it (the kernel's own \
          counter: use rate() or increase())";
-    port_pre_fec_ber: Family<PortLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+    port_pre_fec_ber: Replaced<PortLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Replaced::default()
         => "nicmon_port_pre_fec_ber",
         "Pre-FEC bit error rate of a RoCE port over the last full counter window (FEC-corrected \
          bits / (port rate x window)); absent until a window was measured";
-    port_fec_limit: Family<PortLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+    port_fec_limit: Replaced<PortLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Replaced::default()
         => "nicmon_port_fec_correction_limit",
         "The pre-FEC BER the RS-FEC code of a RoCE port can still correct (about 2.4e-4 for \
          RS(544,514), 2.3e-5 for RS(528,514)); absent where the code is not known";
-    port_fec_mode: Family<FecModeLabels, Gauge> = Family::default() => "nicmon_port_fec_mode",
+    port_fec_mode: Replaced<FecModeLabels, Gauge> = Replaced::default() => "nicmon_port_fec_mode",
         "1 for the FEC encoding active on a RoCE port (RS, BASER, LLRS, off), as its driver \
          reports it";
-    port_fec_uncorrectable: Family<PortLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+    port_fec_uncorrectable: Replaced<PortLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Replaced::default()
         => "nicmon_port_fec_uncorrectable_blocks",
         "Codewords the FEC of a RoCE port could not correct (uncorrectable blocks, else mlx5's \
          rx_pcs_symbol_err_phy), as the last poll read it (the driver's counter: use increase())";
-    port_pause_share: Family<PortLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+    port_pause_share: Replaced<PortLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Replaced::default()
         => "nicmon_port_pause_time_share",
         "Share (0 to 1) of the last full counter window the fabric held a RoCE port paused (PFC \
          or link-level pause)";
-    port_congestion: Family<CounterLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+    port_congestion: Replaced<CounterLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Replaced::default()
         => "nicmon_port_congestion",
         "ECN/CNP counters of a RoCE port (np_ecn_marked_roce_packets, np_cnp_sent, \
          rp_cnp_handled), as the last poll read them (the NIC's counters: use rate()); congestion, \
          never an event";
-    pcie_link_speed: Family<DeviceLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+    pcie_link_speed: Replaced<DeviceLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Replaced::default()
         => "nicmon_pcie_link_speed_gts",
         "PCIe link speed of a monitored PF in GT/s per lane (32 = Gen5); absent while the link is down";
-    pcie_link_width: Family<DeviceLabels, Gauge> = Family::default() => "nicmon_pcie_link_width",
+    pcie_link_width: Replaced<DeviceLabels, Gauge> = Replaced::default() => "nicmon_pcie_link_width",
         "PCIe link width of a monitored PF in lanes; absent while the link is down";
-    pcie_link_max_speed: Family<DeviceLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+    pcie_link_max_speed: Replaced<DeviceLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Replaced::default()
         => "nicmon_pcie_link_max_speed_gts",
         "The PCIe link speed a monitored PF can train at in GT/s per lane: the lower of its own \
          and its upstream port's maximum (below it: downtrained); absent while unknown";
-    pcie_link_max_width: Family<DeviceLabels, Gauge> = Family::default() => "nicmon_pcie_link_max_width",
+    pcie_link_max_width: Replaced<DeviceLabels, Gauge> = Replaced::default() => "nicmon_pcie_link_max_width",
         "The PCIe link width a monitored PF can train at in lanes: the lower of its own and its \
          upstream port's maximum (below it: downtrained); absent while unknown";
-    pcie_aer_errors: Family<AerLabels, Gauge> = Family::default() => "nicmon_pcie_aer_errors",
+    pcie_aer_errors: Replaced<AerLabels, Gauge> = Replaced::default() => "nicmon_pcie_aer_errors",
         "AER error total of a monitored PF by severity (the kernel's TOTAL_ERR_COR|NONFATAL|FATAL since \
          boot); absent without AER";
-    nic_temperature: Family<SensorLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+    nic_temperature: Replaced<SensorLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Replaced::default()
         => "nicmon_nic_temperature_celsius",
         "Temperature of a monitored NIC's hwmon sensor (ASIC, module) in degrees Celsius, as the \
          last full poll read it; absent while unreadable";
-    nic_temperature_crit: Family<SensorLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+    nic_temperature_crit: Replaced<SensorLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Replaced::default()
         => "nicmon_nic_temperature_crit_celsius",
         "Critical temperature of a monitored NIC's hwmon sensor in degrees Celsius (nic_overheating \
          at this less [thermalCheck] marginCelsius); absent where the driver gives none";
-    nic_temperature_highest: Family<SensorLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+    nic_temperature_highest: Replaced<SensorLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Replaced::default()
         => "nicmon_nic_temperature_highest_celsius",
         "Highest temperature a monitored NIC's hwmon sensor recorded in degrees Celsius (the \
          driver's own record); absent where the driver gives none";
-    devlink_errors: Family<ReporterLabels, Gauge> = Family::default() => "nicmon_devlink_health_errors",
+    devlink_errors: Replaced<ReporterLabels, Gauge> = Replaced::default() => "nicmon_devlink_health_errors",
         "Error count of a monitored NIC's devlink health reporter (fw, fw_fatal, tx, rx, ...) since \
          the driver loaded (use increase())";
-    devlink_healthy: Family<ReporterLabels, Gauge> = Family::default() => "nicmon_devlink_health_healthy",
+    devlink_healthy: Replaced<ReporterLabels, Gauge> = Replaced::default() => "nicmon_devlink_health_healthy",
         "1 while a monitored NIC's devlink health reporter is in the healthy state, 0 in error";
-    optic_rx_power: Family<LaneLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+    optic_rx_power: Replaced<LaneLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Replaced::default()
         => "nicmon_optic_rx_power_dbm",
         "Receive optical power of a lane of a monitored port's module in dBm, as last read (reads \
          are paced by [opticsCheck] readInterval); absent with no light (see nicmon_optic_rx_los) \
          or where the module does not measure it";
-    optic_rx_power_low_warning: Family<LaneLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+    optic_rx_power_low_warning: Replaced<LaneLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Replaced::default()
         => "nicmon_optic_rx_power_low_warning_dbm",
         "The module's own low-warning threshold for a lane's receive power in dBm (below it: \
          optic_rx_power_low while the link is up); absent where the module gives none";
-    optic_rx_power_low_alarm: Family<LaneLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+    optic_rx_power_low_alarm: Replaced<LaneLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Replaced::default()
         => "nicmon_optic_rx_power_low_alarm_dbm",
         "The module's own low-alarm threshold for a lane's receive power in dBm; absent where the \
          module gives none";
-    optic_tx_power: Family<LaneLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+    optic_tx_power: Replaced<LaneLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Replaced::default()
         => "nicmon_optic_tx_power_dbm",
         "Transmit optical power of a lane of a monitored port's module in dBm; absent where not \
          measured or zero";
-    optic_tx_bias: Family<LaneLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+    optic_tx_bias: Replaced<LaneLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Replaced::default()
         => "nicmon_optic_tx_bias_milliamperes",
         "Laser bias current of a lane of a monitored port's module in mA; absent where not measured";
-    optic_rx_los: Family<LaneLabels, Gauge> = Family::default() => "nicmon_optic_rx_los",
+    optic_rx_los: Replaced<LaneLabels, Gauge> = Replaced::default() => "nicmon_optic_rx_los",
         "1 while a lane's latched Rx loss-of-signal flag was set at the module's last read";
-    optic_tx_fault: Family<LaneLabels, Gauge> = Family::default() => "nicmon_optic_tx_fault",
+    optic_tx_fault: Replaced<LaneLabels, Gauge> = Replaced::default() => "nicmon_optic_tx_fault",
         "1 while a lane's latched Tx fault flag was set at the module's last read";
-    optic_temperature: Family<ModuleLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+    optic_temperature: Replaced<ModuleLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Replaced::default()
         => "nicmon_optic_temperature_celsius",
         "Temperature of a monitored port's module in degrees Celsius, as last read";
-    optic_temperature_high_warning: Family<ModuleLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+    optic_temperature_high_warning: Replaced<ModuleLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Replaced::default()
         => "nicmon_optic_temperature_high_warning_celsius",
         "The module's own high-warning temperature in degrees Celsius (above it: optic_temperature)";
-    optic_supply: Family<ModuleLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+    optic_supply: Replaced<ModuleLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Replaced::default()
         => "nicmon_optic_supply_volts",
         "Supply voltage (Vcc) of a monitored port's module in volts, as last read";
     kmsg_records_lost: Counter = Counter::default() => "nicmon_kmsg_records_lost",

@@ -11,6 +11,7 @@ mod families;
 mod observe;
 mod optics;
 mod phy;
+mod replaced;
 pub mod server;
 mod thermal;
 
@@ -74,12 +75,28 @@ pub struct Metrics {
     stuck_reads: std::sync::Mutex<Vec<String>>,
     /// The device and counter names of the counter series, each allocated once.
     label_values: std::sync::Mutex<std::collections::BTreeSet<std::sync::Arc<str>>>,
-    /// The counter series set by the last [`Metrics::set_counter_values`]: the next sets
-    /// theirs in place and removes only those gone (no series made again on every poll).
-    counter_series: std::sync::Mutex<std::collections::HashSet<CounterLabels>>,
+    /// The counter series set by the last [`Metrics::set_counter_values`], by the counter's
+    /// key: the next sets only the values that moved and removes only the series gone (no
+    /// series made or looked up again on every poll).
+    counter_series: std::sync::Mutex<CounterSeries>,
     /// The ports (and devices) unhealthy now by their state check, and the probable cause of
     /// the event that made them so (`nicmon_unhealthy_ports`).
     causes_now: std::sync::Mutex<BTreeMap<(String, u32), crate::model::cause::Cause>>,
+}
+
+/// The counter series of [`Metrics::set_counter_values`].
+#[derive(Debug, Default)]
+struct CounterSeries {
+    by_key: std::collections::HashMap<std::sync::Arc<str>, CounterSeriesEntry, foldhash::fast::RandomState>,
+    /// The call that last set each series (one not set by the latest call is gone).
+    round: u64,
+}
+
+#[derive(Debug)]
+struct CounterSeriesEntry {
+    labels: CounterLabels,
+    value: u64,
+    round: u64,
 }
 
 impl Metrics {
@@ -139,9 +156,9 @@ impl Metrics {
     /// Monitored devices per role, replacing the previous cycle's numbers. `role` is the
     /// role's name (`compute`, `storage`, `management`) or `none`.
     pub fn set_devices_by_role<'a>(&self, counts: impl IntoIterator<Item = (&'a str, usize)>) {
-        self.f.devices.clear();
+        let mut r = self.f.devices.round();
         for (role, n) in counts {
-            self.f.devices.get_or_create(&RoleLabels { role: role.into() }).set(n as i64);
+            r.with(&RoleLabels { role: role.into() }, |g| g.set(n as i64));
         }
     }
 
@@ -156,21 +173,18 @@ impl Metrics {
     /// Health of every monitored port `(device, port, healthy)`, replacing the previous
     /// cycle's set (a port that vanished stops being exported).
     pub fn set_port_health<'a>(&self, ports: impl IntoIterator<Item = (&'a str, u32, bool)>) {
-        self.f.port_healthy.clear();
+        let mut r = self.f.port_healthy.round();
         for (device, port, healthy) in ports {
-            self.f.port_healthy.get_or_create(&PortLabels { device: device.into(), port }).set(i64::from(healthy));
+            r.with(&PortLabels { device: device.into(), port }, |g| g.set(i64::from(healthy)));
         }
     }
 
     /// The unknown attributes of monitored ports `(device, port, attribute)`, replacing the
     /// previous cycle's set.
     pub fn set_unknown_attributes<'a>(&self, unknown: impl IntoIterator<Item = (&'a str, u32, &'a str)>) {
-        self.f.port_attribute_unknown.clear();
+        let mut r = self.f.port_attribute_unknown.round();
         for (device, port, attribute) in unknown {
-            self.f
-                .port_attribute_unknown
-                .get_or_create(&AttributeLabels { device: device.into(), port, attribute: attribute.into() })
-                .set(1);
+            r.with(&AttributeLabels { device: device.into(), port, attribute: attribute.into() }, |g| g.set(1));
         }
     }
 
@@ -181,9 +195,9 @@ impl Metrics {
 
     /// The ports held as flapping `(device, port)`, replacing the previous set.
     pub fn set_flapping_ports<'a>(&self, ports: impl IntoIterator<Item = (&'a str, u32)>) {
-        self.f.port_flapping.clear();
+        let mut r = self.f.port_flapping.round();
         for (device, port) in ports {
-            self.f.port_flapping.get_or_create(&PortLabels { device: device.into(), port }).set(1);
+            r.with(&PortLabels { device: device.into(), port }, |g| g.set(1));
         }
     }
 
@@ -303,35 +317,29 @@ impl Metrics {
 
     /// Counters currently saturated `(device, port, counter)`, replacing the previous set.
     pub fn set_saturated_counters<'a>(&self, counters: impl IntoIterator<Item = (&'a str, u32, &'a str)>) {
-        self.f.counter_saturated.clear();
+        let mut r = self.f.counter_saturated.round();
         for (device, port, counter) in counters {
-            self.f
-                .counter_saturated
-                .get_or_create(&CounterLabels { device: device.into(), port, counter: counter.into() })
-                .set(1);
+            r.with(&CounterLabels { device: device.into(), port, counter: counter.into() }, |g| g.set(1));
         }
     }
 
     /// The PCIe link and AER totals of every monitored PF, replacing the previous cycle's
     /// (an unknown figure is not exported).
     pub fn set_pcie<'a>(&self, pfs: impl IntoIterator<Item = crate::decide::pcie::check::Figures<'a>>) {
-        self.f.pcie_link_speed.clear();
-        self.f.pcie_link_width.clear();
-        self.f.pcie_aer_errors.clear();
-        self.f.pcie_link_max_speed.clear();
-        self.f.pcie_link_max_width.clear();
+        let (mut speeds, mut widths) = (self.f.pcie_link_speed.round(), self.f.pcie_link_width.round());
+        let mut aers = self.f.pcie_aer_errors.round();
         for (device, speed, width, aer) in pfs {
             let labels = DeviceLabels { device: device.into() };
             if let Some(s) = speed {
-                self.f.pcie_link_speed.get_or_create(&labels).set(s);
+                speeds.with(&labels, |g| g.set(s));
             }
             if let Some(w) = width {
-                self.f.pcie_link_width.get_or_create(&labels).set(i64::from(w));
+                widths.with(&labels, |g| g.set(i64::from(w)));
             }
             for (severity, total) in aer {
                 if let Some(t) = total {
                     let labels = AerLabels { device: device.into(), severity: severity.into() };
-                    self.f.pcie_aer_errors.get_or_create(&labels).set(i64::try_from(t).unwrap_or(i64::MAX));
+                    aers.with(&labels, |g| g.set(i64::try_from(t).unwrap_or(i64::MAX)));
                 }
             }
         }
@@ -343,41 +351,62 @@ impl Metrics {
         &self,
         pfs: impl IntoIterator<Item = (&'a str, crate::decide::pcie::link::Capability)>,
     ) {
+        let (mut speeds, mut widths) = (self.f.pcie_link_max_speed.round(), self.f.pcie_link_max_width.round());
         for (device, cap) in pfs {
             let labels = DeviceLabels { device: device.into() };
             if let Some(s) = cap.speed {
-                self.f.pcie_link_max_speed.get_or_create(&labels).set(f64::from(s.mts()) / 1000.0);
+                speeds.with(&labels, |g| g.set(f64::from(s.mts()) / 1000.0));
             }
             if let Some(w) = cap.width {
-                self.f.pcie_link_max_width.get_or_create(&labels).set(i64::from(w));
+                widths.with(&labels, |g| g.set(i64::from(w)));
             }
         }
     }
 
-    /// The counters the rules read `((device, port, rule), value)`, replacing the previous set.
-    pub fn set_counter_values<'a>(&self, values: impl IntoIterator<Item = ((&'a str, u32, &'a str), u64)>) {
-        let mut names = self.label_values.lock().unwrap_or_else(|p| p.into_inner());
+    /// The counters the rules read, `(key, value)` with the counter state's key
+    /// (`device:port:rule`, [`crate::decide::counters::counter_key`]), replacing the previous
+    /// set. A series whose value did not move is not touched.
+    pub fn set_counter_values<'a>(&self, values: impl IntoIterator<Item = (&'a str, u64)>) {
         let mut series = self.counter_series.lock().unwrap_or_else(|p| p.into_inner());
-        let mut shared = |v: &str| match names.get(v) {
-            Some(s) => s.clone(),
-            None => {
-                let s: std::sync::Arc<str> = v.into();
-                names.insert(s.clone());
-                s
+        series.round = series.round.wrapping_add(1);
+        let round = series.round;
+        let mut added = false;
+        for (key, value) in values {
+            if let Some(e) = series.by_key.get_mut(key) {
+                if e.value != value {
+                    self.f.counter_value.get_or_create(&e.labels).set(value as f64);
+                    e.value = value;
+                }
+                e.round = round;
+                continue;
             }
-        };
-        let mut now = std::collections::HashSet::with_capacity(series.len());
-        for ((device, port, counter), value) in values {
+            let Some((device, port, counter)) = crate::decide::counters::parse_counter_key(key) else { continue };
+            let mut names = self.label_values.lock().unwrap_or_else(|p| p.into_inner());
+            let mut shared = |v: &str| match names.get(v) {
+                Some(s) => s.clone(),
+                None => {
+                    let s: std::sync::Arc<str> = v.into();
+                    names.insert(s.clone());
+                    s
+                }
+            };
             let labels = CounterLabels { device: shared(device), port, counter: shared(counter) };
             self.f.counter_value.get_or_create(&labels).set(value as f64);
-            now.insert(labels);
+            series.by_key.insert(key.into(), CounterSeriesEntry { labels, value, round });
+            added = true;
         }
-        for gone in series.difference(&now) {
-            self.f.counter_value.remove(gone);
+        let before = series.by_key.len();
+        series.by_key.retain(|_, e| {
+            let kept = e.round == round;
+            if !kept {
+                self.f.counter_value.remove(&e.labels);
+            }
+            kept
+        });
+        if added || series.by_key.len() != before {
+            // Names no series uses any more are let go.
+            self.label_values.lock().unwrap_or_else(|p| p.into_inner()).retain(|s| std::sync::Arc::strong_count(s) > 1);
         }
-        *series = now;
-        // Names no series uses any more are let go.
-        names.retain(|s| std::sync::Arc::strong_count(s) > 1);
     }
 
     /// `n` kernel log records were lost (`/dev/kmsg` returned `EPIPE` / a sequence gap).
@@ -505,8 +534,8 @@ mod tests {
         m.set_topology_source("metadata");
         m.set_topology_source("sysfs");
         m.set_saturated_counters([("mlx5_0", 1, "port_rcv_errors")]);
-        m.set_counter_values([(("mlx5_0", 1, "link_downed"), 3), (("mlx5_0", 1, "symbol_error"), 70)]);
-        m.set_counter_values([(("mlx5_0", 1, "symbol_error"), 65535)]);
+        m.set_counter_values([("mlx5_0:1:link_downed", 3), ("mlx5_0:1:symbol_error", 70)]);
+        m.set_counter_values([("mlx5_0:1:symbol_error", 65535)]);
         m.set_unknown_attributes([("mlx5_9", 1, "state"), ("mlx5_9", 1, "link_layer")]);
         m.kmsg_records_lost(3); // cumulative totals, one per cycle
         m.kmsg_records_lost(3);

@@ -19,45 +19,37 @@ impl Metrics {
             &f.optic_tx_power,
             &f.optic_tx_bias,
         ];
-        for family in per_lane {
-            family.clear();
-        }
-        f.optic_rx_los.clear();
-        f.optic_tx_fault.clear();
-        for family in [&f.optic_temperature, &f.optic_temperature_high_warning, &f.optic_supply] {
-            family.clear();
-        }
+        let mut per_lane = per_lane.map(|f| f.round());
+        let (mut rx_los, mut tx_fault) = (f.optic_rx_los.round(), f.optic_tx_fault.round());
+        let mut per_module = [&f.optic_temperature, &f.optic_temperature_high_warning, &f.optic_supply].map(|f| f.round());
         for j in crate::decide::optics::judged(&poll.snapshot, &poll.roles) {
             let (device, port, m) = (&j.device.name, j.port.number, &j.module);
             let module = ModuleLabels { device: device.clone(), port, module: m.type_name().to_string() };
             let warning = m.temperature_thresholds.map(|t| t.high_warning);
-            for (family, v) in [
-                (&f.optic_temperature, m.temperature_c),
-                (&f.optic_temperature_high_warning, warning),
-                (&f.optic_supply, m.vcc_v),
-            ] {
+            for (round, v) in per_module.iter_mut().zip([m.temperature_c, warning, m.vcc_v]) {
                 if let Some(v) = v {
-                    family.get_or_create(&module).set(v);
+                    round.with(&module, |g| g.set(v));
                 }
             }
             let rx = m.rx_power_thresholds_mw;
             for l in &m.lanes {
                 let lane =
                     LaneLabels { device: device.clone(), port, lane: u32::try_from(l.number).unwrap_or(u32::MAX) };
+                // In `per_lane`'s order.
                 let values = [
-                    (&f.optic_rx_power, dbm(l.rx_power_mw)),
-                    (&f.optic_rx_power_low_warning, dbm(rx.map(|t| t.low_warning))),
-                    (&f.optic_rx_power_low_alarm, dbm(rx.map(|t| t.low_alarm))),
-                    (&f.optic_tx_power, dbm(l.tx_power_mw)),
-                    (&f.optic_tx_bias, l.tx_bias_ma),
+                    dbm(l.rx_power_mw),
+                    dbm(rx.map(|t| t.low_warning)),
+                    dbm(rx.map(|t| t.low_alarm)),
+                    dbm(l.tx_power_mw),
+                    l.tx_bias_ma,
                 ];
-                for (family, v) in values {
+                for (round, v) in per_lane.iter_mut().zip(values) {
                     if let Some(v) = v {
-                        family.get_or_create(&lane).set(v);
+                        round.with(&lane, |g| g.set(v));
                     }
                 }
-                f.optic_rx_los.get_or_create(&lane).set(i64::from(l.rx_los));
-                f.optic_tx_fault.get_or_create(&lane).set(i64::from(l.tx_fault));
+                rx_los.with(&lane, |g| g.set(i64::from(l.rx_los)));
+                tx_fault.with(&lane, |g| g.set(i64::from(l.tx_fault)));
             }
         }
     }

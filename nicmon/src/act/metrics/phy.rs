@@ -75,33 +75,30 @@ impl Metrics {
 
     fn set_port_phy(&self, ports: &[PortPhy<'_>]) {
         let f = &self.f;
-        f.port_pre_fec_ber.clear();
-        f.port_pause_share.clear();
-        f.port_fec_mode.clear();
-        f.port_fec_limit.clear();
-        f.port_fec_uncorrectable.clear();
-        f.port_congestion.clear();
+        let (mut ber, mut pause) = (f.port_pre_fec_ber.round(), f.port_pause_share.round());
+        let (mut mode, mut limit) = (f.port_fec_mode.round(), f.port_fec_limit.round());
+        let (mut uncorrectable, mut congestion) = (f.port_fec_uncorrectable.round(), f.port_congestion.round());
         for p in ports {
             let labels = PortLabels { device: p.device.into(), port: p.port };
-            if let Some(ber) = p.pre_fec_ber {
-                f.port_pre_fec_ber.get_or_create(&labels).set(ber);
+            if let Some(v) = p.pre_fec_ber {
+                ber.with(&labels, |g| g.set(v));
             }
             if let Some(share) = p.pause_share {
-                f.port_pause_share.get_or_create(&labels).set(share);
+                pause.with(&labels, |g| g.set(share));
             }
-            if let Some(limit) = p.fec_limit {
-                f.port_fec_limit.get_or_create(&labels).set(limit);
+            if let Some(v) = p.fec_limit {
+                limit.with(&labels, |g| g.set(v));
             }
             if let Some(n) = p.uncorrectable {
-                f.port_fec_uncorrectable.get_or_create(&labels).set(n as f64);
+                uncorrectable.with(&labels, |g| g.set(n as f64));
             }
-            if let Some(mode) = &p.fec_mode {
-                let labels = FecModeLabels { device: p.device.into(), port: p.port, mode: mode.clone() };
-                f.port_fec_mode.get_or_create(&labels).set(1);
+            if let Some(m) = &p.fec_mode {
+                let labels = FecModeLabels { device: p.device.into(), port: p.port, mode: m.clone() };
+                mode.with(&labels, |g| g.set(1));
             }
             for (name, v) in &p.congestion {
                 let labels = CounterLabels { device: p.device.into(), port: p.port, counter: (*name).into() };
-                f.port_congestion.get_or_create(&labels).set(*v as f64);
+                congestion.with(&labels, |g| g.set(*v as f64));
             }
         }
     }

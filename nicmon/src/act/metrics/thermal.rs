@@ -11,9 +11,8 @@ use crate::model::thermal::celsius;
 impl Metrics {
     /// Every sensor of every monitored NIC.
     pub(super) fn observe_thermal(&self, poll: &Poll) {
-        self.f.nic_temperature.clear();
-        self.f.nic_temperature_crit.clear();
-        self.f.nic_temperature_highest.clear();
+        let f = &self.f;
+        let mut rounds = [&f.nic_temperature, &f.nic_temperature_crit, &f.nic_temperature_highest].map(|f| f.round());
         for (d, sensors) in crate::decide::thermal::judged(&poll.snapshot, &poll.roles) {
             for s in sensors {
                 let labels = SensorLabels {
@@ -21,13 +20,9 @@ impl Metrics {
                     sensor: format!("{}/{}", s.hwmon, s.name()),
                     label: s.label.clone().unwrap_or_default(),
                 };
-                for (family, v) in [
-                    (&self.f.nic_temperature, s.input),
-                    (&self.f.nic_temperature_crit, s.crit),
-                    (&self.f.nic_temperature_highest, s.highest),
-                ] {
+                for (round, v) in rounds.iter_mut().zip([s.input, s.crit, s.highest]) {
                     if let Some(v) = v {
-                        family.get_or_create(&labels).set(celsius(v));
+                        round.with(&labels, |g| g.set(celsius(v)));
                     }
                 }
             }
@@ -36,13 +31,12 @@ impl Metrics {
 
     /// Every devlink health reporter of every monitored NIC.
     pub(super) fn observe_devlink(&self, poll: &Poll) {
-        self.f.devlink_errors.clear();
-        self.f.devlink_healthy.clear();
+        let (mut errors, mut healthy) = (self.f.devlink_errors.round(), self.f.devlink_healthy.round());
         for (d, reporters) in crate::decide::firmware::judged(&poll.snapshot, &poll.roles) {
             for r in &reporters.reporters {
                 let labels = ReporterLabels { device: d.name.clone(), reporter: r.name.clone() };
-                self.f.devlink_errors.get_or_create(&labels).set(i64::try_from(r.error_count).unwrap_or(i64::MAX));
-                self.f.devlink_healthy.get_or_create(&labels).set(i64::from(r.state == ReporterState::Healthy));
+                errors.with(&labels, |g| g.set(i64::try_from(r.error_count).unwrap_or(i64::MAX)));
+                healthy.with(&labels, |g| g.set(i64::from(r.state == ReporterState::Healthy)));
             }
         }
     }

@@ -12,6 +12,7 @@
 //! A PF with none of the three files (a kernel without AER, firmware-first error handling)
 //! has no AER part: said once, no events, no errors.
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -81,9 +82,10 @@ pub struct AerState {
     /// The engine's state; keys `<nic>:0:<error code>`.
     #[serde(default)]
     pub counters: CounterState,
-    /// The error bits at the start of each key's current window (what "moved" is measured from).
+    /// The error bits at the start of each key's current window (what "moved" is measured
+    /// from); shared with the previous poll's state until a window starts (no copy per poll).
     #[serde(default)]
-    pub window_bits: BTreeMap<String, Vec<(String, u64)>>,
+    pub window_bits: Arc<BTreeMap<String, Arc<[(String, u64)]>>>,
     /// NICs said to have no AER statistics (said once; forgotten when they have them again).
     #[serde(default)]
     pub unavailable: BTreeSet<String>,
@@ -99,7 +101,7 @@ pub struct AerOutcome {
 }
 
 /// The totals of a PF keyed by rule path (`aer_dev_fatal` → 1); a file not read is absent.
-fn totals(aer: &Aer) -> BTreeMap<std::sync::Arc<str>, u64> {
+fn totals(aer: &Aer) -> BTreeMap<Arc<str>, u64> {
     aer.totals().map(|(s, total)| (s.file().into(), total)).collect()
 }
 
@@ -113,7 +115,7 @@ pub fn evaluate(
     reboot: bool,
 ) -> AerOutcome {
     let rules = rules(thresholds);
-    let readings: Vec<BTreeMap<std::sync::Arc<str>, u64>> = ports.iter().map(|p| totals(p.aer)).collect();
+    let readings: Vec<BTreeMap<Arc<str>, u64>> = ports.iter().map(|p| totals(p.aer)).collect();
     let engine_ports: Vec<CounterPort<'_>> = ports
         .iter()
         .zip(&readings)
@@ -167,9 +169,9 @@ fn judge(
     let after = out.state.counters.counter_snapshots.get(key);
     let was = prev.counters.is_breached(key);
     let is = out.state.counters.is_breached(key);
-    let base = prev.window_bits.get(key).map(|b| AerCounts { bits: b.clone(), total: 0 }).unwrap_or_default();
     let at = p.address.map(|a| format!(" ({a})")).unwrap_or_default();
     if !was && is {
+        let base = prev.window_bits.get(key).map(|b| AerCounts { bits: b.clone(), total: 0 }).unwrap_or_default();
         let moved = moved_text(&counts.moved_since(&base));
         let moved = if moved.is_empty() { String::new() } else { format!(" ({moved})") };
         let rise = before.map(|b| counts.total.saturating_sub(b.value)).unwrap_or(counts.total);
@@ -204,7 +206,10 @@ fn judge(
         out.findings.push(Finding::new(p.nic, s.error_code(), Health::Healthy, msg));
     }
     if after.is_some_and(|a| a.timestamp == now) {
-        out.state.window_bits.insert(key.to_string(), counts.bits.clone());
+        let bits = &counts.bits;
+        if out.state.window_bits.get(key).is_none_or(|b| b != bits) {
+            Arc::make_mut(&mut out.state.window_bits).insert(key.to_string(), bits.clone());
+        }
     }
 }
 

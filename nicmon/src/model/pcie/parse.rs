@@ -171,8 +171,9 @@ impl AerSeverity {
 /// One AER statistics file: the count per error bit, in the kernel's order, and its total.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct AerCounts {
-    /// `(name, count)` per line before the total (`("BadTLP", 3)`, `("dev_cor_errs_bit[1]", 2)`).
-    pub bits: Vec<(String, u64)>,
+    /// `(name, count)` per line before the total (`("BadTLP", 3)`, `("dev_cor_errs_bit[1]", 2)`);
+    /// shared: the AER decision keeps a window's bits without copying them.
+    pub bits: std::sync::Arc<[(String, u64)]>,
     /// The `TOTAL_ERR_*` line.
     pub total: u64,
 }
@@ -202,8 +203,7 @@ impl AerCounts {
 /// a file that cannot be understood says nothing (which of two counts would be the value?).
 /// Lines that are not `NAME count` are skipped.
 pub fn aer_counts(raw: &str, severity: AerSeverity) -> Option<AerCounts> {
-    let mut bits = Vec::new();
-    let mut seen = std::collections::HashSet::new();
+    let mut bits: Vec<(String, u64)> = Vec::new();
     let mut total = None;
     for line in raw.lines() {
         let Some((name, count)) = line.trim().rsplit_once(|c: char| c.is_ascii_whitespace()) else {
@@ -218,13 +218,15 @@ pub fn aer_counts(raw: &str, severity: AerSeverity) -> Option<AerCounts> {
                 return None;
             }
         } else if !name.is_empty() && name.len() <= 64 && !name.contains(char::is_whitespace) {
-            if !seen.insert(name) {
+            // A file has a few dozen lines at most (the bound on the read): a scan is
+            // cheaper than a set.
+            if bits.iter().any(|(n, _)| n == name) {
                 return None;
             }
             bits.push((name.to_string(), count));
         }
     }
-    Some(AerCounts { bits, total: total? })
+    Some(AerCounts { bits: bits.into(), total: total? })
 }
 
 /// Names the bits that moved: `"BadTLP +3, RxErr +1"`; empty when none did.
@@ -327,7 +329,7 @@ mod tests {
         assert_eq!(aer_counts("TOTAL_ERR_COR -1\n", AerSeverity::Correctable), None);
         // A line that is not `NAME count` is skipped, the rest stands.
         let c = aer_counts("garbage\nBadTLP x\nRxErr 2\nTOTAL_ERR_COR 2\n", AerSeverity::Correctable).unwrap();
-        assert_eq!(c.bits, vec![("RxErr".to_string(), 2)]);
+        assert_eq!(&*c.bits, [("RxErr".to_string(), 2)]);
     }
 
     #[test]

@@ -138,8 +138,8 @@ impl Item {
 /// [`super::Host::file_set_keeping`] makes a [`FileSet`] of.
 #[derive(Debug, Default)]
 pub struct Rels {
-    dirs: std::collections::HashSet<Arc<str>>,
-    names: std::collections::HashSet<Arc<str>>,
+    dirs: InternSet,
+    names: InternSet,
     pub(super) split: Vec<(Arc<str>, Arc<str>)>,
 }
 
@@ -173,8 +173,11 @@ impl<S: AsRef<str>> FromIterator<S> for Rels {
     }
 }
 
+/// The strings [`intern`] hands out (a fast hash: these are our own paths).
+type InternSet = std::collections::HashSet<Arc<str>, foldhash::fast::RandomState>;
+
 /// `s`, shared with the copy in `set` (added if missing).
-fn intern(set: &mut std::collections::HashSet<Arc<str>>, s: &str) -> Arc<str> {
+fn intern(set: &mut InternSet, s: &str) -> Arc<str> {
     if let Some(a) = set.get(s) {
         return a.clone();
     }
@@ -678,7 +681,8 @@ impl Reader {
 
     /// Close the kept-open files that are not among `items`.
     pub(super) fn keep_only(&self, items: &[Item]) {
-        let wanted: std::collections::HashSet<(&str, &str)> = items.iter().map(|i| (&*i.dir, &*i.name)).collect();
+        let wanted: std::collections::HashSet<(&str, &str), foldhash::fast::RandomState> =
+            items.iter().map(|i| (&*i.dir, &*i.name)).collect();
         let mut k = self.shared.kept();
         let before = k.files.len();
         k.files.retain(|key, _| wanted.contains(&key.0.rsplit_once('/').unwrap_or(("", &key.0))));
