@@ -21,7 +21,8 @@ impl Metrics {
         ];
         let mut per_lane = per_lane.map(|f| f.round());
         let (mut rx_los, mut tx_fault) = (f.optic_rx_los.round(), f.optic_tx_fault.round());
-        let mut per_module = [&f.optic_temperature, &f.optic_temperature_high_warning, &f.optic_supply].map(|f| f.round());
+        let mut per_module =
+            [&f.optic_temperature, &f.optic_temperature_high_warning, &f.optic_supply].map(|f| f.round());
         for j in crate::decide::optics::judged(&poll.snapshot, &poll.roles) {
             let (device, port, m) = (&j.device.name, j.port.number, &j.module);
             let module = ModuleLabels { device: device.clone(), port, module: m.type_name().to_string() };

@@ -76,6 +76,9 @@ pub struct AerPort<'a> {
     pub aer: &'a Aer,
 }
 
+/// An AER file's bits as read ([`AerCounts::bits`]).
+pub type Bits = Arc<[(String, u64)]>;
+
 /// What the AER decision carries between polls (persisted).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct AerState {
@@ -85,7 +88,7 @@ pub struct AerState {
     /// The error bits at the start of each key's current window (what "moved" is measured
     /// from); shared with the previous poll's state until a window starts (no copy per poll).
     #[serde(default)]
-    pub window_bits: Arc<BTreeMap<String, Arc<[(String, u64)]>>>,
+    pub window_bits: Arc<BTreeMap<String, Bits>>,
     /// NICs said to have no AER statistics (said once; forgotten when they have them again).
     #[serde(default)]
     pub unavailable: BTreeSet<String>,
