@@ -26,8 +26,10 @@ pub struct Received {
 #[derive(Default)]
 struct Log {
     calls: Vec<Received>,
-    /// Answers for the next calls, in order (then: accept).
+    /// Answers for the next calls, in order (then: `always`).
     answers: std::collections::VecDeque<Code>,
+    /// The answer once `answers` is used up (`None`: accept).
+    always: Option<Code>,
 }
 
 #[derive(Clone, Default)]
@@ -42,7 +44,7 @@ impl server::PlatformConnector for Recorder {
         let (authorization, idempotency_key) = (header("authorization"), header("idempotency-key"));
         let (lock, cv) = &*self.log;
         let mut log = lock.lock().unwrap();
-        let refused = log.answers.pop_front();
+        let refused = log.answers.pop_front().or(log.always);
         log.calls.push(Received {
             at: Instant::now(),
             authorization,
@@ -167,9 +169,18 @@ impl Connector {
         self.recorder.log.0.lock().unwrap().answers.extend(codes.iter().copied());
     }
 
-    /// Accept every call from now on (the answers `refuse_next` queued are dropped).
+    /// Answer every call with `code` from now on (after the answers `refuse_next` queued),
+    /// until [`Connector::accept_all`].
+    pub fn refuse_all(&self, code: Code) {
+        self.recorder.log.0.lock().unwrap().always = Some(code);
+    }
+
+    /// Accept every call from now on (the answers `refuse_next` queued and `refuse_all`'s
+    /// are dropped).
     pub fn accept_all(&self) {
-        self.recorder.log.0.lock().unwrap().answers.clear();
+        let mut log = self.recorder.log.0.lock().unwrap();
+        log.answers.clear();
+        log.always = None;
     }
 
     /// Block until `pred(every call so far)` holds or `timeout` passes.

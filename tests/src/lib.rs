@@ -19,6 +19,7 @@ pub mod connector;
 pub mod daemon;
 pub mod debian;
 pub mod deploy;
+pub mod frozen;
 pub mod kernel_log;
 pub mod latency;
 pub mod optics;

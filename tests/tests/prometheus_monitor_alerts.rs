@@ -13,6 +13,7 @@
 //! Not flaky by construction: every wait is on a condition (an exposition line, an alert in
 //! Prometheus' API) with a 180 s deadline; a quiet case samples Prometheus' alerts over its
 //! window and fails on any active (pending or firing) one.
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -20,9 +21,10 @@ use std::time::{Duration, Instant};
 use nicmon_tests::alerts::{
     self, Expected, assert_alerts, assert_quiet_for, tools, wait_all_firing, wait_first_poll, wait_rules_evaluated,
 };
-use nicmon_tests::blocking::BlockingFile;
+use nicmon_tests::blocking::{BlockingFile, SlowFile, fifo_in};
 use nicmon_tests::connector::Connector;
 use nicmon_tests::daemon::Daemon;
+use nicmon_tests::frozen::FreezableFs;
 use nicmon_tests::platforms::Platform;
 use nicmon_tests::prom_server::{Prometheus, free_port, http_get, wait_for};
 use nicmon_tests::{Node, nicmon_bin};
@@ -132,11 +134,16 @@ fn inject_port_moves(node: &Node, metrics: SocketAddr) {
 
 /// nicmon `run` on `node`, polling every 200 ms, metrics on loopback.
 fn start_nicmon(node: &Node, name: &str, config: &str, extra: &[&str]) -> (Daemon, SocketAddr) {
+    start_nicmon_saving_to(node, "state.json", name, config, extra)
+}
+
+/// [`start_nicmon`] with its state file at `state` (relative to the node's root, or absolute).
+fn start_nicmon_saving_to(node: &Node, state: &str, name: &str, config: &str, extra: &[&str]) -> (Daemon, SocketAddr) {
     let path = node.root().join("nicmon.toml");
     std::fs::write(&path, config).unwrap();
     let metrics: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let nicmon = Daemon::spawn(
-        node.daemon_command(&nicmon_bin(), "run", Some(&path), "state.json", name)
+        node.daemon_command(&nicmon_bin(), "run", Some(&path), state, name)
             .args(["--state-polling-interval", "200ms"])
             .args(extra)
             .args(["--metrics-bind-address", "127.0.0.1", "--metrics-port", &metrics.port().to_string()])
@@ -226,11 +233,13 @@ fn each_port_and_counter_fault_present_when_nicmon_starts_fires_its_alert() {
 // start-up); so a hang from before the first scrape is not theirs, by design, and their
 // case is abandonment that goes on (a new file hanging after another).
 //
-// Not fired: `NicmonPollStalled` (no completed poll for 30 s while /metrics still answers).
-// A real nicmon cannot be made to stall that long: every host read is abandoned at its 1 s
-// deadline and a poll's at 2 s, and past 8 stuck reads the rest fail at once, so a poll
-// always completes; a stopped process stops answering /metrics too, and its series go
-// stale (`NicmonAbsent`'s case). Its quiet case is here.
+// `NicmonPollStalled` (no completed poll for 30 s while /metrics still answers) cannot come
+// from the host reads: every one is abandoned at its 1 s deadline and a poll's at 2 s, and
+// past 8 stuck reads the rest fail at once, so a poll always completes. What does hold the
+// loop is the state file: it is written (and the sent-batch journal next to it) on the
+// loop's thread, and a filesystem that stops taking writes holds it there — its case is the
+// last test here (a frozen filesystem); its quiet case is here. A stopped process stops
+// answering /metrics too, and its series go stale (`NicmonAbsent`'s case).
 
 const MONITOR_ALERTS: &[&str] = &[
     "NicmonPollStalled",
@@ -259,9 +268,14 @@ fn kmsg_record(seq: u64) -> String {
 
 /// `dev`'s counter file whose reads hang from now on: a symlink to `blocking`'s trace_pipe.
 fn hang_reads(node: &Node, blocking: &BlockingFile, dev: &str) {
+    read_through(node, &blocking.pipe(), dev);
+}
+
+/// `dev`'s counter file read through `pipe` from now on (a symlink to it).
+fn read_through(node: &Node, pipe: &std::path::Path, dev: &str) {
     let ctr = node.port_file(dev, 1, "counters/link_downed");
     std::fs::remove_file(&ctr).unwrap();
-    std::os::unix::fs::symlink(blocking.pipe(), &ctr).unwrap();
+    std::os::unix::fs::symlink(pipe, &ctr).unwrap();
 }
 
 /// The healthy node's faults, one after the other: the port fault's batch rejected for
@@ -391,4 +405,138 @@ fn each_monitor_fault_fires_its_alert_at_start_up_and_at_its_first_occurrence_an
     // (The alerts of its last scrapes may still be firing as the series go stale.)
     let before: Vec<&str> = MONITOR_ALERTS.iter().chain(&port_down).copied().collect();
     assert_alerts(&prom, healthy_metrics, HEALTHY_NODE, &fired, absent, &before);
+}
+
+// ---------------------------------------------------------------------------------------
+// The monitor's faults that are counted, present as nicmon starts: a connector that rejects
+// every batch for good from the start (the first poll's port fault, and the poll-stall
+// watchdog's baseline), a kernel log whose first records read have ten lost between them
+// (100 and 111, already in the FIFO nicmon reads), and a counter file behind a slow firmware
+// command (every read answers 3 s late: it is abandoned at the 1 s read deadline, read again
+// once it answered, abandoned again; each such poll lasts its 1 s read deadline).
+//
+// Every count is above 0 before Prometheus' first scrape. `NicmonEventsDropped` and
+// `NicmonKernelLogRecordsLost` count a series born above 0 (`X unless X offset W`);
+// `NicmonReadsAbandoned` and `NicmonPollSlow` need no such guard for a fault that goes on:
+// increase() and rate() see it add after the first scrape.
+
+const STARTUP_NODE: &str = "gpu-node-7";
+
+#[test]
+fn dropped_events_lost_kernel_log_records_and_slow_reads_present_when_nicmon_starts_fire_their_alerts() {
+    let Some(tools) = tools() else { return };
+    // Declared first, dropped last: nicmon, reading it, is gone by then.
+    let Some(slow) = SlowFile::new("alerts-slow", Duration::from_secs(3)) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let rules = alerts::rules_with_short_holds(dir.path());
+    let node = Platform::H100Oci.build();
+    node.set_port("mlx5_0", 1, "1: DOWN", "3: Disabled");
+    read_through(&node, &slow.pipe(), "mlx5_8");
+    // Held open read-write by the test: the records wait in the FIFO for nicmon.
+    let kmsg = fifo_in(node.root(), "kmsg");
+    let mut held = std::fs::OpenOptions::new().read(true).write(true).open(&kmsg).unwrap();
+    std::io::Write::write_all(&mut held, format!("{}{}", kmsg_record(100), kmsg_record(111)).as_bytes()).unwrap();
+    let conn = Connector::start(&node.root().join("nvsentinel.sock"));
+    conn.refuse_all(Code::InvalidArgument);
+    let (_nicmon, metrics) = start_nicmon(
+        &node,
+        STARTUP_NODE,
+        "",
+        &["--no-wake", "--kmsg-path", kmsg.to_str().unwrap(), "--platform-connector-socket", &conn.target()],
+    );
+    // Each check whose batch the connector rejected is counted under it: the port fault's,
+    // the watchdog's baseline (and any other check's first-poll batch).
+    let dropped = |check: &str| format!("nicmon_events_failed_total{{check=\"{check}\",kind=\"permanent\"}}");
+    wait_for("nicmon to count every fault", || {
+        let body = scrape(metrics);
+        let above = |name: &str| plain(&body, name).is_some_and(|v| v > 0.0);
+        let rejected = rejected_checks(&conn);
+        (plain(&body, "nicmon_kmsg_records_lost_total") == Some(10.0)
+            && ["InfiniBandStateCheck", "NICPollStallCheck"].iter().all(|c| rejected.contains(*c))
+            && rejected.iter().all(|c| above(&dropped(c)))
+            && above("nicmon_reads_abandoned_total"))
+        .then_some(())
+    });
+    assert!(conn.received().iter().all(|c| c.refused == Some(Code::InvalidArgument)), "every batch rejected");
+
+    let since = Instant::now();
+    let prom = Prometheus::start(&tools.prometheus, &rules, metrics);
+    let counted: &[Expected] = &[
+        ("NicmonKernelLogRecordsLost", "", "", ""),
+        ("NicmonReadsAbandoned", "", "", ""),
+        ("NicmonPollSlow", "", "", ""),
+    ];
+    let expected = |rejected: BTreeSet<String>| -> Vec<Expected> {
+        let leak = |c: String| -> &'static str { Box::leak(c.into_boxed_str()) };
+        rejected.into_iter().map(|c| ("NicmonEventsDropped", leak(c), "", "")).chain(counted.iter().copied()).collect()
+    };
+    let fired = wait_all_firing(&prom, since, &expected(rejected_checks(&conn)));
+    // The port fault's own; a slow read is stuck for up to 3 s at a time; `--no-wake`.
+    let also = ["NicmonFatalHealthEvent", "NicmonPortDown", "NicmonReadsStuck", "NicmonEbpfUnavailable"];
+    assert_alerts(&prom, metrics, STARTUP_NODE, &fired, &expected(rejected_checks(&conn)), &also);
+    drop(held);
+}
+
+/// The checks of the events in the batches `conn` refused.
+fn rejected_checks(conn: &Connector) -> BTreeSet<String> {
+    let refused = conn.received().into_iter().filter(|c| c.refused.is_some());
+    refused.flat_map(|c| c.batch.events).map(|e| e.check_name).collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// `NicmonPollStalled`: the state file's filesystem frozen (`fsfreeze`, as a snapshot tool
+// does; a hung disk or NFS server holds writes the same way), then a port goes down: the
+// poll's commit writes the sent-batch journal and the state file on the loop's thread, the
+// write blocks, no poll completes; the metrics thread goes on answering, with upstream's
+// stall gauge at 1 and /healthz failing. The 30 s is the shipped expression's: the alert
+// fires some 35 s after the freeze. Thawed, the poll completes and the alert resolves.
+
+const STALLED_NODE: &str = "gpu-node-8";
+
+#[test]
+fn a_poll_loop_held_by_a_frozen_state_file_filesystem_fires_nicmon_poll_stalled_while_metrics_answer() {
+    let Some(tools) = tools() else { return };
+    // Declared before nicmon, so unmounted after it is gone.
+    let Some(fs) = FreezableFs::new() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let rules = alerts::rules_with_short_holds(dir.path());
+    let node = Platform::H100Oci.build();
+    let state = fs.path().join("state.json");
+    let (_nicmon, metrics) = start_nicmon_saving_to(&node, state.to_str().unwrap(), STALLED_NODE, "", PORT_ARGS);
+    let prom = Prometheus::start(&tools.prometheus, &rules, metrics);
+    wait_for("five scrapes of nicmon", || {
+        prom.has("sum_over_time(up{job=\"nicmon\"}[10m]) >= 5 and on () count(nicmon_port_healthy) > 0").then_some(())
+    });
+    wait_rules_evaluated(&prom, &["nicmon-monitor"]);
+    assert!(state.is_file(), "nicmon saves its state on the frozen-to-be filesystem");
+
+    let since = Instant::now();
+    // Declared after nicmon, so thawed before it is killed (a writer blocked on a frozen
+    // filesystem cannot be killed), a failing assertion included.
+    let frozen = fs.freeze();
+    node.set_port("mlx5_0", 1, "1: DOWN", "3: Disabled");
+    let expected: &[Expected] = &[("NicmonPollStalled", "", "", "")];
+    let fired = wait_all_firing(&prom, since, expected);
+    let body = scrape(metrics);
+    for category in ["state", "counter"] {
+        let line = format!("nic_health_monitor_poll_stalled{{node=\"{STALLED_NODE}\",category=\"{category}\"}} 1");
+        assert!(body.lines().any(|l| l == line), "{line} in {body}");
+    }
+    let healthz = http_get(metrics, "/healthz").map(|(code, _)| code);
+    assert!(healthz.is_some_and(|c| c != 200), "/healthz answers, failing: {healthz:?}");
+    // `--no-kmsg`, `--no-wake`; nothing of the port fault: its poll is the one held.
+    let also = ["NicmonKernelLogNotWatched", "NicmonEbpfUnavailable"];
+    assert_alerts(&prom, metrics, STALLED_NODE, &fired, expected, &also);
+    assert_eq!(value_of(&body, "nicmon_port_healthy{", "mlx5_0"), Some(1.0), "the held poll's fault is not exported");
+    let polls = plain(&body, "nicmon_poll_duration_seconds_count").unwrap();
+
+    drop(frozen);
+    wait_for("a poll completed after the thaw", || polls_done(metrics).filter(|n| *n > polls));
+    wait_for("the port fault exported", || {
+        (value_of(&scrape(metrics), "nicmon_port_healthy{", "mlx5_0") == Some(0.0)).then_some(())
+    });
+    wait_for("NicmonPollStalled resolved", || {
+        let active = prom.alerts()?;
+        (!active.iter().any(|a| alerts::label(a, "alertname") == "NicmonPollStalled")).then_some(())
+    });
 }

@@ -91,7 +91,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::act::dispatch::{SendError, Sink};
+use crate::act::dispatch::Sink;
 use crate::act::metrics::{Metrics, SendOutcome};
 use crate::act::outbox::{Outbox, PendingBatch, QueueBounds, QueueFull};
 use crate::act::state::State;
@@ -419,15 +419,6 @@ impl Courier {
     }
 }
 
-/// How a send ended, as the metrics count it.
-fn outcome(result: &Result<(), SendError>) -> SendOutcome {
-    match result {
-        Ok(()) => SendOutcome::Accepted,
-        Err(e) if e.is_retryable() => SendOutcome::Retryable,
-        Err(_) => SendOutcome::Permanent,
-    }
-}
-
 /// Send batches in order; retry a failing head batch forever (with the policy's backoff
 /// inside each send and a pause between sends), never skip ahead.
 async fn send_in_order(
@@ -452,7 +443,7 @@ async fn send_in_order(
                 }
                 Err(e) => Err(e),
             };
-            metrics.record_send(batch.check, &batch.events, outcome(&result));
+            metrics.record_send(batch.check.as_str(), &batch.events, SendOutcome::of(&result));
             match result {
                 Ok(()) => {
                     if trace.load(Ordering::Relaxed) {

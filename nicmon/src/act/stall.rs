@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 
 use crate::act::dispatch::{GrpcConfig, Sink, SinkSpec};
+use crate::act::metrics::SendOutcome;
 use crate::model::event::{Check, HealthEvent, ProcessingStrategy, RecommendedAction, Stamp};
 
 /// The event's `checkName` (not a `--checks` name: the watchdog runs whatever checks run).
@@ -213,7 +214,9 @@ pub struct Watchdog {
 
 impl Watchdog {
     /// Start the watchdog thread. `stamp` carries the node name and the events' strategy;
-    /// `metrics` gets `nic_health_monitor_poll_stalled` at every look and poll end.
+    /// `metrics` gets `nic_health_monitor_poll_stalled` at every look and poll end, and
+    /// counts every publish's outcome under `NICPollStallCheck` (`nicmon_events_sent_total`,
+    /// `nicmon_events_failed_total`, `nic_health_monitor_health_events_sent_total`).
     pub fn start(
         deadline: Duration,
         stamp: Stamp,
@@ -221,6 +224,9 @@ impl Watchdog {
         grpc: GrpcConfig,
         metrics: Option<Arc<crate::act::metrics::Metrics>>,
     ) -> std::io::Result<Watchdog> {
+        if let Some(m) = &metrics {
+            m.send_series(CHECK_NAME);
+        }
         let shared = Arc::new(Shared {
             tracker: Mutex::new(Tracker::default()),
             wake: tokio::sync::Notify::new(),
@@ -298,7 +304,13 @@ async fn watch_loop(shared: &Shared, deadline: Duration, stamp: &Stamp, mut sink
             }
         };
         let Some(e) = event(due, stamp, OffsetDateTime::now_utc()) else { continue };
-        match sink.send(std::slice::from_ref(&e)).await {
+        let sent = sink.send(std::slice::from_ref(&e)).await;
+        // Counted as every batch is, under its check: a stall event rejected for good is a
+        // dropped event (`nicmon_events_failed_total{check="NICPollStallCheck"}`).
+        if let Some(m) = &shared.metrics {
+            m.record_send(CHECK_NAME, std::slice::from_ref(&e), SendOutcome::of(&sent));
+        }
+        match sent {
             Ok(()) => {
                 if e.is_healthy {
                     tracing::info!(check = CHECK_NAME, "NIC polls are completing: healthy event sent");
@@ -494,6 +506,57 @@ mod tests {
         ] {
             assert_eq!(go_seconds(d), want, "{d:?}");
         }
+    }
+
+    /// Every publish of the watchdog is counted under its check, as the courier counts a
+    /// batch: rejected for good (the baseline, then the stall: a connector refusing
+    /// everything), then accepted (the recovery). The series exist at 0 from the start.
+    #[test]
+    fn every_stall_publish_is_counted_under_its_check_rejected_for_good_or_accepted() {
+        use nicmon_tests::connector::Connector;
+        let dir = tempfile::tempdir().unwrap();
+        let conn = Connector::start(&dir.path().join("pc.sock"));
+        conn.refuse_all(tonic::Code::InvalidArgument);
+        let metrics = Arc::new(crate::act::metrics::Metrics::new("n1"));
+        let grpc = GrpcConfig::new(conn.target().parse().unwrap());
+        let stamp = Stamp { node_name: "n1".into(), processing_strategy: ProcessingStrategy::EXECUTE_REMEDIATION };
+        let failed = |n: u32| format!("nicmon_events_failed_total{{check=\"{CHECK_NAME}\",kind=\"permanent\"}} {n}\n");
+        let sent = |n: u32| format!("nicmon_events_sent_total{{check=\"{CHECK_NAME}\"}} {n}\n");
+        let legacy = |n: u32| {
+            format!(
+                "nic_health_monitor_health_events_sent_total{{node=\"n1\",check=\"{CHECK_NAME}\",is_fatal=\"false\"}} {n}\n"
+            )
+        };
+        let wait_for = |line: String| {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !metrics.encode().contains(&line) {
+                assert!(Instant::now() < deadline, "no {line:?} in {}", metrics.encode());
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        let w =
+            Watchdog::start(Duration::from_millis(200), stamp, &SinkSpec::Grpc, grpc, Some(metrics.clone())).unwrap();
+        let body = metrics.encode();
+        for zero in [failed(0), sent(0), legacy(0)] {
+            assert!(body.contains(&zero), "{zero:?} in {body}");
+        }
+        // The baseline: rejected for good.
+        w.begin();
+        w.end();
+        wait_for(failed(1));
+        // A stall: rejected for good.
+        w.begin();
+        wait_for(failed(2));
+        let calls = conn.received();
+        assert_eq!(calls.len(), 2, "{calls:#?}");
+        assert!(calls.iter().all(|c| c.refused == Some(tonic::Code::InvalidArgument)));
+        assert!(calls[0].batch.events[0].is_healthy && !calls[1].batch.events[0].is_healthy, "{calls:#?}");
+        // The recovery: accepted.
+        conn.accept_all();
+        w.end();
+        wait_for(sent(1));
+        wait_for(legacy(1));
+        assert!(metrics.encode().contains(&failed(2)), "{}", metrics.encode());
     }
 
     #[test]

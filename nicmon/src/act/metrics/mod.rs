@@ -41,6 +41,17 @@ pub enum SendOutcome {
     Permanent,
 }
 
+impl SendOutcome {
+    /// How a send that returned `result` ended.
+    pub fn of(result: &Result<(), crate::act::dispatch::SendError>) -> SendOutcome {
+        match result {
+            Ok(()) => SendOutcome::Accepted,
+            Err(e) if e.is_retryable() => SendOutcome::Retryable,
+            Err(_) => SendOutcome::Permanent,
+        }
+    }
+}
+
 /// Default of `--metrics-port`.
 pub const DEFAULT_PORT: u16 = 2112;
 
@@ -131,19 +142,26 @@ impl Metrics {
         // Not stalled until the watchdog says so (always, without it).
         m.set_poll_stalled(false);
         for check in Check::ALL {
-            let _ = m.f.events_sent.get_or_create(&check_labels(check));
-            for kind in ["retryable", "permanent"] {
-                let _ = m.f.events_failed.get_or_create(&FailedLabels { check: check.to_string(), kind: kind.into() });
-            }
-            for is_fatal in [false, true] {
-                let _ = m.f.legacy_events_sent.get_or_create(&NodeCheckFatal {
-                    node: m.node.clone(),
-                    check: check.to_string(),
-                    is_fatal,
-                });
-            }
+            m.send_series(check.as_str());
         }
         m
+    }
+
+    /// The send counters of the check named `check` (a [`Check`]'s name, or the poll-stall
+    /// watchdog's `NICPollStallCheck`), created at 0: rate() and the alerts see them before
+    /// the first send.
+    pub fn send_series(&self, check: &str) {
+        let _ = self.f.events_sent.get_or_create(&CheckLabels { check: check.into() });
+        for kind in ["retryable", "permanent"] {
+            let _ = self.f.events_failed.get_or_create(&FailedLabels { check: check.into(), kind: kind.into() });
+        }
+        for is_fatal in [false, true] {
+            let _ = self.f.legacy_events_sent.get_or_create(&NodeCheckFatal {
+                node: self.node.clone(),
+                check: check.into(),
+                is_fatal,
+            });
+        }
     }
 
     /// The exposition text (OpenMetrics, ending in `# EOF`).
@@ -201,20 +219,22 @@ impl Metrics {
         }
     }
 
-    /// Count the outcome of one send of `events` (one check's batch).
-    pub fn record_send(&self, check: Check, events: &[HealthEvent], outcome: SendOutcome) {
+    /// Count the outcome of one send of `events` (one check's batch; `check`: the check's
+    /// name, as the events carry it — the courier's batches and the poll-stall watchdog's
+    /// events alike).
+    pub fn record_send(&self, check: &str, events: &[HealthEvent], outcome: SendOutcome) {
         if events.is_empty() {
             return;
         }
         match outcome {
             SendOutcome::Accepted => {
-                self.f.events_sent.get_or_create(&check_labels(check)).inc_by(events.len() as u64);
+                self.f.events_sent.get_or_create(&CheckLabels { check: check.into() }).inc_by(events.len() as u64);
                 for ev in events {
                     self.f
                         .legacy_events_sent
                         .get_or_create(&NodeCheckFatal {
                             node: self.node.clone(),
-                            check: check.to_string(),
+                            check: check.into(),
                             is_fatal: ev.is_fatal,
                         })
                         .inc();
@@ -224,7 +244,7 @@ impl Metrics {
                 let kind = if outcome == SendOutcome::Retryable { "retryable" } else { "permanent" };
                 self.f
                     .events_failed
-                    .get_or_create(&FailedLabels { check: check.to_string(), kind: kind.into() })
+                    .get_or_create(&FailedLabels { check: check.into(), kind: kind.into() })
                     .inc_by(events.len() as u64);
             }
         }
@@ -484,10 +504,6 @@ impl Metrics {
     }
 }
 
-fn check_labels(check: Check) -> CheckLabels {
-    CheckLabels { check: check.to_string() }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -519,8 +535,8 @@ mod tests {
         let ev =
             HealthEvent::new(Check::InfiniBandStateCheck, &Stamp::default(), time::OffsetDateTime::UNIX_EPOCH, "down")
                 .unhealthy(true);
-        m.record_send(Check::InfiniBandStateCheck, std::slice::from_ref(&ev), SendOutcome::Accepted);
-        m.record_send(Check::EthernetStateCheck, &[ev.clone(), ev], SendOutcome::Retryable);
+        m.record_send(Check::InfiniBandStateCheck.as_str(), std::slice::from_ref(&ev), SendOutcome::Accepted);
+        m.record_send(Check::EthernetStateCheck.as_str(), &[ev.clone(), ev], SendOutcome::Retryable);
         m.observe_poll(Duration::from_millis(2), 1_790_000_000.5);
         m.first_poll_deferred(Check::InfiniBandStateCheck, 2);
         m.wakeup("qdisc_reset", Some(Duration::from_micros(800)));
