@@ -131,8 +131,12 @@ fn stall_then_recovery(store_only: bool) {
     for e in &stall {
         assert_eq!(e.processing_strategy, strategy, "{e:#?}");
     }
-    // The stall's clear follows it, never precedes it (one publish at a time).
-    assert!(stall[0].is_healthy, "baseline first: {stall:#?}");
+    // The stall's clear follows it, never precedes it (one publish at a time): the events
+    // start with the healthy baseline — or, where the first poll itself outlasted the 300 ms
+    // deadline (a loaded machine: discovery's first walk), with that stall and its clear —
+    // and no two stalls follow each other without a clear between them.
+    assert!(stall[0].is_healthy || stall.get(1).is_some_and(|e| e.is_healthy), "baseline first: {stall:#?}");
+    assert!(stall.windows(2).all(|w| w[0].is_healthy || w[1].is_healthy), "a clear between stalls: {stall:#?}");
     // The other checks' events keep the daemon's strategy.
     assert!(
         ev.iter().filter(|e| e.check_name != CHECK).all(|e| e.processing_strategy == EXECUTE_REMEDIATION),
