@@ -237,8 +237,9 @@ fn each_port_and_counter_fault_present_when_nicmon_starts_fires_its_alert() {
 // from the host reads: every one is abandoned at its 1 s deadline and a poll's at 2 s, and
 // past 8 stuck reads the rest fail at once, so a poll always completes. What does hold the
 // loop is the state file: it is written (and the sent-batch journal next to it) on the
-// loop's thread, and a filesystem that stops taking writes holds it there — its case is the
-// last test here (a frozen filesystem); its quiet case is here. A stopped process stops
+// loop's thread, and a filesystem that stops taking writes holds it there — its cases are
+// the last two tests here (a filesystem frozen while nicmon runs, and one frozen before it
+// starts); its quiet case is here. A stopped process stops
 // answering /metrics too, and its series go stale (`NicmonAbsent`'s case).
 
 const MONITOR_ALERTS: &[&str] = &[
@@ -539,4 +540,43 @@ fn a_poll_loop_held_by_a_frozen_state_file_filesystem_fires_nicmon_poll_stalled_
         let active = prom.alerts()?;
         (!active.iter().any(|a| alerts::label(a, "alertname") == "NicmonPollStalled")).then_some(())
     });
+}
+
+// `NicmonPollStalled` present at start-up: the state file's filesystem already frozen when
+// nicmon starts. It serves /metrics and completes its first poll, whose save then blocks:
+// no poll completes after it, and the alert fires on the first completion's timestamp
+// growing old (the shipped 30 s).
+
+const STALLED_AT_START_NODE: &str = "gpu-node-9";
+
+#[test]
+fn a_state_file_filesystem_frozen_before_nicmon_starts_fires_nicmon_poll_stalled() {
+    let Some(tools) = tools() else { return };
+    let Some(fs) = FreezableFs::new() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let rules = alerts::rules_with_short_holds(dir.path());
+    let node = Platform::H100Oci.build();
+    let state = fs.path().join("state.json");
+    // Declared before the freeze, so dropped after the thaw (a process blocked on a frozen
+    // filesystem cannot be killed), a failing assertion included.
+    let nicmon: Daemon;
+    let frozen = fs.freeze();
+    let since = Instant::now();
+    let (daemon, metrics) =
+        start_nicmon_saving_to(&node, state.to_str().unwrap(), STALLED_AT_START_NODE, "", PORT_ARGS);
+    nicmon = daemon;
+    let prom = Prometheus::start(&tools.prometheus, &rules, metrics);
+    let expected: &[Expected] = &[("NicmonPollStalled", "", "", "")];
+    let fired = wait_all_firing(&prom, since, expected);
+    assert_eq!(polls_done(metrics), Some(1.0), "the first poll completed, none after it");
+    let also = ["NicmonKernelLogNotWatched", "NicmonEbpfUnavailable"];
+    assert_alerts(&prom, metrics, STALLED_AT_START_NODE, &fired, expected, &also);
+
+    drop(frozen);
+    wait_for("a poll completed after the thaw", || polls_done(metrics).filter(|n| *n > 1.0));
+    wait_for("NicmonPollStalled resolved", || {
+        let active = prom.alerts()?;
+        (!active.iter().any(|a| alerts::label(a, "alertname") == "NicmonPollStalled")).then_some(())
+    });
+    drop(nicmon);
 }
