@@ -1077,8 +1077,7 @@ mod tests {
 
     #[test]
     fn a_stuck_read_is_abandoned_and_not_retried_until_it_returns() {
-        let (dir, host) =
-            blocking_fixture(Deadlines { read: Duration::from_millis(100), poll: Duration::from_millis(300) });
+        let (dir, host) = blocking_fixture(Deadlines { read: Duration::from_secs(1), poll: Duration::from_secs(3) });
         let p = dir.path().join("sys/p");
         mkfifo(&p.join("state"));
         std::fs::write(p.join("rate"), "100 Gb/sec\n").unwrap();
@@ -1086,13 +1085,14 @@ mod tests {
         let started = Instant::now();
         let e = host.read_sys("p/state").unwrap_err();
         assert!(matches!(&e, ReadError::Stuck(w) if w.starts_with("no answer")), "{e}");
-        assert!(started.elapsed() < Duration::from_millis(1000));
+        assert!(started.elapsed() < Duration::from_secs(3));
         assert_eq!(host.stats.reads_abandoned.load(Ordering::Relaxed), 1);
         // Other files are read by a new thread; the stuck path is not read again.
         assert_eq!(host.read_sys("p/rate").as_deref(), Ok("100 Gb/sec\n"));
         let again = Instant::now();
         assert!(matches!(host.read_sys("p/state"), Err(ReadError::Stuck(w)) if w.contains("earlier read")));
-        assert!(again.elapsed() < Duration::from_millis(50), "refused at once");
+        // Refused, not waited for (the read deadline is 1 s; a loaded machine's margin).
+        assert!(again.elapsed() < Duration::from_millis(500), "refused at once");
         assert_eq!(host.stuck_reads().len(), 1);
         assert_eq!(host.stuck_reads()[0].0, p.join("state"));
         // The stuck read returns (a writer appears): the path is read again.
@@ -1110,8 +1110,7 @@ mod tests {
 
     #[test]
     fn a_single_read_does_not_wait_behind_a_stuck_batch() {
-        let (dir, host) =
-            blocking_fixture(Deadlines { read: Duration::from_millis(200), poll: Duration::from_secs(60) });
+        let (dir, host) = blocking_fixture(Deadlines { read: Duration::from_secs(2), poll: Duration::from_secs(60) });
         let p = dir.path().join("sys/p");
         mkfifo(&p.join("counter"));
         std::fs::write(p.join("rate"), "100 Gb/sec\n").unwrap();
@@ -1121,7 +1120,7 @@ mod tests {
         let pending = host.start_files(&host.file_set(vec!["p/counter".into()], false));
         let started = Instant::now();
         assert_eq!(host.read_sys("p/rate").as_deref(), Ok("100 Gb/sec\n"));
-        assert!(started.elapsed() < Duration::from_millis(150), "answered before the batch's deadline");
+        assert!(started.elapsed() < Duration::from_secs(1), "answered before the batch's deadline");
         assert!(matches!(&host.finish_files(pending)[0], Err(ReadError::Stuck(_))));
         let stuck: Vec<PathBuf> = host.stuck_reads().into_iter().map(|(p, _)| p).collect();
         assert_eq!(stuck, vec![p.join("counter")], "only the batch's file is stuck");
