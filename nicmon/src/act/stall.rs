@@ -118,6 +118,18 @@ impl Tracker {
         self.started.is_some_and(|s| now.saturating_duration_since(s) >= deadline)
     }
 
+    /// How long the watchdog may wait before it looks again, unless woken: until the poll
+    /// in flight reaches `deadline`; a whole `deadline` when none is in flight (a poll that
+    /// begins later cannot stall sooner) or the one in flight is past it already (its end
+    /// wakes the watchdog). So a steady stream of polls wakes the watchdog's thread once
+    /// per deadline, not every [`check_interval`], and a stall is seen as it comes due.
+    pub fn next_look(&self, now: Instant, deadline: Duration) -> Duration {
+        match self.started.map(|s| (s + deadline).saturating_duration_since(now)) {
+            Some(left) if !left.is_zero() => left,
+            _ => deadline,
+        }
+    }
+
     /// `due` was published (accepted, or rejected for good: it will not be accepted later).
     pub fn settled(&mut self, due: Due) {
         match due {
@@ -135,7 +147,12 @@ impl Tracker {
     }
 }
 
-/// How often the watchdog looks: upstream's `min(1s, deadline/4)` (at least 10 ms).
+/// The shortest wait between two looks.
+const MIN_LOOK: Duration = Duration::from_millis(1);
+
+/// How long a publish that failed waits before it is tried again: upstream's look
+/// interval, `min(1s, deadline/4)` (at least 10 ms; the looks themselves come as a stall
+/// comes due: [`Tracker::next_look`]).
 pub fn check_interval(deadline: Duration) -> Duration {
     (deadline / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
@@ -276,7 +293,8 @@ impl Drop for Watchdog {
     }
 }
 
-/// The watchdog thread: look every [`check_interval`] (and at once when a poll ends),
+/// The watchdog thread: look when the poll in flight comes due ([`Tracker::next_look`]; at
+/// once when a poll ends with something to publish),
 /// publish what is due, one event at a time, so a recovery never overtakes its stall.
 /// All of it runs on the thread's own runtime, waits included: the sink's connection is
 /// served between publishes too (a connector's shutdown waits for its peers to answer).
@@ -298,7 +316,8 @@ async fn watch_loop(shared: &Shared, deadline: Duration, stamp: &Stamp, mut sink
             let due = shared.look(Instant::now(), deadline);
             match due {
                 Due::Nothing => {
-                    let _ = tokio::time::timeout(every, woken).await;
+                    let wait = shared.tracker().next_look(Instant::now(), deadline).max(MIN_LOOK);
+                    let _ = tokio::time::timeout(wait, woken).await;
                 }
                 due => break due,
             }
@@ -557,6 +576,19 @@ mod tests {
         wait_for(sent(1));
         wait_for(legacy(1));
         assert!(metrics.encode().contains(&failed(2)), "{}", metrics.encode());
+    }
+
+    #[test]
+    fn the_next_look_is_when_the_poll_in_flight_comes_due_else_a_deadline_away() {
+        let (t0, deadline) = (Instant::now(), Duration::from_secs(10));
+        let mut t = Tracker::default();
+        assert_eq!(t.next_look(t0, deadline), deadline, "no poll in flight");
+        t.begin(t0);
+        assert_eq!(t.next_look(t0 + Duration::from_secs(3), deadline), Duration::from_secs(7));
+        assert_eq!(t.next_look(t0 + deadline, deadline), deadline, "due: seen at this look; its end wakes");
+        assert!(matches!(t.due(t0 + deadline, deadline), Due::Stalled(_)));
+        t.end();
+        assert_eq!(t.next_look(t0 + deadline, deadline), deadline);
     }
 
     #[test]

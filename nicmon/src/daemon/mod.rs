@@ -41,6 +41,7 @@ use crate::read::wake::{Wake, WakeSource};
 mod log;
 mod options;
 mod startup;
+mod tick;
 mod trace;
 mod wakeup;
 
@@ -101,7 +102,7 @@ pub struct Daemon<'a> {
     _tail: Option<KmsgTail>,
     courier: Courier,
     sigterm: Signal,
-    tick: tokio::time::Interval,
+    tick: tick::Tick,
     /// When the earliest port held by `portStateHoldDown` is due: a poll then reports it
     /// (or finds it recovered) without waiting for the next tick.
     hold_due: Option<tokio::time::Instant>,

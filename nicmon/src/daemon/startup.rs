@@ -63,6 +63,9 @@ impl<'a> Daemon<'a> {
         let wakes = if opts.no_wake { None } else { Some(start_wakes(&opts.wake, &metrics)) };
         let early_gate = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
         if let Some(w) = &wakes {
+            // The kernel announces devices and netdevs coming and going: a listing stands
+            // between walks until it does (`read::host::walks`).
+            monitor.observer.host.kernel_announces(w.live_hooks().any(|h| h == nicmon_common::Hook::Uevent));
             let reader = monitor.observer.host.read_waker();
             w.set_early_wake(crate::read::wake::EarlyWake {
                 wake: Box::new(move || reader.wake()),
@@ -75,8 +78,7 @@ impl<'a> Daemon<'a> {
         let tail = start_kernel_log(opts, &monitor, state.checks.kmsg.last_seq, kmsg_tx, &metrics);
         let courier = start_courier(opts, &mut state, &loaded, &metrics);
         let stall = start_stall_watchdog(opts, &monitor, &metrics)?;
-        let mut tick = tokio::time::interval(opts.interval.min(Duration::from_secs(1)));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let tick = super::tick::Tick::new(opts.interval.min(Duration::from_secs(1)));
         tracing::info!(node = %monitor.decider.stamp.node_name, interval = ?opts.interval, "nicmon running");
         Ok(Daemon {
             opts,

@@ -145,8 +145,9 @@ impl Daemon<'_> {
             self.monitor.observer.host.expect_reads();
         }
         // A hint is a sign that the topology may have moved: the next full poll walks its
-        // paths again (listings, links; see `read::discovery::walk`).
-        if named {
+        // paths again (listings, links; see `read::discovery::walk`). So is any uevent: one
+        // without a hint says some were lost (the socket overran).
+        if named || woke.iter().any(|w| w.hook == nicmon_common::Hook::Uevent) {
             self.monitor.observer.host.topology_hint();
         }
         let hints = self.hints(woke);

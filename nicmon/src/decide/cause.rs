@@ -206,12 +206,17 @@ pub fn module_facts(m: &Module) -> ModuleFacts {
 /// The facts of the snapshot and this poll's events: each port's transceiver (replayed or
 /// read), the PCI probe of a device gone from `class/infiniband`, hwmon sensors at or over their critical temperature, the kernel log's,
 /// devlink's and the PCIe check's unhealthy events of this poll, and the PCIe conditions
-/// still held (`held_pcie`: device → evidence, from the check's state).
+/// still held (`held_pcie`: device → evidence, from the check's state). For diagnosing
+/// `events` ([`annotate`]): a card's devices are listed only when one of them is about a card.
 pub fn base_facts(snapshot: &Snapshot, events: &[HealthEvent], held_pcie: &BTreeMap<String, String>) -> Facts {
     let mut facts = Facts::default();
-    for d in &snapshot.devices {
-        if let Some(card) = &d.card {
-            facts.cards.entry(card.clone()).or_default().push(d.name.clone());
+    // Only an event about a card asks which devices the card has (every function of a
+    // node's cards, VFs included: ~500 names on an SR-IOV node, each poll).
+    if events.iter().any(|e| matches!(e.subject(), Subject::Card(_))) {
+        for d in &snapshot.devices {
+            if let Some(card) = &d.card {
+                facts.cards.entry(card.clone()).or_default().push(d.name.clone());
+            }
         }
     }
     for (name, probe) in &snapshot.pci_probes {

@@ -202,7 +202,9 @@ fn listings<'s>(
     snap: &'s Snapshot,
     expected: &BTreeSet<CharKey>,
 ) -> BTreeMap<CharKind, Option<BTreeSet<(&'s str, u32)>>> {
-    let devices: BTreeSet<&str> = expected.iter().map(|k| k.device.as_str()).collect();
+    // Hashed: on an SR-IOV node the directories list an entry per VF, each looked up here.
+    let devices: std::collections::HashSet<&str, foldhash::fast::RandomState> =
+        expected.iter().map(|k| k.device.as_str()).collect();
     let mut present = BTreeMap::new();
     for kind in CharKind::ALL {
         let seen = match snap.char_devices.dir(kind) {

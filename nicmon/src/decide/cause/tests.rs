@@ -231,12 +231,13 @@ fn base_facts_read_the_sensors_and_the_firmware_check() {
         .unhealthy(true)
         .error_code("fw_fatal")
         .entities(vec![Entity::device("mlx5_0")]);
-    let facts = base_facts(&snapshot, std::slice::from_ref(&fw), &BTreeMap::new());
-    assert_eq!(cause(&down("mlx5_8"), &facts), (Cause::NicThermal, "sensor asic at 105.0 C, critical 105.0 C".into()));
-    assert_eq!(cause(&fw, &facts), (Cause::NicFirmware, "devlink health: fw_fatal".into()));
     let card = HealthEvent::new(Check::InfiniBandStateCheck, &Stamp::default(), at(), "card")
         .unhealthy(true)
         .entities(vec![Entity::card("0000:3b:00")]);
+    // The facts of the poll whose events they diagnose.
+    let facts = base_facts(&snapshot, &[fw.clone(), card.clone()], &BTreeMap::new());
+    assert_eq!(cause(&down("mlx5_8"), &facts), (Cause::NicThermal, "sensor asic at 105.0 C, critical 105.0 C".into()));
+    assert_eq!(cause(&fw, &facts), (Cause::NicFirmware, "devlink health: fw_fatal".into()));
     assert_eq!(cause(&card, &facts).0, Cause::NicFirmware, "the card of the function whose firmware failed");
     assert_eq!(cause(&down("mlx5_1"), &facts).0, Cause::Unknown, "100 C of 105 C is not critical");
 }

@@ -229,7 +229,8 @@ impl StaticCache {
 
     /// List the devices again: their names, and whether the set differs from the last
     /// listing's (then everything kept about the devices is dropped).
-    /// Between walks (`walk` false) through the directory as last opened.
+    /// Between walks (`walk` false) through the directory as last opened, or not at all
+    /// while the signs answer for it ([`Host::listing_stands`]).
     pub(super) fn relist(&self, host: &Host, walk: bool) -> (Arc<[String]>, bool) {
         let Ok(mut c) = self.inner.lock() else { return (host.list_sys(DEVICES).into(), true) };
         let mut listing = std::mem::take(&mut c.listing);
@@ -237,6 +238,9 @@ impl StaticCache {
             host.watch_dir_sys("class");
             host.watch_dir_sys(DEVICES);
             host.relist_sys(DEVICES, &mut listing)
+        } else if listing.names().is_ok() && host.listing_stands(DEVICES) {
+            // The signs answer for it (see `walk`): not read again.
+            false
         } else {
             host.relist_sys_kept(DEVICES, &mut listing)
         };

@@ -4,7 +4,8 @@
 //! moved (a wake-up's hint, a kept-open file that failed, off sysfs an event on a directory
 //! walked), when the device listing changed, and every [`WALK_PERIOD`]. In between, the
 //! last walk's answers stand and a poll's only system calls are the reads of its kept-open
-//! files and the device listing through its kept directory (no path walk).
+//! files — and the device listing through its kept directory where no sign answers for it
+//! (on sysfs without the kernel's uevents; no path walk either way).
 use super::*;
 use crate::read::host::WALK_PERIOD;
 

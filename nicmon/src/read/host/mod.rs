@@ -439,6 +439,19 @@ impl Host {
         self.walks.hint();
     }
 
+    /// Whether the kernel's uevents are heard: on sysfs, a listing the last walk read then
+    /// stands until a sign comes ([`Host::listing_stands`]).
+    pub fn kernel_announces(&self, heard: bool) {
+        self.walks.kernel_announces(heard);
+    }
+
+    /// Whether sysfs directory `rel`'s listing, as the last walk read it, stands: the signs
+    /// answer for it (watched off sysfs, uevents heard on sysfs) and none has come. Asked
+    /// after [`Host::topology_signs`].
+    pub fn listing_stands(&self, rel: &str) -> bool {
+        self.walks.stands(&self.sys(rel))
+    }
+
     /// Watch sysfs directory `rel` for entries coming and going, where sysfs's rules do not
     /// hold (a fixture tree; see [`walks`]).
     pub fn watch_dir_sys(&self, rel: &str) {

@@ -10,10 +10,14 @@
 //!   directory the last walk went through (an entry created, removed or renamed there, or
 //!   the directory itself removed or moved). A directory that cannot be watched (no
 //!   inotify, the watch limit reached) makes every poll walk, as before.
-use std::collections::BTreeSet;
+//!
+//! A listing the signs answer for ([`Walks::stands`]) is not read again between walks: a
+//! directory off sysfs watched since the last event, or on sysfs while the kernel announces
+//! what comes and goes there (the uevent listener runs: [`Walks::kernel_announces`]).
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// How long a walk's result stands without a sign that the topology moved.
@@ -25,6 +29,9 @@ pub(super) struct Walks {
     /// Bumped by each hint and each event of the watch.
     epoch: AtomicU64,
     watch: Mutex<DirWatch>,
+    /// The kernel's uevents are heard (an `add`, `remove` or `move` is a hint): on sysfs, a
+    /// listing the last walk read stands until one comes.
+    kernel: AtomicBool,
 }
 
 impl std::fmt::Debug for Walks {
@@ -37,8 +44,9 @@ impl std::fmt::Debug for Walks {
 struct DirWatch {
     /// Made with the first directory off sysfs; `Err`: none could be had.
     inotify: Option<Result<inotify::Inotify, ()>>,
-    /// The directories seen since the last event: watched, or on sysfs (nothing to watch).
-    seen: BTreeSet<PathBuf>,
+    /// The directories seen since the last event: watched (`true`), or on sysfs or procfs
+    /// (`false`: nothing to watch).
+    seen: BTreeMap<PathBuf, bool>,
     /// A directory off sysfs could not be watched: every poll walks.
     blind: bool,
 }
@@ -67,11 +75,11 @@ impl Walks {
     /// `writes`: also for files in it written (a fixture's file rewritten in place).
     pub(super) fn watch_dir(&self, path: &Path, writes: bool) {
         let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
-        if w.blind || w.seen.contains(path) {
+        if w.blind || w.seen.contains_key(path) {
             return;
         }
         if on_kernel_fs(path) {
-            w.seen.insert(path.to_path_buf());
+            w.seen.insert(path.to_path_buf(), false);
             return;
         }
         let inotify = w.inotify.get_or_insert_with(|| inotify::Inotify::init().map_err(|_| ()));
@@ -86,11 +94,25 @@ impl Walks {
         }
         match inotify.watches().add(path, mask) {
             Ok(_) => {
-                w.seen.insert(path.to_path_buf());
+                w.seen.insert(path.to_path_buf(), true);
             }
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {}
             Err(_) => w.blind = true,
         }
+    }
+
+    /// Whether the kernel's word on what comes and goes is heard ([`Walks::stands`]).
+    pub(super) fn kernel_announces(&self, heard: bool) {
+        self.kernel.store(heard, Ordering::Relaxed);
+    }
+
+    /// Whether the signs answer for directory `path`'s listing as the last walk read it:
+    /// it was seen since the last event and is watched, or it is on sysfs or procfs and
+    /// the kernel's uevents are heard. Call after [`Walks::moved`] (which drains the
+    /// watch's events): an entry that came or went since is then its sign.
+    pub(super) fn stands(&self, path: &Path) -> bool {
+        let w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+        !w.blind && w.seen.get(path).is_some_and(|watched| *watched || self.kernel.load(Ordering::Relaxed))
     }
 
     /// The sum of the signs so far (drains the watch: one `read` when it exists); `None`
@@ -169,6 +191,29 @@ mod tests {
         assert_eq!(w.moved(0), Some(s0), "nothing happened");
         std::fs::write(dir.path().join("route"), "b").unwrap();
         assert_ne!(w.moved(0), Some(s0), "the file rewritten in place");
+    }
+
+    #[test]
+    fn a_listing_stands_while_watched_and_no_event_came_or_on_a_kernel_fs_while_uevents_are_heard() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = Walks::default();
+        assert!(!w.stands(dir.path()), "not walked yet");
+        w.watch_dir(dir.path(), false);
+        w.moved(0);
+        assert!(w.stands(dir.path()), "watched, nothing happened");
+        std::fs::write(dir.path().join("x"), "1").unwrap();
+        w.moved(0);
+        assert!(!w.stands(dir.path()), "an entry came: listed again until the next walk watches it");
+        w.watch_dir(dir.path(), false);
+        assert!(w.stands(dir.path()));
+        // procfs sends no events: its listing stands only while the kernel's uevents are heard.
+        let proc = Path::new("/proc/self");
+        w.watch_dir(proc, false);
+        assert!(!w.stands(proc));
+        w.kernel_announces(true);
+        assert!(w.stands(proc));
+        w.kernel_announces(false);
+        assert!(!w.stands(proc));
     }
 
     #[test]

@@ -38,6 +38,7 @@ impl UeventSocket {
 pub enum Action {
     Add,
     Remove,
+    Move,
 }
 
 /// The subsystems kept.
@@ -82,6 +83,8 @@ pub fn parse_uevent(buf: &[u8]) -> Option<Uevent> {
     let action = match action? {
         "add" => Action::Add,
         "remove" => Action::Remove,
+        // A rename (an RDMA device or netdev renamed by udev): the new name is the hint.
+        "move" => Action::Move,
         _ => return None,
     };
     let (subsystem, name) = match subsystem? {
@@ -175,6 +178,20 @@ mod tests {
         );
         let m = kernel_uevent("add", "/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0", "pci", &extra);
         assert_eq!(parse_uevent(&m).map(|u| u.action), Some(Action::Add));
+    }
+
+    #[test]
+    fn a_rename_names_the_new_name() {
+        let m = kernel_uevent(
+            "move",
+            "/devices/pci0000:00/0000:00:01.0/0000:3b:00.0/infiniband/ibp59s0",
+            "infiniband",
+            &[],
+        );
+        assert_eq!(
+            parse_uevent(&m),
+            Some(Uevent { action: Action::Move, subsystem: Subsystem::Infiniband, name: "ibp59s0".into() })
+        );
     }
 
     #[test]
