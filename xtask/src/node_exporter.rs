@@ -42,7 +42,8 @@ impl Drop for Running {
     }
 }
 
-fn free_port() -> Result<u16> {
+/// A TCP port on 127.0.0.1 that nothing listens on now.
+pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 

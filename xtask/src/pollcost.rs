@@ -12,7 +12,7 @@
 //! Bars: wall ≤ 0.35× node_exporter's collector, ≤ 0.5 ms CPU, ≤ 3 switches and no
 //! migration per poll on the plain node; the 512-VF node ≤ 1.5× the plain node's wall.
 use std::io::{Read as _, Write as _};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -52,10 +52,6 @@ fn threads(pid: u32) -> (u64, u64) {
     (ns, cs)
 }
 
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 /// `nicmon_poll_duration_seconds` (sum, count) from the daemon's metrics.
 fn poll_metric(port: u16) -> Result<(f64, f64)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
@@ -92,7 +88,7 @@ fn perf_count(child: Option<std::process::Child>) -> Option<f64> {
 /// The daemon on `node` polling every 50 ms: its cost per poll over `secs` after 3 s of
 /// warm-up.
 pub fn daemon_cost(bin: &Path, node: &Node, secs: u64) -> Result<Cost> {
-    let port = free_port()?;
+    let port = crate::node_exporter::free_port()?;
     let mut d = node
         .run_command(bin, "state-cost.json", "bench")
         .args(["--no-kmsg", "--sink", "file:/dev/null", "--state-polling-interval", "50ms"])
