@@ -65,7 +65,7 @@ impl<'a> Daemon<'a> {
         if let Some(w) = &wakes {
             // The kernel announces devices and netdevs coming and going: a listing stands
             // between walks until it does (`read::host::walks`).
-            monitor.observer.host.kernel_announces(w.live_hooks().any(|h| h == nicmon_common::Hook::Uevent));
+            monitor.observer.host.kernel_announces(w.uevents_heard());
             let reader = monitor.observer.host.read_waker();
             w.set_early_wake(crate::read::wake::EarlyWake {
                 wake: Box::new(move || reader.wake()),

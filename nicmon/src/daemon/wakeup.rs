@@ -279,6 +279,10 @@ impl Daemon<'_> {
         for dev in std::mem::take(&mut self.statics_owed) {
             self.monitor.observer.statics.invalidate(&dev);
         }
+        // A uevent listener that stopped no longer answers for the device listing.
+        if let Some(w) = &self.wakes {
+            self.monitor.observer.host.kernel_announces(w.uevents_heard());
+        }
         let started = Instant::now();
         self.last_full_poll = Some(started);
         // This poll's snapshot replaces the last one: the last goes before this one is read

@@ -254,6 +254,8 @@ pub struct WakeSource {
     rx: mpsc::Receiver<Wake>,
     ebpf: Option<ebpf::EbpfWakes>,
     tasks: Vec<JoinHandle<()>>,
+    /// The uevent listener's task, by its index in `tasks`.
+    uevent_task: Option<usize>,
     early: EarlyWakeSlot,
 }
 
@@ -308,19 +310,22 @@ impl WakeSource {
                 },
             });
         }
+        // Each listener that starts: its task's index.
         let mut userspace = |on: bool, hook, via, what: &str, started: &dyn Fn() -> std::io::Result<JoinHandle<()>>| {
             if !on {
-                return;
+                return None;
             }
-            hooks.push(match started() {
+            let (status, at) = match started() {
                 Ok(task) => {
                     tasks.push(task);
-                    HookStatus { hook, attached: true, via: Some(via), reason: None }
+                    (HookStatus { hook, attached: true, via: Some(via), reason: None }, Some(tasks.len() - 1))
                 }
-                Err(e) => HookStatus { hook, attached: false, via: None, reason: Some(format!("{what}: {e}")) },
-            });
+                Err(e) => (HookStatus { hook, attached: false, via: None, reason: Some(format!("{what}: {e}")) }, None),
+            };
+            hooks.push(status);
+            at
         };
-        userspace(opts.uevent, Hook::Uevent, Mechanism::Uevent, "uevent socket", &|| {
+        let uevent_task = userspace(opts.uevent, Hook::Uevent, Mechanism::Uevent, "uevent socket", &|| {
             uevent::UeventSocket::open().and_then(|s| uevent::spawn(s, tx.clone()))
         });
         userspace(opts.rdma_monitor, Hook::RdmaMonitor, Mechanism::RdmaNetlink, "RDMA netlink socket", &|| {
@@ -335,7 +340,13 @@ impl WakeSource {
             (false, true) => WakeMode::RtnetlinkOnly,
             (false, false) => WakeMode::None,
         };
-        WakeSource { mode, hooks, ebpf_error, rx, ebpf: ebpf_wakes, tasks, early }
+        WakeSource { mode, hooks, ebpf_error, rx, ebpf: ebpf_wakes, tasks, uevent_task, early }
+    }
+
+    /// Whether the kernel's uevents are heard now: the listener started and has not stopped
+    /// (a socket error other than an overrun ends it, with a warning).
+    pub fn uevents_heard(&self) -> bool {
+        self.uevent_task.and_then(|i| self.tasks.get(i)).is_some_and(|t| !t.is_finished())
     }
 
     pub fn mode(&self) -> WakeMode {
@@ -475,6 +486,28 @@ fn register_readable<T: std::os::fd::AsRawFd>(inner: T) -> std::io::Result<tokio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The uevent listener answers for the device listing while it runs: heard once started
+    /// (where this host gives the socket), not when it is off.
+    #[tokio::test]
+    async fn uevents_are_heard_while_their_listener_runs() {
+        let only = |uevent| WakeOptions {
+            object: None,
+            rtnetlink: false,
+            uevent,
+            rdma_monitor: false,
+            devlink_monitor: false,
+            mount_tracefs: false,
+            tracefs: None,
+        };
+        assert!(!WakeSource::start(&only(false)).uevents_heard());
+        let w = WakeSource::start(&only(true));
+        let attached = w.live_hooks().any(|h| h == Hook::Uevent);
+        if !attached {
+            return println!("uevent socket refused here: only the off case is checked");
+        }
+        assert!(w.uevents_heard());
+    }
 
     /// A record wakes the reader early only when it names something and the loop's gate
     /// is open: never before the first full poll, nor inside the rate limit's gap.
