@@ -63,9 +63,6 @@ impl<'a> Daemon<'a> {
         let wakes = if opts.no_wake { None } else { Some(start_wakes(&opts.wake, &metrics)) };
         let early_gate = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
         if let Some(w) = &wakes {
-            // The kernel announces devices and netdevs coming and going: a listing stands
-            // between walks until it does (`read::host::walks`).
-            monitor.observer.host.kernel_announces(w.uevents_heard());
             let reader = monitor.observer.host.read_waker();
             w.set_early_wake(crate::read::wake::EarlyWake {
                 wake: Box::new(move || reader.wake()),

@@ -279,7 +279,10 @@ impl Daemon<'_> {
         for dev in std::mem::take(&mut self.statics_owed) {
             self.monitor.observer.statics.invalidate(&dev);
         }
-        // A uevent listener that stopped no longer answers for the device listing.
+        // While the uevent listener runs, the kernel announces devices and netdevs coming
+        // and going: the device listing stands between walks (`read::host::walks`); one
+        // that stopped no longer answers for it. Set before every full poll's read (a
+        // targeted poll comes only after one).
         if let Some(w) = &self.wakes {
             self.monitor.observer.host.kernel_announces(w.uevents_heard());
         }
