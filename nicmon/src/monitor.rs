@@ -397,6 +397,14 @@ mod tests {
         let read = take(&log);
         assert!(read.iter().any(|r| r == "class/infiniband/mlx5_0/ports/1/state"), "its port is read");
         assert_eq!(pcie_files(&read), 0, "no PCIe file is read: {read:?}");
+        // No walk: the device listing (through its kept directory), and nothing else looked
+        // up — not the `device` link, not the netdev listing (the full poll's stand).
+        let walked: Vec<&String> = read.iter().filter(|r| !r.starts_with("class/infiniband/mlx5_0/ports/")).collect();
+        let netdev = full.snapshot.devices.iter().find(|d| d.name == "mlx5_0").and_then(|d| d.netdev.clone());
+        let netdev_files = netdev.map(|n| format!("class/net/{n}/"));
+        let walked: Vec<&&String> =
+            walked.iter().filter(|r| netdev_files.as_ref().is_none_or(|n| !r.starts_with(n.as_str()))).collect();
+        assert_eq!(walked, vec![&&"class/infiniband".to_string()], "{read:?}");
         let pcie = |s: &Snapshot| s.devices.iter().find(|d| d.name == "mlx5_0").and_then(|d| d.pcie.clone());
         assert!(pcie(&full.snapshot).is_some());
         assert_eq!(pcie(&obs.snapshot), pcie(&full.snapshot), "the full poll's PCIe reading stands");

@@ -192,8 +192,7 @@ impl Daemon<'_> {
     /// The wake-ups `woke` split by what their hints name in the last full poll's snapshot
     /// ([`discovery::devices_in`]: no host read). Each device named is owed a re-read of its
     /// static attributes by the next full poll (a targeted poll, on the latency path, uses
-    /// the kept ones of the same incarnation: the `device` link is read on every poll,
-    /// targeted ones included).
+    /// the kept ones, as the last full poll checked them: see [`discovery::rediscover`]).
     fn hints(&mut self, woke: &[Wake]) -> Hints {
         let mut hints = Hints::default();
         let Some(last) = &self.last_snapshot else { return hints };

@@ -329,7 +329,8 @@ impl Metrics {
         (self.f.kernel_log_watching.get() == 1, reason)
     }
 
-    /// Where the roles came from this cycle: `metadata`, `sysfs` or `none`.
+    /// Where the roles came from: `metadata`, `sysfs` or `none` (set once, at start-up: the
+    /// topology is resolved once per run).
     pub fn set_topology_source(&self, source: &str) {
         self.f.topology_source.clear();
         self.f.topology_source.get_or_create(&SourceLabels { source: source.into() }).set(1);

@@ -256,15 +256,26 @@ fn finish_devices(
 /// (with `plan.link_only`: their link-state files only). `None` when the device set is not
 /// `base`'s any more (a full poll must see that).
 pub fn rediscover(host: &Host, plan: &ReadPlan, base: &Snapshot, names: &[String]) -> Option<Snapshot> {
-    let listed = host.list_sys("class/infiniband");
-    if listed.len() != base.devices.len() || !base.devices.iter().all(|d| listed.contains(&d.name)) {
+    let same = |listed: &[String]| {
+        listed.len() == base.devices.len() && base.devices.iter().all(|d| listed.iter().any(|n| *n == d.name))
+    };
+    // With a static cache the devices are listed through the directory kept open for it
+    // (no path walk), and their kept attributes and netdevs stand (no incarnation check, no
+    // netdev listing): a device replaced since the full poll fails its kept files' reads,
+    // which reopens them by path and makes the next full poll walk (`read::host::walks`).
+    let unchanged = match &plan.statics {
+        Some(cache) => cache.listed_now(host, same),
+        None => same(&host.list_sys(DEVICES)),
+    };
+    if !unchanged {
         return None;
     }
     let mut s = base.clone();
     let named: Vec<String> = s.devices.iter().filter(|d| names.contains(&d.name)).map(|d| d.name.clone()).collect();
     let mut batch = Batch::default();
     let route = &base.default_route_devices;
-    let reads: Vec<Planned> = named.iter().map(|n| plan_device(host, n, plan, route, &mut batch)).collect();
+    let walk = plan.statics.is_none();
+    let reads: Vec<Planned> = named.iter().map(|n| plan_device(host, n, plan, (route, walk), &mut batch)).collect();
     let files = batch.finish(host, plan.statics.is_some());
     let results = host.read_files(&files);
     let mut read = finish_devices(reads, &results, &files, plan, route).into_iter();

@@ -238,14 +238,21 @@ pub(super) enum Planned {
     Read(DeviceRead),
 }
 
-/// Plan device `name` (a targeted read): its frozen reading while it has one, else its read.
-pub(super) fn plan_device(host: &Host, name: &str, plan: &ReadPlan, route: &[String], batch: &mut Batch) -> Planned {
+/// Plan device `name` (a targeted read): its frozen reading while it has one, else its read
+/// (`walk`: its incarnation checked and its netdevs listed again, see [`read_device`]).
+pub(super) fn plan_device(
+    host: &Host,
+    name: &str,
+    plan: &ReadPlan,
+    (route, walk): (&[String], bool),
+    batch: &mut Batch,
+) -> Planned {
     if let (Some(cache), Some(judge)) = (&plan.statics, plan.unmonitored)
         && let Some(d) = cache.frozen_named(name, judge, route)
     {
         return Planned::Frozen(d);
     }
-    Planned::Read(read_device(host, name, plan, true, batch))
+    Planned::Read(read_device(host, name, plan, walk, batch))
 }
 
 /// Plan the read of a device: its static attributes (kept or read now), its listings, and

@@ -125,6 +125,9 @@ pub(super) struct CacheInner {
     pub(super) route: Option<walk::Route>,
     /// The last full poll's plan of its devices, while it stands ([`kept_plan`]).
     pub(super) plan: Option<kept_plan::KeptPlan>,
+    /// The device listing as targeted reads list it ([`StaticCache::listed_now`]), apart
+    /// from the full polls' (`listing`, whose changes drop what is kept).
+    pub(super) targeted_listing: Listing,
 }
 
 impl CacheInner {
@@ -255,6 +258,14 @@ impl StaticCache {
             c.frozen.reset(names.len());
         }
         (names, changed)
+    }
+
+    /// Whether the device listing as the host has it now passes `check` (a targeted read:
+    /// the same devices as its base), listed through the directory kept open for it.
+    pub(super) fn listed_now(&self, host: &Host, check: impl Fn(&[String]) -> bool) -> bool {
+        let Ok(mut c) = self.inner.lock() else { return check(&host.list_sys(DEVICES)) };
+        host.relist_sys_kept(DEVICES, &mut c.targeted_listing);
+        c.targeted_listing.names().is_ok_and(|n| check(n))
     }
 
     /// `device`'s static attributes as kept, if they are less than [`STATIC_REFRESH`] old.
