@@ -153,7 +153,11 @@ impl StaticCache {
 /// `walk`: whether this poll walks paths ([`super::walk`]).
 pub(super) fn plan(host: &Host, cache: Option<&StaticCache>, list: bool, walk: bool, batch: &mut Batch) -> CharRead {
     if let Some(last) = cache.filter(|_| !list).and_then(|c| c.standing_chars(host, walk)) {
-        return plan_same(last, walk, batch);
+        // Between walks, while the signs answer for both directories' listings (watched off
+        // sysfs, the kernel's uevents heard on sysfs: `read::host::walks`), an entry that goes
+        // is a sign and the next poll walks: nothing needs reading until then.
+        let stand = !walk && DIRS.iter().all(|(dir, _)| host.listing_stands(&format!("class/{dir}")));
+        return plan_same(last, (walk, stand), batch);
     }
     let listed = match cache.and_then(|c| c.relist_chars(host, walk)) {
         Some(names) => names,
@@ -169,10 +173,11 @@ pub(super) fn plan(host: &Host, cache: Option<&StaticCache>, list: bool, walk: b
 
 /// The entries read at the last full poll, read again: each entry's `ibdev` (an entry
 /// removed fails its read), and its `port` only on a walk (an entry's port is fixed while it
-/// exists: between walks it is the last one read).
-fn plan_same(last: Last, walk: bool, batch: &mut Batch) -> CharRead {
+/// exists: between walks it is the last one read). Nothing while the listings `stand`
+/// (an entry's `ibdev` is fixed while it exists too): the last result is this poll's.
+fn plan_same(last: Last, (walk, stand): (bool, bool), batch: &mut Batch) -> CharRead {
     let mut read: [Vec<(usize, usize, Option<usize>)>; 2] = Default::default();
-    for k in 0..2 {
+    for k in (0..2).filter(|_| !stand) {
         let Some(nodes) = listed(&last.chars, k) else { continue };
         let rel = DIRS[k].0;
         for &i in &last.read[k] {

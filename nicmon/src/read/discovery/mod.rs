@@ -402,6 +402,41 @@ mod tests {
         assert_eq!((counter_of(&s, "mlx5_2", cnp), port(&s, "mlx5_2").netdev_speed), (None, None));
     }
 
+    /// Between walks, while the class directories' listings stand (watched here: a fixture
+    /// tree; on sysfs, while the kernel's uevents are heard), no character-device entry is
+    /// read; one that goes is a sign, and the next poll walks and sees it gone.
+    #[test]
+    fn character_device_entries_are_not_read_between_walks_while_their_listings_stand() {
+        use crate::read::host::Access;
+        let node = Platform::H100Oci.build();
+        let log = crate::read::host::AccessLog::default();
+        let host = Host::new(node.sys(), node.proc()).with_access_log(log.clone());
+        let plan = ReadPlan {
+            statics: Some(Arc::new(StaticCache::default())),
+            char_listing_may_stand: true,
+            ..ReadPlan::default()
+        };
+        let entries = |log: &crate::read::host::AccessLog| {
+            let read = std::mem::take(&mut *log.lock().unwrap());
+            read.into_iter().filter(|a| matches!(a, Access::Read { rel, .. } if rel.ends_with("/ibdev"))).count()
+        };
+        let first = discover(&host, &plan);
+        assert!(entries(&log) > 0, "the first poll walks and reads every entry");
+        // The second poll's reader still starts on the first poll's batch (read ahead, then
+        // dropped: the batch is another one now); from the third on, nothing.
+        discover(&host, &plan);
+        entries(&log);
+        let second = discover(&host, &plan);
+        assert_eq!(entries(&log), 0, "between walks nothing is read");
+        assert_eq!(second.char_devices, first.char_devices);
+        let ClassDir::Listed(verbs) = &first.char_devices.verbs else { panic!("listed") };
+        let gone = verbs.iter().find(|n| n.device.is_some()).expect("a uverbs entry with its device").clone();
+        node.remove_char_node("uverbs", gone.device.as_deref().unwrap(), None);
+        let third = discover(&host, &plan);
+        let ClassDir::Listed(verbs) = &third.char_devices.verbs else { panic!("listed") };
+        assert!(!verbs.iter().any(|n| n.name == gone.name), "{} is seen gone at once", gone.name);
+    }
+
     #[test]
     fn static_attributes_are_read_once_per_device_incarnation() {
         let node = Platform::H100Oci.build();

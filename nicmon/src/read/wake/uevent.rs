@@ -3,6 +3,9 @@
 //! `remove` of the `infiniband`, `net` and `pci` subsystems wakes the agent with a hint (the
 //! device name, the interface name or the PCI address); a `remove` is flagged, so the
 //! decider may report a device's loss in the poll that confirms it instead of after three.
+//! An `add`, `remove` or `move` of an InfiniBand character device (`infiniband_verbs`,
+//! `infiniband_mad`: `uverbsN`, `umadN`, `issmN`) wakes it without a hint: a sign that their
+//! class directories' listings moved (`read::host::walks`), polled by a full poll.
 use super::{Hint, Wake};
 use nicmon_common::Hook;
 use std::io;
@@ -47,6 +50,8 @@ pub enum Subsystem {
     Infiniband,
     Net,
     Pci,
+    /// `infiniband_verbs` or `infiniband_mad`: a character device's class entry.
+    CharClass,
 }
 
 /// One uevent, as far as the wake-up path cares.
@@ -91,6 +96,7 @@ pub fn parse_uevent(buf: &[u8]) -> Option<Uevent> {
         "infiniband" => (Subsystem::Infiniband, devpath?.rsplit('/').next()?),
         "net" => (Subsystem::Net, interface?),
         "pci" => (Subsystem::Pci, slot?),
+        "infiniband_verbs" | "infiniband_mad" => (Subsystem::CharClass, devpath?.rsplit('/').next()?),
         _ => return None,
     };
     let name = name.trim();
@@ -105,8 +111,12 @@ impl Uevent {
         Wake {
             hook: Hook::Uevent,
             kernel_ts_ns: None,
-            hint: Hint::Name(self.name),
-            removed: self.action == Action::Remove,
+            // A character device's entry names no device or netdev: a sign, not a hint.
+            hint: match self.subsystem {
+                Subsystem::CharClass => Hint::None,
+                _ => Hint::Name(self.name),
+            },
+            removed: self.action == Action::Remove && self.subsystem != Subsystem::CharClass,
             received,
             received_ns,
         }
@@ -192,6 +202,32 @@ mod tests {
             parse_uevent(&m),
             Some(Uevent { action: Action::Move, subsystem: Subsystem::Infiniband, name: "ibp59s0".into() })
         );
+    }
+
+    /// A character device's class entry coming or going (`ib_uverbs` or `ib_umad` unloaded,
+    /// a device unregistering) is a sign without a hint, never the kernel's word of a loss.
+    #[test]
+    fn a_character_device_entry_is_a_sign_without_a_hint() {
+        let m = kernel_uevent(
+            "remove",
+            "/devices/pci0000:00/0000:00:01.0/0000:3b:00.0/infiniband_verbs/uverbs3",
+            "infiniband_verbs",
+            &["MAJOR=231", "MINOR=195", "DEVNAME=infiniband/uverbs3"],
+        );
+        let event = parse_uevent(&m);
+        assert_eq!(
+            event,
+            Some(Uevent { action: Action::Remove, subsystem: Subsystem::CharClass, name: "uverbs3".into() })
+        );
+        let wake = event.unwrap().into_wake(Instant::now(), 1);
+        assert_eq!((wake.hint, wake.removed), (Hint::None, false));
+        let m = kernel_uevent(
+            "add",
+            "/devices/pci0000:00/0000:00:01.0/0000:3b:00.0/infiniband_mad/umad3",
+            "infiniband_mad",
+            &[],
+        );
+        assert_eq!(parse_uevent(&m).map(|e| e.subsystem), Some(Subsystem::CharClass));
     }
 
     #[test]
