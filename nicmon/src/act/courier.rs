@@ -105,6 +105,9 @@ pub struct Journal {
     path: PathBuf,
     /// Something was appended since the last save.
     dirty: bool,
+    /// The journal as last opened, kept between appends while it is still the file at
+    /// `path` (its open and close were most of an append's cost on the latency path).
+    file: Option<std::fs::File>,
 }
 
 /// The most of a journal read back (a larger file is ignored with a warning).
@@ -114,7 +117,25 @@ impl Journal {
     pub fn new(state_file: &Path) -> Journal {
         let mut name = state_file.as_os_str().to_owned();
         name.push(".sent");
-        Journal { path: name.into(), dirty: true }
+        Journal { path: name.into(), dirty: true, file: None }
+    }
+
+    /// The journal file, opened for appending (O_NONBLOCK: a FIFO at the journal's path
+    /// fails the open, no reader, instead of blocking the courier; a regular file is
+    /// written as without it), or the one kept since while it is still the file at its
+    /// path (a journal removed, moved or replaced is opened anew there).
+    fn file(&mut self) -> std::io::Result<&std::fs::File> {
+        let at_path = |f: &std::fs::File| is_at(f, &self.path);
+        if !self.file.as_ref().is_some_and(at_path) {
+            self.file = None;
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+                .open(&self.path)?;
+            self.file = Some(f);
+        }
+        self.file.as_ref().ok_or_else(|| std::io::Error::other("journal not open"))
     }
 
     pub fn path(&self) -> &Path {
@@ -129,22 +150,17 @@ impl Journal {
             return;
         }
         // Streamed (a reboot's baselines on a device with 1,000 ports are ~14,000 events).
-        // O_NONBLOCK: a FIFO at the journal's path fails the open (no reader) instead of
-        // blocking the courier; a regular file is written as without it.
-        let written = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&self.path)
-            .and_then(|f| {
-                let mut out = std::io::BufWriter::with_capacity(64 << 10, f);
-                for b in batches {
-                    serde_json::to_writer(&mut out, &**b).map_err(std::io::Error::from)?;
-                    out.write_all(b"\n")?;
-                }
-                out.flush()
-            });
+        let written = self.file().and_then(|f| {
+            let mut out = std::io::BufWriter::with_capacity(64 << 10, f);
+            for b in batches {
+                serde_json::to_writer(&mut out, &**b).map_err(std::io::Error::from)?;
+                out.write_all(b"\n")?;
+            }
+            out.flush()
+        });
         if let Err(e) = written {
+            // Opened anew for the next append.
+            self.file = None;
             tracing::warn!(path = %self.path.display(), error = %e, "cannot append to the sent-batch journal");
         }
         self.dirty = true;
@@ -156,6 +172,16 @@ impl Journal {
         if !self.dirty {
             return;
         }
+        // Through the kept file while it is still the one at the path (appends then go
+        // to its new end: O_APPEND).
+        if let Some(f) = self.file.take_if(|f| is_at(f, &self.path))
+            && f.set_len(0).is_ok()
+        {
+            self.file = Some(f);
+            self.dirty = false;
+            return;
+        }
+        self.file = None;
         match std::fs::OpenOptions::new().write(true).truncate(true).custom_flags(libc::O_NONBLOCK).open(&self.path) {
             Ok(_) => self.dirty = false,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.dirty = false,
@@ -196,6 +222,13 @@ impl Journal {
         state.outbox.restore(&unsaved);
         unsaved
     }
+}
+
+/// Whether `file` is the file at `path` (the same inode, still linked).
+fn is_at(file: &std::fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(kept), Ok(there)) = (file.metadata(), std::fs::metadata(path)) else { return false };
+    kept.nlink() > 0 && (kept.dev(), kept.ino()) == (there.dev(), there.ino())
 }
 
 /// What sent batches told the platform, written into the state checks' port records.
@@ -652,6 +685,37 @@ mod tests {
         });
         assert!(seen, "the batch reached the sink while the state was being saved");
         assert_eq!(courier.next_acks().await.unwrap(), vec![1]);
+    }
+
+    /// The journal is kept open between appends and emptied through it; one removed or
+    /// replaced at its path is opened anew there, so nothing recorded goes to a file no
+    /// restart would read.
+    #[test]
+    fn the_kept_journal_follows_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = Journal::new(&dir.path().join("state.json"));
+        let path = journal.path().to_path_buf();
+        let mut o = Outbox::default();
+        let lines = |p: &Path| std::fs::read_to_string(p).map(|t| t.lines().count()).unwrap_or(0);
+        let mut one = || -> Vec<Arc<PendingBatch>> {
+            o.enqueue(&[ev(Check::EthernetStateCheck)]).into_iter().map(Arc::new).collect()
+        };
+        journal.record(&one());
+        journal.record(&one());
+        assert_eq!(lines(&path), 2);
+        journal.saved();
+        assert_eq!(lines(&path), 0, "emptied");
+        journal.record(&one());
+        assert_eq!(lines(&path), 1, "appended after the emptying, from its start");
+        std::fs::remove_file(&path).unwrap();
+        journal.record(&one());
+        assert_eq!(lines(&path), 1, "removed: made anew at its path");
+        std::fs::rename(&path, dir.path().join("elsewhere")).unwrap();
+        std::fs::write(&path, "").unwrap();
+        journal.record(&one());
+        assert_eq!(lines(&path), 1, "replaced: the file at its path is written");
+        let state = State::fresh(None);
+        assert_eq!(Journal::unsaved(std::fs::read(&path).unwrap().as_slice(), &state).len(), 1);
     }
 
     proptest::proptest! {
