@@ -494,22 +494,50 @@ fn rejected_checks(conn: &Connector) -> BTreeSet<String> {
 
 const STALLED_NODE: &str = "gpu-node-8";
 
+/// What both stall tests start from: a freezable filesystem with nicmon's state file on
+/// it, the node and the shipped rules with short holds. Declared before nicmon, so the
+/// filesystem is unmounted after nicmon is gone.
+struct Stall {
+    tools: nicmon_tests::prometheus::Tools,
+    fs: FreezableFs,
+    _dir: tempfile::TempDir,
+    rules: std::path::PathBuf,
+    node: Node,
+    state: String,
+}
+
+impl Stall {
+    /// `None` (the test skips, saying why) without the tools or a freezable filesystem.
+    fn set_up() -> Option<Stall> {
+        let tools = tools()?;
+        let fs = FreezableFs::new()?;
+        let dir = tempfile::tempdir().unwrap();
+        let rules = alerts::rules_with_short_holds(dir.path());
+        let state = fs.path().join("state.json").to_str().unwrap().to_string();
+        Some(Stall { tools, fs, _dir: dir, rules, node: Platform::H100Oci.build(), state })
+    }
+
+    /// After the thaw: a poll completes (more than `polls` done) and the alert resolves.
+    fn thawed(&self, prom: &Prometheus, metrics: SocketAddr, polls: f64) {
+        wait_for("a poll completed after the thaw", || polls_done(metrics).filter(|n| *n > polls));
+        wait_for("NicmonPollStalled resolved", || {
+            let active = prom.alerts()?;
+            (!active.iter().any(|a| alerts::label(a, "alertname") == "NicmonPollStalled")).then_some(())
+        });
+    }
+}
+
 #[test]
 fn a_poll_loop_held_by_a_frozen_state_file_filesystem_fires_nicmon_poll_stalled_while_metrics_answer() {
-    let Some(tools) = tools() else { return };
-    // Declared before nicmon, so unmounted after it is gone.
-    let Some(fs) = FreezableFs::new() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let rules = alerts::rules_with_short_holds(dir.path());
-    let node = Platform::H100Oci.build();
-    let state = fs.path().join("state.json");
-    let (_nicmon, metrics) = start_nicmon_saving_to(&node, state.to_str().unwrap(), STALLED_NODE, "", PORT_ARGS);
-    let prom = Prometheus::start(&tools.prometheus, &rules, metrics);
+    let Some(stall) = Stall::set_up() else { return };
+    let (node, fs) = (&stall.node, &stall.fs);
+    let (_nicmon, metrics) = start_nicmon_saving_to(node, &stall.state, STALLED_NODE, "", PORT_ARGS);
+    let prom = Prometheus::start(&stall.tools.prometheus, &stall.rules, metrics);
     wait_for("five scrapes of nicmon", || {
         prom.has("sum_over_time(up{job=\"nicmon\"}[10m]) >= 5 and on () count(nicmon_port_healthy) > 0").then_some(())
     });
     wait_rules_evaluated(&prom, &["nicmon-monitor"]);
-    assert!(state.is_file(), "nicmon saves its state on the frozen-to-be filesystem");
+    assert!(std::path::Path::new(&stall.state).is_file(), "nicmon saves its state on the frozen-to-be filesystem");
 
     let since = Instant::now();
     // Declared after nicmon, so thawed before it is killed (a writer blocked on a frozen
@@ -532,13 +560,9 @@ fn a_poll_loop_held_by_a_frozen_state_file_filesystem_fires_nicmon_poll_stalled_
     let polls = plain(&body, "nicmon_poll_duration_seconds_count").unwrap();
 
     drop(frozen);
-    wait_for("a poll completed after the thaw", || polls_done(metrics).filter(|n| *n > polls));
+    stall.thawed(&prom, metrics, polls);
     wait_for("the port fault exported", || {
         (value_of(&scrape(metrics), "nicmon_port_healthy{", "mlx5_0") == Some(0.0)).then_some(())
-    });
-    wait_for("NicmonPollStalled resolved", || {
-        let active = prom.alerts()?;
-        (!active.iter().any(|a| alerts::label(a, "alertname") == "NicmonPollStalled")).then_some(())
     });
 }
 
@@ -551,21 +575,15 @@ const STALLED_AT_START_NODE: &str = "gpu-node-9";
 
 #[test]
 fn a_state_file_filesystem_frozen_before_nicmon_starts_fires_nicmon_poll_stalled() {
-    let Some(tools) = tools() else { return };
-    let Some(fs) = FreezableFs::new() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let rules = alerts::rules_with_short_holds(dir.path());
-    let node = Platform::H100Oci.build();
-    let state = fs.path().join("state.json");
+    let Some(stall) = Stall::set_up() else { return };
     // Declared before the freeze, so dropped after the thaw (a process blocked on a frozen
     // filesystem cannot be killed), a failing assertion included.
     let nicmon: Daemon;
-    let frozen = fs.freeze();
+    let frozen = stall.fs.freeze();
     let since = Instant::now();
-    let (daemon, metrics) =
-        start_nicmon_saving_to(&node, state.to_str().unwrap(), STALLED_AT_START_NODE, "", PORT_ARGS);
+    let (daemon, metrics) = start_nicmon_saving_to(&stall.node, &stall.state, STALLED_AT_START_NODE, "", PORT_ARGS);
     nicmon = daemon;
-    let prom = Prometheus::start(&tools.prometheus, &rules, metrics);
+    let prom = Prometheus::start(&stall.tools.prometheus, &stall.rules, metrics);
     let expected: &[Expected] = &[("NicmonPollStalled", "", "", "")];
     let fired = wait_all_firing(&prom, since, expected);
     assert_eq!(polls_done(metrics), Some(1.0), "the first poll completed, none after it");
@@ -573,10 +591,6 @@ fn a_state_file_filesystem_frozen_before_nicmon_starts_fires_nicmon_poll_stalled
     assert_alerts(&prom, metrics, STALLED_AT_START_NODE, &fired, expected, &also);
 
     drop(frozen);
-    wait_for("a poll completed after the thaw", || polls_done(metrics).filter(|n| *n > 1.0));
-    wait_for("NicmonPollStalled resolved", || {
-        let active = prom.alerts()?;
-        (!active.iter().any(|a| alerts::label(a, "alertname") == "NicmonPollStalled")).then_some(())
-    });
+    stall.thawed(&prom, metrics, 1.0);
     drop(nicmon);
 }
