@@ -125,17 +125,15 @@ impl Journal {
     /// written as without it), or the one kept since while it is still the file at its
     /// path (a journal removed, moved or replaced is opened anew there).
     fn file(&mut self) -> std::io::Result<&std::fs::File> {
-        let at_path = |f: &std::fs::File| is_at(f, &self.path);
-        if !self.file.as_ref().is_some_and(at_path) {
-            self.file = None;
-            let f = std::fs::OpenOptions::new()
+        let f = match self.file.take().filter(|f| is_at(f, &self.path)) {
+            Some(f) => f,
+            None => std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-                .open(&self.path)?;
-            self.file = Some(f);
-        }
-        self.file.as_ref().ok_or_else(|| std::io::Error::other("journal not open"))
+                .open(&self.path)?,
+        };
+        Ok(self.file.insert(f))
     }
 
     pub fn path(&self) -> &Path {
@@ -174,14 +172,13 @@ impl Journal {
         }
         // Through the kept file while it is still the one at the path (appends then go
         // to its new end: O_APPEND).
-        if let Some(f) = self.file.take_if(|f| is_at(f, &self.path))
+        if let Some(f) = self.file.take().filter(|f| is_at(f, &self.path))
             && f.set_len(0).is_ok()
         {
             self.file = Some(f);
             self.dirty = false;
             return;
         }
-        self.file = None;
         match std::fs::OpenOptions::new().write(true).truncate(true).custom_flags(libc::O_NONBLOCK).open(&self.path) {
             Ok(_) => self.dirty = false,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.dirty = false,

@@ -256,9 +256,8 @@ fn finish_devices(
 /// (with `plan.link_only`: their link-state files only). `None` when the device set is not
 /// `base`'s any more (a full poll must see that).
 pub fn rediscover(host: &Host, plan: &ReadPlan, base: &Snapshot, names: &[String]) -> Option<Snapshot> {
-    let same = |listed: &[String]| {
-        listed.len() == base.devices.len() && base.devices.iter().all(|d| listed.iter().any(|n| *n == d.name))
-    };
+    let same =
+        |listed: &[String]| listed.len() == base.devices.len() && base.devices.iter().all(|d| listed.contains(&d.name));
     // With a static cache the devices are listed through the directory kept open for it
     // (no path walk), and their kept attributes and netdevs stand (no incarnation check, no
     // netdev listing): a device replaced since the full poll fails its kept files' reads,
