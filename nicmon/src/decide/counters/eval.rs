@@ -106,9 +106,24 @@ pub fn counter_key(device: &str, port: u32, rule_name: &str) -> String {
 
 /// [`counter_key`] into `out` (cleared first): a poll makes one key per counter, in one buffer.
 fn write_counter_key(out: &mut String, device: &str, port: u32, rule_name: &str) {
-    use std::fmt::Write;
     out.clear();
-    let _ = write!(out, "{device}:{port}:{rule_name}");
+    out.push_str(device);
+    out.push(':');
+    // The port's digits without the formatting machinery (a poll makes thousands of keys).
+    let mut digits = [0u8; 10];
+    let mut n = port;
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend(digits[at..].iter().map(|&d| char::from(d)));
+    out.push(':');
+    out.push_str(rule_name);
 }
 
 /// The parts of a [`counter_key`]: `(device, port, rule name)`. Rule names and port numbers
@@ -236,6 +251,8 @@ pub fn evaluate(
 struct Shared<'r> {
     others: Vec<&'r str>,
     first: bool,
+    /// The rule's counter's width ([`width::width`] of its path).
+    width: Option<width::Width>,
 }
 
 impl<'r> Shared<'r> {
@@ -247,7 +264,7 @@ impl<'r> Shared<'r> {
             .map(|(i, r)| {
                 let same = |o: &&CounterRule| o.enabled && o.code() == r.code();
                 let others = rules.iter().filter(same).filter(|o| o.name != r.name).map(|o| o.name.as_str()).collect();
-                Shared { others, first: !rules[..i].iter().any(|o| same(&o)) }
+                Shared { others, first: !rules[..i].iter().any(|o| same(&o)), width: width::width(&r.path) }
             })
             .collect()
     }
@@ -509,7 +526,7 @@ fn breach(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &
 /// Step 3, saturation episodes (SPEC §1.4): report a counter at its maximum once. Returns
 /// whether the counter is saturated now (then its thresholds are not evaluated).
 fn saturation(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &Reading<'_>) -> bool {
-    let w = width::width(&at.rule.path);
+    let w = at.shared.width;
     let max = w.and_then(|w| w.saturation_value());
     if max != Some(at.value) {
         // Left the maximum upwards: it was a wider counter after all (width.rs), and the

@@ -592,6 +592,9 @@ fn value() -> impl Strategy<Value = Option<u64>> {
 #[test]
 fn counter_keys_split_back_into_their_parts() {
     assert_eq!(parse_counter_key(&counter_key("mlx5_0", 1, "link_downed")), Some(("mlx5_0", 1, "link_downed")));
+    for port in [0, 9, 10, 255, 1000, u32::MAX] {
+        assert_eq!(counter_key("mlx5_0", port, "x"), format!("mlx5_0:{port}:x"));
+    }
     assert_eq!(parse_counter_key("mlx5_0:x:link_downed"), None);
     assert_eq!(parse_counter_key("nocolon"), None);
 }

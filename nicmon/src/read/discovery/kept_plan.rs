@@ -16,6 +16,11 @@
 //!
 //! The character-device entries, planned after the devices, are planned on every poll
 //! ([`super::chars`]), against the same last batch.
+//!
+//! The plan also keeps the devices as the last poll finished them from its results
+//! ([`Finished`]): a device whose files all read the same again is that reading again (the
+//! same `Arc`, nothing parsed or built). On a quiet node that is every device, every poll;
+//! a port whose counter moved is finished anew, its device alone.
 use super::*;
 
 /// A full poll's device plan and where it stands.
@@ -34,6 +39,32 @@ pub(super) struct KeptPlan {
     generation: u64,
     /// When the first device's static attributes are due a re-read.
     expires: Instant,
+    /// The devices as a poll by this plan last finished them, and what it read.
+    pub(super) finished: Option<Arc<Finished>>,
+}
+
+/// A poll's devices as finished from its results by a kept plan ([`KeptPlan::finished`]).
+#[derive(Debug)]
+pub(super) struct Finished {
+    /// Per device of the plan (by its position), its reading.
+    devices: Vec<Arc<Device>>,
+    /// The poll's results, by place in the batch.
+    results: Vec<Result<String, ReadError>>,
+}
+
+impl Finished {
+    /// Device `i` of the plan, read as `r` with `results`: the kept reading when every one
+    /// of its files read the same as then. A file found absent is never taken as the same
+    /// (its finish notes it: [`StaticCache::mark_absent`]).
+    pub(super) fn reuse(&self, i: usize, r: &DeviceRead, results: &[Result<String, ReadError>]) -> Option<Arc<Device>> {
+        let d = self.devices.get(i).filter(|d| d.name == r.name)?;
+        let same = |j: usize| match (results.get(j), self.results.get(j)) {
+            (Some(Err(ReadError::Missing)), _) => false,
+            (Some(now), Some(then)) => now == then,
+            _ => false,
+        };
+        r.indices().all(same).then(|| d.clone())
+    }
 }
 
 impl std::fmt::Debug for KeptPlan {
@@ -62,6 +93,7 @@ impl KeptPlan {
             route: route.to_vec(),
             generation,
             expires,
+            finished: None,
         }
     }
 
@@ -100,6 +132,21 @@ impl StaticCache {
     /// The frozen generation now.
     pub(super) fn frozen_generation(&self) -> u64 {
         self.inner.lock().map(|c| c.frozen.generation()).unwrap_or(u64::MAX)
+    }
+
+    /// Keep `devices`, finished from `results` by the kept plan of `files` (if it still
+    /// stands: a finish that changed what the plan is made from has dropped it).
+    pub(super) fn keep_finished(
+        &self,
+        files: &Arc<FileSet>,
+        devices: &[Arc<Device>],
+        results: Vec<Result<String, ReadError>>,
+    ) {
+        if let Ok(mut c) = self.inner.lock()
+            && let Some(p) = c.plan.as_mut().filter(|p| p.files.as_ref().is_some_and(|f| Arc::ptr_eq(f, files)))
+        {
+            p.finished = Some(Arc::new(Finished { devices: devices.to_vec(), results }));
+        }
     }
 
     /// Keep `plan`, made into `files`.
@@ -154,6 +201,42 @@ mod tests {
         host.topology_hint();
         assert_eq!(discover(&host, &plan), fresh);
         assert_eq!(kept(&host), 3, "a walk plans anew");
+    }
+
+    #[test]
+    fn a_device_whose_files_read_the_same_is_the_last_reading_again() {
+        let node = Platform::H100Oci.build();
+        let host = Host::new(node.sys(), node.proc());
+        let cache = Arc::new(StaticCache::default());
+        let plan = ReadPlan { statics: Some(cache.clone()), counter_paths: vec![PATH.into()], ..ReadPlan::default() };
+        let device = |s: &Snapshot, name: &str| s.devices.iter().find(|d| d.name == name).cloned().unwrap();
+        let same = |a: &Snapshot, b: &Snapshot, name: &str| Arc::ptr_eq(&device(a, name), &device(b, name));
+        let first = discover(&host, &plan);
+        let second = discover(&host, &plan);
+        assert_eq!(kept(&host), 1);
+        assert!(first.devices.iter().all(|d| same(&first, &second, &d.name)), "nothing read differently");
+        let third = discover(&host, &plan);
+        assert!(second.devices.iter().all(|d| same(&second, &third, &d.name)));
+        // A counter that moved: its device is finished anew, the others are kept.
+        node.set_counter("mlx5_0", 1, PATH, 42);
+        let fourth = discover(&host, &plan);
+        assert_eq!(counter_of(&fourth, "mlx5_0"), Some(42));
+        assert!(!same(&third, &fourth, "mlx5_0"));
+        assert!(third.devices.iter().filter(|d| d.name != "mlx5_0").all(|d| same(&third, &fourth, &d.name)));
+        // A port's state that changed, the same way.
+        node.set_port("mlx5_1", 1, "1: DOWN", "3: Disabled");
+        let fifth = discover(&host, &plan);
+        assert_eq!(device(&fifth, "mlx5_1").ports[0].state, Some(crate::model::PortState::Down));
+        assert!(!same(&fourth, &fifth, "mlx5_1") && same(&fourth, &fifth, "mlx5_0"));
+        // Every poll read what a poll without any cache reads.
+        let fresh = discover(&host, &ReadPlan { counter_paths: vec![PATH.into()], ..ReadPlan::default() });
+        assert_eq!(fifth, fresh);
+        assert_eq!(kept(&host), 4);
+        // A walk plans anew, and finishes every device anew.
+        host.topology_hint();
+        let sixth = discover(&host, &plan);
+        assert_eq!(sixth, fresh);
+        assert!(!same(&fifth, &sixth, "mlx5_0"));
     }
 
     #[test]

@@ -138,7 +138,8 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
         Some(cache) => cache.route(host, walk),
         None => default_route(host),
     };
-    let (reads, mut batch, made) = plan_devices(host, plan, (&names, walk), &default_route_devices, last);
+    let DevicePlan { reads, mut batch, made, finished } =
+        plan_devices(host, plan, (&names, walk), &default_route_devices, last);
     let chars = chars::plan(host, plan.statics.as_deref(), !plan.char_listing_may_stand, walk, &mut batch);
     let same = batch.is_prev(keep);
     if !same {
@@ -162,8 +163,11 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
             cache.keep_plan(made, &files);
         }
     }
-    let devices = finish_devices(reads, &results, &files, plan, &default_route_devices);
+    let devices = finish_devices(reads, &results, (&files, finished.as_deref()), plan, &default_route_devices);
     let char_devices = chars::finish(chars, &results, plan.statics.as_deref());
+    if let Some(cache) = &plan.statics {
+        cache.keep_finished(&files, &devices, results);
+    }
 
     let mut pci_probes = BTreeMap::new();
     for (name, pci) in &plan.known {
@@ -175,16 +179,26 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
     Snapshot { devices, default_route_ifaces, default_route_devices, pci_probes, char_devices, ..Snapshot::default() }
 }
 
+/// A full poll's plan of its devices ([`plan_devices`]).
+struct DevicePlan {
+    reads: Vec<Planned>,
+    batch: Batch,
+    /// A plan made now, to be kept once its batch is made.
+    made: Option<kept_plan::KeptPlan>,
+    /// The kept plan's last finished devices, when it is the kept plan.
+    finished: Option<Arc<kept_plan::Finished>>,
+}
+
 /// The plan of the devices `names` (`walk`: whether this poll walks) into a batch made
 /// against `last` (the last batch): the kept plan when it stands ([`kept_plan`]), else made
-/// now — then returned a third time, to be kept once its batch is made.
+/// now.
 fn plan_devices(
     host: &Host,
     plan: &ReadPlan,
     (names, walk): (&[String], bool),
     route: &[String],
     last: Option<Arc<FileSet>>,
-) -> (Vec<Planned>, Batch, Option<kept_plan::KeptPlan>) {
+) -> DevicePlan {
     let frozen = match (&plan.statics, plan.unmonitored) {
         (Some(cache), Some(judge)) => cache.frozen(judge, route),
         _ => Vec::new(),
@@ -193,7 +207,7 @@ fn plan_devices(
     if let Some(kept) = cache.and_then(|c| c.kept_plan(walk, route)) {
         host.stats.plans_kept.fetch_add(1, Ordering::Relaxed);
         let batch = kept.batch();
-        return (kept.reads, batch, None);
+        return DevicePlan { reads: kept.reads, batch, made: None, finished: kept.finished };
     }
     let mut batch = Batch::against(last);
     let reads: Vec<Planned> = names
@@ -207,7 +221,7 @@ fn plan_devices(
     let made = cache
         .filter(|_| kept_plan::KeptPlan::keepable(&reads))
         .map(|c| kept_plan::KeptPlan::new(&reads, &batch, route, c.frozen_generation()));
-    (reads, batch, made)
+    DevicePlan { reads, batch, made, finished: None }
 }
 
 /// The interfaces that carry a default route (`<procfs>/net/route`) and the IB devices
@@ -226,19 +240,25 @@ fn default_route(host: &Host) -> (Vec<String>, Vec<String>) {
 }
 
 /// The devices of a poll from their reads: a frozen reading as it is, a device read now
-/// finished from the results (and frozen when it may be, see [`unmonitored`]).
+/// finished from the results (and frozen when it may be, see [`unmonitored`]) — or, by a
+/// kept plan whose last poll's devices are `finished`, that poll's reading of a device whose
+/// files all read the same.
 fn finish_devices(
     reads: Vec<Planned>,
     results: &[Result<String, ReadError>],
-    files: &FileSet,
+    (files, finished): (&FileSet, Option<&kept_plan::Finished>),
     plan: &ReadPlan,
     route: &[String],
 ) -> Vec<Arc<Device>> {
     reads
         .into_iter()
-        .map(|r| match r {
+        .enumerate()
+        .map(|(i, r)| match r {
             Planned::Frozen(d) => d,
             Planned::Read(r) => {
+                if let Some(d) = finished.and_then(|f| f.reuse(i, &r, results)) {
+                    return d;
+                }
                 let d = Arc::new(finish_device(r, results, files, plan));
                 if let (Some(cache), Some(judge)) = (&plan.statics, plan.unmonitored)
                     && unmonitored::freezable(&d, judge, route)
@@ -277,7 +297,7 @@ pub fn rediscover(host: &Host, plan: &ReadPlan, base: &Snapshot, names: &[String
     let reads: Vec<Planned> = named.iter().map(|n| plan_device(host, n, plan, (route, walk), &mut batch)).collect();
     let files = batch.finish(host, plan.statics.is_some());
     let results = host.read_files(&files);
-    let mut read = finish_devices(reads, &results, &files, plan, route).into_iter();
+    let mut read = finish_devices(reads, &results, (&files, None), plan, route).into_iter();
     for d in s.devices.iter_mut().filter(|d| names.contains(&d.name)) {
         if let Some(mut new) = read.next() {
             if plan.link_only {

@@ -181,6 +181,46 @@ pub(super) struct PortRead {
     pub(super) speed: Option<usize>,
 }
 
+impl DeviceRead {
+    /// Every place in the batch this device's reading is finished from
+    /// ([`finish_device`]): what a kept plan compares to reuse the last reading
+    /// ([`super::kept_plan::Finished`]).
+    pub(super) fn indices(&self) -> impl Iterator<Item = usize> + '_ {
+        // Destructured so that a field added to either read is seen here.
+        let DeviceRead { name: _, statics: _, efa: _, unsupported: _, netdev: _, ports, pcie } = self;
+        let pcie = pcie
+            .iter()
+            .flat_map(|PcieRead { speed, width, aer }| [*speed, *width].into_iter().chain(aer.iter().map(|&(_, i)| i)));
+        pcie.chain(ports.iter().flat_map(PortRead::indices))
+    }
+}
+
+impl PortRead {
+    fn indices(&self) -> impl Iterator<Item = usize> + '_ {
+        let PortRead {
+            number: _,
+            link_layer,
+            state,
+            phys_state,
+            rate,
+            lid,
+            sm_lid,
+            operstate,
+            carrier,
+            counters,
+            roce_counters,
+            speed,
+        } = self;
+        [*state, *phys_state, *rate, *lid, *sm_lid]
+            .into_iter()
+            .chain(link_layer.as_ref().ok().copied())
+            .chain(*operstate)
+            .chain(*carrier)
+            .chain(*speed)
+            .chain(counters.iter().chain(roce_counters).map(|&(_, i)| i))
+    }
+}
+
 /// What a monitored port reads beyond its fixed files: the plan's counters and, on a port
 /// that may be RoCE, the plan's [`RoceReads`].
 #[derive(Clone, Copy)]

@@ -19,9 +19,11 @@ pub const KEPT_REFRESH: Duration = Duration::from_secs(60);
 pub(super) struct Kept {
     /// By the path's bytes (hashing a `PathBuf` walks its components), with a fast
     /// non-cryptographic hash (the keys are nicmon's own paths; looked up twice per read).
-    pub(super) files: std::collections::HashMap<KeptKey, KeptFile, foldhash::fast::RandomState>,
-    /// Bumped by every [`Reader::forget_kept`]: a file taken out for a read under an older
-    /// generation is closed after it, not put back (it may belong to a device forgotten
+    /// A read takes its file out as a second reference (it stays kept while it is read:
+    /// looked up once per read, nothing put back).
+    pub(super) files: std::collections::HashMap<KeptKey, Arc<KeptFile>, foldhash::fast::RandomState>,
+    /// Bumped by every [`Reader::forget_kept`]: a file opened anew for a read under an older
+    /// generation is closed after it, not kept (it may belong to a device forgotten
     /// meanwhile).
     pub(super) generation: u64,
     /// The watch on kept files that are not on sysfs; made with the first such file.
@@ -53,13 +55,22 @@ impl AsRef<OsStr> for KeptKey {
 }
 
 impl Kept {
-    /// Put a file back among the kept ones, if the budget allows (else it is closed).
-    pub(super) fn put_back(&mut self, key: KeptKey, file: KeptFile, generation: u64) {
+    /// Keep a file just opened (replacing the one kept under its path), if the budget
+    /// allows (else it is closed).
+    pub(super) fn put(&mut self, key: KeptKey, file: KeptFile, generation: u64) {
         if self.generation != generation {
             return;
         }
         if self.files.len() < kept_budget() || self.files.contains_key(&key) {
-            self.files.insert(key, file);
+            self.files.insert(key, Arc::new(file));
+        }
+    }
+
+    /// Close the file kept under `key` if it is still `file` (a failed read's: a newer one
+    /// opened meanwhile stays).
+    fn drop_failed(&mut self, key: &str, file: &Arc<KeptFile>) {
+        if self.files.get(key).is_some_and(|k| Arc::ptr_eq(k, file)) {
+            self.files.remove(key);
         }
     }
 
@@ -214,9 +225,9 @@ fn kept_budget() -> usize {
 /// was dropped before the batch if it changed ([`Kept::drop_changed`]). A failed `pread` (`ENODEV` once the attribute's device
 /// is gone), or a descriptor older than [`KEPT_REFRESH`], is closed and the path opened
 /// again; a file that opens and reads is kept for the next read.
-/// A file to keep after its read: its key when it was kept before, the file, and the
-/// [`Kept::generation`] it was taken out under.
-pub(super) type PutBack = (Option<KeptKey>, KeptFile, u64);
+/// A file opened anew by a read, to keep after it, and the [`Kept::generation`] it was read
+/// under.
+pub(super) type PutBack = (KeptFile, u64);
 
 /// `path`: the file's path, asked only when it is opened (not for a kept file's `pread`).
 pub(super) fn read_kept(
@@ -224,31 +235,35 @@ pub(super) fn read_kept(
     key: &str,
     path: impl FnOnce() -> std::path::PathBuf,
     (limit, past): (usize, Past),
-    scratch: &mut [u8],
+    (scratch, now): (&mut [u8], Instant),
 ) -> (Result<Vec<u8>, ReadError>, Option<PutBack>) {
     let lock = || kept.lock().unwrap_or_else(|p| p.into_inner());
     let (kept, generation) = {
-        let mut k = lock();
-        (k.files.remove_entry(key), k.generation)
+        let k = lock();
+        (k.files.get(key).cloned(), k.generation)
     };
-    if let Some((key, k)) = kept
-        && k.opened.elapsed() < KEPT_REFRESH
+    if let Some(k) = &kept
+        && now.saturating_duration_since(k.opened) < KEPT_REFRESH
     {
         match pread_whole(&k.file, limit, past, scratch) {
             Ok(buf) if k.guard != Guard::Links || links(&k.file).is_some_and(|n| n > 0) => {
-                return (Ok(buf), Some((Some(key), k, generation)));
+                return (Ok(buf), None);
             }
             // The attribute refused to answer (`EINVAL`: a netdev's `carrier` while it is
             // down): the file is still there, and opening it again would only hear the
             // same answer. Kept; the answer is the read's.
             Err(ReadError::Invalid) if k.guard == Guard::Sysfs => {
-                return (Err(ReadError::Invalid), Some((Some(key), k, generation)));
+                return (Err(ReadError::Invalid), None);
             }
             // A sign that a device may have gone ([`super::walks`]).
             _ => {
                 failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         }
+    }
+    // Failed or too old: not kept any more, whatever the path gives now.
+    if let Some(k) = &kept {
+        lock().drop_failed(key, k);
     }
     let path = path();
     match open_read(&path, limit, past) {
@@ -262,7 +277,7 @@ pub(super) fn read_kept(
             } else {
                 Guard::Links
             };
-            (Ok(buf), Some((None, KeptFile { file, opened: Instant::now(), guard }, generation)))
+            (Ok(buf), Some((KeptFile { file, opened: Instant::now(), guard }, generation)))
         }
         Err(e) => (Err(e), None),
     }

@@ -403,9 +403,9 @@ impl Shared {
         self.kept.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Put a file back among the kept ones, if the budget allows (else it is closed).
+    /// Keep a file just opened, if the budget allows (else it is closed).
     fn keep(&self, key: KeptKey, file: KeptFile, generation: u64) {
-        self.kept().put_back(key, file, generation);
+        self.kept().put(key, file, generation);
     }
 }
 
@@ -735,7 +735,8 @@ fn reader_thread(id: u64, jobs: &super::handoff::Rx<Msg>, shared: &Shared, read_
             shared.kept().drop_changed();
         }
         for (index, item) in job.items.iter().enumerate().skip(job.start) {
-            *job.progress.current.lock().unwrap_or_else(|p| p.into_inner()) = (index, Instant::now());
+            let started = Instant::now();
+            *job.progress.current.lock().unwrap_or_else(|p| p.into_inner()) = (index, started);
             // The path is made only where it is asked for: a read stuck somewhere (looked
             // up by path), a file read once or opened anew. A kept file's `pread` needs none.
             let earlier = {
@@ -754,7 +755,8 @@ fn reader_thread(id: u64, jobs: &super::handoff::Rx<Msg>, shared: &Shared, read_
             }
             let (result, keep) = if item.keep {
                 let kept = (&shared.kept, &shared.kept_failures);
-                read_kept(kept, item.rel_in(&mut rel_buf), || item.path(), (item.limit, item.past), &mut scratch)
+                let rel = item.rel_in(&mut rel_buf);
+                read_kept(kept, rel, || item.path(), (item.limit, item.past), (&mut scratch, started))
             } else {
                 (read_fn(item.path_in(&mut path_buf), item.limit, item.past), None)
             };
@@ -768,8 +770,8 @@ fn reader_thread(id: u64, jobs: &super::handoff::Rx<Msg>, shared: &Shared, read_
                 return;
             }
             drop(stuck);
-            if let Some((key, file, generation)) = keep {
-                shared.keep(key.unwrap_or_else(|| KeptKey(Arc::from(item.rel_in(&mut rel_buf)))), file, generation);
+            if let Some((file, generation)) = keep {
+                shared.keep(KeptKey(Arc::from(item.rel_in(&mut rel_buf))), file, generation);
             }
         }
         let _ = job.done.send(());
