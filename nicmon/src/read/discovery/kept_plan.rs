@@ -27,7 +27,7 @@ use super::*;
 #[derive(Clone)]
 pub(super) struct KeptPlan {
     /// Per device of the listing, its plan.
-    pub(super) reads: Vec<Planned>,
+    pub(super) reads: Arc<[Planned]>,
     /// How many files of the batch are the devices' (the character devices' follow).
     pub(super) len: usize,
     /// Those read once ([`Batch::read_once`]).
@@ -42,6 +42,12 @@ pub(super) struct KeptPlan {
     /// The devices as a poll by this plan last finished them, and what it read.
     pub(super) finished: Option<Arc<Finished>>,
 }
+
+/// The most files a poll's batch may have for its results to be kept with its devices
+/// ([`Finished`]): a GPU node's dozen NICs read a few hundred; a device of a thousand ports,
+/// tens of thousands — a second copy of those would cost more memory than finishing them
+/// saves time (the 1,000-port node's memory bar, docs/performance.md).
+pub(super) const FINISHED_MAX_FILES: usize = 4096;
 
 /// A poll's devices as finished from its results by a kept plan ([`KeptPlan::finished`]).
 #[derive(Debug)]
@@ -75,7 +81,7 @@ impl std::fmt::Debug for KeptPlan {
 
 impl KeptPlan {
     /// The plan just made of `reads` (`batch`: before the character devices were added).
-    pub(super) fn new(reads: &[Planned], batch: &Batch, route: &[String], generation: u64) -> KeptPlan {
+    pub(super) fn new(reads: &Arc<[Planned]>, batch: &Batch, route: &[String], generation: u64) -> KeptPlan {
         let now = Instant::now();
         let expires = reads
             .iter()
@@ -86,7 +92,7 @@ impl KeptPlan {
             .min()
             .unwrap_or(now + STATIC_REFRESH);
         KeptPlan {
-            reads: reads.to_vec(),
+            reads: reads.clone(),
             len: batch.len,
             once: batch.once.clone(),
             files: None,
@@ -135,7 +141,8 @@ impl StaticCache {
     }
 
     /// Keep `devices`, finished from `results` by the kept plan of `files` (if it still
-    /// stands: a finish that changed what the plan is made from has dropped it).
+    /// stands: a finish that changed what the plan is made from has dropped it). A batch of
+    /// more than [`FINISHED_MAX_FILES`] is not kept: its devices are finished every poll.
     pub(super) fn keep_finished(
         &self,
         files: &Arc<FileSet>,
@@ -145,7 +152,8 @@ impl StaticCache {
         if let Ok(mut c) = self.inner.lock()
             && let Some(p) = c.plan.as_mut().filter(|p| p.files.as_ref().is_some_and(|f| Arc::ptr_eq(f, files)))
         {
-            p.finished = Some(Arc::new(Finished { devices: devices.to_vec(), results }));
+            p.finished = (results.len() <= FINISHED_MAX_FILES)
+                .then(|| Arc::new(Finished { devices: devices.to_vec(), results }));
         }
     }
 

@@ -163,7 +163,7 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
             cache.keep_plan(made, &files);
         }
     }
-    let devices = finish_devices(reads, &results, (&files, finished.as_deref()), plan, &default_route_devices);
+    let devices = finish_devices(&reads, &results, (&files, finished.as_deref()), plan, &default_route_devices);
     let char_devices = chars::finish(chars, &results, plan.statics.as_deref());
     if let Some(cache) = &plan.statics {
         cache.keep_finished(&files, &devices, results);
@@ -181,7 +181,8 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
 
 /// A full poll's plan of its devices ([`plan_devices`]).
 struct DevicePlan {
-    reads: Vec<Planned>,
+    /// Shared with the kept plan.
+    reads: Arc<[Planned]>,
     batch: Batch,
     /// A plan made now, to be kept once its batch is made.
     made: Option<kept_plan::KeptPlan>,
@@ -210,7 +211,7 @@ fn plan_devices(
         return DevicePlan { reads: kept.reads, batch, made: None, finished: kept.finished };
     }
     let mut batch = Batch::against(last);
-    let reads: Vec<Planned> = names
+    let reads: Arc<[Planned]> = names
         .iter()
         .enumerate()
         .map(|(i, n)| match frozen.get(i).cloned().flatten() {
@@ -244,19 +245,19 @@ fn default_route(host: &Host) -> (Vec<String>, Vec<String>) {
 /// kept plan whose last poll's devices are `finished`, that poll's reading of a device whose
 /// files all read the same.
 fn finish_devices(
-    reads: Vec<Planned>,
+    reads: &[Planned],
     results: &[Result<String, ReadError>],
     (files, finished): (&FileSet, Option<&kept_plan::Finished>),
     plan: &ReadPlan,
     route: &[String],
 ) -> Vec<Arc<Device>> {
     reads
-        .into_iter()
+        .iter()
         .enumerate()
         .map(|(i, r)| match r {
-            Planned::Frozen(d) => d,
+            Planned::Frozen(d) => d.clone(),
             Planned::Read(r) => {
-                if let Some(d) = finished.and_then(|f| f.reuse(i, &r, results)) {
+                if let Some(d) = finished.and_then(|f| f.reuse(i, r, results)) {
                     return d;
                 }
                 let d = Arc::new(finish_device(r, results, files, plan));
@@ -297,7 +298,7 @@ pub fn rediscover(host: &Host, plan: &ReadPlan, base: &Snapshot, names: &[String
     let reads: Vec<Planned> = named.iter().map(|n| plan_device(host, n, plan, (route, walk), &mut batch)).collect();
     let files = batch.finish(host, plan.statics.is_some());
     let results = host.read_files(&files);
-    let mut read = finish_devices(reads, &results, (&files, None), plan, route).into_iter();
+    let mut read = finish_devices(&reads, &results, (&files, None), plan, route).into_iter();
     for d in s.devices.iter_mut().filter(|d| names.contains(&d.name)) {
         if let Some(mut new) = read.next() {
             if plan.link_only {

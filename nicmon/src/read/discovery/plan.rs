@@ -393,7 +393,7 @@ pub(super) fn plan_pcie(dev: &str, statics: &Statics, plan: &ReadPlan, batch: &m
 pub(super) fn finish_pcie(
     dev: &str,
     statics: &Statics,
-    p: PcieRead,
+    p: &PcieRead,
     results: &[Result<String, ReadError>],
     files: &FileSet,
     plan: &ReadPlan,
@@ -407,7 +407,7 @@ pub(super) fn finish_pcie(
         .as_ref()
         .map(|(address, max)| UpstreamPort { address: address.clone(), link: max.link(&unread, &unread) });
     let mut aer = Aer::default();
-    for (s, i) in p.aer {
+    for &(s, i) in &p.aer {
         let raw = results.get(i);
         if let (Some(Err(ReadError::Missing)), Some(c), Some(rel)) = (raw, plan.statics.as_deref(), files.rel(i)) {
             c.mark_absent(dev, AbsentFile::File(&rel));
@@ -418,23 +418,23 @@ pub(super) fn finish_pcie(
 }
 
 pub(super) fn finish_device(
-    r: DeviceRead,
+    r: &DeviceRead,
     results: &[Result<String, ReadError>],
     files: &FileSet,
     plan: &ReadPlan,
 ) -> Device {
     let DeviceRead { name, statics, efa, unsupported, netdev, ports, pcie } = r;
-    let pcie = pcie.and_then(|p| finish_pcie(&name, &statics, p, results, files, plan));
-    let Statics { pci_address, driver, rdma_driver, function, numa_node, hca_type, fw_ver, board_id, .. } = &*statics;
+    let pcie = pcie.as_ref().and_then(|p| finish_pcie(name, statics, p, results, files, plan));
+    let Statics { pci_address, driver, rdma_driver, function, numa_node, hca_type, fw_ver, board_id, .. } = &**statics;
     let (pci_address, driver, function, numa_node) =
         (pci_address.clone(), driver.clone(), *function, numa_node.clone());
     let (hca_type, fw_ver, board_id) = (hca_type.clone(), fw_ver.clone(), board_id.clone());
     let card = pci_address.as_deref().and_then(parse::card_of);
     let ports = ports
-        .into_iter()
+        .iter()
         .map(|p| {
-            let mut port = finish_port(&name, p, results, plan);
-            if efa {
+            let mut port = finish_port(name, p, results, plan);
+            if *efa {
                 // The efa driver reports an unspecified link layer (`Unknown`).
                 port.link_layer = Some(LinkLayer::Efa);
                 port.unknown.remove("link_layer");
@@ -448,8 +448,8 @@ pub(super) fn finish_device(
         unknown.insert("numa_node".to_string(), why);
     }
     Device {
-        name,
-        unsupported,
+        name: name.clone(),
+        unsupported: unsupported.clone(),
         pci_address,
         card,
         numa_node: numa_node.filter(|n| *n >= 0),
@@ -459,7 +459,7 @@ pub(super) fn finish_device(
         driver,
         rdma_driver: *rdma_driver,
         function,
-        netdev,
+        netdev: netdev.clone(),
         ports,
         unknown,
         pcie,
@@ -555,12 +555,12 @@ pub(super) fn plan_counters(
 /// read again in this incarnation).
 pub(super) fn finish_counters(
     (dev, n): (&str, u32),
-    planned: Vec<(usize, usize)>,
+    planned: &[(usize, usize)],
     (paths, base): (&[Arc<str>], usize),
     (results, plan): (&[Result<String, ReadError>], &ReadPlan),
     out: &mut BTreeMap<Arc<str>, u64>,
 ) {
-    for (k, i) in planned {
+    for &(k, i) in planned {
         match results.get(i) {
             Some(Ok(raw)) => {
                 if let Some(v) = parse::counter(raw) {
@@ -577,19 +577,19 @@ pub(super) fn finish_counters(
     }
 }
 
-pub(super) fn finish_port(dev: &str, p: PortRead, results: &[Result<String, ReadError>], plan: &ReadPlan) -> Port {
+pub(super) fn finish_port(dev: &str, p: &PortRead, results: &[Result<String, ReadError>], plan: &ReadPlan) -> Port {
     let get = |i: usize| at(results, i);
     let read = |i: usize| get(i).ok();
     let mut unknown = BTreeMap::new();
-    let link_layer = match p.link_layer {
+    let link_layer = match &p.link_layer {
         Ok(i) => {
-            let (l, why) = attribute(get(i), parse::link_layer, |l| !matches!(l, LinkLayer::Unknown(_)));
+            let (l, why) = attribute(get(*i), parse::link_layer, |l| !matches!(l, LinkLayer::Unknown(_)));
             if let Some(why) = why {
                 unknown.insert("link_layer".to_string(), why);
             }
             l
         }
-        Err(known) => Some(known),
+        Err(known) => Some(known.clone()),
     };
     let (state, why) = attribute(get(p.state), parse::port_state, |s| !matches!(s, PortState::Unknown(_)));
     if let Some(why) = why {
@@ -601,11 +601,11 @@ pub(super) fn finish_port(dev: &str, p: PortRead, results: &[Result<String, Read
     }
     let mut counters = BTreeMap::new();
     let rule_paths = (plan.counter_paths.as_slice(), 0);
-    finish_counters((dev, p.number), p.counters, rule_paths, (results, plan), &mut counters);
+    finish_counters((dev, p.number), &p.counters, rule_paths, (results, plan), &mut counters);
     // Read where the port may have been RoCE; kept where it is.
     let mut roce_counters = BTreeMap::new();
     let roce_paths = (plan.roce.counter_paths.as_slice(), plan.counter_paths.len());
-    finish_counters((dev, p.number), p.roce_counters, roce_paths, (results, plan), &mut roce_counters);
+    finish_counters((dev, p.number), &p.roce_counters, roce_paths, (results, plan), &mut roce_counters);
     let roce = link_layer == Some(LinkLayer::Ethernet);
     let netdev_speed = p.speed.and_then(read).and_then(parse::netdev_speed).filter(|_| roce);
     if roce {
