@@ -18,9 +18,8 @@ pub const KEPT_REFRESH: Duration = Duration::from_secs(60);
 #[derive(Default)]
 pub(super) struct Kept {
     /// By the path's bytes (hashing a `PathBuf` walks its components), with a fast
-    /// non-cryptographic hash (the keys are nicmon's own paths; looked up twice per read).
-    /// A read takes its file out as a second reference (it stays kept while it is read:
-    /// looked up once per read, nothing put back).
+    /// non-cryptographic hash (the keys are nicmon's own paths). A read takes its file as a
+    /// second reference: it stays kept while it is read (one lookup, nothing put back).
     pub(super) files: std::collections::HashMap<KeptKey, Arc<KeptFile>, foldhash::fast::RandomState>,
     /// Bumped by every [`Reader::forget_kept`]: a file opened anew for a read under an older
     /// generation is closed after it, not kept (it may belong to a device forgotten
