@@ -101,11 +101,12 @@ struct CounterSeries {
     by_key: std::collections::HashMap<std::sync::Arc<str>, CounterSeriesEntry, foldhash::fast::RandomState>,
     /// The call that last set each series (one not set by the latest call is gone).
     round: u64,
+    /// The values the last call set (a handle: their map is not kept alive by it).
+    last: Option<std::sync::Weak<std::collections::BTreeMap<std::sync::Arc<str>, u64>>>,
 }
 
 #[derive(Debug)]
 struct CounterSeriesEntry {
-    labels: CounterLabels,
     value: u64,
     round: u64,
 }
@@ -387,40 +388,41 @@ impl Metrics {
     /// The counters the rules read, `(key, value)` with the counter state's key
     /// (`device:port:rule`, [`crate::decide::counters::counter_key`]), replacing the previous
     /// set. A series whose value did not move is not touched.
-    pub fn set_counter_values<'a>(&self, values: impl IntoIterator<Item = (&'a str, u64)>) {
+    pub fn set_counter_values(&self, values: &crate::decide::counters::LastValues) {
         let mut series = self.counter_series.lock().unwrap_or_else(|p| p.into_inner());
+        // The same map as the last call's: no value moved, no counter came or went.
+        if series.last.as_ref().is_some_and(|h| values.is(h)) {
+            return;
+        }
+        series.last = Some(values.handle());
         series.round = series.round.wrapping_add(1);
         let round = series.round;
         let mut added = false;
-        for (key, value) in values {
-            if let Some(e) = series.by_key.get_mut(key) {
-                if e.value != value {
-                    self.f.counter_value.get_or_create(&e.labels).set(value as f64);
+        // Sized once for every series (no table regrown, old and new alive, as they come).
+        let more = values.len().saturating_sub(series.by_key.len());
+        series.by_key.reserve(more);
+        for (key, &value) in values.iter() {
+            if let Some(e) = series.by_key.get_mut(&**key) {
+                if e.value != value
+                    && let Some(labels) = self.counter_labels(key)
+                {
+                    self.f.counter_value.get_or_create(&labels).set(value as f64);
                     e.value = value;
                 }
                 e.round = round;
                 continue;
             }
-            let Some((device, port, counter)) = crate::decide::counters::parse_counter_key(key) else { continue };
-            let mut names = self.label_values.lock().unwrap_or_else(|p| p.into_inner());
-            let mut shared = |v: &str| match names.get(v) {
-                Some(s) => s.clone(),
-                None => {
-                    let s: std::sync::Arc<str> = v.into();
-                    names.insert(s.clone());
-                    s
-                }
-            };
-            let labels = CounterLabels { device: shared(device), port, counter: shared(counter) };
+            let Some(labels) = self.counter_labels(key) else { continue };
             self.f.counter_value.get_or_create(&labels).set(value as f64);
-            series.by_key.insert(key.into(), CounterSeriesEntry { labels, value, round });
+            // The state's key itself (one allocation for both).
+            series.by_key.insert(key.clone(), CounterSeriesEntry { value, round });
             added = true;
         }
         let before = series.by_key.len();
-        series.by_key.retain(|_, e| {
+        series.by_key.retain(|key, e| {
             let kept = e.round == round;
-            if !kept {
-                self.f.counter_value.remove(&e.labels);
+            if !kept && let Some(labels) = self.counter_labels(key) {
+                self.f.counter_value.remove(&labels);
             }
             kept
         });
@@ -428,6 +430,22 @@ impl Metrics {
             // Names no series uses any more are let go.
             self.label_values.lock().unwrap_or_else(|p| p.into_inner()).retain(|s| std::sync::Arc::strong_count(s) > 1);
         }
+    }
+
+    /// The label set of the counter series of `key` (`device:port:rule`), its names shared
+    /// (made from the key when asked for: the series map keeps no label set per counter).
+    fn counter_labels(&self, key: &str) -> Option<CounterLabels> {
+        let (device, port, counter) = crate::decide::counters::parse_counter_key(key)?;
+        let mut names = self.label_values.lock().unwrap_or_else(|p| p.into_inner());
+        let mut shared = |v: &str| match names.get(v) {
+            Some(s) => s.clone(),
+            None => {
+                let s: std::sync::Arc<str> = v.into();
+                names.insert(s.clone());
+                s
+            }
+        };
+        Some(CounterLabels { device: shared(device), port, counter: shared(counter) })
     }
 
     /// `n` kernel log records were lost (`/dev/kmsg` returned `EPIPE` / a sequence gap).
@@ -508,6 +526,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::counters::LastValues;
     use crate::model::event::Stamp;
 
     /// Upstream's stall gauge: 0 for both categories from the start, 1 while stalled.
@@ -521,6 +540,30 @@ mod tests {
         m.set_poll_stalled(true);
         let text = m.encode();
         assert!(text.contains(&line("state", 1)) && text.contains(&line("counter", 1)), "{text}");
+    }
+
+    /// The counter series follow each map of last values set: the same map again changes
+    /// nothing; a copy with a value moved, or an older map, sets what it holds.
+    #[test]
+    fn the_counter_series_follow_each_new_map_of_values() {
+        let m = Metrics::new("gpu-node-1");
+        let line = |c: &str, v: u64| format!(r#"nicmon_port_counter{{device="mlx5_0",port="1",counter="{c}"}} {v}.0"#);
+        let a: LastValues =
+            [("mlx5_0:1:link_downed".into(), 3), ("mlx5_0:1:symbol_error".into(), 70)].into_iter().collect();
+        m.set_counter_values(&a);
+        m.set_counter_values(&a);
+        let text = m.encode();
+        assert!(text.contains(&line("link_downed", 3)) && text.contains(&line("symbol_error", 70)), "{text}");
+        let mut b = a.clone();
+        b.remove("mlx5_0:1:link_downed");
+        b.set(&std::collections::BTreeMap::<std::sync::Arc<str>, ()>::new(), "mlx5_0:1:symbol_error", 71);
+        m.set_counter_values(&b);
+        let text = m.encode();
+        assert!(text.contains(&line("symbol_error", 71)), "{text}");
+        assert!(!text.contains(r#"counter="link_downed""#), "a counter gone is still exported:\n{text}");
+        m.set_counter_values(&a);
+        let text = m.encode();
+        assert!(text.contains(&line("link_downed", 3)) && text.contains(&line("symbol_error", 70)), "{text}");
     }
 
     #[test]
@@ -551,8 +594,9 @@ mod tests {
         m.set_topology_source("metadata");
         m.set_topology_source("sysfs");
         m.set_saturated_counters([("mlx5_0", 1, "port_rcv_errors")]);
-        m.set_counter_values([("mlx5_0:1:link_downed", 3), ("mlx5_0:1:symbol_error", 70)]);
-        m.set_counter_values([("mlx5_0:1:symbol_error", 65535)]);
+        let values = |v: &[(&str, u64)]| v.iter().map(|&(k, n)| (k.into(), n)).collect::<LastValues>();
+        m.set_counter_values(&values(&[("mlx5_0:1:link_downed", 3), ("mlx5_0:1:symbol_error", 70)]));
+        m.set_counter_values(&values(&[("mlx5_0:1:symbol_error", 65535)]));
         m.set_unknown_attributes([("mlx5_9", 1, "state"), ("mlx5_9", 1, "link_layer")]);
         m.kmsg_records_lost(3); // cumulative totals, one per cycle
         m.kmsg_records_lost(3);

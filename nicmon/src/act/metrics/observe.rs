@@ -38,7 +38,7 @@ impl Metrics {
         self.set_read_health(poll.reads_abandoned, &poll.stuck_reads);
         self.kmsg_records_lost(next.kmsg.lost_records);
         self.set_saturated_counters(next.counters.saturated());
-        self.set_counter_values(next.counters.last_values.iter().map(|(k, v)| (&**k, *v)));
+        self.set_counter_values(&next.counters.last_values);
         for f in &poll.flaps {
             self.port_flap_transition(&f.device, f.port);
         }

@@ -171,9 +171,12 @@ pub struct CounterState {
     /// thousand ports has tens of thousands of counters.
     #[serde(default)]
     pub counter_snapshots: BTreeMap<Arc<str>, CounterSnapshot>,
-    /// The value read at the previous poll (reset detection, 001 §6.3).
+    /// The value read at the previous poll (reset detection, 001 §6.3). Shared with the
+    /// previous poll's state until a value moves ([`LastValues::set`]): on a quiet node no
+    /// poll copies it (a device of a thousand ports: tens of thousands of values), and what
+    /// reads it every poll (the metrics) can tell it is the same.
     #[serde(default)]
-    pub last_values: BTreeMap<Arc<str>, u64>,
+    pub last_values: LastValues,
     /// Only latched breaches are kept; a recovered counter's entry is removed.
     #[serde(default)]
     pub breach_flags: BTreeMap<String, Breach>,
@@ -210,6 +213,83 @@ impl CounterState {
     /// The (device, port, rule name) of every counter saturated now.
     pub fn saturated(&self) -> impl Iterator<Item = (&str, u32, &str)> {
         self.saturation_flags.keys().filter_map(|k| parse_counter_key(k))
+    }
+}
+
+/// The last value read of each counter ([`CounterState::last_values`]): a map shared with
+/// the states it was copied into, copied on the first write that changes it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct LastValues(Arc<BTreeMap<Arc<str>, u64>>);
+
+impl LastValues {
+    pub fn get(&self, key: &str) -> Option<u64> {
+        self.0.get(key).copied()
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.0.contains_key(key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&Arc<str>, &u64)> {
+        self.0.iter()
+    }
+
+    /// Set `key` to `value` (its key shared with `shared`'s where that has it); the value
+    /// before. The map is copied (when shared) only if `value` is new.
+    pub fn set<W>(&mut self, shared: &BTreeMap<Arc<str>, W>, key: &str, value: u64) -> Option<u64> {
+        let before = self.get(key);
+        if before != Some(value) {
+            put_shared(Arc::make_mut(&mut self.0), shared, key, value);
+        }
+        before
+    }
+
+    /// Set `key` to `value` as given; the value before.
+    pub fn insert(&mut self, key: Arc<str>, value: u64) -> Option<u64> {
+        Arc::make_mut(&mut self.0).insert(key, value)
+    }
+
+    /// Forget `key`; its value if it had one.
+    pub fn remove(&mut self, key: &str) -> Option<u64> {
+        self.0.contains_key(key).then(|| Arc::make_mut(&mut self.0).remove(key)).flatten()
+    }
+
+    pub fn clear(&mut self) {
+        if !self.0.is_empty() {
+            Arc::make_mut(&mut self.0).clear();
+        }
+    }
+
+    /// Whether `self` and `other` are the same map, not a copy or an equal one (then
+    /// nothing was set since one was cloned from the other).
+    pub fn same_as(&self, other: &LastValues) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// A handle that tells, later, whether a map is still this one ([`LastValues::same_as`])
+    /// without keeping its values alive.
+    pub fn handle(&self) -> std::sync::Weak<BTreeMap<Arc<str>, u64>> {
+        Arc::downgrade(&self.0)
+    }
+
+    /// Whether `handle` is this map's ([`LastValues::handle`]).
+    pub fn is(&self, handle: &std::sync::Weak<BTreeMap<Arc<str>, u64>>) -> bool {
+        std::ptr::eq(handle.as_ptr(), Arc::as_ptr(&self.0))
+    }
+}
+
+impl FromIterator<(Arc<str>, u64)> for LastValues {
+    fn from_iter<I: IntoIterator<Item = (Arc<str>, u64)>>(iter: I) -> Self {
+        LastValues(Arc::new(iter.into_iter().collect()))
     }
 }
 
@@ -367,7 +447,7 @@ fn put_shared<V, W>(map: &mut BTreeMap<Arc<str>, V>, shared: &BTreeMap<Arc<str>,
 /// One (port, rule) reading through the steps of the module doc, in order.
 fn step(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &Reading<'_>, reboot: bool) {
     let snapshot = st.counter_snapshots.get(key).copied();
-    let last = put_shared(&mut st.last_values, &st.counter_snapshots, key, at.value);
+    let last = st.last_values.set(&st.counter_snapshots, key, at.value);
     let Some(snap) = snapshot else {
         return first_sight(st, events, key, at, reboot);
     };
@@ -398,7 +478,7 @@ fn first_sight(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, 
             at.event(at.port.check(), &format!("Counter {} healthy after reboot on {}", at.rule.name, at.where_())),
         );
     }
-    put_shared(&mut st.counter_snapshots, &st.last_values, key, at.snapshot());
+    put_shared(&mut st.counter_snapshots, &st.last_values.0, key, at.snapshot());
     saturation(st, events, key, at);
 }
 
@@ -412,7 +492,7 @@ fn reset(st: &mut CounterState, events: &mut Vec<HealthEvent>, key: &str, at: &R
         let check = Check::parse(&name).unwrap_or_else(|| at.port.check());
         events.extend(at.healthy(st, check, &format!("Counter {} recovered on {}", at.rule.name, at.where_())));
     }
-    put_shared(&mut st.counter_snapshots, &st.last_values, key, at.snapshot());
+    put_shared(&mut st.counter_snapshots, &st.last_values.0, key, at.snapshot());
 }
 
 /// What a threshold comparison found.
@@ -431,7 +511,7 @@ fn threshold(st: &mut CounterState, key: &str, at: &Reading<'_>, snap: CounterSn
     let elapsed = at.read_at - snap.timestamp;
     match at.rule.threshold_type {
         ThresholdType::Delta => {
-            put_shared(&mut st.counter_snapshots, &st.last_values, key, at.snapshot());
+            put_shared(&mut st.counter_snapshots, &st.last_values.0, key, at.snapshot());
             if delta as f64 <= at.rule.threshold {
                 return Judged::Below;
             }
@@ -446,13 +526,13 @@ fn threshold(st: &mut CounterState, key: &str, at: &Reading<'_>, snap: CounterSn
             if elapsed.is_negative() {
                 // The wall clock stepped back: no window can be measured against the
                 // snapshot any more, start a new one.
-                put_shared(&mut st.counter_snapshots, &st.last_values, key, at.snapshot());
+                put_shared(&mut st.counter_snapshots, &st.last_values.0, key, at.snapshot());
                 return Judged::NotYet;
             }
             if elapsed < Duration::seconds(i64::from(unit.seconds())) {
                 return Judged::NotYet; // window not full yet: hold the snapshot
             }
-            put_shared(&mut st.counter_snapshots, &st.last_values, key, at.snapshot());
+            put_shared(&mut st.counter_snapshots, &st.last_values.0, key, at.snapshot());
             let per_second = delta as f64 / elapsed.as_seconds_f64();
             match at.rule.measure {
                 Measure::Count => {

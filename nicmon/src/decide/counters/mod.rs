@@ -18,4 +18,6 @@ pub use config::{
     CounterConfigError, CounterDetection, CounterEntry, CounterRule, Layers, ThresholdType, VelocityUnit,
     read_path_drivers, read_paths,
 };
-pub use eval::{CounterPort, CounterState, counter_key, evaluate, missing, parse_counter_key, went_unreadable};
+pub use eval::{
+    CounterPort, CounterState, LastValues, counter_key, evaluate, missing, parse_counter_key, went_unreadable,
+};

@@ -145,6 +145,29 @@ fn link_downed_recovery_survives_a_restart() {
     link_downed_timeline(Node::restart);
 }
 
+/// A poll whose counters read as at the last one shares the last values with the state
+/// before it (nothing copied); a moved counter gives the next state its own map, and the
+/// state before keeps what it had.
+#[test]
+fn the_last_values_are_shared_until_a_counter_moves() {
+    let mut n = Node::ib();
+    n.poll(0, &[(LINK_DOWNED, 1), (SYMBOL_ERROR, 5)]);
+    let quiet = n.state.clone();
+    assert!(n.poll(1, &[(LINK_DOWNED, 1), (SYMBOL_ERROR, 5)]).is_empty());
+    assert!(n.state.last_values.same_as(&quiet.last_values), "a quiet poll copied the last values");
+    let before = n.state.clone();
+    n.poll(2, &[(LINK_DOWNED, 1), (SYMBOL_ERROR, 6)]);
+    assert!(!n.state.last_values.same_as(&before.last_values));
+    assert_eq!(n.state.last_values.get("mlx5_0:1:symbol_error"), Some(6));
+    assert_eq!(before.last_values.get("mlx5_0:1:symbol_error"), Some(5), "the state before was changed");
+    assert_eq!(n.state.last_values.get("mlx5_0:1:link_downed"), Some(1));
+    // Through the state file: the same values.
+    let json = serde_json::to_string(&n.state).unwrap();
+    let back: CounterState = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.last_values, n.state.last_values);
+    assert!(json.contains(r#""last_values":{"mlx5_0:1:link_downed":1,"mlx5_0:1:symbol_error":6,"#), "{json}");
+}
+
 #[test]
 fn link_downed_recovery_after_a_restart_without_last_values() {
     // A state file that kept only snapshots (001 §6.6): the snapshot is the fallback.
