@@ -8,6 +8,7 @@ mod measure;
 mod node_exporter;
 mod pollcost;
 mod prometheus;
+mod readfloor;
 mod scale;
 mod test;
 
