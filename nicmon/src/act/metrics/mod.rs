@@ -90,9 +90,20 @@ pub struct Metrics {
     /// key: the next sets only the values that moved and removes only the series gone (no
     /// series made or looked up again on every poll).
     counter_series: std::sync::Mutex<CounterSeries>,
+    /// The device readings and roles the device families were last set from
+    /// ([`Metrics::observe`]).
+    devices_seen: std::sync::Mutex<Option<DevicesSeen>>,
     /// The ports (and devices) unhealthy now by their state check, and the probable cause of
     /// the event that made them so (`nicmon_unhealthy_ports`).
     causes_now: std::sync::Mutex<BTreeMap<(String, u32), crate::model::cause::Cause>>,
+}
+
+/// The device readings (held weakly: compared by identity, kept alive by the snapshot
+/// only) and roles a poll's device families were set from.
+#[derive(Debug)]
+struct DevicesSeen {
+    devices: Vec<std::sync::Weak<crate::model::Device>>,
+    roles: BTreeMap<String, crate::decide::roles::Classification>,
 }
 
 /// The counter series of [`Metrics::set_counter_values`].
@@ -127,6 +138,7 @@ impl Metrics {
             stuck_reads: Default::default(),
             label_values: Default::default(),
             counter_series: Default::default(),
+            devices_seen: Default::default(),
             causes_now: Default::default(),
         };
         for cause in crate::model::cause::Cause::ALL {

@@ -23,15 +23,9 @@ impl Metrics {
         events: impl Iterator<Item = &'e HealthEvent>,
         next: &CheckState,
     ) {
-        self.observe_roles(poll);
-        self.observe_ports(poll);
-        self.set_pcie(crate::decide::pcie::check::figures(&poll.snapshot, &poll.roles));
-        self.set_pcie_capability(poll.snapshot.devices.iter().filter(|d| !d.is_vf()).filter_map(|d| {
-            let monitored = poll.roles.get(&d.name).is_some_and(|c| c.monitored);
-            let cap = crate::decide::pcie::link::capability(d.pcie.as_ref().filter(|_| monitored)?)?;
-            Some((d.name.as_str(), cap))
-        }));
-        self.observe_discovered(poll);
+        if self.devices_seen(poll) {
+            self.observe_devices(poll);
+        }
         for check in &poll.deferred {
             self.first_poll_deferred(*check, 1);
         }
@@ -52,6 +46,37 @@ impl Metrics {
         self.observe_thermal(poll);
         self.observe_optics(poll);
         self.observe_devlink(poll);
+    }
+
+    /// The families made from the poll's device readings and roles alone: roles, port
+    /// health and unknown attributes, PCIe figures, devices discovered.
+    fn observe_devices(&self, poll: &Poll) {
+        self.observe_roles(poll);
+        self.observe_ports(poll);
+        self.set_pcie(crate::decide::pcie::check::figures(&poll.snapshot, &poll.roles));
+        self.set_pcie_capability(poll.snapshot.devices.iter().filter(|d| !d.is_vf()).filter_map(|d| {
+            let monitored = poll.roles.get(&d.name).is_some_and(|c| c.monitored);
+            let cap = crate::decide::pcie::link::capability(d.pcie.as_ref().filter(|_| monitored)?)?;
+            Some((d.name.as_str(), cap))
+        }));
+        self.observe_discovered(poll);
+    }
+
+    /// Whether the poll's device readings or roles differ from those the device families
+    /// were last set from (then they are remembered as set). A device read the same as at
+    /// the last poll is the same reading (`Arc`), so a quiet poll sets none of them again.
+    fn devices_seen(&self, poll: &Poll) -> bool {
+        let mut seen = self.devices_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let same = seen.as_ref().is_some_and(|s| {
+            s.devices.len() == poll.snapshot.devices.len()
+                && s.devices.iter().zip(&poll.snapshot.devices).all(|(w, d)| std::ptr::eq(w.as_ptr(), &**d))
+                && s.roles == poll.roles
+        });
+        if !same {
+            let devices = poll.snapshot.devices.iter().map(std::sync::Arc::downgrade).collect();
+            *seen = Some(super::DevicesSeen { devices, roles: poll.roles.clone() });
+        }
+        !same
     }
 
     /// Monitored devices per role.
@@ -342,5 +367,64 @@ mod tests {
             text.contains(r#"nicmon_port_attribute_unknown{device="mlx5_0",port="2",attribute="state"} 1"#),
             "{text}"
         );
+    }
+    /// The device families follow each new reading and each change of roles: the same
+    /// readings (the same `Arc`s) and roles again set nothing anew; a device read anew, or
+    /// its role changed, sets them from the new ones.
+    #[test]
+    fn the_device_families_follow_each_new_reading_and_role() {
+        use std::sync::Arc;
+
+        use crate::model::{Device, Function, PhysState, Port, PortState};
+        let dev = |state: PortState| {
+            let port = Port { number: 1, state: Some(state), phys_state: Some(PhysState::LinkUp), ..Port::default() };
+            Arc::new(Device {
+                name: "mlx5_0".into(),
+                unsupported: None,
+                pci_address: None,
+                card: None,
+                numa_node: None,
+                hca_type: None,
+                fw_ver: None,
+                board_id: None,
+                driver: None,
+                rdma_driver: None,
+                function: Function::Pf,
+                netdev: None,
+                ports: vec![port],
+                unknown: Default::default(),
+                pcie: None,
+            })
+        };
+        let role = |monitored: bool| crate::decide::roles::Classification {
+            monitored,
+            reason: None,
+            role: None,
+            role_reason: None,
+        };
+        let poll = |d: &Arc<Device>, monitored: bool| Poll {
+            snapshot: crate::model::Snapshot { devices: vec![d.clone()], ..Default::default() },
+            roles: [("mlx5_0".to_string(), role(monitored))].into(),
+            ..Default::default()
+        };
+        let healthy = |v: u8| format!(r#"nicmon_port_healthy{{device="mlx5_0",port="1"}} {v}"#);
+        let metrics = Metrics::new("n");
+        let up = dev(PortState::Active);
+        let first = poll(&up, true);
+        metrics.observe(&first, &first.next);
+        assert!(metrics.encode().contains(&healthy(1)));
+        // The same reading and roles: seen, nothing set anew.
+        assert!(!metrics.devices_seen(&poll(&up, true)));
+        // A reading anew (the port went down): set from it.
+        let down = poll(&dev(PortState::Down), true);
+        metrics.observe(&down, &down.next);
+        assert!(metrics.encode().contains(&healthy(0)), "{}", metrics.encode());
+        // The same reading, the device no longer monitored: its series go.
+        let unmonitored = poll(&down.snapshot.devices[0], false);
+        metrics.observe(&unmonitored, &unmonitored.next);
+        assert!(!metrics.encode().contains(r#"nicmon_port_healthy{device="mlx5_0""#), "{}", metrics.encode());
+        // Back to the first reading: set again (a different reading from the last seen).
+        metrics.observe(&first, &first.next);
+        assert!(metrics.encode().contains(&healthy(1)));
     }
 }
