@@ -305,6 +305,30 @@ pub struct Device {
     pub pcie: Option<crate::model::pcie::reading::PcieReading>,
 }
 
+#[cfg(test)]
+impl Device {
+    /// A PF named `name` with `ports` and nothing else known (tests set what they need on it).
+    pub fn pf(name: &str, ports: Vec<Port>) -> Device {
+        Device {
+            name: name.into(),
+            unsupported: None,
+            pci_address: None,
+            card: None,
+            numa_node: None,
+            hca_type: None,
+            fw_ver: None,
+            board_id: None,
+            driver: None,
+            rdma_driver: None,
+            function: Function::Pf,
+            netdev: None,
+            ports,
+            unknown: Default::default(),
+            pcie: None,
+        }
+    }
+}
+
 impl Device {
     pub fn is_vf(&self) -> bool {
         self.function == Function::Vf

@@ -322,7 +322,7 @@ mod tests {
     /// left out of `nicmon_port_healthy` and shown by `nicmon_port_attribute_unknown`.
     #[test]
     fn an_unknown_port_is_not_exported_as_unhealthy() {
-        use crate::model::{Device, Function, PhysState, Port, PortState};
+        use crate::model::{Device, PhysState, Port, PortState};
         let port = |n: u32, state: Option<PortState>| Port {
             number: n,
             state: state.clone(),
@@ -334,23 +334,7 @@ mod tests {
             },
             ..Port::default()
         };
-        let dev = Device {
-            name: "mlx5_0".into(),
-            unsupported: None,
-            pci_address: None,
-            card: None,
-            numa_node: None,
-            hca_type: None,
-            fw_ver: None,
-            board_id: None,
-            driver: None,
-            rdma_driver: None,
-            function: Function::Pf,
-            netdev: None,
-            ports: vec![port(1, Some(PortState::Active)), port(2, None)],
-            unknown: Default::default(),
-            pcie: None,
-        };
+        let dev = Device::pf("mlx5_0", vec![port(1, Some(PortState::Active)), port(2, None)]);
         let classification =
             crate::decide::roles::Classification { monitored: true, reason: None, role: None, role_reason: None };
         let poll = Poll {
@@ -375,26 +359,10 @@ mod tests {
     fn the_device_families_follow_each_new_reading_and_role() {
         use std::sync::Arc;
 
-        use crate::model::{Device, Function, PhysState, Port, PortState};
+        use crate::model::{Device, PhysState, Port, PortState};
         let dev = |state: PortState| {
             let port = Port { number: 1, state: Some(state), phys_state: Some(PhysState::LinkUp), ..Port::default() };
-            Arc::new(Device {
-                name: "mlx5_0".into(),
-                unsupported: None,
-                pci_address: None,
-                card: None,
-                numa_node: None,
-                hca_type: None,
-                fw_ver: None,
-                board_id: None,
-                driver: None,
-                rdma_driver: None,
-                function: Function::Pf,
-                netdev: None,
-                ports: vec![port],
-                unknown: Default::default(),
-                pcie: None,
-            })
+            Arc::new(Device::pf("mlx5_0", vec![port]))
         };
         let role = |monitored: bool| crate::decide::roles::Classification {
             monitored,

@@ -63,7 +63,7 @@ mod tests {
     use super::*;
     use crate::decide::roles::Classification;
     use crate::model::module::Pages;
-    use crate::model::{Device, Function, Port};
+    use crate::model::{Device, Port};
 
     /// A QSFP28 at 40 °C, lanes at 0.5 mW (lane 2 dark, Rx LOS), low warning 0.1 mW.
     fn pages() -> Pages {
@@ -92,23 +92,7 @@ mod tests {
         let mut poll = Poll::default();
         for name in ["mlx5_0", "mlx5_9"] {
             let port = Port { number: 1, module: Some(Arc::new(pages())), ..Port::default() };
-            poll.snapshot.devices.push(Arc::new(Device {
-                name: name.into(),
-                unsupported: None,
-                pci_address: None,
-                card: None,
-                numa_node: None,
-                hca_type: None,
-                fw_ver: None,
-                board_id: None,
-                driver: None,
-                rdma_driver: None,
-                function: Function::Pf,
-                netdev: None,
-                ports: vec![port],
-                unknown: Default::default(),
-                pcie: None,
-            }));
+            poll.snapshot.devices.push(Arc::new(Device::pf(name, vec![port])));
         }
         let monitored = Classification { monitored: true, reason: None, role: None, role_reason: None };
         poll.roles.insert("mlx5_0".into(), monitored);

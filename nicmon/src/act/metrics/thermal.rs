@@ -48,7 +48,6 @@ mod tests {
 
     use super::*;
     use crate::decide::roles::Classification;
-    use crate::model::Function;
     use crate::model::devlink::{Reporter, Reporters};
     use crate::model::thermal::Sensor;
 
@@ -57,21 +56,8 @@ mod tests {
         let mut poll = Poll::default();
         for (name, pci) in [("mlx5_0", "0000:3b:00.0"), ("mlx5_9", "0000:99:00.0")] {
             poll.snapshot.devices.push(Arc::new(crate::model::Device {
-                name: name.into(),
-                unsupported: None,
                 pci_address: Some(pci.into()),
-                card: None,
-                numa_node: None,
-                hca_type: None,
-                fw_ver: None,
-                board_id: None,
-                driver: None,
-                rdma_driver: None,
-                function: Function::Pf,
-                netdev: None,
-                ports: Vec::new(),
-                unknown: Default::default(),
-                pcie: None,
+                ..crate::model::Device::pf(name, Vec::new())
             }));
             let sensor = Sensor {
                 hwmon: "hwmon2".into(),
