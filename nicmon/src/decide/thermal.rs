@@ -111,27 +111,10 @@ fn deg(millidegrees: i64) -> String {
 mod tests {
     use super::*;
     use crate::decide::roles::Classification;
-    use crate::model::Function;
     use std::sync::Arc;
 
     fn device(name: &str, pci: &str) -> Device {
-        Device {
-            name: name.into(),
-            unsupported: None,
-            pci_address: Some(pci.into()),
-            card: Some(pci[..10].into()),
-            numa_node: None,
-            hca_type: None,
-            fw_ver: None,
-            board_id: None,
-            driver: None,
-            rdma_driver: None,
-            function: Function::Pf,
-            netdev: None,
-            ports: Vec::new(),
-            unknown: Default::default(),
-            pcie: None,
-        }
+        Device { pci_address: Some(pci.into()), card: Some(pci[..10].into()), ..Device::pf(name, Vec::new()) }
     }
 
     fn sensor(channel: u32, label: &str, input: i64, crit: i64) -> Sensor {

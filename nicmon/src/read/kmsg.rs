@@ -515,21 +515,10 @@ mod tests {
         let snap = Snapshot {
             devices: vec![
                 crate::model::Device {
-                    name: "mlx5_0".into(),
-                    unsupported: None,
                     pci_address: Some("0000:03:00.0".into()),
                     card: Some("0000:03:00".into()),
-                    numa_node: None,
-                    hca_type: None,
-                    fw_ver: None,
-                    board_id: None,
-                    driver: None,
-                    rdma_driver: None,
-                    function: crate::model::Function::Pf,
                     netdev: Some("ib0".into()),
-                    ports: vec![],
-                    unknown: Default::default(),
-                    pcie: None,
+                    ..crate::model::Device::pf("mlx5_0", vec![])
                 }
                 .into(),
             ],

@@ -185,21 +185,9 @@ fn base_facts_read_the_pci_probe_and_this_polls_kernel_log_and_pcie_events() {
 
 fn pf(name: &str, pci: &str) -> crate::model::Device {
     crate::model::Device {
-        name: name.into(),
-        unsupported: None,
         pci_address: Some(pci.into()),
         card: Some(pci[..10].into()),
-        numa_node: None,
-        hca_type: None,
-        fw_ver: None,
-        board_id: None,
-        driver: None,
-        rdma_driver: None,
-        function: crate::model::Function::Pf,
-        netdev: None,
-        ports: Vec::new(),
-        unknown: Default::default(),
-        pcie: None,
+        ..crate::model::Device::pf(name, Vec::new())
     }
 }
 

@@ -1,27 +1,10 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::model::Function;
 use crate::model::devlink::Reporter;
 
 fn device(name: &str, pci: &str) -> Device {
-    Device {
-        name: name.into(),
-        unsupported: None,
-        pci_address: Some(pci.into()),
-        card: Some(pci[..10].into()),
-        numa_node: None,
-        hca_type: None,
-        fw_ver: None,
-        board_id: None,
-        driver: None,
-        rdma_driver: None,
-        function: Function::Pf,
-        netdev: None,
-        ports: Vec::new(),
-        unknown: Default::default(),
-        pcie: None,
-    }
+    Device { pci_address: Some(pci.into()), card: Some(pci[..10].into()), ..Device::pf(name, Vec::new()) }
 }
 
 fn rep(name: &str, state: ReporterState, errors: u64) -> Reporter {

@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::model::Function;
 use crate::model::module::Pages;
 
 fn put16(page: &mut [u8], at: usize, v: u16) {
@@ -59,21 +58,10 @@ fn snapshot(state: PortState, layer: LinkLayer, module: Option<Pages>) -> (Snaps
         ..Port::default()
     };
     let device = Device {
-        name: "mlx5_0".into(),
-        unsupported: None,
         pci_address: Some("0000:0c:00.0".into()),
         card: Some("0000:0c:00".into()),
-        numa_node: None,
-        hca_type: None,
-        fw_ver: None,
-        board_id: None,
-        driver: None,
-        rdma_driver: None,
-        function: Function::Pf,
         netdev: Some("eth2".into()),
-        ports: vec![port],
-        unknown: Default::default(),
-        pcie: None,
+        ..Device::pf("mlx5_0", vec![port])
     };
     let mut s = Snapshot::default();
     s.devices.push(Arc::new(device));

@@ -236,23 +236,8 @@ fn a_veth_answers_not_supported_said_once() {
 
     // Through the paced reader, on a device whose netdev is the veth.
     let mut snap = Snapshot::default();
-    let dev = Device {
-        name: "mlx5_9".into(),
-        unsupported: None,
-        pci_address: None,
-        card: None,
-        numa_node: None,
-        hca_type: None,
-        fw_ver: None,
-        board_id: None,
-        driver: None,
-        rdma_driver: None,
-        function: crate::model::Function::Pf,
-        netdev: Some(veth.0.into()),
-        ports: vec![Port { number: 1, ..Port::default() }],
-        unknown: Default::default(),
-        pcie: None,
-    };
+    let dev =
+        Device { netdev: Some(veth.0.into()), ..Device::pf("mlx5_9", vec![Port { number: 1, ..Port::default() }]) };
     snap.devices.push(Arc::new(dev));
     let r = ModuleReader::new(Duration::from_secs(60));
     let t0 = Instant::now();
