@@ -105,7 +105,7 @@ pub fn counter_key(device: &str, port: u32, rule_name: &str) -> String {
 }
 
 /// [`counter_key`] into `out` (cleared first): a poll makes one key per counter, in one buffer.
-fn write_counter_key(out: &mut String, device: &str, port: u32, rule_name: &str) {
+pub fn write_counter_key(out: &mut String, device: &str, port: u32, rule_name: &str) {
     out.clear();
     out.push_str(device);
     out.push(':');

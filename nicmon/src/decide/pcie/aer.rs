@@ -138,6 +138,7 @@ pub fn evaluate(
     // The engine's state is new; the rest is carried over (the old engine state is not cloned).
     let state = AerState { counters, window_bits: prev.window_bits.clone(), unavailable: prev.unavailable.clone() };
     let mut out = AerOutcome { state, ..AerOutcome::default() };
+    let mut key = String::new();
     for p in ports {
         for rule in &rules {
             let Some(s) = AerSeverity::of_error_code(&rule.name) else {
@@ -146,7 +147,7 @@ pub fn evaluate(
             let Some(counts) = p.aer.get(s) else {
                 continue;
             };
-            let key = counters::counter_key(p.nic, 0, &rule.name);
+            counters::eval::write_counter_key(&mut key, p.nic, 0, &rule.name);
             judge(prev, &mut out, p, rule, s, counts, &key, reboot, now);
         }
     }
@@ -172,8 +173,9 @@ fn judge(
     let after = out.state.counters.counter_snapshots.get(key);
     let was = prev.counters.is_breached(key);
     let is = out.state.counters.is_breached(key);
-    let at = p.address.map(|a| format!(" ({a})")).unwrap_or_default();
+    let at = || p.address.map(|a| format!(" ({a})")).unwrap_or_default();
     if !was && is {
+        let at = at();
         let base = prev.window_bits.get(key).map(|b| AerCounts { bits: b.clone(), total: 0 }).unwrap_or_default();
         let moved = moved_text(&counts.moved_since(&base));
         let moved = if moved.is_empty() { String::new() } else { format!(" ({moved})") };
@@ -195,6 +197,7 @@ fn judge(
         );
         out.findings.push(Finding::new(p.nic, s.error_code(), health, msg));
     } else if was && !is {
+        let at = at();
         let msg = format!(
             "PCIe AER {} error count of NIC {}{at} was reset ({} {}): {} cleared",
             severity_words(s),
@@ -205,6 +208,7 @@ fn judge(
         );
         out.findings.push(Finding::new(p.nic, s.error_code(), Health::Healthy, msg));
     } else if reboot && before.is_none() && after.is_some() {
+        let at = at();
         let msg = format!("PCIe AER {} healthy after reboot on NIC {}{at}", s.error_code(), p.nic);
         out.findings.push(Finding::new(p.nic, s.error_code(), Health::Healthy, msg));
     }

@@ -25,6 +25,9 @@ pub(super) struct Kept {
     /// generation is closed after it, not kept (it may belong to a device forgotten
     /// meanwhile).
     pub(super) generation: u64,
+    /// Bumped by every change to `files`: a reader thread's handles to the files it read
+    /// last ([`super::reader::KeptHandles`]) stand while it does not move.
+    pub(super) version: u64,
     /// The watch on kept files that are not on sysfs; made with the first such file.
     /// `Err`: inotify could not be set up (each such file is checked after its reads).
     pub(super) watch: Option<Result<Watch, ()>>,
@@ -62,7 +65,13 @@ impl Kept {
         }
         if self.files.len() < kept_budget() || self.files.contains_key(&key) {
             self.files.insert(key, Arc::new(file));
+            self.changed();
         }
+    }
+
+    /// Note a change to `files` ([`Kept::version`]).
+    pub(super) fn changed(&mut self) {
+        self.version = self.version.wrapping_add(1);
     }
 
     /// Close the file kept under `key` if it is still `file` (a failed read's: a newer one
@@ -70,6 +79,7 @@ impl Kept {
     fn drop_failed(&mut self, key: &str, file: &Arc<KeptFile>) {
         if self.files.get(key).is_some_and(|k| Arc::ptr_eq(k, file)) {
             self.files.remove(key);
+            self.changed();
         }
     }
 
@@ -99,6 +109,7 @@ impl Kept {
                     // from now on after its reads.
                     tracing::warn!(error = %e, "inotify watch on kept files failed: checking each file after its reads");
                     self.files.retain(|_, k| k.guard != Guard::Watched);
+                    self.changed();
                     self.watch = Some(Err(()));
                     return;
                 }
@@ -107,6 +118,7 @@ impl Kept {
                 // Events were lost: every watched file is opened by its path again.
                 watch.paths.clear();
                 self.files.retain(|_, k| k.guard != Guard::Watched);
+                self.changed();
                 return;
             }
             if wds.is_empty() {
@@ -117,6 +129,7 @@ impl Kept {
                     self.files.remove(&path);
                 }
             }
+            self.changed();
         }
     }
 
@@ -157,6 +170,14 @@ pub(super) struct KeptFile {
     file: std::fs::File,
     opened: Instant,
     pub(super) guard: Guard,
+}
+
+#[cfg(test)]
+impl KeptFile {
+    /// A kept file of `file`, opened now, on sysfs by its guard.
+    pub(super) fn of(file: std::fs::File) -> KeptFile {
+        KeptFile { file, opened: Instant::now(), guard: Guard::Sysfs }
+    }
 }
 
 /// What tells a kept file was removed or replaced since it was opened.
@@ -217,6 +238,20 @@ fn kept_budget() -> usize {
     })
 }
 
+/// The file [`read_kept`] reads: its root-relative path (the key it is kept under), its
+/// path, and how much of it is read.
+pub(super) trait KeptPath {
+    /// The root-relative path, written into `buf`.
+    fn rel_in<'b>(&self, buf: &'b mut String) -> &'b str;
+    fn path(&self) -> std::path::PathBuf;
+    /// At most how many bytes are read, and what past them means.
+    fn bounds(&self) -> (usize, Past);
+}
+
+/// A file opened anew by a read, to keep after it, and the [`Kept::generation`] it was read
+/// under.
+pub(super) type PutBack = (KeptFile, u64);
+
 /// Read a file that is kept open: `pread` at offset 0 of the kept descriptor (sysfs
 /// regenerates an attribute's value on a read at offset 0). Off sysfs, a file the watch
 /// could not cover is then checked for a name (a file removed or replaced since it was
@@ -224,34 +259,35 @@ fn kept_budget() -> usize {
 /// was dropped before the batch if it changed ([`Kept::drop_changed`]). A failed `pread` (`ENODEV` once the attribute's device
 /// is gone), or a descriptor older than [`KEPT_REFRESH`], is closed and the path opened
 /// again; a file that opens and reads is kept for the next read.
-/// A file opened anew by a read, to keep after it, and the [`Kept::generation`] it was read
-/// under.
-pub(super) type PutBack = (KeptFile, u64);
-
-/// `path`: the file's path, asked only when it is opened (not for a kept file's `pread`).
+///
+/// `item`: the file (its root-relative path, written into `rel` where the map is asked,
+/// is its key). `slot`: the reader's handle to the file kept for `item` when it has one
+/// (then the map is not asked); left holding the kept file that answered, empty otherwise.
 pub(super) fn read_kept(
     (kept, failures): (&Mutex<Kept>, &std::sync::atomic::AtomicU64),
-    key: &str,
-    path: impl FnOnce() -> std::path::PathBuf,
-    (limit, past): (usize, Past),
+    (item, rel): (&impl KeptPath, &mut String),
+    slot: &mut Option<Arc<KeptFile>>,
     (scratch, now): (&mut [u8], Instant),
 ) -> (Result<Vec<u8>, ReadError>, Option<PutBack>) {
     let lock = || kept.lock().unwrap_or_else(|p| p.into_inner());
-    let (kept, generation) = {
-        let k = lock();
-        (k.files.get(key).cloned(), k.generation)
+    let (limit, past) = item.bounds();
+    let kept = match slot.take() {
+        Some(k) => Some(k),
+        None => lock().files.get(item.rel_in(rel)).cloned(),
     };
     if let Some(k) = &kept
         && now.saturating_duration_since(k.opened) < KEPT_REFRESH
     {
         match pread_whole(&k.file, limit, past, scratch) {
             Ok(buf) if k.guard != Guard::Links || links(&k.file).is_some_and(|n| n > 0) => {
+                *slot = kept;
                 return (Ok(buf), None);
             }
             // The attribute refused to answer (`EINVAL`: a netdev's `carrier` while it is
             // down): the file is still there, and opening it again would only hear the
             // same answer. Kept; the answer is the read's.
             Err(ReadError::Invalid) if k.guard == Guard::Sysfs => {
+                *slot = kept;
                 return (Err(ReadError::Invalid), None);
             }
             // A sign that a device may have gone ([`super::walks`]).
@@ -260,18 +296,23 @@ pub(super) fn read_kept(
             }
         }
     }
-    // Failed or too old: not kept any more, whatever the path gives now.
-    if let Some(k) = &kept {
-        lock().drop_failed(key, k);
-    }
-    let path = path();
+    // Failed or too old: not kept any more, whatever the path gives now. The generation is
+    // taken before the open: a file opened after a forget is the path's file now.
+    let generation = {
+        let mut k = lock();
+        if let Some(old) = &kept {
+            k.drop_failed(item.rel_in(rel), old);
+        }
+        k.generation
+    };
+    let path = item.path();
     match open_read(&path, limit, past) {
         Ok((file, buf)) => {
             // Off sysfs, a file is watched only where it can be kept (the budget has room):
             // one past the budget is closed after this read, and a watch would outlive it.
             let guard = if on_sysfs(&file) {
                 Guard::Sysfs
-            } else if lock().watch_if_room(&path, key, &file) {
+            } else if lock().watch_if_room(&path, item.rel_in(rel), &file) {
                 Guard::Watched
             } else {
                 Guard::Links

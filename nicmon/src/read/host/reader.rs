@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use super::file::{Past, read_regular};
-use super::kept::{Kept, KeptFile, KeptKey, read_kept};
+use super::kept::{Kept, KeptFile, KeptKey, KeptPath, read_kept};
 use super::{MAX_STUCK, PAGE, ReadError};
 use crate::read::sched::Helper;
 
@@ -79,6 +79,20 @@ pub(super) struct Item {
     pub(super) past: Past,
     /// Keep the file open after the read and `pread` it next time ([`Kept`]).
     pub(super) keep: bool,
+}
+
+impl KeptPath for Item {
+    fn rel_in<'b>(&self, buf: &'b mut String) -> &'b str {
+        Item::rel_in(self, buf)
+    }
+
+    fn path(&self) -> PathBuf {
+        Item::path(self)
+    }
+
+    fn bounds(&self) -> (usize, Past) {
+        (self.limit, self.past)
+    }
 }
 
 impl Item {
@@ -389,7 +403,7 @@ pub(super) struct Shared {
     pub(super) nudged: AtomicU64,
     /// [`Kept::generation`] as last set, and the kept files that failed their read or were
     /// found removed: read by the polling thread without taking the kept files' lock (which
-    /// the reader thread takes twice per file while it reads a batch).
+    /// the reader thread takes for each file it holds no handle to, [`KeptHandles`]).
     pub(super) kept_generation: AtomicU64,
     pub(super) kept_failures: AtomicU64,
 }
@@ -677,6 +691,7 @@ impl Reader {
             None => k.files.clear(),
             Some(p) => k.files.retain(|key, _| !Path::new(&*key.0).starts_with(p)),
         }
+        k.changed();
     }
 
     /// Close the kept-open files that are not among `items`.
@@ -689,6 +704,7 @@ impl Reader {
         if k.files.len() != before {
             k.generation = k.generation.wrapping_add(1);
             self.shared.kept_generation.store(k.generation, Ordering::Relaxed);
+            k.changed();
         }
     }
 
@@ -729,10 +745,13 @@ fn reader_thread(id: u64, jobs: &super::handoff::Rx<Msg>, shared: &Shared, read_
     let mut scratch = vec![0u8; PAGE + 1].into_boxed_slice();
     let mut path_buf = PathBuf::new();
     let mut rel_buf = String::new();
+    let mut handles = KeptHandles::default();
     while let Some(job) = next_job(jobs) {
         place.begin_work();
         if job.items[job.start..].iter().any(|item| item.keep) {
-            shared.kept().drop_changed();
+            let mut kept = shared.kept();
+            kept.drop_changed();
+            handles.follow(&job.items, kept.version);
         }
         for (index, item) in job.items.iter().enumerate().skip(job.start) {
             let started = Instant::now();
@@ -755,8 +774,7 @@ fn reader_thread(id: u64, jobs: &super::handoff::Rx<Msg>, shared: &Shared, read_
             }
             let (result, keep) = if item.keep {
                 let kept = (&shared.kept, &shared.kept_failures);
-                let rel = item.rel_in(&mut rel_buf);
-                read_kept(kept, rel, || item.path(), (item.limit, item.past), (&mut scratch, started))
+                read_kept(kept, (item, &mut rel_buf), handles.at(index), (&mut scratch, started))
             } else {
                 (read_fn(item.path_in(&mut path_buf), item.limit, item.past), None)
             };
@@ -775,6 +793,42 @@ fn reader_thread(id: u64, jobs: &super::handoff::Rx<Msg>, shared: &Shared, read_
             }
         }
         let _ = job.done.send(());
+    }
+}
+
+/// A reader thread's handles to the kept files of the batch it read last, by the batch's
+/// index: while the kept files stay as they were ([`Kept::version`]) and the batch is the
+/// same file set, a kept file's read takes its handle here instead of looking its path up
+/// in the shared map (a lock, the path written out, hashed and compared, per file).
+/// Whatever changes the map bumps the version; the handles are dropped at the next batch.
+#[derive(Default)]
+pub(super) struct KeptHandles {
+    /// The batch's items, by identity (a weak handle: the address cannot be reused while
+    /// it is held).
+    items: Option<std::sync::Weak<[Item]>>,
+    version: u64,
+    files: Vec<Option<Arc<KeptFile>>>,
+}
+
+impl KeptHandles {
+    /// Follow the batch `items` under the kept files' `version`: the handles stand if both
+    /// are the last batch's, else they start empty.
+    fn follow(&mut self, items: &Arc<[Item]>, version: u64) {
+        let same = self.items.as_ref().is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(items)));
+        if !same || self.version != version {
+            self.items = Some(Arc::downgrade(items));
+            self.version = version;
+            self.files.clear();
+            self.files.resize(items.len(), None);
+        }
+    }
+
+    /// The handle of item `index` (an empty one past the batch: never asked).
+    fn at(&mut self, index: usize) -> &mut Option<Arc<KeptFile>> {
+        if index >= self.files.len() {
+            self.files.resize(index + 1, None);
+        }
+        &mut self.files[index]
     }
 }
 
@@ -813,6 +867,37 @@ mod tests {
     /// on a node a kernel thread, a long system call, a preempted vCPU) is brought to the
     /// waiting thread's CPU: the batch is read at once, not when that CPU frees up (the
     /// spinner holds it for up to 2 s; the fair class gets it back after ~0.95 s).
+    #[test]
+    fn kept_handles_stand_only_for_the_same_batch_under_the_same_kept_files() {
+        let item = |name: &str| Item {
+            root: Arc::from(Path::new("/sys")),
+            dir: Arc::from("class/infiniband/mlx5_0/ports/1"),
+            name: Arc::from(name),
+            limit: 64,
+            past: Past::Error,
+            keep: true,
+        };
+        let batch: Arc<[Item]> = Arc::from(vec![item("state"), item("phys_state")]);
+        let kept = || Some(Arc::new(KeptFile::of(std::fs::File::open("/dev/null").unwrap())));
+        let mut handles = KeptHandles::default();
+        handles.follow(&batch, 7);
+        assert!(handles.at(0).is_none() && handles.at(1).is_none(), "a new batch starts without handles");
+        *handles.at(1) = kept();
+        handles.follow(&batch, 7);
+        assert!(handles.at(1).is_some(), "the same batch under the same kept files keeps its handles");
+        handles.follow(&batch, 8);
+        assert!(handles.at(1).is_none(), "a change to the kept files drops every handle");
+        *handles.at(1) = kept();
+        let same_files: Arc<[Item]> = Arc::from(vec![item("state"), item("phys_state")]);
+        handles.follow(&same_files, 8);
+        assert!(handles.at(1).is_none(), "another batch (even of the same files) starts without handles");
+        assert!(handles.at(5).is_none(), "past the batch: none");
+        let mut kept_files = Kept::default();
+        let before = kept_files.version;
+        kept_files.put(KeptKey(Arc::from("a")), KeptFile::of(std::fs::File::open("/dev/null").unwrap()), 0);
+        assert_ne!(kept_files.version, before, "keeping a file is a change");
+    }
+
     #[test]
     fn a_reader_queued_behind_a_busy_cpu_is_brought_to_the_waiting_one() {
         // SAFETY: sched_getaffinity(2) of the calling thread into a zeroed set.
