@@ -17,7 +17,8 @@ use nicmon_tests::{NicSpec, Node};
 
 fn main() {
     let polls: usize = std::env::var("NICMON_BENCH_POLLS").ok().and_then(|v| v.parse().ok()).unwrap_or(5000);
-    let mut node = Node::new("bench-targeted");
+    // In memory, like sysfs: the fixture's writes between polls issue no block I/O.
+    let mut node = Node::in_memory("bench-targeted");
     let rc = node.root_complex(0, 0);
     let rp = node.root_port(&rc, 1);
     node.card(&rp, 0, vec![NicSpec::eth("mlx5_0", "eth0")]);

@@ -328,6 +328,23 @@ impl Node {
         n
     }
 
+    /// A new, empty node in a temporary directory in memory (tmpfs, `/dev/shm`) where
+    /// there is one, else as [`Node::new`]. Sysfs is in memory: a write to this node's files
+    /// (a fixture port going DOWN) then costs no block I/O — on a disk mounted with
+    /// `discard`, truncating a file discards its blocks and closing it starts a writeback,
+    /// whose interrupts land while the monitor is being timed. For latency measurements.
+    pub fn in_memory(name: &str) -> Node {
+        let shm = Path::new("/dev/shm");
+        let tmp = match shm.is_dir() {
+            true => tempfile::Builder::new().prefix(&format!("nicmon-{name}-")).tempdir_in(shm).ok(),
+            false => None,
+        };
+        let Some(tmp) = tmp else { return Node::new(name) };
+        let mut n = Node::at(name, tmp.path());
+        n._tmp = Some(tmp);
+        n
+    }
+
     /// A new, empty node written under `root` (kept after the process exits).
     pub fn at(name: &str, root: &Path) -> Node {
         let n = Node {
