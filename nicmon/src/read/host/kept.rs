@@ -248,6 +248,9 @@ pub(super) trait KeptPath {
     fn bounds(&self) -> (usize, Past);
 }
 
+/// A reader's handle to a kept file: the path it is kept under, and the file.
+pub(super) type Handle = (KeptKey, Arc<KeptFile>);
+
 /// A file opened anew by a read, to keep after it, and the [`Kept::generation`] it was read
 /// under.
 pub(super) type PutBack = (KeptFile, u64);
@@ -262,20 +265,21 @@ pub(super) type PutBack = (KeptFile, u64);
 ///
 /// `item`: the file (its root-relative path, written into `rel` where the map is asked,
 /// is its key). `slot`: the reader's handle to the file kept for `item` when it has one
-/// (then the map is not asked); left holding the kept file that answered, empty otherwise.
+/// (then the map is not asked); left holding the handle of the kept file that answered,
+/// empty otherwise.
 pub(super) fn read_kept(
     (kept, failures): (&Mutex<Kept>, &std::sync::atomic::AtomicU64),
     (item, rel): (&impl KeptPath, &mut String),
-    slot: &mut Option<Arc<KeptFile>>,
+    slot: &mut Option<Handle>,
     (scratch, now): (&mut [u8], Instant),
 ) -> (Result<Vec<u8>, ReadError>, Option<PutBack>) {
     let lock = || kept.lock().unwrap_or_else(|p| p.into_inner());
     let (limit, past) = item.bounds();
     let kept = match slot.take() {
-        Some(k) => Some(k),
-        None => lock().files.get(item.rel_in(rel)).cloned(),
+        Some(handle) => Some(handle),
+        None => lock().files.get_key_value(item.rel_in(rel)).map(|(key, file)| (key.clone(), file.clone())),
     };
-    if let Some(k) = &kept
+    if let Some((_, k)) = &kept
         && now.saturating_duration_since(k.opened) < KEPT_REFRESH
     {
         match pread_whole(&k.file, limit, past, scratch) {
@@ -300,7 +304,7 @@ pub(super) fn read_kept(
     // taken before the open: a file opened after a forget is the path's file now.
     let generation = {
         let mut k = lock();
-        if let Some(old) = &kept {
+        if let Some((_, old)) = &kept {
             k.drop_failed(item.rel_in(rel), old);
         }
         k.generation

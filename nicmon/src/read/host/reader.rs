@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use super::file::{Past, read_regular};
-use super::kept::{Kept, KeptFile, KeptKey, KeptPath, read_kept};
+use super::kept::{Handle, Kept, KeptFile, KeptKey, KeptPath, read_kept};
 use super::{MAX_STUCK, PAGE, ReadError};
 use crate::read::sched::Helper;
 
@@ -751,7 +751,7 @@ fn reader_thread(id: u64, jobs: &super::handoff::Rx<Msg>, shared: &Shared, read_
         if job.items[job.start..].iter().any(|item| item.keep) {
             let mut kept = shared.kept();
             kept.drop_changed();
-            handles.follow(&job.items, kept.version);
+            handles.follow(job.items.len(), kept.version);
         }
         for (index, item) in job.items.iter().enumerate().skip(job.start) {
             let started = Instant::now();
@@ -774,7 +774,9 @@ fn reader_thread(id: u64, jobs: &super::handoff::Rx<Msg>, shared: &Shared, read_
             }
             let (result, keep) = if item.keep {
                 let kept = (&shared.kept, &shared.kept_failures);
-                read_kept(kept, (item, &mut rel_buf), handles.at(index), (&mut scratch, started))
+                let mut none = None;
+                let slot = handles.at(index, item).unwrap_or(&mut none);
+                read_kept(kept, (item, &mut rel_buf), slot, (&mut scratch, started))
             } else {
                 (read_fn(item.path_in(&mut path_buf), item.limit, item.past), None)
             };
@@ -796,41 +798,47 @@ fn reader_thread(id: u64, jobs: &super::handoff::Rx<Msg>, shared: &Shared, read_
     }
 }
 
-/// A reader thread's handles to the kept files of the batch it read last, by the batch's
-/// index: while the kept files stay as they were ([`Kept::version`]) and the batch is the
-/// same file set, a kept file's read takes its handle here instead of looking its path up
-/// in the shared map (a lock, the path written out, hashed and compared, per file).
-/// Whatever changes the map bumps the version; the handles are dropped at the next batch.
+/// A reader thread's handles to the kept files it read last, by their index in the batch:
+/// while the kept files stay as they were ([`Kept::version`]), a kept file's read takes its
+/// handle here when the handle at its index is for its path (a batch of the same files as
+/// the last one: every handle), instead of looking the path up in the shared map (a lock,
+/// the path written out, hashed and compared, per file). Whatever changes the map bumps the
+/// version; every handle is then dropped at the next batch.
 #[derive(Default)]
 pub(super) struct KeptHandles {
-    /// The batch's items, by identity (a weak handle: the address cannot be reused while
-    /// it is held).
-    items: Option<std::sync::Weak<[Item]>>,
     version: u64,
-    files: Vec<Option<Arc<KeptFile>>>,
+    files: Vec<Option<Handle>>,
 }
 
 impl KeptHandles {
-    /// Follow the batch `items` under the kept files' `version`: the handles stand if both
-    /// are the last batch's, else they start empty.
-    fn follow(&mut self, items: &Arc<[Item]>, version: u64) {
-        let same = self.items.as_ref().is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(items)));
-        if !same || self.version != version {
-            self.items = Some(Arc::downgrade(items));
+    /// A batch of `len` files under the kept files' `version`. A batch of more than
+    /// [`HANDLES_MAX`] files holds no handles.
+    fn follow(&mut self, len: usize, version: u64) {
+        if self.version != version {
             self.version = version;
             self.files.clear();
-            self.files.resize(items.len(), None);
+        }
+        match len <= HANDLES_MAX {
+            true => self.files.resize(len, None),
+            false => self.files = Vec::new(),
         }
     }
 
-    /// The handle of item `index` (an empty one past the batch: never asked).
-    fn at(&mut self, index: usize) -> &mut Option<Arc<KeptFile>> {
-        if index >= self.files.len() {
-            self.files.resize(index + 1, None);
+    /// The slot of the file at `index` (none past the batch, or in a batch without
+    /// handles), emptied unless it holds `item`'s handle.
+    fn at(&mut self, index: usize, item: &Item) -> Option<&mut Option<Handle>> {
+        let slot = self.files.get_mut(index)?;
+        if slot.as_ref().is_some_and(|(key, _)| !item.rel_is(&key.0)) {
+            *slot = None;
         }
-        &mut self.files[index]
+        Some(slot)
     }
 }
+
+/// The most files of a batch whose kept files' handles a reader thread holds (24 bytes
+/// each): a node's poll reads a few hundred (12 NICs: 312); a device of a thousand ports,
+/// ~26,000 files per poll, reads through the map rather than hold ~0.6 MiB of handles.
+const HANDLES_MAX: usize = 2048;
 
 /// How long [`read_file`] waits for one file.
 pub const FILE_READ_TIMEOUT: Duration = Duration::from_secs(2);
@@ -868,7 +876,7 @@ mod tests {
     /// waiting thread's CPU: the batch is read at once, not when that CPU frees up (the
     /// spinner holds it for up to 2 s; the fair class gets it back after ~0.95 s).
     #[test]
-    fn kept_handles_stand_only_for_the_same_batch_under_the_same_kept_files() {
+    fn kept_handles_stand_only_for_their_paths_under_the_same_kept_files() {
         let item = |name: &str| Item {
             root: Arc::from(Path::new("/sys")),
             dir: Arc::from("class/infiniband/mlx5_0/ports/1"),
@@ -877,21 +885,26 @@ mod tests {
             past: Past::Error,
             keep: true,
         };
-        let batch: Arc<[Item]> = Arc::from(vec![item("state"), item("phys_state")]);
-        let kept = || Some(Arc::new(KeptFile::of(std::fs::File::open("/dev/null").unwrap())));
+        let handle = |item: &Item| {
+            let file = KeptFile::of(std::fs::File::open("/dev/null").unwrap());
+            Some((KeptKey(Arc::from(item.rel())), Arc::new(file)))
+        };
+        let (state, phys) = (item("state"), item("phys_state"));
         let mut handles = KeptHandles::default();
-        handles.follow(&batch, 7);
-        assert!(handles.at(0).is_none() && handles.at(1).is_none(), "a new batch starts without handles");
-        *handles.at(1) = kept();
-        handles.follow(&batch, 7);
-        assert!(handles.at(1).is_some(), "the same batch under the same kept files keeps its handles");
-        handles.follow(&batch, 8);
-        assert!(handles.at(1).is_none(), "a change to the kept files drops every handle");
-        *handles.at(1) = kept();
-        let same_files: Arc<[Item]> = Arc::from(vec![item("state"), item("phys_state")]);
-        handles.follow(&same_files, 8);
-        assert!(handles.at(1).is_none(), "another batch (even of the same files) starts without handles");
-        assert!(handles.at(5).is_none(), "past the batch: none");
+        let held = |h: &mut KeptHandles, i: usize, item: &Item| h.at(i, item).is_some_and(|slot| slot.is_some());
+        handles.follow(2, 7);
+        assert!(!held(&mut handles, 0, &state) && !held(&mut handles, 1, &phys), "none at first");
+        *handles.at(1, &phys).unwrap() = handle(&phys);
+        handles.follow(2, 7);
+        assert!(held(&mut handles, 1, &phys), "the same file at the same index, the kept files unchanged: kept");
+        assert!(!held(&mut handles, 1, &state), "another file at that index: not its handle");
+        *handles.at(0, &state).unwrap() = handle(&state);
+        handles.follow(1, 8);
+        assert!(!held(&mut handles, 0, &state), "a change to the kept files drops every handle");
+        assert!(handles.at(5, &state).is_none(), "past the batch: no slot");
+        *handles.at(0, &state).unwrap() = handle(&state);
+        handles.follow(HANDLES_MAX + 1, 8);
+        assert!(handles.at(0, &state).is_none(), "a batch past the bound holds no handles");
         let mut kept_files = Kept::default();
         let before = kept_files.version;
         kept_files.put(KeptKey(Arc::from("a")), KeptFile::of(std::fs::File::open("/dev/null").unwrap()), 0);
