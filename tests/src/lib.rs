@@ -323,9 +323,7 @@ impl Node {
     /// A new, empty node in a temporary directory.
     pub fn new(name: &str) -> Node {
         let tmp = tempfile::Builder::new().prefix(&format!("nicmon-{name}-")).tempdir().expect("tempdir");
-        let mut n = Node::at(name, tmp.path());
-        n._tmp = Some(tmp);
-        n
+        Node::owning(name, tmp)
     }
 
     /// A new, empty node in a temporary directory in memory (tmpfs, `/dev/shm`) where
@@ -335,11 +333,15 @@ impl Node {
     /// whose interrupts land while the monitor is being timed. For latency measurements.
     pub fn in_memory(name: &str) -> Node {
         let shm = Path::new("/dev/shm");
-        let tmp = match shm.is_dir() {
-            true => tempfile::Builder::new().prefix(&format!("nicmon-{name}-")).tempdir_in(shm).ok(),
-            false => None,
-        };
-        let Some(tmp) = tmp else { return Node::new(name) };
+        let prefix = format!("nicmon-{name}-");
+        match shm.is_dir().then(|| tempfile::Builder::new().prefix(&prefix).tempdir_in(shm).ok()).flatten() {
+            Some(tmp) => Node::owning(name, tmp),
+            None => Node::new(name),
+        }
+    }
+
+    /// A node in `tmp`, removed with the node.
+    fn owning(name: &str, tmp: tempfile::TempDir) -> Node {
         let mut n = Node::at(name, tmp.path());
         n._tmp = Some(tmp);
         n

@@ -838,21 +838,10 @@ fn messages_are_sanitised_and_capped() {
 fn from_snapshot_uses_the_callers_roles() {
     use crate::model::{Device, Function, Snapshot};
     let dev = |name: &str, bdf: &str, function| Device {
-        name: name.into(),
-        unsupported: None,
         pci_address: Some(bdf.into()),
         card: Some(bdf[..10].into()),
-        numa_node: None,
-        hca_type: None,
-        fw_ver: None,
-        board_id: None,
-        driver: None,
-        rdma_driver: None,
         function,
-        netdev: None,
-        ports: vec![],
-        unknown: Default::default(),
-        pcie: None,
+        ..Device::pf(name, vec![])
     };
     let snap = Snapshot {
         devices: vec![
