@@ -134,7 +134,8 @@ mod tests {
         for (i, (name, asic)) in readings.iter().enumerate() {
             let pci = format!("0000:0{i}:00.0");
             s.devices.push(Arc::new(device(name, &pci)));
-            s.thermal.insert(pci, vec![sensor(1, "asic", *asic, 105_000), sensor(2, "module0", 40_000, 75_000)]);
+            std::sync::Arc::make_mut(&mut s.thermal)
+                .insert(pci, vec![sensor(1, "asic", *asic, 105_000), sensor(2, "module0", 40_000, 75_000)]);
             roles.insert(
                 name.to_string(),
                 Classification { monitored: true, reason: None, role: None, role_reason: None },
@@ -178,12 +179,12 @@ mod tests {
     #[test]
     fn a_module_sensor_counts_and_unknown_keeps_the_verdict() {
         let (mut s, roles) = snap(&[("mlx5_0", 50_000)]);
-        s.thermal.get_mut("0000:00:00.0").unwrap()[1].input = Some(71_000);
+        std::sync::Arc::make_mut(&mut s.thermal).get_mut("0000:00:00.0").unwrap()[1].input = Some(71_000);
         let (ev, st) =
             evaluate(&ThermalState::default(), &s, &roles, 5_000, OffsetDateTime::UNIX_EPOCH, &Stamp::default());
         assert_eq!(ev.len(), 1);
         assert!(ev[0].message.contains("module0 (temp2) 71.0 °C"), "{}", ev[0].message);
-        for x in s.thermal.get_mut("0000:00:00.0").unwrap() {
+        for x in std::sync::Arc::make_mut(&mut s.thermal).get_mut("0000:00:00.0").unwrap() {
             x.input = None;
         }
         let (ev, st) = evaluate(&st, &s, &roles, 5_000, OffsetDateTime::UNIX_EPOCH, &Stamp::default());

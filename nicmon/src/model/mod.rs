@@ -378,13 +378,21 @@ pub struct Snapshot {
     #[serde(default)]
     pub char_devices: std::sync::Arc<CharDevices>,
     /// The hwmon temperature sensors of each monitored PCI function, by PCI address
-    /// (SPEC §1.13): read on a full poll, kept by a targeted one.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub thermal: BTreeMap<String, Vec<thermal::Sensor>>,
+    /// (SPEC §1.13): read on a full poll, kept by a targeted one. Shared: the same reading
+    /// from poll to poll until the sensors are read again (every `thermal.readInterval`).
+    #[serde(default, skip_serializing_if = "no_sensors")]
+    pub thermal: std::sync::Arc<Thermal>,
     /// The devlink health reporters of each monitored PCI function, by PCI address (SPEC
     /// §1.13); a function that has none (no devlink, not supported) is absent.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub devlink: BTreeMap<String, devlink::Reporters>,
+}
+
+/// The sensors of each PCI function, by PCI address ([`Snapshot::thermal`]).
+pub type Thermal = BTreeMap<String, Vec<thermal::Sensor>>;
+
+fn no_sensors(t: &std::sync::Arc<Thermal>) -> bool {
+    t.is_empty()
 }
 
 /// The kind of an InfiniBand character device (the prefix of its class entry's name).

@@ -88,7 +88,7 @@ fn files(dir: &str, channels: &[u32], names: &[&str]) -> Vec<String> {
 struct Walked {
     pcis: BTreeSet<String>,
     found: Vec<Found>,
-    reading: Option<(Instant, BTreeMap<String, Vec<Sensor>>)>,
+    reading: Option<(Instant, std::sync::Arc<crate::model::Thermal>)>,
 }
 
 /// Reads the sensors of the monitored PCI functions: walks `class/hwmon` only when needed,
@@ -119,19 +119,19 @@ impl HwmonReader {
         let mut walked = walked;
         let young = walked.reading.as_ref().filter(|(at, _)| now.saturating_duration_since(*at) < self.interval);
         if let Some((_, r)) = young {
-            snapshot.thermal = r.clone();
+            snapshot.thermal = std::sync::Arc::clone(r);
             *guard = Some(walked);
             return;
         }
-        let reading = match read_found(host, &walked.found) {
+        let reading = std::sync::Arc::new(match read_found(host, &walked.found) {
             Some(r) => r,
             None => {
                 // A known hwmon device is gone (driver reloaded): walk again, once.
                 walked = self.walk(host, pcis);
                 read_found(host, &walked.found).unwrap_or_default()
             }
-        };
-        snapshot.thermal = reading.clone();
+        });
+        snapshot.thermal = std::sync::Arc::clone(&reading);
         walked.reading = Some((now, reading));
         *guard = Some(walked);
     }

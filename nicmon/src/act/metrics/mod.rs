@@ -93,6 +93,10 @@ pub struct Metrics {
     /// The device readings and roles the device families were last set from
     /// ([`Metrics::observe`]).
     devices_seen: std::sync::Mutex<Option<DevicesSeen>>,
+    /// The sensor reading the temperature families were last set from (held weakly, as the
+    /// device readings are): the sensors are read every `thermal.readInterval`, and a poll in
+    /// between shares the last reading.
+    thermal_seen: std::sync::Mutex<std::sync::Weak<crate::model::Thermal>>,
     /// The ports (and devices) unhealthy now by their state check, and the probable cause of
     /// the event that made them so (`nicmon_unhealthy_ports`).
     causes_now: std::sync::Mutex<BTreeMap<(String, u32), crate::model::cause::Cause>>,
@@ -139,6 +143,7 @@ impl Metrics {
             label_values: Default::default(),
             counter_series: Default::default(),
             devices_seen: Default::default(),
+            thermal_seen: Default::default(),
             causes_now: Default::default(),
         };
         for cause in crate::model::cause::Cause::ALL {

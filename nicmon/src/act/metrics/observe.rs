@@ -23,7 +23,8 @@ impl Metrics {
         events: impl Iterator<Item = &'e HealthEvent>,
         next: &CheckState,
     ) {
-        if self.devices_seen(poll) {
+        let devices_changed = self.devices_seen(poll);
+        if devices_changed {
             self.observe_devices(poll);
         }
         for check in &poll.deferred {
@@ -43,7 +44,11 @@ impl Metrics {
         self.observe_errors(events.iter().copied(), next);
         self.observe_causes(&events);
         self.observe_phy(poll, next);
-        self.observe_thermal(poll);
+        // Made from the sensors' reading, the devices' and their roles: set again only when
+        // one of them is not the one they were last set from.
+        if self.thermal_seen(poll) || devices_changed {
+            self.observe_thermal(poll);
+        }
         self.observe_optics(poll);
         self.observe_devlink(poll);
     }
@@ -60,6 +65,17 @@ impl Metrics {
             Some((d.name.as_str(), cap))
         }));
         self.observe_discovered(poll);
+    }
+
+    /// Whether the poll's sensor reading is another than the one the temperature families
+    /// were last set from (then it is remembered as set).
+    pub(super) fn thermal_seen(&self, poll: &Poll) -> bool {
+        let mut seen = self.thermal_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let same = std::ptr::eq(seen.as_ptr(), std::sync::Arc::as_ptr(&poll.snapshot.thermal));
+        if !same {
+            *seen = std::sync::Arc::downgrade(&poll.snapshot.thermal);
+        }
+        !same
     }
 
     /// Whether the poll's device readings or roles differ from those the device families

@@ -67,7 +67,7 @@ mod tests {
                 crit: Some(105_000),
                 highest: None,
             };
-            poll.snapshot.thermal.insert(pci.into(), vec![sensor]);
+            std::sync::Arc::make_mut(&mut poll.snapshot.thermal).insert(pci.into(), vec![sensor]);
             let r = Reporter { name: "fw_fatal".into(), state: ReporterState::Error, error_count: 2, recover_count: 1 };
             poll.snapshot.devlink.insert(pci.into(), Reporters { reporters: vec![r] });
         }
@@ -87,5 +87,50 @@ mod tests {
         }
         assert!(!text.contains("nicmon_nic_temperature_highest_celsius{"), "{text}");
         assert!(!text.contains("mlx5_9"), "an unmonitored NIC is not exported: {text}");
+    }
+
+    #[test]
+    fn the_temperatures_follow_each_new_reading_and_role() {
+        let sensor = |input: i64| Sensor {
+            hwmon: "hwmon2".into(),
+            channel: 1,
+            label: Some("asic".into()),
+            input: Some(input),
+            crit: None,
+            highest: None,
+        };
+        let reading = |input: i64| Arc::new([("0000:3b:00.0".to_string(), vec![sensor(input)])].into());
+        let device = Arc::new(crate::model::Device {
+            pci_address: Some("0000:3b:00.0".into()),
+            ..crate::model::Device::pf("mlx5_0", Vec::new())
+        });
+        let poll = |thermal: &Arc<crate::model::Thermal>, monitored: bool| Poll {
+            snapshot: crate::model::Snapshot {
+                devices: vec![device.clone()],
+                thermal: thermal.clone(),
+                ..Default::default()
+            },
+            roles: [("mlx5_0".to_string(), Classification { monitored, reason: None, role: None, role_reason: None })]
+                .into(),
+            ..Default::default()
+        };
+        let celsius = |v: &str| {
+            format!(r#"nicmon_nic_temperature_celsius{{device="mlx5_0",sensor="hwmon2/temp1",label="asic"}} {v}"#)
+        };
+        let m = Metrics::new("n");
+        let first = reading(61_000);
+        let p = poll(&first, true);
+        m.observe(&p, &p.next);
+        assert!(m.encode().contains(&celsius("61.0")), "{}", m.encode());
+        assert!(!m.thermal_seen(&poll(&first, true)), "the same reading: seen, nothing set anew");
+        // A new reading (the sensors read again): set from it.
+        let p = poll(&reading(64_500), true);
+        m.observe(&p, &p.next);
+        assert!(m.encode().contains(&celsius("64.5")), "{}", m.encode());
+        // The same reading, the device no longer monitored: its series go.
+        let same = p.snapshot.thermal.clone();
+        let p = poll(&same, false);
+        m.observe(&p, &p.next);
+        assert!(!m.encode().contains("nicmon_nic_temperature_celsius{"), "{}", m.encode());
     }
 }

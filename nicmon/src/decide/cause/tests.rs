@@ -213,8 +213,8 @@ fn base_facts_read_the_sensors_and_the_firmware_check() {
         ],
         ..Snapshot::default()
     };
-    snapshot.thermal.insert("0000:5e:00.0".into(), vec![sensor(105_000)]);
-    snapshot.thermal.insert("0000:3b:00.0".into(), vec![sensor(100_000)]);
+    std::sync::Arc::make_mut(&mut snapshot.thermal).insert("0000:5e:00.0".into(), vec![sensor(105_000)]);
+    std::sync::Arc::make_mut(&mut snapshot.thermal).insert("0000:3b:00.0".into(), vec![sensor(100_000)]);
     let fw = HealthEvent::new(Check::NICFirmwareCheck, &Stamp::default(), at(), "fw fatal")
         .unhealthy(true)
         .error_code("fw_fatal")

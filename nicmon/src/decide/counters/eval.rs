@@ -99,7 +99,7 @@ impl<'a> CounterPort<'a> {
 
 /// State key of a (port, rule): `mlx5_0:1:link_downed` (001 §6.6).
 pub fn counter_key(device: &str, port: u32, rule_name: &str) -> String {
-    let mut key = String::new();
+    let mut key = String::with_capacity(device.len() + rule_name.len() + 12);
     write_counter_key(&mut key, device, port, rule_name);
     key
 }
@@ -361,12 +361,13 @@ pub fn went_unreadable(
     rules: &[CounterRule],
 ) -> Vec<(String, u32, String)> {
     let mut out = Vec::new();
+    let mut key = String::new();
     for p in ports {
         for rule in rules.iter().filter(|r| p.applies(r)) {
             if p.counters.contains_key(rule.path.as_str()) {
                 continue;
             }
-            let key = counter_key(p.device, p.port, &rule.name);
+            write_counter_key(&mut key, p.device, p.port, &rule.name);
             if prev.last_values.contains_key(key.as_str()) {
                 next.last_values.remove(key.as_str());
                 out.push((p.device.to_owned(), p.port, rule.name.clone()));

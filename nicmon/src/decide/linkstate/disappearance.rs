@@ -74,18 +74,24 @@ fn kernel_said_removed(ctx: &Ctx<'_>, name: &str, known: &KnownDevice) -> bool {
 /// Remember every monitored device present now; one that was reported missing is back.
 pub(super) fn present_devices(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitted) {
     for d in &ctx.monitored {
-        let ll = device_link_layer(d).map(|l| l.name().to_string()).unwrap_or_else(|| "Unknown".into());
-        let entry = st.known_devices.entry(d.name.clone()).or_insert(KnownDevice {
-            pci_address: d.pci_address.clone(),
-            card: d.card.clone(),
-            link_layer: ll.clone(),
-            misses: 0,
-            reported_missing: false,
-            netdev: d.netdev.clone(),
-            software: d.is_software(),
-        });
+        let ll = device_link_layer(d).map_or("Unknown", |l| l.name());
+        // A device seen before keeps its entry; a field is copied only when it changed (a
+        // poll sees every device: nothing is allocated on a quiet one).
+        if !st.known_devices.contains_key(d.name.as_str()) {
+            let known = KnownDevice {
+                pci_address: d.pci_address.clone(),
+                card: d.card.clone(),
+                link_layer: ll.to_string(),
+                misses: 0,
+                reported_missing: false,
+                netdev: d.netdev.clone(),
+                software: d.is_software(),
+            };
+            st.known_devices.insert(d.name.clone(), known);
+        }
+        let Some(entry) = st.known_devices.get_mut(d.name.as_str()) else { continue };
         if entry.reported_missing {
-            let check = state_check_named(&ll);
+            let check = state_check_named(ll);
             out.push(
                 ctx,
                 check,
@@ -100,10 +106,19 @@ pub(super) fn present_devices(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitt
         }
         entry.misses = 0;
         entry.reported_missing = false;
-        entry.pci_address = d.pci_address.clone();
-        entry.card = d.card.clone();
-        entry.netdev = d.netdev.clone();
         entry.software = d.is_software();
-        entry.link_layer = ll;
+        copy_if_changed(&mut entry.pci_address, &d.pci_address);
+        copy_if_changed(&mut entry.card, &d.card);
+        copy_if_changed(&mut entry.netdev, &d.netdev);
+        if entry.link_layer != ll {
+            entry.link_layer = ll.to_string();
+        }
+    }
+}
+
+/// `*slot = value.clone()`, unless it already holds an equal value.
+fn copy_if_changed<T: PartialEq + Clone>(slot: &mut T, value: &T) {
+    if slot != value {
+        slot.clone_from(value);
     }
 }

@@ -159,6 +159,7 @@ pub fn evaluate(
     let missing_cards = disappearance::missing_devices(&ctx, &mut st, &mut out);
     disappearance::present_devices(&ctx, &mut st, &mut out);
     let cards = homogeneity::compare_cards(&ctx, &missing_cards);
+    let mut key_buf = String::new();
     for d in &ctx.monitored {
         for port in &d.ports {
             let Some(ll) = port.link_layer.as_ref().or(device_link_layer(d)) else {
@@ -168,10 +169,13 @@ pub fn evaluate(
                 continue;
             };
             let pv = ports::PortView { device: d, port, ll, check };
-            let key = port_key(&d.name, port.number);
-            let known = st.port_states.get(&key).cloned();
-            let is_known = known.is_some();
-            let mut r = known.unwrap_or_else(|| pv.new_record());
+            // The record is taken out of `st` (a copy of the last state) and put back: not
+            // copied again, and its key not made again.
+            state::write_port_key(&mut key_buf, &d.name, port.number);
+            let (key, mut r, is_known) = match st.port_states.remove_entry(key_buf.as_str()) {
+                Some((key, r)) => (key, r, true),
+                None => (key_buf.clone(), pv.new_record(), false),
+            };
             unknown::unknown_state(&ctx, &pv, &mut r, &mut out);
             let blip = holds.blips.iter().any(|b| b.device == d.name && b.port == port.number);
             ports::transition(&ctx, &pv, &cards, &mut r, is_known, blip, &mut out);

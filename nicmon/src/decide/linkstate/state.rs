@@ -95,7 +95,16 @@ pub struct LinkState {
 
 /// The key of a port in [`LinkState::port_states`]: `mlx5_0_1`.
 pub fn port_key(dev: &str, port: u32) -> String {
-    format!("{dev}_{port}")
+    let mut key = String::new();
+    write_port_key(&mut key, dev, port);
+    key
+}
+
+/// [`port_key`] into `out` (cleared first): a poll looks every port up.
+pub fn write_port_key(out: &mut String, dev: &str, port: u32) {
+    use std::fmt::Write;
+    out.clear();
+    let _ = write!(out, "{dev}_{port}");
 }
 
 /// A value persisted as its kernel name (`"ACTIVE"`), the state file's format since its

@@ -133,11 +133,21 @@ impl Item {
         buf
     }
 
-    /// Whether the root-relative path is `rel`.
+    /// Whether the root-relative path is `rel`: `rel` split at its last `/` is (`dir`,
+    /// `name`). `name` never holds a `/` (it is what follows the last one, [`Rels::push`]),
+    /// so the lengths and the two ends decide, without searching `rel` for the `/` (asked
+    /// for every file of every batch).
     pub(super) fn rel_is(&self, rel: &str) -> bool {
-        match rel.rsplit_once('/') {
-            Some((dir, name)) => *self.dir == *dir && *self.name == *name,
-            None => self.dir.is_empty() && *self.name == *rel,
+        let (dir, name) = (self.dir.as_bytes(), self.name.as_bytes());
+        let rel = rel.as_bytes();
+        let Some(head) = rel.len().checked_sub(name.len()) else { return false };
+        if &rel[head..] != name {
+            return false;
+        }
+        match head.checked_sub(1) {
+            // `rel` is `name` alone: it has no `/`, and `dir` is empty.
+            None => dir.is_empty(),
+            Some(slash) => rel[slash] == b'/' && &rel[..slash] == dir,
         }
     }
 
@@ -909,6 +919,23 @@ mod tests {
         let before = kept_files.version;
         kept_files.put(KeptKey(Arc::from("a")), KeptFile::of(std::fs::File::open("/dev/null").unwrap()), 0);
         assert_ne!(kept_files.version, before, "keeping a file is a change");
+    }
+
+    proptest::proptest! {
+        /// `rel_is` answers as splitting `rel` at its last `/` would, for every item
+        /// [`Rels`] makes (its name never holds a `/`).
+        #[test]
+        fn rel_is_is_the_split_at_the_last_slash(made in "[a/]{0,6}", rel in "[a/]{0,6}") {
+            let mut rels = Rels::default();
+            rels.push(&made);
+            let (dir, name) = rels.split[0].clone();
+            let item = Item { root: Arc::from(Path::new("/sys")), dir, name, limit: 8, past: Past::Error, keep: true };
+            let split = match rel.rsplit_once('/') {
+                Some((d, n)) => *item.dir == *d && *item.name == *n,
+                None => item.dir.is_empty() && *item.name == *rel,
+            };
+            proptest::prop_assert_eq!(item.rel_is(&rel), split, "made {:?} rel {:?}", made, rel);
+        }
     }
 
     #[test]
