@@ -150,7 +150,7 @@ impl Monitor {
     ) -> Monitor {
         let observer = Observer {
             counter_paths: counters::read_paths(&config.counter_rules).into_iter().map(Into::into).collect(),
-            counter_drivers: counters::read_path_drivers(&config.counter_rules),
+            counter_drivers: counters::read_path_drivers(&config.counter_rules).into(),
             roce_reads: roce_reads(&config),
             host,
             statics: Default::default(),
@@ -208,7 +208,7 @@ fn prior<'a>(prev: &'a CheckState, departed: &'a dyn Fn(&Snapshot) -> Vec<Depart
             .links
             .known_devices
             .iter()
-            .filter_map(|(n, k)| k.pci_address.clone().map(|p| (n.clone(), p)))
+            .filter_map(|(n, k)| Some((n.as_str(), k.pci_address.as_deref()?)))
             .collect(),
         departed,
         einval: &prev.einval,

@@ -68,15 +68,16 @@ pub fn evaluate(
         if !hot.is_empty() || still || (was && unknown) {
             next.overheating.insert(d.name.clone());
         }
-        let base = HealthEvent::new(Check::NICThermalCheck, stamp, now, "").entities(vec![Entity::device(&d.name)]);
+        // Made only for an event (most polls have none).
+        let base = || HealthEvent::new(Check::NICThermalCheck, stamp, now, "").entities(vec![Entity::device(&d.name)]);
         if !was && !hot.is_empty() {
             let what: Vec<String> = hot.iter().map(|s| describe(s)).collect();
             let msg = format!("{} overheating: {} (within {} of critical)", d.name, what.join(", "), deg(margin));
-            events.push(HealthEvent { message: msg, ..base.unhealthy(false).error_code(CODE) });
+            events.push(HealthEvent { message: msg, ..base().unhealthy(false).error_code(CODE) });
         } else if was && !next.overheating.contains(&d.name) {
             let what: Vec<String> = sensors.iter().filter(|s| s.input.is_some()).map(describe).collect();
             let msg = format!("{} temperature back to normal: {}", d.name, what.join(", "));
-            events.push(HealthEvent { message: msg, ..base.error_code(CODE) });
+            events.push(HealthEvent { message: msg, ..base().error_code(CODE) });
         }
     }
     // A NIC no longer judged (gone, its hwmon gone) keeps its verdict until it is read again.

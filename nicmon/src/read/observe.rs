@@ -20,9 +20,9 @@ use crate::read::hwmon::HwmonReader;
 /// static attributes of each device incarnation, and the ethtool source.
 pub struct Observer {
     pub host: Host,
-    pub counter_paths: Vec<Arc<str>>,
+    pub counter_paths: Arc<[Arc<str>]>,
     /// Per path of `counter_paths`, the drivers whose devices read it.
-    pub counter_drivers: Vec<crate::model::driver::Drivers>,
+    pub counter_drivers: Arc<[crate::model::driver::Drivers]>,
     /// What the RoCE ports read besides, while `[phyCheck]` is enabled.
     pub roce_reads: RoceReads,
     /// Static device attributes kept between polls ([`discovery::StaticCache`]).
@@ -45,7 +45,7 @@ pub struct Observer {
 pub struct Prior<'a> {
     /// Devices known earlier in this boot, by name and PCI address: their PCI function is
     /// probed when one is missing from the listing.
-    pub known: Vec<(String, String)>,
+    pub known: Vec<(&'a str, &'a str)>,
     /// The devices known earlier in this boot that a snapshot lacks (their last kernel-log
     /// lines explain why): asked only when the kernel log's links are read.
     pub departed: &'a dyn Fn(&Snapshot) -> Vec<Departed>,

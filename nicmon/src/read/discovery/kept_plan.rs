@@ -186,7 +186,8 @@ mod tests {
         let node = Platform::H100Oci.build();
         let host = Host::new(node.sys(), node.proc());
         let cache = Arc::new(StaticCache::default());
-        let plan = ReadPlan { statics: Some(cache.clone()), counter_paths: vec![PATH.into()], ..ReadPlan::default() };
+        let plan =
+            ReadPlan { statics: Some(cache.clone()), counter_paths: vec![PATH.into()].into(), ..ReadPlan::default() };
         let first = discover(&host, &plan);
         assert_eq!(kept(&host), 0, "the first poll walks and makes its plan");
         let second = discover(&host, &plan);
@@ -197,7 +198,7 @@ mod tests {
         let third = discover(&host, &plan);
         assert_eq!((kept(&host), counter_of(&third, "mlx5_0")), (2, Some(42)));
         // The same node read without any cache.
-        let fresh = discover(&host, &ReadPlan { counter_paths: vec![PATH.into()], ..ReadPlan::default() });
+        let fresh = discover(&host, &ReadPlan { counter_paths: vec![PATH.into()].into(), ..ReadPlan::default() });
         assert_eq!(third, fresh);
         // A device's static attributes forgotten (a wake-up naming it): planned anew, then kept again.
         cache.invalidate("mlx5_0");
@@ -216,7 +217,8 @@ mod tests {
         let node = Platform::H100Oci.build();
         let host = Host::new(node.sys(), node.proc());
         let cache = Arc::new(StaticCache::default());
-        let plan = ReadPlan { statics: Some(cache.clone()), counter_paths: vec![PATH.into()], ..ReadPlan::default() };
+        let plan =
+            ReadPlan { statics: Some(cache.clone()), counter_paths: vec![PATH.into()].into(), ..ReadPlan::default() };
         let device = |s: &Snapshot, name: &str| s.devices.iter().find(|d| d.name == name).cloned().unwrap();
         let same = |a: &Snapshot, b: &Snapshot, name: &str| Arc::ptr_eq(&device(a, name), &device(b, name));
         let first = discover(&host, &plan);
@@ -237,7 +239,7 @@ mod tests {
         assert_eq!(device(&fifth, "mlx5_1").ports[0].state, Some(crate::model::PortState::Down));
         assert!(!same(&fourth, &fifth, "mlx5_1") && same(&fourth, &fifth, "mlx5_0"));
         // Every poll read what a poll without any cache reads.
-        let fresh = discover(&host, &ReadPlan { counter_paths: vec![PATH.into()], ..ReadPlan::default() });
+        let fresh = discover(&host, &ReadPlan { counter_paths: vec![PATH.into()].into(), ..ReadPlan::default() });
         assert_eq!(fifth, fresh);
         assert_eq!(kept(&host), 4);
         // A walk plans anew, and finishes every device anew.
@@ -252,7 +254,8 @@ mod tests {
         let node = Platform::H100Oci.build();
         let host = Host::new(node.sys(), node.proc());
         let cache = Arc::new(StaticCache::default());
-        let plan = ReadPlan { statics: Some(cache.clone()), counter_paths: vec![PATH.into()], ..ReadPlan::default() };
+        let plan =
+            ReadPlan { statics: Some(cache.clone()), counter_paths: vec![PATH.into()].into(), ..ReadPlan::default() };
         discover(&host, &plan);
         let files = host.stats.files_read.load(Ordering::Relaxed);
         discover(&host, &plan);

@@ -43,14 +43,14 @@ pub struct ReadPlan<'a> {
     /// Counter paths as configured: relative to the port directory (`counters/link_downed`)
     /// or a netdev template (`/sys/class/net/{interface}/carrier_changes`).
     /// Shared with every port's counter values ([`Port::counters`]' keys).
-    pub counter_paths: Vec<Arc<str>>,
+    pub counter_paths: Arc<[Arc<str>]>,
     /// Per path of `counter_paths` (same index), the RDMA drivers whose devices read it (a
     /// `hw_counters/` file means what its driver says); a path without an entry: every
     /// device.
-    pub counter_drivers: Vec<crate::model::driver::Drivers>,
+    pub counter_drivers: Arc<[crate::model::driver::Drivers]>,
     /// Devices (name, PCI address) known from earlier polls: when one is missing from
     /// `class/infiniband`, its PCI function is probed (002 §5.9).
-    pub known: Vec<(String, String)>,
+    pub known: Vec<(&'a str, &'a str)>,
     /// Where the static attributes of each device incarnation are kept between reads;
     /// `None`: read everything every time.
     pub statics: Option<Arc<StaticCache>>,
@@ -94,7 +94,7 @@ impl std::fmt::Debug for ReadPlan<'_> {
 pub struct RoceReads {
     /// Paths relative to the port directory (the ECN/CNP `hw_counters/`), kept in the
     /// port's `counters` under the path (shared, like [`ReadPlan::counter_paths`]).
-    pub counter_paths: Vec<Arc<str>>,
+    pub counter_paths: Arc<[Arc<str>]>,
     /// The netdev's `speed` ([`Port::netdev_speed`]).
     pub speed: bool,
 }
@@ -170,9 +170,9 @@ pub fn discover(host: &Host, plan: &ReadPlan) -> Snapshot {
     }
 
     let mut pci_probes = BTreeMap::new();
-    for (name, pci) in &plan.known {
-        if !names.contains(name) {
-            pci_probes.insert(name.clone(), probe_pci(host, pci));
+    for &(name, pci) in &plan.known {
+        if !names.iter().any(|n| n == name) {
+            pci_probes.insert(name.to_string(), probe_pci(host, pci));
         }
     }
 
@@ -371,7 +371,8 @@ mod tests {
         let host = Host::new(node.sys(), node.proc());
         let cache = Arc::new(StaticCache::default());
         let path = "hw_counters/not_on_this_card";
-        let plan = ReadPlan { statics: Some(cache.clone()), counter_paths: vec![path.into()], ..ReadPlan::default() };
+        let plan =
+            ReadPlan { statics: Some(cache.clone()), counter_paths: vec![path.into()].into(), ..ReadPlan::default() };
         let first = discover(&host, &plan);
         assert_eq!(counter_of(&first, "mlx5_0", path), None);
         let file = node.sys().join(&node.info["mlx5_0"].ib_dir).join("ports/1").join(path);
@@ -384,7 +385,7 @@ mod tests {
         assert_eq!(counter_of(&discover(&host, &plan), "mlx5_0", path), Some(7));
         // Without a cache every poll tries every file.
         std::fs::remove_file(&file).unwrap();
-        let plain = ReadPlan { counter_paths: vec![path.into()], ..ReadPlan::default() };
+        let plain = ReadPlan { counter_paths: vec![path.into()].into(), ..ReadPlan::default() };
         assert_eq!(counter_of(&discover(&host, &plain), "mlx5_0", path), None);
         std::fs::write(&file, "8\n").unwrap();
         assert_eq!(counter_of(&discover(&host, &plain), "mlx5_0", path), Some(8));
@@ -397,7 +398,7 @@ mod tests {
         let host = Host::new(node.sys(), node.proc());
         let cache = Arc::new(StaticCache::default());
         let cnp = "hw_counters/np_cnp_sent";
-        let roce = RoceReads { counter_paths: vec![cnp.into()], speed: true };
+        let roce = RoceReads { counter_paths: vec![cnp.into()].into(), speed: true };
         let plan = ReadPlan { statics: Some(cache.clone()), roce, ..ReadPlan::default() };
         let port = |s: &Snapshot, dev: &str| s.devices.iter().find(|d| d.name == dev).unwrap().ports[0].clone();
         let first = discover(&host, &plan);
@@ -506,8 +507,9 @@ mod tests {
         let host = Host::new(node.sys(), node.proc());
         let cache = Arc::new(StaticCache::default());
         let path = "counters/port_rcv_errors";
-        let plan = ReadPlan { statics: Some(cache.clone()), counter_paths: vec![path.into()], ..ReadPlan::default() };
-        let plain = ReadPlan { counter_paths: vec![path.into()], ..ReadPlan::default() };
+        let plan =
+            ReadPlan { statics: Some(cache.clone()), counter_paths: vec![path.into()].into(), ..ReadPlan::default() };
+        let plain = ReadPlan { counter_paths: vec![path.into()].into(), ..ReadPlan::default() };
         let stat = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         // Every poll sees what a poll with nothing cached and nothing read ahead sees.
         let same = |why: &str| {

@@ -600,11 +600,11 @@ pub(super) fn finish_port(dev: &str, p: &PortRead, results: &[Result<String, Rea
         unknown.insert("phys_state".to_string(), why);
     }
     let mut counters = BTreeMap::new();
-    let rule_paths = (plan.counter_paths.as_slice(), 0);
+    let rule_paths = (&plan.counter_paths[..], 0);
     finish_counters((dev, p.number), &p.counters, rule_paths, (results, plan), &mut counters);
     // Read where the port may have been RoCE; kept where it is.
     let mut roce_counters = BTreeMap::new();
-    let roce_paths = (plan.roce.counter_paths.as_slice(), plan.counter_paths.len());
+    let roce_paths = (&plan.roce.counter_paths[..], plan.counter_paths.len());
     finish_counters((dev, p.number), &p.roce_counters, roce_paths, (results, plan), &mut roce_counters);
     let roce = link_layer == Some(LinkLayer::Ethernet);
     let netdev_speed = p.speed.and_then(read).and_then(parse::netdev_speed).filter(|_| roce);
