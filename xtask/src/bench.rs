@@ -60,6 +60,14 @@ pub struct Options {
     /// A nicmon binary to measure instead of building this tree's (an A/B of two builds).
     #[arg(long)]
     nicmon: Option<std::path::PathBuf>,
+    /// With --poll-cost-only: instead of the figures, run this binary side by side with the
+    /// measured one (both daemons at once on the plain node, the order of start swapped in
+    /// each window) and print the ratio of their CPU per poll (`b / a`, a: the measured one).
+    #[arg(long, requires = "poll_cost_only", value_name = "BIN")]
+    against: Option<std::path::PathBuf>,
+    /// Windows of `--cost-seconds` for --against.
+    #[arg(long, default_value_t = 6, requires = "against")]
+    pairs: usize,
 }
 
 fn count_files(dir: &Path) -> usize {
@@ -100,6 +108,9 @@ pub fn run(opts: &Options) -> Result<()> {
             target.unwrap_or_else(|| root.join("target")).join("release/nicmon")
         }
     };
+    if let Some(other) = &opts.against {
+        return crate::pollcost::paired(&bin, other, opts.cost_seconds, opts.pairs);
+    }
     if opts.poll_cost_only {
         let peer = peer(&root, opts)?;
         let ok = crate::pollcost::run(&bin, peer.as_deref(), opts.cost_seconds, opts.scrapes)?;

@@ -90,9 +90,15 @@ fn perf_count(child: Option<std::process::Child>) -> Option<f64> {
 /// The daemon on `node` polling every 50 ms: its cost per poll over `secs` after 3 s of
 /// warm-up.
 pub fn daemon_cost(bin: &Path, node: &Node, secs: u64) -> Result<Cost> {
+    daemon_cost_with(bin, node, secs, "state-cost.json")
+}
+
+/// [`daemon_cost`] with its state file `state` in the node's directory (two daemons at once
+/// on one node each have their own).
+fn daemon_cost_with(bin: &Path, node: &Node, secs: u64, state: &str) -> Result<Cost> {
     let port = crate::node_exporter::free_port()?;
     let mut d = node
-        .run_command(bin, "state-cost.json", "bench")
+        .run_command(bin, state, "bench")
         .args(["--no-kmsg", "--sink", "file:/dev/null", "--state-polling-interval", "50ms"])
         .args(["--metrics-port", &port.to_string()])
         .env("RUST_LOG", "error")
@@ -193,4 +199,51 @@ pub fn run(bin: &Path, peer: Option<&Path>, secs: u64, scrapes: usize) -> Result
         }
     }
     Ok(ok)
+}
+
+/// Two builds side by side (`--against`): both daemons at once on the plain node, so that
+/// whatever else the machine does in the window weighs on both (on a VM whose speed drifts
+/// between runs, an A/B of runs one after the other measures the drift as much as the
+/// change). `pairs` windows of `secs`, the order of start swapped in each (the daemon started
+/// second tends to be placed beside the first: more switches); per window the CPU and
+/// switches per poll of each, then the spread of `b / a`.
+pub fn paired(a: &Path, b: &Path, secs: u64, pairs: usize) -> Result<()> {
+    let tmp = tempfile::Builder::new().prefix("nicmon-pair-").tempdir()?;
+    let node = platforms::dgx_h100_with_vfs(0, Some(tmp.path()));
+    println!("side by side on the plain node (12 PFs, no VFs), 50 ms interval, {pairs} windows of {secs} s:");
+    println!("  a = {}\n  b = {}", a.display(), b.display());
+    let mut ratios = Vec::with_capacity(pairs);
+    for i in 0..pairs {
+        let b_first = i % 2 == 1;
+        let (first, second) = if b_first { (b, a) } else { (a, b) };
+        let (one, two) = std::thread::scope(|s| {
+            let one = s.spawn(|| daemon_cost_with(first, &node, secs, "state-pair-1.json"));
+            let two = s.spawn(|| daemon_cost_with(second, &node, secs, "state-pair-2.json"));
+            (one.join(), two.join())
+        });
+        let joined = |r: std::thread::Result<Result<Cost>>| r.unwrap_or_else(|_| bail!("a measuring thread panicked"));
+        let (one, two) = (joined(one)?, joined(two)?);
+        let (ca, cb) = if b_first { (two, one) } else { (one, two) };
+        let ratio = cb.cpu_ms / ca.cpu_ms;
+        ratios.push(ratio);
+        println!(
+            "  window {}: {} started first; CPU per poll a {:.3} ms ({:.2} switches), b {:.3} ms ({:.2} switches); \
+             b / a = {ratio:.3}",
+            i + 1,
+            if b_first { "b" } else { "a" },
+            ca.cpu_ms,
+            ca.switches,
+            cb.cpu_ms,
+            cb.switches
+        );
+    }
+    ratios.sort_by(|x, y| x.total_cmp(y));
+    let mean = ratios.iter().sum::<f64>() / ratios.len().max(1) as f64;
+    println!(
+        "b / a, CPU per poll: mean {mean:.3}, median {:.3}, from {:.3} to {:.3} over {pairs} windows",
+        ratios.get(ratios.len() / 2).copied().unwrap_or(f64::NAN),
+        ratios.first().copied().unwrap_or(f64::NAN),
+        ratios.last().copied().unwrap_or(f64::NAN)
+    );
+    Ok(())
 }
