@@ -818,6 +818,11 @@ fn reader_thread(id: u64, jobs: &super::handoff::Rx<Msg>, shared: &Shared, read_
 pub(super) struct KeptHandles {
     version: u64,
     files: Vec<Option<Handle>>,
+    /// Per index, the item (its directory and name, the file set's shared strings, held
+    /// here) the slot was last handed out for: the slot holds nothing but that item's
+    /// handle. The next batch of the same file set (a quiet node's every poll) has the same
+    /// strings at that index: known by their addresses, no path compared.
+    items: Vec<Option<(Arc<str>, Arc<str>)>>,
 }
 
 impl KeptHandles {
@@ -829,17 +834,24 @@ impl KeptHandles {
             self.files.clear();
         }
         match len <= HANDLES_MAX {
-            true => self.files.resize(len, None),
-            false => self.files = Vec::new(),
+            true => {
+                self.files.resize(len, None);
+                self.items.resize(len, None);
+            }
+            false => (self.files, self.items) = (Vec::new(), Vec::new()),
         }
     }
 
     /// The slot of the file at `index` (none past the batch, or in a batch without
     /// handles), emptied unless it holds `item`'s handle.
     fn at(&mut self, index: usize, item: &Item) -> Option<&mut Option<Handle>> {
-        let slot = self.files.get_mut(index)?;
-        if slot.as_ref().is_some_and(|(key, _)| !item.rel_is(&key.0)) {
-            *slot = None;
+        let (slot, last) = (self.files.get_mut(index)?, self.items.get_mut(index)?);
+        let same_item = last.as_ref().is_some_and(|(d, n)| Arc::ptr_eq(d, &item.dir) && Arc::ptr_eq(n, &item.name));
+        if !same_item {
+            if slot.as_ref().is_some_and(|(key, _)| !item.rel_is(&key.0)) {
+                *slot = None;
+            }
+            *last = Some((Arc::clone(&item.dir), Arc::clone(&item.name)));
         }
         Some(slot)
     }
@@ -908,6 +920,11 @@ mod tests {
         handles.follow(2, 7);
         assert!(held(&mut handles, 1, &phys), "the same file at the same index, the kept files unchanged: kept");
         assert!(!held(&mut handles, 1, &state), "another file at that index: not its handle");
+        *handles.at(1, &phys).unwrap() = handle(&phys);
+        let phys_anew = item("phys_state");
+        assert!(held(&mut handles, 1, &phys_anew), "the same path in another file set's strings: its handle");
+        assert!(held(&mut handles, 1, &phys), "the first strings again: still its handle");
+        assert!(!held(&mut handles, 1, &state), "then another file: not its handle");
         *handles.at(0, &state).unwrap() = handle(&state);
         handles.follow(1, 8);
         assert!(!held(&mut handles, 0, &state), "a change to the kept files drops every handle");
