@@ -817,12 +817,17 @@ fn reader_thread(id: u64, jobs: &super::handoff::Rx<Msg>, shared: &Shared, read_
 #[derive(Default)]
 pub(super) struct KeptHandles {
     version: u64,
-    files: Vec<Option<Handle>>,
-    /// Per index, the item (its directory and name, the file set's shared strings, held
-    /// here) the slot was last handed out for: the slot holds nothing but that item's
-    /// handle. The next batch of the same file set (a quiet node's every poll) has the same
-    /// strings at that index: known by their addresses, no path compared.
-    items: Vec<Option<(Arc<str>, Arc<str>)>>,
+    slots: Vec<HandleSlot>,
+}
+
+/// One index of [`KeptHandles`]: the handle, and the item (its directory and name, the file
+/// set's shared strings, held here) it was last handed out for — the handle is for nothing
+/// but that item's path. The next batch of the same file set (a quiet node's every poll) has
+/// the same strings at that index: known by their addresses, no path compared.
+#[derive(Default, Clone)]
+struct HandleSlot {
+    handle: Option<Handle>,
+    item: Option<(Arc<str>, Arc<str>)>,
 }
 
 impl KeptHandles {
@@ -831,29 +836,27 @@ impl KeptHandles {
     fn follow(&mut self, len: usize, version: u64) {
         if self.version != version {
             self.version = version;
-            self.files.clear();
+            self.slots.clear();
         }
         match len <= HANDLES_MAX {
-            true => {
-                self.files.resize(len, None);
-                self.items.resize(len, None);
-            }
-            false => (self.files, self.items) = (Vec::new(), Vec::new()),
+            true => self.slots.resize(len, HandleSlot::default()),
+            false => self.slots = Vec::new(),
         }
     }
 
     /// The slot of the file at `index` (none past the batch, or in a batch without
     /// handles), emptied unless it holds `item`'s handle.
     fn at(&mut self, index: usize, item: &Item) -> Option<&mut Option<Handle>> {
-        let (slot, last) = (self.files.get_mut(index)?, self.items.get_mut(index)?);
-        let same_item = last.as_ref().is_some_and(|(d, n)| Arc::ptr_eq(d, &item.dir) && Arc::ptr_eq(n, &item.name));
+        let slot = self.slots.get_mut(index)?;
+        let same_item =
+            slot.item.as_ref().is_some_and(|(d, n)| Arc::ptr_eq(d, &item.dir) && Arc::ptr_eq(n, &item.name));
         if !same_item {
-            if slot.as_ref().is_some_and(|(key, _)| !item.rel_is(&key.0)) {
-                *slot = None;
+            if slot.handle.as_ref().is_some_and(|(key, _)| !item.rel_is(&key.0)) {
+                slot.handle = None;
             }
-            *last = Some((Arc::clone(&item.dir), Arc::clone(&item.name)));
+            slot.item = Some((Arc::clone(&item.dir), Arc::clone(&item.name)));
         }
-        Some(slot)
+        Some(&mut slot.handle)
     }
 }
 
