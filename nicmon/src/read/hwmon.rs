@@ -67,7 +67,7 @@ pub fn walk(host: &Host, pcis: &BTreeSet<String>) -> Vec<Found> {
         channels.dedup();
         channels.truncate(MAX_CHANNELS);
         let results = host.read_files(&host.file_set(files(&dir, &channels, &STATIC_FILES), false));
-        let text = |i: usize| results.get(i).and_then(|r| r.as_ref().ok()).map(String::as_str);
+        let text = |i: usize| results.get(i).and_then(Result::ok);
         let sensors = channels
             .iter()
             .enumerate()
@@ -161,7 +161,7 @@ fn read_found(host: &Host, found: &[Found]) -> Option<BTreeMap<String, Vec<Senso
             if matches!(results.get(at), Some(Err(ReadError::Missing))) {
                 return None;
             }
-            let text = |i: usize| results.get(at + i).and_then(|r| r.as_ref().ok()).map(String::as_str);
+            let text = |i: usize| results.get(at + i).and_then(Result::ok);
             let now = Sensor::from_texts(&f.name, s.channel, [text(0), None, text(1), None]);
             at += READING_FILES.len();
             out.entry(f.pci.clone()).or_default().push(Sensor { input: now.input, highest: now.highest, ..s.clone() });

@@ -9,7 +9,7 @@ use crate::read::host::Host;
 /// The link figures of the PCI function at `address` (`bus/pci/devices/<address>/`).
 pub fn read_link(host: &Host, address: &str) -> PcieLink {
     let [a, b, c, d] = LINK_FILES.map(|f| host.read_sys(&format!("bus/pci/devices/{address}/{f}")));
-    PcieLink::from_texts(&a, &b, &c, &d)
+    PcieLink::from_texts(a.as_deref().ok(), b.as_deref().ok(), c.as_deref().ok(), d.as_deref().ok())
 }
 
 /// The AER files of the PCI function at `address`.

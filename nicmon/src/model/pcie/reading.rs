@@ -19,15 +19,15 @@ pub struct PcieLink {
 }
 
 impl PcieLink {
-    /// The figures from the four files' texts (each as read, or why not).
+    /// The figures from the four files' texts (each as read; `None`: not read).
     pub fn from_texts(
-        speed: &Result<String, ReadError>,
-        width: &Result<String, ReadError>,
-        max_speed: &Result<String, ReadError>,
-        max_width: &Result<String, ReadError>,
+        speed: Option<&str>,
+        width: Option<&str>,
+        max_speed: Option<&str>,
+        max_width: Option<&str>,
     ) -> PcieLink {
-        let sp = |r: &Result<String, ReadError>| r.as_deref().ok().and_then(parse::link_speed);
-        let wd = |r: &Result<String, ReadError>| r.as_deref().ok().and_then(parse::link_width);
+        let sp = |r: Option<&str>| r.and_then(parse::link_speed);
+        let wd = |r: Option<&str>| r.and_then(parse::link_width);
         PcieLink { speed: sp(speed), width: wd(width), max_speed: sp(max_speed), max_width: wd(max_width) }
     }
 

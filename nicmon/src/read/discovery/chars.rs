@@ -17,7 +17,7 @@ use std::time::Instant;
 use super::unmonitored::CharEntry;
 use super::{Batch, STATIC_REFRESH, StaticCache, at, opt};
 use crate::model::{CharDevices, CharKind, CharNode, ClassDir};
-use crate::read::host::{Host, Listing, ReadError, SysDir};
+use crate::read::host::{Host, Listing, ReadError, SysDir, Texts};
 
 /// The class directories (below `class/`), with the entry kinds each holds.
 const DIRS: [(&str, &[CharKind]); 2] =
@@ -73,7 +73,7 @@ pub fn char_devices(host: &Host) -> CharDevices {
     let mut batch = Batch::default();
     let listed = plan(host, None, true, true, &mut batch);
     let files = batch.finish(host, false);
-    let results = if files.is_empty() { Vec::new() } else { host.read_files(&files) };
+    let results = if files.is_empty() { Texts::default() } else { host.read_files(&files) };
     Arc::unwrap_or_clone(finish(listed, &results, None))
 }
 
@@ -226,7 +226,7 @@ fn plan_dir(
 }
 
 /// An entry's device and port from the batch's results.
-fn read_entry(results: &[Result<String, ReadError>], ibdev: usize, port: Option<usize>) -> CharEntry {
+fn read_entry(results: &Texts, ibdev: usize, port: Option<usize>) -> CharEntry {
     CharEntry {
         device: opt(at(results, ibdev)),
         port: port.and_then(|i| opt(at(results, i))).and_then(|p| p.parse::<u32>().ok()),
@@ -235,11 +235,7 @@ fn read_entry(results: &[Result<String, ReadError>], ibdev: usize, port: Option<
 
 /// The class directories from their listings and the batch's results (with a cache: kept
 /// for the next poll).
-pub(super) fn finish(
-    read: CharRead,
-    results: &[Result<String, ReadError>],
-    cache: Option<&StaticCache>,
-) -> Arc<CharDevices> {
+pub(super) fn finish(read: CharRead, results: &Texts, cache: Option<&StaticCache>) -> Arc<CharDevices> {
     match read {
         CharRead::Same { last, read } => {
             let mut chars = last.chars.clone();
@@ -280,11 +276,7 @@ fn listed(chars: &CharDevices, k: usize) -> Option<&[CharNode]> {
 }
 
 /// [`finish`] of directories listed anew.
-fn finish_listed(
-    listed: [ListedChars; 2],
-    results: &[Result<String, ReadError>],
-    cache: Option<&StaticCache>,
-) -> Arc<CharDevices> {
+fn finish_listed(listed: [ListedChars; 2], results: &Texts, cache: Option<&StaticCache>) -> Arc<CharDevices> {
     // Per directory, the positions of the entries read now.
     let listed_at = Instant::now();
     let mut read_now: [Vec<usize>; 2] = Default::default();

@@ -55,20 +55,17 @@ pub(super) struct Finished {
     /// Per device of the plan (by its position), its reading.
     devices: Vec<Arc<Device>>,
     /// The poll's results, by place in the batch.
-    results: Vec<Result<String, ReadError>>,
+    results: Texts,
 }
 
 impl Finished {
     /// Device `i` of the plan, read as `r` with `results`: the kept reading when every one
     /// of its files read the same as then. A file found absent is never taken as the same
     /// (its finish notes it: [`StaticCache::mark_absent`]).
-    pub(super) fn reuse(&self, i: usize, r: &DeviceRead, results: &[Result<String, ReadError>]) -> Option<Arc<Device>> {
+    pub(super) fn reuse(&self, i: usize, r: &DeviceRead, results: &Texts) -> Option<Arc<Device>> {
         let d = self.devices.get(i).filter(|d| d.name == r.name)?;
-        let same = |j: usize| match (results.get(j), self.results.get(j)) {
-            (Some(Err(ReadError::Missing)), _) => false,
-            (Some(now), Some(then)) => now == then,
-            _ => false,
-        };
+        let same =
+            |j: usize| !matches!(results.get(j), Some(Err(ReadError::Missing))) && results.same(j, &self.results, j);
         r.indices().all(same).then(|| d.clone())
     }
 }
@@ -143,12 +140,7 @@ impl StaticCache {
     /// Keep `devices`, finished from `results` by the kept plan of `files` (if it still
     /// stands: a finish that changed what the plan is made from has dropped it). A batch of
     /// more than [`FINISHED_MAX_FILES`] is not kept: its devices are finished every poll.
-    pub(super) fn keep_finished(
-        &self,
-        files: &Arc<FileSet>,
-        devices: &[Arc<Device>],
-        results: Vec<Result<String, ReadError>>,
-    ) {
+    pub(super) fn keep_finished(&self, files: &Arc<FileSet>, devices: &[Arc<Device>], results: Texts) {
         if let Ok(mut c) = self.inner.lock()
             && let Some(p) = c.plan.as_mut().filter(|p| p.files.as_ref().is_some_and(|f| Arc::ptr_eq(f, files)))
         {

@@ -15,7 +15,7 @@ use crate::model::pcie::reading::PcieReading;
 use crate::model::pcie::reading::UpstreamPort;
 use crate::model::pcie::reading::aer_file;
 use crate::model::{Device, Function, LinkLayer, PciGpu, PciPresence, PhysState, Port, PortState, Snapshot};
-use crate::read::host::{FileSet, Host, Listing, PendingReads, ReadError, Rels, SysDir};
+use crate::read::host::{FileSet, Host, Listing, PendingReads, ReadError, Rels, SysDir, Texts};
 use crate::read::parse;
 use std::sync::atomic::Ordering;
 
@@ -246,7 +246,7 @@ fn default_route(host: &Host) -> (Vec<String>, Vec<String>) {
 /// files all read the same.
 fn finish_devices(
     reads: &[Planned],
-    results: &[Result<String, ReadError>],
+    results: &Texts,
     (files, finished): (&FileSet, Option<&kept_plan::Finished>),
     plan: &ReadPlan,
     route: &[String],

@@ -5,12 +5,8 @@ use super::*;
 use crate::model::driver::RdmaDriver;
 
 /// The result of file `i` of a batch (by reference; an error cloned).
-pub(super) fn at(results: &[Result<String, ReadError>], i: usize) -> Result<&str, ReadError> {
-    match results.get(i) {
-        Some(Ok(s)) => Ok(s),
-        Some(Err(e)) => Err(e.clone()),
-        None => Err(ReadError::Io("not read".into())),
-    }
+pub(super) fn at(results: &Texts, i: usize) -> Result<&str, ReadError> {
+    results.text(i)
 }
 
 pub(super) fn opt<S: AsRef<str>>(r: Result<S, ReadError>) -> Option<String> {
@@ -239,11 +235,7 @@ pub(super) struct Prefetch {
 
 /// The results of `files`: `prefetch`'s when it read exactly these files and no kept file
 /// was forgotten since it began (a device's new incarnation); otherwise read now.
-pub(super) fn read_batch(
-    host: &Host,
-    files: &Arc<FileSet>,
-    prefetch: Option<Prefetch>,
-) -> Vec<Result<String, ReadError>> {
+pub(super) fn read_batch(host: &Host, files: &Arc<FileSet>, prefetch: Option<Prefetch>) -> Texts {
     match prefetch {
         Some(p) if Arc::ptr_eq(p.reads.files(), files) && host.kept_generation() == p.generation => {
             host.stats.read_ahead_used.fetch_add(1, Ordering::Relaxed);
@@ -251,7 +243,7 @@ pub(super) fn read_batch(
         }
         other => {
             drop_prefetch(host, other);
-            if files.is_empty() { Vec::new() } else { host.read_files_patient(files) }
+            if files.is_empty() { Texts::default() } else { host.read_files_patient(files) }
         }
     }
 }
@@ -394,35 +386,29 @@ pub(super) fn finish_pcie(
     dev: &str,
     statics: &Statics,
     p: &PcieRead,
-    results: &[Result<String, ReadError>],
+    results: &Texts,
     files: &FileSet,
     plan: &ReadPlan,
 ) -> Option<PcieReading> {
     let st = statics.pcie.as_ref()?;
-    let get = |i: usize| results.get(i).cloned().unwrap_or(Err(ReadError::Missing));
-    let link = st.own.link(&get(p.speed), &get(p.width));
-    let unread = Err(ReadError::Missing);
+    let get = |i: usize| results.get(i).and_then(Result::ok);
+    let link = st.own.link(get(p.speed), get(p.width));
     let upstream = st
         .upstream
         .as_ref()
-        .map(|(address, max)| UpstreamPort { address: address.clone(), link: max.link(&unread, &unread) });
+        .map(|(address, max)| UpstreamPort { address: address.clone(), link: max.link(None, None) });
     let mut aer = Aer::default();
     for &(s, i) in &p.aer {
         let raw = results.get(i);
         if let (Some(Err(ReadError::Missing)), Some(c), Some(rel)) = (raw, plan.statics.as_deref(), files.rel(i)) {
             c.mark_absent(dev, AbsentFile::File(&rel));
         }
-        *aer.slot(s) = raw.and_then(|r| aer_file(r.as_deref(), s));
+        *aer.slot(s) = raw.and_then(|r| aer_file(r, s));
     }
     Some(PcieReading { link, upstream, aer })
 }
 
-pub(super) fn finish_device(
-    r: &DeviceRead,
-    results: &[Result<String, ReadError>],
-    files: &FileSet,
-    plan: &ReadPlan,
-) -> Device {
+pub(super) fn finish_device(r: &DeviceRead, results: &Texts, files: &FileSet, plan: &ReadPlan) -> Device {
     let DeviceRead { name, statics, efa, unsupported, netdev, ports, pcie } = r;
     let pcie = pcie.as_ref().and_then(|p| finish_pcie(name, statics, p, results, files, plan));
     let Statics { pci_address, driver, rdma_driver, function, numa_node, hca_type, fw_ver, board_id, .. } = &**statics;
@@ -557,7 +543,7 @@ pub(super) fn finish_counters(
     (dev, n): (&str, u32),
     planned: &[(usize, usize)],
     (paths, base): (&[Arc<str>], usize),
-    (results, plan): (&[Result<String, ReadError>], &ReadPlan),
+    (results, plan): (&Texts, &ReadPlan),
     out: &mut BTreeMap<Arc<str>, u64>,
 ) {
     for &(k, i) in planned {
@@ -577,7 +563,7 @@ pub(super) fn finish_counters(
     }
 }
 
-pub(super) fn finish_port(dev: &str, p: &PortRead, results: &[Result<String, ReadError>], plan: &ReadPlan) -> Port {
+pub(super) fn finish_port(dev: &str, p: &PortRead, results: &Texts, plan: &ReadPlan) -> Port {
     let get = |i: usize| at(results, i);
     let read = |i: usize| get(i).ok();
     let mut unknown = BTreeMap::new();

@@ -66,8 +66,8 @@ impl LinkMaxima {
     }
 
     /// The link figures with these maxima and the current figures read now.
-    pub(super) fn link(&self, speed: &Result<String, ReadError>, width: &Result<String, ReadError>) -> PcieLink {
-        PcieLink::from_texts(speed, width, &self.speed, &self.width)
+    pub(super) fn link(&self, speed: Option<&str>, width: Option<&str>) -> PcieLink {
+        PcieLink::from_texts(speed, width, self.speed.as_deref().ok(), self.width.as_deref().ok())
     }
 }
 

@@ -248,6 +248,24 @@ pub(super) trait KeptPath {
     fn bounds(&self) -> (usize, Past);
 }
 
+/// What a read got: the first bytes of the reader's scratch page (an attribute: no
+/// allocation per read), or a buffer of its own (a file opened anew, one past the page).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Got {
+    Scratch(usize),
+    Owned(Vec<u8>),
+}
+
+impl Got {
+    /// The bytes read, `scratch` being the page the read was given.
+    pub(super) fn bytes<'a>(&'a self, scratch: &'a [u8]) -> &'a [u8] {
+        match self {
+            Got::Scratch(n) => scratch.get(..*n).unwrap_or_default(),
+            Got::Owned(v) => v,
+        }
+    }
+}
+
 /// A reader's handle to a kept file: the path it is kept under, and the file.
 pub(super) type Handle = (KeptKey, Arc<KeptFile>);
 
@@ -272,7 +290,7 @@ pub(super) fn read_kept(
     (item, rel): (&impl KeptPath, &mut String),
     slot: &mut Option<Handle>,
     (scratch, now): (&mut [u8], Instant),
-) -> (Result<Vec<u8>, ReadError>, Option<PutBack>) {
+) -> (Result<Got, ReadError>, Option<PutBack>) {
     let lock = || kept.lock().unwrap_or_else(|p| p.into_inner());
     let (limit, past) = item.bounds();
     let kept = match slot.take() {
@@ -321,7 +339,7 @@ pub(super) fn read_kept(
             } else {
                 Guard::Links
             };
-            (Ok(buf), Some((KeptFile { file, opened: Instant::now(), guard }, generation)))
+            (Ok(Got::Owned(buf)), Some((KeptFile { file, opened: Instant::now(), guard }, generation)))
         }
         Err(e) => (Err(e), None),
     }
@@ -329,9 +347,10 @@ pub(super) fn read_kept(
 
 /// Read a kept-open attribute from offset 0: at most `limit` bytes (past it: `past`). A
 /// short read ends it (the end of a regular file; a sysfs attribute, at most a page,
-/// answers whole on the first read), so an attribute costs one `pread`. Only for
-/// attributes: a procfs file answers a page or so per read ([`open_read`] reads those).
-fn pread_whole(file: &std::fs::File, limit: usize, past: Past, first: &mut [u8]) -> Result<Vec<u8>, ReadError> {
+/// answers whole on the first read), so an attribute costs one `pread`, into `first` (the
+/// reader's scratch page: what fits there stays there). Only for attributes: a procfs file
+/// answers a page or so per read ([`open_read`] reads those).
+fn pread_whole(file: &std::fs::File, limit: usize, past: Past, first: &mut [u8]) -> Result<Got, ReadError> {
     use std::os::unix::fs::FileExt;
     let cap = limit.saturating_add(1);
     // An attribute fits the first buffer (the reader's own: no allocation, no zeroing per
@@ -345,14 +364,13 @@ fn pread_whole(file: &std::fs::File, limit: usize, past: Past, first: &mut [u8])
         }
     };
     if n < want || want == cap {
-        let mut buf = first[..n].to_vec();
-        if buf.len() > limit {
-            match past {
-                Past::Error => return Err(ReadError::TooLarge(limit)),
-                Past::Ignore => buf.truncate(limit),
-            }
+        if n > limit {
+            return match past {
+                Past::Error => Err(ReadError::TooLarge(limit)),
+                Past::Ignore => Ok(Got::Scratch(limit)),
+            };
         }
-        return Ok(buf);
+        return Ok(Got::Scratch(n));
     }
     let mut buf = first[..n].to_vec();
     let mut len = n;
@@ -382,5 +400,5 @@ fn pread_whole(file: &std::fs::File, limit: usize, past: Past, first: &mut [u8])
             Past::Ignore => buf.truncate(limit),
         }
     }
-    Ok(buf)
+    Ok(Got::Owned(buf))
 }

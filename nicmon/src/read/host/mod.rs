@@ -81,12 +81,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod access;
+mod answers;
 mod file;
 mod handoff;
 mod kept;
 mod listing;
 mod reader;
 mod stream;
+mod texts;
 mod walks;
 
 pub use access::{Access, AccessLog, FAILURE_LINK_PREFIX, failure_link_error};
@@ -97,6 +99,7 @@ pub use listing::Listing;
 pub use reader::{Deadlines, FILE_READ_TIMEOUT, FileSet, PendingReads, ReadStats, ReadWaker, Rels, read_file};
 use reader::{Item, Reader};
 pub use stream::{FileStream, stream_file};
+pub use texts::Texts;
 pub use walks::WALK_PERIOD;
 
 /// The most a sysfs attribute can hold (`PAGE_SIZE`; `sysfs_emit` writes at most a page).
@@ -245,18 +248,23 @@ impl Host {
     }
 
     /// What every read's result goes through: a bundle's failure link, the abandoned count.
-    fn after_read(&self, path: &Path, mut r: Result<Vec<u8>, ReadError>) -> Result<Vec<u8>, ReadError> {
+    fn after_read<T>(&self, path: &Path, r: Result<T, ReadError>) -> Result<T, ReadError> {
+        r.map_err(|e| self.after_failure(path, e))
+    }
+
+    /// [`Host::after_read`] of a failed read.
+    fn after_failure(&self, path: &Path, e: ReadError) -> ReadError {
         // A bundle's failure link dangles: replay the failure it records instead.
-        if r == Err(ReadError::Missing)
+        if e == ReadError::Missing
             && let Ok(target) = std::fs::read_link(path)
             && let Some(why) = target.to_str().and_then(|t| t.strip_prefix(FAILURE_LINK_PREFIX))
         {
-            r = Err(failure_link_error(why));
+            return failure_link_error(why);
         }
-        if matches!(&r, Err(ReadError::Stuck(why)) if why.starts_with("no answer")) {
+        if matches!(&e, ReadError::Stuck(why) if why.starts_with("no answer")) {
             self.stats.reads_abandoned.fetch_add(1, Ordering::Relaxed);
         }
-        r
+        e
     }
 
     /// The sysfs-relative files `rels` as a [`FileSet`]. `keep`: these are attributes that
@@ -287,7 +295,7 @@ impl Host {
     /// Read the files of `set` as text, in one hand-off to the reader thread: the same rules
     /// and results as [`Host::read_sys`] on each (the `EINVAL` memo, the deadlines per read
     /// and per poll, stuck reads), at the cost of one thread wake-up for them all.
-    pub fn read_files(&self, set: &Arc<FileSet>) -> Vec<Result<String, ReadError>> {
+    pub fn read_files(&self, set: &Arc<FileSet>) -> Texts {
         if let Some(results) = self.take_read_ahead(set) {
             return results;
         }
@@ -297,7 +305,7 @@ impl Host {
 
     /// [`Host::read_files`] for a batch no wake-up waits for (a full poll's): its thread is
     /// brought to this one's CPU only when it is late ([`PendingReads::patient`]).
-    pub fn read_files_patient(&self, set: &Arc<FileSet>) -> Vec<Result<String, ReadError>> {
+    pub fn read_files_patient(&self, set: &Arc<FileSet>) -> Texts {
         if let Some(results) = self.take_read_ahead(set) {
             return results;
         }
@@ -344,7 +352,7 @@ impl Host {
 
     /// When a targeted read was announced ([`Host::read_ahead`]): `set` is its files,
     /// remembered for the next one; the read-ahead's results when it read exactly these.
-    fn take_read_ahead(&self, set: &Arc<FileSet>) -> Option<Vec<Result<String, ReadError>>> {
+    fn take_read_ahead(&self, set: &Arc<FileSet>) -> Option<Texts> {
         let begun = {
             let mut ra = self.read_ahead.lock().unwrap_or_else(|p| p.into_inner());
             let devices = ra.armed.take()?;
@@ -371,19 +379,15 @@ impl Host {
             if einval.is_empty() || !(0..set.len()).any(&mut memoized) {
                 (set.items.clone(), None)
             } else {
-                let mut out = Vec::with_capacity(set.len());
                 let mut at = Vec::new();
                 let mut items = Vec::new();
                 for (i, item) in set.items.iter().enumerate() {
-                    if memoized(i) {
-                        out.push(Some(Err(ReadError::Invalid)));
-                    } else {
-                        at.push(out.len());
-                        out.push(None);
+                    if !memoized(i) {
+                        at.push(i);
                         items.push(item.clone());
                     }
                 }
-                (Arc::from(items), Some((out, at)))
+                (Arc::from(items), Some(at))
             }
         };
         let skipped = set.len() - items.len();
@@ -406,25 +410,37 @@ impl Host {
     }
 
     /// The results of [`Host::start_files`], in its set's order.
-    pub fn finish_files(&self, reads: PendingReads) -> Vec<Result<String, ReadError>> {
+    pub fn finish_files(&self, reads: PendingReads) -> Texts {
         let PendingReads { set, memo, pending } = reads;
-        let items = pending.items.clone();
-        let results = self.reader.finish_many(pending, self.deadlines.read, self.poll_end());
-        let text = |i: usize, item: &Item, r: Result<Vec<u8>, ReadError>| {
-            // The path matters only to a failure (its bundle link, its log line).
-            let path = if r.is_ok() { PathBuf::new() } else { item.path() };
-            self.text_of(&path, || set.rel(i).unwrap_or_default(), self.after_read(&path, r))
-        };
-        match memo {
-            // In place: the reader's vector becomes the text's.
-            None => results.into_iter().enumerate().map(|(i, r)| text(i, &items[i], r)).collect(),
-            Some((mut out, at)) => {
-                for ((i, item), r) in at.into_iter().zip(items.iter()).zip(results) {
-                    out[i] = Some(text(i, item, r));
+        let mut answers = self.reader.finish_many(pending, self.deadlines.read, self.poll_end());
+        for j in 0..answers.len() {
+            // Item `j` handed to the reader is file `i` of the set.
+            let i = memo.as_ref().map_or(j, |at| at.get(j).copied().unwrap_or(j));
+            let fixed = match answers.get(j) {
+                Some(Ok(bytes)) => match std::str::from_utf8(bytes) {
+                    Ok(_) => continue,
+                    Err(_) => Ok(String::from_utf8_lossy(bytes).into_owned()),
+                },
+                Some(Err(e)) => {
+                    // The path matters only to a failure (its bundle link, its log line).
+                    let path = set.items.get(i).map(Item::path).unwrap_or_default();
+                    let e = self.after_failure(&path, e.clone());
+                    Err(self.failed(&path, || set.rel(i).unwrap_or_default(), e))
                 }
-                out.into_iter().map(|r| r.unwrap_or_else(|| Err(ReadError::Io("not read".into())))).collect()
-            }
+                None => Err(ReadError::Io("not read".into())),
+            };
+            answers.put(j, fixed.as_ref().map(|s| s.as_bytes()).map_err(Clone::clone));
         }
+        if let Some(at) = memo {
+            // The files in the memo answered `EINVAL` before: not read again.
+            let mut all = self.reader.answers(set.len());
+            all.fail_from(0, &ReadError::Invalid);
+            for (j, &i) in at.iter().enumerate() {
+                all.put(i, answers.result(j));
+            }
+            self.reader.recycle(std::mem::replace(&mut answers, all));
+        }
+        Texts::new(answers, Some(self.reader.spares.clone()))
     }
 
     /// A number that changes whenever kept-open files are forgotten ([`Host::forget_kept`]):
@@ -695,23 +711,36 @@ impl Host {
         &self,
         path: &Path,
         key: impl FnOnce() -> String,
-        r: Result<Vec<u8>, ReadError>,
+        r: Result<impl IntoText, ReadError>,
     ) -> Result<String, ReadError> {
-        match r {
-            Ok(bytes) => {
-                Ok(String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
-            }
-            Err(err) => {
-                let key = key();
-                if err == ReadError::Invalid && !einval_is_a_state(&key) {
-                    if let Ok(mut s) = self.einval.lock() {
-                        s.insert(key);
-                    }
-                    tracing::warn!(path = %path.display(), "read failed with EINVAL: not reading it again in this boot");
+        r.map(IntoText::into_text).map_err(|e| self.failed(path, key, e))
+    }
+
+    /// A read's failure: an `EINVAL` (of an attribute that does not say a passing state)
+    /// goes into the memo.
+    fn failed(&self, path: &Path, key: impl FnOnce() -> String, err: ReadError) -> ReadError {
+        if err == ReadError::Invalid {
+            let key = key();
+            if !einval_is_a_state(&key) {
+                if let Ok(mut s) = self.einval.lock() {
+                    s.insert(key);
                 }
-                Err(err)
+                tracing::warn!(path = %path.display(), "read failed with EINVAL: not reading it again in this boot");
             }
         }
+        err
+    }
+}
+
+/// Bytes read, as text (lossy UTF-8).
+trait IntoText {
+    fn into_text(self) -> String;
+}
+
+impl IntoText for Vec<u8> {
+    /// In place when the bytes are UTF-8.
+    fn into_text(self) -> String {
+        String::from_utf8(self).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
     }
 }
 
@@ -869,7 +898,7 @@ mod tests {
         let Some((veth, _dir, host)) = carrier_fixture("nmkep") else { return };
         let a = veth.0.clone();
         let set = host.file_set(vec!["class/net/eth0/carrier".into()], true);
-        let read = |host: &Host| host.read_files(&set).pop().unwrap();
+        let read = |host: &Host| host.read_files(&set).owned().pop().unwrap();
         nicmon_tests::latency::set_link_up(&a, true).unwrap();
         assert!(matches!(read(&host).as_deref(), Ok("0\n") | Ok("1\n")));
         assert_eq!(host.kept_files(), 1, "an attribute read every poll is kept open");
@@ -921,7 +950,7 @@ mod tests {
         }
         let stat = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         let set = |files: &[&str]| host.file_set(files.iter().map(|f| format!("p/{f}")).collect(), true);
-        let text = |r: Vec<Result<String, ReadError>>| r.into_iter().map(|r| r.unwrap()).collect::<Vec<_>>();
+        let text = |r: Texts| r.owned().into_iter().map(|r| r.unwrap()).collect::<Vec<_>>();
         let d = ["mlx5_0".to_string()];
         // The first targeted read of a device has nothing to read ahead.
         host.read_ahead(&d);
@@ -962,7 +991,7 @@ mod tests {
         host.read_ahead(&d);
         let r = host.read_files(&set(&["a", "c"]));
         host.end_read_ahead();
-        assert_eq!(r, vec![Ok("5\n".to_string()), Err(ReadError::Invalid)]);
+        assert_eq!(r.owned(), vec![Ok("5\n".to_string()), Err(ReadError::Invalid)]);
         assert_eq!(stat(&host.stats.files_read), before + 1, "only p/a was read");
         assert_eq!((stat(&host.stats.read_ahead_used), stat(&host.stats.read_ahead_dropped)), (2, 3));
     }
@@ -998,7 +1027,7 @@ mod tests {
         std::fs::write(p.join("other"), "linked\n").unwrap();
         let rels: Vec<String> = names.iter().map(|n| format!("p/{n}")).collect();
         let set = host.file_set(rels, true);
-        let read = || host.read_files(&set);
+        let read = || host.read_files(&set).owned();
         let ok = |v: &str| Ok(format!("{v}\n"));
         assert_eq!(read(), vec![ok("a1"), ok("b1"), ok("c1"), ok("d1"), ok("e1")]);
         let want = if watched { Guard::Watched } else { Guard::Links };
@@ -1134,7 +1163,7 @@ mod tests {
         let started = Instant::now();
         assert_eq!(host.read_sys("p/rate").as_deref(), Ok("100 Gb/sec\n"));
         assert!(started.elapsed() < Duration::from_secs(1), "answered before the batch's deadline");
-        assert!(matches!(&host.finish_files(pending)[0], Err(ReadError::Stuck(_))));
+        assert!(matches!(host.finish_files(pending).get(0), Some(Err(ReadError::Stuck(_)))));
         let stuck: Vec<PathBuf> = host.stuck_reads().into_iter().map(|(p, _)| p).collect();
         assert_eq!(stuck, vec![p.join("counter")], "only the batch's file is stuck");
         // Release the stuck reader.

@@ -7,8 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
+use super::answers::Answers;
 use super::file::{Past, read_regular};
-use super::kept::{Handle, Kept, KeptFile, KeptKey, KeptPath, read_kept};
+use super::kept::{Got, Handle, Kept, KeptFile, KeptKey, KeptPath, read_kept};
+use super::texts::{SPARES, Spares};
 use super::{MAX_STUCK, PAGE, ReadError};
 use crate::read::sched::Helper;
 
@@ -241,22 +243,19 @@ pub const NOT_BEGUN: Duration = Duration::from_micros(150);
 /// for nothing; only a batch this late (its CPU busy with something else) is brought over.
 pub const PATIENT: Duration = Duration::from_millis(2);
 
-/// A batch's results by index (`None`: not read yet).
-type Slots = Vec<Option<Result<Vec<u8>, ReadError>>>;
-
 /// How far a batch is: the item being read (its index) and since when, and the results so
 /// far (by index). Uncontended locks: the caller looks only when a deadline comes.
 struct Progress {
     current: Mutex<(usize, Instant)>,
-    results: Mutex<Slots>,
+    results: Mutex<Answers>,
 }
 
 /// A batch handed to the reader and not collected yet ([`Reader::start_many`]).
 pub(super) struct Pending {
     pub(super) items: Arc<[Item]>,
     /// The results gathered (empty until a result has to be merged in: a batch read whole
-    /// by one thread hands over its own vector).
-    out: Slots,
+    /// by one thread hands over its own answers).
+    out: Answers,
     /// The first item not handed to a thread yet (or handed to the one in `flight`).
     next: usize,
     flight: Option<Flight>,
@@ -289,9 +288,9 @@ struct Flight {
 
 impl Pending {
     /// The results gathered, one slot per item.
-    fn out(&mut self) -> &mut Slots {
+    fn out(&mut self) -> &mut Answers {
         if self.out.is_empty() {
-            self.out = (0..self.items.len()).map(|_| None).collect();
+            self.out.reset(self.items.len());
         }
         &mut self.out
     }
@@ -299,24 +298,18 @@ impl Pending {
     /// Give the items from `next` on `e` as their result.
     fn fill(&mut self, e: ReadError) {
         let next = self.next;
-        for slot in &mut self.out()[next..] {
-            *slot = Some(Err(e.clone()));
-        }
+        self.out().fail_from(next, &e);
         self.next = self.items.len();
     }
 
     /// Take the results the thread has stored so far.
     fn collect(&mut self, progress: &Progress) {
-        let mut results = progress.results.lock().unwrap_or_else(|p| p.into_inner());
-        for (slot, r) in self.out().iter_mut().zip(results.iter_mut()) {
-            if let Some(r) = r.take() {
-                *slot = Some(r);
-            }
-        }
+        let results = progress.results.lock().unwrap_or_else(|p| p.into_inner());
+        self.out().take_from(&results);
     }
 
-    /// Take the results of a thread done with its job: its whole vector when nothing was
-    /// gathered before (no second vector of a batch's results).
+    /// Take the results of a thread done with its job: its answers whole when nothing was
+    /// gathered before (no second copy of a batch's results).
     fn collect_done(&mut self, progress: &Progress) {
         if self.out.is_empty() {
             self.out = std::mem::take(&mut *progress.results.lock().unwrap_or_else(|p| p.into_inner()));
@@ -371,15 +364,15 @@ impl FileSet {
     }
 }
 
-/// The results a batch knows before reading (files in the `EINVAL` memo), by index in its
-/// set (`None`: read), and where each file handed to the reader goes.
-pub(super) type Memo = (Vec<Option<Result<String, ReadError>>>, Vec<usize>);
+/// Where each file handed to the reader goes in its set, when files of the set were left
+/// out (those in the `EINVAL` memo: their result is known before reading).
+pub(super) type Memo = Vec<usize>;
 
 /// Sysfs reads begun with [`super::Host::start_files`], not collected yet.
 pub struct PendingReads {
     pub(super) set: Arc<FileSet>,
-    /// Only when files of the set are in the `EINVAL` memo: the results known before
-    /// reading, by index in the set, and where each item handed to the reader goes.
+    /// Only when files of the set are in the `EINVAL` memo (not handed to the reader): where
+    /// each item handed to the reader goes in the set.
     pub(super) memo: Option<Memo>,
     pub(super) pending: Pending,
 }
@@ -442,6 +435,8 @@ pub struct Reader {
     pub(super) workers: Arc<[Worker; 2]>,
     pub(super) next_id: AtomicU64,
     pub(super) read_fn: ReadFn,
+    /// Answers of batches gone, for the next ones ([`Reader::recycle`], [`super::Texts`]).
+    pub(super) spares: Spares,
 }
 
 /// A lane's reader thread, if one is running: its id and its queue.
@@ -476,6 +471,7 @@ impl Default for Reader {
             workers: Default::default(),
             next_id: AtomicU64::new(1),
             read_fn: read_regular,
+            spares: Spares::default(),
         }
     }
 }
@@ -485,7 +481,7 @@ impl Reader {
     pub(super) fn read(&self, path: &Path, limit: usize, past: Past, timeout: Duration) -> Result<Vec<u8>, ReadError> {
         let item = Item { root: Arc::from(path), dir: Arc::from(""), name: Arc::from(""), limit, past, keep: false };
         let pending = self.start_lane(Arc::from([item]), (timeout, None), Lane::Single);
-        self.finish_many(pending, timeout, None).pop().unwrap_or_else(|| Err(ReadError::Io("not read".into())))
+        self.finish_many(pending, timeout, None).result(0).map(<[u8]>::to_vec)
     }
 
     /// Hand `items` to the batch lane's reader thread in one hand-off, without waiting: the
@@ -502,7 +498,7 @@ impl Reader {
 
     fn start_lane(&self, items: Arc<[Item]>, (read, poll_end): (Duration, Option<Instant>), lane: Lane) -> Pending {
         let n = items.len();
-        let mut pending = Pending { items, out: Vec::new(), next: 0, flight: None, lane, late: NOT_BEGUN };
+        let mut pending = Pending { items, out: Answers::default(), next: 0, flight: None, lane, late: NOT_BEGUN };
         if n > 0 {
             self.launch(&mut pending, read, poll_end);
         }
@@ -527,10 +523,8 @@ impl Reader {
         }
         let n = p.items.len();
         let launched = Instant::now();
-        let progress = Arc::new(Progress {
-            current: Mutex::new((p.next, launched)),
-            results: Mutex::new((0..n).map(|_| None).collect()),
-        });
+        let progress =
+            Arc::new(Progress { current: Mutex::new((p.next, launched)), results: Mutex::new(self.answers(n)) });
         let (done, finished) = mpsc::sync_channel(1);
         let job = Job { items: p.items.clone(), start: p.next, progress: progress.clone(), done };
         match self.submit(job, p.lane) {
@@ -545,13 +539,31 @@ impl Reader {
         }
     }
 
-    /// Wait for the reads of `p` (see [`Reader::start_many`]); the results in its items' order.
-    pub(super) fn finish_many(
-        &self,
-        mut p: Pending,
-        read: Duration,
-        poll_end: Option<Instant>,
-    ) -> Vec<Result<Vec<u8>, ReadError>> {
+    /// Answers for a batch of `n` items: an earlier batch's buffers when they were given back
+    /// ([`Reader::recycle`]).
+    pub(super) fn answers(&self, n: usize) -> Answers {
+        let spare = self.spares.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match spare {
+            Some(mut a) => {
+                a.reset(n);
+                a
+            }
+            None => Answers::for_items(n),
+        }
+    }
+
+    /// A batch's answers, no longer needed: their buffers serve a later batch (unless they
+    /// are too large to keep between batches, [`Answers::worth_keeping`]).
+    pub(super) fn recycle(&self, answers: Answers) {
+        let mut spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
+        if answers.worth_keeping() && spares.len() < SPARES {
+            spares.push(answers);
+        }
+    }
+
+    /// Wait for the reads of `p` (see [`Reader::start_many`]); an answer for each of its
+    /// items, by index (an item left unread: [`Answers::result`] says so).
+    pub(super) fn finish_many(&self, mut p: Pending, read: Duration, poll_end: Option<Instant>) -> Answers {
         let n = p.items.len();
         'batches: while p.next < n {
             let Some(Flight { progress, finished, id, launched }) = p.flight.take() else {
@@ -580,7 +592,7 @@ impl Reader {
                     }
                     Err(mpsc::RecvTimeoutError::Disconnected) => {
                         p.collect(&progress);
-                        p.next = p.out().iter().position(Option::is_none).unwrap_or(n);
+                        p.next = p.out().first_unanswered();
                         p.fill(ReadError::Io("the reader thread ended".into()));
                         break 'batches;
                     }
@@ -595,7 +607,7 @@ impl Reader {
                             break 'batches;
                         }
                         let (now_at, now_since) = *progress.current.lock().unwrap_or_else(|p| p.into_inner());
-                        let answered = progress.results.lock().unwrap_or_else(|p| p.into_inner())[current].is_some();
+                        let answered = progress.results.lock().unwrap_or_else(|p| p.into_inner()).is_answered(current);
                         if answered || now_at != current || now_since != since {
                             continue;
                         }
@@ -614,16 +626,15 @@ impl Reader {
                             "read did not return in time: abandoned for this poll, not retried until it returns"
                         );
                         p.collect(&progress);
-                        p.out()[current] = Some(Err(ReadError::Stuck(format!("no answer within {waited:.1?}"))));
+                        p.out().put(current, Err(ReadError::Stuck(format!("no answer within {waited:.1?}"))));
                         p.next = current + 1;
                         continue 'batches;
                     }
                 }
             }
         }
-        let mut out = p.out;
-        out.resize_with(n, || None);
-        out.into_iter().map(|r| r.unwrap_or_else(|| Err(ReadError::Io("not read".into())))).collect()
+        p.out();
+        p.out
     }
 
     /// A batch handed to thread `id` of `lane` [`NOT_BEGUN`] ago that it has not begun: the
@@ -779,7 +790,7 @@ fn reader_thread(id: u64, jobs: &super::handoff::Rx<Msg>, shared: &Shared, read_
                 let e = ReadError::Stuck(format!(
                     "an earlier read has not returned ({ago:.1?} ago): not read again until it does"
                 ));
-                job.progress.results.lock().unwrap_or_else(|p| p.into_inner())[index] = Some(Err(e));
+                job.progress.results.lock().unwrap_or_else(|p| p.into_inner()).put(index, Err(e));
                 continue;
             }
             let (result, keep) = if item.keep {
@@ -788,10 +799,16 @@ fn reader_thread(id: u64, jobs: &super::handoff::Rx<Msg>, shared: &Shared, read_
                 let slot = handles.at(index, item).unwrap_or(&mut none);
                 read_kept(kept, (item, &mut rel_buf), slot, (&mut scratch, started))
             } else {
-                (read_fn(item.path_in(&mut path_buf), item.limit, item.past), None)
+                (read_fn(item.path_in(&mut path_buf), item.limit, item.past).map(Got::Owned), None)
             };
             let mut stuck = shared.stuck();
-            job.progress.results.lock().unwrap_or_else(|p| p.into_inner())[index] = Some(result);
+            {
+                let mut results = job.progress.results.lock().unwrap_or_else(|p| p.into_inner());
+                match result {
+                    Ok(got) => results.put(index, Ok(got.bytes(&scratch))),
+                    Err(e) => results.put(index, Err(e)),
+                }
+            }
             if !stuck.is_empty() && stuck.get(item.path_in(&mut path_buf)).is_some_and(|s| s.worker == id) {
                 let s = stuck.remove(item.path_in(&mut path_buf)).expect("checked above");
                 tracing::info!(path = %item.path().display(), after = ?s.since.elapsed(), "a stuck read returned");
