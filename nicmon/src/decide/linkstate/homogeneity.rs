@@ -14,33 +14,34 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::health::state_check;
-use super::state::{LinkState, port_key};
+use super::state::{LinkState, write_port_key};
 use super::{Ctx, Emitted};
 use crate::decide::roles::{Role, device_link_layer};
 use crate::model::LinkLayer;
 use crate::model::event::{Entity, HealthEvent};
 
 /// A role group: cards are only compared with cards of the same role and link layer.
-pub(super) type Group = (Role, LinkLayer);
+pub(super) type Group<'a> = (Role, &'a LinkLayer);
 
-pub(super) struct CardView {
-    pub group: Group,
+pub(super) struct CardView<'a> {
+    pub group: Group<'a>,
     pub active: usize,
 }
 
-/// The cards of this poll and which of them are below their group's mode.
-pub(super) struct Cards {
-    pub views: BTreeMap<String, CardView>,
+/// The cards of this poll and which of them are below their group's mode (by the names
+/// the snapshot's devices hold: nothing copied).
+pub(super) struct Cards<'a> {
+    pub views: BTreeMap<&'a str, CardView<'a>>,
     /// Card → its group's mode, for cards below it.
-    pub below_mode: BTreeMap<String, usize>,
+    pub below_mode: BTreeMap<&'a str, usize>,
     /// Cards with a port whose state is unknown this poll: left out of the comparison (no
     /// decision for them, and not counted in their group's mode).
-    pub undecided: BTreeSet<String>,
+    pub undecided: BTreeSet<&'a str>,
     /// Cards with a management NIC among their functions: exempt from the comparison.
-    pub exempt: BTreeSet<String>,
+    pub exempt: BTreeSet<&'a str>,
 }
 
-impl Cards {
+impl Cards<'_> {
     /// The mode of active ports `card` falls short of, when it does.
     pub fn below(&self, card: Option<&str>) -> Option<usize> {
         card.and_then(|c| self.below_mode.get(c).copied())
@@ -71,61 +72,59 @@ pub(super) fn unique_mode<T: Ord + Copy>(values: impl IntoIterator<Item = T>) ->
 
 /// Active ports per card, the mode per group (cards with a missing device, and cards with a
 /// port whose state is unknown, left out: unknown is neither active nor inactive).
-pub(super) fn compare_cards(ctx: &Ctx<'_>, missing_cards: &BTreeSet<String>) -> Cards {
+pub(super) fn compare_cards<'a>(ctx: &Ctx<'a>, missing_cards: &BTreeSet<String>) -> Cards<'a> {
     let exempt = management_sibling_cards(ctx);
-    let mut views: BTreeMap<String, CardView> = BTreeMap::new();
+    let mut views: BTreeMap<&'a str, CardView<'a>> = BTreeMap::new();
     let mut undecided = BTreeSet::new();
-    for d in &ctx.monitored {
-        let Some(card) = d.card.as_ref() else {
+    for &d in &ctx.monitored {
+        let Some(card) = d.card.as_deref() else {
             continue;
         };
         // A device whose link layer or a port's state is unknown (and not judged with a last
         // known one) cannot be counted: its card is undecided, not short of active ports.
         let ll = device_link_layer(d).filter(|l| !matches!(l, LinkLayer::Unknown(_)));
         if ll.is_none() || d.ports.iter().any(|p| p.unknown_state().is_some()) {
-            undecided.insert(card.clone());
+            undecided.insert(card);
         }
         let (Some(role), Some(ll)) = (ctx.role_of(d), ll) else {
             continue;
         };
-        let view = views.entry(card.clone()).or_insert(CardView { group: (role, ll.clone()), active: 0 });
+        let view = views.entry(card).or_insert(CardView { group: (role, ll), active: 0 });
         view.active += d.ports.iter().filter(|p| p.is_healthy()).count();
     }
-    let left_out = |card: &String| missing_cards.contains(card) || undecided.contains(card) || exempt.contains(card);
-    let mut group_counts: BTreeMap<Group, Vec<usize>> = BTreeMap::new();
-    for (card, v) in &views {
+    let left_out = |card: &str| missing_cards.contains(card) || undecided.contains(card) || exempt.contains(card);
+    let mut group_counts: BTreeMap<Group<'a>, Vec<usize>> = BTreeMap::new();
+    for (&card, v) in &views {
         if !left_out(card) {
-            group_counts.entry(v.group.clone()).or_default().push(v.active);
+            group_counts.entry(v.group).or_default().push(v.active);
         }
     }
-    let group_mode: BTreeMap<Group, usize> = group_counts
-        .iter()
-        .filter_map(|(g, counts)| unique_mode(counts.iter().copied()).map(|m| (g.clone(), m)))
-        .collect();
+    let group_mode: BTreeMap<Group<'a>, usize> =
+        group_counts.iter().filter_map(|(g, counts)| unique_mode(counts.iter().copied()).map(|m| (*g, m))).collect();
     let below_mode = views
         .iter()
         .filter(|(card, _)| !left_out(card))
-        .filter_map(|(card, v)| group_mode.get(&v.group).filter(|m| v.active < **m).map(|m| (card.clone(), *m)))
+        .filter_map(|(&card, v)| group_mode.get(&v.group).filter(|m| v.active < **m).map(|m| (card, *m)))
         .collect();
     Cards { views, below_mode, undecided, exempt }
 }
 
 /// The cards of management NICs (PFs classified management, so not monitored). VFs never
 /// exempt a card.
-fn management_sibling_cards(ctx: &Ctx<'_>) -> BTreeSet<String> {
+fn management_sibling_cards<'a>(ctx: &Ctx<'a>) -> BTreeSet<&'a str> {
     ctx.snap
         .devices
         .iter()
         .filter(|d| !d.is_vf() && ctx.role_of(d) == Some(Role::Management))
-        .filter_map(|d| d.card.clone())
+        .filter_map(|d| d.card.as_deref())
         .collect()
 }
 
 /// The check a card event of `card` goes out under: its group's, else (a card with no
 /// monitored function left) its management NIC's link layer.
-fn card_check(ctx: &Ctx<'_>, cards: &Cards, card: &str) -> Option<crate::model::event::Check> {
+fn card_check(ctx: &Ctx<'_>, cards: &Cards<'_>, card: &str) -> Option<crate::model::event::Check> {
     let ll = match cards.views.get(card) {
-        Some(v) => Some(&v.group.1),
+        Some(v) => Some(v.group.1),
         None => ctx.snap.devices.iter().filter(|d| d.card.as_deref() == Some(card)).find_map(|d| device_link_layer(d)),
     };
     ll.and_then(state_check)
@@ -135,26 +134,24 @@ fn card_check(ctx: &Ctx<'_>, cards: &Cards, card: &str) -> Option<crate::model::
 /// events also cover it (SPEC §1.3, upstream); a reported card back at its peers' count
 /// recovers. A card with a port held as flapping since an earlier poll is left as it was
 /// reported until that port has settled.
-pub(super) fn card_events(ctx: &Ctx<'_>, cards: &Cards, st: &mut LinkState, out: &mut Emitted) {
+pub(super) fn card_events(ctx: &Ctx<'_>, cards: &Cards<'_>, st: &mut LinkState, out: &mut Emitted) {
+    let mut key = String::new();
+    let mut flapping = |d: &crate::model::Device, number: u32| {
+        write_port_key(&mut key, &d.name, number);
+        st.port_states.get(key.as_str()).and_then(|r| r.flap.flapping_since).is_some_and(|since| since < ctx.now)
+    };
     let frozen: BTreeSet<&str> = ctx
         .monitored
         .iter()
-        .filter(|d| {
-            d.ports.iter().any(|p| {
-                st.port_states
-                    .get(&port_key(&d.name, p.number))
-                    .and_then(|r| r.flap.flapping_since)
-                    .is_some_and(|since| since < ctx.now)
-            })
-        })
+        .filter(|d| d.ports.iter().any(|p| flapping(d, p.number)))
         .filter_map(|d| d.card.as_deref())
         .collect();
     let mut still_below: BTreeSet<String> =
         st.cards_below_mode.iter().filter(|c| frozen.contains(c.as_str())).cloned().collect();
-    for (card, mode) in cards.below_mode.iter().filter(|(c, _)| !frozen.contains(c.as_str())) {
+    for (&card, mode) in cards.below_mode.iter().filter(|(c, _)| !frozen.contains(**c)) {
         let view = &cards.views[card];
         still_below.insert(card.to_string());
-        let Some(check) = state_check(&view.group.1) else {
+        let Some(check) = state_check(view.group.1) else {
             continue;
         };
         if !st.cards_below_mode.contains(card) {
@@ -174,7 +171,7 @@ pub(super) fn card_events(ctx: &Ctx<'_>, cards: &Cards, st: &mut LinkState, out:
         }
     }
     for card in &st.cards_below_mode {
-        if cards.exempt.contains(card) {
+        if cards.exempt.contains(card.as_str()) {
             // Never compared again: cleared now, or it would be outstanding for good.
             if let Some(check) = card_check(ctx, cards, card) {
                 // Upstream's text, its `;` a `,` as in every message (event::sanitize_message).
@@ -191,13 +188,13 @@ pub(super) fn card_events(ctx: &Ctx<'_>, cards: &Cards, st: &mut LinkState, out:
         if still_below.contains(card) {
             continue;
         }
-        if cards.undecided.contains(card) {
+        if cards.undecided.contains(card.as_str()) {
             // No decision this poll: a card event outstanding stays outstanding.
             still_below.insert(card.clone());
             continue;
         }
-        if let Some(view) = cards.views.get(card)
-            && let Some(check) = state_check(&view.group.1)
+        if let Some(view) = cards.views.get(card.as_str())
+            && let Some(check) = state_check(view.group.1)
         {
             let msg = format!(
                 "Card {card} ({}, {}) is back at its peers' active port count",

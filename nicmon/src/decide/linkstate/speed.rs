@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::health::state_check;
 use super::homogeneity::{Group, unique_mode};
-use super::state::{LinkState, port_key};
+use super::state::{LinkState, write_port_key};
 use super::{Ctx, Emitted};
 use crate::decide::roles::device_link_layer;
 use crate::model::event::{Entity, HealthEvent};
@@ -16,7 +16,8 @@ fn rate_key(gbps: f64) -> u64 {
 }
 
 pub(super) fn speed(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitted) {
-    let mut rates: BTreeMap<Group, Vec<u64>> = BTreeMap::new();
+    let mut rates: BTreeMap<Group<'_>, Vec<u64>> = BTreeMap::new();
+    let mut key = String::new();
     // A software device's rate is its netdev's, whatever that is: it has no peers.
     let hardware: Vec<_> = ctx.monitored.iter().filter(|d| !d.is_software()).collect();
     for d in &hardware {
@@ -25,7 +26,7 @@ pub(super) fn speed(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitted) {
         };
         for p in d.ports.iter().filter(|p| p.is_healthy()) {
             if let Some(r) = &p.rate {
-                rates.entry((role, ll.clone())).or_default().push(rate_key(r.gbps));
+                rates.entry((role, ll)).or_default().push(rate_key(r.gbps));
             }
         }
     }
@@ -36,12 +37,13 @@ pub(super) fn speed(ctx: &Ctx<'_>, st: &mut LinkState, out: &mut Emitted) {
         let Some(check) = state_check(ll) else {
             continue;
         };
-        let mode = rates.get(&(role, ll.clone())).and_then(|v| unique_mode(v.iter().copied()));
+        let mode = rates.get(&(role, ll)).and_then(|v| unique_mode(v.iter().copied()));
         for p in d.ports.iter().filter(|p| p.is_healthy()) {
             let (Some(mode), Some(rate)) = (mode, &p.rate) else {
                 continue;
             };
-            let Some(r) = st.port_states.get_mut(&port_key(&d.name, p.number)) else {
+            write_port_key(&mut key, &d.name, p.number);
+            let Some(r) = st.port_states.get_mut(key.as_str()) else {
                 continue;
             };
             let below = rate_key(rate.gbps) < mode;
