@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::unmonitored::CharEntry;
-use super::{Batch, STATIC_REFRESH, StaticCache, at, opt};
+use super::{Batch, STATIC_REFRESH, StaticCache, opt};
 use crate::model::{CharDevices, CharKind, CharNode, ClassDir};
 use crate::read::host::{Host, Listing, ReadError, SysDir, Texts};
 
@@ -228,8 +228,8 @@ fn plan_dir(
 /// An entry's device and port from the batch's results.
 fn read_entry(results: &Texts, ibdev: usize, port: Option<usize>) -> CharEntry {
     CharEntry {
-        device: opt(at(results, ibdev)),
-        port: port.and_then(|i| opt(at(results, i))).and_then(|p| p.parse::<u32>().ok()),
+        device: opt(results.text(ibdev)),
+        port: port.and_then(|i| opt(results.text(i))).and_then(|p| p.parse::<u32>().ok()),
     }
 }
 

@@ -4,11 +4,6 @@
 use super::*;
 use crate::model::driver::RdmaDriver;
 
-/// The result of file `i` of a batch (by reference; an error cloned).
-pub(super) fn at(results: &Texts, i: usize) -> Result<&str, ReadError> {
-    results.text(i)
-}
-
 pub(super) fn opt<S: AsRef<str>>(r: Result<S, ReadError>) -> Option<String> {
     r.ok().and_then(|s| parse::text(s.as_ref()).map(str::to_string))
 }
@@ -564,7 +559,7 @@ pub(super) fn finish_counters(
 }
 
 pub(super) fn finish_port(dev: &str, p: &PortRead, results: &Texts, plan: &ReadPlan) -> Port {
-    let get = |i: usize| at(results, i);
+    let get = |i: usize| results.text(i);
     let read = |i: usize| get(i).ok();
     let mut unknown = BTreeMap::new();
     let link_layer = match &p.link_layer {

@@ -248,7 +248,7 @@ impl Host {
     }
 
     /// What every read's result goes through: a bundle's failure link, the abandoned count.
-    fn after_read<T>(&self, path: &Path, r: Result<T, ReadError>) -> Result<T, ReadError> {
+    fn after_read(&self, path: &Path, r: Result<Vec<u8>, ReadError>) -> Result<Vec<u8>, ReadError> {
         r.map_err(|e| self.after_failure(path, e))
     }
 
@@ -711,9 +711,11 @@ impl Host {
         &self,
         path: &Path,
         key: impl FnOnce() -> String,
-        r: Result<impl IntoText, ReadError>,
+        r: Result<Vec<u8>, ReadError>,
     ) -> Result<String, ReadError> {
-        r.map(IntoText::into_text).map_err(|e| self.failed(path, key, e))
+        // In place when the bytes are UTF-8.
+        r.map(|bytes| String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
+            .map_err(|e| self.failed(path, key, e))
     }
 
     /// A read's failure: an `EINVAL` (of an attribute that does not say a passing state)
@@ -729,18 +731,6 @@ impl Host {
             }
         }
         err
-    }
-}
-
-/// Bytes read, as text (lossy UTF-8).
-trait IntoText {
-    fn into_text(self) -> String;
-}
-
-impl IntoText for Vec<u8> {
-    /// In place when the bytes are UTF-8.
-    fn into_text(self) -> String {
-        String::from_utf8(self).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
     }
 }
 

@@ -32,8 +32,9 @@ impl Texts {
         Texts { answers, home }
     }
 
-    /// Texts as given (a batch put together by hand: tests, readings replayed).
-    pub fn from_results(results: Vec<Result<String, ReadError>>) -> Texts {
+    /// Texts as given (a batch put together by hand).
+    #[cfg(test)]
+    pub(super) fn from_results(results: Vec<Result<String, ReadError>>) -> Texts {
         let mut answers = Answers::for_items(results.len());
         for (i, r) in results.into_iter().enumerate() {
             answers.put(i, r.as_ref().map(|s| s.as_bytes()).map_err(Clone::clone));
@@ -64,8 +65,9 @@ impl Texts {
         }
     }
 
-    /// Each file's text as a `String` of its own, or why not (a copy: a test, a report).
-    pub fn owned(&self) -> Vec<Result<String, ReadError>> {
+    /// Each file's text as a `String` of its own, or why not (a copy).
+    #[cfg(test)]
+    pub(super) fn owned(&self) -> Vec<Result<String, ReadError>> {
         (0..self.len()).map(|i| self.text(i).map(str::to_owned)).collect()
     }
 
