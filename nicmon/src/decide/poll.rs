@@ -42,6 +42,8 @@ pub struct Decider {
     /// [`MAX_FIRST_POLL_DEFERRALS`] times (the daemon, as upstream's monitor; a one-shot
     /// `nicmon check` reports what it reads).
     pub defer_first_poll: bool,
+    /// What the counter evaluation needs of `config.counter_rules` as a set, made once.
+    counter_facts: counters::RuleFacts,
 }
 
 /// Upstream's first-poll deferral limit: after this many deferred polls the first poll runs
@@ -75,7 +77,15 @@ pub struct Poll {
 impl Decider {
     /// A decider with these settings (the state checks' own from `config` and `checks`).
     pub fn new(config: Config, topology: Topology, stamp: Stamp, checks: BTreeSet<Check>) -> Decider {
-        Decider { state_config: config.state_config(checks), config, topology, stamp, defer_first_poll: false }
+        let counter_facts = counters::RuleFacts::of(&config.counter_rules);
+        Decider {
+            state_config: config.state_config(checks),
+            config,
+            topology,
+            stamp,
+            defer_first_poll: false,
+            counter_facts,
+        }
     }
 
     /// Whether `device` is not monitored, as [`Decider::decide`] classifies it (given the
@@ -280,7 +290,8 @@ impl Decider {
             return (Vec::new(), Arc::clone(prev));
         }
         let rules = &self.config.counter_rules;
-        let (events, mut state) = counters::evaluate(prev, ports, rules, now, reboot, &self.stamp);
+        let (events, mut state) =
+            counters::evaluate_with(prev, ports, rules, &self.counter_facts, now, reboot, &self.stamp);
         for (device, port, rule) in counters::went_unreadable(prev, &mut state, ports, rules) {
             notes.push(format!(
                 "counter {rule} on {device} port {port}: unreadable (file gone, or not a number such as N/A): \

@@ -306,10 +306,24 @@ pub fn evaluate(
     reboot: bool,
     stamp: &Stamp,
 ) -> (Vec<HealthEvent>, CounterState) {
+    evaluate_with(prev, ports, rules, &RuleFacts::of(rules), now, reboot, stamp)
+}
+
+/// [`evaluate`] with the rules' [`RuleFacts`] made beforehand (once per rule set: the
+/// daemon's rules do not change between polls).
+pub fn evaluate_with(
+    prev: &CounterState,
+    ports: &[CounterPort<'_>],
+    rules: &[CounterRule],
+    facts: &RuleFacts,
+    now: OffsetDateTime,
+    reboot: bool,
+    stamp: &Stamp,
+) -> (Vec<HealthEvent>, CounterState) {
     let mut next = prev.clone();
     let mut events = Vec::new();
     let mut key = String::new();
-    let shared = Shared::of(rules);
+    let shared = facts.for_rules(rules);
     for p in ports {
         let ethtool_at = now - p.ethtool_age;
         for (i, rule) in rules.iter().enumerate().filter(|(_, r)| p.applies(r)) {
@@ -317,7 +331,7 @@ pub fn evaluate(
                 continue;
             };
             let read_at = if rule.path.starts_with(ETHTOOL_PREFIX) { ethtool_at } else { now };
-            let at = Reading { port: p, rule, value, now, read_at, stamp, shared: &shared[i] };
+            let at = Reading { port: p, rule, rules, value, now, read_at, stamp, shared: &shared[i] };
             write_counter_key(&mut key, p.device, p.port, &rule.name);
             step(&mut next, &mut events, &key, &at, reboot);
         }
@@ -325,28 +339,50 @@ pub fn evaluate(
     (events, next)
 }
 
+/// What the evaluation needs to know of each rule beyond the rule itself, per rule in the
+/// rules' order ([`RuleFacts::of`]): made from the whole rule set, so once per set rather
+/// than once per poll (~80 default rules compared with each other).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuleFacts {
+    shared: Vec<Shared>,
+    /// Of each rule, what the facts were made from: (name, error code, enabled, path).
+    made_from: Vec<(String, String, bool, String)>,
+}
+
 /// The other enabled rules that share a rule's error code, and whether it is the first of
 /// them in rule order (the one that says a reboot's baseline for the code).
-#[derive(Debug, Default)]
-struct Shared<'r> {
-    others: Vec<&'r str>,
+#[derive(Debug, Clone, PartialEq)]
+struct Shared {
+    /// Indices of those rules.
+    others: Vec<usize>,
     first: bool,
     /// The rule's counter's width ([`width::width`] of its path).
     width: Option<width::Width>,
 }
 
-impl<'r> Shared<'r> {
-    /// Per rule, in `rules` order.
-    fn of(rules: &'r [CounterRule]) -> Vec<Shared<'r>> {
-        rules
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let same = |o: &&CounterRule| o.enabled && o.code() == r.code();
-                let others = rules.iter().filter(same).filter(|o| o.name != r.name).map(|o| o.name.as_str()).collect();
-                Shared { others, first: !rules[..i].iter().any(|o| same(&o)), width: width::width(&r.path) }
-            })
-            .collect()
+impl RuleFacts {
+    pub fn of(rules: &[CounterRule]) -> RuleFacts {
+        let shared = rules.iter().enumerate().map(|(i, r)| {
+            let same = |o: &&CounterRule| o.enabled && o.code() == r.code();
+            let others =
+                rules.iter().enumerate().filter(|(_, o)| same(o) && o.name != r.name).map(|(j, _)| j).collect();
+            Shared { others, first: !rules[..i].iter().any(|o| same(&o)), width: width::width(&r.path) }
+        });
+        let made_from =
+            rules.iter().map(|r| (r.name.clone(), r.code().to_owned(), r.enabled, r.path.clone())).collect();
+        RuleFacts { shared: shared.collect(), made_from }
+    }
+
+    /// These facts when they were made from `rules`, else `rules`' own made now: facts of
+    /// another rule set are never used.
+    fn for_rules(&self, rules: &[CounterRule]) -> std::borrow::Cow<'_, [Shared]> {
+        let same = |(r, (name, code, enabled, path)): (&CounterRule, &(String, String, bool, String))| {
+            r.name == *name && r.code() == code && r.enabled == *enabled && r.path == *path
+        };
+        match self.made_from.len() == rules.len() && rules.iter().zip(&self.made_from).all(same) {
+            true => std::borrow::Cow::Borrowed(&self.shared),
+            false => std::borrow::Cow::Owned(RuleFacts::of(rules).shared),
+        }
     }
 }
 
@@ -380,13 +416,15 @@ pub fn went_unreadable(
 struct Reading<'a> {
     port: &'a CounterPort<'a>,
     rule: &'a CounterRule,
+    /// All the rules ([`Shared::others`] are indices into them).
+    rules: &'a [CounterRule],
     value: u64,
     /// The poll's time: the events'.
     now: OffsetDateTime,
     /// When the value was read: the windows' (see the module doc).
     read_at: OffsetDateTime,
     stamp: &'a Stamp,
-    shared: &'a Shared<'a>,
+    shared: &'a Shared,
 }
 
 impl Reading<'_> {
@@ -399,8 +437,8 @@ impl Reading<'_> {
     /// A healthy event for this rule's error code, unless a rule sharing the code still
     /// holds a breach or a saturation on the port (its own recovery says it later).
     fn healthy(&self, st: &CounterState, check: Check, message: &str) -> Option<HealthEvent> {
-        let held = self.shared.others.iter().any(|other| {
-            let key = counter_key(self.port.device, self.port.port, other);
+        let held = self.shared.others.iter().any(|&other| {
+            let key = counter_key(self.port.device, self.port.port, &self.rules[other].name);
             st.is_breached(&key) || st.saturation_flags.contains_key(&key)
         });
         (!held).then(|| self.event(check, message))

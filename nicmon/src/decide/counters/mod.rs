@@ -19,5 +19,6 @@ pub use config::{
     read_path_drivers, read_paths,
 };
 pub use eval::{
-    CounterPort, CounterState, LastValues, counter_key, evaluate, missing, parse_counter_key, went_unreadable,
+    CounterPort, CounterState, LastValues, RuleFacts, counter_key, evaluate, evaluate_with, missing, parse_counter_key,
+    went_unreadable,
 };

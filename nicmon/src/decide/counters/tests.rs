@@ -922,3 +922,40 @@ fn a_breach_is_about_its_port() {
     assert_eq!(ev.len(), 1, "{ev:#?}");
     assert_eq!(ev[0].subject(), crate::model::event::Subject::Port { device: "mlx5_0", port: 1 });
 }
+
+/// The rules' facts made once (the daemon's) judge as those made at each call; facts made
+/// from another rule set (here: the pause-storm stages' shared code disabled) are not used.
+#[test]
+fn facts_made_once_judge_as_facts_made_each_call() {
+    let (w, e) = ("ethtool/tx_pause_storm_warning_events", "ethtool/tx_pause_storm_error_events");
+    let rules = default_rules();
+    let mut other = rules.clone();
+    for r in other.iter_mut().filter(|r| r.path == w) {
+        r.enabled = false;
+    }
+    let ll = LinkLayer::Ethernet;
+    let stamp = Stamp::default();
+    let polls: [&[(&str, u64)]; 4] = [&[(w, 4), (e, 2)], &[(w, 5), (e, 3)], &[(w, 0), (e, 3)], &[(w, 0), (e, 0)]];
+    for facts in [RuleFacts::of(&rules), RuleFacts::of(&other)] {
+        let (mut a, mut b) = (CounterState::default(), CounterState::default());
+        for (i, values) in polls.iter().enumerate() {
+            let counters: BTreeMap<std::sync::Arc<str>, u64> = values.iter().map(|(k, v)| ((*k).into(), *v)).collect();
+            let ports = [CounterPort {
+                device: "mlx5_0",
+                port: 1,
+                link_layer: Some(&ll),
+                driver: Some(crate::model::driver::RdmaDriver::Mlx5),
+                counters: &counters,
+                rate_bps: None,
+                ber_threshold: None,
+                ethtool_age: Default::default(),
+            }];
+            let now = T0 + Duration::seconds(10 * i as i64);
+            let (ea, na) = evaluate(&a, &ports, &rules, now, i == 0, &stamp);
+            let (eb, nb) = evaluate_with(&b, &ports, &rules, &facts, now, i == 0, &stamp);
+            assert_eq!(ea, eb, "poll {i}");
+            assert_eq!(na, nb, "poll {i}");
+            (a, b) = (na, nb);
+        }
+    }
+}
