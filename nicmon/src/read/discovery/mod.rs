@@ -200,16 +200,18 @@ fn plan_devices(
     route: &[String],
     last: Option<Arc<FileSet>>,
 ) -> DevicePlan {
-    let frozen = match (&plan.statics, plan.unmonitored) {
-        (Some(cache), Some(judge)) => cache.frozen(judge, route),
-        _ => Vec::new(),
-    };
+    let judged = plan.statics.as_ref().zip(plan.unmonitored);
+    if let Some((cache, judge)) = judged {
+        cache.thaw_monitored(judge, route);
+    }
     let cache = plan.statics.as_ref().filter(|_| !plan.link_only);
     if let Some(kept) = cache.and_then(|c| c.kept_plan(walk, route)) {
         host.stats.plans_kept.fetch_add(1, Ordering::Relaxed);
         let batch = kept.batch();
         return DevicePlan { reads: kept.reads, batch, made: None, finished: kept.finished };
     }
+    // The frozen readings are copied only for a plan made anew (a kept one holds them).
+    let frozen = judged.map(|(cache, _)| cache.frozen()).unwrap_or_default();
     let mut batch = Batch::against(last);
     let reads: Arc<[Planned]> = names
         .iter()

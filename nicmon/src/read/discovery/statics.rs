@@ -282,10 +282,16 @@ impl StaticCache {
         }
     }
 
-    /// The frozen readings by position in the device listing, those `judge` says are
-    /// monitored now dropped ([`unmonitored`]).
-    pub(super) fn frozen(&self, judge: Unmonitored<'_>, route: &[String]) -> Vec<Option<Arc<Device>>> {
-        self.inner.lock().map(|mut c| c.frozen.judged(judge, route)).unwrap_or_default()
+    /// Drop the frozen readings `judge` says are monitored now ([`unmonitored`]).
+    pub(super) fn thaw_monitored(&self, judge: Unmonitored<'_>, route: &[String]) {
+        if let Ok(mut c) = self.inner.lock() {
+            c.frozen.thaw_monitored(judge, route);
+        }
+    }
+
+    /// The frozen readings by position in the device listing.
+    pub(super) fn frozen(&self) -> Vec<Option<Arc<Device>>> {
+        self.inner.lock().map(|c| c.frozen.all()).unwrap_or_default()
     }
 
     /// `device`'s frozen reading, unless `judge` says it is monitored now.

@@ -67,13 +67,17 @@ impl Frozen {
         self.devices.get(i).cloned().flatten()
     }
 
-    /// The readings by position, those `judge` says are monitored now dropped first.
-    pub(super) fn judged(&mut self, judge: Unmonitored<'_>, route: &[String]) -> Vec<Option<Arc<Device>>> {
+    /// Drop the readings `judge` says are monitored now.
+    pub(super) fn thaw_monitored(&mut self, judge: Unmonitored<'_>, route: &[String]) {
         for i in 0..self.devices.len() {
             if self.devices[i].as_deref().is_some_and(|d| !judge(d, route)) {
                 self.thaw(i);
             }
         }
+    }
+
+    /// The readings by position.
+    pub(super) fn all(&self) -> Vec<Option<Arc<Device>>> {
         self.devices.clone()
     }
 
