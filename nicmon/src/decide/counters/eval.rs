@@ -306,7 +306,7 @@ pub fn evaluate(
     reboot: bool,
     stamp: &Stamp,
 ) -> (Vec<HealthEvent>, CounterState) {
-    evaluate_with(prev, ports, rules, &RuleFacts::of(rules), now, reboot, stamp)
+    evaluate_shared(prev, ports, rules, &shared_of(rules), now, reboot, stamp)
 }
 
 /// [`evaluate`] with the rules' [`RuleFacts`] made beforehand (once per rule set: the
@@ -320,10 +320,22 @@ pub fn evaluate_with(
     reboot: bool,
     stamp: &Stamp,
 ) -> (Vec<HealthEvent>, CounterState) {
+    evaluate_shared(prev, ports, rules, &facts.for_rules(rules), now, reboot, stamp)
+}
+
+/// [`evaluate`] with each rule's [`Shared`] facts, in rule order.
+fn evaluate_shared(
+    prev: &CounterState,
+    ports: &[CounterPort<'_>],
+    rules: &[CounterRule],
+    shared: &[Shared],
+    now: OffsetDateTime,
+    reboot: bool,
+    stamp: &Stamp,
+) -> (Vec<HealthEvent>, CounterState) {
     let mut next = prev.clone();
     let mut events = Vec::new();
     let mut key = String::new();
-    let shared = facts.for_rules(rules);
     for p in ports {
         let ethtool_at = now - p.ethtool_age;
         for (i, rule) in rules.iter().enumerate().filter(|(_, r)| p.applies(r)) {
@@ -362,15 +374,9 @@ struct Shared {
 
 impl RuleFacts {
     pub fn of(rules: &[CounterRule]) -> RuleFacts {
-        let shared = rules.iter().enumerate().map(|(i, r)| {
-            let same = |o: &&CounterRule| o.enabled && o.code() == r.code();
-            let others =
-                rules.iter().enumerate().filter(|(_, o)| same(o) && o.name != r.name).map(|(j, _)| j).collect();
-            Shared { others, first: !rules[..i].iter().any(|o| same(&o)), width: width::width(&r.path) }
-        });
         let made_from =
             rules.iter().map(|r| (r.name.clone(), r.code().to_owned(), r.enabled, r.path.clone())).collect();
-        RuleFacts { shared: shared.collect(), made_from }
+        RuleFacts { shared: shared_of(rules), made_from }
     }
 
     /// These facts when they were made from `rules`, else `rules`' own made now: facts of
@@ -381,9 +387,19 @@ impl RuleFacts {
         };
         match self.made_from.len() == rules.len() && rules.iter().zip(&self.made_from).all(same) {
             true => std::borrow::Cow::Borrowed(&self.shared),
-            false => std::borrow::Cow::Owned(RuleFacts::of(rules).shared),
+            false => std::borrow::Cow::Owned(shared_of(rules)),
         }
     }
+}
+
+/// Each rule's [`Shared`] facts, in rule order.
+fn shared_of(rules: &[CounterRule]) -> Vec<Shared> {
+    let shared = rules.iter().enumerate().map(|(i, r)| {
+        let same = |o: &&CounterRule| o.enabled && o.code() == r.code();
+        let others = rules.iter().enumerate().filter(|(_, o)| same(o) && o.name != r.name).map(|(j, _)| j).collect();
+        Shared { others, first: !rules[..i].iter().any(|o| same(&o)), width: width::width(&r.path) }
+    });
+    shared.collect()
 }
 
 /// Counters read at the previous poll that are unreadable at this one (the file gone, or
